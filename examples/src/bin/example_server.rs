@@ -1,0 +1,484 @@
+//! `tether-example-server`: an MCP server on the official Rust SDK (rmcp, Streamable HTTP,
+//! stateful sessions, resumable streams). It is the upstream of tether's tests, of `make demo`
+//! and of outside checks, so its tools follow a fixed contract:
+//!
+//! | tool | arguments | behaviour |
+//! |---|---|---|
+//! | `echo` | `text` | returns `text` |
+//! | `slow` | `count`, `interval_ms`, `call_id`, optional `close_after` | `count` progress notifications (`progress` 1..count, `total` count) `interval_ms` apart on the request's stream, then `done <count>` one interval later; with `close_after = k` (negotiated ≥ 2025-11-25) the SSE connection is closed after the k-th progress with a `retry` hint and the call goes on (SEP-1699) |
+//! | `counter` | – | increments and returns a per-session counter |
+//! | `notify` | `text`, `count` | `count` `notifications/message` with `data: {"text", "seq"}` on the standalone GET stream, returns `sent <count>` |
+//!
+//! Without a progress token, `slow` sends log notifications instead of progress; rmcp routes
+//! those to the session's standalone GET stream (it routes only progress by token to a request's
+//! stream).
+//!
+//! `GET /stats` → `{"executions": N, "duplicates": {"<call_id>": n}, "completed": N,
+//! "aborted": N}`: `slow` executions, call ids executed more than once, calls that finished,
+//! and calls whose task was dropped before finishing (a stateless client disconnect, L-05).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser;
+use futures::Stream;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use rmcp::handler::server::wrapper::Parameters;
+// Logging (`notifications/message`) is deprecated by SEP-2577 but is part of this server's contract.
+use rmcp::Peer;
+use rmcp::model::{
+    ClientJsonRpcMessage, ProgressNotificationParam, ProtocolVersion, RequestId,
+    ServerJsonRpcMessage,
+};
+#[allow(deprecated)]
+use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::{
+    LocalSessionManager, LocalSessionManagerError, SessionConfig,
+};
+use rmcp::transport::streamable_http_server::session::{
+    ServerSseMessage, SessionId, SessionManager,
+};
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use serde::Deserialize;
+use serde_json::json;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tether-example-server",
+    version,
+    about = "Example MCP server for tether"
+)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    listen: SocketAddr,
+    /// Path of the MCP endpoint.
+    #[arg(long, default_value = "/mcp")]
+    path: String,
+    /// Offer no standalone GET stream: a GET without Last-Event-ID gets 405 (spec T-09).
+    #[arg(long)]
+    no_standalone_stream: bool,
+    /// `retry` hint, in ms, sent when `slow` closes its SSE connection (`close_after`).
+    #[arg(long, default_value_t = 100)]
+    close_retry_ms: u64,
+    /// Idle time after which rmcp ends a session, in seconds.
+    #[arg(long, default_value_t = 3600)]
+    session_idle_secs: u64,
+}
+
+/// Execution counts per `slow` call id, for `GET /stats`.
+#[derive(Debug, Default)]
+struct Stats {
+    per_call: Mutex<HashMap<String, u64>>,
+    executions: AtomicU64,
+    completed: AtomicU64,
+    aborted: AtomicU64,
+}
+
+impl Stats {
+    fn json(&self) -> serde_json::Value {
+        let duplicates: HashMap<_, _> = self
+            .per_call
+            .lock()
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(k, n)| (k.clone(), *n))
+            .collect();
+        json!({
+            "executions": self.executions.load(Ordering::Relaxed),
+            "duplicates": duplicates,
+            "completed": self.completed.load(Ordering::Relaxed),
+            "aborted": self.aborted.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// Counts a `slow` call as aborted when its task is dropped before it finished.
+struct RunGuard<'a> {
+    stats: &'a Stats,
+    finished: bool,
+}
+
+impl Drop for RunGuard<'_> {
+    fn drop(&mut self) {
+        let counter = if self.finished {
+            &self.stats.completed
+        } else {
+            &self.stats.aborted
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// rmcp's in-memory session manager, plus a record of which HTTP stream serves which request,
+/// so `slow` can close its own SSE connection (`close_after`).
+#[derive(Default)]
+struct Sessions {
+    inner: LocalSessionManager,
+    streams: Mutex<HashMap<(SessionId, RequestId), u64>>,
+}
+
+impl SessionManager for Sessions {
+    type Error = LocalSessionManagerError;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        self.inner.create_session().await
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        self.inner.initialize_session(id, message).await
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        self.inner.has_session(id).await
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        self.streams.lock().retain(|(sid, _), _| sid != id);
+        self.inner.close_session(id).await
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        let handle = self
+            .inner
+            .sessions
+            .read()
+            .await
+            .get(id)
+            .cloned()
+            .ok_or_else(|| LocalSessionManagerError::SessionNotFound(id.clone()))?;
+        let receiver = handle.establish_request_wise_channel().await?;
+        if let (ClientJsonRpcMessage::Request(req), Some(http_id)) =
+            (&message, receiver.http_request_id)
+        {
+            self.streams
+                .lock()
+                .insert((id.clone(), req.id.clone()), http_id);
+        }
+        handle
+            .push_message(message, receiver.http_request_id)
+            .await?;
+        Ok(ReceiverStream::new(receiver.inner))
+    }
+
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
+        self.inner.accept_message(id, message).await
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_standalone_stream(id).await
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.resume(id, last_event_id).await
+    }
+}
+
+impl Sessions {
+    /// Closes the SSE connection of request `request` with a `retry` hint (SEP-1699).
+    async fn close_connection(
+        &self,
+        session: &SessionId,
+        request: &RequestId,
+        retry: Duration,
+    ) -> bool {
+        let Some(http_id) = self
+            .streams
+            .lock()
+            .get(&(session.clone(), request.clone()))
+            .copied()
+        else {
+            return false;
+        };
+        let Some(handle) = self.inner.sessions.read().await.get(session).cloned() else {
+            return false;
+        };
+        handle.close_sse_stream(http_id, Some(retry)).await.is_ok()
+    }
+}
+
+#[derive(Debug, Deserialize, rmcp::schemars::JsonSchema)]
+struct EchoArgs {
+    text: String,
+}
+
+#[derive(Debug, Deserialize, rmcp::schemars::JsonSchema)]
+struct SlowArgs {
+    count: u32,
+    interval_ms: u64,
+    call_id: String,
+    close_after: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, rmcp::schemars::JsonSchema)]
+struct NotifyArgs {
+    text: String,
+    count: u32,
+}
+
+/// One session's server (rmcp creates one per session).
+struct ExampleServer {
+    stats: Arc<Stats>,
+    sessions: Arc<Sessions>,
+    close_retry: Duration,
+    counter: AtomicU64,
+}
+
+#[tool_router]
+impl ExampleServer {
+    #[tool(description = "Returns its text argument")]
+    async fn echo(&self, Parameters(EchoArgs { text }): Parameters<EchoArgs>) -> String {
+        text
+    }
+
+    #[tool(
+        description = "Sends `count` progress notifications `interval_ms` apart, then returns `done <count>`"
+    )]
+    async fn slow(
+        &self,
+        Parameters(args): Parameters<SlowArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, ErrorData> {
+        self.stats.executions.fetch_add(1, Ordering::Relaxed);
+        *self
+            .stats
+            .per_call
+            .lock()
+            .entry(args.call_id.clone())
+            .or_default() += 1;
+        let mut guard = RunGuard {
+            stats: &self.stats,
+            finished: false,
+        };
+        let token = ctx.meta.get_progress_token();
+        let interval = Duration::from_millis(args.interval_ms);
+        let polling = ctx
+            .peer
+            .peer_info()
+            .is_some_and(|info| info.protocol_version >= ProtocolVersion::V_2025_11_25);
+        let session = ctx
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(|s| SessionId::from(s.to_owned()));
+        for i in 1..=args.count {
+            tokio::time::sleep(interval).await;
+            let sent = match &token {
+                Some(token) => {
+                    ctx.peer
+                        .notify_progress(
+                            ProgressNotificationParam::new(token.clone(), f64::from(i))
+                                .with_total(f64::from(args.count)),
+                        )
+                        .await
+                }
+                None => {
+                    log_message(
+                        &ctx.peer,
+                        json!({"call_id": args.call_id, "progress": i, "total": args.count}),
+                    )
+                    .await
+                }
+            };
+            if sent.is_err() {
+                return Err(ErrorData::internal_error("the session went away", None));
+            }
+            if polling
+                && args.close_after == Some(i)
+                && let Some(session) = &session
+            {
+                self.sessions
+                    .close_connection(session, &ctx.id, self.close_retry)
+                    .await;
+            }
+        }
+        tokio::time::sleep(interval).await;
+        guard.finished = true;
+        Ok(format!("done {}", args.count))
+    }
+
+    #[tool(description = "Increments and returns a per-session counter")]
+    async fn counter(&self) -> String {
+        (self.counter.fetch_add(1, Ordering::Relaxed) + 1).to_string()
+    }
+
+    #[tool(description = "Sends `count` log notifications on the standalone GET stream")]
+    async fn notify(
+        &self,
+        Parameters(NotifyArgs { text, count }): Parameters<NotifyArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<String, ErrorData> {
+        for seq in 1..=count {
+            if log_message(&ctx.peer, json!({"text": text, "seq": seq}))
+                .await
+                .is_err()
+            {
+                return Err(ErrorData::internal_error("the session went away", None));
+            }
+        }
+        Ok(format!("sent {count}"))
+    }
+}
+
+/// Sends a `notifications/message` at level info.
+#[allow(deprecated)]
+async fn log_message(
+    peer: &Peer<RoleServer>,
+    data: serde_json::Value,
+) -> Result<(), rmcp::service::ServiceError> {
+    peer.notify_logging_message(LoggingMessageNotificationParam::new(
+        LoggingLevel::Info,
+        data,
+    ))
+    .await
+}
+
+#[tool_handler(name = "tether-example-server")]
+impl ServerHandler for ExampleServer {}
+
+type HttpBody = BoxBody<Bytes, Infallible>;
+
+fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<HttpBody> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Full::new(body.into()).boxed())
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let stats = Arc::new(Stats::default());
+    let mut inner = LocalSessionManager::default();
+    inner.session_config = {
+        let mut c = SessionConfig::default();
+        // Large enough that a resume after `close_after` never finds the cache overrun.
+        c.channel_capacity = 4096;
+        c.keep_alive = Some(Duration::from_secs(args.session_idle_secs));
+        c
+    };
+    let sessions = Arc::new(Sessions {
+        inner,
+        streams: Mutex::default(),
+    });
+    let factory = {
+        let (stats, sessions) = (Arc::clone(&stats), Arc::clone(&sessions));
+        let close_retry = Duration::from_millis(args.close_retry_ms);
+        move || {
+            Ok(ExampleServer {
+                stats: Arc::clone(&stats),
+                sessions: Arc::clone(&sessions),
+                close_retry,
+                counter: AtomicU64::new(0),
+            })
+        }
+    };
+    let config = StreamableHttpServerConfig::default().disable_allowed_hosts();
+    let mcp = StreamableHttpService::new(factory, Arc::clone(&sessions), config);
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    eprintln!(
+        "tether-example-server listening on http://{}{}",
+        args.listen, args.path
+    );
+    let args = Arc::new(args);
+    loop {
+        let (io, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            _ = shutdown_signal() => return Ok(()),
+        };
+        let (mcp, stats, args) = (mcp.clone(), Arc::clone(&stats), Arc::clone(&args));
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let (mcp, stats, args) = (mcp.clone(), Arc::clone(&stats), Arc::clone(&args));
+                async move { Ok::<_, Infallible>(route(&mcp, &stats, &args, req).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(io), service)
+                .await;
+        });
+    }
+}
+
+async fn route(
+    mcp: &StreamableHttpService<ExampleServer, Sessions>,
+    stats: &Stats,
+    args: &Args,
+    req: Request<Incoming>,
+) -> Response<HttpBody> {
+    let path = req.uri().path();
+    if path == "/stats" && req.method() == Method::GET {
+        return full(StatusCode::OK, "application/json", stats.json().to_string());
+    }
+    if path != args.path {
+        return full(StatusCode::NOT_FOUND, "text/plain", "not found\n");
+    }
+    if args.no_standalone_stream
+        && req.method() == Method::GET
+        && !req.headers().contains_key("last-event-id")
+    {
+        let mut resp = full(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "no standalone stream\n",
+        );
+        resp.headers_mut().insert(
+            header::ALLOW,
+            http::HeaderValue::from_static("POST, DELETE"),
+        );
+        return resp;
+    }
+    mcp.handle(req).await
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

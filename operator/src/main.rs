@@ -1,0 +1,40 @@
+//! `tether-operator`: the control plane of tether (DESIGN.md §4).
+//!
+//! This first version only prints the `McpEndpoint` CustomResourceDefinition generated from the
+//! Rust types (`tether-operator crd > crds/mcpendpoints.mcp.tether.dev.yaml`); the controller
+//! that reconciles endpoints into injected sidecars comes with issue #5.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use kube::CustomResourceExt;
+use tether_crds::McpEndpoint;
+
+/// tether's operator.
+#[derive(Debug, Parser)]
+#[command(name = "tether-operator", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the McpEndpoint CustomResourceDefinition (YAML) to stdout.
+    Crd,
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Crd => match yaml_serde::to_string(&McpEndpoint::crd()) {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tether-operator: cannot render the CRD: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

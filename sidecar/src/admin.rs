@@ -1,0 +1,71 @@
+//! The admin listener (`spec.admin.port`): `/healthz`, `/readyz`, `/metrics` (DESIGN.md §3.5).
+//!
+//! - `GET /healthz` → 200 while the process serves;
+//! - `GET /readyz` → 200 when the upstream MCP server accepts connections, else 503 (the pod
+//!   gets no new clients while its server is down);
+//! - `GET /metrics` → Prometheus text format.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http::{Method, Response, StatusCode, header};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+
+use crate::broker::Broker;
+
+/// How long `/readyz` waits for a TCP connection to the upstream.
+pub const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The admin HTTP application.
+pub struct Admin {
+    broker: Arc<Broker>,
+}
+
+impl Admin {
+    /// Admin endpoints for `broker`.
+    pub fn new(broker: Arc<Broker>) -> Self {
+        Self { broker }
+    }
+}
+
+fn text(status: StatusCode, content_type: &str, body: impl Into<Vec<u8>>) -> Response<Vec<u8>> {
+    let body = body.into();
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, content_type)
+        .header(header::CONTENT_LENGTH, body.len())
+        .body(body)
+        .unwrap_or_default()
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let req = session.req_header();
+        if req.method != Method::GET {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n");
+        }
+        match req.uri.path() {
+            "/healthz" => text(StatusCode::OK, "text/plain", "ok\n"),
+            "/readyz" => {
+                if self.broker.upstream().reachable(READY_PROBE_TIMEOUT).await {
+                    text(StatusCode::OK, "text/plain", "ready\n")
+                } else {
+                    text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "text/plain",
+                        "not ready: the MCP server does not accept connections\n",
+                    )
+                }
+            }
+            "/metrics" => text(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                self.broker.metrics().encode(),
+            ),
+            _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+        }
+    }
+}

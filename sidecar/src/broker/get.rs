@@ -1,0 +1,146 @@
+//! GET within a session: resumes and the standalone stream (DESIGN.md §3.2; spec,
+//! T-09, T-10).
+//!
+//! - With `Last-Event-ID`: the cursor must name a stream of this session. Events strictly after
+//!   it are replayed, then the stream continues live if it is still open. A malformed cursor,
+//!   a stream of another session or a cursor ahead of its stream is 400; events after the
+//!   cursor that were evicted are 400 `cursor_evicted` (never an empty 200, never events of
+//!   another stream).
+//! - Without: the session's standalone stream. The sidecar opens it upstream once and keeps it
+//!   open, buffering server-initiated messages while no client listens; each client GET takes it
+//!   over. An upstream without one answers 405, which is passed through (and remembered).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode, header};
+
+use super::Broker;
+use crate::admission::Admitted;
+use crate::buffer::ReplayError;
+use crate::cursor::EventId;
+use crate::headers::forwarded_request_headers;
+use crate::metrics::ResumeLabels;
+use crate::reply::{NotFound, Rejection, Reply};
+use crate::session::{Session, Standalone};
+use crate::stream::{Start, Stream, StreamKind};
+use crate::upstream::{Exchange, is_sse, session_gone};
+
+impl Broker {
+    pub(super) async fn get(self: &Arc<Self>, call: &Admitted) -> Result<Reply, Rejection> {
+        let session = self.required_session(call)?;
+        let _busy = session.busy();
+        self.count_version(call.version.unwrap_or(session.version()));
+        match &call.last_event_id {
+            Some(cursor) => self.resume(&session, cursor),
+            None => self.standalone(call, &session).await,
+        }
+    }
+
+    fn resume(&self, session: &Session, cursor: &str) -> Result<Reply, Rejection> {
+        let started = Instant::now();
+        let miss = |reason: &'static str, rejection: Rejection| {
+            self.metrics
+                .resumes
+                .get_or_create(&ResumeLabels {
+                    result: "miss",
+                    reason,
+                })
+                .inc();
+            rejection
+        };
+        let id =
+            EventId::parse(cursor).map_err(|_| miss("malformed", Rejection::MalformedCursor))?;
+        let stream = session
+            .stream(&id.stream)
+            .ok_or_else(|| miss("unknown_stream", Rejection::UnknownCursor))?;
+        stream.check_cursor(id.seq).map_err(|e| match e {
+            ReplayError::Ahead { .. } => miss("ahead", Rejection::UnknownCursor),
+            ReplayError::Evicted { .. } => miss("evicted", Rejection::CursorEvicted),
+        })?;
+        self.metrics
+            .resumes
+            .get_or_create(&ResumeLabels {
+                result: "hit",
+                reason: "none",
+            })
+            .inc();
+        self.metrics
+            .replayed_events
+            .inc_by(stream.last_seq().saturating_sub(id.seq));
+        let reply = Reply::sse(self.feed(session, &stream, Start::After(id.seq)));
+        self.metrics
+            .resume_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(reply.with_session_id(session.id()))
+    }
+
+    async fn standalone(
+        self: &Arc<Self>,
+        call: &Admitted,
+        session: &Arc<Session>,
+    ) -> Result<Reply, Rejection> {
+        let stream = match session.standalone() {
+            Standalone::Open(stream) => stream,
+            Standalone::Unsupported(stored) => return Ok(stored.into()),
+            Standalone::None => match self.open_standalone(call, session).await? {
+                Ok(stream) => stream,
+                Err(reply) => return Ok(reply),
+            },
+        };
+        Ok(Reply::sse(self.feed(session, &stream, Start::Undelivered))
+            .with_session_id(session.id()))
+    }
+
+    /// Opens the upstream standalone stream: `Ok(stream)`, or the upstream's refusal to pass on.
+    async fn open_standalone(
+        self: &Arc<Self>,
+        call: &Admitted,
+        session: &Arc<Session>,
+    ) -> Result<Result<Arc<Stream>, Reply>, Rejection> {
+        let _opening = session.standalone_open.lock().await;
+        match session.standalone() {
+            Standalone::Open(stream) => return Ok(Ok(stream)),
+            Standalone::Unsupported(stored) => return Ok(Err(stored.into())),
+            Standalone::None => {}
+        }
+        let mut headers = forwarded_request_headers(&call.headers);
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        let exchange = Exchange {
+            upstream_session: session.upstream_id(),
+            headers: headers.clone(),
+            last_event_id: None,
+        };
+        let resp = self
+            .upstream
+            .send(Method::GET, exchange, Bytes::new())
+            .await
+            .map_err(|e| self.upstream_rejection(&e))?;
+        let status = resp.status();
+        if session_gone(status) {
+            self.end_session(session, NotFound::UpstreamGone);
+            return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
+        }
+        if status == StatusCode::OK && is_sse(&resp) {
+            let stream = self.new_stream(session, StreamKind::Standalone, Vec::new());
+            session.set_standalone(Standalone::Open(Arc::clone(&stream)));
+            let broker = Arc::clone(self);
+            let (session, task_stream) = (Arc::clone(session), Arc::clone(&stream));
+            tokio::spawn(async move {
+                broker
+                    .pump(&session, &task_stream, resp.into_body(), &[], headers)
+                    .await;
+            });
+            return Ok(Ok(stream));
+        }
+        let stored = self.read_stored(resp).await?;
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            session.set_standalone(Standalone::Unsupported(stored.clone()));
+        }
+        Ok(Err(stored.into()))
+    }
+}

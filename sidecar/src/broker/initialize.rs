@@ -1,0 +1,193 @@
+//! `initialize`: create the upstream session and mint the client's session id
+//! (DESIGN.md §3.1 step 3; spec S-01, S-02, I-01, I-02).
+//!
+//! The request is forwarded without any session header, even when the client sent a stale one
+//! (field report 15). The upstream's answer is read whole (it is one message, possibly preceded
+//! by log notifications), the negotiated version is checked against `spec.protocolVersions`, and
+//! the reply keeps the upstream's content type: JSON passes through unchanged, SSE is re-served
+//! from a stream buffer with the sidecar's event ids. The reply carries the sidecar-minted
+//! `Mcp-Session-Id`; the upstream's id never reaches the client.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::Method;
+use http_body_util::Full;
+use serde_json::Value;
+use tether_crds::ProtocolVersion;
+
+use super::Broker;
+use crate::admission::Admitted;
+use crate::headers::{MCP_SESSION_ID, forwarded_request_headers};
+use crate::jsonrpc::{RequestKey, response_id};
+use crate::reply::{Rejection, Reply};
+use crate::session::Session;
+use crate::stream::{Start, StreamKind};
+use crate::upstream::{Exchange, events, is_sse};
+
+/// The messages of an upstream `initialize` answer: `(event name, data)` in order.
+type Messages = Vec<(Option<String>, Bytes)>;
+
+impl Broker {
+    pub(super) async fn initialize(
+        self: &Arc<Self>,
+        call: &Admitted,
+        body: Bytes,
+        init_id: RequestKey,
+    ) -> Result<Reply, Rejection> {
+        if !self.registry.has_room() {
+            return Err(Rejection::TooManySessions);
+        }
+        let exchange = Exchange {
+            upstream_session: None,
+            headers: forwarded_request_headers(&call.headers),
+            last_event_id: None,
+        };
+        let resp = self
+            .upstream
+            .send(Method::POST, exchange, body)
+            .await
+            .map_err(|e| self.upstream_rejection(&e))?;
+        let upstream_id = resp
+            .headers()
+            .get(MCP_SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let sse = is_sse(&resp);
+        let stored = self.read_stored(resp).await?;
+        if !stored.status.is_success() {
+            return Ok(stored.into());
+        }
+        let messages = if sse {
+            sse_messages(stored.body.clone()).await
+        } else {
+            vec![(None, stored.body.clone())]
+        };
+        let negotiated = match negotiated_version(&messages, &init_id) {
+            Some(Ok(v)) => v,
+            // A JSON-RPC error (e.g. an unsupported requested version): no session.
+            Some(Err(())) => {
+                self.abandon_upstream(upstream_id, &call.headers).await;
+                return Ok(stored.into());
+            }
+            None => {
+                self.abandon_upstream(upstream_id, &call.headers).await;
+                self.metrics.upstream_error("initialize_without_result");
+                return Err(Rejection::UpstreamUnavailable);
+            }
+        };
+        let Some(version) =
+            ProtocolVersion::parse(&negotiated).filter(|v| self.cfg.versions.contains(v))
+        else {
+            self.abandon_upstream(upstream_id, &call.headers).await;
+            return Err(Rejection::UnsupportedNegotiatedVersion(
+                negotiated.chars().take(64).collect(),
+            ));
+        };
+        let id = self.minter.mint();
+        let session = Session::new(
+            id.clone(),
+            self.secret.log_digest(&id),
+            upstream_id.clone(),
+            version,
+        );
+        if self.registry.insert(Arc::clone(&session)).is_err() {
+            self.abandon_upstream(upstream_id, &call.headers).await;
+            return Err(Rejection::TooManySessions);
+        }
+        self.metrics.sessions.inc();
+        self.metrics.sessions_created.inc();
+        tracing::info!(session = session.digest(), %version, "session created");
+        if !sse {
+            return Ok(Reply::from(stored).with_session_id(&id));
+        }
+        let stream = self.new_stream(&session, StreamKind::Post, Vec::new());
+        let now = Instant::now();
+        for (event, data) in messages {
+            stream.append(event, data, now);
+        }
+        stream.complete();
+        session.register_stream(&stream);
+        Ok(Reply::sse(self.feed(&session, &stream, Start::After(0))).with_session_id(&id))
+    }
+
+    /// Ends an upstream session the client will never see.
+    async fn abandon_upstream(&self, upstream_id: Option<String>, headers: &http::HeaderMap) {
+        let Some(upstream_id) = upstream_id else {
+            return;
+        };
+        let exchange = Exchange {
+            upstream_session: Some(&upstream_id),
+            headers: forwarded_request_headers(headers),
+            last_event_id: None,
+        };
+        if let Err(e) = self
+            .upstream
+            .send(Method::DELETE, exchange, Bytes::new())
+            .await
+        {
+            tracing::debug!(error = %e, "could not end an abandoned upstream session");
+        }
+    }
+}
+
+/// The data events of a complete SSE body (priming and comment-only blocks dropped).
+async fn sse_messages(body: Bytes) -> Messages {
+    let mut out = Vec::new();
+    let mut stream = std::pin::pin!(events(Full::new(body)));
+    while let Some(Ok(ev)) = stream.next().await {
+        if let Some(data) = ev.data.filter(|d| !d.is_empty()) {
+            out.push((ev.event.filter(|e| e != "message"), Bytes::from(data)));
+        }
+    }
+    out
+}
+
+/// The `protocolVersion` of the `initialize` result: `None` when no message answers the
+/// request, `Some(Err(()))` when the answer is a JSON-RPC error.
+fn negotiated_version(messages: &Messages, init_id: &RequestKey) -> Option<Result<String, ()>> {
+    let (_, data) = messages
+        .iter()
+        .find(|(_, d)| response_id(d).as_ref() == Some(init_id))?;
+    let value: Value = serde_json::from_slice(data).ok()?;
+    match value
+        .pointer("/result/protocolVersion")
+        .and_then(Value::as_str)
+    {
+        Some(v) => Some(Ok(v.to_owned())),
+        None => Some(Err(())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reads_the_negotiated_version_from_an_sse_answer() {
+        let body = Bytes::from_static(
+            b"id: 0\r\nretry: 3000\r\ndata:\r\n\r\nevent: message\r\nid: 1\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\r\ndata: \"result\":{\"protocolVersion\":\"2025-06-18\"}}\r\n\r\n",
+        );
+        let messages = sse_messages(body).await;
+        assert_eq!(messages.len(), 1, "the priming event is dropped");
+        assert_eq!(messages[0].0, None, "the default event name is dropped");
+        let id = RequestKey::of(&Value::from(1));
+        assert_eq!(
+            negotiated_version(&messages, &id),
+            Some(Ok("2025-06-18".to_owned()))
+        );
+        assert_eq!(
+            negotiated_version(&messages, &RequestKey::of(&Value::from(2))),
+            None
+        );
+        let err = vec![(
+            None,
+            Bytes::from_static(
+                br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"x"}}"#,
+            ),
+        )];
+        assert_eq!(negotiated_version(&err, &id), Some(Err(())));
+    }
+}

@@ -1,0 +1,230 @@
+//! The session broker: what the sidecar does with an admitted sessionful request.
+//!
+//! - [`initialize`](self::initialize): `initialize` → upstream session, sidecar-minted client id;
+//! - [`post`](self::post): requests (response streams, retry de-duplication, batches) and
+//!   notifications (202, `notifications/cancelled`);
+//! - [`get`](self::get): resumes with `Last-Event-ID` and the standalone GET stream;
+//! - [`delete`](self::delete): ends a session;
+//! - [`pump`](self::pump): upstream tasks that fill stream buffers and resume upstream streams
+//!   closed early (SEP-1699);
+//! - [`sweep`](self::sweep): idle expiry, buffer TTL, gauges.
+//!
+//! Handlers return `Result<Reply, Rejection>`; [`Broker::handle`] counts and renders rejections.
+
+mod delete;
+mod get;
+mod initialize;
+mod post;
+mod pump;
+mod sweep;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Method;
+use tether_crds::ProtocolVersion;
+
+use crate::admission::Admitted;
+use crate::buffer::{BufferLimits, PodBudget};
+use crate::jsonrpc::RequestKey;
+use crate::metrics::{Metrics, Reason, RejectionLabels};
+use crate::reply::{NotFound, Rejection, Reply};
+use crate::secret::Secret;
+use crate::session::{Registry, Session};
+use crate::session_id::IdMinter;
+use crate::stream::{Feed, Start, Stream, StreamKind};
+use crate::upstream::{Exchange, Upstream, own_headers};
+
+/// Settings of the broker, from the endpoint spec and flags.
+#[derive(Clone, Debug)]
+pub struct BrokerConfig {
+    /// `spec.protocolVersions`.
+    pub versions: Vec<ProtocolVersion>,
+    /// `spec.buffer`.
+    pub buffer: BufferLimits,
+    /// `spec.session.idleTimeout`.
+    pub idle_timeout: Duration,
+    /// Interval of `: keep-alive` comments on idle client streams.
+    pub keep_alive: Duration,
+    /// Largest complete upstream body read (JSON responses), in bytes.
+    pub max_upstream_body_bytes: usize,
+    /// How long a complete upstream body may take to arrive.
+    pub upstream_body_timeout: Duration,
+    /// Wait before resuming an upstream stream that closed early without a `retry` hint.
+    pub upstream_retry: Duration,
+    /// Consecutive failed upstream resumes before a stream is given up.
+    pub upstream_resume_attempts: u32,
+}
+
+/// The session broker of one pod.
+#[derive(Debug)]
+pub struct Broker {
+    cfg: BrokerConfig,
+    minter: IdMinter,
+    secret: Secret,
+    registry: Registry,
+    upstream: Upstream,
+    budget: PodBudget,
+    metrics: Arc<Metrics>,
+}
+
+impl Broker {
+    /// A broker with no session yet.
+    pub fn new(
+        cfg: BrokerConfig,
+        minter: IdMinter,
+        secret: Secret,
+        upstream: Upstream,
+        registry: Registry,
+        budget: PodBudget,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            cfg,
+            minter,
+            secret,
+            registry,
+            upstream,
+            budget,
+            metrics,
+        })
+    }
+
+    /// Serves an admitted sessionful request with its complete body.
+    pub async fn handle(self: &Arc<Self>, call: Admitted, body: Bytes) -> Reply {
+        let result = match call.method {
+            Method::POST => self.post(&call, body).await,
+            Method::GET => self.get(&call).await,
+            Method::DELETE => self.delete(&call).await,
+            _ => Err(Rejection::MethodNotAllowed),
+        };
+        result.unwrap_or_else(|rejection| {
+            self.count_rejection(&rejection);
+            rejection.into()
+        })
+    }
+
+    /// The metrics the broker updates.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The upstream client.
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// Sessions held.
+    pub fn sessions(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// Counts a rejection in `tether_rejections_total` (and `tether_not_found_total`).
+    pub fn count_rejection(&self, rejection: &Rejection) {
+        self.metrics
+            .rejections
+            .get_or_create(&RejectionLabels {
+                status: rejection.status().as_u16(),
+                reason: rejection.reason(),
+            })
+            .inc();
+        if let Rejection::SessionNotFound(why) = rejection {
+            self.metrics
+                .not_found
+                .get_or_create(&Reason {
+                    reason: why.label(),
+                })
+                .inc();
+        }
+    }
+
+    /// The session a client id names: 404 at once for a forged id (no lookup), or for a genuine
+    /// id this pod does not hold (spec S-05).
+    fn session_for(&self, id: &str) -> Result<Arc<Session>, Rejection> {
+        if self.minter.verify(id).is_err() {
+            return Err(Rejection::SessionNotFound(NotFound::Forged));
+        }
+        self.registry.get(id).ok_or_else(|| {
+            Rejection::SessionNotFound(self.registry.why_missing(&self.secret.log_digest(id)))
+        })
+    }
+
+    /// The session of a request that must carry one (spec S-04).
+    fn required_session(&self, call: &Admitted) -> Result<Arc<Session>, Rejection> {
+        let id = call
+            .session_id
+            .as_deref()
+            .ok_or(Rejection::SessionRequired)?;
+        self.session_for(id)
+    }
+
+    /// Ends a session held by this pod; `reason` is what later requests for it are told (404).
+    /// Expired sessions are also ended upstream.
+    fn end_session(self: &Arc<Self>, session: &Arc<Session>, reason: NotFound) {
+        if !self.registry.remove(session, reason) {
+            return;
+        }
+        session.end();
+        self.metrics.sessions.dec();
+        self.metrics
+            .sessions_ended
+            .get_or_create(&Reason {
+                reason: reason.label(),
+            })
+            .inc();
+        tracing::info!(
+            session = session.digest(),
+            reason = reason.label(),
+            "session ended"
+        );
+        if reason == NotFound::Expired {
+            let broker = Arc::clone(self);
+            let session = Arc::clone(session);
+            tokio::spawn(async move {
+                broker.delete_upstream(&session).await;
+            });
+        }
+    }
+
+    /// Tells the upstream a session is over (best effort).
+    async fn delete_upstream(&self, session: &Session) -> Option<http::StatusCode> {
+        let upstream_session = session.upstream_id()?;
+        let exchange = Exchange {
+            upstream_session: Some(upstream_session),
+            headers: own_headers(session.version().as_str(), false),
+            last_event_id: None,
+        };
+        match self
+            .upstream
+            .send(Method::DELETE, exchange, Bytes::new())
+            .await
+        {
+            Ok(resp) => Some(resp.status()),
+            Err(e) => {
+                self.metrics.upstream_error("delete");
+                tracing::debug!(session = session.digest(), error = %e, "upstream DELETE failed");
+                None
+            }
+        }
+    }
+
+    fn new_stream(
+        &self,
+        session: &Session,
+        kind: StreamKind,
+        pending: Vec<RequestKey>,
+    ) -> Arc<Stream> {
+        Stream::new(
+            kind,
+            pending,
+            self.cfg.buffer,
+            self.budget.clone(),
+            session.child_token(),
+        )
+    }
+
+    fn feed(&self, session: &Session, stream: &Arc<Stream>, start: Start) -> Feed {
+        stream.attach(start, session.primes(), self.cfg.keep_alive)
+    }
+}

@@ -1,0 +1,228 @@
+//! POST within a session: requests, notifications and retries (DESIGN.md §3.1, §3.2).
+//!
+//! - A body with requests gets a stream: the upstream call runs in its own task, and the client
+//!   is served from the stream's buffer (SSE) or gets the upstream's JSON answer unchanged.
+//! - A body with only notifications or responses is forwarded and the upstream's status (202,
+//!   spec T-05) passes through unchanged; `notifications/cancelled` also ends the local stream of
+//!   the cancelled request (spec L-02).
+//! - A request id already seen in the session with the same body is a retry: it attaches to the
+//!   existing stream instead of being dispatched again, so the upstream sees it exactly once; the
+//!   same id with another body is 400 (spec S-09).
+//! - Batches (2025-03-26 only, B-01) are dispatched one message per upstream POST, all answers
+//!   merged into one SSE stream.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde_json::Value;
+use tether_crds::ProtocolVersion;
+
+use super::Broker;
+use crate::admission::Admitted;
+use crate::headers::forwarded_request_headers;
+use crate::jsonrpc::{Envelope, EnvelopeError, Message, RequestKey};
+use crate::metrics::VersionLabel;
+use crate::reply::{NotFound, Rejection, Reply, StoredReply};
+use crate::session::{Dedupe, Session};
+use crate::stream::{Start, Stream, StreamKind};
+use crate::upstream::{Exchange, session_gone};
+
+impl Broker {
+    pub(super) async fn post(
+        self: &Arc<Self>,
+        call: &Admitted,
+        body: Bytes,
+    ) -> Result<Reply, Rejection> {
+        let envelope = Envelope::parse(&body).map_err(|e| match e {
+            EnvelopeError::Parse(m) => Rejection::ParseError(m),
+            EnvelopeError::Invalid(m) => Rejection::InvalidRequest(m),
+        })?;
+        if envelope.is_initialize() {
+            let id = envelope.request_ids().remove(0);
+            self.count_version(call.version.unwrap_or(ProtocolVersion::V2025_03_26));
+            return self.initialize(call, body, id).await;
+        }
+        if envelope.contains_initialize() {
+            return Err(Rejection::InitializeInBatch);
+        }
+        let session = self.required_session(call)?;
+        let _busy = session.busy();
+        let version = call.version.unwrap_or(session.version());
+        self.count_version(version);
+        if envelope.batch && version != ProtocolVersion::V2025_03_26 {
+            return Err(Rejection::BatchNotAllowed);
+        }
+        let ids = envelope.request_ids();
+        if ids.is_empty() {
+            return self.notify(call, &session, &envelope, body).await;
+        }
+        match session.dedupe(&ids, envelope.digest) {
+            Dedupe::Conflict => Err(Rejection::RequestIdReused),
+            Dedupe::Retry(stream) => {
+                self.metrics.requests_deduplicated.inc();
+                self.serve_post(&session, &stream).await
+            }
+            Dedupe::New => {
+                let kind = if envelope.batch {
+                    StreamKind::Batch
+                } else {
+                    StreamKind::Post
+                };
+                let stream = self.new_stream(&session, kind, ids.clone());
+                session.register_post(&stream, &ids, envelope.digest);
+                let headers = forwarded_request_headers(&call.headers);
+                if envelope.batch {
+                    stream.mark_sse();
+                    tokio::spawn(Arc::clone(self).run_batch(
+                        Arc::clone(&session),
+                        Arc::clone(&stream),
+                        headers,
+                        envelope.messages,
+                    ));
+                } else {
+                    tokio::spawn(Arc::clone(self).run_request(
+                        Arc::clone(&session),
+                        Arc::clone(&stream),
+                        headers,
+                        body,
+                        ids,
+                    ));
+                }
+                self.serve_post(&session, &stream).await
+            }
+        }
+    }
+
+    /// The reply to a POST: the upstream's non-SSE answer, or the stream from its first event.
+    async fn serve_post(
+        &self,
+        session: &Session,
+        stream: &Arc<Stream>,
+    ) -> Result<Reply, Rejection> {
+        if let Some(stored) = stream.wait_head().await {
+            let ok = stored.status.is_success();
+            let reply = Reply::from(stored);
+            return Ok(if ok {
+                reply.with_session_id(session.id())
+            } else {
+                reply
+            });
+        }
+        stream
+            .check_cursor(0)
+            .map_err(|_| Rejection::CursorEvicted)?;
+        Ok(Reply::sse(self.feed(session, stream, Start::After(0))).with_session_id(session.id()))
+    }
+
+    /// Forwards notifications and responses; the upstream's answer passes through unchanged.
+    async fn notify(
+        self: &Arc<Self>,
+        call: &Admitted,
+        session: &Arc<Session>,
+        envelope: &Envelope,
+        body: Bytes,
+    ) -> Result<Reply, Rejection> {
+        let headers = forwarded_request_headers(&call.headers);
+        let bodies = if envelope.batch {
+            envelope
+                .messages
+                .iter()
+                .map(|(_, json)| Bytes::from(json.to_string()))
+                .collect()
+        } else {
+            vec![body]
+        };
+        let mut answer: Option<StoredReply> = None;
+        for body in bodies {
+            let stored = self.forward(session, headers.clone(), body).await?;
+            let keep = match &answer {
+                None => true,
+                Some(prev) => prev.status.is_success() && !stored.status.is_success(),
+            };
+            if keep {
+                answer = Some(stored);
+            }
+        }
+        for (message, _) in &envelope.messages {
+            if let Message::Notification { method, params } = message
+                && method == "notifications/cancelled"
+                && let Some(id) = params.get("requestId")
+            {
+                let id = RequestKey::of(id);
+                if let Some(stream) = session.stream_of_request(&id) {
+                    stream.cancel_request(&id);
+                }
+            }
+        }
+        Ok(answer.map_or_else(|| Reply::empty(StatusCode::ACCEPTED), Reply::from))
+    }
+
+    /// Sends one message upstream and reads the whole answer.
+    async fn forward(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        headers: http::HeaderMap,
+        body: Bytes,
+    ) -> Result<StoredReply, Rejection> {
+        let exchange = Exchange {
+            upstream_session: session.upstream_id(),
+            headers,
+            last_event_id: None,
+        };
+        let resp = self
+            .upstream
+            .send(Method::POST, exchange, body)
+            .await
+            .map_err(|e| self.upstream_rejection(&e))?;
+        if session_gone(resp.status()) {
+            self.end_session(session, NotFound::UpstreamGone);
+            return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
+        }
+        self.read_stored(resp).await
+    }
+
+    /// Runs each message of a 2025-03-26 batch as its own upstream POST.
+    async fn run_batch(
+        self: Arc<Self>,
+        session: Arc<Session>,
+        stream: Arc<Stream>,
+        headers: http::HeaderMap,
+        messages: Vec<(Message, Value)>,
+    ) {
+        let mut requests = tokio::task::JoinSet::new();
+        for (message, json) in messages {
+            let body = Bytes::from(json.to_string());
+            match message {
+                Message::Request { id, .. } => {
+                    requests.spawn(Arc::clone(&self).run_request(
+                        Arc::clone(&session),
+                        Arc::clone(&stream),
+                        headers.clone(),
+                        body,
+                        vec![id],
+                    ));
+                }
+                Message::Notification { .. } | Message::Response => {
+                    if let Err(rejection) = self.forward(&session, headers.clone(), body).await {
+                        tracing::debug!(
+                            session = session.digest(),
+                            reason = rejection.reason(),
+                            "batch notification not delivered"
+                        );
+                    }
+                }
+            }
+        }
+        while requests.join_next().await.is_some() {}
+    }
+
+    pub(super) fn count_version(&self, version: ProtocolVersion) {
+        self.metrics
+            .protocol_versions
+            .get_or_create(&VersionLabel {
+                version: version.as_str(),
+            })
+            .inc();
+    }
+}

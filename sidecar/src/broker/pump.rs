@@ -1,0 +1,393 @@
+//! Upstream tasks: send a request, then pump its SSE answer into the stream buffer.
+//!
+//! A task is independent of the client connection (spec L-01): it ends when its requests are
+//! answered, when the client cancels them (`notifications/cancelled`, L-02) or when the session
+//! ends. An upstream that closes an SSE connection before the stream is over (SEP-1699 polling,
+//! spec) is resumed by the task itself with `GET` + the upstream's `Last-Event-ID`,
+//! after the upstream's `retry` delay, invisibly to the client; events the upstream sends again
+//! on resume are recognised by their upstream id and dropped. A request that cannot be finished
+//! ends with a JSON-RPC error for its id on the stream, so a client never hangs.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use hyper::body::Incoming;
+
+use super::Broker;
+use crate::headers::MCP_PROTOCOL_VERSION;
+use crate::jsonrpc::{RequestKey, error_response};
+use crate::reply::{CODE_INTERNAL, NotFound, Rejection, StoredReply};
+use crate::session::Session;
+use crate::stream::{Stream, StreamKind};
+use crate::upstream::{Exchange, UpstreamError, events, is_sse, read_body, session_gone};
+
+/// Upstream event ids remembered per stream to drop events sent again on resume.
+const RECENT_IDS: usize = 64;
+
+/// Where an upstream stream stands, for resuming it.
+#[derive(Debug, Default)]
+struct UpstreamCursor {
+    last_id: Option<String>,
+    retry: Option<Duration>,
+    recent: VecDeque<String>,
+}
+
+impl UpstreamCursor {
+    /// Records the id of a message event; `false` when that message was seen before (sent again
+    /// on resume). Priming events are not recorded: rmcp gives the standalone stream's priming
+    /// event the id of the first message to come (rmcp issue #791).
+    fn first_time(&mut self, id: &str) -> bool {
+        if self.recent.iter().any(|r| r == id) {
+            return false;
+        }
+        if self.recent.len() == RECENT_IDS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(id.to_owned());
+        true
+    }
+}
+
+enum BodyEnd {
+    /// The stream needs nothing more from this task.
+    Done,
+    /// The upstream ended the connection; `progressed` tells whether new events came.
+    Closed { progressed: bool },
+}
+
+enum Resumed {
+    Body(Incoming),
+    Failed,
+    Unsupported,
+    SessionGone,
+}
+
+impl Broker {
+    /// Sends one request upstream and serves its answer through `stream`; `ids` are the requests
+    /// this task is responsible for (all of the stream's, or one of a batch).
+    pub(super) async fn run_request(
+        self: Arc<Self>,
+        session: Arc<Session>,
+        stream: Arc<Stream>,
+        headers: HeaderMap,
+        body: Bytes,
+        ids: Vec<RequestKey>,
+    ) {
+        let exchange = Exchange {
+            upstream_session: session.upstream_id(),
+            headers: headers.clone(),
+            last_event_id: None,
+        };
+        let sent = tokio::select! {
+            sent = self.upstream.send(Method::POST, exchange, body) => sent,
+            () = stream.cancel_token().cancelled() => return,
+        };
+        let resp = match sent {
+            Ok(resp) => resp,
+            Err(e) => {
+                if let UpstreamError::Refused(_) = e
+                    && stream.kind() == StreamKind::Post
+                {
+                    // Nothing was answered: a retry may dispatch the request again.
+                    session.unregister_post(&stream, &ids);
+                }
+                self.fail(&stream, &ids, self.upstream_rejection(&e));
+                return;
+            }
+        };
+        if session_gone(resp.status()) {
+            self.end_session(&session, NotFound::UpstreamGone);
+            self.fail(
+                &stream,
+                &ids,
+                Rejection::SessionNotFound(NotFound::UpstreamGone),
+            );
+            return;
+        }
+        if resp.status() == StatusCode::OK && is_sse(&resp) {
+            stream.mark_sse();
+            self.pump(&session, &stream, resp.into_body(), &ids, headers)
+                .await;
+            return;
+        }
+        match self.read_stored(resp).await {
+            Ok(stored) if stream.kind() == StreamKind::Post => stream.store_reply(stored),
+            Ok(stored) => self.append_answer(&stream, &ids, &stored),
+            Err(rejection) => self.fail(&stream, &ids, rejection),
+        }
+    }
+
+    /// Pumps upstream SSE into `stream`, resuming the upstream stream when it closes early.
+    pub(super) async fn pump(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        stream: &Arc<Stream>,
+        body: Incoming,
+        ids: &[RequestKey],
+        headers: HeaderMap,
+    ) {
+        let mut cursor = UpstreamCursor::default();
+        let mut body = Some(body);
+        let mut failures = 0u32;
+        loop {
+            if let Some(b) = body.take() {
+                match self.pump_body(stream, b, ids, &mut cursor).await {
+                    BodyEnd::Done => return,
+                    BodyEnd::Closed { progressed: true } => failures = 0,
+                    BodyEnd::Closed { progressed: false } => {}
+                }
+            }
+            let answers = stream.kind().answers_requests();
+            if answers && !stream.any_pending(ids) {
+                return;
+            }
+            if answers && cursor.last_id.is_none() {
+                self.fail_stream(
+                    stream,
+                    ids,
+                    "the MCP server closed the stream before responding, without an event id to resume from",
+                );
+                return;
+            }
+            failures += 1;
+            if failures > self.cfg.upstream_resume_attempts {
+                self.metrics.upstream_error("resume_exhausted");
+                self.give_up(session, stream, ids);
+                return;
+            }
+            let wait = cursor.retry.unwrap_or(self.cfg.upstream_retry);
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stream.cancel_token().cancelled() => return,
+            }
+            match self
+                .resume_upstream(session, &headers, cursor.last_id.as_deref())
+                .await
+            {
+                Resumed::Body(b) => {
+                    self.metrics.upstream_resumes.inc();
+                    body = Some(b);
+                }
+                Resumed::Failed => {}
+                Resumed::Unsupported => {
+                    self.give_up(session, stream, ids);
+                    return;
+                }
+                Resumed::SessionGone => {
+                    self.end_session(session, NotFound::UpstreamGone);
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn pump_body(
+        &self,
+        stream: &Arc<Stream>,
+        body: Incoming,
+        ids: &[RequestKey],
+        cursor: &mut UpstreamCursor,
+    ) -> BodyEnd {
+        let mut events = std::pin::pin!(events(body));
+        let mut progressed = false;
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = stream.cancel_token().cancelled() => return BodyEnd::Done,
+                next = events.next() => next,
+            };
+            let ev = match next {
+                Some(Ok(ev)) => ev,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "upstream SSE stream broke");
+                    return BodyEnd::Closed { progressed };
+                }
+                None => return BodyEnd::Closed { progressed },
+            };
+            if let Some(retry) = ev.retry {
+                cursor.retry = Some(Duration::from_millis(retry));
+            }
+            if let Some(id) = &ev.id {
+                cursor.last_id = Some(id.clone());
+            }
+            // Priming and retry-only blocks carry no message.
+            let Some(data) = ev.data.filter(|d| !d.is_empty()) else {
+                continue;
+            };
+            if let Some(id) = &ev.id
+                && !cursor.first_time(id)
+            {
+                continue;
+            }
+            let appended = stream.append(
+                ev.event.filter(|e| e != "message"),
+                Bytes::from(data),
+                Instant::now(),
+            );
+            self.metrics.events_buffered.inc();
+            self.metrics.record_evictions(&appended.evictions);
+            progressed = true;
+            if stream.kind().answers_requests() && !stream.any_pending(ids) {
+                return BodyEnd::Done;
+            }
+        }
+    }
+
+    async fn resume_upstream(
+        &self,
+        session: &Session,
+        headers: &HeaderMap,
+        last_event_id: Option<&str>,
+    ) -> Resumed {
+        let mut headers = headers.clone();
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.remove(header::CONTENT_TYPE);
+        if let Ok(v) = HeaderValue::from_str(session.version().as_str()) {
+            headers.insert(MCP_PROTOCOL_VERSION, v);
+        }
+        let exchange = Exchange {
+            upstream_session: session.upstream_id(),
+            headers,
+            last_event_id,
+        };
+        match self
+            .upstream
+            .send(Method::GET, exchange, Bytes::new())
+            .await
+        {
+            Ok(resp) if session_gone(resp.status()) => Resumed::SessionGone,
+            Ok(resp) if resp.status() == StatusCode::METHOD_NOT_ALLOWED => Resumed::Unsupported,
+            Ok(resp) if resp.status() == StatusCode::OK && is_sse(&resp) => {
+                Resumed::Body(resp.into_body())
+            }
+            Ok(resp) => {
+                self.metrics.upstream_error("resume_refused");
+                tracing::debug!(status = %resp.status(), "upstream refused a stream resume");
+                Resumed::Failed
+            }
+            Err(e) => {
+                self.metrics.upstream_error("resume_unavailable");
+                tracing::debug!(error = %e, "upstream stream resume failed");
+                Resumed::Failed
+            }
+        }
+    }
+
+    /// Gives a stream up after repeated failures: POST requests end with an error; the
+    /// standalone stream is closed and the next GET opens a new one.
+    fn give_up(&self, session: &Session, stream: &Arc<Stream>, ids: &[RequestKey]) {
+        match stream.kind() {
+            StreamKind::Post | StreamKind::Batch => {
+                self.fail_stream(stream, ids, "the MCP server's stream could not be resumed")
+            }
+            StreamKind::Standalone => {
+                session.clear_standalone(stream);
+                stream.complete();
+            }
+        }
+    }
+
+    /// Ends requests `ids` on `stream` with a JSON-RPC error (a client never hangs).
+    fn fail_stream(&self, stream: &Stream, ids: &[RequestKey], message: &str) {
+        let now = Instant::now();
+        for id in ids {
+            if stream.any_pending(std::slice::from_ref(id)) {
+                let error = error_response(id, CODE_INTERNAL, message, "upstream_stream_lost");
+                stream.append(None, Bytes::from(error), now);
+            }
+        }
+    }
+
+    /// Reports a failure before any answer: as the POST's reply (single request) or as error
+    /// events (batch member).
+    fn fail(&self, stream: &Stream, ids: &[RequestKey], rejection: Rejection) {
+        self.count_rejection(&rejection);
+        if stream.kind() == StreamKind::Batch {
+            self.fail_stream(stream, ids, rejection.reason());
+        } else {
+            stream.store_reply(StoredReply::from(&rejection));
+        }
+    }
+
+    /// Appends a batch member's non-SSE answer as events: its JSON-RPC message when the
+    /// upstream answered with one, else an error for its ids.
+    fn append_answer(&self, stream: &Stream, ids: &[RequestKey], stored: &StoredReply) {
+        if stored.status.is_success() && !stored.body.is_empty() {
+            stream.append(None, stored.body.clone(), Instant::now());
+        }
+        if stream.any_pending(ids) {
+            let message = format!("the MCP server answered HTTP {}", stored.status.as_u16());
+            self.fail_stream(stream, ids, &message);
+        }
+    }
+
+    /// Reads an upstream answer whole (status, end-to-end headers, body).
+    pub(super) async fn read_stored(
+        &self,
+        resp: http::Response<Incoming>,
+    ) -> Result<StoredReply, Rejection> {
+        let status = resp.status();
+        let headers = crate::headers::forwarded_response_headers(resp.headers());
+        let body = read_body(
+            resp.into_body(),
+            self.cfg.max_upstream_body_bytes,
+            self.cfg.upstream_body_timeout,
+        )
+        .await
+        .map_err(|e| {
+            self.metrics.upstream_error("body");
+            tracing::debug!(error = %e, "upstream body not read");
+            match e {
+                crate::upstream::BodyError::Timeout(_) => Rejection::UpstreamTimeout,
+                _ => Rejection::UpstreamUnavailable,
+            }
+        })?;
+        Ok(StoredReply {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// The rejection for an upstream failure, counted.
+    pub(super) fn upstream_rejection(&self, e: &UpstreamError) -> Rejection {
+        tracing::warn!(error = %e, "upstream request failed");
+        match e {
+            UpstreamError::Refused(_) | UpstreamError::Unavailable(_) => {
+                self.metrics.upstream_error("unavailable");
+                Rejection::UpstreamUnavailable
+            }
+            UpstreamError::Timeout(_) => {
+                self.metrics.upstream_error("timeout");
+                Rejection::UpstreamTimeout
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replayed_upstream_events_are_recognised() {
+        let mut c = UpstreamCursor::default();
+        assert!(c.first_time("0/1"));
+        assert!(c.first_time("1/1"));
+        assert!(
+            !c.first_time("1/1"),
+            "rmcp re-sends the Last-Event-ID event on resume"
+        );
+        for i in 2..200 {
+            assert!(c.first_time(&format!("{i}/1")));
+        }
+        assert_eq!(c.recent.len(), RECENT_IDS);
+    }
+}

@@ -1,0 +1,344 @@
+//! The per-stream replay buffer (DESIGN.md §3.2).
+//!
+//! A [`StreamBuffer`] holds the newest events of one stream, bounded by `buffer.maxEvents`
+//! (events), `buffer.maxBytes` (bytes of event data) and `buffer.ttl`, plus a pod-wide byte cap
+//! shared by every stream ([`PodBudget`]). The oldest events are evicted first; the newest event
+//! is always kept, so a stream never loses the event it has just received (a single event larger
+//! than `maxBytes` is kept alone). Once every event is gone the buffer is a *tombstone*: it still
+//! knows its last sequence number, so "nothing after the last event" is answered correctly.
+//!
+//! Retained events are always the contiguous range `(evicted_through, last_seq]`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+/// Bounds of one stream's buffer, from `spec.buffer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferLimits {
+    /// Most events kept (`buffer.maxEvents`), at least 1.
+    pub max_events: usize,
+    /// Most bytes of event data kept (`buffer.maxBytes`).
+    pub max_bytes: u64,
+    /// How long an event stays replayable (`buffer.ttl`).
+    pub ttl: Duration,
+}
+
+/// Pod-wide accounting of buffered bytes, shared by every stream of every session.
+#[derive(Clone, Debug)]
+pub struct PodBudget {
+    used: Arc<AtomicU64>,
+    cap: u64,
+}
+
+impl PodBudget {
+    /// A budget of `cap` bytes.
+    pub fn new(cap: u64) -> Self {
+        Self {
+            used: Arc::new(AtomicU64::new(0)),
+            cap,
+        }
+    }
+
+    /// Bytes currently buffered on this pod.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn over(&self) -> bool {
+        self.used() > self.cap
+    }
+
+    fn take(&self, n: u64) {
+        self.used.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn give_back(&self, n: u64) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// One buffered SSE event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferedEvent {
+    /// Sequence number on its stream (from 1).
+    pub seq: u64,
+    /// The SSE `event:` field, when the upstream set one.
+    pub event: Option<String>,
+    /// The SSE `data:` payload (a JSON-RPC message), LF-joined.
+    pub data: Bytes,
+    /// When the sidecar received it.
+    pub at: Instant,
+}
+
+impl BufferedEvent {
+    fn size(&self) -> u64 {
+        (self.data.len() + self.event.as_ref().map_or(0, String::len)) as u64
+    }
+}
+
+/// Events evicted by one operation, by reason (for `tether_buffer_evictions_total`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Evictions {
+    /// Over `maxEvents`.
+    pub count: u64,
+    /// Over `maxBytes`.
+    pub bytes: u64,
+    /// Older than `ttl`.
+    pub ttl: u64,
+    /// Over the pod-wide byte cap.
+    pub pod_cap: u64,
+}
+
+impl Evictions {
+    /// Total events evicted.
+    pub fn total(&self) -> u64 {
+        self.count + self.bytes + self.ttl + self.pod_cap
+    }
+}
+
+/// Why events after a cursor cannot be replayed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReplayError {
+    /// The cursor names an event this stream has not produced.
+    #[error("cursor is ahead of the stream (last event {last})")]
+    Ahead {
+        /// Sequence of the newest event.
+        last: u64,
+    },
+    /// Events right after the cursor were evicted; replaying would silently skip them.
+    #[error("events after the cursor were evicted (oldest kept is {oldest_kept})")]
+    Evicted {
+        /// Sequence of the oldest event still kept (or the next one to come).
+        oldest_kept: u64,
+    },
+}
+
+/// The bounded event buffer of one stream.
+#[derive(Debug)]
+pub struct StreamBuffer {
+    limits: BufferLimits,
+    budget: PodBudget,
+    events: VecDeque<BufferedEvent>,
+    bytes: u64,
+    last_seq: u64,
+    evicted_through: u64,
+}
+
+impl StreamBuffer {
+    /// An empty buffer (no event yet: last sequence 0).
+    pub fn new(limits: BufferLimits, budget: PodBudget) -> Self {
+        Self {
+            limits,
+            budget,
+            events: VecDeque::new(),
+            bytes: 0,
+            last_seq: 0,
+            evicted_through: 0,
+        }
+    }
+
+    /// Appends an event received at `now`; returns its sequence number and what was evicted.
+    pub fn push(&mut self, event: Option<String>, data: Bytes, now: Instant) -> (u64, Evictions) {
+        self.last_seq += 1;
+        let ev = BufferedEvent {
+            seq: self.last_seq,
+            event,
+            data,
+            at: now,
+        };
+        let size = ev.size();
+        self.bytes += size;
+        self.budget.take(size);
+        self.events.push_back(ev);
+        let mut ev = Evictions::default();
+        while self.events.len() > self.limits.max_events.max(1) {
+            self.pop_front();
+            ev.count += 1;
+        }
+        while self.bytes > self.limits.max_bytes && self.events.len() > 1 {
+            self.pop_front();
+            ev.bytes += 1;
+        }
+        while self.budget.over() && self.events.len() > 1 {
+            self.pop_front();
+            ev.pod_cap += 1;
+        }
+        (self.last_seq, ev)
+    }
+
+    /// Evicts events older than the TTL at `now`.
+    pub fn evict_expired(&mut self, now: Instant) -> Evictions {
+        let mut ev = Evictions::default();
+        while self
+            .events
+            .front()
+            .is_some_and(|e| now.saturating_duration_since(e.at) >= self.limits.ttl)
+        {
+            self.pop_front();
+            ev.ttl += 1;
+        }
+        ev
+    }
+
+    /// The retained events strictly after sequence `after` (spec R-03).
+    ///
+    /// # Errors
+    /// [`ReplayError::Ahead`] when `after` is beyond the last event; [`ReplayError::Evicted`] when
+    /// some event right after `after` is no longer kept.
+    pub fn events_after(
+        &self,
+        after: u64,
+    ) -> Result<impl Iterator<Item = &BufferedEvent>, ReplayError> {
+        if after > self.last_seq {
+            return Err(ReplayError::Ahead {
+                last: self.last_seq,
+            });
+        }
+        if after < self.evicted_through {
+            return Err(ReplayError::Evicted {
+                oldest_kept: self.evicted_through + 1,
+            });
+        }
+        let skip = usize::try_from(after - self.evicted_through).unwrap_or(usize::MAX);
+        Ok(self.events.iter().skip(skip))
+    }
+
+    /// Sequence of the newest event (0 before the first).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Events kept.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether no event is kept (a fresh buffer or a tombstone).
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Bytes of event data kept.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(e) = self.events.pop_front() {
+            let size = e.size();
+            self.bytes -= size;
+            self.budget.give_back(size);
+            self.evicted_through = e.seq;
+        }
+    }
+}
+
+impl Drop for StreamBuffer {
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_events: usize, max_bytes: u64, ttl_ms: u64) -> BufferLimits {
+        BufferLimits {
+            max_events,
+            max_bytes,
+            ttl: Duration::from_millis(ttl_ms),
+        }
+    }
+
+    fn seqs(buf: &StreamBuffer, after: u64) -> Result<Vec<u64>, ReplayError> {
+        buf.events_after(after)
+            .map(|it| it.map(|e| e.seq).collect())
+    }
+
+    fn data(n: usize) -> Bytes {
+        Bytes::from(vec![b'x'; n])
+    }
+
+    #[test]
+    fn r03_replay_is_strictly_after_the_cursor() {
+        let now = Instant::now();
+        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        for _ in 0..5 {
+            b.push(None, data(3), now);
+        }
+        assert_eq!(seqs(&b, 0), Ok(vec![1, 2, 3, 4, 5]));
+        assert_eq!(seqs(&b, 2), Ok(vec![3, 4, 5]));
+        assert_eq!(seqs(&b, 5), Ok(vec![]));
+        assert_eq!(seqs(&b, 6), Err(ReplayError::Ahead { last: 5 }));
+    }
+
+    #[test]
+    fn eviction_by_count() {
+        let now = Instant::now();
+        let mut b = StreamBuffer::new(limits(3, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        let mut total = Evictions::default();
+        for _ in 0..5 {
+            total.count += b.push(None, data(1), now).1.count;
+        }
+        assert_eq!(total.count, 2);
+        assert_eq!(seqs(&b, 2), Ok(vec![3, 4, 5]));
+        assert_eq!(seqs(&b, 1), Err(ReplayError::Evicted { oldest_kept: 3 }));
+        assert_eq!(b.len(), 3);
+    }
+
+    #[test]
+    fn eviction_by_bytes_keeps_the_newest_event() {
+        let now = Instant::now();
+        let mut b = StreamBuffer::new(limits(100, 10, 60_000), PodBudget::new(u64::MAX));
+        b.push(None, data(4), now);
+        b.push(None, data(4), now);
+        assert_eq!(b.bytes(), 8);
+        let (_, ev) = b.push(None, data(4), now);
+        assert_eq!(ev.bytes, 1);
+        assert_eq!(seqs(&b, 1), Ok(vec![2, 3]));
+        let (_, ev) = b.push(None, data(50), now);
+        assert_eq!(ev.bytes, 2, "older events go, the oversized newest stays");
+        assert_eq!(seqs(&b, 3), Ok(vec![4]));
+        assert_eq!(b.bytes(), 50);
+    }
+
+    #[test]
+    fn eviction_by_ttl_leaves_a_tombstone() {
+        let t0 = Instant::now();
+        let mut b = StreamBuffer::new(limits(100, 1 << 20, 1_000), PodBudget::new(u64::MAX));
+        b.push(None, data(1), t0);
+        b.push(None, data(1), t0 + Duration::from_millis(600));
+        assert_eq!(b.evict_expired(t0 + Duration::from_millis(999)).ttl, 0);
+        assert_eq!(b.evict_expired(t0 + Duration::from_millis(1_000)).ttl, 1);
+        assert_eq!(b.evict_expired(t0 + Duration::from_millis(1_600)).ttl, 1);
+        assert!(b.is_empty());
+        assert_eq!(b.last_seq(), 2);
+        assert_eq!(seqs(&b, 2), Ok(vec![]), "nothing after the last event");
+        assert_eq!(seqs(&b, 1), Err(ReplayError::Evicted { oldest_kept: 3 }));
+    }
+
+    #[test]
+    fn the_pod_cap_is_shared_and_released() {
+        let now = Instant::now();
+        let budget = PodBudget::new(10);
+        let mut a = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
+        let mut b = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
+        a.push(None, data(6), now);
+        a.push(None, data(1), now);
+        assert_eq!(budget.used(), 7);
+        let (_, ev) = b.push(None, data(6), now);
+        assert_eq!(ev.pod_cap, 0, "b keeps its only event even over the cap");
+        let (_, ev) = b.push(None, data(1), now);
+        assert_eq!(ev.pod_cap, 1);
+        assert_eq!(budget.used(), 8);
+        drop(a);
+        assert_eq!(budget.used(), 1);
+        drop(b);
+        assert_eq!(budget.used(), 0);
+    }
+}

@@ -1,0 +1,102 @@
+//! Command-line interface of `tether-sidecar` (every flag also reads an environment variable,
+//! which is how the operator configures the sidecar container).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// tether's per-pod sidecar: sticky MCP sessions, resumable SSE streams.
+#[derive(Debug, Parser)]
+#[command(name = "tether-sidecar", version, about)]
+pub struct Cli {
+    /// McpEndpoint manifest (YAML) with the endpoint's spec.
+    #[arg(long, env = "TETHER_ENDPOINT", value_name = "FILE")]
+    pub endpoint: PathBuf,
+    /// This pod's IP; the MCP listener (spec.listen.port) and the admin listener
+    /// (spec.admin.port) bind to it.
+    #[arg(long, env = "POD_IP", value_name = "IP")]
+    pub pod_ip: IpAddr,
+    /// This pod's UID: identifies the pod in session ids (the session's home).
+    #[arg(long, env = "POD_UID", value_name = "UID")]
+    pub pod_uid: String,
+    /// File holding the endpoint's shared secret (at least 16 bytes), which keys session-id MACs.
+    #[arg(long, env = "TETHER_SECRET_FILE", value_name = "FILE")]
+    pub secret_file: PathBuf,
+    /// Upstream MCP endpoint, `http://host:port[/path]` or `host:port`. Default:
+    /// `http://127.0.0.1:<spec.upstream.port><spec.upstream.path>`.
+    #[arg(long, env = "TETHER_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+    /// Interval of `: keep-alive` comments on idle SSE streams.
+    #[arg(long, env = "TETHER_KEEP_ALIVE", default_value = "15s", value_parser = parse_duration)]
+    pub keep_alive: Duration,
+    /// Most sessions this pod holds; further `initialize` requests get 503 + Retry-After.
+    #[arg(long, env = "TETHER_MAX_SESSIONS", default_value_t = 10_000)]
+    pub max_sessions: usize,
+    /// Largest request body, in bytes (413 beyond).
+    #[arg(long, env = "TETHER_MAX_REQUEST_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_request_bytes: usize,
+    /// How long a request body may take to arrive (408 beyond; slow-loris defence).
+    #[arg(long, env = "TETHER_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Pod-wide cap of buffered event data, in bytes, shared by every stream.
+    #[arg(long, env = "TETHER_POD_BUFFER_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub pod_buffer_bytes: u64,
+    /// How long the upstream may take to send response headers (504 beyond).
+    #[arg(long, env = "TETHER_UPSTREAM_TIMEOUT", default_value = "300s", value_parser = parse_duration)]
+    pub upstream_timeout: Duration,
+    /// Wait before resuming an upstream SSE stream closed early without a `retry` hint.
+    #[arg(long, env = "TETHER_UPSTREAM_RETRY", default_value = "1s", value_parser = parse_duration)]
+    pub upstream_retry: Duration,
+    /// Worker threads of the MCP listener.
+    #[arg(long, env = "TETHER_THREADS", default_value_t = 2)]
+    pub threads: usize,
+    /// Log format; the level comes from `RUST_LOG` (default `info`).
+    #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Parses a positive Kubernetes-style duration (`500ms`, `15s`, `5m`, `1h30m`).
+///
+/// # Errors
+/// A message for malformed, negative or zero durations.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d: tether_crds::Duration = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a duration like 15s or 5m: {e}"))?;
+    if d.is_negative() || Duration::from(d).is_zero() {
+        return Err(format!("{s:?} must be a positive duration"));
+    }
+    Ok(d.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("15").is_err());
+    }
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

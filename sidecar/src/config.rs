@@ -1,0 +1,204 @@
+//! The sidecar's runtime configuration: the endpoint manifest plus flags, checked once at
+//! start-up. Anything wrong is a [`ConfigError`] naming the manifest field or the flag.
+
+use std::net::SocketAddr;
+
+use http::Uri;
+use tether_crds::{McpEndpointSpec, ProtocolVersion, load_manifest};
+
+use crate::admission::AdmissionPolicy;
+use crate::broker::BrokerConfig;
+use crate::buffer::BufferLimits;
+use crate::cli::Cli;
+use crate::origin::OriginPolicy;
+use crate::secret::{Secret, SecretError};
+
+/// Consecutive failed upstream stream resumes before a stream is given up.
+pub const UPSTREAM_RESUME_ATTEMPTS: u32 = 5;
+
+/// Why the sidecar cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The McpEndpoint manifest is unreadable or invalid.
+    #[error(transparent)]
+    Manifest(#[from] tether_crds::ManifestError),
+    /// The secret file is unreadable or too short.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    /// `--upstream` is not `http://host:port[/path]` or `host:port`.
+    #[error("--upstream {0:?}: expected http://host:port[/path] or host:port")]
+    Upstream(String),
+    /// A flag has an unusable value.
+    #[error("{flag}: {message}")]
+    Flag {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Everything the sidecar needs to run.
+#[derive(Debug)]
+pub struct Config {
+    /// Endpoint name (`metadata.name`), for logs.
+    pub endpoint: String,
+    /// Where the MCP listener binds.
+    pub listen_addr: SocketAddr,
+    /// Where the admin listener binds.
+    pub admin_addr: SocketAddr,
+    /// The upstream MCP endpoint.
+    pub upstream: Uri,
+    /// Admission settings.
+    pub admission: AdmissionPolicy,
+    /// Broker settings.
+    pub broker: BrokerConfig,
+    /// The endpoint secret.
+    pub secret: Secret,
+    /// This pod's UID.
+    pub pod_uid: String,
+    /// Most sessions held.
+    pub max_sessions: usize,
+    /// Pod-wide buffer cap, in bytes.
+    pub pod_buffer_bytes: u64,
+    /// Request body deadline.
+    pub request_timeout: std::time::Duration,
+    /// `spec.drain.timeout`: the grace period of a shutdown.
+    pub drain_timeout: std::time::Duration,
+    /// Listener threads.
+    pub threads: usize,
+}
+
+impl Config {
+    /// Loads the manifest and secret and combines them with the flags.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the field or flag at fault.
+    pub fn load(cli: &Cli) -> Result<Self, ConfigError> {
+        let endpoint = load_manifest(&cli.endpoint)?;
+        let secret = Secret::from_file(&cli.secret_file)?;
+        let spec = &endpoint.spec;
+        let upstream = match &cli.upstream {
+            Some(u) => parse_upstream(u, &spec.upstream.path)?,
+            None => format!(
+                "http://127.0.0.1:{}{}",
+                spec.upstream.port, spec.upstream.path
+            )
+            .parse()
+            .map_err(|_| ConfigError::Upstream(spec.upstream.path.clone()))?,
+        };
+        for (flag, value) in [
+            ("--max-sessions", cli.max_sessions),
+            ("--max-request-bytes", cli.max_request_bytes),
+            ("--threads", cli.threads),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Flag {
+                    flag,
+                    message: "must be at least 1".into(),
+                });
+            }
+        }
+        if cli.pod_uid.trim().is_empty() {
+            return Err(ConfigError::Flag {
+                flag: "--pod-uid",
+                message: "must not be empty".into(),
+            });
+        }
+        Ok(Self {
+            endpoint: endpoint.metadata.name.clone().unwrap_or_default(),
+            listen_addr: SocketAddr::new(cli.pod_ip, spec.listen.port),
+            admin_addr: SocketAddr::new(cli.pod_ip, spec.admin.port),
+            upstream,
+            admission: AdmissionPolicy {
+                path: spec.listen.path.clone(),
+                origins: OriginPolicy::new(&spec.origins.allow, spec.origins.allow_missing),
+                versions: versions(spec),
+                max_body_bytes: cli.max_request_bytes,
+            },
+            broker: broker_config(spec, cli),
+            secret,
+            pod_uid: cli.pod_uid.clone(),
+            max_sessions: cli.max_sessions,
+            pod_buffer_bytes: cli.pod_buffer_bytes,
+            request_timeout: cli.request_timeout,
+            drain_timeout: spec.drain.timeout.into(),
+            threads: cli.threads,
+        })
+    }
+}
+
+fn versions(spec: &McpEndpointSpec) -> Vec<ProtocolVersion> {
+    spec.protocol_versions
+        .iter()
+        .filter_map(|v| ProtocolVersion::parse(v))
+        .collect()
+}
+
+fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
+    BrokerConfig {
+        versions: versions(spec),
+        buffer: BufferLimits {
+            max_events: spec.buffer.max_events as usize,
+            max_bytes: spec.buffer.max_bytes,
+            ttl: spec.buffer.ttl.into(),
+        },
+        idle_timeout: spec.session.idle_timeout.into(),
+        keep_alive: cli.keep_alive,
+        max_upstream_body_bytes: usize::try_from(spec.buffer.max_bytes)
+            .unwrap_or(usize::MAX)
+            .max(cli.max_request_bytes),
+        upstream_body_timeout: cli.upstream_timeout,
+        upstream_retry: cli.upstream_retry,
+        upstream_resume_attempts: UPSTREAM_RESUME_ATTEMPTS,
+    }
+}
+
+/// Parses `--upstream`: `http://host:port[/path]` or `host:port` (path from the spec).
+fn parse_upstream(value: &str, default_path: &str) -> Result<Uri, ConfigError> {
+    let err = || ConfigError::Upstream(value.to_owned());
+    let with_scheme = if value.contains("://") {
+        value.to_owned()
+    } else {
+        format!("http://{value}")
+    };
+    let uri: Uri = with_scheme.parse().map_err(|_| err())?;
+    if uri.scheme_str() != Some("http") || uri.port_u16().is_none() || uri.host().is_none() {
+        return Err(err());
+    }
+    let path = match uri.path() {
+        "" | "/" if !value.ends_with('/') => default_path,
+        p => p,
+    };
+    format!(
+        "http://{}{}",
+        uri.authority().map(|a| a.as_str()).unwrap_or_default(),
+        path
+    )
+    .parse()
+    .map_err(|_| err())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_flag_forms() {
+        assert_eq!(
+            parse_upstream("127.0.0.1:3000", "/mcp").unwrap(),
+            "http://127.0.0.1:3000/mcp"
+        );
+        assert_eq!(
+            parse_upstream("http://127.0.0.2:4000/other", "/mcp").unwrap(),
+            "http://127.0.0.2:4000/other"
+        );
+        assert_eq!(
+            parse_upstream("http://localhost:4000", "/mcp").unwrap(),
+            "http://localhost:4000/mcp"
+        );
+        for bad in ["https://x:1/mcp", "nohost", "http://x/mcp", "ftp://x:1"] {
+            assert!(parse_upstream(bad, "/mcp").is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Prometheus metrics of the sidecar (DESIGN.md §3.5), served on the admin port at `/metrics`.
+//!
+//! Every name starts with `tether_`. Labels never carry a session id: only reasons, methods,
+//! eras and protocol versions, each from a small fixed set.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::buffer::Evictions;
+
+/// A `reason` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    /// The reason.
+    pub reason: &'static str,
+}
+
+/// Labels of `tether_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// HTTP method.
+    pub method: &'static str,
+    /// `sessionful` (2025-03-26 … 2025-11-25) or `stateless` (2026-07-28).
+    pub era: &'static str,
+}
+
+/// Labels of `tether_rejections_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    /// HTTP status.
+    pub status: u16,
+    /// Rejection reason (see the README's status code table).
+    pub reason: &'static str,
+}
+
+/// Labels of `tether_resumes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResumeLabels {
+    /// `hit` or `miss`.
+    pub result: &'static str,
+    /// Why a resume missed (`none` for hits).
+    pub reason: &'static str,
+}
+
+/// Labels of `tether_protocol_version_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    /// The protocol version in effect for the request.
+    pub version: &'static str,
+}
+
+/// The sidecar's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Requests admitted to the MCP endpoint, by method and era.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Requests answered with an error by the sidecar itself, by status and reason.
+    pub rejections: Family<RejectionLabels, Counter>,
+    /// 404s for a session id, by reason (forged, unknown, deleted, expired, upstream_gone).
+    pub not_found: Family<Reason, Counter>,
+    /// Requests refused for their `Origin`.
+    pub origin_rejections: Counter,
+    /// Requests by the protocol version in effect.
+    pub protocol_versions: Family<VersionLabel, Counter>,
+    /// Sessions held now.
+    pub sessions: Gauge,
+    /// Sessions created.
+    pub sessions_created: Counter,
+    /// Sessions ended, by reason (deleted, expired, upstream_gone).
+    pub sessions_ended: Family<Reason, Counter>,
+    /// Streams held now (live and tombstones).
+    pub streams: Gauge,
+    /// Events buffered now.
+    pub buffer_events: Gauge,
+    /// Bytes of event data buffered now.
+    pub buffer_bytes: Gauge,
+    /// Events received from the upstream and buffered.
+    pub events_buffered: Counter,
+    /// Buffered events evicted, by reason (count, bytes, ttl, pod_cap).
+    pub evictions: Family<Reason, Counter>,
+    /// Resumes with `Last-Event-ID`, by result and miss reason.
+    pub resumes: Family<ResumeLabels, Counter>,
+    /// Events replayed to resuming clients.
+    pub replayed_events: Counter,
+    /// Retried requests attached to their existing stream instead of dispatched again.
+    pub requests_deduplicated: Counter,
+    /// Upstream SSE streams resumed by the sidecar after an early close (SEP-1699 polling).
+    pub upstream_resumes: Counter,
+    /// Upstream failures, by kind.
+    pub upstream_errors: Family<Reason, Counter>,
+    /// Time from a resume request to its response headers, in seconds.
+    pub resume_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tether");
+        let m = Self {
+            requests: Family::default(),
+            rejections: Family::default(),
+            not_found: Family::default(),
+            origin_rejections: Counter::default(),
+            protocol_versions: Family::default(),
+            sessions: Gauge::default(),
+            sessions_created: Counter::default(),
+            sessions_ended: Family::default(),
+            streams: Gauge::default(),
+            buffer_events: Gauge::default(),
+            buffer_bytes: Gauge::default(),
+            events_buffered: Counter::default(),
+            evictions: Family::default(),
+            resumes: Family::default(),
+            replayed_events: Counter::default(),
+            requests_deduplicated: Counter::default(),
+            upstream_resumes: Counter::default(),
+            upstream_errors: Family::default(),
+            resume_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register("requests", "MCP requests admitted", m.requests.clone());
+        r.register(
+            "rejections",
+            "Requests answered with an error by the sidecar",
+            m.rejections.clone(),
+        );
+        r.register(
+            "not_found",
+            "404s for a session id, by reason",
+            m.not_found.clone(),
+        );
+        r.register(
+            "origin_rejections",
+            "Requests refused for their Origin",
+            m.origin_rejections.clone(),
+        );
+        r.register(
+            "protocol_version_requests",
+            "Requests by protocol version",
+            m.protocol_versions.clone(),
+        );
+        r.register("sessions", "Sessions held", m.sessions.clone());
+        r.register(
+            "sessions_created",
+            "Sessions created",
+            m.sessions_created.clone(),
+        );
+        r.register(
+            "sessions_ended",
+            "Sessions ended, by reason",
+            m.sessions_ended.clone(),
+        );
+        r.register(
+            "streams",
+            "Streams held (live and tombstones)",
+            m.streams.clone(),
+        );
+        r.register("buffer_events", "Events buffered", m.buffer_events.clone());
+        r.register(
+            "buffer_bytes",
+            "Bytes of event data buffered",
+            m.buffer_bytes.clone(),
+        );
+        r.register(
+            "events_buffered",
+            "Events received from the upstream and buffered",
+            m.events_buffered.clone(),
+        );
+        r.register(
+            "buffer_evictions",
+            "Buffered events evicted, by reason",
+            m.evictions.clone(),
+        );
+        r.register("resumes", "Resumes with Last-Event-ID", m.resumes.clone());
+        r.register(
+            "replayed_events",
+            "Events replayed to resuming clients",
+            m.replayed_events.clone(),
+        );
+        r.register(
+            "requests_deduplicated",
+            "Retried requests attached to their existing stream",
+            m.requests_deduplicated.clone(),
+        );
+        r.register(
+            "upstream_resumes",
+            "Upstream SSE streams resumed after an early close",
+            m.upstream_resumes.clone(),
+        );
+        r.register(
+            "upstream_errors",
+            "Upstream failures",
+            m.upstream_errors.clone(),
+        );
+        r.register(
+            "resume_seconds",
+            "Time from a resume request to its response headers",
+            m.resume_seconds.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Counts evictions by reason.
+    pub fn record_evictions(&self, e: &Evictions) {
+        for (reason, n) in [
+            ("count", e.count),
+            ("bytes", e.bytes),
+            ("ttl", e.ttl),
+            ("pod_cap", e.pod_cap),
+        ] {
+            if n > 0 {
+                self.evictions.get_or_create(&Reason { reason }).inc_by(n);
+            }
+        }
+    }
+
+    /// Counts an upstream failure.
+    pub fn upstream_error(&self, reason: &'static str) {
+        self.upstream_errors.get_or_create(&Reason { reason }).inc();
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_with_the_tether_prefix() {
+        let m = Metrics::new();
+        m.not_found
+            .get_or_create(&Reason { reason: "forged" })
+            .inc();
+        m.record_evictions(&Evictions {
+            ttl: 2,
+            ..Evictions::default()
+        });
+        let text = m.encode();
+        assert!(
+            text.contains("tether_not_found_total{reason=\"forged\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tether_buffer_evictions_total{reason=\"ttl\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("# EOF"));
+    }
+}

@@ -1,0 +1,103 @@
+//! Assembles the pingora server: the MCP listener, the admin listener and the sweeper.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora::server::configuration::ServerConf;
+use pingora::server::{Server, ShutdownWatch};
+use pingora::services::background::{BackgroundService, background_service};
+use pingora::services::listening::Service;
+
+use crate::admin::Admin;
+use crate::broker::Broker;
+use crate::buffer::PodBudget;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::proxy::McpProxy;
+use crate::session::Registry;
+use crate::session_id::{HomeToken, IdMinter};
+use crate::upstream::Upstream;
+
+/// How often idle sessions and expired events are swept.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// Time pingora gives in-flight connections after the grace period, in seconds.
+const SHUTDOWN_TIMEOUT_SECS: u64 = 5;
+
+/// Periodic [`Broker::sweep`].
+struct Sweeper {
+    broker: Arc<Broker>,
+}
+
+#[async_trait]
+impl BackgroundService for Sweeper {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.broker.sweep(Instant::now()),
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// Builds the broker from the configuration.
+pub fn broker(cfg: &Config) -> Arc<Broker> {
+    let upstream_timeout = cfg.broker.upstream_body_timeout;
+    Broker::new(
+        cfg.broker.clone(),
+        IdMinter::new(cfg.secret.clone(), HomeToken::for_pod(&cfg.pod_uid)),
+        cfg.secret.clone(),
+        Upstream::new(cfg.upstream.clone(), upstream_timeout),
+        Registry::new(cfg.max_sessions),
+        PodBudget::new(cfg.pod_buffer_bytes),
+        Arc::new(Metrics::new()),
+    )
+}
+
+/// Runs the sidecar until SIGTERM/SIGINT; never returns.
+pub fn run(cfg: Config) -> ! {
+    let conf = ServerConf {
+        threads: cfg.threads,
+        grace_period_seconds: Some(cfg.drain_timeout.as_secs().max(1)),
+        graceful_shutdown_timeout_seconds: Some(SHUTDOWN_TIMEOUT_SECS),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let broker = broker(&cfg);
+    let authority = cfg
+        .upstream
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .unwrap_or_default();
+    let proxy = McpProxy::new(
+        Arc::clone(&broker),
+        cfg.admission.clone(),
+        authority,
+        cfg.upstream.path().to_owned(),
+        cfg.request_timeout,
+    );
+    let mut mcp = pingora::proxy::http_proxy_service_with_name(&server.configuration, proxy, "mcp");
+    mcp.add_tcp(&cfg.listen_addr.to_string());
+    let mut admin = Service::new("admin".to_owned(), Admin::new(Arc::clone(&broker)));
+    admin.add_tcp(&cfg.admin_addr.to_string());
+    let sweeper = background_service(
+        "sweeper",
+        Sweeper {
+            broker: Arc::clone(&broker),
+        },
+    );
+    server.add_service(mcp);
+    server.add_service(admin);
+    server.add_service(sweeper);
+    tracing::info!(
+        endpoint = %cfg.endpoint,
+        listen = %cfg.listen_addr,
+        admin = %cfg.admin_addr,
+        upstream = %cfg.upstream,
+        "tether-sidecar starting"
+    );
+    server.run_forever()
+}

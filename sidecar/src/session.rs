@@ -1,0 +1,521 @@
+//! Sessions held by this pod and the registry that finds them by client session id.
+//!
+//! A [`Session`] maps the client's session id (minted by the sidecar) to the upstream's session
+//! id, and holds the session's streams, the records that de-duplicate retried requests
+//! (DESIGN.md §3.2), the standalone GET stream and the time of the last activity (for
+//! `session.idleTimeout`). Memory per session is bounded: at most [`MAX_STREAMS`] streams (the
+//! oldest completed ones are forgotten first) and [`MAX_REQUEST_RECORDS`] request records.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use tether_crds::ProtocolVersion;
+use tokio_util::sync::CancellationToken;
+
+use crate::buffer::Evictions;
+use crate::cursor::StreamKey;
+use crate::jsonrpc::RequestKey;
+use crate::reply::{NotFound, StoredReply};
+use crate::stream::Stream;
+
+/// Most streams (live or tombstones) one session keeps.
+pub const MAX_STREAMS: usize = 4096;
+/// Most request records one session keeps for retry de-duplication.
+pub const MAX_REQUEST_RECORDS: usize = 16384;
+/// Most ended sessions remembered for 404 reasons.
+const ENDED_LOG: usize = 16384;
+
+/// The session's standalone GET stream (spec T-09).
+#[derive(Clone, Debug)]
+pub enum Standalone {
+    /// Not opened upstream yet.
+    None,
+    /// Open: every client GET without `Last-Event-ID` reads this stream.
+    Open(Arc<Stream>),
+    /// The upstream offers none; its answer (405) is replayed to every GET.
+    Unsupported(StoredReply),
+}
+
+#[derive(Debug)]
+struct RequestRecord {
+    digest: [u8; 32],
+    stream: StreamKey,
+}
+
+#[derive(Debug)]
+struct State {
+    streams: HashMap<StreamKey, Arc<Stream>>,
+    stream_order: VecDeque<StreamKey>,
+    requests: HashMap<RequestKey, RequestRecord>,
+    request_order: VecDeque<RequestKey>,
+    standalone: Standalone,
+    last_activity: Instant,
+    busy: u32,
+}
+
+/// What a POST's request ids mean for a session (retry de-duplication, DESIGN.md §3.2).
+#[derive(Debug)]
+pub enum Dedupe {
+    /// New ids: dispatch upstream.
+    New,
+    /// The same ids with the same body: a retry; attach to the existing stream.
+    Retry(Arc<Stream>),
+    /// A known id with a different body, or ids spread over several POSTs: 400 (spec S-09).
+    Conflict,
+}
+
+/// One client session held by this pod.
+#[derive(Debug)]
+pub struct Session {
+    id: String,
+    digest: String,
+    upstream_id: Option<String>,
+    version: ProtocolVersion,
+    cancel: CancellationToken,
+    state: Mutex<State>,
+    /// Serialises opening the upstream standalone GET stream.
+    pub standalone_open: tokio::sync::Mutex<()>,
+}
+
+impl Session {
+    /// A new session. `digest` is the id's keyed digest, used in logs instead of the id.
+    pub fn new(
+        id: String,
+        digest: String,
+        upstream_id: Option<String>,
+        version: ProtocolVersion,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            digest,
+            upstream_id,
+            version,
+            cancel: CancellationToken::new(),
+            state: Mutex::new(State {
+                streams: HashMap::new(),
+                stream_order: VecDeque::new(),
+                requests: HashMap::new(),
+                request_order: VecDeque::new(),
+                standalone: Standalone::None,
+                last_activity: Instant::now(),
+                busy: 0,
+            }),
+            standalone_open: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The client session id (never log it; use [`Session::digest`]).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The keyed digest that stands for the id in logs.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The upstream's session id.
+    pub fn upstream_id(&self) -> Option<&str> {
+        self.upstream_id.as_deref()
+    }
+
+    /// The negotiated protocol version.
+    pub fn version(&self) -> ProtocolVersion {
+        self.version
+    }
+
+    /// Whether clients of this session get priming events (negotiated ≥ 2025-11-25, R-05).
+    pub fn primes(&self) -> bool {
+        self.version >= ProtocolVersion::V2025_11_25
+    }
+
+    /// A child token for a new stream's upstream task; cancelled when the session ends.
+    pub fn child_token(&self) -> CancellationToken {
+        self.cancel.child_token()
+    }
+
+    /// Whether the session has ended.
+    pub fn is_ended(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Marks a request being handled; the session is not idle while the guard lives.
+    pub fn busy(self: &Arc<Self>) -> BusyGuard {
+        let mut st = self.state.lock();
+        st.busy += 1;
+        st.last_activity = Instant::now();
+        BusyGuard(Arc::clone(self))
+    }
+
+    /// Classifies the request ids of a POST against the session's records.
+    pub fn dedupe(&self, ids: &[RequestKey], digest: [u8; 32]) -> Dedupe {
+        let st = self.state.lock();
+        let mut found: Option<&StreamKey> = None;
+        let mut unknown = 0;
+        for id in ids {
+            match st.requests.get(id) {
+                None => unknown += 1,
+                Some(rec) if rec.digest != digest => return Dedupe::Conflict,
+                Some(rec) => match found {
+                    Some(key) if *key != rec.stream => return Dedupe::Conflict,
+                    _ => found = Some(&rec.stream),
+                },
+            }
+        }
+        match found {
+            None => Dedupe::New,
+            Some(_) if unknown > 0 => Dedupe::Conflict,
+            Some(key) => match st.streams.get(key) {
+                Some(stream) => Dedupe::Retry(Arc::clone(stream)),
+                // The stream was forgotten (over MAX_STREAMS): its events cannot be replayed.
+                None => Dedupe::Conflict,
+            },
+        }
+    }
+
+    /// Registers a POST's stream and its request ids.
+    pub fn register_post(&self, stream: &Arc<Stream>, ids: &[RequestKey], digest: [u8; 32]) {
+        let mut st = self.state.lock();
+        Self::insert_stream(&mut st, stream);
+        for id in ids {
+            st.requests.insert(
+                id.clone(),
+                RequestRecord {
+                    digest,
+                    stream: stream.key().clone(),
+                },
+            );
+            st.request_order.push_back(id.clone());
+        }
+        while st.request_order.len() > MAX_REQUEST_RECORDS {
+            if let Some(old) = st.request_order.pop_front() {
+                st.requests.remove(&old);
+            }
+        }
+    }
+
+    /// Forgets a POST the upstream never received (so a retry dispatches it again).
+    pub fn unregister_post(&self, stream: &Stream, ids: &[RequestKey]) {
+        let mut st = self.state.lock();
+        st.streams.remove(stream.key());
+        for id in ids {
+            st.requests.remove(id);
+        }
+    }
+
+    /// Registers a stream that no request id leads to (the `initialize` response stream).
+    pub fn register_stream(&self, stream: &Arc<Stream>) {
+        Self::insert_stream(&mut self.state.lock(), stream);
+    }
+
+    fn insert_stream(st: &mut State, stream: &Arc<Stream>) {
+        st.streams.insert(stream.key().clone(), Arc::clone(stream));
+        st.stream_order.push_back(stream.key().clone());
+        let mut budget = st.stream_order.len().saturating_sub(MAX_STREAMS);
+        if budget == 0 {
+            return;
+        }
+        let mut kept = VecDeque::with_capacity(st.stream_order.len());
+        while let Some(key) = st.stream_order.pop_front() {
+            let forget = budget > 0
+                && st
+                    .streams
+                    .get(&key)
+                    .is_none_or(|s| s.is_complete() && !s.is_active());
+            if forget {
+                st.streams.remove(&key);
+                budget -= 1;
+            } else {
+                kept.push_back(key);
+            }
+        }
+        st.stream_order = kept;
+    }
+
+    /// The stream with `key`, if this session has it.
+    pub fn stream(&self, key: &StreamKey) -> Option<Arc<Stream>> {
+        self.state.lock().streams.get(key).cloned()
+    }
+
+    /// The stream that carries the response to request `id`.
+    pub fn stream_of_request(&self, id: &RequestKey) -> Option<Arc<Stream>> {
+        let st = self.state.lock();
+        let rec = st.requests.get(id)?;
+        st.streams.get(&rec.stream).cloned()
+    }
+
+    /// The standalone stream state.
+    pub fn standalone(&self) -> Standalone {
+        self.state.lock().standalone.clone()
+    }
+
+    /// Sets the standalone stream state (an open stream is also registered for resumes).
+    pub fn set_standalone(&self, standalone: Standalone) {
+        let mut st = self.state.lock();
+        if let Standalone::Open(stream) = &standalone {
+            Self::insert_stream(&mut st, stream);
+        }
+        st.standalone = standalone;
+    }
+
+    /// Forgets the standalone stream `stream` (its upstream gave up); the next GET reopens one.
+    pub fn clear_standalone(&self, stream: &Stream) {
+        let mut st = self.state.lock();
+        if matches!(&st.standalone, Standalone::Open(s) if s.key() == stream.key()) {
+            st.standalone = Standalone::None;
+        }
+    }
+
+    /// Whether nothing happened for `idle` at `now`: no request being handled, no attached
+    /// reader, no POST waiting for its response.
+    pub fn is_idle(&self, now: Instant, idle: Duration) -> bool {
+        let st = self.state.lock();
+        st.busy == 0
+            && now.saturating_duration_since(st.last_activity) >= idle
+            && st.streams.values().all(|s| !s.is_active())
+    }
+
+    /// Evicts expired events of every stream.
+    pub fn evict_expired(&self, now: Instant) -> Evictions {
+        let streams: Vec<_> = self.state.lock().streams.values().cloned().collect();
+        let mut total = Evictions::default();
+        for s in streams {
+            let e = s.evict_expired(now);
+            total.count += e.count;
+            total.bytes += e.bytes;
+            total.ttl += e.ttl;
+            total.pod_cap += e.pod_cap;
+        }
+        total
+    }
+
+    /// Streams held, and events and bytes buffered over all of them.
+    pub fn buffered(&self) -> (usize, usize, u64) {
+        let st = self.state.lock();
+        let (mut events, mut bytes) = (0, 0);
+        for s in st.streams.values() {
+            let (e, b) = s.buffered();
+            events += e;
+            bytes += b;
+        }
+        (st.streams.len(), events, bytes)
+    }
+
+    /// Ends the session: upstream tasks stop, readers drain what is buffered and end.
+    pub fn end(&self) {
+        self.cancel.cancel();
+        let streams: Vec<_> = self.state.lock().streams.values().cloned().collect();
+        for s in streams {
+            s.complete();
+        }
+    }
+}
+
+/// Keeps a session from being idle while a request is handled.
+#[derive(Debug)]
+pub struct BusyGuard(Arc<Session>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock();
+        st.busy -= 1;
+        st.last_activity = Instant::now();
+    }
+}
+
+/// Why a new session could not be registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("this pod holds its maximum of {0} sessions")]
+pub struct TooManySessions(pub usize);
+
+#[derive(Debug, Default)]
+struct EndedLog {
+    reasons: HashMap<String, NotFound>,
+    order: VecDeque<String>,
+}
+
+/// The sessions this pod holds, by client session id.
+#[derive(Debug)]
+pub struct Registry {
+    sessions: RwLock<HashMap<String, Arc<Session>>>,
+    ended: Mutex<EndedLog>,
+    max_sessions: usize,
+}
+
+impl Registry {
+    /// An empty registry holding at most `max_sessions`.
+    pub fn new(max_sessions: usize) -> Self {
+        Self {
+            sessions: RwLock::new(HashMap::new()),
+            ended: Mutex::new(EndedLog::default()),
+            max_sessions,
+        }
+    }
+
+    /// Whether another session fits.
+    pub fn has_room(&self) -> bool {
+        self.sessions.read().len() < self.max_sessions
+    }
+
+    /// Registers a session.
+    ///
+    /// # Errors
+    /// [`TooManySessions`] when the pod is full.
+    pub fn insert(&self, session: Arc<Session>) -> Result<(), TooManySessions> {
+        let mut map = self.sessions.write();
+        if map.len() >= self.max_sessions {
+            return Err(TooManySessions(self.max_sessions));
+        }
+        map.insert(session.id.clone(), session);
+        Ok(())
+    }
+
+    /// The session with client id `id`.
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.sessions.read().get(id).cloned()
+    }
+
+    /// Removes a session, remembering why (for the 404 reason of later requests).
+    pub fn remove(&self, session: &Session, reason: NotFound) -> bool {
+        let removed = self.sessions.write().remove(&session.id).is_some();
+        if removed {
+            let mut log = self.ended.lock();
+            log.reasons.insert(session.digest.clone(), reason);
+            log.order.push_back(session.digest.clone());
+            while log.order.len() > ENDED_LOG {
+                if let Some(old) = log.order.pop_front() {
+                    log.reasons.remove(&old);
+                }
+            }
+        }
+        removed
+    }
+
+    /// Why a genuine id with this digest is not held: how it ended, or [`NotFound::Unknown`].
+    pub fn why_missing(&self, digest: &str) -> NotFound {
+        self.ended
+            .lock()
+            .reasons
+            .get(digest)
+            .copied()
+            .unwrap_or(NotFound::Unknown)
+    }
+
+    /// A snapshot of every session.
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        self.sessions.read().values().cloned().collect()
+    }
+
+    /// Sessions held.
+    pub fn len(&self) -> usize {
+        self.sessions.read().len()
+    }
+
+    /// Whether no session is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::{BufferLimits, PodBudget};
+    use crate::stream::StreamKind;
+    use serde_json::Value;
+
+    fn session() -> Arc<Session> {
+        Session::new(
+            "id".into(),
+            "digest".into(),
+            None,
+            ProtocolVersion::V2025_06_18,
+        )
+    }
+
+    fn stream(s: &Session, ids: &[RequestKey]) -> Arc<Stream> {
+        Stream::new(
+            StreamKind::Post,
+            ids.to_vec(),
+            BufferLimits {
+                max_events: 8,
+                max_bytes: 1024,
+                ttl: Duration::from_secs(60),
+            },
+            PodBudget::new(u64::MAX),
+            s.child_token(),
+        )
+    }
+
+    fn key(i: i64) -> RequestKey {
+        RequestKey::of(&Value::from(i))
+    }
+
+    #[test]
+    fn retries_attach_and_conflicts_are_refused() {
+        let s = session();
+        let ids = [key(1)];
+        assert!(matches!(s.dedupe(&ids, [1; 32]), Dedupe::New));
+        let st = stream(&s, &ids);
+        s.register_post(&st, &ids, [1; 32]);
+        match s.dedupe(&ids, [1; 32]) {
+            Dedupe::Retry(found) => assert_eq!(found.key(), st.key()),
+            other => panic!("expected a retry, got {other:?}"),
+        }
+        assert!(matches!(s.dedupe(&ids, [2; 32]), Dedupe::Conflict));
+        assert!(matches!(
+            s.dedupe(&[key(1), key(2)], [1; 32]),
+            Dedupe::Conflict
+        ));
+        s.unregister_post(&st, &ids);
+        assert!(matches!(s.dedupe(&ids, [1; 32]), Dedupe::New));
+    }
+
+    #[test]
+    fn idle_only_without_activity() {
+        let s = session();
+        let later = Instant::now() + Duration::from_secs(10);
+        assert!(s.is_idle(later, Duration::from_secs(5)));
+        let guard = s.busy();
+        assert!(!s.is_idle(later, Duration::from_secs(5)));
+        drop(guard);
+        let st = stream(&s, &[key(1)]);
+        s.register_post(&st, &[key(1)], [0; 32]);
+        assert!(
+            !s.is_idle(
+                Instant::now() + Duration::from_secs(10),
+                Duration::from_secs(5)
+            ),
+            "a POST waiting for its response keeps the session"
+        );
+        st.complete();
+        assert!(s.is_idle(
+            Instant::now() + Duration::from_secs(10),
+            Duration::from_secs(5)
+        ));
+    }
+
+    #[test]
+    fn the_registry_remembers_why_sessions_ended() {
+        let r = Registry::new(1);
+        let s = session();
+        r.insert(Arc::clone(&s)).unwrap();
+        assert_eq!(r.insert(session()), Err(TooManySessions(1)));
+        assert!(r.remove(&s, NotFound::Deleted));
+        assert!(r.get("id").is_none());
+        assert_eq!(r.why_missing("digest"), NotFound::Deleted);
+        assert_eq!(r.why_missing("other"), NotFound::Unknown);
+    }
+
+    #[test]
+    fn ending_a_session_completes_its_streams() {
+        let s = session();
+        let st = stream(&s, &[key(1)]);
+        s.register_post(&st, &[key(1)], [0; 32]);
+        s.end();
+        assert!(st.is_complete());
+        assert!(st.cancel_token().is_cancelled());
+    }
+}

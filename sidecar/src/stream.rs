@@ -1,0 +1,524 @@
+//! One SSE stream of a session and the client connections that read it (DESIGN.md §3.2).
+//!
+//! A [`Stream`] is written by the upstream task that owns it (a POST's response, or the
+//! standalone GET stream) and read by at most one client connection at a time through a
+//! [`Feed`]. Clients are served from the [`StreamBuffer`], never straight from the upstream, so a
+//! client that disconnects and resumes with `Last-Event-ID` misses nothing (spec L-01, R-03).
+//! A new reader takes the stream over: the previous connection ends cleanly (never 409, T-09).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::buffer::{BufferLimits, Evictions, PodBudget, ReplayError, StreamBuffer};
+use crate::cursor::{EventId, StreamKey};
+use crate::jsonrpc::{RequestKey, response_id};
+use crate::reply::StoredReply;
+use crate::sse;
+
+/// What a stream carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The response stream of a POST with one request.
+    Post,
+    /// The response stream of a 2025-03-26 batch (answers always arrive as events).
+    Batch,
+    /// The session's standalone GET stream (server-initiated messages).
+    Standalone,
+}
+
+impl StreamKind {
+    /// Whether the stream carries responses to client requests (and completes with them).
+    pub fn answers_requests(self) -> bool {
+        matches!(self, StreamKind::Post | StreamKind::Batch)
+    }
+}
+
+/// Where a new reader starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Strictly after this sequence number (0 = from the first event).
+    After(u64),
+    /// After the last event already written to some connection: a plain `GET` without
+    /// `Last-Event-ID` gets what no client has been sent yet.
+    Undelivered,
+}
+
+#[derive(Debug)]
+struct State {
+    buffer: StreamBuffer,
+    /// Requests of the POST still waiting for their response.
+    pending: Vec<RequestKey>,
+    /// No more events will come.
+    complete: bool,
+    /// The upstream's non-SSE answer to the POST (JSON, 202 or an error), kept for retries.
+    stored: Option<StoredReply>,
+    /// The upstream answered with an SSE stream.
+    sse: bool,
+    /// Generation of the current reader; a new reader increments it.
+    reader_gen: u64,
+    /// Whether the reader of `reader_gen` is still attached.
+    reader_attached: bool,
+    /// Highest sequence number written to some connection.
+    delivered: u64,
+}
+
+/// One stream: buffer, completion state and reader hand-over.
+#[derive(Debug)]
+pub struct Stream {
+    key: StreamKey,
+    kind: StreamKind,
+    cancel: CancellationToken,
+    state: Mutex<State>,
+    changed: watch::Sender<()>,
+}
+
+/// Result of appending an upstream event.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Appended {
+    /// Sequence number given to the event.
+    pub seq: u64,
+    /// What the append evicted.
+    pub evictions: Evictions,
+    /// Whether this event completed the stream (the last pending response arrived).
+    pub completed: bool,
+}
+
+impl Stream {
+    /// A new open stream. `pending` lists the requests whose responses it will carry;
+    /// `cancel` stops its upstream task (a child of the session's token).
+    pub fn new(
+        kind: StreamKind,
+        pending: Vec<RequestKey>,
+        limits: BufferLimits,
+        budget: PodBudget,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            key: StreamKey::random(),
+            kind,
+            cancel,
+            state: Mutex::new(State {
+                buffer: StreamBuffer::new(limits, budget),
+                pending,
+                complete: false,
+                stored: None,
+                sse: false,
+                reader_gen: 0,
+                reader_attached: false,
+                delivered: 0,
+            }),
+            changed: watch::channel(()).0,
+        })
+    }
+
+    /// The stream's key (first part of its event ids).
+    pub fn key(&self) -> &StreamKey {
+        &self.key
+    }
+
+    /// What the stream carries.
+    pub fn kind(&self) -> StreamKind {
+        self.kind
+    }
+
+    /// Cancelled when the stream's upstream task must stop (cancellation, session end).
+    pub fn cancel_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Appends an event received from the upstream. A response to a pending request removes it
+    /// from the pending list; the last one completes the stream.
+    pub fn append(&self, event: Option<String>, data: Bytes, now: Instant) -> Appended {
+        let answered = response_id(&data);
+        let mut st = self.state.lock();
+        if st.complete {
+            return Appended::default();
+        }
+        let (seq, evictions) = st.buffer.push(event, data, now);
+        let mut completed = false;
+        if let Some(id) = answered
+            && let Some(pos) = st.pending.iter().position(|p| *p == id)
+        {
+            st.pending.remove(pos);
+            if st.pending.is_empty() && self.kind.answers_requests() {
+                st.complete = true;
+                completed = true;
+            }
+        }
+        drop(st);
+        self.changed.send_replace(());
+        if completed {
+            self.cancel.cancel();
+        }
+        Appended {
+            seq,
+            evictions,
+            completed,
+        }
+    }
+
+    /// Ends the stream: readers drain what is buffered, then their connection ends cleanly.
+    pub fn complete(&self) {
+        self.state.lock().complete = true;
+        self.changed.send_replace(());
+        self.cancel.cancel();
+    }
+
+    /// Records the upstream's non-SSE answer and completes the stream.
+    pub fn store_reply(&self, reply: StoredReply) {
+        self.state.lock().stored = Some(reply);
+        self.complete();
+    }
+
+    /// Records that the upstream answered with an SSE stream (the reply is served from the
+    /// buffer).
+    pub fn mark_sse(&self) {
+        self.state.lock().sse = true;
+        self.changed.send_replace(());
+    }
+
+    /// Waits until the upstream's answer is known: `Some(reply)` for a non-SSE answer (or a
+    /// failure stored by the upstream task), `None` when the stream is to be served as SSE.
+    pub async fn wait_head(&self) -> Option<StoredReply> {
+        let mut rx = self.changed.subscribe();
+        loop {
+            {
+                let st = self.state.lock();
+                if let Some(stored) = &st.stored {
+                    return Some(stored.clone());
+                }
+                if st.sse || st.complete {
+                    return None;
+                }
+            }
+            if rx.changed().await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Forgets pending request `id` (the client cancelled it, spec L-02); completes the stream
+    /// when nothing else is pending. Returns whether the request was pending here.
+    pub fn cancel_request(&self, id: &RequestKey) -> bool {
+        let mut st = self.state.lock();
+        let Some(pos) = st.pending.iter().position(|p| p == id) else {
+            return false;
+        };
+        st.pending.remove(pos);
+        let now_complete = st.pending.is_empty();
+        drop(st);
+        if now_complete {
+            self.complete();
+        }
+        true
+    }
+
+    /// Requests still waiting for their response.
+    pub fn pending(&self) -> Vec<RequestKey> {
+        self.state.lock().pending.clone()
+    }
+
+    /// Whether any of `ids` is still waiting for its response.
+    pub fn any_pending(&self, ids: &[RequestKey]) -> bool {
+        self.state.lock().pending.iter().any(|p| ids.contains(p))
+    }
+
+    /// Whether no more events will come.
+    pub fn is_complete(&self) -> bool {
+        self.state.lock().complete
+    }
+
+    /// Whether the stream keeps its session alive: a reader is attached, or a POST is still
+    /// waiting for its response.
+    pub fn is_active(&self) -> bool {
+        let st = self.state.lock();
+        st.reader_attached || (self.kind.answers_requests() && !st.complete)
+    }
+
+    /// Sequence of the newest event.
+    pub fn last_seq(&self) -> u64 {
+        self.state.lock().buffer.last_seq()
+    }
+
+    /// Events and bytes currently buffered.
+    pub fn buffered(&self) -> (usize, u64) {
+        let st = self.state.lock();
+        (st.buffer.len(), st.buffer.bytes())
+    }
+
+    /// Evicts events older than the buffer TTL.
+    pub fn evict_expired(&self, now: Instant) -> Evictions {
+        self.state.lock().buffer.evict_expired(now)
+    }
+
+    /// Checks that a reader can start after `seq` without skipping an evicted event.
+    ///
+    /// # Errors
+    /// [`ReplayError`] when `seq` is ahead of the stream or events after it were evicted.
+    pub fn check_cursor(&self, seq: u64) -> Result<(), ReplayError> {
+        self.state.lock().buffer.events_after(seq).map(|_| ())
+    }
+
+    /// Attaches a new reader, taking the stream over from the previous one.
+    ///
+    /// `priming`: send a priming event first (negotiated ≥ 2025-11-25, spec R-05).
+    pub fn attach(self: &Arc<Self>, start: Start, priming: bool, keep_alive: Duration) -> Feed {
+        let mut st = self.state.lock();
+        st.reader_gen += 1;
+        st.reader_attached = true;
+        let after = match start {
+            Start::After(seq) => seq,
+            Start::Undelivered => st.delivered,
+        };
+        let generation = st.reader_gen;
+        drop(st);
+        // Wake the previous reader so it notices the take-over.
+        self.changed.send_replace(());
+        let prelude = priming.then(|| {
+            sse::priming(
+                &EventId {
+                    stream: self.key.clone(),
+                    seq: after,
+                },
+                None,
+            )
+        });
+        Feed {
+            stream: Arc::clone(self),
+            after,
+            generation,
+            rx: self.changed.subscribe(),
+            keep_alive,
+            prelude,
+        }
+    }
+}
+
+/// The next thing to write to a client connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FeedItem {
+    /// SSE bytes (events, a priming event or a keep-alive comment).
+    Data(Bytes),
+    /// The stream is over, or another connection took it over: end the response cleanly.
+    End,
+    /// Events this reader had not been sent were evicted (a reader slower than the buffer):
+    /// abort the connection so the client resumes and learns `cursor_evicted`, rather than
+    /// silently skipping them.
+    Lost,
+}
+
+/// A client connection's view of a [`Stream`]. Dropping it detaches the reader.
+#[derive(Debug)]
+pub struct Feed {
+    stream: Arc<Stream>,
+    after: u64,
+    generation: u64,
+    rx: watch::Receiver<()>,
+    keep_alive: Duration,
+    prelude: Option<Bytes>,
+}
+
+impl Feed {
+    /// Waits for the next item: buffered events after the reader's position (batched into one
+    /// chunk), else a keep-alive comment after `keep_alive` of silence, or the end.
+    pub async fn next(&mut self) -> FeedItem {
+        if let Some(prelude) = self.prelude.take() {
+            return FeedItem::Data(prelude);
+        }
+        loop {
+            self.rx.borrow_and_update();
+            match self.poll_buffer() {
+                Some(item) => return item,
+                None => {
+                    tokio::select! {
+                        changed = self.rx.changed() => {
+                            if changed.is_err() {
+                                return FeedItem::End;
+                            }
+                        }
+                        () = tokio::time::sleep(self.keep_alive) => {
+                            return FeedItem::Data(Bytes::from_static(sse::KEEP_ALIVE));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The stream this feed reads.
+    pub fn stream(&self) -> &Arc<Stream> {
+        &self.stream
+    }
+
+    fn poll_buffer(&mut self) -> Option<FeedItem> {
+        let mut st = self.stream.state.lock();
+        if st.reader_gen != self.generation {
+            return Some(FeedItem::End);
+        }
+        let events = match st.buffer.events_after(self.after) {
+            Ok(events) => events,
+            Err(_) => return Some(FeedItem::Lost),
+        };
+        let mut out = BytesMut::new();
+        let mut last = self.after;
+        for ev in events {
+            let id = EventId {
+                stream: self.stream.key.clone(),
+                seq: ev.seq,
+            };
+            sse::put_event(&mut out, &id, ev.event.as_deref(), &ev.data);
+            last = ev.seq;
+        }
+        if last > self.after {
+            self.after = last;
+            st.delivered = st.delivered.max(last);
+            return Some(FeedItem::Data(out.freeze()));
+        }
+        st.complete.then_some(FeedItem::End)
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        let mut st = self.stream.state.lock();
+        if st.reader_gen == self.generation {
+            st.reader_attached = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn limits() -> BufferLimits {
+        BufferLimits {
+            max_events: 100,
+            max_bytes: 1 << 20,
+            ttl: Duration::from_secs(60),
+        }
+    }
+
+    fn post_stream(ids: &[i64]) -> Arc<Stream> {
+        Stream::new(
+            StreamKind::Post,
+            ids.iter()
+                .map(|i| RequestKey::of(&Value::from(*i)))
+                .collect(),
+            limits(),
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+        )
+    }
+
+    fn progress(n: u64) -> Bytes {
+        Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progress":{n}}}}}"#
+        ))
+    }
+
+    fn text(item: FeedItem) -> String {
+        match item {
+            FeedItem::Data(b) => String::from_utf8(b.to_vec()).unwrap(),
+            other => panic!("expected data, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn l01_events_are_buffered_without_a_reader_and_replayed_after_the_cursor() {
+        let s = post_stream(&[5]);
+        let now = Instant::now();
+        for n in 1..=3 {
+            s.append(None, progress(n), now);
+        }
+        let mut feed = s.attach(Start::After(1), false, Duration::from_secs(10));
+        let got = text(feed.next().await);
+        assert!(!got.contains(&format!("id: {}-1\n", s.key())));
+        assert!(got.contains(&format!("id: {}-2\n", s.key())));
+        assert!(got.contains(&format!("id: {}-3\n", s.key())));
+        let done = s.append(
+            None,
+            Bytes::from(r#"{"jsonrpc":"2.0","id":5,"result":{}}"#),
+            now,
+        );
+        assert!(done.completed);
+        assert!(text(feed.next().await).contains("\"id\":5"));
+        assert_eq!(feed.next().await, FeedItem::End);
+        assert!(
+            s.cancel_token().is_cancelled(),
+            "the upstream task is told to stop"
+        );
+    }
+
+    #[tokio::test]
+    async fn t09_a_new_reader_takes_over_and_the_old_one_ends_cleanly() {
+        let s = Stream::new(
+            StreamKind::Standalone,
+            vec![],
+            limits(),
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+        );
+        let mut old = s.attach(Start::After(0), false, Duration::from_secs(10));
+        s.append(None, progress(1), Instant::now());
+        assert!(text(old.next().await).contains("-1\n"));
+        let mut new = s.attach(Start::Undelivered, false, Duration::from_secs(10));
+        assert_eq!(old.next().await, FeedItem::End);
+        s.append(None, progress(2), Instant::now());
+        let got = text(new.next().await);
+        assert!(got.contains("-2\n") && !got.contains("-1\n"), "{got}");
+        drop(old);
+        assert!(
+            s.is_active(),
+            "the old reader's drop must not detach the new one"
+        );
+        drop(new);
+        assert!(!s.is_active());
+    }
+
+    #[tokio::test]
+    async fn keep_alive_comments_on_idle_streams() {
+        let s = post_stream(&[1]);
+        let mut feed = s.attach(Start::After(0), true, Duration::from_millis(10));
+        let priming = text(feed.next().await);
+        assert_eq!(priming, format!("id: {}-0\ndata:\n\n", s.key()));
+        assert_eq!(text(feed.next().await), ": keep-alive\n\n");
+    }
+
+    #[tokio::test]
+    async fn l02_cancelling_the_last_pending_request_completes_the_stream() {
+        let s = post_stream(&[1, 2]);
+        assert!(s.cancel_request(&RequestKey::of(&Value::from(1))));
+        assert!(!s.is_complete());
+        assert!(!s.cancel_request(&RequestKey::of(&Value::from(9))));
+        assert!(s.cancel_request(&RequestKey::of(&Value::from(2))));
+        assert!(s.is_complete());
+        let mut feed = s.attach(Start::After(0), false, Duration::from_secs(10));
+        assert_eq!(feed.next().await, FeedItem::End);
+    }
+
+    #[tokio::test]
+    async fn a_reader_behind_evicted_events_is_told_so() {
+        let s = Stream::new(
+            StreamKind::Post,
+            vec![],
+            BufferLimits {
+                max_events: 2,
+                ..limits()
+            },
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+        );
+        let mut feed = s.attach(Start::After(0), false, Duration::from_secs(10));
+        for n in 1..=3 {
+            s.append(None, progress(n), Instant::now());
+        }
+        assert_eq!(feed.next().await, FeedItem::Lost);
+    }
+}

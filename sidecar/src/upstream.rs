@@ -1,0 +1,203 @@
+//! The HTTP client to the MCP server in the same pod (the upstream).
+//!
+//! Sessionful requests are sent from the sidecar's own tasks with hyper, decoupled from the
+//! client connection (spec L-01): the upstream call lives as long as its stream needs it, not as
+//! long as the client stays connected. Upstream SSE bodies are decoded with the `sse-stream`
+//! crate (chunk boundaries are not event boundaries; LF, CRLF and CR line ends; `retry`).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use sse_stream::{Sse, SseStream};
+
+use crate::headers::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+
+/// How long connecting to the upstream may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why an upstream exchange failed before a response arrived.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// No connection could be made: the request certainly did not reach the MCP server.
+    #[error("upstream refused the connection: {0}")]
+    Refused(String),
+    /// The exchange broke after the connection was made (the request may have arrived).
+    #[error("upstream unavailable: {0}")]
+    Unavailable(String),
+    /// No response headers within the configured time.
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Why a complete upstream body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Larger than the limit, in bytes.
+    #[error("upstream body larger than {0} bytes")]
+    TooLarge(usize),
+    /// Not complete within the time limit.
+    #[error("upstream body not complete within {0:?}")]
+    Timeout(Duration),
+    /// The connection broke.
+    #[error("upstream body broken: {0}")]
+    Broken(String),
+}
+
+/// The upstream MCP endpoint and a pooled client for it.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: Uri,
+    header_timeout: Duration,
+}
+
+/// An upstream exchange: which session, which extra headers.
+#[derive(Debug, Default)]
+pub struct Exchange<'a> {
+    /// The upstream's session id (`None` for `initialize` or a sessionless upstream).
+    pub upstream_session: Option<&'a str>,
+    /// End-to-end headers to send (already filtered, see [`crate::headers`]).
+    pub headers: HeaderMap,
+    /// `Last-Event-ID` to resume an upstream stream (spec R-04, SEP-1699).
+    pub last_event_id: Option<&'a str>,
+}
+
+impl Upstream {
+    /// A client for the MCP endpoint at `uri` (`http://host:port/path`). `header_timeout` bounds
+    /// the wait for response headers.
+    pub fn new(uri: Uri, header_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Self {
+            client,
+            uri,
+            header_timeout,
+        }
+    }
+
+    /// The upstream endpoint.
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+
+    /// Sends one request and waits for the response headers.
+    ///
+    /// # Errors
+    /// [`UpstreamError`] when the upstream cannot be reached or does not answer in time.
+    pub async fn send(
+        &self,
+        method: Method,
+        exchange: Exchange<'_>,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(self.uri.clone())
+            .body(Full::new(body))
+            .map_err(|e| UpstreamError::Unavailable(e.to_string()))?;
+        let headers = req.headers_mut();
+        *headers = exchange.headers;
+        if let Some(id) = exchange.upstream_session
+            && let Ok(v) = HeaderValue::from_str(id)
+        {
+            headers.insert(MCP_SESSION_ID, v);
+        }
+        if let Some(id) = exchange.last_event_id
+            && let Ok(v) = HeaderValue::from_str(id)
+        {
+            headers.insert(LAST_EVENT_ID, v);
+        }
+        match tokio::time::timeout(self.header_timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Refused(e.to_string())),
+            Ok(Err(e)) => Err(UpstreamError::Unavailable(e.to_string())),
+            Err(_) => Err(UpstreamError::Timeout(self.header_timeout)),
+        }
+    }
+
+    /// Whether a TCP connection to the upstream can be opened within `within` (readiness).
+    pub async fn reachable(&self, within: Duration) -> bool {
+        let Some(authority) = self.uri.authority() else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(within, tokio::net::TcpStream::connect(authority.as_str())).await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+/// Headers for a request the sidecar makes on its own (GET resume, DELETE): the negotiated
+/// `MCP-Protocol-Version` and, for GET, `Accept: text/event-stream`.
+pub fn own_headers(version: &str, sse: bool) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(version) {
+        h.insert(MCP_PROTOCOL_VERSION, v);
+    }
+    if sse {
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+    }
+    h
+}
+
+/// Whether a response is an SSE stream.
+pub fn is_sse(resp: &Response<Incoming>) -> bool {
+    content_type_is(resp.headers(), "text/event-stream")
+}
+
+/// Whether the `Content-Type` essence is `essence` (case-insensitive).
+pub fn content_type_is(headers: &HeaderMap, essence: &str) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or("").trim())
+        .is_some_and(|v| v.eq_ignore_ascii_case(essence))
+}
+
+/// Reads a whole body of at most `limit` bytes within `within`.
+///
+/// # Errors
+/// [`BodyError`] when it is too large, too slow or broken.
+pub async fn read_body(body: Incoming, limit: usize, within: Duration) -> Result<Bytes, BodyError> {
+    let collect = Limited::new(body, limit).collect();
+    match tokio::time::timeout(within, collect).await {
+        Err(_) => Err(BodyError::Timeout(within)),
+        Ok(Err(e))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(BodyError::TooLarge(limit))
+        }
+        Ok(Err(e)) => Err(BodyError::Broken(e.to_string())),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    }
+}
+
+/// Decodes an SSE body into events (raw blocks: `id`, `event`, `data`, `retry`; comments
+/// dropped; an incomplete last block discarded).
+pub fn events<B>(body: B) -> impl futures::Stream<Item = Result<Sse, sse_stream::Error>>
+where
+    B: hyper::body::Body,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    SseStream::new(body).fuse()
+}
+
+/// Whether an upstream status means the upstream no longer knows the session (spec S-05).
+pub fn session_gone(status: StatusCode) -> bool {
+    status == StatusCode::NOT_FOUND
+}
