@@ -251,12 +251,13 @@ fn check_media_types(method: &Method, era: Era, headers: &HeaderMap) -> Result<(
             }
         }
         // T-04; `*/*` and `text/*` also admit SSE (documented choice, field report 17).
-        Method::GET if era == Era::Sessionful => {
-            if !(has("text/event-stream") || has("text/*") || has("*/*")) {
-                return Err(Rejection::NotAcceptable(
-                    "GET must accept text/event-stream",
-                ));
-            }
+        Method::GET
+            if era == Era::Sessionful
+                && !(has("text/event-stream") || has("text/*") || has("*/*")) =>
+        {
+            return Err(Rejection::NotAcceptable(
+                "GET must accept text/event-stream",
+            ));
         }
         _ => {}
     }

@@ -1,0 +1,357 @@
+//! A small MCP Streamable HTTP client on hyper, for tests and the demo.
+//!
+//! Unlike an SDK client it exposes the raw exchange: status codes, headers and SSE events with
+//! their ids, and it lets the caller drop a connection mid-stream (dropping the body closes the
+//! connection) and resume with `GET` + `Last-Event-ID`.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use sse_stream::{Sse, SseStream};
+
+use crate::{HarnessError, Result};
+
+/// `Accept` of every POST (spec T-03).
+pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
+
+/// A pooled HTTP/1.1 client.
+#[derive(Clone, Debug)]
+pub struct Http(Client<HttpConnector, Full<Bytes>>);
+
+impl Default for Http {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Http {
+    /// A new client.
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        Self(Client::builder(TokioExecutor::new()).build(connector))
+    }
+
+    /// Sends a request with `headers` and an optional body.
+    ///
+    /// # Errors
+    /// [`HarnessError::Http`] when the exchange fails.
+    pub async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<Bytes>,
+    ) -> Result<Response<Incoming>> {
+        let mut req = Request::builder().method(method).uri(url);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req
+            .body(Full::new(body.unwrap_or_default()))
+            .map_err(|e| HarnessError::Http(e.to_string()))?;
+        self.0
+            .request(req)
+            .await
+            .map_err(|e| HarnessError::Http(format!("{url}: {e}")))
+    }
+
+    /// GET `url`, returning status and body text.
+    ///
+    /// # Errors
+    /// [`HarnessError::Http`] when the exchange fails.
+    pub async fn get_text(&self, url: &str) -> Result<(StatusCode, String)> {
+        let resp = self.send(Method::GET, url, &[], None).await?;
+        let status = resp.status();
+        Ok((status, body_text(resp).await?))
+    }
+}
+
+/// Reads a whole body as text.
+///
+/// # Errors
+/// [`HarnessError::Http`] when the body breaks.
+pub async fn body_text(resp: Response<Incoming>) -> Result<String> {
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| HarnessError::Http(e.to_string()))?
+        .to_bytes();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// A session as the client knows it.
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// `Mcp-Session-Id` from the `initialize` response.
+    pub id: String,
+    /// The negotiated protocol version.
+    pub version: String,
+}
+
+/// An MCP client for one endpoint URL.
+#[derive(Clone, Debug)]
+pub struct McpClient {
+    http: Http,
+    /// The MCP endpoint, e.g. `http://127.0.0.1:8080/mcp`.
+    pub url: String,
+}
+
+/// The SSE events of a response.
+pub struct Events {
+    inner: Pin<Box<dyn Stream<Item = std::result::Result<Sse, sse_stream::Error>> + Send>>,
+}
+
+impl Events {
+    /// The events of `resp` (which must be `text/event-stream`).
+    pub fn new(resp: Response<Incoming>) -> Self {
+        Self {
+            inner: Box::pin(SseStream::new(resp.into_body())),
+        }
+    }
+
+    /// The next event; `None` when the stream ended or broke.
+    pub async fn next(&mut self) -> Option<Sse> {
+        match self.inner.next().await {
+            Some(Ok(ev)) => Some(ev),
+            _ => None,
+        }
+    }
+
+    /// The next event within `within`; `None` when the stream ended, broke or stalled.
+    pub async fn next_within(&mut self, within: Duration) -> Option<Sse> {
+        tokio::time::timeout(within, self.next())
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
+/// Whether a response is SSE.
+pub fn is_sse<B>(resp: &Response<B>) -> bool {
+    resp.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The JSON-RPC messages of a response: its JSON body, or the data of its SSE events (priming
+/// events skipped), read until the stream ends or stalls for `within`.
+///
+/// # Errors
+/// [`HarnessError::Protocol`] for a body that is not JSON.
+pub async fn messages(resp: Response<Incoming>, within: Duration) -> Result<Vec<Value>> {
+    if is_sse(&resp) {
+        let mut events = Events::new(resp);
+        let mut out = Vec::new();
+        while let Some(ev) = events.next_within(within).await {
+            if let Some(data) = ev.data.filter(|d| !d.is_empty()) {
+                out.push(parse(&data)?);
+            }
+        }
+        Ok(out)
+    } else {
+        let text = body_text(resp).await?;
+        if text.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(vec![parse(&text)?])
+    }
+}
+
+fn parse(text: &str) -> Result<Value> {
+    serde_json::from_str(text)
+        .map_err(|e| HarnessError::Protocol(format!("not JSON ({e}): {text:.200}")))
+}
+
+/// The body of an `initialize` request for `version`.
+pub fn initialize_body(id: u64, version: &str) -> Value {
+    json!({
+        "jsonrpc": "2.0", "id": id, "method": "initialize",
+        "params": {
+            "protocolVersion": version,
+            "capabilities": {},
+            "clientInfo": {"name": "tether-tests", "version": "0"}
+        }
+    })
+}
+
+/// The body of a `tools/call` request, with `progress_token` in `_meta` when given.
+pub fn tool_call(id: u64, name: &str, arguments: Value, progress_token: Option<&str>) -> Value {
+    let mut params = json!({"name": name, "arguments": arguments});
+    if let Some(token) = progress_token {
+        params["_meta"] = json!({"progressToken": token});
+    }
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+}
+
+impl McpClient {
+    /// A client of the MCP endpoint at `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            http: Http::new(),
+            url: url.into(),
+        }
+    }
+
+    /// The underlying HTTP client.
+    pub fn http(&self) -> &Http {
+        &self.http
+    }
+
+    /// POSTs `body` with the standard headers (and the session's, when given) plus `extra`.
+    ///
+    /// # Errors
+    /// [`HarnessError::Http`] when the exchange fails.
+    pub async fn post(
+        &self,
+        session: Option<&Session>,
+        body: &Value,
+        extra: &[(&str, &str)],
+    ) -> Result<Response<Incoming>> {
+        let mut headers = vec![
+            ("accept", ACCEPT_BOTH),
+            ("content-type", "application/json"),
+        ];
+        if let Some(s) = session {
+            headers.push(("mcp-session-id", &s.id));
+            headers.push(("mcp-protocol-version", &s.version));
+        }
+        headers.extend_from_slice(extra);
+        self.http
+            .send(
+                Method::POST,
+                &self.url,
+                &headers,
+                Some(Bytes::from(body.to_string())),
+            )
+            .await
+    }
+
+    /// GET on the endpoint for `session`, resuming after `last_event_id` when given.
+    ///
+    /// # Errors
+    /// [`HarnessError::Http`] when the exchange fails.
+    pub async fn get(
+        &self,
+        session: &Session,
+        last_event_id: Option<&str>,
+    ) -> Result<Response<Incoming>> {
+        let mut headers = vec![
+            ("accept", "text/event-stream"),
+            ("mcp-session-id", session.id.as_str()),
+            ("mcp-protocol-version", session.version.as_str()),
+        ];
+        if let Some(id) = last_event_id {
+            headers.push(("last-event-id", id));
+        }
+        self.http.send(Method::GET, &self.url, &headers, None).await
+    }
+
+    /// DELETE the session; returns the status.
+    ///
+    /// # Errors
+    /// [`HarnessError::Http`] when the exchange fails.
+    pub async fn delete(&self, session: &Session) -> Result<StatusCode> {
+        let headers = [
+            ("mcp-session-id", session.id.as_str()),
+            ("mcp-protocol-version", session.version.as_str()),
+        ];
+        let resp = self
+            .http
+            .send(Method::DELETE, &self.url, &headers, None)
+            .await?;
+        Ok(resp.status())
+    }
+
+    /// `initialize` (asking for `version`) then `notifications/initialized`.
+    ///
+    /// # Errors
+    /// [`HarnessError::Protocol`] when the server does not answer as the spec says.
+    pub async fn initialize(&self, version: &str) -> Result<Session> {
+        let resp = self.post(None, &initialize_body(1, version), &[]).await?;
+        if resp.status() != StatusCode::OK {
+            let status = resp.status();
+            return Err(HarnessError::Protocol(format!(
+                "initialize answered {status}: {}",
+                body_text(resp).await?
+            )));
+        }
+        let id = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                HarnessError::Protocol("initialize answered without Mcp-Session-Id".into())
+            })?;
+        let messages = messages(resp, Duration::from_secs(10)).await?;
+        let negotiated = messages
+            .iter()
+            .find_map(|m| m.pointer("/result/protocolVersion").and_then(Value::as_str))
+            .ok_or_else(|| HarnessError::Protocol(format!("no initialize result in {messages:?}")))?
+            .to_owned();
+        let session = Session {
+            id,
+            version: negotiated,
+        };
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let resp = self.post(Some(&session), &initialized, &[]).await?;
+        if resp.status() != StatusCode::ACCEPTED {
+            return Err(HarnessError::Protocol(format!(
+                "notifications/initialized answered {}",
+                resp.status()
+            )));
+        }
+        Ok(session)
+    }
+
+    /// Calls a tool and returns all messages of the answer.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the exchange fails.
+    pub async fn call(
+        &self,
+        session: &Session,
+        id: u64,
+        name: &str,
+        arguments: Value,
+    ) -> Result<Vec<Value>> {
+        let resp = self
+            .post(Some(session), &tool_call(id, name, arguments, None), &[])
+            .await?;
+        if resp.status() != StatusCode::OK {
+            return Err(HarnessError::Protocol(format!(
+                "tools/call {name} answered {}",
+                resp.status()
+            )));
+        }
+        messages(resp, Duration::from_secs(30)).await
+    }
+}
+
+/// The text of a `tools/call` result message (`result.content[0].text`).
+pub fn result_text(message: &Value) -> Option<&str> {
+    message
+        .pointer("/result/content/0/text")
+        .and_then(Value::as_str)
+}
+
+/// A header value of a response, as text.
+pub fn header_str<B>(resp: &Response<B>, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .map(HeaderValue::as_bytes)
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+}

@@ -1,0 +1,48 @@
+//! `tether-tests`: the multi-process harness of tether.
+//!
+//! It starts real processes (the example MCP server and `tether-sidecar`) on addresses of
+//! 127.0.0.0/8, talks MCP Streamable HTTP to them with its own small client, and measures what
+//! clients experience. The integration tests in `tests/tests/` and the local demo (`make demo`)
+//! are built on it.
+//!
+//! - [`bins`]: finds the workspace's binaries;
+//! - [`pod`]: one pod (example server + sidecar) with its manifest, secret and logs;
+//! - [`client`]: an MCP client on hyper that can cut its connection and resume with
+//!   `Last-Event-ID`;
+//! - [`call`]: one `slow` tool call with cuts and resumes, checked event by event;
+//! - [`load`]: many concurrent sessions of such calls, summed up in a [`load::Report`];
+//! - [`relay`]: a TCP relay that cuts every connection on demand (for clients we do not control);
+//! - [`addr`]: unique loopback addresses per test.
+
+pub mod addr;
+pub mod bins;
+pub mod call;
+pub mod client;
+pub mod load;
+pub mod pod;
+pub mod relay;
+
+/// Errors of the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// A binary of the workspace is missing.
+    #[error(
+        "{0} not found in {1}: build the workspace binaries first (cargo build --workspace --bins)"
+    )]
+    MissingBinary(String, String),
+    /// A process could not be started or did not become ready.
+    #[error("{0}")]
+    Start(String),
+    /// An HTTP exchange failed.
+    #[error("http: {0}")]
+    Http(String),
+    /// A peer answered something unexpected.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// I/O failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Result of the harness.
+pub type Result<T, E = HarnessError> = std::result::Result<T, E>;

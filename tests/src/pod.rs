@@ -1,0 +1,317 @@
+//! One pod on loopback: `tether-example-server` and `tether-sidecar` as processes.
+//!
+//! Each pod gets its own IP from [`crate::addr`] and fixed ports on it: the sidecar's MCP
+//! listener on [`LISTEN_PORT`], its admin listener on [`ADMIN_PORT`], the example server on
+//! [`UPSTREAM_PORT`]. Its manifest, secret and both processes' logs live in a temporary
+//! directory. Processes are killed when the [`Pod`] is dropped, so tests stop by themselves.
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+use crate::client::{Http, McpClient};
+use crate::{HarnessError, Result, addr, bins};
+
+/// Port of the sidecar's MCP listener.
+pub const LISTEN_PORT: u16 = 8080;
+/// Port of the sidecar's admin listener.
+pub const ADMIN_PORT: u16 = 9901;
+/// Port of the example MCP server.
+pub const UPSTREAM_PORT: u16 = 3000;
+/// How long a pod may take to become ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The shared secret of test endpoints (every pod of a test uses the same one).
+pub const SECRET: &str = "tether-test-secret-0123456789abcdef";
+
+/// What to run: the manifest's settings and extra flags.
+#[derive(Clone, Debug)]
+pub struct PodSpec {
+    /// `spec.protocolVersions`.
+    pub versions: Vec<String>,
+    /// `spec.origins.allow`.
+    pub origins: Vec<String>,
+    /// `spec.origins.allowMissing`.
+    pub allow_missing_origin: bool,
+    /// `spec.buffer.maxEvents`.
+    pub max_events: u32,
+    /// `spec.buffer.maxBytes`.
+    pub max_bytes: u64,
+    /// `spec.buffer.ttl`.
+    pub ttl: String,
+    /// `spec.session.idleTimeout`.
+    pub idle_timeout: String,
+    /// Extra `tether-sidecar` flags.
+    pub sidecar_args: Vec<String>,
+    /// Extra `tether-example-server` flags.
+    pub server_args: Vec<String>,
+}
+
+impl Default for PodSpec {
+    /// The pinned manifest of issue #2, with every protocol version enabled.
+    fn default() -> Self {
+        Self {
+            versions: ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]
+                .map(String::from)
+                .to_vec(),
+            origins: vec!["https://app.example.com".into()],
+            allow_missing_origin: true,
+            max_events: 1024,
+            max_bytes: 4 * 1024 * 1024,
+            ttl: "10m".into(),
+            idle_timeout: "30m".into(),
+            sidecar_args: Vec::new(),
+            server_args: Vec::new(),
+        }
+    }
+}
+
+impl PodSpec {
+    /// The McpEndpoint manifest for this spec.
+    pub fn manifest(&self) -> String {
+        let quote = |v: &[String]| {
+            v.iter()
+                .map(|s| format!("{s:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "apiVersion: mcp.tether.dev/v1alpha1\n\
+             kind: McpEndpoint\n\
+             metadata: {{name: test, namespace: default}}\n\
+             spec:\n\
+             \x20 targetRef: {{kind: Deployment, name: test}}\n\
+             \x20 upstream: {{port: {UPSTREAM_PORT}, path: /mcp}}\n\
+             \x20 listen: {{port: {LISTEN_PORT}, path: /mcp}}\n\
+             \x20 admin: {{port: {ADMIN_PORT}}}\n\
+             \x20 origins: {{allow: [{}], allowMissing: {}}}\n\
+             \x20 protocolVersions: [{}]\n\
+             \x20 buffer: {{maxEvents: {}, maxBytes: {}, ttl: {}}}\n\
+             \x20 session: {{idleTimeout: {}, migration: Replay}}\n\
+             \x20 drain: {{timeout: 5s}}\n",
+            quote(&self.origins),
+            self.allow_missing_origin,
+            quote(&self.versions),
+            self.max_events,
+            self.max_bytes,
+            self.ttl,
+            self.idle_timeout,
+        )
+    }
+}
+
+/// A running pod.
+pub struct Pod {
+    /// The pod's IP.
+    pub ip: Ipv4Addr,
+    /// The sidecar's MCP endpoint, `http://ip:8080/mcp`.
+    pub mcp_url: String,
+    /// The sidecar's admin base URL, `http://ip:9901`.
+    pub admin_url: String,
+    /// The example server's base URL, `http://ip:3000`.
+    pub server_url: String,
+    dir: tempfile::TempDir,
+    spec: PodSpec,
+    server: Child,
+    sidecar: Child,
+    http: Http,
+}
+
+impl Pod {
+    /// Starts a pod with the default spec.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a binary is missing or a process does not become ready.
+    pub async fn start_default() -> Result<Self> {
+        Self::start(PodSpec::default()).await
+    }
+
+    /// Starts the example server and the sidecar and waits until the sidecar is ready.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a binary is missing or a process does not become ready.
+    pub async fn start(spec: PodSpec) -> Result<Self> {
+        let ip = addr::next_ip();
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("endpoint.yaml"), spec.manifest())?;
+        std::fs::write(dir.path().join("secret"), SECRET)?;
+        let server = spawn_server(ip, &spec, dir.path().join("server.log"))?;
+        let sidecar = spawn_sidecar(ip, &spec, dir.path())?;
+        let mut pod = Self {
+            ip,
+            mcp_url: format!("http://{ip}:{LISTEN_PORT}/mcp"),
+            admin_url: format!("http://{ip}:{ADMIN_PORT}"),
+            server_url: format!("http://{ip}:{UPSTREAM_PORT}"),
+            dir,
+            spec,
+            server,
+            sidecar,
+            http: Http::new(),
+        };
+        pod.wait_ready().await?;
+        Ok(pod)
+    }
+
+    /// A client of this pod's MCP endpoint.
+    pub fn client(&self) -> McpClient {
+        McpClient::new(self.mcp_url.clone())
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let url = format!("{}/readyz", self.admin_url);
+        loop {
+            let exited = [
+                ("tether-example-server", self.server.try_wait()?),
+                ("tether-sidecar", self.sidecar.try_wait()?),
+            ];
+            if let Some((name, Some(status))) = exited.iter().find(|(_, s)| s.is_some()) {
+                return Err(HarnessError::Start(format!(
+                    "{name} exited with {status} during start-up\n{}",
+                    self.logs()
+                )));
+            }
+            if let Ok((StatusCode::OK, _)) = self.http.get_text(&url).await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Start(format!(
+                    "pod {} not ready within {READY_TIMEOUT:?}\n{}",
+                    self.ip,
+                    self.logs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The example server's `/stats`.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when it cannot be read.
+    pub async fn stats(&self) -> Result<Value> {
+        let (_, text) = self
+            .http
+            .get_text(&format!("{}/stats", self.server_url))
+            .await?;
+        serde_json::from_str(&text).map_err(|e| HarnessError::Protocol(e.to_string()))
+    }
+
+    /// The sidecar's `/metrics` text.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when it cannot be read.
+    pub async fn metrics(&self) -> Result<String> {
+        Ok(self
+            .http
+            .get_text(&format!("{}/metrics", self.admin_url))
+            .await?
+            .1)
+    }
+
+    /// The value of one metric sample, e.g. `tether_not_found_total{reason="forged"}` (0 when
+    /// absent).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the metrics cannot be read.
+    pub async fn metric(&self, sample: &str) -> Result<f64> {
+        let text = self.metrics().await?;
+        Ok(text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0))
+    }
+
+    /// Stops the example server (SIGKILL) and starts it again: the upstream loses every session.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when it cannot be restarted.
+    pub async fn restart_server(&mut self) -> Result<()> {
+        self.server.kill().await?;
+        self.server = spawn_server(self.ip, &self.spec, self.dir.path().join("server.log"))?;
+        self.wait_ready().await
+    }
+
+    /// Stops the example server for good (SIGKILL).
+    ///
+    /// # Errors
+    /// [`HarnessError::Io`] when it cannot be killed.
+    pub async fn kill_server(&mut self) -> Result<()> {
+        self.server.kill().await?;
+        Ok(())
+    }
+
+    /// Both processes' logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for name in ["server.log", "sidecar.log"] {
+            let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            let _ = writeln!(out, "--- {name} (last lines) ---");
+            for line in tail.into_iter().rev() {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+        out
+    }
+
+    /// The sidecar's whole log.
+    pub fn sidecar_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sidecar.log")).unwrap_or_default()
+    }
+}
+
+fn log_file(path: PathBuf) -> Result<(Stdio, Stdio)> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    Ok((Stdio::from(file.try_clone()?), Stdio::from(file)))
+}
+
+fn spawn_server(ip: Ipv4Addr, spec: &PodSpec, log: PathBuf) -> Result<Child> {
+    let (out, err) = log_file(log)?;
+    Ok(Command::new(bins::path("tether-example-server")?)
+        .arg("--listen")
+        .arg(format!("{ip}:{UPSTREAM_PORT}"))
+        .args(&spec.server_args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<Child> {
+    let (out, err) = log_file(dir.join("sidecar.log"))?;
+    Ok(Command::new(bins::path("tether-sidecar")?)
+        .arg("--endpoint")
+        .arg(dir.join("endpoint.yaml"))
+        .arg("--pod-ip")
+        .arg(ip.to_string())
+        .arg("--pod-uid")
+        .arg(format!("pod-{ip}"))
+        .arg("--secret-file")
+        .arg(dir.join("secret"))
+        .arg("--upstream")
+        .arg(format!("{ip}:{UPSTREAM_PORT}"))
+        .args(&spec.sidecar_args)
+        .env(
+            "RUST_LOG",
+            std::env::var("TETHER_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()?)
+}
