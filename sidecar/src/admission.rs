@@ -20,7 +20,7 @@ use tether_crds::ProtocolVersion;
 use crate::cursor::MAX_CURSOR_LEN;
 use crate::headers::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::origin::{OriginCheck, OriginPolicy, preflight_headers};
-use crate::reply::Rejection;
+use crate::reply::{Rejection, VersionMismatch};
 
 /// Longest `Mcp-Session-Id` accepted, in bytes. Ids we mint have 55.
 pub const MAX_SESSION_ID_LEN: usize = 256;
@@ -160,9 +160,10 @@ impl AdmissionPolicy {
         };
         match ProtocolVersion::parse(value) {
             Some(v) if self.versions.contains(&v) => Ok(Some(v)),
-            _ => Err(Rejection::UnsupportedVersion(
-                value.chars().take(64).collect(),
-            )),
+            _ => Err(Rejection::UnsupportedVersion(VersionMismatch::new(
+                value,
+                &self.versions,
+            ))),
         }
     }
 }

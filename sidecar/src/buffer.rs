@@ -7,7 +7,9 @@
 //! than `maxBytes` is kept alone). Once every event is gone the buffer is a *tombstone*: it still
 //! knows its last sequence number, so "nothing after the last event" is answered correctly.
 //!
-//! Retained events are always the contiguous range `(evicted_through, last_seq]`.
+//! Every retained event has a sequence number in `(evicted_through, last_seq]`, in order. Some
+//! numbers in that range carry no event: [`StreamBuffer::reserve`] hands them out as the ids of
+//! priming events, so that every id sent on a session is unique (spec R-01).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -48,7 +50,8 @@ impl PodBudget {
         self.used.load(Ordering::Relaxed)
     }
 
-    fn over(&self) -> bool {
+    /// Whether more than the cap is buffered.
+    pub fn over(&self) -> bool {
         self.used() > self.cap
     }
 
@@ -170,6 +173,27 @@ impl StreamBuffer {
         (self.last_seq, ev)
     }
 
+    /// Reserves the next sequence number without storing an event (the id of a priming event,
+    /// which marks "the position before everything that follows").
+    pub fn reserve(&mut self) -> u64 {
+        self.last_seq += 1;
+        self.last_seq
+    }
+
+    /// Evicts every event (the pod is over its byte cap and the stream is complete).
+    pub fn evict_all(&mut self) -> u64 {
+        let n = self.events.len() as u64;
+        while !self.events.is_empty() {
+            self.pop_front();
+        }
+        n
+    }
+
+    /// When the oldest kept event was received.
+    pub fn oldest(&self) -> Option<Instant> {
+        self.events.front().map(|e| e.at)
+    }
+
     /// Evicts events older than the TTL at `now`.
     pub fn evict_expired(&mut self, now: Instant) -> Evictions {
         let mut ev = Evictions::default();
@@ -203,7 +227,7 @@ impl StreamBuffer {
                 oldest_kept: self.evicted_through + 1,
             });
         }
-        let skip = usize::try_from(after - self.evicted_through).unwrap_or(usize::MAX);
+        let skip = self.events.partition_point(|e| e.seq <= after);
         Ok(self.events.iter().skip(skip))
     }
 
@@ -275,6 +299,22 @@ mod tests {
         assert_eq!(seqs(&b, 2), Ok(vec![3, 4, 5]));
         assert_eq!(seqs(&b, 5), Ok(vec![]));
         assert_eq!(seqs(&b, 6), Err(ReplayError::Ahead { last: 5 }));
+    }
+
+    #[test]
+    fn r01_reserved_numbers_are_gaps_and_never_reused() {
+        let now = Instant::now();
+        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        let primed = b.reserve();
+        assert_eq!(primed, 1);
+        b.push(None, data(1), now);
+        let again = b.reserve();
+        b.push(None, data(1), now);
+        assert_eq!(again, 3);
+        assert_eq!(seqs(&b, 0), Ok(vec![2, 4]));
+        assert_eq!(seqs(&b, primed), Ok(vec![2, 4]));
+        assert_eq!(seqs(&b, again), Ok(vec![4]));
+        assert_eq!(seqs(&b, 5), Err(ReplayError::Ahead { last: 4 }));
     }
 
     #[test]

@@ -28,6 +28,16 @@ pub enum ConfigError {
     /// `--upstream` is not `http://host:port[/path]` or `host:port`.
     #[error("--upstream {0:?}: expected http://host:port[/path] or host:port")]
     Upstream(String),
+    /// A listener address cannot be bound (in use, or not an address of this host).
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A flag has an unusable value.
     #[error("{flag}: {message}")]
     Flag {

@@ -15,8 +15,15 @@ use sha2::{Digest, Sha256};
 pub struct RequestKey(String);
 
 impl RequestKey {
-    /// The key of a JSON id value (string or number).
+    /// The key of a JSON id value (string or number). Integral numbers written as floats
+    /// (`7.0`, `1e2`, `-0`) are the same id as the integer, as servers answer with it.
     pub fn of(id: &Value) -> Self {
+        if let Some(f) = id.as_f64().filter(|_| id.is_f64())
+            && f.fract() == 0.0
+            && f.abs() < 9.0e15
+        {
+            return Self((f as i64).to_string());
+        }
         Self(id.to_string())
     }
 
@@ -244,6 +251,19 @@ mod tests {
         assert!(e.request_ids().is_empty());
         let e = Envelope::parse(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#).unwrap();
         assert_eq!(e.messages[0].0, Message::Response);
+    }
+
+    #[test]
+    fn integral_float_ids_equal_the_integer() {
+        let int = RequestKey::of(&Value::from(100));
+        for text in ["1e2", "100.0", "1.0e2"] {
+            let v: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(RequestKey::of(&v), int, "{text}");
+        }
+        let v: Value = serde_json::from_str("-0").unwrap();
+        assert_eq!(RequestKey::of(&v), RequestKey::of(&Value::from(0)));
+        let v: Value = serde_json::from_str("1.5").unwrap();
+        assert_eq!(RequestKey::of(&v).as_json(), "1.5");
     }
 
     #[test]

@@ -17,11 +17,7 @@ fn main() -> ExitCode {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
-    match Config::load(&cli) {
-        Ok(cfg) => tether_sidecar::server::run(cfg),
-        Err(e) => {
-            tracing::error!("cannot start: {e}");
-            ExitCode::from(2)
-        }
-    }
+    let Err(e) = Config::load(&cli).and_then(tether_sidecar::server::run);
+    tracing::error!("cannot start: {e}");
+    ExitCode::from(2)
 }

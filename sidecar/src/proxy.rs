@@ -140,6 +140,16 @@ impl ProxyHttp for McpProxy {
             })
             .inc();
         if admitted.era == Era::Stateless {
+            // 2026-07-28 has no handshake (SEP-2575); an `initialize` would open an upstream
+            // session nobody ends.
+            if headers
+                .get("mcp-method")
+                .is_some_and(|m| m.as_bytes().eq_ignore_ascii_case(b"initialize"))
+            {
+                let rejection = Rejection::MethodNotFound("initialize");
+                self.broker.count_rejection(&rejection);
+                return respond(session, ctx, rejection.into()).await;
+            }
             if let Some(v) = admitted.version {
                 metrics
                     .protocol_versions
@@ -217,7 +227,15 @@ impl ProxyHttp for McpProxy {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        // Stateless traffic never carries a session id (spec S-10).
+        // Stateless traffic never carries a session id (spec S-10); one the upstream opened
+        // anyway is ended.
+        if let Some(id) = upstream_response
+            .headers
+            .get(&MCP_SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+        {
+            self.broker.abandon_upstream_session(id.to_owned());
+        }
         upstream_response.remove_header(&MCP_SESSION_ID);
         let mut cors = http::HeaderMap::new();
         add_response_headers(&mut cors, &ctx.origin);
@@ -307,6 +325,11 @@ async fn respond(
             session.write_response_body(Some(bytes), true).await?;
         }
         ReplyBody::Sse(mut feed) => {
+            // Chunked, so the connection stays reusable after a clean end.
+            head.insert_header(
+                header::TRANSFER_ENCODING,
+                HeaderValue::from_static("chunked"),
+            )?;
             session.write_response_header(Box::new(head), false).await?;
             loop {
                 match feed.next().await {

@@ -9,6 +9,7 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde_json::json;
+use tether_crds::ProtocolVersion;
 
 use crate::stream::Feed;
 
@@ -20,6 +21,8 @@ pub const CODE_SESSION_NOT_FOUND: i64 = -32001;
 pub const CODE_PARSE_ERROR: i64 = -32700;
 /// JSON-RPC invalid request.
 pub const CODE_INVALID_REQUEST: i64 = -32600;
+/// JSON-RPC method not found.
+pub const CODE_METHOD_NOT_FOUND: i64 = -32601;
 /// JSON-RPC invalid params (used for an unsupported negotiated version, spec I-02).
 pub const CODE_INVALID_PARAMS: i64 = -32602;
 /// JSON-RPC internal error (used when the upstream fails a request).
@@ -54,6 +57,25 @@ impl NotFound {
     }
 }
 
+/// A protocol version the endpoint does not serve, with the ones it does (spec I-02 error data).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VersionMismatch {
+    /// The version asked for or negotiated (at most 64 characters of it).
+    pub requested: String,
+    /// `spec.protocolVersions`.
+    pub supported: Vec<ProtocolVersion>,
+}
+
+impl VersionMismatch {
+    /// A mismatch for `requested` (truncated to 64 characters).
+    pub fn new(requested: &str, supported: &[ProtocolVersion]) -> Self {
+        Self {
+            requested: requested.chars().take(64).collect(),
+            supported: supported.to_vec(),
+        }
+    }
+}
+
 /// An error answered by the sidecar itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rejection {
@@ -61,12 +83,15 @@ pub enum Rejection {
     SessionNotFound(NotFound),
     /// 404: a path other than `spec.listen.path`.
     PathNotFound,
+    /// 404 with JSON-RPC -32601: a method the request's protocol version does not have
+    /// (`initialize` in 2026-07-28, spec P-04).
+    MethodNotFound(&'static str),
     /// 403: `Origin` not in the allowlist, or missing while `allowMissing` is false (O-01/O-02).
     OriginForbidden,
     /// 400: `MCP-Protocol-Version` unknown or not in `spec.protocolVersions` (P-03).
-    UnsupportedVersion(String),
+    UnsupportedVersion(VersionMismatch),
     /// 400: the negotiated version is not in `spec.protocolVersions` (I-02).
-    UnsupportedNegotiatedVersion(String),
+    UnsupportedNegotiatedVersion(VersionMismatch),
     /// 406: `Accept` lacks what the method needs (T-03 POST, T-04 GET).
     NotAcceptable(&'static str),
     /// 415: a POST body that is not `application/json`.
@@ -112,7 +137,7 @@ impl Rejection {
     pub fn status(&self) -> StatusCode {
         use Rejection::*;
         match self {
-            SessionNotFound(_) | PathNotFound => StatusCode::NOT_FOUND,
+            SessionNotFound(_) | PathNotFound | MethodNotFound(_) => StatusCode::NOT_FOUND,
             OriginForbidden => StatusCode::FORBIDDEN,
             NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -144,6 +169,7 @@ impl Rejection {
         match self {
             SessionNotFound(_) => "session_not_found",
             PathNotFound => "path_not_found",
+            MethodNotFound(_) => "method_not_found",
             OriginForbidden => "origin_forbidden",
             UnsupportedVersion(_) => "unsupported_protocol_version",
             UnsupportedNegotiatedVersion(_) => "unsupported_negotiated_version",
@@ -173,6 +199,7 @@ impl Rejection {
         use Rejection::*;
         match self {
             SessionNotFound(_) => CODE_SESSION_NOT_FOUND,
+            MethodNotFound(_) => CODE_METHOD_NOT_FOUND,
             ParseError(_) => CODE_PARSE_ERROR,
             InvalidRequest(_) | BatchNotAllowed | InitializeInBatch | RequestIdReused => {
                 CODE_INVALID_REQUEST
@@ -190,11 +217,17 @@ impl Rejection {
             PathNotFound => {
                 "Not found: this endpoint serves MCP on its configured path only".into()
             }
+            MethodNotFound(m) => format!(
+                "Method not found: {m} is not part of protocol version 2026-07-28 (stateless)"
+            ),
             OriginForbidden => "Forbidden: Origin not allowed".into(),
-            UnsupportedVersion(v) => format!("Unsupported MCP-Protocol-Version: {v}"),
-            UnsupportedNegotiatedVersion(v) => {
-                format!("Unsupported protocol version negotiated by the server: {v}")
+            UnsupportedVersion(v) => {
+                format!("Unsupported MCP-Protocol-Version: {}", v.requested)
             }
+            UnsupportedNegotiatedVersion(v) => format!(
+                "Unsupported protocol version negotiated by the server: {}",
+                v.requested
+            ),
             NotAcceptable(what) => format!("Not Acceptable: {what}"),
             UnsupportedMediaType => {
                 "Unsupported Media Type: Content-Type must be application/json".into()
@@ -233,16 +266,19 @@ impl Rejection {
         }
     }
 
-    /// The JSON-RPC error body (no `id`).
+    /// The JSON-RPC error body (no `id`); `data.reason` is [`Rejection::reason`], and version
+    /// errors add `data.requested` and `data.supported` (spec I-02).
     pub fn body(&self) -> Bytes {
+        let mut data = json!({"reason": self.reason()});
+        if let Rejection::UnsupportedVersion(v) | Rejection::UnsupportedNegotiatedVersion(v) = self
+        {
+            data["requested"] = json!(v.requested);
+            data["supported"] = json!(v.supported.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+        }
         let body = json!({
             "jsonrpc": "2.0",
             "id": null,
-            "error": {
-                "code": self.code(),
-                "message": self.message(),
-                "data": {"reason": self.reason()},
-            }
+            "error": {"code": self.code(), "message": self.message(), "data": data}
         });
         Bytes::from(body.to_string())
     }
@@ -295,7 +331,9 @@ impl From<&Rejection> for StoredReply {
                     HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
                 );
             }
-            Rejection::TooManySessions => {
+            Rejection::TooManySessions
+            | Rejection::UpstreamUnavailable
+            | Rejection::UpstreamTimeout => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
@@ -357,6 +395,19 @@ impl Reply {
             headers,
             body: ReplyBody::Sse(feed),
         }
+    }
+
+    /// Adds the upstream's end-to-end headers that the reply does not set itself (field report
+    /// 15: `WWW-Authenticate`, `Mcp-Param-*`… pass through on SSE replies too).
+    pub fn with_upstream_headers(mut self, upstream: &HeaderMap) -> Self {
+        for name in upstream.keys() {
+            if !self.headers.contains_key(name) {
+                for value in upstream.get_all(name) {
+                    self.headers.append(name.clone(), value.clone());
+                }
+            }
+        }
+        self
     }
 
     /// Adds `Mcp-Session-Id` (only on successful replies within a session).

@@ -12,7 +12,7 @@ use pingora::services::listening::Service;
 use crate::admin::Admin;
 use crate::broker::Broker;
 use crate::buffer::PodBudget;
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::proxy::McpProxy;
 use crate::session::Registry;
@@ -56,8 +56,22 @@ pub fn broker(cfg: &Config) -> Arc<Broker> {
     )
 }
 
-/// Runs the sidecar until SIGTERM/SIGINT; never returns.
-pub fn run(cfg: Config) -> ! {
+/// Runs the sidecar until SIGTERM/SIGINT; returns only when it cannot start.
+///
+/// # Errors
+/// [`ConfigError::Bind`] when a listener address is unusable (pingora itself would only log
+/// from its listener threads and keep the process alive without listeners).
+pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
+    for (what, addr) in [
+        ("MCP listener", cfg.listen_addr),
+        ("admin listener", cfg.admin_addr),
+    ] {
+        std::net::TcpListener::bind(addr).map_err(|source| ConfigError::Bind {
+            what,
+            addr,
+            source,
+        })?;
+    }
     let conf = ServerConf {
         threads: cfg.threads,
         grace_period_seconds: Some(cfg.drain_timeout.as_secs().max(1)),

@@ -149,9 +149,33 @@ impl Session {
         BusyGuard(Arc::clone(self))
     }
 
-    /// Classifies the request ids of a POST against the session's records.
-    pub fn dedupe(&self, ids: &[RequestKey], digest: [u8; 32]) -> Dedupe {
-        let st = self.state.lock();
+    /// Classifies the request ids of a POST against the session's records and, when they are
+    /// new, registers `stream` for them, atomically (concurrent retries dispatch once).
+    pub fn claim(&self, ids: &[RequestKey], digest: [u8; 32], stream: &Arc<Stream>) -> Dedupe {
+        let mut st = self.state.lock();
+        let verdict = Self::classify(&st, ids, digest);
+        if matches!(verdict, Dedupe::New) {
+            Self::insert_stream(&mut st, stream);
+            for id in ids {
+                st.requests.insert(
+                    id.clone(),
+                    RequestRecord {
+                        digest,
+                        stream: stream.key().clone(),
+                    },
+                );
+                st.request_order.push_back(id.clone());
+            }
+            while st.request_order.len() > MAX_REQUEST_RECORDS {
+                if let Some(old) = st.request_order.pop_front() {
+                    st.requests.remove(&old);
+                }
+            }
+        }
+        verdict
+    }
+
+    fn classify(st: &State, ids: &[RequestKey], digest: [u8; 32]) -> Dedupe {
         let mut found: Option<&StreamKey> = None;
         let mut unknown = 0;
         for id in ids {
@@ -172,27 +196,6 @@ impl Session {
                 // The stream was forgotten (over MAX_STREAMS): its events cannot be replayed.
                 None => Dedupe::Conflict,
             },
-        }
-    }
-
-    /// Registers a POST's stream and its request ids.
-    pub fn register_post(&self, stream: &Arc<Stream>, ids: &[RequestKey], digest: [u8; 32]) {
-        let mut st = self.state.lock();
-        Self::insert_stream(&mut st, stream);
-        for id in ids {
-            st.requests.insert(
-                id.clone(),
-                RequestRecord {
-                    digest,
-                    stream: stream.key().clone(),
-                },
-            );
-            st.request_order.push_back(id.clone());
-        }
-        while st.request_order.len() > MAX_REQUEST_RECORDS {
-            if let Some(old) = st.request_order.pop_front() {
-                st.requests.remove(&old);
-            }
         }
     }
 
@@ -279,7 +282,7 @@ impl Session {
 
     /// Evicts expired events of every stream.
     pub fn evict_expired(&self, now: Instant) -> Evictions {
-        let streams: Vec<_> = self.state.lock().streams.values().cloned().collect();
+        let streams = self.streams();
         let mut total = Evictions::default();
         for s in streams {
             let e = s.evict_expired(now);
@@ -289,6 +292,11 @@ impl Session {
             total.pod_cap += e.pod_cap;
         }
         total
+    }
+
+    /// Every stream of the session.
+    pub fn streams(&self) -> Vec<Arc<Stream>> {
+        self.state.lock().streams.values().cloned().collect()
     }
 
     /// Streams held, and events and bytes buffered over all of them.
@@ -306,8 +314,7 @@ impl Session {
     /// Ends the session: upstream tasks stop, readers drain what is buffered and end.
     pub fn end(&self) {
         self.cancel.cancel();
-        let streams: Vec<_> = self.state.lock().streams.values().cloned().collect();
-        for s in streams {
+        for s in self.streams() {
             s.complete();
         }
     }
@@ -457,20 +464,20 @@ mod tests {
     fn retries_attach_and_conflicts_are_refused() {
         let s = session();
         let ids = [key(1)];
-        assert!(matches!(s.dedupe(&ids, [1; 32]), Dedupe::New));
         let st = stream(&s, &ids);
-        s.register_post(&st, &ids, [1; 32]);
-        match s.dedupe(&ids, [1; 32]) {
+        assert!(matches!(s.claim(&ids, [1; 32], &st), Dedupe::New));
+        let other = stream(&s, &ids);
+        match s.claim(&ids, [1; 32], &other) {
             Dedupe::Retry(found) => assert_eq!(found.key(), st.key()),
-            other => panic!("expected a retry, got {other:?}"),
+            v => panic!("expected a retry, got {v:?}"),
         }
-        assert!(matches!(s.dedupe(&ids, [2; 32]), Dedupe::Conflict));
+        assert!(matches!(s.claim(&ids, [2; 32], &other), Dedupe::Conflict));
         assert!(matches!(
-            s.dedupe(&[key(1), key(2)], [1; 32]),
+            s.claim(&[key(1), key(2)], [1; 32], &other),
             Dedupe::Conflict
         ));
         s.unregister_post(&st, &ids);
-        assert!(matches!(s.dedupe(&ids, [1; 32]), Dedupe::New));
+        assert!(matches!(s.claim(&ids, [1; 32], &other), Dedupe::New));
     }
 
     #[test]
@@ -482,7 +489,7 @@ mod tests {
         assert!(!s.is_idle(later, Duration::from_secs(5)));
         drop(guard);
         let st = stream(&s, &[key(1)]);
-        s.register_post(&st, &[key(1)], [0; 32]);
+        s.claim(&[key(1)], [0; 32], &st);
         assert!(
             !s.is_idle(
                 Instant::now() + Duration::from_secs(10),
@@ -513,7 +520,7 @@ mod tests {
     fn ending_a_session_completes_its_streams() {
         let s = session();
         let st = stream(&s, &[key(1)]);
-        s.register_post(&st, &[key(1)], [0; 32]);
+        s.claim(&[key(1)], [0; 32], &st);
         s.end();
         assert!(st.is_complete());
         assert!(st.cancel_token().is_cancelled());

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +39,15 @@ impl StreamKind {
     }
 }
 
+/// How the upstream answered a POST.
+#[derive(Clone, Debug)]
+pub enum Head {
+    /// An SSE stream, served from the buffer; its end-to-end headers pass to the client.
+    Sse(HeaderMap),
+    /// A complete non-SSE answer (JSON, 202, an error), replayed verbatim.
+    Stored(StoredReply),
+}
+
 /// Where a new reader starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Start {
@@ -57,12 +67,13 @@ struct State {
     complete: bool,
     /// The upstream's non-SSE answer to the POST (JSON, 202 or an error), kept for retries.
     stored: Option<StoredReply>,
-    /// The upstream answered with an SSE stream.
-    sse: bool,
-    /// Generation of the current reader; a new reader increments it.
+    /// The upstream answered with an SSE stream, with these end-to-end headers.
+    sse: Option<HeaderMap>,
+    /// Generation of readers; a reader that takes the stream over increments it, and readers
+    /// of older generations end.
     reader_gen: u64,
-    /// Whether the reader of `reader_gen` is still attached.
-    reader_attached: bool,
+    /// Readers attached (of any generation).
+    readers: u32,
     /// Highest sequence number written to some connection.
     delivered: u64,
 }
@@ -107,9 +118,9 @@ impl Stream {
                 pending,
                 complete: false,
                 stored: None,
-                sse: false,
+                sse: None,
                 reader_gen: 0,
-                reader_attached: false,
+                readers: 0,
                 delivered: 0,
             }),
             changed: watch::channel(()).0,
@@ -175,29 +186,31 @@ impl Stream {
         self.complete();
     }
 
-    /// Records that the upstream answered with an SSE stream (the reply is served from the
-    /// buffer).
-    pub fn mark_sse(&self) {
-        self.state.lock().sse = true;
+    /// Records that the upstream answered with an SSE stream carrying end-to-end `headers`
+    /// (the reply is served from the buffer, with those headers).
+    pub fn mark_sse(&self, headers: HeaderMap) {
+        self.state.lock().sse = Some(headers);
         self.changed.send_replace(());
     }
 
-    /// Waits until the upstream's answer is known: `Some(reply)` for a non-SSE answer (or a
-    /// failure stored by the upstream task), `None` when the stream is to be served as SSE.
-    pub async fn wait_head(&self) -> Option<StoredReply> {
+    /// Waits until the upstream's answer is known.
+    pub async fn wait_head(&self) -> Head {
         let mut rx = self.changed.subscribe();
         loop {
             {
                 let st = self.state.lock();
                 if let Some(stored) = &st.stored {
-                    return Some(stored.clone());
+                    return Head::Stored(stored.clone());
                 }
-                if st.sse || st.complete {
-                    return None;
+                if let Some(headers) = &st.sse {
+                    return Head::Sse(headers.clone());
+                }
+                if st.complete {
+                    return Head::Sse(HeaderMap::new());
                 }
             }
             if rx.changed().await.is_err() {
-                return None;
+                return Head::Sse(HeaderMap::new());
             }
         }
     }
@@ -237,7 +250,7 @@ impl Stream {
     /// waiting for its response.
     pub fn is_active(&self) -> bool {
         let st = self.state.lock();
-        st.reader_attached || (self.kind.answers_requests() && !st.complete)
+        st.readers > 0 || (self.kind.answers_requests() && !st.complete)
     }
 
     /// Sequence of the newest event.
@@ -249,6 +262,22 @@ impl Stream {
     pub fn buffered(&self) -> (usize, u64) {
         let st = self.state.lock();
         (st.buffer.len(), st.buffer.bytes())
+    }
+
+    /// Evicts every buffered event of a complete stream nobody reads (pod over its byte cap);
+    /// returns how many. Live or read streams are left alone.
+    pub fn evict_if_idle(&self) -> u64 {
+        let mut st = self.state.lock();
+        if st.complete && st.readers == 0 {
+            st.buffer.evict_all()
+        } else {
+            0
+        }
+    }
+
+    /// When the oldest buffered event was received.
+    pub fn oldest(&self) -> Option<Instant> {
+        self.state.lock().buffer.oldest()
     }
 
     /// Evicts events older than the buffer TTL.
@@ -264,30 +293,41 @@ impl Stream {
         self.state.lock().buffer.events_after(seq).map(|_| ())
     }
 
-    /// Attaches a new reader, taking the stream over from the previous one.
+    /// Attaches a new reader.
     ///
-    /// `priming`: send a priming event first (negotiated ≥ 2025-11-25, spec R-05).
-    pub fn attach(self: &Arc<Self>, start: Start, priming: bool, keep_alive: Duration) -> Feed {
+    /// - `take_over`: earlier readers end cleanly (a new GET for the same stream, spec T-09);
+    ///   otherwise the reader joins them (a retried POST while its first connection lives).
+    /// - `priming`: send a priming event first (negotiated ≥ 2025-11-25, spec R-05); its id is a
+    ///   reserved sequence number, unique in the session, positioned before what follows.
+    pub fn attach(
+        self: &Arc<Self>,
+        start: Start,
+        take_over: bool,
+        priming: bool,
+        keep_alive: Duration,
+    ) -> Feed {
         let mut st = self.state.lock();
-        st.reader_gen += 1;
-        st.reader_attached = true;
+        if take_over {
+            st.reader_gen += 1;
+        }
+        st.readers += 1;
         let after = match start {
             Start::After(seq) => seq,
             Start::Undelivered => st.delivered,
         };
         let generation = st.reader_gen;
-        drop(st);
-        // Wake the previous reader so it notices the take-over.
-        self.changed.send_replace(());
         let prelude = priming.then(|| {
-            sse::priming(
-                &EventId {
-                    stream: self.key.clone(),
-                    seq: after,
-                },
-                None,
-            )
+            let id = EventId {
+                stream: self.key.clone(),
+                seq: st.buffer.reserve(),
+            };
+            sse::priming(&id, None)
         });
+        drop(st);
+        if take_over {
+            // Wake earlier readers so they notice the take-over.
+            self.changed.send_replace(());
+        }
         Feed {
             stream: Arc::clone(self),
             after,
@@ -385,10 +425,7 @@ impl Feed {
 
 impl Drop for Feed {
     fn drop(&mut self) {
-        let mut st = self.stream.state.lock();
-        if st.reader_gen == self.generation {
-            st.reader_attached = false;
-        }
+        self.stream.state.lock().readers -= 1;
     }
 }
 
@@ -437,7 +474,7 @@ mod tests {
         for n in 1..=3 {
             s.append(None, progress(n), now);
         }
-        let mut feed = s.attach(Start::After(1), false, Duration::from_secs(10));
+        let mut feed = s.attach(Start::After(1), true, false, Duration::from_secs(10));
         let got = text(feed.next().await);
         assert!(!got.contains(&format!("id: {}-1\n", s.key())));
         assert!(got.contains(&format!("id: {}-2\n", s.key())));
@@ -465,10 +502,10 @@ mod tests {
             PodBudget::new(u64::MAX),
             CancellationToken::new(),
         );
-        let mut old = s.attach(Start::After(0), false, Duration::from_secs(10));
+        let mut old = s.attach(Start::After(0), true, false, Duration::from_secs(10));
         s.append(None, progress(1), Instant::now());
         assert!(text(old.next().await).contains("-1\n"));
-        let mut new = s.attach(Start::Undelivered, false, Duration::from_secs(10));
+        let mut new = s.attach(Start::Undelivered, true, false, Duration::from_secs(10));
         assert_eq!(old.next().await, FeedItem::End);
         s.append(None, progress(2), Instant::now());
         let got = text(new.next().await);
@@ -483,11 +520,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_joining_reader_does_not_end_the_first() {
+        let s = post_stream(&[1]);
+        let mut first = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        let mut retry = s.attach(Start::After(0), false, false, Duration::from_secs(10));
+        s.append(None, progress(1), Instant::now());
+        assert!(text(first.next().await).contains("-1\n"));
+        assert!(text(retry.next().await).contains("-1\n"));
+        drop(first);
+        assert!(s.is_active(), "the other reader is still attached");
+    }
+
+    #[tokio::test]
     async fn keep_alive_comments_on_idle_streams() {
         let s = post_stream(&[1]);
-        let mut feed = s.attach(Start::After(0), true, Duration::from_millis(10));
+        let mut feed = s.attach(Start::After(0), true, true, Duration::from_millis(10));
         let priming = text(feed.next().await);
-        assert_eq!(priming, format!("id: {}-0\ndata:\n\n", s.key()));
+        assert_eq!(priming, format!("id: {}-1\ndata:\n\n", s.key()));
         assert_eq!(text(feed.next().await), ": keep-alive\n\n");
     }
 
@@ -499,7 +548,7 @@ mod tests {
         assert!(!s.cancel_request(&RequestKey::of(&Value::from(9))));
         assert!(s.cancel_request(&RequestKey::of(&Value::from(2))));
         assert!(s.is_complete());
-        let mut feed = s.attach(Start::After(0), false, Duration::from_secs(10));
+        let mut feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
         assert_eq!(feed.next().await, FeedItem::End);
     }
 
@@ -515,7 +564,7 @@ mod tests {
             PodBudget::new(u64::MAX),
             CancellationToken::new(),
         );
-        let mut feed = s.attach(Start::After(0), false, Duration::from_secs(10));
+        let mut feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
         for n in 1..=3 {
             s.append(None, progress(n), Instant::now());
         }

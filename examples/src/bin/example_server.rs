@@ -296,7 +296,11 @@ impl ExampleServer {
             .and_then(|v| v.to_str().ok())
             .map(|s| SessionId::from(s.to_owned()));
         for i in 1..=args.count {
-            tokio::time::sleep(interval).await;
+            // `notifications/cancelled` stops the call (spec L-02); the guard counts it aborted.
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = ctx.ct.cancelled() => return Err(ErrorData::internal_error("cancelled", None)),
+            }
             let sent = match &token {
                 Some(token) => {
                     ctx.peer

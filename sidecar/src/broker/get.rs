@@ -69,7 +69,7 @@ impl Broker {
         self.metrics
             .replayed_events
             .inc_by(stream.last_seq().saturating_sub(id.seq));
-        let reply = Reply::sse(self.feed(session, &stream, Start::After(id.seq)));
+        let reply = Reply::sse(self.feed(session, &stream, Start::After(id.seq), true));
         self.metrics
             .resume_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -89,8 +89,10 @@ impl Broker {
                 Err(reply) => return Ok(reply),
             },
         };
-        Ok(Reply::sse(self.feed(session, &stream, Start::Undelivered))
-            .with_session_id(session.id()))
+        Ok(
+            Reply::sse(self.feed(session, &stream, Start::Undelivered, true))
+                .with_session_id(session.id()),
+        )
     }
 
     /// Opens the upstream standalone stream: `Ok(stream)`, or the upstream's refusal to pass on.

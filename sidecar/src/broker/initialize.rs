@@ -20,9 +20,9 @@ use tether_crds::ProtocolVersion;
 
 use super::Broker;
 use crate::admission::Admitted;
-use crate::headers::{MCP_SESSION_ID, forwarded_request_headers};
+use crate::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID, forwarded_request_headers};
 use crate::jsonrpc::{RequestKey, response_id};
-use crate::reply::{Rejection, Reply};
+use crate::reply::{Rejection, Reply, VersionMismatch};
 use crate::session::Session;
 use crate::stream::{Start, StreamKind};
 use crate::upstream::{Exchange, events, is_sse};
@@ -34,20 +34,27 @@ impl Broker {
     pub(super) async fn initialize(
         self: &Arc<Self>,
         call: &Admitted,
-        body: Bytes,
+        mut request: Value,
         init_id: RequestKey,
     ) -> Result<Reply, Rejection> {
         if !self.registry.has_room() {
             return Err(Rejection::TooManySessions);
         }
+        let mut headers = forwarded_request_headers(&call.headers);
+        if let Some(offer) = self.version_offer(&request) {
+            // I-02: the client asked for a version this endpoint does not serve; offer the
+            // newest one it does, and let the client decide whether it can use it.
+            request["params"]["protocolVersion"] = Value::from(offer.as_str());
+            headers.remove(MCP_PROTOCOL_VERSION);
+        }
         let exchange = Exchange {
             upstream_session: None,
-            headers: forwarded_request_headers(&call.headers),
+            headers,
             last_event_id: None,
         };
         let resp = self
             .upstream
-            .send(Method::POST, exchange, body)
+            .send(Method::POST, exchange, Bytes::from(request.to_string()))
             .await
             .map_err(|e| self.upstream_rejection(&e))?;
         let upstream_id = resp
@@ -83,7 +90,7 @@ impl Broker {
         else {
             self.abandon_upstream(upstream_id, &call.headers).await;
             return Err(Rejection::UnsupportedNegotiatedVersion(
-                negotiated.chars().take(64).collect(),
+                VersionMismatch::new(&negotiated, &self.cfg.versions),
             ));
         };
         let id = self.minter.mint();
@@ -110,25 +117,32 @@ impl Broker {
         }
         stream.complete();
         session.register_stream(&stream);
-        Ok(Reply::sse(self.feed(&session, &stream, Start::After(0))).with_session_id(&id))
+        Ok(
+            Reply::sse(self.feed(&session, &stream, Start::After(0), true))
+                .with_upstream_headers(&stored.headers)
+                .with_session_id(&id),
+        )
+    }
+
+    /// The version to ask the upstream for instead of the client's, when the client's is not a
+    /// sessionful version listed in `spec.protocolVersions`.
+    fn version_offer(&self, request: &Value) -> Option<ProtocolVersion> {
+        let requested = request
+            .pointer("/params/protocolVersion")
+            .and_then(Value::as_str)
+            .and_then(ProtocolVersion::parse);
+        let servable = |v: &ProtocolVersion| !v.is_stateless() && self.cfg.versions.contains(v);
+        if requested.as_ref().is_some_and(servable) {
+            return None;
+        }
+        self.cfg.versions.iter().copied().filter(servable).max()
     }
 
     /// Ends an upstream session the client will never see.
     async fn abandon_upstream(&self, upstream_id: Option<String>, headers: &http::HeaderMap) {
-        let Some(upstream_id) = upstream_id else {
-            return;
-        };
-        let exchange = Exchange {
-            upstream_session: Some(&upstream_id),
-            headers: forwarded_request_headers(headers),
-            last_event_id: None,
-        };
-        if let Err(e) = self
-            .upstream
-            .send(Method::DELETE, exchange, Bytes::new())
-            .await
-        {
-            tracing::debug!(error = %e, "could not end an abandoned upstream session");
+        if let Some(id) = upstream_id {
+            self.end_upstream_session(&id, forwarded_request_headers(headers))
+                .await;
         }
     }
 }

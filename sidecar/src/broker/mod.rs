@@ -67,6 +67,7 @@ pub struct Broker {
     upstream: Upstream,
     budget: PodBudget,
     metrics: Arc<Metrics>,
+    last_cap_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
 impl Broker {
@@ -88,6 +89,7 @@ impl Broker {
             upstream,
             budget,
             metrics,
+            last_cap_enforcement: parking_lot::Mutex::new(None),
         })
     }
 
@@ -188,11 +190,22 @@ impl Broker {
     }
 
     /// Tells the upstream a session is over (best effort).
-    async fn delete_upstream(&self, session: &Session) -> Option<http::StatusCode> {
-        let upstream_session = session.upstream_id()?;
+    async fn delete_upstream(&self, session: &Session) {
+        if let Some(upstream_id) = session.upstream_id() {
+            self.end_upstream_session(upstream_id, own_headers(session.version().as_str(), false))
+                .await;
+        }
+    }
+
+    /// Sends `DELETE` for upstream session `upstream_id` (best effort); returns the status.
+    async fn end_upstream_session(
+        &self,
+        upstream_id: &str,
+        headers: http::HeaderMap,
+    ) -> Option<http::StatusCode> {
         let exchange = Exchange {
-            upstream_session: Some(upstream_session),
-            headers: own_headers(session.version().as_str(), false),
+            upstream_session: Some(upstream_id),
+            headers,
             last_event_id: None,
         };
         match self
@@ -203,10 +216,22 @@ impl Broker {
             Ok(resp) => Some(resp.status()),
             Err(e) => {
                 self.metrics.upstream_error("delete");
-                tracing::debug!(session = session.digest(), error = %e, "upstream DELETE failed");
+                tracing::debug!(error = %e, "upstream DELETE failed");
                 None
             }
         }
+    }
+
+    /// Ends, in the background, an upstream session opened by a request that must not have
+    /// one (a 2026-07-28 request the upstream answered with `Mcp-Session-Id`, spec S-10).
+    pub fn abandon_upstream_session(self: &Arc<Self>, upstream_id: String) {
+        self.metrics.upstream_error("stateless_session_opened");
+        let broker = Arc::clone(self);
+        tokio::spawn(async move {
+            broker
+                .end_upstream_session(&upstream_id, http::HeaderMap::new())
+                .await;
+        });
     }
 
     fn new_stream(
@@ -224,7 +249,8 @@ impl Broker {
         )
     }
 
-    fn feed(&self, session: &Session, stream: &Arc<Stream>, start: Start) -> Feed {
-        stream.attach(start, session.primes(), self.cfg.keep_alive)
+    /// A reader of `stream` for a client of `session` (see [`Stream::attach`]).
+    fn feed(&self, session: &Session, stream: &Arc<Stream>, start: Start, take_over: bool) -> Feed {
+        stream.attach(start, take_over, session.primes(), self.cfg.keep_alive)
     }
 }

@@ -25,7 +25,7 @@ use crate::jsonrpc::{Envelope, EnvelopeError, Message, RequestKey};
 use crate::metrics::VersionLabel;
 use crate::reply::{NotFound, Rejection, Reply, StoredReply};
 use crate::session::{Dedupe, Session};
-use crate::stream::{Start, Stream, StreamKind};
+use crate::stream::{Head, Start, Stream, StreamKind};
 use crate::upstream::{Exchange, session_gone};
 
 impl Broker {
@@ -41,39 +41,39 @@ impl Broker {
         if envelope.is_initialize() {
             let id = envelope.request_ids().remove(0);
             self.count_version(call.version.unwrap_or(ProtocolVersion::V2025_03_26));
-            return self.initialize(call, body, id).await;
+            let request = envelope.messages.into_iter().next().map(|(_, v)| v);
+            return self.initialize(call, request.unwrap_or_default(), id).await;
         }
         if envelope.contains_initialize() {
             return Err(Rejection::InitializeInBatch);
         }
         let session = self.required_session(call)?;
         let _busy = session.busy();
-        let version = call.version.unwrap_or(session.version());
-        self.count_version(version);
-        if envelope.batch && version != ProtocolVersion::V2025_03_26 {
+        self.count_version(call.version.unwrap_or(session.version()));
+        // Batching follows the negotiated version, whatever the header claims (B-01/B-02).
+        if envelope.batch && session.version() != ProtocolVersion::V2025_03_26 {
             return Err(Rejection::BatchNotAllowed);
         }
         let ids = envelope.request_ids();
         if ids.is_empty() {
             return self.notify(call, &session, &envelope, body).await;
         }
-        match session.dedupe(&ids, envelope.digest) {
+        let kind = if envelope.batch {
+            StreamKind::Batch
+        } else {
+            StreamKind::Post
+        };
+        let stream = self.new_stream(&session, kind, ids.clone());
+        match session.claim(&ids, envelope.digest, &stream) {
             Dedupe::Conflict => Err(Rejection::RequestIdReused),
-            Dedupe::Retry(stream) => {
+            Dedupe::Retry(existing) => {
                 self.metrics.requests_deduplicated.inc();
-                self.serve_post(&session, &stream).await
+                self.serve_post(&session, &existing).await
             }
             Dedupe::New => {
-                let kind = if envelope.batch {
-                    StreamKind::Batch
-                } else {
-                    StreamKind::Post
-                };
-                let stream = self.new_stream(&session, kind, ids.clone());
-                session.register_post(&stream, &ids, envelope.digest);
                 let headers = forwarded_request_headers(&call.headers);
                 if envelope.batch {
-                    stream.mark_sse();
+                    stream.mark_sse(http::HeaderMap::new());
                     tokio::spawn(Arc::clone(self).run_batch(
                         Arc::clone(&session),
                         Arc::clone(&stream),
@@ -95,24 +95,32 @@ impl Broker {
     }
 
     /// The reply to a POST: the upstream's non-SSE answer, or the stream from its first event.
+    /// POST readers never take a stream over: a retry joins the first connection's readers.
     async fn serve_post(
         &self,
         session: &Session,
         stream: &Arc<Stream>,
     ) -> Result<Reply, Rejection> {
-        if let Some(stored) = stream.wait_head().await {
-            let ok = stored.status.is_success();
-            let reply = Reply::from(stored);
-            return Ok(if ok {
-                reply.with_session_id(session.id())
-            } else {
-                reply
-            });
+        match stream.wait_head().await {
+            Head::Stored(stored) => {
+                let ok = stored.status.is_success();
+                let reply = Reply::from(stored);
+                Ok(if ok {
+                    reply.with_session_id(session.id())
+                } else {
+                    reply
+                })
+            }
+            Head::Sse(headers) => {
+                stream
+                    .check_cursor(0)
+                    .map_err(|_| Rejection::CursorEvicted)?;
+                let feed = self.feed(session, stream, Start::After(0), false);
+                Ok(Reply::sse(feed)
+                    .with_upstream_headers(&headers)
+                    .with_session_id(session.id()))
+            }
         }
-        stream
-            .check_cursor(0)
-            .map_err(|_| Rejection::CursorEvicted)?;
-        Ok(Reply::sse(self.feed(session, stream, Start::After(0))).with_session_id(session.id()))
     }
 
     /// Forwards notifications and responses; the upstream's answer passes through unchanged.

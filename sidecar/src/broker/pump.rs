@@ -109,7 +109,7 @@ impl Broker {
             return;
         }
         if resp.status() == StatusCode::OK && is_sse(&resp) {
-            stream.mark_sse();
+            stream.mark_sse(crate::headers::forwarded_response_headers(resp.headers()));
             self.pump(&session, &stream, resp.into_body(), &ids, headers)
                 .await;
             return;
@@ -208,6 +208,7 @@ impl Broker {
                 }
                 None => return BodyEnd::Closed { progressed },
             };
+            tracing::trace!(upstream_id = ?ev.id, data = ev.data.as_ref().map(String::len), "upstream event");
             if let Some(retry) = ev.retry {
                 cursor.retry = Some(Duration::from_millis(retry));
             }
@@ -230,6 +231,9 @@ impl Broker {
             );
             self.metrics.events_buffered.inc();
             self.metrics.record_evictions(&appended.evictions);
+            if self.budget.over() {
+                self.enforce_pod_cap_soon();
+            }
             progressed = true;
             if stream.kind().answers_requests() && !stream.any_pending(ids) {
                 return BodyEnd::Done;

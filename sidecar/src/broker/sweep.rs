@@ -1,7 +1,8 @@
-//! Periodic upkeep: buffer TTL, idle session expiry (`session.idleTimeout`) and the gauges.
+//! Periodic upkeep: buffer TTL, idle session expiry (`session.idleTimeout`), the pod-wide
+//! buffer cap and the gauges.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::Broker;
 use crate::reply::NotFound;
@@ -23,8 +24,52 @@ impl Broker {
             events += e as i64;
             bytes += i64::try_from(b).unwrap_or(i64::MAX);
         }
+        self.enforce_pod_cap();
         self.metrics.streams.set(streams);
         self.metrics.buffer_events.set(events);
         self.metrics.buffer_bytes.set(bytes);
+    }
+
+    /// [`Broker::enforce_pod_cap`] from the data path, at most every 50 ms.
+    pub(super) fn enforce_pod_cap_soon(&self) {
+        let now = Instant::now();
+        let Some(mut last) = self.last_cap_enforcement.try_lock() else {
+            return;
+        };
+        if last.is_some_and(|t| now.duration_since(t) < Duration::from_millis(50)) {
+            return;
+        }
+        *last = Some(now);
+        drop(last);
+        self.enforce_pod_cap();
+    }
+
+    /// Keeps the pod under its buffer byte cap: when over, the buffers of complete streams that
+    /// nobody reads are emptied, oldest first (they become tombstones; a later resume into them
+    /// gets `cursor_evicted`). Live streams only evict their own oldest events as they grow.
+    pub fn enforce_pod_cap(&self) {
+        if !self.budget.over() {
+            return;
+        }
+        let mut candidates: Vec<_> = self
+            .registry
+            .all()
+            .iter()
+            .flat_map(|s| s.streams())
+            .filter(|s| s.is_complete() && !s.is_active())
+            .filter_map(|s| s.oldest().map(|at| (at, s)))
+            .collect();
+        candidates.sort_by_key(|(at, _)| *at);
+        let mut evicted = 0;
+        for (_, stream) in candidates {
+            if !self.budget.over() {
+                break;
+            }
+            evicted += stream.evict_if_idle();
+        }
+        self.metrics.record_evictions(&crate::buffer::Evictions {
+            pod_cap: evicted,
+            ..Default::default()
+        });
     }
 }

@@ -1,0 +1,181 @@
+//! Bad input through a real pod: each gets a clear 4xx (or a timeout), never a panic, and the
+//! pod keeps serving other sessions.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde_json::json;
+use tether_tests::call::{self, CallPlan};
+use tether_tests::client::{ACCEPT_BOTH, body_text};
+use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Checks the pod still serves a complete session with a streamed tool call.
+async fn still_serving(pod: &Pod) {
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let plan = CallPlan {
+        count: 3,
+        interval_ms: 10,
+        cuts: vec![1],
+        pause: Duration::from_millis(10),
+        close_after: None,
+    };
+    let out = call::slow(&client, &session, 2, &format!("alive-{}", rand_id()), &plan)
+        .await
+        .unwrap();
+    assert_eq!(out.lost(3), 0, "{:?}", out.failures);
+    assert!(!pod.sidecar_log().contains("panicked"), "{}", pod.logs());
+}
+
+fn rand_id() -> u128 {
+    Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id())
+}
+
+/// Sends raw bytes and returns the status line of the answer (empty when the connection closed).
+async fn raw(pod: &Pod, request: &[u8]) -> String {
+    let mut conn = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+    conn.write_all(request).await.unwrap();
+    let mut buf = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+        .await
+        .map_or(0, |r| r.unwrap_or(0));
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn oversized_and_malformed_bodies_get_4xx() {
+    let pod = Pod::start(PodSpec {
+        sidecar_args: vec!["--max-request-bytes".into(), "65536".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let http = client.http();
+    let post = |body: Bytes| {
+        let url = pod.mcp_url.clone();
+        let sid = session.id.clone();
+        async move {
+            let h = [
+                ("accept", ACCEPT_BOTH),
+                ("content-type", "application/json"),
+                ("mcp-session-id", sid.as_str()),
+            ];
+            let resp = http.send(Method::POST, &url, &h, Some(body)).await.unwrap();
+            let status = resp.status();
+            (status, body_text(resp).await.unwrap())
+        }
+    };
+    let big = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "x".repeat(100_000)}}});
+    let (status, body) = post(Bytes::from(big.to_string())).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    let (status, body) = post(Bytes::from_static(b"{not json")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("-32700"), "{body}");
+    let (status, body) = post(Bytes::from_static(
+        br#"{"jsonrpc":"1.0","id":2,"method":"x"}"#,
+    ))
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body.contains("-32600"), "{body}");
+    let (status, _) = post(Bytes::from_static(b"\xff\xfe\x00")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // Chunked bodies are bounded too (no Content-Length to check up front).
+    let mut chunked = format!(
+        "POST /mcp HTTP/1.1\r\nhost: x\r\naccept: {ACCEPT_BOTH}\r\ncontent-type: application/json\r\n\
+         mcp-session-id: {}\r\ntransfer-encoding: chunked\r\n\r\n",
+        session.id
+    )
+    .into_bytes();
+    for _ in 0..20 {
+        chunked.extend_from_slice(format!("{:x}\r\n{}\r\n", 8192, "y".repeat(8192)).as_bytes());
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    assert!(raw(&pod, &chunked).await.contains("413"));
+    still_serving(&pod).await;
+}
+
+#[tokio::test]
+async fn invalid_header_bytes_and_huge_cursors_get_400() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let bad_sid = format!(
+        "POST /mcp HTTP/1.1\r\nhost: x\r\naccept: {ACCEPT_BOTH}\r\ncontent-type: application/json\r\n\
+         mcp-session-id: café\r\ncontent-length: 2\r\n\r\n{{}}"
+    );
+    assert!(raw(&pod, bad_sid.as_bytes()).await.contains("400"));
+    let bad_version = b"POST /mcp HTTP/1.1\r\nhost: x\r\naccept: application/json, text/event-stream\r\n\
+        content-type: application/json\r\nmcp-protocol-version: \xff\xfe\r\ncontent-length: 2\r\n\r\n{}";
+    assert!(raw(&pod, bad_version).await.contains("400"));
+    let huge = format!(
+        "GET /mcp HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\nmcp-session-id: {}\r\n\
+         last-event-id: {}\r\n\r\n",
+        session.id,
+        "9".repeat(1_000_000)
+    );
+    let status = raw(&pod, huge.as_bytes()).await;
+    assert!(
+        status.contains(" 4"),
+        "a million-character Last-Event-ID gets a 4xx: {status:?}"
+    );
+    still_serving(&pod).await;
+}
+
+#[tokio::test]
+async fn slow_loris_clients_time_out_and_others_are_served() {
+    let pod = Pod::start(PodSpec {
+        sidecar_args: vec!["--request-timeout".into(), "1s".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let session = pod.client().initialize("2025-11-25").await.unwrap();
+    // Headers trickled byte by byte, forever.
+    let mut trickles = Vec::new();
+    for _ in 0..20 {
+        let mut conn = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+        trickles.push(tokio::spawn(async move {
+            for b in b"POST /mcp HTTP/1.1\r\nhost: x\r\n"
+                .iter()
+                .cycle()
+                .take(200)
+            {
+                if conn.write_all(&[*b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }));
+    }
+    // A body trickled after complete headers: 408 after --request-timeout.
+    let mut conn = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: x\r\naccept: {ACCEPT_BOTH}\r\ncontent-type: application/json\r\n\
+         mcp-session-id: {}\r\ncontent-length: 1000\r\n\r\n{{",
+        session.id
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    still_serving(&pod).await;
+    let mut buf = vec![0; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    for t in trickles {
+        t.abort();
+    }
+}

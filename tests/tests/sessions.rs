@@ -1,0 +1,385 @@
+//! Session lifecycle through a real pod: initialize, 202 for notifications, DELETE, 404 for
+//! unknown, forged, deleted and expired ids, upstream restarts (checklist S-05, T-05; field
+//! reports 4, 5, 6, 15, 22).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+use tether_tests::client::{
+    ACCEPT_BOTH, Session, body_text, header_str, initialize_body, result_text,
+};
+use tether_tests::pod::{Pod, PodSpec};
+
+fn list(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"})
+}
+
+/// A syntactically valid id this endpoint never issued.
+fn stranger(session: &Session) -> Session {
+    let mut id = session.id.clone().into_bytes();
+    id[10] = if id[10] == b'A' { b'B' } else { b'A' };
+    Session {
+        id: String::from_utf8(id).unwrap(),
+        version: session.version.clone(),
+    }
+}
+
+async fn assert_404(resp: http::Response<hyper::body::Incoming>, reason: &str) {
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(
+        resp.headers().get("mcp-session-id").is_none(),
+        "field report 6"
+    );
+    assert_eq!(
+        header_str(&resp, "content-type").as_deref(),
+        Some("application/json")
+    );
+    let body: Value = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], -32001);
+    assert_eq!(body["error"]["data"]["reason"], reason);
+}
+
+#[tokio::test]
+async fn fr15_initialize_carries_the_session_id_in_json_and_sse_variants() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    for version in ["2025-03-26", "2025-06-18", "2025-11-25"] {
+        let resp = client
+            .post(None, &initialize_body(1, version), &[])
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(header_str(&resp, "mcp-session-id").is_some(), "{version}");
+    }
+    // A stale session id on initialize is not forwarded: a fresh session comes back.
+    let first = client.initialize("2025-11-25").await.unwrap();
+    let resp = client
+        .post(
+            None,
+            &initialize_body(1, "2025-11-25"),
+            &[("mcp-session-id", first.id.as_str())],
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let fresh = header_str(&resp, "mcp-session-id").unwrap();
+    assert_ne!(fresh, first.id);
+}
+
+#[tokio::test]
+async fn t05_fr22_notifications_get_202_with_an_empty_body() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let resp = client
+        .post(
+            Some(&session),
+            &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    assert_eq!(header_str(&resp, "content-length").as_deref(), Some("0"));
+    assert!(
+        resp.headers().get("content-type").is_none(),
+        "no injected Content-Type"
+    );
+    assert!(body_text(resp).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn s05_deleted_sessions_get_404_without_a_session_header() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let status = client.delete(&session).await.unwrap();
+    assert!(status.is_success(), "{status}");
+    assert_404(
+        client.post(Some(&session), &list(2), &[]).await.unwrap(),
+        "session_not_found",
+    )
+    .await;
+    assert_404(
+        client.get(&session, None).await.unwrap(),
+        "session_not_found",
+    )
+    .await;
+    assert_eq!(
+        pod.metric("tether_not_found_total{reason=\"deleted\"}")
+            .await
+            .unwrap(),
+        2.0
+    );
+    assert_eq!(pod.metric("tether_sessions").await.unwrap(), 0.0);
+}
+
+#[tokio::test]
+async fn fr5_unknown_and_forged_sessions_get_404_never_sse() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let real = client.initialize("2025-11-25").await.unwrap();
+    let forged = stranger(&real);
+    assert_404(
+        client.post(Some(&forged), &list(2), &[]).await.unwrap(),
+        "session_not_found",
+    )
+    .await;
+    assert_404(
+        client.get(&forged, None).await.unwrap(),
+        "session_not_found",
+    )
+    .await;
+    let uuid = Session {
+        id: "7f3c9e2a-4b1d-4c8a-9f0e-1a2b3c4d5e6f".into(),
+        version: "2025-11-25".into(),
+    };
+    assert_404(
+        client.post(Some(&uuid), &list(2), &[]).await.unwrap(),
+        "session_not_found",
+    )
+    .await;
+    assert_eq!(
+        pod.metric("tether_not_found_total{reason=\"forged\"}")
+            .await
+            .unwrap(),
+        3.0
+    );
+    // The real session is untouched.
+    let resp = client.post(Some(&real), &list(3), &[]).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn fr6_header_less_requests_fail_fast_with_400() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let started = std::time::Instant::now();
+    for _ in 0..200 {
+        let resp = client.post(None, &list(2), &[]).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        assert!(resp.headers().get("mcp-session-id").is_none());
+        let _ = body_text(resp).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "400s must be cheap: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn fr4_a_404_storm_reinitializes_cleanly() {
+    let mut pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let mut sessions = Vec::new();
+    for _ in 0..100 {
+        sessions.push(client.initialize("2025-11-25").await.unwrap());
+    }
+    // The MCP server restarts: every upstream session is gone.
+    pod.restart_server().await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for s in sessions {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let resp = client.post(Some(&s), &list(2), &[]).await.unwrap();
+            let status = resp.status();
+            let had_header = resp.headers().contains_key("mcp-session-id");
+            let _ = body_text(resp).await;
+            // S-06: the client starts over.
+            let fresh = client.initialize("2025-11-25").await.unwrap();
+            let msgs = client
+                .call(&fresh, 3, "echo", json!({"text": "again"}))
+                .await
+                .unwrap();
+            (
+                status,
+                had_header,
+                msgs.iter().any(|m| result_text(m) == Some("again")),
+            )
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (status, had_header, served) = done.unwrap();
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "a lost session is 404, never 5xx"
+        );
+        assert!(!had_header);
+        assert!(served, "the re-initialized session works");
+    }
+    assert_eq!(
+        pod.metric("tether_not_found_total{reason=\"upstream_gone\"}")
+            .await
+            .unwrap(),
+        100.0
+    );
+}
+
+#[tokio::test]
+async fn idle_sessions_expire_with_404() {
+    let pod = Pod::start(PodSpec {
+        idle_timeout: "2s".into(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let idle = client.initialize("2025-11-25").await.unwrap();
+    let busy = client.initialize("2025-11-25").await.unwrap();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let resp = client.post(Some(&busy), &list(2), &[]).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "an active session stays");
+        let _ = body_text(resp).await;
+    }
+    assert_404(
+        client.post(Some(&idle), &list(2), &[]).await.unwrap(),
+        "session_not_found",
+    )
+    .await;
+    assert_eq!(
+        pod.metric("tether_sessions_ended_total{reason=\"expired\"}")
+            .await
+            .unwrap(),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn too_many_sessions_get_503_with_retry_after() {
+    let pod = Pod::start(PodSpec {
+        sidecar_args: vec!["--max-sessions".into(), "2".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let first = client.initialize("2025-11-25").await.unwrap();
+    client.initialize("2025-11-25").await.unwrap();
+    let resp = client
+        .post(None, &initialize_body(1, "2025-11-25"), &[])
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header_str(&resp, "retry-after").as_deref(), Some("1"));
+    client.delete(&first).await.unwrap();
+    client.initialize("2025-11-25").await.unwrap();
+}
+
+#[tokio::test]
+async fn fr15_end_to_end_headers_pass_through() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    // rmcp answers a tools/call for an unknown tool with a JSON-RPC error inside a 200; an
+    // unknown extra header must not disturb anything.
+    let resp = client
+        .http()
+        .send(
+            Method::POST,
+            &pod.mcp_url,
+            &[
+                ("accept", ACCEPT_BOTH),
+                ("content-type", "application/json"),
+                ("mcp-session-id", session.id.as_str()),
+                ("mcp-protocol-version", session.version.as_str()),
+                ("mcp-param-region", "eu"),
+            ],
+            Some(Bytes::from(list(5).to_string())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        header_str(&resp, "mcp-session-id").as_deref(),
+        Some(session.id.as_str())
+    );
+}
+
+#[tokio::test]
+async fn i02_an_unserved_requested_version_is_answered_with_a_served_one() {
+    let pod = Pod::start(PodSpec {
+        versions: vec!["2025-06-18".into(), "2025-11-25".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let session = pod.client().initialize("2025-03-26").await.unwrap();
+    assert_eq!(
+        session.version, "2025-11-25",
+        "the newest version the endpoint serves"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_502_with_retry_after_and_readiness_fails() {
+    let mut pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    pod.kill_server().await.unwrap();
+    let resp = client.post(Some(&session), &list(2), &[]).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(header_str(&resp, "retry-after").as_deref(), Some("1"));
+    let (status, _) = client
+        .http()
+        .get_text(&format!("{}/readyz", pod.admin_url))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _) = client
+        .http()
+        .get_text(&format!("{}/healthz", pod.admin_url))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_second_sidecar_on_the_same_address_exits_with_a_clear_error() {
+    let pod = Pod::start_default().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("endpoint.yaml"),
+        PodSpec::default().manifest(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("secret"), tether_tests::pod::SECRET).unwrap();
+    let out = tokio::process::Command::new(tether_tests::bins::path("tether-sidecar").unwrap())
+        .arg("--endpoint")
+        .arg(dir.path().join("endpoint.yaml"))
+        .args(["--pod-ip", &pod.ip.to_string(), "--pod-uid", "twin"])
+        .arg("--secret-file")
+        .arg(dir.path().join("secret"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+}
+
+#[tokio::test]
+async fn invalid_manifests_fail_at_start_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = PodSpec::default()
+        .manifest()
+        .replace("maxEvents: 1024", "maxEvent: 1024");
+    std::fs::write(dir.path().join("endpoint.yaml"), manifest).unwrap();
+    std::fs::write(dir.path().join("secret"), tether_tests::pod::SECRET).unwrap();
+    let out = tokio::process::Command::new(tether_tests::bins::path("tether-sidecar").unwrap())
+        .arg("--endpoint")
+        .arg(dir.path().join("endpoint.yaml"))
+        .args(["--pod-ip", "127.0.0.1", "--pod-uid", "x"])
+        .arg("--secret-file")
+        .arg(dir.path().join("secret"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("spec.buffer.maxEvent"), "{stderr}");
+}

@@ -1,0 +1,568 @@
+//! Streams and the replay buffer through a real pod (checklist R-03, R-05, L-01, T-09, T-11;
+//! field reports 9, 11, 14, 17, 19, 20).
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::{Value, json};
+use tether_tests::call::{self, CallPlan};
+use tether_tests::client::{
+    Events, McpClient, Session, body_text, header_str, is_sse, messages, tool_call,
+};
+use tether_tests::pod::{Pod, PodSpec};
+
+fn plan(count: u32, interval_ms: u64, cuts: Vec<u32>) -> CallPlan {
+    CallPlan {
+        count,
+        interval_ms,
+        cuts,
+        pause: Duration::from_millis(50),
+        close_after: None,
+    }
+}
+
+fn slow_body(id: u64, call_id: &str, count: u32, interval_ms: u64) -> Value {
+    tool_call(
+        id,
+        "slow",
+        json!({"count": count, "interval_ms": interval_ms, "call_id": call_id}),
+        Some(call_id),
+    )
+}
+
+/// Reads message events (id, parsed data) until `n` arrived; priming events are returned with
+/// `Value::Null` data.
+async fn take(events: &mut Events, n: usize) -> Vec<(Option<String>, Value)> {
+    let mut out = Vec::new();
+    let mut messages = 0;
+    while messages < n {
+        let ev = events
+            .next_within(Duration::from_secs(10))
+            .await
+            .expect("event");
+        let data = ev.data.unwrap_or_default();
+        if data.is_empty() {
+            out.push((ev.id, Value::Null));
+        } else {
+            messages += 1;
+            out.push((ev.id, serde_json::from_str(&data).unwrap()));
+        }
+    }
+    out
+}
+
+async fn stats_executions(pod: &Pod, call_id: &str) -> (u64, bool) {
+    let stats = pod.stats().await.unwrap();
+    (
+        stats["executions"].as_u64().unwrap(),
+        stats["duplicates"].get(call_id).is_some(),
+    )
+}
+
+#[tokio::test]
+async fn r03_l01_resume_is_strictly_after_the_cursor_and_a_disconnect_is_not_a_cancel() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    for version in ["2025-03-26", "2025-06-18", "2025-11-25"] {
+        let session = client.initialize(version).await.unwrap();
+        let out = call::slow(
+            &client,
+            &session,
+            2,
+            &format!("r03-{version}"),
+            &plan(10, 50, vec![2]),
+        )
+        .await
+        .unwrap();
+        assert!(out.failures.is_empty(), "{:?}", out.failures);
+        assert_eq!(
+            out.progress,
+            (1..=10).collect::<Vec<_>>(),
+            "{version}: every progress once, in order"
+        );
+        assert_eq!(out.result.as_deref(), Some("done 10"));
+        assert_eq!((out.duplicated, out.foreign), (0, 0));
+        assert_eq!(out.resumes.len(), 1);
+    }
+    let stats = pod.stats().await.unwrap();
+    assert_eq!(
+        stats["aborted"], 0,
+        "the tool was never cancelled by a disconnect"
+    );
+    assert_eq!(stats["completed"], 3);
+}
+
+#[tokio::test]
+async fn r03_events_produced_while_disconnected_are_replayed() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let resp = client
+        .post(Some(&session), &slow_body(2, "gap", 6, 40), &[])
+        .await
+        .unwrap();
+    let mut events = Events::new(resp);
+    let first = take(&mut events, 2).await;
+    let cursor = first.last().unwrap().0.clone().unwrap();
+    drop(events);
+    // The whole call finishes while nobody listens.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let resp = client.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let rest = messages(resp, Duration::from_secs(5)).await.unwrap();
+    let progress: Vec<f64> = rest
+        .iter()
+        .filter_map(|m| m.pointer("/params/progress").and_then(Value::as_f64))
+        .collect();
+    assert_eq!(progress, vec![3.0, 4.0, 5.0, 6.0]);
+    assert!(
+        rest.last().unwrap()["result"].is_object(),
+        "the response is replayed too"
+    );
+    // Resuming from the last event: nothing after it, and the stream ends at once.
+    let resp = client.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(
+        messages(resp, Duration::from_secs(5)).await.unwrap().len(),
+        5
+    );
+}
+
+#[tokio::test]
+async fn fr11_event_ids_are_distinct_and_increase_per_stream() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let resp = client
+        .post(Some(&session), &slow_body(2, "ids", 5, 10), &[])
+        .await
+        .unwrap();
+    let mut events = Events::new(resp);
+    let all = take(&mut events, 6).await;
+    let ids: Vec<(String, u64)> = all
+        .iter()
+        .map(|(id, _)| {
+            let (key, seq) = id.as_deref().unwrap().rsplit_once('-').unwrap();
+            (key.to_owned(), seq.parse().unwrap())
+        })
+        .collect();
+    assert!(
+        ids.windows(2).all(|w| w[0].0 == w[1].0 && w[0].1 < w[1].1),
+        "{ids:?}"
+    );
+}
+
+#[tokio::test]
+async fn r05_fr20_priming_only_for_2025_11_25() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    for (version, primed) in [
+        ("2025-06-18", false),
+        ("2025-03-26", false),
+        ("2025-11-25", true),
+    ] {
+        let session = client.initialize(version).await.unwrap();
+        let resp = client
+            .post(Some(&session), &slow_body(2, version, 2, 10), &[])
+            .await
+            .unwrap();
+        let mut events = Events::new(resp);
+        let first = events.next_within(Duration::from_secs(5)).await.unwrap();
+        let empty = first.data.as_deref().unwrap_or("").is_empty();
+        assert_eq!(empty, primed, "{version}: first frame {first:?}");
+        if primed {
+            assert!(first.id.is_some(), "the priming event carries an id");
+        }
+    }
+}
+
+#[tokio::test]
+async fn fr9_t11_a_resume_never_yields_another_sessions_or_streams_events() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let s1 = client.initialize("2025-11-25").await.unwrap();
+    let s2 = client.initialize("2025-11-25").await.unwrap();
+    // Both sessions use JSON-RPC id 2 and the same progress token on purpose.
+    let r1 = client
+        .post(Some(&s1), &slow_body(2, "same", 4, 50), &[])
+        .await
+        .unwrap();
+    let r2 = client
+        .post(Some(&s2), &slow_body(2, "same", 4, 50), &[])
+        .await
+        .unwrap();
+    let mut e1 = Events::new(r1);
+    let s1_first = take(&mut e1, 1).await;
+    let s1_cursor = s1_first.last().unwrap().0.clone().unwrap();
+    drop(e1);
+    let s2_all = messages(r2, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(s2_all.len(), 5);
+    // S1's cursor is refused in S2 (another session's stream).
+    let resp = client.get(&s2, Some(&s1_cursor)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert!(body_text(resp).await.unwrap().contains("unknown_cursor"));
+    // S1 resumes its own stream: only its own events, each once.
+    let resp = client.get(&s1, Some(&s1_cursor)).await.unwrap();
+    let rest = messages(resp, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(rest.len(), 4, "3 progress + result: {rest:?}");
+    let stats = pod.stats().await.unwrap();
+    assert_eq!(
+        stats["duplicates"]["same"], 2,
+        "two sessions, one call each (same call id on purpose)"
+    );
+}
+
+#[tokio::test]
+async fn cursor_errors_are_400_never_an_empty_200() {
+    let pod = Pod::start(PodSpec {
+        max_events: 3,
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let resp = client
+        .post(Some(&session), &slow_body(2, "evict", 8, 5), &[])
+        .await
+        .unwrap();
+    let mut events = Events::new(resp);
+    let first = take(&mut events, 1).await;
+    drop(events);
+    // Let the call finish while nobody reads: only the last 3 of its 9 events stay.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let key_of = |id: &str| id.rsplit_once('-').unwrap().0.to_owned();
+    let key = key_of(first[0].0.as_deref().unwrap());
+    let cases = [
+        ("not-a-cursor".to_owned(), "malformed_cursor"),
+        (format!("{key}-1"), "cursor_evicted"),
+        (format!("{key}-99"), "unknown_cursor"),
+        ("abcdefghijkl-1".to_owned(), "unknown_cursor"),
+    ];
+    for (cursor, reason) in cases {
+        let resp = client.get(&session, Some(&cursor)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{cursor}");
+        let body = body_text(resp).await.unwrap();
+        assert!(body.contains(reason), "{cursor}: {body}");
+    }
+    // The last retained events are still served.
+    let resp = client
+        .get(&session, Some(&format!("{key}-7")))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        messages(resp, Duration::from_secs(5)).await.unwrap().len(),
+        2
+    );
+    assert_eq!(
+        pod.metric("tether_buffer_evictions_total{reason=\"count\"}")
+            .await
+            .unwrap(),
+        6.0
+    );
+}
+
+#[tokio::test]
+async fn fr14_sse_headers_and_each_event_flushed_at_once() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let resp = client
+        .post(Some(&session), &slow_body(2, "flush", 4, 300), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        header_str(&resp, "x-accel-buffering").as_deref(),
+        Some("no")
+    );
+    assert!(
+        header_str(&resp, "cache-control")
+            .unwrap()
+            .contains("no-cache")
+    );
+    let mut events = Events::new(resp);
+    let mut arrivals = Vec::new();
+    for _ in 0..4 {
+        events.next_within(Duration::from_secs(5)).await.unwrap();
+        arrivals.push(Instant::now());
+    }
+    let gaps: Vec<Duration> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.iter().all(|g| *g > Duration::from_millis(150)),
+        "progress must arrive as produced, not in a burst: {gaps:?}"
+    );
+}
+
+#[tokio::test]
+async fn t09_standalone_stream_buffers_and_a_new_get_takes_over() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let get = client.get(&session, None).await.unwrap();
+    assert_eq!(get.status(), StatusCode::OK);
+    assert!(is_sse(&get));
+    let mut first = Events::new(get);
+    let msgs = client
+        .call(&session, 2, "notify", json!({"text": "hi", "count": 3}))
+        .await
+        .unwrap();
+    assert!(msgs.iter().any(|m| m["result"].is_object()));
+    let got = take(&mut first, 3).await;
+    let seqs: Vec<i64> = got
+        .iter()
+        .map(|(_, v)| v["params"]["data"]["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    // A second GET takes the stream over; the first connection ends cleanly (never 409).
+    let second = client.get(&session, None).await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    assert!(
+        first.next_within(Duration::from_secs(5)).await.is_none(),
+        "the old connection ends"
+    );
+    let mut second = Events::new(second);
+    client
+        .call(&session, 3, "notify", json!({"text": "again", "count": 2}))
+        .await
+        .unwrap();
+    let got = take(&mut second, 2).await;
+    assert!(
+        got.iter()
+            .all(|(_, v)| v["params"]["data"]["text"] == "again"),
+        "{got:?}"
+    );
+    // Messages sent while no GET is connected are kept: the client resumes the GET stream.
+    let cursor = got.last().unwrap().0.clone().unwrap();
+    drop(second);
+    client
+        .call(
+            &session,
+            4,
+            "notify",
+            json!({"text": "offline", "count": 2}),
+        )
+        .await
+        .unwrap();
+    let mut third = Events::new(client.get(&session, Some(&cursor)).await.unwrap());
+    let got = take(&mut third, 2).await;
+    assert!(
+        got.iter()
+            .all(|(_, v)| v["params"]["data"]["text"] == "offline"),
+        "{got:?}"
+    );
+}
+
+#[tokio::test]
+async fn t09_fr17_405_is_passed_through_when_the_upstream_has_no_get_stream() {
+    let pod = Pod::start(PodSpec {
+        server_args: vec!["--no-standalone-stream".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    for _ in 0..2 {
+        let resp = client.get(&session, None).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert!(header_str(&resp, "allow").is_some());
+    }
+    // POST streams and their resumes still work.
+    let out = call::slow(&client, &session, 2, "no-get", &plan(4, 30, vec![1]))
+        .await
+        .unwrap();
+    assert_eq!(out.lost(4), 0, "{:?}", out.failures);
+}
+
+#[tokio::test]
+async fn sep1699_an_upstream_that_closes_early_is_resumed_invisibly() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let mut p = plan(6, 50, vec![]);
+    p.close_after = Some(2);
+    let out = call::slow(&client, &session, 2, "polling", &p)
+        .await
+        .unwrap();
+    assert_eq!(out.progress, (1..=6).collect::<Vec<_>>());
+    assert_eq!(out.result.as_deref(), Some("done 6"));
+    assert_eq!(out.resumes.len(), 0, "the client saw one unbroken stream");
+    assert_eq!(
+        pod.metric("tether_upstream_resumes_total").await.unwrap(),
+        1.0
+    );
+    assert_eq!(stats_executions(&pod, "polling").await, (1, false));
+}
+
+#[tokio::test]
+async fn retries_attach_to_the_stream_and_the_tool_runs_once() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let body = slow_body(2, "retried", 5, 40);
+    let first = client.post(Some(&session), &body, &[]).await.unwrap();
+    let mut events = Events::new(first);
+    take(&mut events, 1).await;
+    drop(events);
+    // The client did not see the rest and retries the same request.
+    let again = client.post(Some(&session), &body, &[]).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    let msgs = messages(again, Duration::from_secs(5)).await.unwrap();
+    let progress: Vec<f64> = msgs
+        .iter()
+        .filter_map(|m| m.pointer("/params/progress").and_then(Value::as_f64))
+        .collect();
+    assert_eq!(
+        progress,
+        vec![1.0, 2.0, 3.0, 4.0, 5.0],
+        "the retry replays the stream"
+    );
+    assert!(msgs.last().unwrap()["result"].is_object());
+    assert_eq!(
+        stats_executions(&pod, "retried").await,
+        (1, false),
+        "executed once"
+    );
+    assert_eq!(
+        pod.metric("tether_requests_deduplicated_total")
+            .await
+            .unwrap(),
+        1.0
+    );
+    // Same id, different body: refused.
+    let resp = client
+        .post(Some(&session), &slow_body(2, "other", 1, 1), &[])
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert!(body_text(resp).await.unwrap().contains("request_id_reused"));
+}
+
+#[tokio::test]
+async fn concurrent_duplicate_posts_run_the_tool_once() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let body = slow_body(2, "racing", 3, 20);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (client, session, body) = (client.clone(), session.clone(), body.clone());
+        tasks.spawn(async move {
+            let resp = client.post(Some(&session), &body, &[]).await.unwrap();
+            (
+                resp.status(),
+                messages(resp, Duration::from_secs(5)).await.unwrap(),
+            )
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (status, msgs) = done.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            msgs.iter().any(|m| m["id"] == 2 && m["result"].is_object()),
+            "{msgs:?}"
+        );
+    }
+    assert_eq!(stats_executions(&pod, "racing").await, (1, false));
+}
+
+#[tokio::test]
+async fn fr19_cancellation_is_forwarded_and_ends_the_stream() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let resp = client
+        .post(Some(&session), &slow_body(2, "cancelled", 50, 50), &[])
+        .await
+        .unwrap();
+    let mut events = Events::new(resp);
+    take(&mut events, 1).await;
+    let cancel =
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}});
+    let resp = client.post(Some(&session), &cancel, &[]).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    // The stream ends without the result, well before the 50 progress events.
+    let started = Instant::now();
+    while events.next_within(Duration::from_secs(5)).await.is_some() {}
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = pod.stats().await.unwrap();
+    assert_eq!(
+        stats["aborted"], 1,
+        "the upstream stopped the tool: {stats}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_cuts_often_still_gets_everything_once() {
+    let pod = Pod::start_default().await.unwrap();
+    let client: McpClient = pod.client();
+    let session: Session = client.initialize("2025-11-25").await.unwrap();
+    let out = call::slow(
+        &client,
+        &session,
+        2,
+        "choppy",
+        &plan(20, 10, vec![1, 3, 5, 8, 13, 19]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.lost(20), 0, "{:?}", out.failures);
+    assert_eq!((out.duplicated, out.foreign), (0, 0));
+    assert_eq!(out.resumes.len(), 6);
+}
+
+#[tokio::test]
+async fn integral_float_request_ids_complete_their_stream() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let body: Value = serde_json::from_str(
+        r#"{"jsonrpc":"2.0","id":1e2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"}}}"#,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let resp = client.post(Some(&session), &body, &[]).await.unwrap();
+    let msgs = messages(resp, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(msgs.len(), 1, "one answer, no synthesized error: {msgs:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn the_pod_buffer_cap_holds() {
+    let pod = Pod::start(PodSpec {
+        sidecar_args: vec!["--pod-buffer-bytes".into(), "20000".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    for id in 0..20 {
+        let msgs = client
+            .call(&session, 10 + id, "echo", json!({"text": "x".repeat(5000)}))
+            .await
+            .unwrap();
+        assert_eq!(msgs.len(), 1);
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let bytes = pod.metric("tether_buffer_bytes").await.unwrap();
+    assert!(
+        bytes <= 20000.0,
+        "buffered {bytes} bytes over a 20000-byte cap"
+    );
+    assert!(
+        pod.metric("tether_buffer_evictions_total{reason=\"pod_cap\"}")
+            .await
+            .unwrap()
+            > 0.0
+    );
+}
