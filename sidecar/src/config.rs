@@ -161,6 +161,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         upstream_body_timeout: cli.upstream_timeout,
         upstream_retry: cli.upstream_retry,
         upstream_resume_attempts: UPSTREAM_RESUME_ATTEMPTS,
+        migration: spec.session.migration,
     }
 }
 

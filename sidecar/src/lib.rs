@@ -19,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod cursor;
 pub mod headers;
+pub mod journal;
 pub mod jsonrpc;
 pub mod metrics;
 pub mod origin;

@@ -93,6 +93,8 @@ pub struct Metrics {
     pub upstream_resumes: Counter,
     /// Upstream failures, by kind.
     pub upstream_errors: Family<Reason, Counter>,
+    /// Sessions whose upstream session was rebuilt from the journal.
+    pub sessions_rebuilt: Counter,
     /// Time from a resume request to its response headers, in seconds.
     pub resume_seconds: Histogram,
 }
@@ -126,6 +128,7 @@ impl Metrics {
             requests_deduplicated: Counter::default(),
             upstream_resumes: Counter::default(),
             upstream_errors: Family::default(),
+            sessions_rebuilt: Counter::default(),
             resume_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             registry: Registry::default(),
         };
@@ -205,6 +208,11 @@ impl Metrics {
             m.upstream_errors.clone(),
         );
         r.register(
+            "sessions_rebuilt",
+            "Sessions whose upstream session was rebuilt from the journal",
+            m.sessions_rebuilt.clone(),
+        );
+        r.register(
             "resume_seconds",
             "Time from a resume request to its response headers",
             m.resume_seconds.clone(),
@@ -243,6 +251,28 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_metric_is_registered() {
+        // Each metric field needs a `register` call; count both in this file's source.
+        let source = include_str!("metrics.rs");
+        let source = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
+        let fields = source
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| {
+                l.starts_with("pub ") && !l.starts_with("pub fn") && !l.starts_with("pub struct")
+            })
+            .filter(|l| {
+                ["Family<", "Counter,", "Gauge,", "Histogram,"]
+                    .iter()
+                    .any(|t| l.contains(t))
+            })
+            .count();
+        let registrations = source.matches("r.register(").count();
+        assert_eq!(fields, 20);
+        assert_eq!(registrations, fields, "a metric field is not registered");
+    }
 
     #[test]
     fn encodes_with_the_tether_prefix() {

@@ -423,6 +423,78 @@ impl Reply {
 mod tests {
     use super::*;
 
+    /// One of each rejection; the match makes the compiler flag a variant missing here.
+    fn every_rejection() -> Vec<Rejection> {
+        use Rejection::*;
+        let v = || VersionMismatch::new("x", &[ProtocolVersion::V2025_06_18]);
+        let all = vec![
+            SessionNotFound(NotFound::Unknown),
+            PathNotFound,
+            MethodNotFound("initialize"),
+            OriginForbidden,
+            UnsupportedVersion(v()),
+            UnsupportedNegotiatedVersion(v()),
+            NotAcceptable("x"),
+            UnsupportedMediaType,
+            MethodNotAllowed,
+            MalformedSessionId,
+            SessionRequired,
+            MalformedHeader("x"),
+            PayloadTooLarge(1),
+            RequestTimeout,
+            ParseError("x".into()),
+            InvalidRequest("x".into()),
+            BatchNotAllowed,
+            InitializeInBatch,
+            RequestIdReused,
+            MalformedCursor,
+            UnknownCursor,
+            CursorEvicted,
+            TooManySessions,
+            UpstreamUnavailable,
+            UpstreamTimeout,
+        ];
+        for r in &all {
+            match r {
+                SessionNotFound(_)
+                | PathNotFound
+                | MethodNotFound(_)
+                | OriginForbidden
+                | UnsupportedVersion(_)
+                | UnsupportedNegotiatedVersion(_)
+                | NotAcceptable(_)
+                | UnsupportedMediaType
+                | MethodNotAllowed
+                | MalformedSessionId
+                | SessionRequired
+                | MalformedHeader(_)
+                | PayloadTooLarge(_)
+                | RequestTimeout
+                | ParseError(_)
+                | InvalidRequest(_)
+                | BatchNotAllowed
+                | InitializeInBatch
+                | RequestIdReused
+                | MalformedCursor
+                | UnknownCursor
+                | CursorEvicted
+                | TooManySessions
+                | UpstreamUnavailable
+                | UpstreamTimeout => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn the_readme_documents_every_status_code() {
+        let readme = include_str!("../../README.md");
+        for r in every_rejection() {
+            let row = format!("| {} | `{}` |", r.status().as_u16(), r.reason());
+            assert!(readme.contains(&row), "README lacks the row {row}");
+        }
+    }
+
     #[test]
     fn rejection_bodies_are_json_rpc_errors_without_id() {
         for r in [

@@ -11,12 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
+use serde_json::Value;
 use tether_crds::ProtocolVersion;
 use tokio_util::sync::CancellationToken;
 
 use crate::buffer::Evictions;
 use crate::cursor::StreamKey;
-use crate::jsonrpc::RequestKey;
+use crate::journal::Journal;
+use crate::jsonrpc::{Message, RequestKey};
 use crate::reply::{NotFound, StoredReply};
 use crate::stream::Stream;
 
@@ -53,6 +55,8 @@ struct State {
     standalone: Standalone,
     last_activity: Instant,
     busy: u32,
+    upstream_id: Option<String>,
+    journal: Journal,
 }
 
 /// What a POST's request ids mean for a session (retry de-duplication, DESIGN.md §3.2).
@@ -71,26 +75,28 @@ pub enum Dedupe {
 pub struct Session {
     id: String,
     digest: String,
-    upstream_id: Option<String>,
     version: ProtocolVersion,
     cancel: CancellationToken,
     state: Mutex<State>,
     /// Serialises opening the upstream standalone GET stream.
     pub standalone_open: tokio::sync::Mutex<()>,
+    /// Serialises rebuilding the upstream session from the journal.
+    pub rebuilding: tokio::sync::Mutex<()>,
 }
 
 impl Session {
-    /// A new session. `digest` is the id's keyed digest, used in logs instead of the id.
+    /// A new session. `digest` is the id's keyed digest, used in logs instead of the id;
+    /// `journal` starts with the `initialize` request sent upstream.
     pub fn new(
         id: String,
         digest: String,
         upstream_id: Option<String>,
         version: ProtocolVersion,
+        journal: Journal,
     ) -> Arc<Self> {
         Arc::new(Self {
             id,
             digest,
-            upstream_id,
             version,
             cancel: CancellationToken::new(),
             state: Mutex::new(State {
@@ -101,8 +107,11 @@ impl Session {
                 standalone: Standalone::None,
                 last_activity: Instant::now(),
                 busy: 0,
+                upstream_id,
+                journal,
             }),
             standalone_open: tokio::sync::Mutex::new(()),
+            rebuilding: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -116,9 +125,24 @@ impl Session {
         &self.digest
     }
 
-    /// The upstream's session id.
-    pub fn upstream_id(&self) -> Option<&str> {
-        self.upstream_id.as_deref()
+    /// The upstream's session id (it changes when the session is rebuilt).
+    pub fn upstream_id(&self) -> Option<String> {
+        self.state.lock().upstream_id.clone()
+    }
+
+    /// Switches to a rebuilt upstream session.
+    pub fn set_upstream_id(&self, id: Option<String>) {
+        self.state.lock().upstream_id = id;
+    }
+
+    /// Records a client message in the journal if it belongs there.
+    pub fn record(&self, message: &Message, raw: &Value) {
+        self.state.lock().journal.record(message, raw);
+    }
+
+    /// A copy of the journal.
+    pub fn journal(&self) -> Journal {
+        self.state.lock().journal.clone()
     }
 
     /// The negotiated protocol version.
@@ -431,7 +455,6 @@ mod tests {
     use super::*;
     use crate::buffer::{BufferLimits, PodBudget};
     use crate::stream::StreamKind;
-    use serde_json::Value;
 
     fn session() -> Arc<Session> {
         Session::new(
@@ -439,6 +462,7 @@ mod tests {
             "digest".into(),
             None,
             ProtocolVersion::V2025_06_18,
+            Journal::new(Value::Null),
         )
     }
 

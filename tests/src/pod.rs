@@ -46,6 +46,8 @@ pub struct PodSpec {
     pub ttl: String,
     /// `spec.session.idleTimeout`.
     pub idle_timeout: String,
+    /// `spec.session.migration` (`Replay` or `Pin`).
+    pub migration: String,
     /// Extra `tether-sidecar` flags.
     pub sidecar_args: Vec<String>,
     /// Extra `tether-example-server` flags.
@@ -65,6 +67,7 @@ impl Default for PodSpec {
             max_bytes: 4 * 1024 * 1024,
             ttl: "10m".into(),
             idle_timeout: "30m".into(),
+            migration: "Replay".into(),
             sidecar_args: Vec::new(),
             server_args: Vec::new(),
         }
@@ -92,7 +95,7 @@ impl PodSpec {
              \x20 origins: {{allow: [{}], allowMissing: {}}}\n\
              \x20 protocolVersions: [{}]\n\
              \x20 buffer: {{maxEvents: {}, maxBytes: {}, ttl: {}}}\n\
-             \x20 session: {{idleTimeout: {}, migration: Replay}}\n\
+             \x20 session: {{idleTimeout: {}, migration: {}}}\n\
              \x20 drain: {{timeout: 5s}}\n",
             quote(&self.origins),
             self.allow_missing_origin,
@@ -101,6 +104,7 @@ impl PodSpec {
             self.max_bytes,
             self.ttl,
             self.idle_timeout,
+            self.migration,
         )
     }
 }

@@ -172,7 +172,13 @@ async fn fr6_header_less_requests_fail_fast_with_400() {
 
 #[tokio::test]
 async fn fr4_a_404_storm_reinitializes_cleanly() {
-    let mut pod = Pod::start_default().await.unwrap();
+    // `Pin`: sessions are not rebuilt, so a restarted MCP server loses them all.
+    let mut pod = Pod::start(PodSpec {
+        migration: "Pin".into(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
     let client = pod.client();
     let mut sessions = Vec::new();
     for _ in 0..100 {
@@ -382,4 +388,64 @@ async fn invalid_manifests_fail_at_start_naming_the_field() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("spec.buffer.maxEvent"), "{stderr}");
+}
+
+#[tokio::test]
+async fn fr3_replay_rebuilds_sessions_after_the_mcp_server_restarts() {
+    let mut pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let counter = |id: u64| {
+        let (client, session) = (client.clone(), session.clone());
+        async move {
+            let msgs = client
+                .call(&session, id, "counter", json!({}))
+                .await
+                .unwrap();
+            msgs.iter()
+                .find_map(|m| result_text(m).map(str::to_owned))
+                .unwrap()
+        }
+    };
+    assert_eq!(counter(2).await, "1");
+    assert_eq!(counter(3).await, "2");
+    // A call in flight when the server dies ends with an error; it never hangs.
+    let inflight = {
+        let (client, session) = (client.clone(), session.clone());
+        tokio::spawn(async move {
+            let args = json!({"count": 100, "interval_ms": 50, "call_id": "doomed"});
+            client.call(&session, 4, "slow", args).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pod.restart_server().await.unwrap();
+    // The client keeps its session id; the journal rebuilt the upstream session.
+    let msgs = client
+        .call(&session, 5, "echo", json!({"text": "still here"}))
+        .await
+        .unwrap();
+    assert!(
+        msgs.iter().any(|m| result_text(m) == Some("still here")),
+        "{msgs:?}"
+    );
+    // Tool state the journal does not carry starts over (the documented limit of Replay).
+    assert_eq!(counter(6).await, "1");
+    let doomed = tokio::time::timeout(Duration::from_secs(30), inflight)
+        .await
+        .expect("the in-flight call ends")
+        .unwrap()
+        .unwrap();
+    let last = doomed.last().expect("an answer for the in-flight call");
+    assert_eq!(last["id"], 4);
+    assert!(last["error"].is_object(), "{last}");
+    assert_eq!(
+        pod.metric("tether_sessions_rebuilt_total").await.unwrap(),
+        1.0
+    );
+    assert_eq!(
+        pod.metric("tether_not_found_total{reason=\"upstream_gone\"}")
+            .await
+            .unwrap(),
+        0.0
+    );
 }

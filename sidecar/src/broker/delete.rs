@@ -23,7 +23,7 @@ impl Broker {
             None => None,
             Some(upstream_session) => {
                 let exchange = Exchange {
-                    upstream_session: Some(upstream_session),
+                    upstream_session: Some(&upstream_session),
                     headers: forwarded_request_headers(&call.headers),
                     last_event_id: None,
                 };

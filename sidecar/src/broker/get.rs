@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 
 use super::Broker;
+use super::rebuild::Sent;
 use crate::admission::Admitted;
 use crate::buffer::ReplayError;
 use crate::cursor::EventId;
@@ -25,7 +26,7 @@ use crate::metrics::ResumeLabels;
 use crate::reply::{NotFound, Rejection, Reply};
 use crate::session::{Session, Standalone};
 use crate::stream::{Start, Stream, StreamKind};
-use crate::upstream::{Exchange, is_sse, session_gone};
+use crate::upstream::is_sse;
 
 impl Broker {
     pub(super) async fn get(self: &Arc<Self>, call: &Admitted) -> Result<Reply, Rejection> {
@@ -112,21 +113,14 @@ impl Broker {
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),
         );
-        let exchange = Exchange {
-            upstream_session: session.upstream_id(),
-            headers: headers.clone(),
-            last_event_id: None,
-        };
-        let resp = self
-            .upstream
-            .send(Method::GET, exchange, Bytes::new())
+        let sent = self
+            .send_in_session(session, Method::GET, &headers, None, Bytes::new(), true)
             .await
             .map_err(|e| self.upstream_rejection(&e))?;
-        let status = resp.status();
-        if session_gone(status) {
-            self.end_session(session, NotFound::UpstreamGone);
+        let Sent::Answer(resp) = sent else {
             return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
-        }
+        };
+        let status = resp.status();
         if status == StatusCode::OK && is_sse(&resp) {
             let stream = self.new_stream(session, StreamKind::Standalone, Vec::new());
             session.set_standalone(Standalone::Open(Arc::clone(&stream)));

@@ -21,6 +21,7 @@ use tether_crds::ProtocolVersion;
 use super::Broker;
 use crate::admission::Admitted;
 use crate::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID, forwarded_request_headers};
+use crate::journal::Journal;
 use crate::jsonrpc::{RequestKey, response_id};
 use crate::reply::{Rejection, Reply, VersionMismatch};
 use crate::session::Session;
@@ -28,7 +29,7 @@ use crate::stream::{Start, StreamKind};
 use crate::upstream::{Exchange, events, is_sse};
 
 /// The messages of an upstream `initialize` answer: `(event name, data)` in order.
-type Messages = Vec<(Option<String>, Bytes)>;
+pub(super) type Messages = Vec<(Option<String>, Bytes)>;
 
 impl Broker {
     pub(super) async fn initialize(
@@ -99,6 +100,7 @@ impl Broker {
             self.secret.log_digest(&id),
             upstream_id.clone(),
             version,
+            Journal::new(request),
         );
         if self.registry.insert(Arc::clone(&session)).is_err() {
             self.abandon_upstream(upstream_id, &call.headers).await;
@@ -148,7 +150,7 @@ impl Broker {
 }
 
 /// The data events of a complete SSE body (priming and comment-only blocks dropped).
-async fn sse_messages(body: Bytes) -> Messages {
+pub(super) async fn sse_messages(body: Bytes) -> Messages {
     let mut out = Vec::new();
     let mut stream = std::pin::pin!(events(Full::new(body)));
     while let Some(Ok(ev)) = stream.next().await {
@@ -161,7 +163,10 @@ async fn sse_messages(body: Bytes) -> Messages {
 
 /// The `protocolVersion` of the `initialize` result: `None` when no message answers the
 /// request, `Some(Err(()))` when the answer is a JSON-RPC error.
-fn negotiated_version(messages: &Messages, init_id: &RequestKey) -> Option<Result<String, ()>> {
+pub(super) fn negotiated_version(
+    messages: &Messages,
+    init_id: &RequestKey,
+) -> Option<Result<String, ()>> {
     let (_, data) = messages
         .iter()
         .find(|(_, d)| response_id(d).as_ref() == Some(init_id))?;

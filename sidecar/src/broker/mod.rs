@@ -16,6 +16,7 @@ mod get;
 mod initialize;
 mod post;
 mod pump;
+mod rebuild;
 mod sweep;
 
 use std::sync::Arc;
@@ -55,6 +56,9 @@ pub struct BrokerConfig {
     pub upstream_retry: Duration,
     /// Consecutive failed upstream resumes before a stream is given up.
     pub upstream_resume_attempts: u32,
+    /// `spec.session.migration`: whether a session whose upstream session was lost is rebuilt
+    /// from its journal (`Replay`) or ended (`Pin`).
+    pub migration: tether_crds::Migration,
 }
 
 /// The session broker of one pod.
@@ -192,7 +196,7 @@ impl Broker {
     /// Tells the upstream a session is over (best effort).
     async fn delete_upstream(&self, session: &Session) {
         if let Some(upstream_id) = session.upstream_id() {
-            self.end_upstream_session(upstream_id, own_headers(session.version().as_str(), false))
+            self.end_upstream_session(&upstream_id, own_headers(session.version().as_str(), false))
                 .await;
         }
     }

@@ -19,6 +19,7 @@ use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
 use super::Broker;
+use super::rebuild::Sent;
 use crate::admission::Admitted;
 use crate::headers::forwarded_request_headers;
 use crate::jsonrpc::{Envelope, EnvelopeError, Message, RequestKey};
@@ -26,7 +27,6 @@ use crate::metrics::VersionLabel;
 use crate::reply::{NotFound, Rejection, Reply, StoredReply};
 use crate::session::{Dedupe, Session};
 use crate::stream::{Head, Start, Stream, StreamKind};
-use crate::upstream::{Exchange, session_gone};
 
 impl Broker {
     pub(super) async fn post(
@@ -49,6 +49,9 @@ impl Broker {
         }
         let session = self.required_session(call)?;
         let _busy = session.busy();
+        for (message, raw) in &envelope.messages {
+            session.record(message, raw);
+        }
         self.count_version(call.version.unwrap_or(session.version()));
         // Batching follows the negotiated version, whatever the header claims (B-01/B-02).
         if envelope.batch && session.version() != ProtocolVersion::V2025_03_26 {
@@ -173,20 +176,13 @@ impl Broker {
         headers: http::HeaderMap,
         body: Bytes,
     ) -> Result<StoredReply, Rejection> {
-        let exchange = Exchange {
-            upstream_session: session.upstream_id(),
-            headers,
-            last_event_id: None,
-        };
-        let resp = self
-            .upstream
-            .send(Method::POST, exchange, body)
+        let sent = self
+            .send_in_session(session, Method::POST, &headers, None, body, true)
             .await
             .map_err(|e| self.upstream_rejection(&e))?;
-        if session_gone(resp.status()) {
-            self.end_session(session, NotFound::UpstreamGone);
+        let Sent::Answer(resp) = sent else {
             return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
-        }
+        };
         self.read_stored(resp).await
     }
 

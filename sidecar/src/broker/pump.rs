@@ -18,12 +18,13 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use hyper::body::Incoming;
 
 use super::Broker;
+use super::rebuild::Sent;
 use crate::headers::MCP_PROTOCOL_VERSION;
 use crate::jsonrpc::{RequestKey, error_response};
 use crate::reply::{CODE_INTERNAL, NotFound, Rejection, StoredReply};
 use crate::session::Session;
 use crate::stream::{Stream, StreamKind};
-use crate::upstream::{Exchange, UpstreamError, events, is_sse, read_body, session_gone};
+use crate::upstream::{UpstreamError, events, is_sse, read_body};
 
 /// Upstream event ids remembered per stream to drop events sent again on resume.
 const RECENT_IDS: usize = 64;
@@ -63,6 +64,8 @@ enum Resumed {
     Body(Incoming),
     Failed,
     Unsupported,
+    /// The upstream session was rebuilt: the stream's upstream side is gone.
+    Rebuilt,
     SessionGone,
 }
 
@@ -77,17 +80,20 @@ impl Broker {
         body: Bytes,
         ids: Vec<RequestKey>,
     ) {
-        let exchange = Exchange {
-            upstream_session: session.upstream_id(),
-            headers: headers.clone(),
-            last_event_id: None,
-        };
         let sent = tokio::select! {
-            sent = self.upstream.send(Method::POST, exchange, body) => sent,
+            sent = self.send_in_session(&session, Method::POST, &headers, None, body, true) => sent,
             () = stream.cancel_token().cancelled() => return,
         };
         let resp = match sent {
-            Ok(resp) => resp,
+            Ok(Sent::Answer(resp)) => resp,
+            Ok(Sent::Rebuilt | Sent::Gone) => {
+                self.fail(
+                    &stream,
+                    &ids,
+                    Rejection::SessionNotFound(NotFound::UpstreamGone),
+                );
+                return;
+            }
             Err(e) => {
                 if let UpstreamError::Refused(_) = e
                     && stream.kind() == StreamKind::Post
@@ -99,15 +105,6 @@ impl Broker {
                 return;
             }
         };
-        if session_gone(resp.status()) {
-            self.end_session(&session, NotFound::UpstreamGone);
-            self.fail(
-                &stream,
-                &ids,
-                Rejection::SessionNotFound(NotFound::UpstreamGone),
-            );
-            return;
-        }
         if resp.status() == StatusCode::OK && is_sse(&resp) {
             stream.mark_sse(crate::headers::forwarded_response_headers(resp.headers()));
             self.pump(&session, &stream, resp.into_body(), &ids, headers)
@@ -177,9 +174,16 @@ impl Broker {
                     self.give_up(session, stream, ids);
                     return;
                 }
-                Resumed::SessionGone => {
-                    self.end_session(session, NotFound::UpstreamGone);
+                Resumed::SessionGone => return,
+                Resumed::Rebuilt if stream.kind().answers_requests() => {
+                    // The call died with the old upstream session.
+                    self.fail_stream(stream, ids, "the MCP server restarted; the call was lost");
                     return;
+                }
+                Resumed::Rebuilt => {
+                    // A fresh standalone stream on the rebuilt upstream session.
+                    cursor = UpstreamCursor::default();
+                    failures = 0;
                 }
             }
         }
@@ -242,8 +246,8 @@ impl Broker {
     }
 
     async fn resume_upstream(
-        &self,
-        session: &Session,
+        self: &Arc<Self>,
+        session: &Arc<Session>,
         headers: &HeaderMap,
         last_event_id: Option<&str>,
     ) -> Resumed {
@@ -256,22 +260,26 @@ impl Broker {
         if let Ok(v) = HeaderValue::from_str(session.version().as_str()) {
             headers.insert(MCP_PROTOCOL_VERSION, v);
         }
-        let exchange = Exchange {
-            upstream_session: session.upstream_id(),
-            headers,
-            last_event_id,
-        };
-        match self
-            .upstream
-            .send(Method::GET, exchange, Bytes::new())
-            .await
-        {
-            Ok(resp) if session_gone(resp.status()) => Resumed::SessionGone,
-            Ok(resp) if resp.status() == StatusCode::METHOD_NOT_ALLOWED => Resumed::Unsupported,
-            Ok(resp) if resp.status() == StatusCode::OK && is_sse(&resp) => {
+        let sent = self
+            .send_in_session(
+                session,
+                Method::GET,
+                &headers,
+                last_event_id,
+                Bytes::new(),
+                false,
+            )
+            .await;
+        match sent {
+            Ok(Sent::Gone) => Resumed::SessionGone,
+            Ok(Sent::Rebuilt) => Resumed::Rebuilt,
+            Ok(Sent::Answer(resp)) if resp.status() == StatusCode::METHOD_NOT_ALLOWED => {
+                Resumed::Unsupported
+            }
+            Ok(Sent::Answer(resp)) if resp.status() == StatusCode::OK && is_sse(&resp) => {
                 Resumed::Body(resp.into_body())
             }
-            Ok(resp) => {
+            Ok(Sent::Answer(resp)) => {
                 self.metrics.upstream_error("resume_refused");
                 tracing::debug!(status = %resp.status(), "upstream refused a stream resume");
                 Resumed::Failed

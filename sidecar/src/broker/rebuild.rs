@@ -1,0 +1,205 @@
+//! Rebuilding a session whose upstream session was lost (the MCP server restarted), from the
+//! journal (`session.migration: Replay`, DESIGN.md §3.4 step 4).
+//!
+//! When the upstream answers 404 for a session the sidecar still holds, the sidecar replays the
+//! journal on the upstream (`initialize`, `notifications/initialized`, the last
+//! `logging/setLevel`, the subscriptions) and carries on with the new upstream session; the
+//! client keeps its session id and never sees the restart, except that calls in flight at the
+//! restart end with an error and tool state the journal does not carry starts over. With
+//! `migration: Pin` the session ends instead and later requests get 404 (spec S-05).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Response, header};
+use hyper::body::Incoming;
+use serde_json::Value;
+use tether_crds::Migration;
+
+use super::Broker;
+use super::initialize::{Messages, negotiated_version, sse_messages};
+use crate::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+use crate::jsonrpc::RequestKey;
+use crate::reply::NotFound;
+use crate::session::Session;
+use crate::upstream::{Exchange, UpstreamError, is_sse, session_gone};
+
+/// Why a rebuild failed.
+#[derive(Debug, thiserror::Error)]
+enum RebuildError {
+    #[error("the MCP server refused {0}: HTTP {1}")]
+    Refused(&'static str, http::StatusCode),
+    #[error("the MCP server negotiated {0} instead of {1}")]
+    Version(String, String),
+    #[error("{0}")]
+    Exchange(String),
+}
+
+/// The outcome of [`Broker::send_in_session`].
+pub(super) enum Sent {
+    /// The upstream answered (anything but "unknown session").
+    Answer(Response<Incoming>),
+    /// The upstream session was lost and rebuilt; the request was not sent again.
+    Rebuilt,
+    /// The upstream session was lost and the session has ended (404 from now on).
+    Gone,
+}
+
+impl Broker {
+    /// Sends a request in `session`'s upstream session. When the upstream no longer knows it,
+    /// the session is recovered ([`Broker::recover`]) and, with `resend`, the request is sent
+    /// once more on the rebuilt upstream session (it never reached the lost one).
+    ///
+    /// # Errors
+    /// [`UpstreamError`] when the upstream cannot be reached.
+    pub(super) async fn send_in_session(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        method: Method,
+        headers: &HeaderMap,
+        last_event_id: Option<&str>,
+        body: Bytes,
+        resend: bool,
+    ) -> Result<Sent, UpstreamError> {
+        let mut rebuilt = false;
+        loop {
+            let used = session.upstream_id();
+            let exchange = Exchange {
+                upstream_session: used.as_deref(),
+                headers: headers.clone(),
+                last_event_id,
+            };
+            let resp = self
+                .upstream
+                .send(method.clone(), exchange, body.clone())
+                .await?;
+            if !session_gone(resp.status()) {
+                return Ok(Sent::Answer(resp));
+            }
+            if rebuilt || !self.recover(session, used.as_deref()).await {
+                if !session.is_ended() {
+                    self.end_session(session, NotFound::UpstreamGone);
+                }
+                return Ok(Sent::Gone);
+            }
+            if !resend {
+                return Ok(Sent::Rebuilt);
+            }
+            rebuilt = true;
+        }
+    }
+
+    /// Recovers `session` after the upstream said it does not know upstream session `lost`.
+    /// Returns whether the session goes on (with a rebuilt upstream session); otherwise it has
+    /// been ended and later requests get 404.
+    pub(super) async fn recover(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        lost: Option<&str>,
+    ) -> bool {
+        if self.cfg.migration == Migration::Pin || session.is_ended() {
+            self.end_session(session, NotFound::UpstreamGone);
+            return false;
+        }
+        let _one_at_a_time = session.rebuilding.lock().await;
+        if session.upstream_id().as_deref() != lost {
+            return !session.is_ended(); // another request rebuilt it meanwhile
+        }
+        match self.rebuild(session).await {
+            Ok(id) => {
+                session.set_upstream_id(id);
+                self.metrics.sessions_rebuilt.inc();
+                tracing::info!(
+                    session = session.digest(),
+                    "upstream session rebuilt from the journal"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::warn!(session = session.digest(), error = %e, "cannot rebuild the upstream session");
+                self.end_session(session, NotFound::UpstreamGone);
+                false
+            }
+        }
+    }
+
+    async fn rebuild(&self, session: &Session) -> Result<Option<String>, RebuildError> {
+        let journal = session.journal();
+        let version = session.version().as_str();
+        let init = journal.initialize();
+        let (status, upstream_id, messages) = self.exchange(None, None, init).await?;
+        if !status.is_success() {
+            return Err(RebuildError::Refused("initialize", status));
+        }
+        let init_id = init.get("id").map(RequestKey::of);
+        let negotiated = init_id
+            .and_then(|id| negotiated_version(&messages, &id))
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        if negotiated != version {
+            return Err(RebuildError::Version(negotiated, version.to_owned()));
+        }
+        for message in journal.replay() {
+            let (status, _, _) = self
+                .exchange(upstream_id.as_deref(), Some(version), &message)
+                .await?;
+            if !status.is_success() {
+                let method = if message.get("id").is_some() {
+                    "a journal request"
+                } else {
+                    "a journal notification"
+                };
+                return Err(RebuildError::Refused(method, status));
+            }
+        }
+        Ok(upstream_id)
+    }
+
+    /// POSTs one message and reads the answer: status, upstream session id, messages.
+    async fn exchange(
+        &self,
+        upstream_session: Option<&str>,
+        version: Option<&str>,
+        message: &Value,
+    ) -> Result<(http::StatusCode, Option<String>, Messages), RebuildError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(v) = version.and_then(|v| HeaderValue::from_str(v).ok()) {
+            headers.insert(MCP_PROTOCOL_VERSION, v);
+        }
+        let exchange = Exchange {
+            upstream_session,
+            headers,
+            last_event_id: None,
+        };
+        let resp = self
+            .upstream
+            .send(Method::POST, exchange, Bytes::from(message.to_string()))
+            .await
+            .map_err(|e| RebuildError::Exchange(e.to_string()))?;
+        let status = resp.status();
+        let sse = is_sse(&resp);
+        let id = resp
+            .headers()
+            .get(MCP_SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let stored = self
+            .read_stored(resp)
+            .await
+            .map_err(|r| RebuildError::Exchange(r.reason().to_owned()))?;
+        let messages = if sse {
+            sse_messages(stored.body).await
+        } else {
+            vec![(None, stored.body)]
+        };
+        Ok((status, id, messages))
+    }
+}
