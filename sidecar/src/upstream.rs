@@ -201,3 +201,118 @@ where
 pub fn session_gone(status: StatusCode) -> bool {
     status == StatusCode::NOT_FOUND
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::stream;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    use proptest::prelude::*;
+
+    /// One event as a producer writes it.
+    #[derive(Clone, Debug)]
+    struct Written {
+        id: Option<String>,
+        event: Option<String>,
+        data: Vec<String>,
+        retry: Option<u64>,
+        comment: bool,
+    }
+
+    fn written() -> impl Strategy<Value = Written> {
+        (
+            proptest::option::of("[a-z0-9/_-]{1,12}"),
+            proptest::option::of("[a-z]{1,8}"),
+            proptest::collection::vec("[ -~&&[^\r\n]]{0,20}", 1..4),
+            proptest::option::of(0u64..100_000),
+            any::<bool>(),
+        )
+            .prop_map(|(id, event, data, retry, comment)| Written {
+                id,
+                event,
+                data,
+                retry,
+                comment,
+            })
+    }
+
+    fn encode(events: &[Written], eol: &str) -> Vec<u8> {
+        let mut out = String::new();
+        for e in events {
+            if e.comment {
+                out.push_str(&format!(": keep-alive{eol}"));
+            }
+            if let Some(id) = &e.id {
+                out.push_str(&format!("id: {id}{eol}"));
+            }
+            if let Some(ev) = &e.event {
+                out.push_str(&format!("event: {ev}{eol}"));
+            }
+            if let Some(r) = e.retry {
+                out.push_str(&format!("retry: {r}{eol}"));
+            }
+            for line in &e.data {
+                out.push_str(&format!("data: {line}{eol}"));
+            }
+            out.push_str(eol);
+        }
+        out.into_bytes()
+    }
+
+    /// Decodes `bytes` delivered in chunks cut at `cuts` through [`events`].
+    fn decode(bytes: Vec<u8>, mut cuts: Vec<usize>) -> Vec<Sse> {
+        cuts.retain(|c| *c < bytes.len());
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        for c in cuts.into_iter().chain(std::iter::once(bytes.len())) {
+            chunks.push(Ok::<_, std::convert::Infallible>(Frame::data(
+                Bytes::copy_from_slice(&bytes[start..c]),
+            )));
+            start = c;
+        }
+        let body = StreamBody::new(stream::iter(chunks));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(events(body).filter_map(|r| async move { r.ok() }).collect())
+    }
+
+    proptest! {
+        #[test]
+        fn sse_parsing_survives_any_chunking_and_line_ending(
+            events in proptest::collection::vec(written(), 1..8),
+            eol in prop_oneof![Just("\n"), Just("\r\n"), Just("\r")],
+            cuts in proptest::collection::vec(0usize..2000, 0..40),
+        ) {
+            let decoded = decode(encode(&events, eol), cuts);
+            prop_assert_eq!(decoded.len(), events.len());
+            for (got, want) in decoded.iter().zip(&events) {
+                prop_assert_eq!(&got.id, &want.id);
+                prop_assert_eq!(&got.event, &want.event);
+                prop_assert_eq!(got.retry, want.retry);
+                let joined = want.data.join("\n");
+                prop_assert_eq!(got.data.as_deref(), Some(joined.as_str()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_priming_event_has_an_empty_data_field_and_comments_are_dropped() {
+        let decoded = decode(
+            b": hi\n\nid: 0\nretry: 3000\ndata:\n\n".to_vec(),
+            vec![3, 9],
+        );
+        assert_eq!(decoded.len(), 1);
+        assert_eq!(decoded[0].id.as_deref(), Some("0"));
+        assert_eq!(decoded[0].retry, Some(3000));
+        assert_eq!(decoded[0].data.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn an_incomplete_last_event_is_not_delivered() {
+        assert!(decode(b"data: {\"half\"".to_vec(), vec![]).is_empty());
+    }
+}

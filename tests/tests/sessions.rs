@@ -344,49 +344,45 @@ async fn an_unreachable_upstream_is_502_with_retry_after_and_readiness_fails() {
     assert_eq!(status, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn a_second_sidecar_on_the_same_address_exits_with_a_clear_error() {
-    let pod = Pod::start_default().await.unwrap();
+/// Runs `tether-sidecar` with `manifest` on `ip` until it exits; returns its exit code and
+/// stderr.
+async fn sidecar_exit(manifest: &str, ip: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("endpoint.yaml"),
-        PodSpec::default().manifest(),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("secret"), tether_tests::pod::SECRET).unwrap();
-    let out = tokio::process::Command::new(tether_tests::bins::path("tether-sidecar").unwrap())
-        .arg("--endpoint")
-        .arg(dir.path().join("endpoint.yaml"))
-        .args(["--pod-ip", &pod.ip.to_string(), "--pod-uid", "twin"])
-        .arg("--secret-file")
-        .arg(dir.path().join("secret"))
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("cannot listen on"), "{stderr}");
-}
-
-#[tokio::test]
-async fn invalid_manifests_fail_at_start_naming_the_field() {
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = PodSpec::default()
-        .manifest()
-        .replace("maxEvents: 1024", "maxEvent: 1024");
     std::fs::write(dir.path().join("endpoint.yaml"), manifest).unwrap();
     std::fs::write(dir.path().join("secret"), tether_tests::pod::SECRET).unwrap();
     let out = tokio::process::Command::new(tether_tests::bins::path("tether-sidecar").unwrap())
         .arg("--endpoint")
         .arg(dir.path().join("endpoint.yaml"))
-        .args(["--pod-ip", "127.0.0.1", "--pod-uid", "x"])
+        .args(["--pod-ip", ip, "--pod-uid", "twin"])
         .arg("--secret-file")
         .arg(dir.path().join("secret"))
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), out)
         .await
+        .expect("the sidecar exits by itself")
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_second_sidecar_on_the_same_address_exits_with_a_clear_error() {
+    let pod = Pod::start_default().await.unwrap();
+    let (code, stderr) = sidecar_exit(&PodSpec::default().manifest(), &pod.ip.to_string()).await;
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+}
+
+#[tokio::test]
+async fn invalid_manifests_fail_at_start_naming_the_field() {
+    let manifest = PodSpec::default()
+        .manifest()
+        .replace("maxEvents: 1024", "maxEvent: 1024");
+    let (code, stderr) = sidecar_exit(&manifest, "127.0.0.1").await;
+    assert_eq!(code, Some(2));
     assert!(stderr.contains("spec.buffer.maxEvent"), "{stderr}");
 }
 

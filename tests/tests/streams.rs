@@ -221,15 +221,16 @@ async fn cursor_errors_are_400_never_an_empty_200() {
     .unwrap();
     let client = pod.client();
     let session = client.initialize("2025-06-18").await.unwrap();
+    // Events 100 ms apart, so the first is read long before 3 newer ones could evict it.
     let resp = client
-        .post(Some(&session), &slow_body(2, "evict", 8, 5), &[])
+        .post(Some(&session), &slow_body(2, "evict", 8, 100), &[])
         .await
         .unwrap();
     let mut events = Events::new(resp);
     let first = take(&mut events, 1).await;
     drop(events);
     // Let the call finish while nobody reads: only the last 3 of its 9 events stay.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let key_of = |id: &str| id.rsplit_once('-').unwrap().0.to_owned();
     let key = key_of(first[0].0.as_deref().unwrap());
     let cases = [
@@ -286,10 +287,11 @@ async fn fr14_sse_headers_and_each_event_flushed_at_once() {
         events.next_within(Duration::from_secs(5)).await.unwrap();
         arrivals.push(Instant::now());
     }
-    let gaps: Vec<Duration> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
+    // 300 ms apart at the source: a sidecar that buffers would deliver them in one burst.
+    let spread = arrivals[3] - arrivals[0];
     assert!(
-        gaps.iter().all(|g| *g > Duration::from_millis(150)),
-        "progress must arrive as produced, not in a burst: {gaps:?}"
+        spread > Duration::from_millis(600),
+        "progress must arrive as produced, not in a burst: {spread:?}"
     );
 }
 
@@ -489,8 +491,14 @@ async fn fr19_cancellation_is_forwarded_and_ends_the_stream() {
         "{:?}",
         started.elapsed()
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let stats = pod.stats().await.unwrap();
+    let mut stats = pod.stats().await.unwrap();
+    for _ in 0..50 {
+        if stats["aborted"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stats = pod.stats().await.unwrap();
+    }
     assert_eq!(
         stats["aborted"], 1,
         "the upstream stopped the tool: {stats}"

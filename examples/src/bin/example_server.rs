@@ -36,7 +36,7 @@ use rmcp::handler::server::wrapper::Parameters;
 // Logging (`notifications/message`) is deprecated by SEP-2577 but is part of this server's contract.
 use rmcp::Peer;
 use rmcp::model::{
-    ClientJsonRpcMessage, ProgressNotificationParam, ProtocolVersion, RequestId,
+    ClientJsonRpcMessage, ClientRequest, ProgressNotificationParam, ProtocolVersion, RequestId,
     ServerJsonRpcMessage,
 };
 #[allow(deprecated)]
@@ -106,14 +106,19 @@ impl Stats {
     }
 }
 
-/// Counts a `slow` call as aborted when its task is dropped before it finished.
+/// Counts a `slow` call as completed or aborted (its task dropped before it finished), and
+/// forgets its HTTP stream, when the call ends.
 struct RunGuard<'a> {
     stats: &'a Stats,
     finished: bool,
+    stream: Option<(&'a Sessions, SessionId, RequestId)>,
 }
 
 impl Drop for RunGuard<'_> {
     fn drop(&mut self) {
+        if let Some((sessions, session, request)) = &self.stream {
+            sessions.forget(session, request);
+        }
         let counter = if self.finished {
             &self.stats.completed
         } else {
@@ -170,8 +175,17 @@ impl SessionManager for Sessions {
             .cloned()
             .ok_or_else(|| LocalSessionManagerError::SessionNotFound(id.clone()))?;
         let receiver = handle.establish_request_wise_channel().await?;
+        // Remember the HTTP stream of `slow` calls that will close their connection; `slow`
+        // forgets the entry when it ends, so the map holds only calls in flight.
         if let (ClientJsonRpcMessage::Request(req), Some(http_id)) =
             (&message, receiver.http_request_id)
+            && let ClientRequest::CallToolRequest(call) = &req.request
+            && call.params.name == "slow"
+            && call
+                .params
+                .arguments
+                .as_ref()
+                .is_some_and(|a| a.contains_key("close_after"))
         {
             self.streams
                 .lock()
@@ -208,6 +222,13 @@ impl SessionManager for Sessions {
 }
 
 impl Sessions {
+    /// Forgets the HTTP stream of a finished request.
+    fn forget(&self, session: &SessionId, request: &RequestId) {
+        self.streams
+            .lock()
+            .remove(&(session.clone(), request.clone()));
+    }
+
     /// Closes the SSE connection of request `request` with a `retry` hint (SEP-1699).
     async fn close_connection(
         &self,
@@ -279,10 +300,7 @@ impl ExampleServer {
             .lock()
             .entry(args.call_id.clone())
             .or_default() += 1;
-        let mut guard = RunGuard {
-            stats: &self.stats,
-            finished: false,
-        };
+
         let token = ctx.meta.get_progress_token();
         let interval = Duration::from_millis(args.interval_ms);
         let polling = ctx
@@ -295,6 +313,13 @@ impl ExampleServer {
             .and_then(|p| p.headers.get("mcp-session-id"))
             .and_then(|v| v.to_str().ok())
             .map(|s| SessionId::from(s.to_owned()));
+        let mut guard = RunGuard {
+            stats: &self.stats,
+            finished: false,
+            stream: session
+                .clone()
+                .map(|s| (self.sessions.as_ref(), s, ctx.id.clone())),
+        };
         for i in 1..=args.count {
             // `notifications/cancelled` stops the call (spec L-02); the guard counts it aborted.
             tokio::select! {
