@@ -2,7 +2,7 @@
 //!
 //! - `GET /healthz` → 200 while the process serves;
 //! - `GET /readyz` → 200 when the upstream MCP server accepts connections, else 503 (the pod
-//!   gets no new clients while its server is down);
+//!   gets no new clients while its server is down or while it drains);
 //! - `GET /metrics` → Prometheus text format.
 
 use std::sync::Arc;
@@ -49,6 +49,11 @@ impl ServeHttp for Admin {
         }
         match req.uri.path() {
             "/healthz" => text(StatusCode::OK, "text/plain", "ok\n"),
+            "/readyz" if self.broker.is_draining() => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "not ready: draining\n",
+            ),
             "/readyz" => {
                 if self.broker.upstream().reachable(READY_PROBE_TIMEOUT).await {
                     text(StatusCode::OK, "text/plain", "ready\n")

@@ -29,6 +29,7 @@ pub mod secret;
 pub mod server;
 pub mod session;
 pub mod session_id;
+pub mod shutdown;
 pub mod sse;
 pub mod stream;
 pub mod upstream;

@@ -1,5 +1,6 @@
 //! `tether-sidecar` binary: parse flags, load the endpoint manifest, run the pingora server.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -12,6 +13,7 @@ fn main() -> ExitCode {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Json => builder.json().init(),

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pingora::server::configuration::ServerConf;
-use pingora::server::{Server, ShutdownWatch};
+use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{BackgroundService, background_service};
 use pingora::services::listening::Service;
 
@@ -17,11 +17,15 @@ use crate::metrics::Metrics;
 use crate::proxy::McpProxy;
 use crate::session::Registry;
 use crate::session_id::{HomeToken, IdMinter};
+use crate::shutdown::DrainOnTerm;
 use crate::upstream::Upstream;
 
 /// How often idle sessions and expired events are swept.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-/// Time pingora gives in-flight connections after the grace period, in seconds.
+/// Seconds pingora waits after its listeners close, then gives runtimes to stop. Requests in
+/// flight have already finished by then ([`DrainOnTerm`]); what remains are idle keep-alive
+/// connections and standalone GET streams, which clients reopen.
+const GRACE_SECS: u64 = 1;
 const SHUTDOWN_TIMEOUT_SECS: u64 = 5;
 
 /// Periodic [`Broker::sweep`].
@@ -74,7 +78,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     }
     let conf = ServerConf {
         threads: cfg.threads,
-        grace_period_seconds: Some(cfg.drain_timeout.as_secs().max(1)),
+        grace_period_seconds: Some(GRACE_SECS),
         graceful_shutdown_timeout_seconds: Some(SHUTDOWN_TIMEOUT_SECS),
         ..ServerConf::default()
     };
@@ -113,5 +117,9 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         upstream = %cfg.upstream,
         "tether-sidecar starting"
     );
-    server.run_forever()
+    let shutdown = DrainOnTerm::new(Arc::clone(&broker), cfg.drain_timeout);
+    server.run(RunArgs {
+        shutdown_signal: Box::new(shutdown),
+    });
+    std::process::exit(0)
 }

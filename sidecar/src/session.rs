@@ -304,6 +304,16 @@ impl Session {
             && st.streams.values().all(|s| !s.is_active())
     }
 
+    /// Whether a request of the session is being handled or a POST waits for its response.
+    pub fn in_flight(&self) -> bool {
+        let st = self.state.lock();
+        st.busy > 0
+            || st
+                .streams
+                .values()
+                .any(|s| s.kind().answers_requests() && !s.is_complete())
+    }
+
     /// Evicts expired events of every stream.
     pub fn evict_expired(&self, now: Instant) -> Evictions {
         let streams = self.streams();

@@ -297,8 +297,10 @@ impl Stream {
     ///
     /// - `take_over`: earlier readers end cleanly (a new GET for the same stream, spec T-09);
     ///   otherwise the reader joins them (a retried POST while its first connection lives).
-    /// - `priming`: send a priming event first (negotiated ≥ 2025-11-25, spec R-05); its id is a
-    ///   reserved sequence number, unique in the session, positioned before what follows.
+    /// - `priming`: send a priming event first (negotiated ≥ 2025-11-25, spec R-05): with id
+    ///   `<key>-0` for a reader from the start, or a reserved sequence number (unique in the
+    ///   session, R-01) for a reader at the stream's end. A reader with events to catch up on
+    ///   gets them at once instead, each with its id.
     pub fn attach(
         self: &Arc<Self>,
         start: Start,
@@ -316,10 +318,20 @@ impl Stream {
             Start::Undelivered => st.delivered,
         };
         let generation = st.reader_gen;
-        let prelude = priming.then(|| {
+        // The priming id must not let a resuming client skip anything: sequence 0 is the
+        // position before the first event; at the stream's end a reserved number is unique
+        // and newer than every event. A reader with events to catch up on gets no priming event
+        // (the events carry ids at once).
+        let prime_at = match after {
+            _ if !priming => None,
+            0 => Some(0),
+            a if a == st.buffer.last_seq() => Some(st.buffer.reserve()),
+            _ => None,
+        };
+        let prelude = prime_at.map(|seq| {
             let id = EventId {
                 stream: self.key.clone(),
-                seq: st.buffer.reserve(),
+                seq,
             };
             sse::priming(&id, None)
         });
@@ -536,8 +548,31 @@ mod tests {
         let s = post_stream(&[1]);
         let mut feed = s.attach(Start::After(0), true, true, Duration::from_millis(10));
         let priming = text(feed.next().await);
-        assert_eq!(priming, format!("id: {}-1\ndata:\n\n", s.key()));
+        assert_eq!(priming, format!("id: {}-0\ndata:\n\n", s.key()));
         assert_eq!(text(feed.next().await), ": keep-alive\n\n");
+    }
+
+    #[tokio::test]
+    async fn r05_no_priming_ahead_of_events_still_to_send() {
+        let s = post_stream(&[1]);
+        s.append(None, progress(1), Instant::now());
+        s.append(None, progress(2), Instant::now());
+        let mut catching_up = s.attach(Start::After(1), true, true, Duration::from_secs(10));
+        let first = text(catching_up.next().await);
+        assert!(
+            first.starts_with(&format!("id: {}-2\ndata: {{", s.key())),
+            "{first}"
+        );
+        let mut at_end = s.attach(Start::After(2), true, true, Duration::from_secs(10));
+        assert_eq!(
+            text(at_end.next().await),
+            format!("id: {}-3\ndata:\n\n", s.key())
+        );
+        let mut from_start = s.attach(Start::After(0), false, true, Duration::from_secs(10));
+        assert_eq!(
+            text(from_start.next().await),
+            format!("id: {}-0\ndata:\n\n", s.key())
+        );
     }
 
     #[tokio::test]

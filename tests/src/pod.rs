@@ -254,6 +254,32 @@ impl Pod {
         Ok(())
     }
 
+    /// Sends SIGTERM to the sidecar and waits (at most `within`) for it to exit; returns its
+    /// exit status, or `None` when it is still running.
+    ///
+    /// # Errors
+    /// [`HarnessError::Io`] when the signal cannot be sent.
+    pub async fn terminate_sidecar(
+        &mut self,
+        within: Duration,
+    ) -> Result<Option<std::process::ExitStatus>> {
+        let pid = self
+            .sidecar
+            .id()
+            .ok_or_else(|| HarnessError::Start("the sidecar already exited".into()))?;
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await?;
+        if !sent.success() {
+            return Err(HarnessError::Start(format!("kill -TERM {pid} failed")));
+        }
+        Ok(tokio::time::timeout(within, self.sidecar.wait())
+            .await
+            .ok()
+            .transpose()?)
+    }
+
     /// Both processes' logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();

@@ -445,3 +445,68 @@ async fn fr3_replay_rebuilds_sessions_after_the_mcp_server_restarts() {
         0.0
     );
 }
+
+#[tokio::test]
+async fn sigterm_finishes_calls_in_flight_and_an_idle_sidecar_stops_at_once() {
+    let mut pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let call = {
+        let (client, session) = (client.clone(), session.clone());
+        tokio::spawn(async move {
+            let args = json!({"count": 10, "interval_ms": 100, "call_id": "term"});
+            client.call(&session, 2, "slow", args).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let readyz = format!("{}/readyz", pod.admin_url);
+    let stop = tokio::spawn(async move {
+        let status = pod
+            .terminate_sidecar(Duration::from_secs(30))
+            .await
+            .unwrap();
+        (status, pod)
+    });
+    // While the call runs, the pod drains: no longer ready, still serving.
+    let mut drained_status = StatusCode::OK;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if let Ok((status, _)) = client.http().get_text(&readyz).await {
+            drained_status = status;
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                break;
+            }
+        }
+    }
+    assert_eq!(drained_status, StatusCode::SERVICE_UNAVAILABLE);
+    let msgs = call.await.unwrap().unwrap();
+    assert!(
+        msgs.iter().any(|m| result_text(m) == Some("done 10")),
+        "the call in flight finished: {msgs:?}"
+    );
+    let (status, pod) = stop.await.unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        pod.logs()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let mut idle = Pod::start_default().await.unwrap();
+    let started = std::time::Instant::now();
+    let status = idle
+        .terminate_sidecar(Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(status.is_some_and(|s| s.success()));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "an idle sidecar stops without waiting for drain.timeout: {:?}",
+        started.elapsed()
+    );
+}

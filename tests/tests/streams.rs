@@ -574,3 +574,32 @@ async fn the_pod_buffer_cap_holds() {
             > 0.0
     );
 }
+
+#[tokio::test]
+async fn r01_ids_stay_unique_across_resumes_and_priming() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let resp = client
+        .post(Some(&session), &slow_body(2, "uniq", 3, 10), &[])
+        .await
+        .unwrap();
+    let mut events = Events::new(resp);
+    let mut seen = Vec::new();
+    while let Some(ev) = events.next_within(Duration::from_secs(5)).await {
+        seen.push(ev.id.unwrap());
+    }
+    assert_eq!(seen.len(), 5, "priming, 3 progress, result: {seen:?}");
+    // Resuming at the end: a fresh priming event whose id was never used before.
+    let last = seen.last().unwrap().clone();
+    let mut events = Events::new(client.get(&session, Some(&last)).await.unwrap());
+    let priming = events.next_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(priming.data.as_deref(), Some(""));
+    let id = priming.id.unwrap();
+    assert!(!seen.contains(&id), "{id} reused");
+    // Resuming from the middle: no priming ahead of the events still to come.
+    let mut events = Events::new(client.get(&session, Some(&seen[1])).await.unwrap());
+    let next = events.next_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(next.id.as_deref(), Some(seen[2].as_str()));
+    assert!(!next.data.unwrap().is_empty());
+}

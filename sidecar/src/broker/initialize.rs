@@ -116,6 +116,7 @@ impl Broker {
         let now = Instant::now();
         for (event, data) in messages {
             stream.append(event, data, now);
+            self.metrics.events_buffered.inc();
         }
         stream.complete();
         session.register_stream(&stream);

@@ -72,6 +72,7 @@ pub struct Broker {
     budget: PodBudget,
     metrics: Arc<Metrics>,
     last_cap_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Broker {
@@ -94,6 +95,7 @@ impl Broker {
             budget,
             metrics,
             last_cap_enforcement: parking_lot::Mutex::new(None),
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -121,9 +123,20 @@ impl Broker {
         &self.upstream
     }
 
-    /// Sessions held.
-    pub fn sessions(&self) -> usize {
-        self.registry.len()
+    /// Sessions with a request in flight (being handled, or a POST waiting for its response).
+    pub fn in_flight(&self) -> usize {
+        self.registry.all().iter().filter(|s| s.in_flight()).count()
+    }
+
+    /// Marks the pod draining: `/readyz` fails from now on.
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the pod is draining.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Counts a rejection in `tether_rejections_total` (and `tether_not_found_total`).
