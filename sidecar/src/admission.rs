@@ -10,7 +10,8 @@
 //! 6. `Accept` (406; T-03 for POST, T-04 for GET) and `Content-Type` (415);
 //! 7. `Mcp-Session-Id` syntax, visible ASCII 0x21–0x7E (400; S-02);
 //! 8. `Last-Event-ID` length (400);
-//! 9. `Content-Length` against the body limit (413).
+//! 9. `Content-Length` against the body limit (413);
+//! 10. for 2026-07-28 POSTs, `Mcp-Method` present (400; P-05) and not `initialize` (404).
 //!
 //! JSON-RPC envelope checks (batches B-01/B-02, S-04) need the body and run in the broker.
 
@@ -18,7 +19,7 @@ use http::{HeaderMap, Method, header};
 use tether_crds::ProtocolVersion;
 
 use crate::cursor::MAX_CURSOR_LEN;
-use crate::headers::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+use crate::headers::{LAST_EVENT_ID, MCP_METHOD, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::origin::{OriginCheck, OriginPolicy, preflight_headers};
 use crate::reply::{Rejection, VersionMismatch};
 
@@ -128,6 +129,9 @@ impl AdmissionPolicy {
             _ => Era::Sessionful,
         };
         check_media_types(method, era, headers).map_err(refuse)?;
+        if era == Era::Stateless && *method == Method::POST {
+            check_mcp_method(headers).map_err(refuse)?;
+        }
         let (session_id, last_event_id) = match era {
             Era::Stateless => (None, None),
             Era::Sessionful => (
@@ -211,6 +215,18 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<String>, Rejection> {
         return Err(Rejection::MalformedCursor);
     }
     Ok(Some(value.to_owned()))
+}
+
+/// 2026-07-28 POSTs name their method in `Mcp-Method` (spec P-05); `initialize` does not
+/// exist in that version (SEP-2575) and would open an upstream session nobody ends.
+fn check_mcp_method(headers: &HeaderMap) -> Result<(), Rejection> {
+    match single(headers, &MCP_METHOD, "Mcp-Method")? {
+        None => Err(Rejection::MissingMcpMethod),
+        Some(m) if m.eq_ignore_ascii_case("initialize") => {
+            Err(Rejection::MethodNotFound("initialize"))
+        }
+        Some(_) => Ok(()),
+    }
 }
 
 /// The media ranges of `Accept` (lowercase essences, parameters dropped).
@@ -374,6 +390,7 @@ mod tests {
             "mcp-protocol-version",
             HeaderValue::from_static("2026-07-28"),
         );
+        h.insert("mcp-method", HeaderValue::from_static("tools/call"));
         h.insert("mcp-session-id", HeaderValue::from_static("stale"));
         h.insert("last-event-id", HeaderValue::from_static("x-1"));
         match policy().admit(&Method::POST, "/mcp", &h) {
@@ -384,6 +401,23 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn p05_stateless_posts_need_mcp_method_and_initialize_does_not_exist() {
+        let mut h = headers(&POST_OK);
+        h.insert(
+            "mcp-protocol-version",
+            HeaderValue::from_static("2026-07-28"),
+        );
+        assert_eq!(reject(Method::POST, &h), Rejection::MissingMcpMethod);
+        h.insert("mcp-method", HeaderValue::from_static("initialize"));
+        assert_eq!(
+            reject(Method::POST, &h),
+            Rejection::MethodNotFound("initialize")
+        );
+        h.insert("mcp-method", HeaderValue::from_static("tools/list"));
+        assert!(policy().admit(&Method::POST, "/mcp", &h).is_ok());
     }
 
     #[test]

@@ -11,6 +11,8 @@ use http::header::{self, HeaderMap};
 pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 /// `MCP-Protocol-Version` (spec P-01..P-04).
 pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+/// `Mcp-Method` (spec P-05, 2026-07-28).
+pub const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
 /// `Last-Event-ID` (spec R-03; WHATWG SSE).
 pub const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 

@@ -100,6 +100,16 @@ impl ProxyHttp for McpProxy {
         }
     }
 
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        // Serve HTTP/1.1 pipelined requests in order instead of dropping them (RFC 9112 §9.3.2).
+        session.set_pipelining_enabled(true);
+        Ok(())
+    }
+
     async fn request_filter(
         &self,
         session: &mut Session,
@@ -140,16 +150,6 @@ impl ProxyHttp for McpProxy {
             })
             .inc();
         if admitted.era == Era::Stateless {
-            // 2026-07-28 has no handshake (SEP-2575); an `initialize` would open an upstream
-            // session nobody ends.
-            if headers
-                .get("mcp-method")
-                .is_some_and(|m| m.as_bytes().eq_ignore_ascii_case(b"initialize"))
-            {
-                let rejection = Rejection::MethodNotFound("initialize");
-                self.broker.count_rejection(&rejection);
-                return respond(session, ctx, rejection.into()).await;
-            }
             if let Some(v) = admitted.version {
                 metrics
                     .protocol_versions

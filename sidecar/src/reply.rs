@@ -102,6 +102,8 @@ pub enum Rejection {
     MalformedSessionId,
     /// 400: a request other than `initialize` without `Mcp-Session-Id` (S-04).
     SessionRequired,
+    /// 400: a 2026-07-28 POST without `Mcp-Method` (spec P-05).
+    MissingMcpMethod,
     /// 400: a header value that is not visible ASCII / UTF-8.
     MalformedHeader(&'static str),
     /// 413: body larger than the limit.
@@ -151,6 +153,7 @@ impl Rejection {
             | UnsupportedNegotiatedVersion(_)
             | MalformedSessionId
             | SessionRequired
+            | MissingMcpMethod
             | MalformedHeader(_)
             | ParseError(_)
             | InvalidRequest(_)
@@ -178,6 +181,7 @@ impl Rejection {
             MethodNotAllowed => "method_not_allowed",
             MalformedSessionId => "malformed_session_id",
             SessionRequired => "session_required",
+            MissingMcpMethod => "missing_mcp_method",
             MalformedHeader(_) => "malformed_header",
             PayloadTooLarge(_) => "payload_too_large",
             RequestTimeout => "request_timeout",
@@ -237,6 +241,9 @@ impl Rejection {
                 "Bad Request: Mcp-Session-Id must be visible ASCII (0x21-0x7E)".into()
             }
             SessionRequired => "Bad Request: Mcp-Session-Id header is required".into(),
+            MissingMcpMethod => {
+                "Bad Request: Mcp-Method header is required in protocol version 2026-07-28".into()
+            }
             MalformedHeader(name) => format!("Bad Request: malformed {name} header"),
             PayloadTooLarge(limit) => format!("Payload Too Large: body exceeds {limit} bytes"),
             RequestTimeout => "Request Timeout: the body did not arrive in time".into(),
@@ -439,6 +446,7 @@ mod tests {
             MethodNotAllowed,
             MalformedSessionId,
             SessionRequired,
+            MissingMcpMethod,
             MalformedHeader("x"),
             PayloadTooLarge(1),
             RequestTimeout,
@@ -466,6 +474,7 @@ mod tests {
                 | UnsupportedMediaType
                 | MethodNotAllowed
                 | MalformedSessionId
+                | MissingMcpMethod
                 | SessionRequired
                 | MalformedHeader(_)
                 | PayloadTooLarge(_)

@@ -345,11 +345,13 @@ impl Session {
         (st.streams.len(), events, bytes)
     }
 
-    /// Ends the session: upstream tasks stop, readers drain what is buffered and end.
-    pub fn end(&self) {
+    /// Ends the session: upstream tasks stop; a POST still waiting for its answer gets `gone`
+    /// (the 404 of a lost session), requests already streaming get a JSON-RPC error; readers
+    /// drain what is buffered and end.
+    pub fn end(&self, gone: &StoredReply) {
         self.cancel.cancel();
         for s in self.streams() {
-            s.complete();
+            s.end_with_session(gone);
         }
     }
 }
@@ -555,8 +557,17 @@ mod tests {
         let s = session();
         let st = stream(&s, &[key(1)]);
         s.claim(&[key(1)], [0; 32], &st);
-        s.end();
+        st.mark_sse(http::HeaderMap::new());
+        s.end(&StoredReply {
+            status: http::StatusCode::NOT_FOUND,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::new(),
+        });
         assert!(st.is_complete());
+        assert!(
+            st.pending().is_empty(),
+            "the pending request got an error event"
+        );
         assert!(st.cancel_token().is_cancelled());
     }
 }

@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::buffer::{BufferLimits, Evictions, PodBudget, ReplayError, StreamBuffer};
 use crate::cursor::{EventId, StreamKey};
-use crate::jsonrpc::{RequestKey, response_id};
-use crate::reply::StoredReply;
+use crate::jsonrpc::{RequestKey, error_response, response_id};
+use crate::reply::{CODE_INTERNAL, StoredReply};
 use crate::sse;
 
 /// What a stream carries.
@@ -178,6 +178,33 @@ impl Stream {
         self.state.lock().complete = true;
         self.changed.send_replace(());
         self.cancel.cancel();
+    }
+
+    /// Ends requests `ids` that are still pending with a JSON-RPC error event each (code
+    /// -32603, `data.reason` = `reason`), so a client never hangs; the last one completes the
+    /// stream.
+    pub fn fail_pending(&self, ids: &[RequestKey], message: &str, reason: &str) {
+        let now = Instant::now();
+        for id in ids {
+            if self.any_pending(std::slice::from_ref(id)) {
+                let error = error_response(id, CODE_INTERNAL, message, reason);
+                self.append(None, Bytes::from(error), now);
+            }
+        }
+    }
+
+    /// Ends the stream because its session ended: a POST still waiting for its answer gets
+    /// `gone` as its reply; requests already streaming get a JSON-RPC error each.
+    pub fn end_with_session(&self, gone: &StoredReply) {
+        {
+            let mut st = self.state.lock();
+            if st.stored.is_none() && st.sse.is_none() && self.kind == StreamKind::Post {
+                st.stored = Some(gone.clone());
+            }
+        }
+        let pending = self.pending();
+        self.fail_pending(&pending, "the session ended", "session_ended");
+        self.complete();
     }
 
     /// Records the upstream's non-SSE answer and completes the stream.

@@ -179,3 +179,58 @@ async fn slow_loris_clients_time_out_and_others_are_served() {
         t.abort();
     }
 }
+
+#[tokio::test]
+async fn pipelined_requests_are_all_answered_in_order() {
+    let pod = Pod::start_default().await.unwrap();
+    let session = pod.client().initialize("2025-11-25").await.unwrap();
+    let mut pipelined = Vec::new();
+    for id in [2, 3, 4] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"p{id}"}}}}}}"#
+        );
+        pipelined.extend_from_slice(
+            format!(
+                "POST /mcp HTTP/1.1\r\nhost: x\r\naccept: {ACCEPT_BOTH}\r\ncontent-type: application/json\r\n\
+                 mcp-session-id: {}\r\ncontent-length: {}\r\n\r\n{body}",
+                session.id,
+                body.len()
+            )
+            .as_bytes(),
+        );
+    }
+    let mut conn = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+    conn.write_all(&pipelined).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = vec![0; 8192];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        if ["p2", "p3", "p4"]
+            .iter()
+            .all(|p| text.contains(&format!("\"text\":\"{p}\"")))
+        {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_secs(2), conn.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    let positions: Vec<usize> = ["p2", "p3", "p4"]
+        .iter()
+        .map(|p| {
+            text.find(&format!("\"text\":\"{p}\""))
+                .unwrap_or(usize::MAX)
+        })
+        .collect();
+    assert!(
+        positions.iter().all(|p| *p != usize::MAX),
+        "not every request answered:\n{text}"
+    );
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "answers out of order:\n{text}"
+    );
+}

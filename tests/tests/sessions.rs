@@ -510,3 +510,119 @@ async fn sigterm_finishes_calls_in_flight_and_an_idle_sidecar_stops_at_once() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn r03_after_a_rebuild_an_old_stream_never_gets_another_calls_events() {
+    let mut pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let a = client
+        .post(
+            Some(&session),
+            &tether_tests::client::tool_call(
+                2,
+                "slow",
+                json!({"count": 40, "interval_ms": 100, "call_id": "a"}),
+                Some("a"),
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut a = tether_tests::client::Events::new(a);
+    for _ in 0..3 {
+        a.next_within(Duration::from_secs(5)).await.unwrap();
+    }
+    pod.restart_server().await.unwrap();
+    // B starts on the rebuilt upstream session, where rmcp numbers its streams from 0 again.
+    // B runs longer than A's resume delay (rmcp's retry hint, 3 s), so a resume of A with its
+    // old upstream event ids would land in B's stream.
+    let plan = tether_tests::call::CallPlan {
+        count: 50,
+        interval_ms: 100,
+        cuts: vec![],
+        pause: Duration::ZERO,
+        close_after: None,
+    };
+    let b = tether_tests::call::slow(&client, &session, 3, "b", &plan)
+        .await
+        .unwrap();
+    assert_eq!(b.lost(50), 0, "{:?}", b.failures);
+    assert_eq!((b.foreign, b.duplicated), (0, 0));
+    // A's stream ends with an error for A, and carries nothing of B.
+    let mut rest = Vec::new();
+    while let Some(ev) = a.next_within(Duration::from_secs(20)).await {
+        rest.push(ev.data.unwrap_or_default());
+    }
+    assert!(
+        rest.iter()
+            .all(|d| !d.contains("\"progressToken\":\"b\"") && !d.contains("\"id\":3")),
+        "{rest:?}"
+    );
+    let last: serde_json::Value =
+        serde_json::from_str(rest.last().expect("an answer for A")).unwrap();
+    assert_eq!(last["id"], 2);
+    assert!(last["error"].is_object(), "{last}");
+}
+
+#[tokio::test]
+async fn t09_the_get_stream_carries_on_after_a_rebuild() {
+    let mut pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let mut get = tether_tests::client::Events::new(client.get(&session, None).await.unwrap());
+    client
+        .call(&session, 2, "notify", json!({"text": "before", "count": 3}))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let ev = get.next_within(Duration::from_secs(5)).await.unwrap();
+        assert!(ev.data.unwrap().contains("before"));
+    }
+    pod.restart_server().await.unwrap();
+    client
+        .call(&session, 3, "notify", json!({"text": "after", "count": 6}))
+        .await
+        .unwrap();
+    let mut after = 0;
+    while after < 6 {
+        let ev = get
+            .next_within(Duration::from_secs(15))
+            .await
+            .expect("notifications sent after the rebuild reach the open GET stream");
+        if ev.data.is_some_and(|d| d.contains("after")) {
+            after += 1;
+        }
+    }
+}
+
+#[tokio::test]
+async fn s05_pin_every_request_of_a_lost_session_gets_404() {
+    let mut pod = Pod::start(PodSpec {
+        migration: "Pin".into(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    pod.restart_server().await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in 0..20 {
+        let (client, session) = (client.clone(), session.clone());
+        tasks.spawn(async move {
+            let resp = client
+                .post(Some(&session), &json!({"jsonrpc": "2.0", "id": 10 + id, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "x"}}}), &[])
+                .await
+                .unwrap();
+            resp.status()
+        });
+    }
+    while let Some(status) = tasks.join_next().await {
+        assert_eq!(
+            status.unwrap(),
+            StatusCode::NOT_FOUND,
+            "never a 200 without an answer"
+        );
+    }
+}

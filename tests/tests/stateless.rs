@@ -149,13 +149,19 @@ async fn p04_initialize_does_not_exist_in_2026_07_28() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     assert!(body_text(resp).await.unwrap().contains("-32601"));
-    // Without `Mcp-Method` the upstream sees it; a session it opens is ended, never shown.
+    // Without `Mcp-Method` (required in 2026-07-28, P-05) it is refused before the upstream.
     let resp = pod
         .client()
         .http()
         .send(Method::POST, &pod.mcp_url, &h[..3], Some(body))
         .await
         .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
     assert!(resp.headers().get("mcp-session-id").is_none());
-    let _ = body_text(resp).await;
+    assert!(
+        body_text(resp)
+            .await
+            .unwrap()
+            .contains("missing_mcp_method")
+    );
 }

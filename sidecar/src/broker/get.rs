@@ -127,8 +127,16 @@ impl Broker {
             let broker = Arc::clone(self);
             let (session, task_stream) = (Arc::clone(session), Arc::clone(&stream));
             tokio::spawn(async move {
+                let origin = session.upstream_id();
                 broker
-                    .pump(&session, &task_stream, resp.into_body(), &[], headers)
+                    .pump(
+                        &session,
+                        &task_stream,
+                        resp.into_body(),
+                        &[],
+                        headers,
+                        origin,
+                    )
                     .await;
             });
             return Ok(Ok(stream));

@@ -30,7 +30,7 @@ use crate::admission::Admitted;
 use crate::buffer::{BufferLimits, PodBudget};
 use crate::jsonrpc::RequestKey;
 use crate::metrics::{Metrics, Reason, RejectionLabels};
-use crate::reply::{NotFound, Rejection, Reply};
+use crate::reply::{NotFound, Rejection, Reply, StoredReply};
 use crate::secret::Secret;
 use crate::session::{Registry, Session};
 use crate::session_id::IdMinter;
@@ -184,7 +184,7 @@ impl Broker {
         if !self.registry.remove(session, reason) {
             return;
         }
-        session.end();
+        session.end(&StoredReply::from(&Rejection::SessionNotFound(reason)));
         self.metrics.sessions.dec();
         self.metrics
             .sessions_ended

@@ -20,8 +20,8 @@ use hyper::body::Incoming;
 use super::Broker;
 use super::rebuild::Sent;
 use crate::headers::MCP_PROTOCOL_VERSION;
-use crate::jsonrpc::{RequestKey, error_response};
-use crate::reply::{CODE_INTERNAL, NotFound, Rejection, StoredReply};
+use crate::jsonrpc::RequestKey;
+use crate::reply::{NotFound, Rejection, StoredReply};
 use crate::session::Session;
 use crate::stream::{Stream, StreamKind};
 use crate::upstream::{UpstreamError, events, is_sse, read_body};
@@ -107,7 +107,8 @@ impl Broker {
         };
         if resp.status() == StatusCode::OK && is_sse(&resp) {
             stream.mark_sse(crate::headers::forwarded_response_headers(resp.headers()));
-            self.pump(&session, &stream, resp.into_body(), &ids, headers)
+            let origin = session.upstream_id();
+            self.pump(&session, &stream, resp.into_body(), &ids, headers, origin)
                 .await;
             return;
         }
@@ -119,6 +120,9 @@ impl Broker {
     }
 
     /// Pumps upstream SSE into `stream`, resuming the upstream stream when it closes early.
+    /// `origin` is the upstream session the stream lives in: once the session was rebuilt, the
+    /// stream's upstream side is gone, and its upstream event ids mean nothing in the new
+    /// upstream session (resuming with them could fetch another request's events).
     pub(super) async fn pump(
         self: &Arc<Self>,
         session: &Arc<Session>,
@@ -126,6 +130,7 @@ impl Broker {
         body: Incoming,
         ids: &[RequestKey],
         headers: HeaderMap,
+        mut origin: Option<String>,
     ) {
         let mut cursor = UpstreamCursor::default();
         let mut body = Some(body);
@@ -161,10 +166,13 @@ impl Broker {
                 () = tokio::time::sleep(wait) => {}
                 () = stream.cancel_token().cancelled() => return,
             }
-            match self
-                .resume_upstream(session, &headers, cursor.last_id.as_deref())
-                .await
-            {
+            let resumed = if session.upstream_id() == origin {
+                self.resume_upstream(session, &headers, cursor.last_id.as_deref())
+                    .await
+            } else {
+                Resumed::Rebuilt
+            };
+            match resumed {
                 Resumed::Body(b) => {
                     self.metrics.upstream_resumes.inc();
                     body = Some(b);
@@ -184,6 +192,7 @@ impl Broker {
                     // A fresh standalone stream on the rebuilt upstream session.
                     cursor = UpstreamCursor::default();
                     failures = 0;
+                    origin = session.upstream_id();
                 }
             }
         }
@@ -308,13 +317,7 @@ impl Broker {
 
     /// Ends requests `ids` on `stream` with a JSON-RPC error (a client never hangs).
     fn fail_stream(&self, stream: &Stream, ids: &[RequestKey], message: &str) {
-        let now = Instant::now();
-        for id in ids {
-            if stream.any_pending(std::slice::from_ref(id)) {
-                let error = error_response(id, CODE_INTERNAL, message, "upstream_stream_lost");
-                stream.append(None, Bytes::from(error), now);
-            }
-        }
+        stream.fail_pending(ids, message, "upstream_stream_lost");
     }
 
     /// Reports a failure before any answer: as the POST's reply (single request) or as error

@@ -102,8 +102,11 @@ impl Broker {
             return false;
         }
         let _one_at_a_time = session.rebuilding.lock().await;
+        if session.is_ended() {
+            return false; // a rebuild failed meanwhile
+        }
         if session.upstream_id().as_deref() != lost {
-            return !session.is_ended(); // another request rebuilt it meanwhile
+            return true; // another request rebuilt it meanwhile
         }
         match self.rebuild(session).await {
             Ok(id) => {
@@ -137,22 +140,41 @@ impl Broker {
             .and_then(Result::ok)
             .unwrap_or_default();
         if negotiated != version {
+            if let Some(id) = &upstream_id {
+                self.end_upstream_session(id, HeaderMap::new()).await;
+            }
             return Err(RebuildError::Version(negotiated, version.to_owned()));
         }
-        for message in journal.replay() {
-            let (status, _, _) = self
-                .exchange(upstream_id.as_deref(), Some(version), &message)
-                .await?;
+        let replayed = self
+            .replay_journal(upstream_id.as_deref(), version, &journal.replay())
+            .await;
+        if replayed.is_err()
+            && let Some(id) = &upstream_id
+        {
+            // Do not leave the half-built upstream session behind.
+            self.end_upstream_session(id, HeaderMap::new()).await;
+        }
+        replayed.map(|()| upstream_id)
+    }
+
+    async fn replay_journal(
+        &self,
+        upstream_id: Option<&str>,
+        version: &str,
+        messages: &[Value],
+    ) -> Result<(), RebuildError> {
+        for message in messages {
+            let (status, _, _) = self.exchange(upstream_id, Some(version), message).await?;
             if !status.is_success() {
-                let method = if message.get("id").is_some() {
+                let what = if message.get("id").is_some() {
                     "a journal request"
                 } else {
                     "a journal notification"
                 };
-                return Err(RebuildError::Refused(method, status));
+                return Err(RebuildError::Refused(what, status));
             }
         }
-        Ok(upstream_id)
+        Ok(())
     }
 
     /// POSTs one message and reads the answer: status, upstream session id, messages.
