@@ -26,7 +26,13 @@ fn stranger(session: &Session) -> Session {
     }
 }
 
-async fn assert_404(resp: http::Response<hyper::body::Incoming>, reason: &str) {
+/// A POST and a GET for `session` both get the 404 of a lost session.
+async fn assert_lost(client: &tether_tests::client::McpClient, session: &Session) {
+    assert_404(client.post(Some(session), &list(2), &[]).await.unwrap()).await;
+    assert_404(client.get(session, None).await.unwrap()).await;
+}
+
+async fn assert_404(resp: http::Response<hyper::body::Incoming>) {
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     assert!(
         resp.headers().get("mcp-session-id").is_none(),
@@ -38,7 +44,7 @@ async fn assert_404(resp: http::Response<hyper::body::Incoming>, reason: &str) {
     );
     let body: Value = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
     assert_eq!(body["error"]["code"], -32001);
-    assert_eq!(body["error"]["data"]["reason"], reason);
+    assert_eq!(body["error"]["data"]["reason"], "session_not_found");
 }
 
 #[tokio::test]
@@ -97,16 +103,7 @@ async fn s05_deleted_sessions_get_404_without_a_session_header() {
     let session = client.initialize("2025-11-25").await.unwrap();
     let status = client.delete(&session).await.unwrap();
     assert!(status.is_success(), "{status}");
-    assert_404(
-        client.post(Some(&session), &list(2), &[]).await.unwrap(),
-        "session_not_found",
-    )
-    .await;
-    assert_404(
-        client.get(&session, None).await.unwrap(),
-        "session_not_found",
-    )
-    .await;
+    assert_lost(&client, &session).await;
     assert_eq!(
         pod.metric("tether_not_found_total{reason=\"deleted\"}")
             .await
@@ -122,25 +119,12 @@ async fn fr5_unknown_and_forged_sessions_get_404_never_sse() {
     let client = pod.client();
     let real = client.initialize("2025-11-25").await.unwrap();
     let forged = stranger(&real);
-    assert_404(
-        client.post(Some(&forged), &list(2), &[]).await.unwrap(),
-        "session_not_found",
-    )
-    .await;
-    assert_404(
-        client.get(&forged, None).await.unwrap(),
-        "session_not_found",
-    )
-    .await;
+    assert_lost(&client, &forged).await;
     let uuid = Session {
         id: "7f3c9e2a-4b1d-4c8a-9f0e-1a2b3c4d5e6f".into(),
         version: "2025-11-25".into(),
     };
-    assert_404(
-        client.post(Some(&uuid), &list(2), &[]).await.unwrap(),
-        "session_not_found",
-    )
-    .await;
+    assert_404(client.post(Some(&uuid), &list(2), &[]).await.unwrap()).await;
     assert_eq!(
         pod.metric("tether_not_found_total{reason=\"forged\"}")
             .await
@@ -242,11 +226,7 @@ async fn idle_sessions_expire_with_404() {
         assert_eq!(resp.status(), StatusCode::OK, "an active session stays");
         let _ = body_text(resp).await;
     }
-    assert_404(
-        client.post(Some(&idle), &list(2), &[]).await.unwrap(),
-        "session_not_found",
-    )
-    .await;
+    assert_404(client.post(Some(&idle), &list(2), &[]).await.unwrap()).await;
     assert_eq!(
         pod.metric("tether_sessions_ended_total{reason=\"expired\"}")
             .await
