@@ -96,13 +96,6 @@ pub struct Evictions {
     pub pod_cap: u64,
 }
 
-impl Evictions {
-    /// Total events evicted.
-    pub fn total(&self) -> u64 {
-        self.count + self.bytes + self.ttl + self.pod_cap
-    }
-}
-
 /// Why events after a cursor cannot be replayed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReplayError {

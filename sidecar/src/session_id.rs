@@ -108,11 +108,6 @@ impl IdMinter {
         home.copy_from_slice(&raw[1 + RANDOM_LEN..SIGNED_LEN]);
         Ok(HomeToken(home))
     }
-
-    /// This pod's home token.
-    pub fn home(&self) -> HomeToken {
-        self.home
-    }
 }
 
 #[cfg(test)]
