@@ -53,6 +53,37 @@ pub struct VersionLabel {
     pub version: &'static str,
 }
 
+/// Labels of `tether_membership_changes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// The membership source (`peers_file`, `kubernetes`).
+    pub source: &'static str,
+}
+
+/// Labels of `tether_ring_pods`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// `routable`, `draining` or `gone`.
+    pub state: &'static str,
+}
+
+/// Labels of `tether_forwards_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabels {
+    /// `home` (to the session's home), `walk` (the ranked walk of a gone home), `placement`
+    /// (an `initialize` or stateless request of a draining pod).
+    pub kind: &'static str,
+    /// `ok` (the peer answered), `connect_error`, `error` (the exchange broke off).
+    pub outcome: &'static str,
+}
+
+/// Labels of `tether_forward_hops_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HopLabel {
+    /// The hop number of the forwarded request (1 or 2).
+    pub hop: u8,
+}
+
 /// The sidecar's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -97,6 +128,14 @@ pub struct Metrics {
     pub sessions_rebuilt: Counter,
     /// Time from a resume request to its response headers, in seconds.
     pub resume_seconds: Histogram,
+    /// Membership changes applied, by source.
+    pub membership_changes: Family<SourceLabel, Counter>,
+    /// Pods in the current membership, by state.
+    pub ring_pods: Family<StateLabel, Gauge>,
+    /// Requests forwarded to a peer, by kind and outcome.
+    pub forwards: Family<ForwardLabels, Counter>,
+    /// Forwarded requests by the hop number they left with.
+    pub forward_hops: Family<HopLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -130,6 +169,10 @@ impl Metrics {
             upstream_errors: Family::default(),
             sessions_rebuilt: Counter::default(),
             resume_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            membership_changes: Family::default(),
+            ring_pods: Family::default(),
+            forwards: Family::default(),
+            forward_hops: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -217,6 +260,26 @@ impl Metrics {
             "Time from a resume request to its response headers",
             m.resume_seconds.clone(),
         );
+        r.register(
+            "membership_changes",
+            "Membership changes applied, by source",
+            m.membership_changes.clone(),
+        );
+        r.register(
+            "ring_pods",
+            "Pods in the current membership, by state",
+            m.ring_pods.clone(),
+        );
+        r.register(
+            "forwards",
+            "Requests forwarded to a peer sidecar, by kind and outcome",
+            m.forwards.clone(),
+        );
+        r.register(
+            "forward_hops",
+            "Forwarded requests by hop number",
+            m.forward_hops.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -237,6 +300,27 @@ impl Metrics {
     /// Counts an upstream failure.
     pub fn upstream_error(&self, reason: &'static str) {
         self.upstream_errors.get_or_create(&Reason { reason }).inc();
+    }
+
+    /// Counts a membership change published by `source`.
+    pub fn membership_change(&self, source: &'static str) {
+        self.membership_changes
+            .get_or_create(&SourceLabel { source })
+            .inc();
+    }
+
+    /// Sets the number of pods in `state`.
+    pub fn set_ring_size(&self, state: &'static str, pods: usize) {
+        self.ring_pods
+            .get_or_create(&StateLabel { state })
+            .set(i64::try_from(pods).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a forward of `kind` that ended with `outcome`.
+    pub fn forward(&self, kind: &'static str, outcome: &'static str) {
+        self.forwards
+            .get_or_create(&ForwardLabels { kind, outcome })
+            .inc();
     }
 
     /// The metrics in the Prometheus text format.
@@ -270,7 +354,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 20);
+        assert_eq!(fields, 24);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
