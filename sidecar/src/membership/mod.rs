@@ -1,6 +1,6 @@
 //! Membership: which pods serve the endpoint, and in which state (DESIGN.md §3.3).
 //!
-//! A [`Membership`] source (the static [`peers_file`], or the Kubernetes Pod watch)
+//! A [`Membership`] source (the static [`peers_file`], or the [`kubernetes`] Pod watch)
 //! publishes a [`Snapshot`] of every pod it knows — `uid, name, address, routable | draining |
 //! gone, revision` — into a [`MembershipSink`]. The sink builds the routing [`View`] (the
 //! session ring over live pods plus a home-token index) and swaps it in atomically; the request
@@ -10,6 +10,7 @@
 //! sidecars seeing the same snapshot at the same instant (the hop limit and the holder's
 //! authority take care of disagreement, see [`crate::routing`]).
 
+pub mod kubernetes;
 pub mod peers_file;
 
 use std::collections::HashMap;
