@@ -33,6 +33,29 @@ pub struct Cli {
     /// File holding the endpoint's shared secret (at least 16 bytes), which keys session-id MACs.
     #[arg(long, env = "TETHER_SECRET_FILE", value_name = "FILE")]
     pub secret_file: PathBuf,
+    /// Static membership: a YAML list of the endpoint's pods (uid, name, address, state,
+    /// revision), re-read when it changes. Without it (and without `--pod-selector`) the
+    /// sidecar is the endpoint's only pod.
+    #[arg(
+        long,
+        env = "TETHER_PEERS_FILE",
+        value_name = "FILE",
+        conflicts_with = "pod_selector"
+    )]
+    pub peers_file: Option<PathBuf>,
+    /// Kubernetes membership: watch the Pods of `--namespace` matching this label selector
+    /// (e.g. `app=weather`); the operator sets it.
+    #[arg(long, env = "TETHER_POD_SELECTOR", value_name = "SELECTOR")]
+    pub pod_selector: Option<String>,
+    /// Namespace of the pods to watch with `--pod-selector` (the downward API's
+    /// `metadata.namespace`).
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        value_name = "NAMESPACE",
+        default_value = "default"
+    )]
+    pub namespace: String,
     /// Upstream MCP endpoint, `http://host:port[/path]` or `host:port`. Default:
     /// `http://127.0.0.1:<spec.upstream.port><spec.upstream.path>`.
     #[arg(long, env = "TETHER_UPSTREAM", value_name = "URL")]

@@ -10,6 +10,8 @@ use crate::admission::AdmissionPolicy;
 use crate::broker::BrokerConfig;
 use crate::buffer::BufferLimits;
 use crate::cli::Cli;
+use crate::membership::Snapshot;
+use crate::membership::peers_file::{self, valid_uid};
 use crate::origin::OriginPolicy;
 use crate::secret::{Secret, SecretError};
 
@@ -48,6 +50,22 @@ pub enum ConfigError {
     },
 }
 
+/// Where the sidecar learns about its peers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MembershipConfig {
+    /// No peers: this pod is the endpoint.
+    Alone,
+    /// A static peers file and the membership read from it at start-up.
+    PeersFile(std::path::PathBuf, Snapshot),
+    /// A Kubernetes Pod watch.
+    Kubernetes {
+        /// Namespace of the pods.
+        namespace: String,
+        /// Label selector of the endpoint's pods.
+        selector: String,
+    },
+}
+
 /// Everything the sidecar needs to run.
 #[derive(Debug)]
 pub struct Config {
@@ -77,6 +95,8 @@ pub struct Config {
     pub drain_timeout: std::time::Duration,
     /// Listener threads.
     pub threads: usize,
+    /// The membership source.
+    pub membership: MembershipConfig,
 }
 
 impl Config {
@@ -109,12 +129,26 @@ impl Config {
                 });
             }
         }
-        if cli.pod_uid.trim().is_empty() {
+        if !valid_uid(&cli.pod_uid) {
             return Err(ConfigError::Flag {
                 flag: "--pod-uid",
-                message: "must not be empty".into(),
+                message: "must be non-empty visible ASCII without ','".into(),
             });
         }
+        let membership = match (&cli.peers_file, &cli.pod_selector) {
+            (Some(path), _) => MembershipConfig::PeersFile(
+                path.clone(),
+                peers_file::load(path).map_err(|e| ConfigError::Flag {
+                    flag: "--peers-file",
+                    message: e.to_string(),
+                })?,
+            ),
+            (None, Some(selector)) => MembershipConfig::Kubernetes {
+                namespace: cli.namespace.clone(),
+                selector: selector.clone(),
+            },
+            (None, None) => MembershipConfig::Alone,
+        };
         Ok(Self {
             endpoint: endpoint.metadata.name.clone().unwrap_or_default(),
             listen_addr: SocketAddr::new(cli.pod_ip, spec.listen.port),
@@ -134,6 +168,7 @@ impl Config {
             request_timeout: cli.request_timeout,
             drain_timeout: spec.drain.timeout.into(),
             threads: cli.threads,
+            membership,
         })
     }
 }

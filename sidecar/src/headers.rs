@@ -2,7 +2,8 @@
 //!
 //! End-to-end headers pass unchanged in both directions (field report 15); hop-by-hop headers
 //! (RFC 9110 §7.6.1) and the ones the sidecar rewrites (`Host`, `Content-Length`,
-//! `Mcp-Session-Id`, `Last-Event-ID`, `Accept-Encoding`) do not.
+//! `Mcp-Session-Id`, `Last-Event-ID`, `Accept-Encoding`) do not, nor do tether's own hop headers
+//! (`Tether-*`, between sidecars only).
 
 use http::HeaderName;
 use http::header::{self, HeaderMap};
@@ -35,7 +36,8 @@ pub fn forward_request_header(name: &HeaderName) -> bool {
         || name == header::TRANSFER_ENCODING
         || name == header::ACCEPT_ENCODING
         || name == MCP_SESSION_ID
-        || name == LAST_EVENT_ID)
+        || name == LAST_EVENT_ID
+        || name.as_str().starts_with("tether-"))
 }
 
 /// Whether an upstream response header is passed to the client.

@@ -27,6 +27,7 @@ pub mod origin;
 pub mod proxy;
 pub mod reply;
 pub mod ring;
+pub mod routing;
 pub mod secret;
 pub mod server;
 pub mod session;

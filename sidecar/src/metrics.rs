@@ -73,7 +73,8 @@ pub struct ForwardLabels {
     /// `home` (to the session's home), `walk` (the ranked walk of a gone home), `placement`
     /// (an `initialize` or stateless request of a draining pod).
     pub kind: &'static str,
-    /// `ok` (the peer answered), `connect_error`, `error` (the exchange broke off).
+    /// `ok` (the peer answered), `connect_error` (the next candidate was tried),
+    /// `client_closed` (the client left mid-exchange), `error` (the peer broke it off).
     pub outcome: &'static str,
 }
 

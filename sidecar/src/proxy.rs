@@ -7,6 +7,11 @@
 //! - Stateless requests (2026-07-28) take pingora's proxy path to the upstream unchanged, except
 //!   that `Mcp-Session-Id` and `Last-Event-ID` are dropped (spec S-10, R-08). A client
 //!   disconnect aborts the upstream exchange, which is the cancellation (spec L-05).
+//! - Requests for a session held by another pod, and requests without a session on a draining
+//!   pod, are forwarded to the peer [`crate::routing`] picks, through pingora's proxy path: the
+//!   client's headers and the peer's status, headers and body pass unchanged (SSE chunks are
+//!   written as they arrive), with the signed hop headers added. A peer that cannot be reached
+//!   is skipped and the next candidate tried.
 //! - Every response, errors included, carries the CORS headers (field report 16).
 
 use std::sync::Arc;
@@ -15,22 +20,33 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, StatusCode, header};
-use pingora::ErrorType;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{ErrorSource, ErrorType};
 
-use crate::admission::{Admission, AdmissionPolicy, Era};
+use crate::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::broker::Broker;
 use crate::headers::{LAST_EVENT_ID, MCP_SESSION_ID};
+use crate::membership::Peer;
 use crate::metrics::{RequestLabels, VersionLabel};
 use crate::origin::{OriginCheck, add_response_headers};
-use crate::reply::{Rejection, Reply, ReplyBody};
+use crate::reply::{NotFound, Rejection, Reply, ReplyBody};
+use crate::routing::{
+    ForwardKind, Hop, Route, Router, TETHER_HOP, TETHER_HOP_MAC, TETHER_VISITED, Target,
+};
 use crate::stream::FeedItem;
+
+/// How long connecting to a peer sidecar may take before the next candidate is tried.
+pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Idle pooled connections to peers are closed after this long (shorter than a peer's own
+/// keep-alive timeout, so a pooled connection is never stale).
+pub const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The MCP endpoint service.
 pub struct McpProxy {
     broker: Arc<Broker>,
+    router: Router,
     policy: AdmissionPolicy,
     upstream_addr: String,
     upstream_path: String,
@@ -42,6 +58,7 @@ impl McpProxy {
     /// how long a request body may take to arrive (slow clients get 408).
     pub fn new(
         broker: Arc<Broker>,
+        router: Router,
         policy: AdmissionPolicy,
         upstream_addr: String,
         upstream_path: String,
@@ -49,6 +66,7 @@ impl McpProxy {
     ) -> Self {
         Self {
             broker,
+            router,
             policy,
             upstream_addr,
             upstream_path,
@@ -79,6 +97,25 @@ impl McpProxy {
     }
 }
 
+/// A request on its way to a peer sidecar.
+#[derive(Debug)]
+pub struct Forwarding {
+    /// The peer it goes to.
+    peer: Peer,
+    /// Why.
+    kind: ForwardKind,
+    /// Where it has been before this pod (the hop headers it arrived with).
+    hop: Hop,
+    /// Its session id, if any (part of the hop MAC and the ring key).
+    session_id: Option<String>,
+    /// The session's home token, for re-routing after a connect failure.
+    target_home: Option<crate::session_id::HomeToken>,
+    /// Peers that could not be reached, skipped by the re-route.
+    unreachable: Vec<String>,
+    /// The answer when no candidate is left after connect failures.
+    fallback: Option<Rejection>,
+}
+
 /// Per-request state.
 #[derive(Debug)]
 pub struct RequestCtx {
@@ -86,6 +123,8 @@ pub struct RequestCtx {
     body_bytes: usize,
     /// The response was already (partly) written by us; errors need no further answer.
     answered: bool,
+    /// Set when the request is forwarded to a peer.
+    forward: Option<Forwarding>,
 }
 
 #[async_trait]
@@ -97,6 +136,7 @@ impl ProxyHttp for McpProxy {
             origin: OriginCheck::Missing,
             body_bytes: 0,
             answered: false,
+            forward: None,
         }
     }
 
@@ -142,6 +182,17 @@ impl ProxyHttp for McpProxy {
             Ok(Admission::Request(admitted)) => admitted,
         };
         ctx.origin = admitted.origin.clone();
+        match self.route(&admitted) {
+            Ok(None) => {}
+            Ok(Some(forwarding)) => {
+                ctx.forward = Some(forwarding);
+                return Ok(false);
+            }
+            Err(rejection) => {
+                self.broker.count_rejection(&rejection);
+                return respond(session, ctx, rejection.into()).await;
+            }
+        }
         metrics
             .requests
             .get_or_create(&RequestLabels {
@@ -175,8 +226,14 @@ impl ProxyHttp for McpProxy {
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
+        if let Some(f) = &ctx.forward {
+            let mut peer = HttpPeer::new(f.peer.address, false, String::new());
+            peer.options.connection_timeout = Some(PEER_CONNECT_TIMEOUT);
+            peer.options.idle_timeout = Some(PEER_IDLE_TIMEOUT);
+            return Ok(Box::new(peer));
+        }
         Ok(Box::new(HttpPeer::new(
             self.upstream_addr.as_str(),
             false,
@@ -184,12 +241,43 @@ impl ProxyHttp for McpProxy {
         )))
     }
 
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<pingora::Error>,
+    ) -> Box<pingora::Error> {
+        if let Some(f) = ctx.forward.as_mut() {
+            self.broker
+                .metrics()
+                .forward(f.kind.label(), "connect_error");
+            tracing::warn!(peer = %f.peer.name, address = %f.peer.address, error = %e, "peer unreachable; trying the next candidate");
+            if self.reroute(f) {
+                e.set_retry(true);
+            } else {
+                e.set_retry(false);
+            }
+        }
+        e
+    }
+
     async fn upstream_request_filter(
         &self,
         _session: &mut Session,
         upstream_request: &mut RequestHeader,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        for name in [TETHER_HOP, TETHER_VISITED, TETHER_HOP_MAC] {
+            upstream_request.remove_header(&name);
+        }
+        if let Some(f) = &ctx.forward {
+            let next = f.hop.next(self.router.uid());
+            for (name, value) in next.headers(self.router.secret(), f.session_id.as_deref()) {
+                upstream_request.insert_header(name, value)?;
+            }
+            return Ok(());
+        }
         upstream_request.remove_header(&MCP_SESSION_ID);
         upstream_request.remove_header(&LAST_EVENT_ID);
         let path_and_query = match upstream_request.uri.query() {
@@ -227,6 +315,10 @@ impl ProxyHttp for McpProxy {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        if ctx.forward.is_some() {
+            // The peer's answer is authoritative and already carries the CORS headers.
+            return Ok(());
+        }
         // Stateless traffic never carries a session id (spec S-10); one the upstream opened
         // anyway is ended.
         if let Some(id) = upstream_response
@@ -257,7 +349,9 @@ impl ProxyHttp for McpProxy {
                 can_reuse_downstream: false,
             };
         }
+        let fallback = ctx.forward.as_mut().and_then(|f| f.fallback.take());
         let rejection = match e.etype() {
+            _ if fallback.is_some() => fallback.unwrap_or(Rejection::PeerUnavailable),
             ErrorType::HTTPStatus(413) => Rejection::PayloadTooLarge(self.policy.max_body_bytes),
             ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
                 Rejection::UpstreamTimeout
@@ -273,15 +367,136 @@ impl ProxyHttp for McpProxy {
         }
     }
 
+    async fn logging(
+        &self,
+        _session: &mut Session,
+        e: Option<&pingora::Error>,
+        ctx: &mut RequestCtx,
+    ) {
+        let Some(f) = &ctx.forward else { return };
+        let metrics = self.broker.metrics();
+        // Connect failures were counted when they happened (`fail_to_connect`).
+        let outcome = match e {
+            None => Some("ok"),
+            Some(e) if is_connect_error(e) => None,
+            Some(e) if e.esource() == &ErrorSource::Downstream => Some("client_closed"),
+            Some(_) => Some("error"),
+        };
+        if let Some(outcome) = outcome {
+            metrics.forward(f.kind.label(), outcome);
+        }
+        metrics
+            .forward_hops
+            .get_or_create(&crate::metrics::HopLabel {
+                hop: f.hop.count.saturating_add(1),
+            })
+            .inc();
+    }
+
     fn suppress_error_log(
         &self,
         _session: &Session,
         ctx: &RequestCtx,
-        _error: &pingora::Error,
+        error: &pingora::Error,
     ) -> bool {
-        // Errors after we answered are client disconnects or lost readers, logged at debug.
-        ctx.answered
+        // Errors after we answered are client disconnects or lost readers, logged at debug; so
+        // are clients leaving a forwarded exchange.
+        ctx.answered || (ctx.forward.is_some() && error.esource() == &ErrorSource::Downstream)
     }
+}
+
+impl McpProxy {
+    /// Routes an admitted request: `None` to serve it here, a [`Forwarding`] to proxy it to a
+    /// peer, or the 404/403 that ends it.
+    fn route(&self, admitted: &Admitted) -> Result<Option<Forwarding>, Rejection> {
+        let session_id = match admitted.era {
+            Era::Stateless => None,
+            _ => admitted.session_id.clone(),
+        };
+        let hop = Hop::read(
+            &admitted.headers,
+            self.router.secret(),
+            session_id.as_deref(),
+        )?;
+        let nonce = placement_nonce();
+        let (target, home) = match session_id.as_deref() {
+            Some(id) => {
+                let (home, held) = self.broker.locate(id).map_err(Rejection::SessionNotFound)?;
+                (Target::Session { id, home, held }, Some(home))
+            }
+            None => (Target::Placement { nonce: &nonce }, None),
+        };
+        match self.router.route(self.broker.is_draining(), target, &hop) {
+            Route::Local => Ok(None),
+            Route::NotFound(reason) => Err(Rejection::SessionNotFound(reason)),
+            Route::Forward { peer, kind } => {
+                tracing::debug!(peer = %peer.name, kind = kind.label(), hop = hop.count + 1, "forwarding");
+                Ok(Some(Forwarding {
+                    peer,
+                    kind,
+                    hop,
+                    session_id,
+                    target_home: home,
+                    unreachable: Vec::new(),
+                    fallback: None,
+                }))
+            }
+        }
+    }
+
+    /// Picks the next candidate after `f.peer` could not be reached; `false` (with
+    /// `f.fallback` set) when none is left.
+    fn reroute(&self, f: &mut Forwarding) -> bool {
+        f.unreachable.push(f.peer.uid.clone());
+        let mut hop = f.hop.clone();
+        hop.visited.extend(f.unreachable.iter().cloned());
+        let nonce = placement_nonce();
+        let target = match (f.session_id.as_deref(), f.target_home) {
+            (Some(id), Some(home)) => Target::Session {
+                id,
+                home,
+                held: false,
+            },
+            _ => Target::Placement { nonce: &nonce },
+        };
+        match self.router.route(self.broker.is_draining(), target, &hop) {
+            Route::Forward { peer, kind } => {
+                f.peer = peer;
+                f.kind = kind;
+                true
+            }
+            Route::NotFound(reason) => {
+                f.fallback = Some(Rejection::SessionNotFound(reason));
+                false
+            }
+            Route::Local if f.session_id.is_some() => {
+                f.fallback = Some(Rejection::SessionNotFound(NotFound::NoHolder));
+                false
+            }
+            Route::Local => {
+                f.fallback = Some(Rejection::PeerUnavailable);
+                false
+            }
+        }
+    }
+}
+
+/// Whether `e` means the peer could not be connected to.
+fn is_connect_error(e: &pingora::Error) -> bool {
+    matches!(
+        e.etype(),
+        ErrorType::ConnectTimedout
+            | ErrorType::ConnectRefused
+            | ErrorType::ConnectError
+            | ErrorType::ConnectNoRoute
+            | ErrorType::TLSHandshakeFailure
+    )
+}
+
+/// A random string that spreads placements over routable peers.
+fn placement_nonce() -> String {
+    let bytes: [u8; 8] = rand::random();
+    hex::encode(bytes)
 }
 
 fn method_label(method: &http::Method) -> &'static str {

@@ -42,6 +42,11 @@ pub enum NotFound {
     Expired,
     /// The upstream no longer knows the session.
     UpstreamGone,
+    /// The session's home is gone and no pod of the ranked walk holds it (DESIGN.md §3.1
+    /// step 4), or the pods that could hold it are unreachable.
+    NoHolder,
+    /// The request reached the hop limit (2) before finding the session's holder.
+    HopLimit,
 }
 
 impl NotFound {
@@ -53,6 +58,8 @@ impl NotFound {
             NotFound::Deleted => "deleted",
             NotFound::Expired => "expired",
             NotFound::UpstreamGone => "upstream_gone",
+            NotFound::NoHolder => "no_holder",
+            NotFound::HopLimit => "hop_limit",
         }
     }
 }
@@ -132,6 +139,12 @@ pub enum Rejection {
     UpstreamUnavailable,
     /// 504: the upstream did not answer in time.
     UpstreamTimeout,
+    /// 403: `Tether-Hop` headers whose peer MAC does not verify (not sent by a sidecar of this
+    /// endpoint).
+    ForgedHop,
+    /// 502: a request without a session (`initialize`, stateless) was placed on a peer that
+    /// could not be reached, and no other routable pod was left.
+    PeerUnavailable,
 }
 
 impl Rejection {
@@ -140,14 +153,14 @@ impl Rejection {
         use Rejection::*;
         match self {
             SessionNotFound(_) | PathNotFound | MethodNotFound(_) => StatusCode::NOT_FOUND,
-            OriginForbidden => StatusCode::FORBIDDEN,
+            OriginForbidden | ForgedHop => StatusCode::FORBIDDEN,
             NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             TooManySessions => StatusCode::SERVICE_UNAVAILABLE,
-            UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+            UpstreamUnavailable | PeerUnavailable => StatusCode::BAD_GATEWAY,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
             | UnsupportedNegotiatedVersion(_)
@@ -196,6 +209,8 @@ impl Rejection {
             TooManySessions => "too_many_sessions",
             UpstreamUnavailable => "upstream_unavailable",
             UpstreamTimeout => "upstream_timeout",
+            ForgedHop => "forged_hop",
+            PeerUnavailable => "peer_unavailable",
         }
     }
 
@@ -209,7 +224,7 @@ impl Rejection {
                 CODE_INVALID_REQUEST
             }
             UnsupportedNegotiatedVersion(_) => CODE_INVALID_PARAMS,
-            UpstreamUnavailable | UpstreamTimeout => CODE_INTERNAL,
+            UpstreamUnavailable | UpstreamTimeout | PeerUnavailable => CODE_INTERNAL,
             _ => CODE_TRANSPORT,
         }
     }
@@ -270,6 +285,8 @@ impl Rejection {
             TooManySessions => "Service Unavailable: too many sessions on this pod".into(),
             UpstreamUnavailable => "Bad Gateway: the MCP server is unavailable".into(),
             UpstreamTimeout => "Gateway Timeout: the MCP server did not answer in time".into(),
+            ForgedHop => "Forbidden: Tether-Hop headers not signed by a peer sidecar".into(),
+            PeerUnavailable => "Bad Gateway: no routable pod could take this request; retry".into(),
         }
     }
 
@@ -340,6 +357,7 @@ impl From<&Rejection> for StoredReply {
             }
             Rejection::TooManySessions
             | Rejection::UpstreamUnavailable
+            | Rejection::PeerUnavailable
             | Rejection::UpstreamTimeout => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
@@ -461,6 +479,8 @@ mod tests {
             TooManySessions,
             UpstreamUnavailable,
             UpstreamTimeout,
+            ForgedHop,
+            PeerUnavailable,
         ];
         for r in &all {
             match r {
@@ -489,7 +509,9 @@ mod tests {
                 | CursorEvicted
                 | TooManySessions
                 | UpstreamUnavailable
-                | UpstreamTimeout => {}
+                | UpstreamTimeout
+                | ForgedHop
+                | PeerUnavailable => {}
             }
         }
         all

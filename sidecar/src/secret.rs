@@ -2,7 +2,7 @@
 //!
 //! Every sidecar of an endpoint reads the same secret (the operator's HMAC Secret in Kubernetes,
 //! `--secret-file` locally). It keys the session-id MAC (DESIGN.md §3.1 step 3) and the digests
-//! that stand for session ids in logs (§3.5). Each use has its own domain-separation label, so a
+//! that stand for session ids in logs (§3.5), and the MAC of forwarded hops (§3.1 step 4). Each use has its own domain-separation label, so a
 //! value computed for one purpose is never valid for another.
 
 use std::path::Path;
@@ -15,6 +15,8 @@ pub const MIN_SECRET_BYTES: usize = 16;
 
 /// Domain label of session-id MACs.
 pub const DOMAIN_SESSION_ID: &[u8] = b"tether/session-id/v1";
+/// Domain label of peer hop MACs (`Tether-Hop-Mac`).
+pub const DOMAIN_HOP: &[u8] = b"tether/hop/v1";
 /// Domain label of log digests.
 pub const DOMAIN_LOG_DIGEST: &[u8] = b"tether/log-digest/v1";
 

@@ -1,4 +1,5 @@
-//! Assembles the pingora server: the MCP listener, the admin listener and the sweeper.
+//! Assembles the pingora server: the MCP listener, the admin listener, the sweeper and the
+//! membership source.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,9 +13,13 @@ use pingora::services::listening::Service;
 use crate::admin::Admin;
 use crate::broker::Broker;
 use crate::buffer::PodBudget;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, MembershipConfig};
+use crate::membership::kubernetes::KubernetesPods;
+use crate::membership::peers_file::PeersFile;
+use crate::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::McpProxy;
+use crate::routing::Router;
 use crate::session::Registry;
 use crate::session_id::{HomeToken, IdMinter};
 use crate::shutdown::DrainOnTerm;
@@ -43,6 +48,50 @@ impl BackgroundService for Sweeper {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+/// Runs a [`Membership`] source until shutdown.
+struct MembershipService {
+    source: Box<dyn Membership>,
+    sink: MembershipSink,
+}
+
+#[async_trait]
+impl BackgroundService for MembershipService {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        self.source.run(self.sink.clone(), shutdown).await;
+    }
+}
+
+/// The membership at start-up and the source that keeps it current (`None`: no peers).
+fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
+    let alone = Snapshot {
+        peers: vec![Peer {
+            uid: cfg.pod_uid.clone(),
+            name: cfg.pod_uid.clone(),
+            address: cfg.listen_addr,
+            state: PeerState::Routable,
+            revision: String::new(),
+        }],
+    };
+    match &cfg.membership {
+        MembershipConfig::Alone => (alone, None),
+        MembershipConfig::PeersFile(path, initial) => (
+            initial.clone(),
+            Some(Box::new(PeersFile::new(path.clone()))),
+        ),
+        MembershipConfig::Kubernetes {
+            namespace,
+            selector,
+        } => (
+            alone,
+            Some(Box::new(KubernetesPods::new(
+                namespace.clone(),
+                selector.clone(),
+                cfg.listen_addr.port(),
+            ))),
+        ),
     }
 }
 
@@ -90,8 +139,12 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         .authority()
         .map(|a| a.as_str().to_owned())
         .unwrap_or_default();
+    let (initial, source) = membership(&cfg);
+    let sink = MembershipSink::new(initial, Arc::clone(broker.metrics_arc()));
+    let router = Router::new(sink.clone(), cfg.pod_uid.clone(), cfg.secret.clone());
     let proxy = McpProxy::new(
         Arc::clone(&broker),
+        router,
         cfg.admission.clone(),
         authority,
         cfg.upstream.path().to_owned(),
@@ -110,6 +163,10 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     server.add_service(mcp);
     server.add_service(admin);
     server.add_service(sweeper);
+    if let Some(source) = source {
+        let name = source.name();
+        server.add_service(background_service(name, MembershipService { source, sink }));
+    }
     tracing::info!(
         endpoint = %cfg.endpoint,
         listen = %cfg.listen_addr,

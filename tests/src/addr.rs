@@ -25,6 +25,12 @@ pub fn next_ip() -> Ipv4Addr {
     Ipv4Addr::new(127, x, (n / 250) as u8, (n % 250 + 1) as u8)
 }
 
+/// `127.0.0.n`: the fixed addresses the routing scenarios name (127.0.0.2–4 …). No other
+/// helper hands these out ([`next_ip`] starts at 127.10.0.0).
+pub fn fixed(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

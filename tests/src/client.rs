@@ -100,12 +100,14 @@ pub struct Session {
     pub version: String,
 }
 
-/// An MCP client for one endpoint URL.
+/// An MCP client of one endpoint: one URL, or several pods' URLs of which every request picks
+/// one at random (a Service without affinity in front of the pods).
 #[derive(Clone, Debug)]
 pub struct McpClient {
     http: Http,
-    /// The MCP endpoint, e.g. `http://127.0.0.1:8080/mcp`.
+    /// The MCP endpoint, e.g. `http://127.0.0.1:8080/mcp` (the first of several).
     pub url: String,
+    entries: std::sync::Arc<Vec<String>>,
 }
 
 /// The SSE events of a response.
@@ -199,9 +201,23 @@ pub fn tool_call(id: u64, name: &str, arguments: Value, progress_token: Option<&
 impl McpClient {
     /// A client of the MCP endpoint at `url`.
     pub fn new(url: impl Into<String>) -> Self {
+        Self::spread(vec![url.into()])
+    }
+
+    /// A client whose every request enters at a random one of `urls` (at least one).
+    pub fn spread(urls: Vec<String>) -> Self {
         Self {
             http: Http::new(),
-            url: url.into(),
+            url: urls.first().cloned().unwrap_or_default(),
+            entries: std::sync::Arc::new(urls),
+        }
+    }
+
+    /// The entry URL of the next request.
+    pub fn entry(&self) -> &str {
+        match self.entries.len() {
+            0 | 1 => &self.url,
+            n => &self.entries[rand::random_range(0..n)],
         }
     }
 
@@ -232,7 +248,7 @@ impl McpClient {
         self.http
             .send(
                 Method::POST,
-                &self.url,
+                self.entry(),
                 &headers,
                 Some(Bytes::from(body.to_string())),
             )
@@ -256,7 +272,9 @@ impl McpClient {
         if let Some(id) = last_event_id {
             headers.push(("last-event-id", id));
         }
-        self.http.send(Method::GET, &self.url, &headers, None).await
+        self.http
+            .send(Method::GET, self.entry(), &headers, None)
+            .await
     }
 
     /// DELETE the session; returns the status.
@@ -270,7 +288,7 @@ impl McpClient {
         ];
         let resp = self
             .http
-            .send(Method::DELETE, &self.url, &headers, None)
+            .send(Method::DELETE, self.entry(), &headers, None)
             .await?;
         Ok(resp.status())
     }

@@ -7,6 +7,7 @@
 //!
 //! - [`bins`]: finds the workspace's binaries;
 //! - [`pod`]: one pod (example server + sidecar) with its manifest, secret and logs;
+//! - [`cluster`]: several pods sharing a membership (`--peers-file`);
 //! - [`client`]: an MCP client on hyper that can cut its connection and resume with
 //!   `Last-Event-ID`;
 //! - [`call`]: one `slow` tool call with cuts and resumes, checked event by event;
@@ -18,6 +19,7 @@ pub mod addr;
 pub mod bins;
 pub mod call;
 pub mod client;
+pub mod cluster;
 pub mod load;
 pub mod pod;
 pub mod relay;

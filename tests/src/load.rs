@@ -205,10 +205,14 @@ async fn session(client: &McpClient, cfg: &LoadConfig, index: usize) -> Report {
             }
         }
     }
-    if let Err(e) = client.delete(&session).await {
-        report
+    match client.delete(&session).await {
+        Ok(status) if status.is_success() => {}
+        Ok(status) => report
             .failures
-            .push(format!("session {index}: DELETE failed: {e}"));
+            .push(format!("session {index}: DELETE answered {status}")),
+        Err(e) => report
+            .failures
+            .push(format!("session {index}: DELETE failed: {e}")),
     }
     report
 }

@@ -119,6 +119,8 @@ pub struct Pod {
     pub admin_url: String,
     /// The example server's base URL, `http://ip:3000`.
     pub server_url: String,
+    /// The pod's UID, `pod-<ip>`.
+    pub uid: String,
     dir: tempfile::TempDir,
     spec: PodSpec,
     server: Child,
@@ -140,7 +142,14 @@ impl Pod {
     /// # Errors
     /// [`HarnessError`] when a binary is missing or a process does not become ready.
     pub async fn start(spec: PodSpec) -> Result<Self> {
-        let ip = addr::next_ip();
+        Self::start_at(addr::next_ip(), spec).await
+    }
+
+    /// Starts a pod on `ip` (which no other running pod may use).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a binary is missing or a process does not become ready.
+    pub async fn start_at(ip: Ipv4Addr, spec: PodSpec) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("endpoint.yaml"), spec.manifest())?;
         std::fs::write(dir.path().join("secret"), SECRET)?;
@@ -151,6 +160,7 @@ impl Pod {
             mcp_url: format!("http://{ip}:{LISTEN_PORT}/mcp"),
             admin_url: format!("http://{ip}:{ADMIN_PORT}"),
             server_url: format!("http://{ip}:{UPSTREAM_PORT}"),
+            uid: uid(ip),
             dir,
             spec,
             server,
@@ -300,6 +310,11 @@ impl Pod {
     }
 }
 
+/// The UID of the pod on `ip`.
+pub fn uid(ip: Ipv4Addr) -> String {
+    format!("pod-{ip}")
+}
+
 fn log_file(path: PathBuf) -> Result<(Stdio, Stdio)> {
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -329,7 +344,7 @@ fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<
         .arg("--pod-ip")
         .arg(ip.to_string())
         .arg("--pod-uid")
-        .arg(format!("pod-{ip}"))
+        .arg(uid(ip))
         .arg("--secret-file")
         .arg(dir.join("secret"))
         .arg("--upstream")

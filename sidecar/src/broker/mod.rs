@@ -33,7 +33,7 @@ use crate::metrics::{Metrics, Reason, RejectionLabels};
 use crate::reply::{NotFound, Rejection, Reply, StoredReply};
 use crate::secret::Secret;
 use crate::session::{Registry, Session};
-use crate::session_id::IdMinter;
+use crate::session_id::{HomeToken, IdMinter};
 use crate::stream::{Feed, Start, Stream, StreamKind};
 use crate::upstream::{Exchange, Upstream, own_headers};
 
@@ -118,6 +118,11 @@ impl Broker {
         &self.metrics
     }
 
+    /// The shared handle of the metrics (for the membership sink).
+    pub fn metrics_arc(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// The upstream client.
     pub fn upstream(&self) -> &Upstream {
         &self.upstream
@@ -156,6 +161,15 @@ impl Broker {
                 })
                 .inc();
         }
+    }
+
+    /// Where session `id` lives: its home token and whether this pod holds it.
+    ///
+    /// # Errors
+    /// [`NotFound::Forged`] for an id that fails the MAC (answered 404 at once, no hop).
+    pub fn locate(&self, id: &str) -> Result<(HomeToken, bool), NotFound> {
+        let home = self.minter.verify(id).map_err(|_| NotFound::Forged)?;
+        Ok((home, self.registry.get(id).is_some()))
     }
 
     /// The session a client id names: 404 at once for a forged id (no lookup), or for a genuine

@@ -45,9 +45,12 @@ pub enum PeersFileError {
     /// Not a YAML list of pods (the message names the field and line).
     #[error("invalid peers file: {0}")]
     Syntax(String),
-    /// An entry has an empty `uid`.
-    #[error("invalid peers file: entry {0} has an empty uid")]
-    EmptyUid(usize),
+    /// An entry's `uid` is empty or not visible ASCII without `,` (UIDs travel in the
+    /// `Tether-Visited` header).
+    #[error(
+        "invalid peers file: entry {0} has an empty uid or one with characters outside visible ASCII (or a comma)"
+    )]
+    InvalidUid(usize),
     /// Two entries share a `uid`.
     #[error("invalid peers file: uid {uid:?} appears twice (entries {first} and {second})")]
     DuplicateUid {
@@ -90,8 +93,8 @@ pub fn parse(text: &str) -> Result<Snapshot, PeersFileError> {
     let mut seen: Vec<&str> = Vec::new();
     let mut unique = HashSet::new();
     for (i, e) in entries.iter().enumerate() {
-        if e.uid.trim().is_empty() {
-            return Err(PeersFileError::EmptyUid(i));
+        if !valid_uid(&e.uid) {
+            return Err(PeersFileError::InvalidUid(i));
         }
         if !unique.insert(e.uid.as_str()) {
             let first = seen.iter().position(|u| *u == e.uid).unwrap_or(0);
@@ -115,6 +118,11 @@ pub fn parse(text: &str) -> Result<Snapshot, PeersFileError> {
             })
             .collect(),
     })
+}
+
+/// Whether `uid` can identify a pod: non-empty visible ASCII without `,`.
+pub fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty() && uid.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b',')
 }
 
 /// Reads and parses the peers file at `path`.
@@ -220,6 +228,7 @@ mod tests {
         assert!(err("- {uid: a, address: '1.2.3.4:1', state: sleepy}").contains("state"));
         assert!(err("- {uid: a, adress: '1.2.3.4:1'}").contains("adress"));
         assert!(err("- {uid: '', address: '1.2.3.4:1'}").contains("entry 0"));
+        assert!(err("- {uid: 'a,b', address: '1.2.3.4:1'}").contains("entry 0"));
         assert_eq!(
             parse("- {uid: a, address: '1.2.3.4:1'}\n- {uid: a, address: '1.2.3.5:1'}"),
             Err(PeersFileError::DuplicateUid {

@@ -1,0 +1,518 @@
+//! Placement and routing between sidecars (DESIGN.md §3.1 steps 3–4).
+//!
+//! [`route`] decides, from the current membership [`View`], what this pod does with a request:
+//!
+//! | request | decision |
+//! |---|---|
+//! | session held here, or homed here | [`Route::Local`] (the holder's answer is authoritative; an id homed here but not held gets the broker's 404) |
+//! | home alive (routable or draining), not visited | forward to the home ([`ForwardKind::Home`]) |
+//! | home gone or unknown | forward to `owner(S)` over the preferred set, else the next pod of `ranked(S)` not visited yet ([`ForwardKind::Walk`]); none left → 404 `no_holder` |
+//! | no session id (`initialize`, stateless), this pod routable | [`Route::Local`] |
+//! | no session id, this pod draining | forward to a routable peer of the newest revision ([`ForwardKind::Placement`]); none → local |
+//!
+//! A forward carries its hop count and the UIDs it visited in `Tether-Hop` / `Tether-Visited`,
+//! signed with `Tether-Hop-Mac` (HMAC of the endpoint secret), so only peers can send them. At
+//! most [`MAX_HOPS`] hops are taken; a request that would need a third ends with 404 `hop_limit`.
+//! Together with the visited list this bounds every request even when sidecars disagree on
+//! membership (§3.3). Forged session ids never get here: they are answered 404 at the entry.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use std::sync::Arc;
+
+use crate::membership::{MembershipSink, Peer, PeerState, View};
+use crate::reply::{NotFound, Rejection};
+use crate::secret::{DOMAIN_HOP, Secret};
+use crate::session_id::HomeToken;
+
+/// Most hops a request takes between sidecars.
+pub const MAX_HOPS: u8 = 2;
+/// The hop number of a forwarded request (`1` or `2`).
+pub const TETHER_HOP: HeaderName = HeaderName::from_static("tether-hop");
+/// Comma-separated UIDs of the pods a forwarded request already visited.
+pub const TETHER_VISITED: HeaderName = HeaderName::from_static("tether-visited");
+/// base64url (no padding) of the first 16 bytes of HMAC-SHA256 over
+/// `"{hop}\n{visited}\n{session id}"`, domain `tether/hop/v1`.
+pub const TETHER_HOP_MAC: HeaderName = HeaderName::from_static("tether-hop-mac");
+const MAC_LEN: usize = 16;
+
+/// Where a request has been: its hop count and the pods it visited.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hop {
+    /// Hops taken so far (0 at the entry pod).
+    pub count: u8,
+    /// UIDs of the pods that forwarded it, in order.
+    pub visited: Vec<String>,
+}
+
+impl Hop {
+    /// Reads the hop headers of a request for `session_id` (`None` without a session).
+    /// A request without them is at its entry pod (hop 0).
+    ///
+    /// # Errors
+    /// [`Rejection::ForgedHop`] when the headers are malformed, exceed [`MAX_HOPS`], or their
+    /// MAC does not verify.
+    pub fn read(
+        headers: &HeaderMap,
+        secret: &Secret,
+        session_id: Option<&str>,
+    ) -> Result<Self, Rejection> {
+        let (Some(count), visited, mac) = (
+            headers.get(&TETHER_HOP),
+            headers.get(&TETHER_VISITED),
+            headers.get(&TETHER_HOP_MAC),
+        ) else {
+            if headers.contains_key(&TETHER_VISITED) || headers.contains_key(&TETHER_HOP_MAC) {
+                return Err(Rejection::ForgedHop);
+            }
+            return Ok(Self::default());
+        };
+        let count: u8 = count
+            .to_str()
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .filter(|c| (1..=MAX_HOPS).contains(c))
+            .ok_or(Rejection::ForgedHop)?;
+        let visited = visited
+            .and_then(|v| v.to_str().ok())
+            .ok_or(Rejection::ForgedHop)?;
+        let mac = mac
+            .and_then(|m| m.to_str().ok())
+            .and_then(|m| URL_SAFE_NO_PAD.decode(m).ok())
+            .filter(|m| m.len() == MAC_LEN)
+            .ok_or(Rejection::ForgedHop)?;
+        if !secret.verify(DOMAIN_HOP, &message(count, visited, session_id), &mac) {
+            return Err(Rejection::ForgedHop);
+        }
+        Ok(Self {
+            count,
+            visited: visited
+                .split(',')
+                .filter(|u| !u.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+
+    /// The hop state a request leaves this pod (`uid`) with.
+    pub fn next(&self, uid: &str) -> Self {
+        let mut visited = self.visited.clone();
+        visited.push(uid.to_owned());
+        Self {
+            count: self.count.saturating_add(1),
+            visited,
+        }
+    }
+
+    /// Whether the request already visited `uid`.
+    pub fn visited(&self, uid: &str) -> bool {
+        self.visited.iter().any(|v| v == uid)
+    }
+
+    /// The signed headers of this hop state, to set on the forwarded request.
+    pub fn headers(
+        &self,
+        secret: &Secret,
+        session_id: Option<&str>,
+    ) -> [(HeaderName, HeaderValue); 3] {
+        let visited = self.visited.join(",");
+        let mac = secret.mac(DOMAIN_HOP, &message(self.count, &visited, session_id));
+        let mac = URL_SAFE_NO_PAD.encode(&mac[..MAC_LEN]);
+        // UIDs are visible ASCII (checked by the membership sources); base64url and digits are.
+        let value =
+            |s: String| HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static(""));
+        [
+            (TETHER_HOP, value(self.count.to_string())),
+            (TETHER_VISITED, value(visited)),
+            (TETHER_HOP_MAC, value(mac)),
+        ]
+    }
+}
+
+fn message(count: u8, visited: &str, session_id: Option<&str>) -> Vec<u8> {
+    format!("{count}\n{visited}\n{}", session_id.unwrap_or("")).into_bytes()
+}
+
+/// Why a request is forwarded (the `kind` label of `tether_forwards_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardKind {
+    /// To the session's live home.
+    Home,
+    /// The home is gone: to `owner(S)` or the next pod of `ranked(S)`.
+    Walk,
+    /// A request without a session, placed on a routable peer because this pod drains.
+    Placement,
+}
+
+impl ForwardKind {
+    /// Metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Home => "home",
+            Self::Walk => "walk",
+            Self::Placement => "placement",
+        }
+    }
+}
+
+/// What this pod does with a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Serve it here.
+    Local,
+    /// Proxy it to `peer`.
+    Forward {
+        /// The pod to forward to.
+        peer: Peer,
+        /// Why.
+        kind: ForwardKind,
+    },
+    /// No pod can hold the session: 404 with this reason.
+    NotFound(NotFound),
+}
+
+/// This pod, as routing sees it.
+#[derive(Clone, Debug)]
+pub struct Me {
+    /// The pod's UID.
+    pub uid: String,
+    /// Its home token.
+    pub home: HomeToken,
+    /// Whether it drains (then it places no new session on itself).
+    pub draining: bool,
+}
+
+/// The request being routed.
+#[derive(Clone, Copy, Debug)]
+pub enum Target<'a> {
+    /// A request carrying a genuine session id (its MAC verified).
+    Session {
+        /// The client session id (the ring key).
+        id: &'a str,
+        /// The home token from the id.
+        home: HomeToken,
+        /// Whether this pod holds the session.
+        held: bool,
+    },
+    /// A request without a session id; `nonce` (random per request) spreads placements.
+    Placement {
+        /// Any random string.
+        nonce: &'a str,
+    },
+}
+
+/// One pod's routing context: who it is, the membership it sees and the hop secret.
+#[derive(Clone, Debug)]
+pub struct Router {
+    sink: MembershipSink,
+    uid: String,
+    home: HomeToken,
+    secret: Secret,
+}
+
+impl Router {
+    /// The router of pod `uid`, reading membership from `sink`.
+    pub fn new(sink: MembershipSink, uid: String, secret: Secret) -> Self {
+        Self {
+            sink,
+            home: HomeToken::for_pod(&uid),
+            uid,
+            secret,
+        }
+    }
+
+    /// This pod's UID.
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// The endpoint secret (keys the hop MAC).
+    pub fn secret(&self) -> &Secret {
+        &self.secret
+    }
+
+    /// The current membership view (lock-free).
+    pub fn view(&self) -> Arc<View> {
+        self.sink.view()
+    }
+
+    /// [`route`] with this pod's identity and the current view.
+    pub fn route(&self, draining: bool, target: Target<'_>, hop: &Hop) -> Route {
+        let me = Me {
+            uid: self.uid.clone(),
+            home: self.home,
+            draining,
+        };
+        route(&self.view(), &me, target, hop)
+    }
+}
+
+/// Decides where a request goes (module docs); `hop` is where it has been.
+pub fn route(view: &View, me: &Me, target: Target<'_>, hop: &Hop) -> Route {
+    let skip = |p: &Peer| p.uid == me.uid || hop.visited(&p.uid);
+    let can_hop = hop.count < MAX_HOPS;
+    let forward = |peer: &Peer, kind| {
+        if can_hop {
+            Route::Forward {
+                peer: peer.clone(),
+                kind,
+            }
+        } else {
+            Route::NotFound(NotFound::HopLimit)
+        }
+    };
+    match target {
+        Target::Session { held: true, .. } => Route::Local,
+        Target::Session { home, .. } if home == me.home => Route::Local,
+        Target::Session { id, home, .. } => {
+            if let Some(h) = view.home(&home).filter(|h| h.state.is_alive() && !skip(h)) {
+                return forward(h, ForwardKind::Home);
+            }
+            let next = view
+                .owner(id)
+                .filter(|p| !skip(p))
+                .or_else(|| view.ranked(id).find(|p| !skip(p)));
+            match next {
+                Some(p) => forward(p, ForwardKind::Walk),
+                None => Route::NotFound(NotFound::NoHolder),
+            }
+        }
+        Target::Placement { nonce } => {
+            let state = if me.draining {
+                PeerState::Draining
+            } else {
+                view.peer(&me.uid).map_or(PeerState::Routable, |p| p.state)
+            };
+            if state == PeerState::Routable || !can_hop {
+                return Route::Local;
+            }
+            let next = view
+                .owner(nonce)
+                .filter(|p| !skip(p))
+                .or_else(|| view.routable().find(|p| !skip(p)));
+            match next {
+                Some(p) => forward(p, ForwardKind::Placement),
+                None => Route::Local,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::Snapshot;
+    use proptest::prelude::*;
+
+    fn peer(uid: &str, state: PeerState) -> Peer {
+        Peer {
+            uid: uid.into(),
+            name: uid.into(),
+            address: "127.0.0.1:8080".parse().unwrap(),
+            state,
+            revision: "v1".into(),
+        }
+    }
+
+    fn view(peers: &[(&str, PeerState)]) -> View {
+        View::new(Snapshot {
+            peers: peers.iter().map(|(u, s)| peer(u, *s)).collect(),
+        })
+    }
+
+    fn me(uid: &str) -> Me {
+        Me {
+            uid: uid.into(),
+            home: HomeToken::for_pod(uid),
+            draining: false,
+        }
+    }
+
+    fn session(id: &str, home: &str, held: bool) -> Target<'static> {
+        Target::Session {
+            id: Box::leak(id.to_owned().into_boxed_str()),
+            home: HomeToken::for_pod(home),
+            held,
+        }
+    }
+
+    fn forwarded_to(r: &Route) -> Option<(&str, ForwardKind)> {
+        match r {
+            Route::Forward { peer, kind } => Some((peer.uid.as_str(), *kind)),
+            _ => None,
+        }
+    }
+
+    const R: PeerState = PeerState::Routable;
+    const D: PeerState = PeerState::Draining;
+    const G: PeerState = PeerState::Gone;
+
+    #[test]
+    fn held_or_homed_here_is_local() {
+        let v = view(&[("a", R), ("b", R)]);
+        let h = Hop::default();
+        assert_eq!(
+            route(&v, &me("a"), session("s", "b", true), &h),
+            Route::Local
+        );
+        assert_eq!(
+            route(&v, &me("a"), session("s", "a", false), &h),
+            Route::Local
+        );
+    }
+
+    #[test]
+    fn a_live_home_gets_the_request_even_when_draining() {
+        let h = Hop::default();
+        for state in [R, D] {
+            let v = view(&[("a", R), ("b", state)]);
+            let r = route(&v, &me("a"), session("s", "b", false), &h);
+            assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Home)));
+        }
+    }
+
+    #[test]
+    fn a_gone_home_sends_the_request_to_the_owner_then_down_the_ranking() {
+        let v = view(&[("a", R), ("b", G), ("c", R), ("d", R)]);
+        for i in 0..50 {
+            let id = format!("sess-{i}");
+            let owner = v.owner(&id).unwrap().uid.clone();
+            let entry = if owner == "a" { "c" } else { "a" };
+            let r = route(&v, &me(entry), session(&id, "b", false), &Hop::default());
+            assert_eq!(forwarded_to(&r), Some((owner.as_str(), ForwardKind::Walk)));
+            // At the owner, which does not hold it: the next ranked pod not visited.
+            let hop = Hop::default().next(entry);
+            let r = route(&v, &me(&owner), session(&id, "b", false), &hop);
+            let expected = v
+                .ranked(&id)
+                .find(|p| p.uid != owner && p.uid != entry)
+                .map(|p| p.uid.clone());
+            assert_eq!(forwarded_to(&r).map(|(u, _)| u.to_owned()), expected);
+        }
+    }
+
+    #[test]
+    fn the_hop_limit_ends_in_404() {
+        let v = view(&[("a", R), ("b", R), ("c", R)]);
+        let hop = Hop::default().next("x").next("y");
+        assert_eq!(
+            route(&v, &me("a"), session("s", "b", false), &hop),
+            Route::NotFound(NotFound::HopLimit)
+        );
+        // Nothing left to visit: no holder.
+        let lonely = view(&[("a", R), ("b", G)]);
+        assert_eq!(
+            route(&lonely, &me("a"), session("s", "b", false), &Hop::default()),
+            Route::NotFound(NotFound::NoHolder)
+        );
+    }
+
+    #[test]
+    fn placement_stays_local_unless_this_pod_drains() {
+        let v = view(&[("a", R), ("b", R), ("c", D)]);
+        let h = Hop::default();
+        assert_eq!(
+            route(&v, &me("a"), Target::Placement { nonce: "n" }, &h),
+            Route::Local
+        );
+        let mut draining = me("a");
+        draining.draining = true;
+        let r = route(&v, &draining, Target::Placement { nonce: "n" }, &h);
+        assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Placement)));
+        // Marked draining by membership, and never onto a draining peer.
+        let r = route(&v, &me("c"), Target::Placement { nonce: "n" }, &h);
+        assert!(matches!(forwarded_to(&r), Some(("a" | "b", _))));
+        // No routable peer: served here rather than refused.
+        let alone = view(&[("a", D)]);
+        assert_eq!(
+            route(&alone, &me("a"), Target::Placement { nonce: "n" }, &h),
+            Route::Local
+        );
+    }
+
+    #[test]
+    fn hop_headers_round_trip_and_reject_forgery() {
+        let secret = Secret::from_bytes(b"0123456789abcdef0123".to_vec());
+        let hop = Hop::default().next("pod-a");
+        let mut headers = HeaderMap::new();
+        for (n, v) in hop.headers(&secret, Some("sid")) {
+            headers.insert(n, v);
+        }
+        assert_eq!(Hop::read(&headers, &secret, Some("sid")), Ok(hop));
+        // Bound to the session id, the secret and the values.
+        assert_eq!(
+            Hop::read(&headers, &secret, Some("other")),
+            Err(Rejection::ForgedHop)
+        );
+        let other = Secret::from_bytes(b"fedcba9876543210fedc".to_vec());
+        assert_eq!(
+            Hop::read(&headers, &other, Some("sid")),
+            Err(Rejection::ForgedHop)
+        );
+        let mut tampered = headers.clone();
+        tampered.insert(TETHER_VISITED, HeaderValue::from_static(""));
+        assert_eq!(
+            Hop::read(&tampered, &secret, Some("sid")),
+            Err(Rejection::ForgedHop)
+        );
+        let mut partial = HeaderMap::new();
+        partial.insert(TETHER_VISITED, HeaderValue::from_static("x"));
+        assert_eq!(
+            Hop::read(&partial, &secret, None),
+            Err(Rejection::ForgedHop)
+        );
+        assert_eq!(
+            Hop::read(&HeaderMap::new(), &secret, None),
+            Ok(Hop::default())
+        );
+    }
+
+    fn any_state() -> impl Strategy<Value = PeerState> {
+        prop_oneof![Just(R), Just(D), Just(G)]
+    }
+
+    proptest! {
+        /// Membership disagreement (DESIGN.md §3.3): every pod has its own view of five pods;
+        /// following the forwards from any entry always ends (at a holder, a local 404 or a
+        /// routing 404) within two hops and never visits a pod twice.
+        #[test]
+        fn disagreeing_views_never_loop(
+            views in proptest::collection::vec(proptest::collection::vec(any_state(), 5), 5),
+            known in proptest::collection::vec(proptest::collection::vec(any::<bool>(), 5), 5),
+            home in 0usize..6,
+            holder in proptest::option::of(0usize..5),
+            entry in 0usize..5,
+            id in "[a-z0-9]{8}",
+        ) {
+            let uid = |i: usize| format!("pod-{i}");
+            let views: Vec<View> = (0..5)
+                .map(|p| View::new(Snapshot {
+                    peers: (0..5)
+                        .filter(|&q| q == p || known[p][q])
+                        .map(|q| peer(&uid(q), views[p][q]))
+                        .collect(),
+                }))
+                .collect();
+            let home_uid = uid(home); // pod-5 exists in no view
+            let mut at = entry;
+            let mut hop = Hop::default();
+            let mut seen = vec![entry];
+            loop {
+                let target = session(&id, &home_uid, holder == Some(at));
+                match route(&views[at], &me(&uid(at)), target, &hop) {
+                    Route::Local | Route::NotFound(_) => break,
+                    Route::Forward { peer, .. } => {
+                        let next: usize = peer.uid[4..].parse().unwrap();
+                        prop_assert!(!seen.contains(&next), "visited {next} twice: {seen:?}");
+                        hop = hop.next(&uid(at));
+                        prop_assert!(hop.count <= MAX_HOPS);
+                        seen.push(next);
+                        at = next;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Several pods of one endpoint on loopback, with static membership (`--peers-file`).
+//!
+//! Every pod reads its own copy of the peers file, so a test can let sidecars disagree on
+//! membership for a while ([`Cluster::write_peers_of`]); [`Cluster::publish`] writes the same
+//! list everywhere and waits until every sidecar has applied it.
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::client::McpClient;
+use crate::pod::{LISTEN_PORT, Pod, PodSpec, uid};
+use crate::{HarnessError, Result};
+
+/// How long a membership change may take to reach every sidecar (the peers file is polled
+/// every 200 ms).
+pub const PROPAGATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A pod's entry in the peers file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The pod's IP (its UID is `pod-<ip>`).
+    pub ip: Ipv4Addr,
+    /// `routable`, `draining` or `gone`.
+    pub state: &'static str,
+}
+
+/// A set of pods sharing one membership.
+pub struct Cluster {
+    /// The pods, in start order.
+    pub pods: Vec<Pod>,
+    /// The membership last published, oldest pod first.
+    pub members: Vec<Member>,
+    spec: PodSpec,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts one pod per IP (all routable) with `spec`.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a pod does not start.
+    pub async fn start(ips: &[Ipv4Addr], spec: PodSpec) -> Result<Self> {
+        let mut cluster = Self {
+            pods: Vec::new(),
+            members: ips
+                .iter()
+                .map(|&ip| Member {
+                    ip,
+                    state: "routable",
+                })
+                .collect(),
+            spec,
+            dir: tempfile::tempdir()?,
+        };
+        let mut starting = Vec::new();
+        for &ip in ips {
+            let spec = cluster.pod_spec(ip)?;
+            starting.push(tokio::spawn(Pod::start_at(ip, spec)));
+        }
+        for task in starting {
+            let pod = task
+                .await
+                .map_err(|e| HarnessError::Start(format!("pod start task: {e}")))??;
+            cluster.pods.push(pod);
+        }
+        Ok(cluster)
+    }
+
+    /// The peers file of the pod on `ip`.
+    pub fn peers_path(&self, ip: Ipv4Addr) -> PathBuf {
+        self.dir.path().join(format!("peers-{ip}.yaml"))
+    }
+
+    fn pod_spec(&self, ip: Ipv4Addr) -> Result<PodSpec> {
+        let path = self.peers_path(ip);
+        std::fs::write(&path, render(&self.members))?;
+        let mut spec = self.spec.clone();
+        spec.sidecar_args
+            .extend(["--peers-file".to_owned(), path.display().to_string()]);
+        Ok(spec)
+    }
+
+    /// Starts a pod on `ip`, then adds it (routable, as the youngest) to everyone's
+    /// membership. Returns its index in [`Cluster::pods`].
+    ///
+    /// # Errors
+    /// [`HarnessError`] when it does not start or the membership does not propagate.
+    pub async fn add(&mut self, ip: Ipv4Addr) -> Result<usize> {
+        let mut members = self.members.clone();
+        members.push(Member {
+            ip,
+            state: "routable",
+        });
+        let path = self.peers_path(ip);
+        std::fs::write(&path, render(&members))?;
+        let mut spec = self.spec.clone();
+        spec.sidecar_args
+            .extend(["--peers-file".to_owned(), path.display().to_string()]);
+        self.pods.push(Pod::start_at(ip, spec).await?);
+        self.publish(members).await?;
+        Ok(self.pods.len() - 1)
+    }
+
+    /// Sets the state of the pod on `ip` in everyone's membership (`None` removes it).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the change does not propagate.
+    pub async fn set_state(&mut self, ip: Ipv4Addr, state: Option<&'static str>) -> Result<()> {
+        let mut members = self.members.clone();
+        match state {
+            Some(state) => {
+                for m in members.iter_mut().filter(|m| m.ip == ip) {
+                    m.state = state;
+                }
+            }
+            None => members.retain(|m| m.ip != ip),
+        }
+        self.publish(members).await
+    }
+
+    /// Writes `members` to every pod's peers file and waits until each sidecar whose file
+    /// changed applied it.
+    ///
+    /// # Errors
+    /// [`HarnessError::Start`] when a sidecar has not applied it within
+    /// [`PROPAGATION_TIMEOUT`].
+    pub async fn publish(&mut self, members: Vec<Member>) -> Result<()> {
+        let before = self.membership_changes().await?;
+        let text = render(&members);
+        let mut changed = Vec::with_capacity(self.pods.len());
+        for pod in &self.pods {
+            let path = self.peers_path(pod.ip);
+            changed.push(std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()));
+            std::fs::write(path, &text)?;
+        }
+        self.members = members;
+        let deadline = Instant::now() + PROPAGATION_TIMEOUT;
+        loop {
+            let now = self.membership_changes().await?;
+            let applied = now.iter().zip(&before).zip(&changed);
+            if applied.into_iter().all(|((n, b), &c)| !c || n > b) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Start(format!(
+                    "membership did not propagate: changes before {before:?}, after {now:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Writes `members` to the peers file of the pod on `ip` only (a sidecar that disagrees
+    /// with the others) and waits until it applied it.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the pod is unknown or the change does not propagate.
+    pub async fn write_peers_of(&self, ip: Ipv4Addr, members: &[Member]) -> Result<()> {
+        let pod = self
+            .pods
+            .iter()
+            .find(|p| p.ip == ip)
+            .ok_or_else(|| HarnessError::Start(format!("no pod on {ip}")))?;
+        let sample = "tether_membership_changes_total{source=\"peers_file\"}";
+        let before = pod.metric(sample).await?;
+        std::fs::write(self.peers_path(ip), render(members))?;
+        let deadline = Instant::now() + PROPAGATION_TIMEOUT;
+        while pod.metric(sample).await? <= before {
+            if Instant::now() > deadline {
+                return Err(HarnessError::Start(format!(
+                    "{ip} did not apply its peers file"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    async fn membership_changes(&self) -> Result<Vec<f64>> {
+        let mut out = Vec::with_capacity(self.pods.len());
+        for pod in &self.pods {
+            out.push(
+                pod.metric("tether_membership_changes_total{source=\"peers_file\"}")
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// A client whose requests enter at a random pod of `ips`.
+    pub fn client_of(&self, ips: &[Ipv4Addr]) -> McpClient {
+        McpClient::spread(
+            self.pods
+                .iter()
+                .filter(|p| ips.contains(&p.ip))
+                .map(|p| p.mcp_url.clone())
+                .collect(),
+        )
+    }
+
+    /// A client whose requests enter at a random pod of the cluster.
+    pub fn client(&self) -> McpClient {
+        McpClient::spread(self.pods.iter().map(|p| p.mcp_url.clone()).collect())
+    }
+
+    /// The pod on `ip`.
+    pub fn pod(&self, ip: Ipv4Addr) -> Option<&Pod> {
+        self.pods.iter().find(|p| p.ip == ip)
+    }
+
+    /// The sum of one metric sample over every pod.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a pod's metrics cannot be read.
+    pub async fn metric_sum(&self, sample: &str) -> Result<f64> {
+        let mut sum = 0.0;
+        for pod in &self.pods {
+            sum += pod.metric(sample).await?;
+        }
+        Ok(sum)
+    }
+
+    /// Every pod's logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for pod in &self.pods {
+            let _ = writeln!(out, "===== pod {} =====\n{}", pod.ip, pod.logs());
+        }
+        out
+    }
+}
+
+/// The peers file text of `members`.
+pub fn render(members: &[Member]) -> String {
+    let mut out = String::new();
+    for m in members {
+        let _ = writeln!(
+            out,
+            "- {{uid: {}, address: '{}:{LISTEN_PORT}', state: {}}}",
+            uid(m.ip),
+            m.ip,
+            m.state
+        );
+    }
+    out
+}

@@ -1,0 +1,413 @@
+//! Multi-pod routing (issue #3; DESIGN.md §3.1 steps 3–5, §3.3): pods with static membership
+//! (`--peers-file`), requests entering at random pods, forwarding between sidecars, joins,
+//! draining and removed pods, membership disagreement, field reports 1 and 2.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::{Value, json};
+use tether_tests::addr;
+use tether_tests::client::{Events, McpClient, Session, body_text, is_sse, tool_call};
+use tether_tests::cluster::{Cluster, Member};
+use tether_tests::load::{self, LoadConfig};
+use tether_tests::pod::PodSpec;
+
+fn list(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"})
+}
+
+/// Sessions created per pod (`tether_sessions_created_total`).
+async fn created(cluster: &Cluster) -> Vec<f64> {
+    let mut out = Vec::new();
+    for pod in &cluster.pods {
+        out.push(pod.metric("tether_sessions_created_total").await.unwrap());
+    }
+    out
+}
+
+/// Every 404 any pod answered for a session, by any reason.
+async fn not_found(cluster: &Cluster) -> f64 {
+    let mut sum = 0.0;
+    for reason in [
+        "forged",
+        "unknown",
+        "deleted",
+        "expired",
+        "upstream_gone",
+        "no_holder",
+        "hop_limit",
+    ] {
+        sum += cluster
+            .metric_sum(&format!("tether_not_found_total{{reason=\"{reason}\"}}"))
+            .await
+            .unwrap();
+    }
+    sum
+}
+
+async fn executed_twice(cluster: &Cluster) -> u64 {
+    let mut sum = 0;
+    for pod in &cluster.pods {
+        sum += load::executed_twice(&pod.stats().await.unwrap());
+    }
+    sum
+}
+
+/// `tools/list` for `session` entering at `client`'s pod(s): the status.
+async fn list_status(client: &McpClient, session: &Session) -> StatusCode {
+    client
+        .post(Some(session), &list(7), &[])
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test]
+async fn a_1000_sessions_through_random_entry_pods_reach_their_holder_while_a_4th_pod_joins() {
+    let ips: Vec<Ipv4Addr> = (2..=4).map(addr::fixed).collect();
+    let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    let client = cluster.client();
+    let cfg = LoadConfig {
+        sessions: 1000,
+        calls_per_session: 1,
+        count: 5,
+        interval_ms: 5,
+        cut_probability: 0.5,
+        max_pause_ms: 20,
+        concurrency: 100,
+        ..LoadConfig::default()
+    };
+    let load = tokio::spawn({
+        let cfg = cfg.clone();
+        async move { load::run(&client, &cfg).await }
+    });
+    // The 4th pod joins while the load runs.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let joined_while_running = !load.is_finished();
+    cluster.add(addr::fixed(5)).await.unwrap();
+    let report = load.await.unwrap();
+    println!("{}", report.table());
+    assert!(
+        joined_while_running,
+        "the load ended before the join; make it longer"
+    );
+    assert!(
+        report.failures.is_empty(),
+        "{} failures, first: {:?}\n{}",
+        report.failures.len(),
+        report.failures.first(),
+        cluster.logs()
+    );
+    assert_eq!(report.sessions, 1000);
+    assert_eq!((report.lost, report.duplicated, report.foreign), (0, 0, 0));
+    assert!(
+        report.resumes > 100,
+        "resumes entered at random pods: {}",
+        report.resumes
+    );
+    assert_eq!(not_found(&cluster).await, 0.0, "no unexpected 404 anywhere");
+    assert_eq!(executed_twice(&cluster).await, 0);
+    // Placement: each original pod created about a third of the sessions (entry = home).
+    let per_pod = created(&cluster).await;
+    assert_eq!(per_pod.iter().sum::<f64>(), 1000.0, "{per_pod:?}");
+    assert!(per_pod[..3].iter().all(|&n| n > 250.0), "{per_pod:?}");
+    assert_eq!(
+        per_pod[3], 0.0,
+        "the new pod is not an entry of this client"
+    );
+    // About two thirds of the follow-ups entered at a pod that does not hold the session.
+    let ok = cluster
+        .metric_sum("tether_forwards_total{kind=\"home\",outcome=\"ok\"}")
+        .await
+        .unwrap();
+    assert!(ok > 2000.0, "forwards to the home: {ok}");
+    for outcome in ["connect_error", "error"] {
+        let bad = cluster
+            .metric_sum(&format!(
+                "tether_forwards_total{{kind=\"home\",outcome=\"{outcome}\"}}"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(bad, 0.0, "{outcome}");
+    }
+    assert_eq!(
+        cluster
+            .metric_sum("tether_forward_hops_total{hop=\"2\"}")
+            .await
+            .unwrap(),
+        0.0,
+        "a live home is always one hop away"
+    );
+    // New sessions entering at the 4th pod are homed there; old and new sessions still route.
+    let all = cluster.client();
+    let mut sessions = Vec::new();
+    for _ in 0..40 {
+        sessions.push(all.initialize("2025-06-18").await.unwrap());
+    }
+    assert!(created(&cluster).await[3] > 0.0);
+    for s in &sessions {
+        assert_eq!(list_status(&all, s).await, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn sse_through_a_hop_is_flushed_event_by_event() {
+    let ips = [addr::next_ip(), addr::next_ip()];
+    let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    let home = cluster.client_of(&ips[..1]);
+    let other = cluster.client_of(&ips[1..]);
+    let session = home.initialize("2025-11-25").await.unwrap();
+    let started = Instant::now();
+    let body = tool_call(
+        2,
+        "slow",
+        json!({"count": 3, "interval_ms": 400, "call_id": "flush-1"}),
+        Some("flush-1"),
+    );
+    let resp = other.post(Some(&session), &body, &[]).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(is_sse(&resp));
+    let mut events = Events::new(resp);
+    let mut arrivals = Vec::new();
+    while let Some(ev) = events.next_within(Duration::from_secs(5)).await {
+        if ev.data.as_deref().is_some_and(|d| !d.is_empty()) {
+            arrivals.push(started.elapsed());
+        }
+        if arrivals.len() == 4 {
+            break;
+        }
+    }
+    assert_eq!(arrivals.len(), 4, "3 progress events and the result");
+    assert!(
+        arrivals[0] < Duration::from_millis(900),
+        "the first event is not held back until the end: {arrivals:?}"
+    );
+    assert!(arrivals[3] >= Duration::from_millis(1100), "{arrivals:?}");
+    // Counted when the exchange is logged, just after the last byte.
+    let pod = &cluster.pods[1];
+    let sample = "tether_forwards_total{kind=\"home\",outcome=\"ok\"}";
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pod.metric(sample).await.unwrap() < 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pod.metric(sample).await.unwrap(), 1.0);
+}
+
+#[tokio::test]
+async fn s05_a_forged_id_is_404_at_the_entry_and_forged_hop_headers_are_403() {
+    let ips = [addr::next_ip(), addr::next_ip()];
+    let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    let a = cluster.client_of(&ips[..1]);
+    let real = cluster
+        .client_of(&ips[1..])
+        .initialize("2025-06-18")
+        .await
+        .unwrap();
+    let mut forged = real.id.clone().into_bytes();
+    forged[30] = if forged[30] == b'A' { b'B' } else { b'A' };
+    let forged = Session {
+        id: String::from_utf8(forged).unwrap(),
+        version: real.version.clone(),
+    };
+    assert_eq!(list_status(&a, &forged).await, StatusCode::NOT_FOUND);
+    let pod_a = &cluster.pods[0];
+    assert_eq!(
+        pod_a
+            .metric("tether_not_found_total{reason=\"forged\"}")
+            .await
+            .unwrap(),
+        1.0
+    );
+    assert_eq!(
+        pod_a
+            .metric("tether_forward_hops_total{hop=\"1\"}")
+            .await
+            .unwrap(),
+        0.0
+    );
+    // A client cannot pose as a peer.
+    let resp = a
+        .post(
+            Some(&real),
+            &list(3),
+            &[
+                ("tether-hop", "2"),
+                ("tether-visited", "x"),
+                ("tether-hop-mac", "AAAAAAAAAAAAAAAAAAAAAA"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let body: Value = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
+    assert_eq!(body["error"]["data"]["reason"], "forged_hop");
+}
+
+#[tokio::test]
+async fn a_draining_pod_places_no_session_and_a_removed_pod_gets_no_traffic_within_1s() {
+    let ips = [addr::next_ip(), addr::next_ip(), addr::next_ip()];
+    let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    let c = cluster.client_of(&ips[2..]);
+    let on_c: Vec<Session> = {
+        let mut v = Vec::new();
+        for _ in 0..10 {
+            v.push(c.initialize("2025-06-18").await.unwrap());
+        }
+        v
+    };
+    assert_eq!(created(&cluster).await, vec![0.0, 0.0, 10.0]);
+    cluster.set_state(ips[2], Some("draining")).await.unwrap();
+    // Draining: new sessions entering at C are placed on A or B; C's own sessions still work.
+    let mut placed = Vec::new();
+    for _ in 0..30 {
+        placed.push(c.initialize("2025-06-18").await.unwrap());
+    }
+    let per_pod = created(&cluster).await;
+    assert_eq!(
+        per_pod[2], 10.0,
+        "no new session on the draining pod: {per_pod:?}"
+    );
+    assert_eq!(per_pod[0] + per_pod[1], 30.0, "{per_pod:?}");
+    let everywhere = cluster.client();
+    for s in on_c.iter().chain(&placed) {
+        assert_eq!(list_status(&everywhere, s).await, StatusCode::OK);
+    }
+    // Removed: within one second no request reaches C any more.
+    let written = Instant::now();
+    cluster.set_state(ips[2], None).await.unwrap();
+    let propagation = written.elapsed();
+    assert!(propagation < Duration::from_secs(1), "took {propagation:?}");
+    let requests_on_c = || async {
+        let pod = &cluster.pods[2];
+        pod.metric("tether_requests_total{method=\"POST\",era=\"sessionful\"}")
+            .await
+            .unwrap()
+    };
+    let before = requests_on_c().await;
+    let a_and_b = cluster.client_of(&ips[..2]);
+    for s in &on_c {
+        // Home gone for A and B, and no other pod holds the session: 404, never 502.
+        assert_eq!(list_status(&a_and_b, s).await, StatusCode::NOT_FOUND);
+    }
+    for s in &placed {
+        assert_eq!(list_status(&a_and_b, s).await, StatusCode::OK);
+    }
+    for _ in 0..20 {
+        a_and_b.initialize("2025-06-18").await.unwrap();
+    }
+    assert_eq!(
+        requests_on_c().await,
+        before,
+        "C received traffic after its removal"
+    );
+    assert_eq!(
+        cluster
+            .metric_sum("tether_not_found_total{reason=\"no_holder\"}")
+            .await
+            .unwrap(),
+        10.0
+    );
+}
+
+#[tokio::test]
+async fn fr01_the_session_created_on_a_pod_is_followed_there_also_after_a_join() {
+    let ips = [addr::next_ip(), addr::next_ip()];
+    let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    let client = cluster.client();
+    // INIT (no session id) then INITD with the minted id, each entering at a random pod.
+    let mut sessions = Vec::new();
+    for _ in 0..200 {
+        sessions.push(client.initialize("2025-06-18").await.unwrap());
+    }
+    cluster.add(addr::next_ip()).await.unwrap();
+    let everywhere = cluster.client();
+    for s in &sessions {
+        assert_eq!(list_status(&everywhere, s).await, StatusCode::OK);
+    }
+    assert_eq!(not_found(&cluster).await, 0.0);
+}
+
+#[tokio::test]
+async fn fr02_one_client_ip_spreads_sessions_and_health_checks_pin_nothing() {
+    let ips = [addr::next_ip(), addr::next_ip()];
+    let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    let client = cluster.client();
+    let http = tether_tests::client::Http::new();
+    let mut sessions = Vec::new();
+    for _ in 0..100 {
+        // Health checks hitting one pod between sessions.
+        let (status, _) = http
+            .get_text(&format!("{}/readyz", cluster.pods[0].admin_url))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+        sessions.push(client.initialize("2025-06-18").await.unwrap());
+    }
+    let per_pod = created(&cluster).await;
+    assert!(
+        per_pod.iter().all(|&n| (25.0..=75.0).contains(&n)),
+        "owner split {per_pod:?}"
+    );
+    for s in &sessions {
+        assert_eq!(list_status(&client, s).await, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn disagreeing_membership_reaches_the_holder_or_ends_in_404_never_loops() {
+    let ips = [addr::next_ip(), addr::next_ip(), addr::next_ip()];
+    let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    let (a, b, c) = (ips[0], ips[1], ips[2]);
+    let on_c = cluster.client_of(&[c]);
+    let mut sessions = Vec::new();
+    for _ in 0..20 {
+        sessions.push(on_c.initialize("2025-06-18").await.unwrap());
+    }
+    let routable = |ip| Member {
+        ip,
+        state: "routable",
+    };
+    // B has not heard of C yet; A has.
+    cluster
+        .write_peers_of(b, &[routable(a), routable(b)])
+        .await
+        .unwrap();
+    let via_b = cluster.client_of(&[b]);
+    for s in &sessions {
+        // B → (walk) A → (home) C: two hops.
+        assert_eq!(list_status(&via_b, s).await, StatusCode::OK);
+    }
+    let two_hops = cluster.pods[0]
+        .metric("tether_forward_hops_total{hop=\"2\"}")
+        .await
+        .unwrap();
+    assert_eq!(two_hops, 20.0);
+    // Now A does not know C either: B → A → (nothing left) 404, never back to B.
+    cluster
+        .write_peers_of(a, &[routable(a), routable(b)])
+        .await
+        .unwrap();
+    for s in &sessions {
+        assert_eq!(list_status(&via_b, s).await, StatusCode::NOT_FOUND);
+    }
+    let forwards = cluster
+        .metric_sum("tether_forward_hops_total{hop=\"1\"}")
+        .await
+        .unwrap()
+        + cluster
+            .metric_sum("tether_forward_hops_total{hop=\"2\"}")
+            .await
+            .unwrap();
+    assert_eq!(
+        forwards, 60.0,
+        "40 first hops and 20 second hops, nothing more"
+    );
+    assert_eq!(
+        cluster
+            .metric_sum("tether_forward_hops_total{hop=\"3\"}")
+            .await
+            .unwrap(),
+        0.0
+    );
+}
