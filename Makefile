@@ -7,7 +7,7 @@ CARGO ?= cargo
 # command -> Debian/Ubuntu package providing it
 SYSTEM_DEPS := cmake:cmake cc:gcc c++:g++ pkg-config:pkg-config
 
-.PHONY: all deps build test lint unit demo demo-release clean
+.PHONY: all deps build test lint unit demo bench clean
 
 all: test
 
@@ -49,6 +49,12 @@ unit: build
 demo: deps
 	$(CARGO) build --release --bins
 	./target/release/tether-demo $(DEMO_ARGS)
+
+## bench: ring lookup (criterion) and forward-hop latency (release build).
+bench: deps
+	$(CARGO) build --release --bins
+	$(CARGO) bench -p tether-sidecar --bench ring
+	./target/release/tether-bench-routing
 
 clean:
 	$(CARGO) clean

@@ -81,13 +81,7 @@ pub struct Report {
 impl Report {
     /// The `q` quantile (0..=1) of resume latencies.
     pub fn resume_quantile(&self, q: f64) -> Option<Duration> {
-        let mut v = self.resume_latencies.clone();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort();
-        let idx = ((v.len() as f64 - 1.0) * q).round() as usize;
-        v.get(idx).copied()
+        quantile(&self.resume_latencies, q)
     }
 
     /// Whether nothing was lost, duplicated, foreign or executed twice, and nothing failed.
@@ -149,6 +143,14 @@ pub fn executed_twice(stats: &Value) -> u64 {
         .get("duplicates")
         .and_then(Value::as_object)
         .map_or(0, |m| m.len() as u64)
+}
+
+/// The `q` quantile (0..=1, nearest rank) of `samples`; `None` when there are none.
+pub fn quantile(samples: &[Duration], q: f64) -> Option<Duration> {
+    let mut v = samples.to_vec();
+    v.sort_unstable();
+    let idx = ((v.len() as f64 - 1.0) * q.clamp(0.0, 1.0)).round() as usize;
+    v.get(idx).copied()
 }
 
 /// Runs the load against `client`'s endpoint.

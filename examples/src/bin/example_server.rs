@@ -458,6 +458,8 @@ async fn main() -> std::io::Result<()> {
             accepted = listener.accept() => accepted?,
             _ = shutdown_signal() => return Ok(()),
         };
+        // Small SSE writes (an event, then the last chunk) must not wait for Nagle's algorithm.
+        let _ = io.set_nodelay(true);
         let (mcp, stats, args) = (mcp.clone(), Arc::clone(&stats), Arc::clone(&args));
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
