@@ -272,7 +272,10 @@ impl ProxyHttp for McpProxy {
             upstream_request.remove_header(&name);
         }
         if let Some(f) = &ctx.forward {
-            let next = f.hop.next(self.router.uid());
+            // Peers found unreachable count as visited: the next pod need not try them again.
+            let mut next = f.hop.clone();
+            next.visited.extend(f.unreachable.iter().cloned());
+            let next = next.next(self.router.uid());
             for (name, value) in next.headers(self.router.secret(), f.session_id.as_deref()) {
                 upstream_request.insert_header(name, value)?;
             }

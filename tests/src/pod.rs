@@ -264,6 +264,15 @@ impl Pod {
         Ok(())
     }
 
+    /// Kills the sidecar (SIGKILL), as a crashed pod; the example server keeps running.
+    ///
+    /// # Errors
+    /// [`HarnessError::Io`] when it cannot be killed.
+    pub async fn kill_sidecar(&mut self) -> Result<()> {
+        self.sidecar.kill().await?;
+        Ok(())
+    }
+
     /// Sends SIGTERM to the sidecar and waits (at most `within`) for it to exit; returns its
     /// exit status, or `None` when it is still running.
     ///

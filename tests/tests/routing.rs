@@ -411,3 +411,37 @@ async fn disagreeing_membership_reaches_the_holder_or_ends_in_404_never_loops() 
         0.0
     );
 }
+
+#[tokio::test]
+async fn an_unreachable_home_ends_in_404_at_once_and_others_are_unaffected() {
+    let ips = [addr::next_ip(), addr::next_ip(), addr::next_ip()];
+    let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    let on_c = cluster.client_of(&ips[2..]);
+    let on_a = cluster.client_of(&ips[..1]);
+    let lost = on_c.initialize("2025-06-18").await.unwrap();
+    let kept = on_a.initialize("2025-06-18").await.unwrap();
+    // C crashes but is still listed routable everywhere.
+    cluster.pods[2].kill_sidecar().await.unwrap();
+    let a_and_b = cluster.client_of(&ips[..2]);
+    for _ in 0..10 {
+        let started = Instant::now();
+        assert_eq!(list_status(&a_and_b, &lost).await, StatusCode::NOT_FOUND);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(list_status(&a_and_b, &kept).await, StatusCode::OK);
+    }
+    let refused = cluster.pods[0]
+        .metric("tether_forwards_total{kind=\"home\",outcome=\"connect_error\"}")
+        .await
+        .unwrap()
+        + cluster.pods[1]
+            .metric("tether_forwards_total{kind=\"home\",outcome=\"connect_error\"}")
+            .await
+            .unwrap();
+    assert!(refused >= 10.0, "{refused}");
+    // A request without a session still finds a routable pod.
+    assert!(a_and_b.initialize("2025-06-18").await.is_ok());
+}
