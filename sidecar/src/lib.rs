@@ -24,6 +24,7 @@ pub mod jsonrpc;
 pub mod membership;
 pub mod metrics;
 pub mod origin;
+pub mod peer_health;
 pub mod proxy;
 pub mod reply;
 pub mod ring;

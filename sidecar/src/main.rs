@@ -8,9 +8,23 @@ use tether_sidecar::cli::{Cli, LogFormat};
 use tether_sidecar::config::Config;
 use tracing_subscriber::EnvFilter;
 
+/// The log filter: `RUST_LOG` (default `info`). pingora's own debug logs print request headers,
+/// session ids among them (DESIGN.md §3.5: never in logs), so a debug or trace level leaves
+/// pingora at `info` unless `RUST_LOG` names a pingora target itself.
+fn log_directives(rust_log: Option<String>) -> String {
+    let directives = rust_log.unwrap_or_else(|| "info".into());
+    let verbose = directives.contains("debug") || directives.contains("trace");
+    if verbose && !directives.contains("pingora") {
+        format!("{directives},pingora_proxy=info,pingora_core=info")
+    } else {
+        directives
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(log_directives(std::env::var("RUST_LOG").ok()))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
@@ -22,4 +36,23 @@ fn main() -> ExitCode {
     let Err(e) = Config::load(&cli).and_then(tether_sidecar::server::run);
     tracing::error!("cannot start: {e}");
     ExitCode::from(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_directives;
+
+    #[test]
+    fn debug_levels_keep_pingora_quiet_unless_asked() {
+        assert_eq!(log_directives(None), "info");
+        assert_eq!(
+            log_directives(Some("debug".into())),
+            "debug,pingora_proxy=info,pingora_core=info"
+        );
+        assert_eq!(
+            log_directives(Some("debug,pingora_proxy=debug".into())),
+            "debug,pingora_proxy=debug"
+        );
+        assert_eq!(log_directives(Some("warn".into())), "warn");
+    }
 }

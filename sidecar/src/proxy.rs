@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use http::{HeaderValue, StatusCode, header};
+use http::{HeaderValue, Method, StatusCode, header};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -28,6 +28,7 @@ use pingora::{ErrorSource, ErrorType};
 use crate::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::broker::Broker;
 use crate::headers::{LAST_EVENT_ID, MCP_SESSION_ID};
+use crate::jsonrpc::Envelope;
 use crate::membership::Peer;
 use crate::metrics::{RequestLabels, VersionLabel};
 use crate::origin::{OriginCheck, add_response_headers};
@@ -39,6 +40,9 @@ use crate::stream::FeedItem;
 
 /// How long connecting to a peer sidecar may take before the next candidate is tried.
 pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most peers a forward tries to connect to before it gives up (each failure marks the peer
+/// down, so later requests skip it without trying).
+pub const MAX_CONNECT_ATTEMPTS: usize = 3;
 /// Idle pooled connections to peers are closed after this long (shorter than a peer's own
 /// keep-alive timeout, so a pooled connection is never stale).
 pub const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -51,11 +55,14 @@ pub struct McpProxy {
     upstream_addr: String,
     upstream_path: String,
     body_timeout: Duration,
+    peer_read_timeout: Duration,
 }
 
 impl McpProxy {
     /// `upstream_addr` is `host:port`, `upstream_path` the MCP path there; `body_timeout` bounds
-    /// how long a request body may take to arrive (slow clients get 408).
+    /// how long a request body may take to arrive (slow clients get 408); `peer_read_timeout`
+    /// bounds each read from a peer a request was forwarded to (it must exceed the peer's own
+    /// upstream deadline and keep-alive interval, so only a peer that stopped answering hits it).
     pub fn new(
         broker: Arc<Broker>,
         router: Router,
@@ -63,6 +70,7 @@ impl McpProxy {
         upstream_addr: String,
         upstream_path: String,
         body_timeout: Duration,
+        peer_read_timeout: Duration,
     ) -> Self {
         Self {
             broker,
@@ -71,6 +79,7 @@ impl McpProxy {
             upstream_addr,
             upstream_path,
             body_timeout,
+            peer_read_timeout,
         }
     }
 
@@ -114,6 +123,8 @@ pub struct Forwarding {
     unreachable: Vec<String>,
     /// The answer when no candidate is left after connect failures.
     fallback: Option<Rejection>,
+    /// The request was sent back to this pod's own listener after every candidate failed.
+    to_self: bool,
 }
 
 /// Per-request state.
@@ -182,17 +193,22 @@ impl ProxyHttp for McpProxy {
             Ok(Admission::Request(admitted)) => admitted,
         };
         ctx.origin = admitted.origin.clone();
-        match self.route(&admitted) {
-            Ok(None) => {}
+        // A POST for a session nobody holds may still be an `initialize` that kept an old
+        // session id (field report 15): the body decides, so the 404 waits for it.
+        let miss = match self.route(&admitted) {
+            Ok(None) => None,
             Ok(Some(forwarding)) => {
                 ctx.forward = Some(forwarding);
                 return Ok(false);
+            }
+            Err(rejection @ Rejection::SessionNotFound(_)) if admitted.method == Method::POST => {
+                Some(rejection)
             }
             Err(rejection) => {
                 self.broker.count_rejection(&rejection);
                 return respond(session, ctx, rejection.into()).await;
             }
-        }
+        };
         metrics
             .requests
             .get_or_create(&RequestLabels {
@@ -219,6 +235,12 @@ impl ProxyHttp for McpProxy {
                 return respond(session, ctx, rejection.into()).await;
             }
         };
+        if let Some(rejection) = miss
+            && !Envelope::parse(&body).is_ok_and(|e| e.is_initialize())
+        {
+            self.broker.count_rejection(&rejection);
+            return respond(session, ctx, rejection.into()).await;
+        }
         let reply = self.broker.handle(admitted, body).await;
         respond(session, ctx, reply).await
     }
@@ -232,6 +254,8 @@ impl ProxyHttp for McpProxy {
             let mut peer = HttpPeer::new(f.peer.address, false, String::new());
             peer.options.connection_timeout = Some(PEER_CONNECT_TIMEOUT);
             peer.options.idle_timeout = Some(PEER_IDLE_TIMEOUT);
+            peer.options.read_timeout = Some(self.peer_read_timeout);
+            peer.options.write_timeout = Some(self.peer_read_timeout);
             return Ok(Box::new(peer));
         }
         Ok(Box::new(HttpPeer::new(
@@ -442,6 +466,7 @@ impl McpProxy {
                     target_home: home,
                     unreachable: Vec::new(),
                     fallback: None,
+                    to_self: false,
                 }))
             }
         }
@@ -450,34 +475,52 @@ impl McpProxy {
     /// Picks the next candidate after `f.peer` could not be reached; `false` (with
     /// `f.fallback` set) when none is left.
     fn reroute(&self, f: &mut Forwarding) -> bool {
+        let failed_self = f.peer.uid == self.router.uid();
+        if !failed_self {
+            self.router
+                .health()
+                .mark_down(&f.peer.uid, std::time::Instant::now());
+        }
         f.unreachable.push(f.peer.uid.clone());
-        let mut hop = f.hop.clone();
-        hop.visited.extend(f.unreachable.iter().cloned());
-        let nonce = placement_nonce();
-        let target = match (f.session_id.as_deref(), f.target_home) {
-            (Some(id), Some(home)) => Target::Session {
-                id,
-                home,
-                held: false,
-            },
-            _ => Target::Placement { nonce: &nonce },
+        let next = if failed_self || f.unreachable.len() >= MAX_CONNECT_ATTEMPTS {
+            None
+        } else {
+            let mut hop = f.hop.clone();
+            hop.visited.extend(f.unreachable.iter().cloned());
+            let nonce = placement_nonce();
+            let target = match (f.session_id.as_deref(), f.target_home) {
+                (Some(id), Some(home)) => Target::Session {
+                    id,
+                    home,
+                    held: false,
+                },
+                _ => Target::Placement { nonce: &nonce },
+            };
+            match self.router.route(self.broker.is_draining(), target, &hop) {
+                Route::Forward { peer, kind } => Some((peer, kind)),
+                Route::Local | Route::NotFound(_) => None,
+            }
         };
-        match self.router.route(self.broker.is_draining(), target, &hop) {
-            Route::Forward { peer, kind } => {
+        match next {
+            Some((peer, kind)) => {
                 f.peer = peer;
                 f.kind = kind;
                 true
             }
-            Route::NotFound(reason) => {
-                f.fallback = Some(Rejection::SessionNotFound(reason));
-                false
+            None if !failed_self && !f.to_self => {
+                // Nobody left to ask: this pod answers after all, through its own listener,
+                // where the body can be read (an `initialize` with a stale session id starts a
+                // new session; a draining pod serves a new session itself). The hop headers
+                // name the peers to skip.
+                f.peer = self.router.own_peer();
+                f.to_self = true;
+                true
             }
-            Route::Local if f.session_id.is_some() => {
-                f.fallback = Some(Rejection::SessionNotFound(NotFound::NoHolder));
-                false
-            }
-            Route::Local => {
-                f.fallback = Some(Rejection::PeerUnavailable);
+            None => {
+                f.fallback = Some(match f.session_id {
+                    Some(_) => Rejection::SessionNotFound(NotFound::NoHolder),
+                    None => Rejection::PeerUnavailable,
+                });
                 false
             }
         }

@@ -142,8 +142,8 @@ pub enum Rejection {
     /// 403: `Tether-Hop` headers whose peer MAC does not verify (not sent by a sidecar of this
     /// endpoint).
     ForgedHop,
-    /// 502: a request without a session (`initialize`, stateless) was placed on a peer that
-    /// could not be reached, and no other routable pod was left.
+    /// 503: a request without a session (`initialize`, stateless) was placed on peers that
+    /// could not be reached (they are skipped from now on, so a retry lands elsewhere or here).
     PeerUnavailable,
 }
 
@@ -159,8 +159,8 @@ impl Rejection {
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            TooManySessions => StatusCode::SERVICE_UNAVAILABLE,
-            UpstreamUnavailable | PeerUnavailable => StatusCode::BAD_GATEWAY,
+            TooManySessions | PeerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
             | UnsupportedNegotiatedVersion(_)

@@ -14,7 +14,9 @@
 //! signed with `Tether-Hop-Mac` (HMAC of the endpoint secret), so only peers can send them. At
 //! most [`MAX_HOPS`] hops are taken; a request that would need a third ends with 404 `hop_limit`.
 //! Together with the visited list this bounds every request even when sidecars disagree on
-//! membership (§3.3). Forged session ids never get here: they are answered 404 at the entry.
+//! membership (§3.3). Peers that [`PeerHealth`] marks down (refused connections, failed
+//! probes) are skipped like visited ones. Forged session ids never get here: they are answered
+//! 404 at the entry.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -23,6 +25,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use std::sync::Arc;
 
 use crate::membership::{MembershipSink, Peer, PeerState, View};
+use crate::peer_health::PeerHealth;
 use crate::reply::{NotFound, Rejection};
 use crate::secret::{DOMAIN_HOP, Secret};
 use crate::session_id::HomeToken;
@@ -207,16 +210,27 @@ pub enum Target<'a> {
 #[derive(Clone, Debug)]
 pub struct Router {
     sink: MembershipSink,
+    health: Arc<PeerHealth>,
+    address: std::net::SocketAddr,
     uid: String,
     home: HomeToken,
     secret: Secret,
 }
 
 impl Router {
-    /// The router of pod `uid`, reading membership from `sink`.
-    pub fn new(sink: MembershipSink, uid: String, secret: Secret) -> Self {
+    /// The router of pod `uid` (its MCP listener on `address`), reading membership from `sink`
+    /// and skipping the peers `health` marks down.
+    pub fn new(
+        sink: MembershipSink,
+        health: Arc<PeerHealth>,
+        address: std::net::SocketAddr,
+        uid: String,
+        secret: Secret,
+    ) -> Self {
         Self {
             sink,
+            health,
+            address,
             home: HomeToken::for_pod(&uid),
             uid,
             secret,
@@ -226,6 +240,17 @@ impl Router {
     /// This pod's UID.
     pub fn uid(&self) -> &str {
         &self.uid
+    }
+
+    /// This pod as a forward target: its own MCP listener.
+    pub fn own_peer(&self) -> Peer {
+        Peer {
+            uid: self.uid.clone(),
+            name: self.uid.clone(),
+            address: self.address,
+            state: PeerState::Routable,
+            revision: String::new(),
+        }
     }
 
     /// The endpoint secret (keys the hop MAC).
@@ -238,20 +263,35 @@ impl Router {
         self.sink.view()
     }
 
-    /// [`route`] with this pod's identity and the current view.
+    /// The health of peers (forwards that cannot connect mark a peer down here).
+    pub fn health(&self) -> &PeerHealth {
+        &self.health
+    }
+
+    /// [`route`] with this pod's identity, the current view and the peers now down.
     pub fn route(&self, draining: bool, target: Target<'_>, hop: &Hop) -> Route {
         let me = Me {
             uid: self.uid.clone(),
             home: self.home,
             draining,
         };
-        route(&self.view(), &me, target, hop)
+        let now = std::time::Instant::now();
+        route(&self.view(), &me, target, hop, &|uid| {
+            self.health.is_down(uid, now)
+        })
     }
 }
 
-/// Decides where a request goes (module docs); `hop` is where it has been.
-pub fn route(view: &View, me: &Me, target: Target<'_>, hop: &Hop) -> Route {
-    let skip = |p: &Peer| p.uid == me.uid || hop.visited(&p.uid);
+/// Decides where a request goes (module docs); `hop` is where it has been, and peers for which
+/// `down` holds are skipped like visited ones.
+pub fn route(
+    view: &View,
+    me: &Me,
+    target: Target<'_>,
+    hop: &Hop,
+    down: &dyn Fn(&str) -> bool,
+) -> Route {
+    let skip = |p: &Peer| p.uid == me.uid || hop.visited(&p.uid) || down(&p.uid);
     let can_hop = hop.count < MAX_HOPS;
     let forward = |peer: &Peer, kind| {
         if can_hop {
@@ -354,11 +394,11 @@ mod tests {
         let v = view(&[("a", R), ("b", R)]);
         let h = Hop::default();
         assert_eq!(
-            route(&v, &me("a"), session("s", "b", true), &h),
+            route(&v, &me("a"), session("s", "b", true), &h, &|_| false),
             Route::Local
         );
         assert_eq!(
-            route(&v, &me("a"), session("s", "a", false), &h),
+            route(&v, &me("a"), session("s", "a", false), &h, &|_| false),
             Route::Local
         );
     }
@@ -368,7 +408,7 @@ mod tests {
         let h = Hop::default();
         for state in [R, D] {
             let v = view(&[("a", R), ("b", state)]);
-            let r = route(&v, &me("a"), session("s", "b", false), &h);
+            let r = route(&v, &me("a"), session("s", "b", false), &h, &|_| false);
             assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Home)));
         }
     }
@@ -380,11 +420,17 @@ mod tests {
             let id = format!("sess-{i}");
             let owner = v.owner(&id).unwrap().uid.clone();
             let entry = if owner == "a" { "c" } else { "a" };
-            let r = route(&v, &me(entry), session(&id, "b", false), &Hop::default());
+            let r = route(
+                &v,
+                &me(entry),
+                session(&id, "b", false),
+                &Hop::default(),
+                &|_| false,
+            );
             assert_eq!(forwarded_to(&r), Some((owner.as_str(), ForwardKind::Walk)));
             // At the owner, which does not hold it: the next ranked pod not visited.
             let hop = Hop::default().next(entry);
-            let r = route(&v, &me(&owner), session(&id, "b", false), &hop);
+            let r = route(&v, &me(&owner), session(&id, "b", false), &hop, &|_| false);
             let expected = v
                 .ranked(&id)
                 .find(|p| p.uid != owner && p.uid != entry)
@@ -398,13 +444,45 @@ mod tests {
         let v = view(&[("a", R), ("b", R), ("c", R)]);
         let hop = Hop::default().next("x").next("y");
         assert_eq!(
-            route(&v, &me("a"), session("s", "b", false), &hop),
+            route(&v, &me("a"), session("s", "b", false), &hop, &|_| false),
             Route::NotFound(NotFound::HopLimit)
         );
         // Nothing left to visit: no holder.
         let lonely = view(&[("a", R), ("b", G)]);
         assert_eq!(
-            route(&lonely, &me("a"), session("s", "b", false), &Hop::default()),
+            route(
+                &lonely,
+                &me("a"),
+                session("s", "b", false),
+                &Hop::default(),
+                &|_| false
+            ),
+            Route::NotFound(NotFound::NoHolder)
+        );
+    }
+
+    #[test]
+    fn a_down_home_is_skipped_like_a_visited_one() {
+        let v = view(&[("a", R), ("b", R), ("c", R)]);
+        let down = |uid: &str| uid == "b";
+        let r = route(
+            &v,
+            &me("a"),
+            session("s", "b", false),
+            &Hop::default(),
+            &down,
+        );
+        // Not to b; the walk goes on to c, or ends when c is not a candidate.
+        assert_eq!(forwarded_to(&r), Some(("c", ForwardKind::Walk)));
+        let all_down = |uid: &str| uid != "a";
+        assert_eq!(
+            route(
+                &v,
+                &me("a"),
+                session("s", "b", false),
+                &Hop::default(),
+                &all_down
+            ),
             Route::NotFound(NotFound::NoHolder)
         );
     }
@@ -414,20 +492,32 @@ mod tests {
         let v = view(&[("a", R), ("b", R), ("c", D)]);
         let h = Hop::default();
         assert_eq!(
-            route(&v, &me("a"), Target::Placement { nonce: "n" }, &h),
+            route(&v, &me("a"), Target::Placement { nonce: "n" }, &h, &|_| {
+                false
+            }),
             Route::Local
         );
         let mut draining = me("a");
         draining.draining = true;
-        let r = route(&v, &draining, Target::Placement { nonce: "n" }, &h);
+        let r = route(&v, &draining, Target::Placement { nonce: "n" }, &h, &|_| {
+            false
+        });
         assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Placement)));
         // Marked draining by membership, and never onto a draining peer.
-        let r = route(&v, &me("c"), Target::Placement { nonce: "n" }, &h);
+        let r = route(&v, &me("c"), Target::Placement { nonce: "n" }, &h, &|_| {
+            false
+        });
         assert!(matches!(forwarded_to(&r), Some(("a" | "b", _))));
         // No routable peer: served here rather than refused.
         let alone = view(&[("a", D)]);
         assert_eq!(
-            route(&alone, &me("a"), Target::Placement { nonce: "n" }, &h),
+            route(
+                &alone,
+                &me("a"),
+                Target::Placement { nonce: "n" },
+                &h,
+                &|_| false
+            ),
             Route::Local
         );
     }
@@ -501,7 +591,7 @@ mod tests {
             let mut seen = vec![entry];
             loop {
                 let target = session(&id, &home_uid, holder == Some(at));
-                match route(&views[at], &me(&uid(at)), target, &hop) {
+                match route(&views[at], &me(&uid(at)), target, &hop, &|_| false) {
                     Route::Local | Route::NotFound(_) => break,
                     Route::Forward { peer, .. } => {
                         let next: usize = peer.uid[4..].parse().unwrap();

@@ -18,6 +18,7 @@ use crate::membership::kubernetes::KubernetesPods;
 use crate::membership::peers_file::PeersFile;
 use crate::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
 use crate::metrics::Metrics;
+use crate::peer_health::{PeerHealth, Prober};
 use crate::proxy::McpProxy;
 use crate::routing::Router;
 use crate::session::Registry;
@@ -32,6 +33,8 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// connections and standalone GET streams, which clients reopen.
 const GRACE_SECS: u64 = 1;
 const SHUTDOWN_TIMEOUT_SECS: u64 = 5;
+/// Added to the peer's own deadlines to bound each read from a peer.
+const PEER_READ_MARGIN: Duration = Duration::from_secs(10);
 
 /// Periodic [`Broker::sweep`].
 struct Sweeper {
@@ -141,7 +144,18 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         .unwrap_or_default();
     let (initial, source) = membership(&cfg);
     let sink = MembershipSink::new(initial, Arc::clone(broker.metrics_arc()));
-    let router = Router::new(sink.clone(), cfg.pod_uid.clone(), cfg.secret.clone());
+    let health = PeerHealth::new();
+    let router = Router::new(
+        sink.clone(),
+        Arc::clone(&health),
+        cfg.listen_addr,
+        cfg.pod_uid.clone(),
+        cfg.secret.clone(),
+    );
+    // Only a peer that stopped answering exceeds this: a live one answers within its upstream
+    // deadline and sends keep-alive comments on idle streams.
+    let peer_read_timeout =
+        cfg.broker.upstream_body_timeout.max(cfg.broker.keep_alive) + PEER_READ_MARGIN;
     let proxy = McpProxy::new(
         Arc::clone(&broker),
         router,
@@ -149,6 +163,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         authority,
         cfg.upstream.path().to_owned(),
         cfg.request_timeout,
+        peer_read_timeout,
     );
     let mut mcp = pingora::proxy::http_proxy_service_with_name(&server.configuration, proxy, "mcp");
     mcp.add_tcp(&cfg.listen_addr.to_string());
@@ -165,6 +180,13 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     server.add_service(sweeper);
     if let Some(source) = source {
         let name = source.name();
+        let prober = Prober::new(
+            health,
+            sink.clone(),
+            cfg.pod_uid.clone(),
+            cfg.admin_addr.port(),
+        );
+        server.add_service(background_service("peer-prober", prober));
         server.add_service(background_service(name, MembershipService { source, sink }));
     }
     tracing::info!(

@@ -273,6 +273,25 @@ impl Pod {
         Ok(())
     }
 
+    /// Sends `SIG<name>` (e.g. `STOP`, `CONT`) to the sidecar.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the sidecar exited or the signal cannot be sent.
+    pub async fn signal_sidecar(&mut self, name: &str) -> Result<()> {
+        let pid = self
+            .sidecar
+            .id()
+            .ok_or_else(|| HarnessError::Start("the sidecar already exited".into()))?;
+        let sent = Command::new("kill")
+            .args([format!("-{name}"), pid.to_string()])
+            .status()
+            .await?;
+        if !sent.success() {
+            return Err(HarnessError::Start(format!("kill -{name} {pid} failed")));
+        }
+        Ok(())
+    }
+
     /// Sends SIGTERM to the sidecar and waits (at most `within`) for it to exit; returns its
     /// exit status, or `None` when it is still running.
     ///
@@ -282,17 +301,7 @@ impl Pod {
         &mut self,
         within: Duration,
     ) -> Result<Option<std::process::ExitStatus>> {
-        let pid = self
-            .sidecar
-            .id()
-            .ok_or_else(|| HarnessError::Start("the sidecar already exited".into()))?;
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await?;
-        if !sent.success() {
-            return Err(HarnessError::Start(format!("kill -TERM {pid} failed")));
-        }
+        self.signal_sidecar("TERM").await?;
         Ok(tokio::time::timeout(within, self.sidecar.wait())
             .await
             .ok()

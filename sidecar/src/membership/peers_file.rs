@@ -12,8 +12,11 @@
 //! ```
 //!
 //! The file is polled every [`POLL_INTERVAL`] and compared by content, so atomic renames,
-//! in-place rewrites and Kubernetes ConfigMap symlink swaps are all seen. A file that cannot be
-//! read or parsed keeps the last good membership; the error is logged once per distinct error.
+//! in-place rewrites and Kubernetes ConfigMap symlink swaps are all seen. New content is applied
+//! once two reads in a row agree, so a half-written file (a writer that truncates, then writes)
+//! is not applied. A file that cannot be read or parsed, or lists no pod, keeps the last good
+//! membership; the error is logged once per distinct error. Writers should still replace the
+//! file atomically (write a temporary file, then rename).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -45,6 +48,9 @@ pub enum PeersFileError {
     /// Not a YAML list of pods (the message names the field and line).
     #[error("invalid peers file: {0}")]
     Syntax(String),
+    /// The file lists no pod (an empty or comment-only file is taken for a half-written one).
+    #[error("invalid peers file: it lists no pod")]
+    Empty,
     /// An entry's `uid` is empty or not visible ASCII without `,` (UIDs travel in the
     /// `Tether-Visited` header).
     #[error(
@@ -85,11 +91,12 @@ fn routable() -> PeerState {
 /// # Errors
 /// [`PeersFileError`] naming the entry or field at fault.
 pub fn parse(text: &str) -> Result<Snapshot, PeersFileError> {
-    let entries: Vec<Entry> = if text.trim().is_empty() {
-        Vec::new()
-    } else {
-        yaml_serde::from_str(text).map_err(|e| PeersFileError::Syntax(e.to_string()))?
-    };
+    let entries: Option<Vec<Entry>> =
+        yaml_serde::from_str(text).map_err(|e| PeersFileError::Syntax(e.to_string()))?;
+    let entries = entries.unwrap_or_default();
+    if entries.is_empty() {
+        return Err(PeersFileError::Empty);
+    }
     let mut seen: Vec<&str> = Vec::new();
     let mut unique = HashSet::new();
     for (i, e) in entries.iter().enumerate() {
@@ -160,6 +167,7 @@ impl Membership for PeersFile {
         let mut tick = tokio::time::interval(POLL_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_text: Option<String> = None;
+        let mut pending: Option<String> = None;
         let mut last_error: Option<PeersFileError> = None;
         loop {
             tokio::select! {
@@ -180,8 +188,15 @@ impl Membership for PeersFile {
                 }
             };
             if last_text.as_deref() == Some(text.as_str()) {
+                pending = None;
                 continue;
             }
+            if pending.as_deref() != Some(text.as_str()) {
+                // Seen once: apply it if the next read agrees.
+                pending = Some(text);
+                continue;
+            }
+            pending = None;
             match parse(&text) {
                 Ok(snapshot) => {
                     last_error = None;
@@ -218,7 +233,9 @@ mod tests {
         assert_eq!(snap.peers[0].state, PeerState::Routable);
         assert_eq!(snap.peers[1].state, PeerState::Draining);
         assert_eq!(snap.peers[1].revision, "v2");
-        assert_eq!(parse("").unwrap(), Snapshot::default());
+        assert_eq!(parse(""), Err(PeersFileError::Empty));
+        assert_eq!(parse("# nobody\n"), Err(PeersFileError::Empty));
+        assert_eq!(parse("[]"), Err(PeersFileError::Empty));
     }
 
     #[test]
