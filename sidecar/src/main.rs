@@ -10,15 +10,23 @@ use tracing_subscriber::EnvFilter;
 
 /// The log filter: `RUST_LOG` (default `info`). pingora's own debug logs print request headers,
 /// session ids among them (DESIGN.md §3.5: never in logs), so a debug or trace level leaves
-/// pingora at `info` unless `RUST_LOG` names a pingora target itself.
+/// `pingora_proxy` and `pingora_core` at `info` unless `RUST_LOG` sets a level for them itself.
 fn log_directives(rust_log: Option<String>) -> String {
-    let directives = rust_log.unwrap_or_else(|| "info".into());
-    let verbose = directives.contains("debug") || directives.contains("trace");
-    if verbose && !directives.contains("pingora") {
-        format!("{directives},pingora_proxy=info,pingora_core=info")
-    } else {
-        directives
+    let mut directives = rust_log.unwrap_or_else(|| "info".into());
+    let lower = directives.to_ascii_lowercase();
+    if lower.contains("debug") || lower.contains("trace") {
+        for target in ["pingora_proxy", "pingora_core"] {
+            // A directive for the target itself (`pingora_proxy=debug`) is the user's choice;
+            // one for a module below it (`pingora_core::connectors=warn`) is not.
+            if !lower
+                .split(',')
+                .any(|d| d.trim().starts_with(&format!("{target}=")))
+            {
+                directives.push_str(&format!(",{target}=info"));
+            }
+        }
     }
+    directives
 }
 
 fn main() -> ExitCode {
@@ -54,5 +62,13 @@ mod tests {
             "debug,pingora_proxy=debug"
         );
         assert_eq!(log_directives(Some("warn".into())), "warn");
+        assert_eq!(
+            log_directives(Some("DEBUG".into())),
+            "DEBUG,pingora_proxy=info,pingora_core=info"
+        );
+        assert_eq!(
+            log_directives(Some("debug,pingora_core::connectors=warn".into())),
+            "debug,pingora_core::connectors=warn,pingora_proxy=info,pingora_core=info"
+        );
     }
 }

@@ -1,15 +1,20 @@
 //! Which peers failed to answer lately, so routing skips them (DESIGN.md §3.1 step 4: "the next
 //! pod not visited yet").
 //!
-//! Two signals mark a peer down for [`DOWN_HOLD`]:
-//! - a forward that cannot connect to it (connection refused, connect timeout);
-//! - [`FAILURES_TO_MARK_DOWN`] consecutive failed probes of its admin `/healthz` by the
-//!   [`Prober`] (every [`PROBE_INTERVAL`], each bounded by [`PROBE_TIMEOUT`]), which also catches
-//!   a frozen pod that still accepts connections but never answers.
+//! Two signals mark a peer down for [`DOWN_HOLD`], with a [`Down`] cause:
+//! - a forward that cannot connect to it: [`Down::Refused`] when the connection is refused (no
+//!   process listens: the pod's sessions are gone), [`Down::Unresponsive`] on a connect timeout;
+//! - [`FAILURES_TO_MARK_DOWN`] consecutive failed probes by the [`Prober`] (every
+//!   [`PROBE_INTERVAL`], each bounded by [`PROBE_TIMEOUT`]) of [`PEER_PROBE_PATH`] on the peer's
+//!   MCP listener — the address forwards use, so no other port needs to be open between pods.
+//!   A refused probe is [`Down::Refused`]; a probe that gets no answer in time (a frozen pod
+//!   still accepts connections) is [`Down::Unresponsive`].
 //!
-//! A successful probe clears the mark at once. Routing treats a down peer like a visited one:
-//! a session whose home is down is looked for on the ring, and ends in 404 when nobody holds it
-//! (spec S-05). The set is an immutable map swapped atomically; a lookup takes no lock.
+//! A successful probe clears the mark at once. Routing skips a down peer like a visited one,
+//! except the live home of a session that is merely unresponsive: that request gets 503 +
+//! `Retry-After` (the session may well survive a stall), while a refused home's sessions are
+//! looked for on the ring and end in 404 when nobody holds them (spec S-05). The set is an
+//! immutable map swapped atomically; a lookup takes no lock.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -36,11 +41,22 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Consecutive failed probes that mark a peer down.
 pub const FAILURES_TO_MARK_DOWN: u32 = 2;
+/// The path every sidecar answers `200 ok` on, on its MCP listener, for its peers' probes.
+pub const PEER_PROBE_PATH: &str = "/.tether/ping";
 
-/// Peers currently considered down, by UID, with the instant the mark expires.
+/// Why a peer is down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Down {
+    /// Its address refuses connections: no sidecar runs there any more.
+    Refused,
+    /// It accepts connections (or drops them) but does not answer in time.
+    Unresponsive,
+}
+
+/// Peers currently considered down, by UID, with the cause and the instant the mark expires.
 #[derive(Debug, Default)]
 pub struct PeerHealth {
-    down: ArcSwap<HashMap<String, Instant>>,
+    down: ArcSwap<HashMap<String, (Down, Instant)>>,
 }
 
 impl PeerHealth {
@@ -49,15 +65,15 @@ impl PeerHealth {
         Arc::new(Self::default())
     }
 
-    /// Marks `uid` down for [`DOWN_HOLD`] from `now`.
-    pub fn mark_down(&self, uid: &str, now: Instant) {
+    /// Marks `uid` down for `cause`, for [`DOWN_HOLD`] from `now`.
+    pub fn mark_down(&self, uid: &str, cause: Down, now: Instant) {
         self.down.rcu(|map| {
-            let mut map: HashMap<String, Instant> = map
+            let mut map: HashMap<String, (Down, Instant)> = map
                 .iter()
-                .filter(|(_, until)| **until > now)
-                .map(|(u, t)| (u.clone(), *t))
+                .filter(|(_, (_, until))| *until > now)
+                .map(|(u, v)| (u.clone(), *v))
                 .collect();
-            map.insert(uid.to_owned(), now + DOWN_HOLD);
+            map.insert(uid.to_owned(), (cause, now + DOWN_HOLD));
             map
         });
     }
@@ -74,29 +90,27 @@ impl PeerHealth {
         });
     }
 
-    /// Whether `uid` is marked down at `now`.
-    pub fn is_down(&self, uid: &str, now: Instant) -> bool {
-        self.down.load().get(uid).is_some_and(|until| *until > now)
+    /// Why `uid` is down at `now`, if it is.
+    pub fn down(&self, uid: &str, now: Instant) -> Option<Down> {
+        self.down
+            .load()
+            .get(uid)
+            .filter(|(_, until)| *until > now)
+            .map(|(cause, _)| *cause)
     }
 }
 
-/// Probes every live peer's admin `/healthz` and keeps [`PeerHealth`] current.
+/// Probes every live peer's [`PEER_PROBE_PATH`] and keeps [`PeerHealth`] current.
 pub struct Prober {
     health: Arc<PeerHealth>,
     sink: MembershipSink,
     own_uid: String,
-    admin_port: u16,
     client: Client<HttpConnector, Empty<Bytes>>,
 }
 
 impl Prober {
-    /// A prober of the peers in `sink` (all but `own_uid`), on their `admin_port`.
-    pub fn new(
-        health: Arc<PeerHealth>,
-        sink: MembershipSink,
-        own_uid: String,
-        admin_port: u16,
-    ) -> Self {
+    /// A prober of the peers in `sink` (all but `own_uid`).
+    pub fn new(health: Arc<PeerHealth>, sink: MembershipSink, own_uid: String) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(PROBE_TIMEOUT));
         connector.set_nodelay(true);
@@ -104,22 +118,22 @@ impl Prober {
             health,
             sink,
             own_uid,
-            admin_port,
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build(connector),
         }
     }
 
-    /// Whether the admin listener at `addr` answers `/healthz` with 200 in time.
-    async fn probe(&self, addr: SocketAddr) -> bool {
-        let Ok(uri) = format!("http://{addr}/healthz").parse::<http::Uri>() else {
-            return false;
+    /// Probes the sidecar listening on `addr`: `None` when it answers 200 in time.
+    async fn probe(&self, addr: SocketAddr) -> Option<Down> {
+        let Ok(uri) = format!("http://{addr}{PEER_PROBE_PATH}").parse::<http::Uri>() else {
+            return Some(Down::Unresponsive);
         };
-        matches!(
-            tokio::time::timeout(PROBE_TIMEOUT, self.client.get(uri)).await,
-            Ok(Ok(resp)) if resp.status() == http::StatusCode::OK
-        )
+        match tokio::time::timeout(PROBE_TIMEOUT, self.client.get(uri)).await {
+            Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => None,
+            Ok(Err(e)) if refused(&e) => Some(Down::Refused),
+            _ => Some(Down::Unresponsive),
+        }
     }
 }
 
@@ -140,17 +154,14 @@ impl BackgroundService for Prober {
                 .peers
                 .iter()
                 .filter(|p| p.state.is_alive() && p.uid != self.own_uid)
-                .map(|p| {
-                    let admin = SocketAddr::new(p.address.ip(), self.admin_port);
-                    (p.uid.clone(), p.name.clone(), admin)
-                })
+                .map(|p| (p.uid.clone(), p.name.clone(), p.address))
                 .collect();
             let results =
                 futures::future::join_all(peers.iter().map(|(_, _, addr)| self.probe(*addr))).await;
             failures.retain(|uid, _| peers.iter().any(|(u, _, _)| u == uid));
             let now = Instant::now();
-            for ((uid, name, addr), ok) in peers.iter().zip(results) {
-                if ok {
+            for ((uid, name, addr), failed) in peers.iter().zip(results) {
+                let Some(cause) = failed else {
                     if failures
                         .remove(uid)
                         .is_some_and(|n| n >= FAILURES_TO_MARK_DOWN)
@@ -159,18 +170,30 @@ impl BackgroundService for Prober {
                     }
                     self.health.mark_up(uid);
                     continue;
-                }
+                };
                 let n = failures.entry(uid.clone()).or_default();
                 *n += 1;
                 if *n >= FAILURES_TO_MARK_DOWN {
                     if *n == FAILURES_TO_MARK_DOWN {
-                        tracing::warn!(peer = %name, admin = %addr, "peer fails its health probe; skipping it");
+                        tracing::warn!(peer = %name, address = %addr, ?cause, "peer fails its health probe; skipping it");
                     }
-                    self.health.mark_down(uid, now);
+                    self.health.mark_down(uid, cause, now);
                 }
             }
         }
     }
+}
+
+/// Whether a client error is a refused connection.
+fn refused(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        source = err.source();
+    }
+    false
 }
 
 #[cfg(test)]
@@ -181,23 +204,32 @@ mod tests {
     fn marks_expire_and_clear() {
         let h = PeerHealth::new();
         let t0 = Instant::now();
-        assert!(!h.is_down("a", t0));
-        h.mark_down("a", t0);
-        assert!(h.is_down("a", t0 + Duration::from_millis(10)));
-        assert!(!h.is_down("a", t0 + DOWN_HOLD + Duration::from_millis(1)));
-        h.mark_down("b", t0);
+        assert_eq!(h.down("a", t0), None);
+        h.mark_down("a", Down::Refused, t0);
+        assert_eq!(
+            h.down("a", t0 + Duration::from_millis(10)),
+            Some(Down::Refused)
+        );
+        assert_eq!(h.down("a", t0 + DOWN_HOLD + Duration::from_millis(1)), None);
+        h.mark_down("b", Down::Unresponsive, t0);
+        assert_eq!(h.down("b", t0), Some(Down::Unresponsive));
         h.mark_up("b");
-        assert!(!h.is_down("b", t0));
-        assert!(h.is_down("a", t0));
+        assert_eq!(h.down("b", t0), None);
+        assert_eq!(h.down("a", t0), Some(Down::Refused));
     }
 
     #[tokio::test]
-    async fn a_frozen_peer_is_marked_down_and_a_live_one_is_not() {
+    async fn frozen_and_dead_peers_are_marked_down_and_a_live_one_is_not() {
         use crate::membership::{Peer, PeerState, Snapshot};
         // A listener that accepts and never answers (a frozen process), and one that answers.
         let frozen = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let live = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (frozen_addr, live_addr) = (frozen.local_addr().unwrap(), live.local_addr().unwrap());
+        // A port nobody listens on (bound, then released).
+        let dead_addr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
         tokio::spawn(async move {
             let mut held = Vec::new();
             while let Ok((s, _)) = frozen.accept().await {
@@ -220,7 +252,6 @@ mod tests {
                 });
             }
         });
-        // Both peers on 127.0.0.1 with distinct admin ports: probe each by its own port.
         let health = PeerHealth::new();
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let peer = |uid: &str, port: u16| Peer {
@@ -230,21 +261,22 @@ mod tests {
             state: PeerState::Routable,
             revision: String::new(),
         };
-        for (uid, port, down) in [
-            ("frozen", frozen_addr.port(), true),
-            ("live", live_addr.port(), false),
+        for (uid, port, expected) in [
+            ("frozen", frozen_addr.port(), Some(Down::Unresponsive)),
+            ("dead", dead_addr.port(), Some(Down::Refused)),
+            ("live", live_addr.port(), None),
         ] {
             let sink = MembershipSink::new(
                 Snapshot {
-                    peers: vec![peer(uid, 1)],
+                    peers: vec![peer(uid, port)],
                 },
                 Arc::clone(&metrics),
             );
-            let prober = Prober::new(Arc::clone(&health), sink, "me".into(), port);
+            let prober = Prober::new(Arc::clone(&health), sink, "me".into());
             let (stop, shutdown) = tokio::sync::watch::channel(false);
             let task = tokio::spawn(async move { prober.start(shutdown).await });
             tokio::time::sleep(PROBE_INTERVAL * (FAILURES_TO_MARK_DOWN + 1)).await;
-            assert_eq!(health.is_down(uid, Instant::now()), down, "{uid}");
+            assert_eq!(health.down(uid, Instant::now()), expected, "{uid}");
             stop.send(true).unwrap();
             task.await.unwrap();
         }

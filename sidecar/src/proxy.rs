@@ -32,6 +32,7 @@ use crate::jsonrpc::Envelope;
 use crate::membership::Peer;
 use crate::metrics::{RequestLabels, VersionLabel};
 use crate::origin::{OriginCheck, add_response_headers};
+use crate::peer_health::{Down, PEER_PROBE_PATH};
 use crate::reply::{NotFound, Rejection, Reply, ReplyBody};
 use crate::routing::{
     ForwardKind, Hop, Route, Router, TETHER_HOP, TETHER_HOP_MAC, TETHER_VISITED, Target,
@@ -172,6 +173,17 @@ impl ProxyHttp for McpProxy {
             req.uri.path().to_owned(),
             req.headers.clone(),
         );
+        if method == Method::GET && path == PEER_PROBE_PATH {
+            // Peers' liveness probe (`peer_health`): answered here, on the port they forward to.
+            let mut headers = http::HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            let reply = Reply {
+                status: StatusCode::OK,
+                headers,
+                body: ReplyBody::Full(Bytes::from_static(b"ok\n")),
+            };
+            return respond(session, ctx, reply).await;
+        }
         let metrics = self.broker.metrics();
         let admitted = match self.policy.admit(&method, &path, &headers) {
             Err(refused) => {
@@ -277,7 +289,12 @@ impl ProxyHttp for McpProxy {
                 .metrics()
                 .forward(f.kind.label(), "connect_error");
             tracing::warn!(peer = %f.peer.name, address = %f.peer.address, error = %e, "peer unreachable; trying the next candidate");
-            if self.reroute(f) {
+            let cause = if e.etype() == &ErrorType::ConnectRefused {
+                Down::Refused
+            } else {
+                Down::Unresponsive
+            };
+            if self.reroute(f, cause) {
                 e.set_retry(true);
             } else {
                 e.set_retry(false);
@@ -456,6 +473,7 @@ impl McpProxy {
         match self.router.route(self.broker.is_draining(), target, &hop) {
             Route::Local => Ok(None),
             Route::NotFound(reason) => Err(Rejection::SessionNotFound(reason)),
+            Route::Unavailable => Err(Rejection::PeerUnavailable),
             Route::Forward { peer, kind } => {
                 tracing::debug!(peer = %peer.name, kind = kind.label(), hop = hop.count + 1, "forwarding");
                 Ok(Some(Forwarding {
@@ -474,12 +492,12 @@ impl McpProxy {
 
     /// Picks the next candidate after `f.peer` could not be reached; `false` (with
     /// `f.fallback` set) when none is left.
-    fn reroute(&self, f: &mut Forwarding) -> bool {
+    fn reroute(&self, f: &mut Forwarding, cause: Down) -> bool {
         let failed_self = f.peer.uid == self.router.uid();
         if !failed_self {
             self.router
                 .health()
-                .mark_down(&f.peer.uid, std::time::Instant::now());
+                .mark_down(&f.peer.uid, cause, std::time::Instant::now());
         }
         f.unreachable.push(f.peer.uid.clone());
         let next = if failed_self || f.unreachable.len() >= MAX_CONNECT_ATTEMPTS {
@@ -498,6 +516,10 @@ impl McpProxy {
             };
             match self.router.route(self.broker.is_draining(), target, &hop) {
                 Route::Forward { peer, kind } => Some((peer, kind)),
+                Route::Unavailable => {
+                    f.fallback = Some(Rejection::PeerUnavailable);
+                    return false;
+                }
                 Route::Local | Route::NotFound(_) => None,
             }
         };
@@ -513,6 +535,7 @@ impl McpProxy {
                 // new session; a draining pod serves a new session itself). The hop headers
                 // name the peers to skip.
                 f.peer = self.router.own_peer();
+                f.kind = ForwardKind::Fallback;
                 f.to_self = true;
                 true
             }

@@ -142,8 +142,8 @@ pub enum Rejection {
     /// 403: `Tether-Hop` headers whose peer MAC does not verify (not sent by a sidecar of this
     /// endpoint).
     ForgedHop,
-    /// 503: a request without a session (`initialize`, stateless) was placed on peers that
-    /// could not be reached (they are skipped from now on, so a retry lands elsewhere or here).
+    /// 503: the pod holding the session is alive in membership but does not answer (its health
+    /// probes fail), or a request without a session found no pod to take it.
     PeerUnavailable,
 }
 

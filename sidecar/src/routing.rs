@@ -9,6 +9,7 @@
 //! | home gone or unknown | forward to `owner(S)` over the preferred set, else the next pod of `ranked(S)` not visited yet ([`ForwardKind::Walk`]); none left → 404 `no_holder` |
 //! | no session id (`initialize`, stateless), this pod routable | [`Route::Local`] |
 //! | no session id, this pod draining | forward to a routable peer of the newest revision ([`ForwardKind::Placement`]); none → local |
+//! | home alive in membership but unresponsive (failed probes, connect timeouts) | 503 + `Retry-After` |
 //!
 //! A forward carries its hop count and the UIDs it visited in `Tether-Hop` / `Tether-Visited`,
 //! signed with `Tether-Hop-Mac` (HMAC of the endpoint secret), so only peers can send them. At
@@ -25,7 +26,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use std::sync::Arc;
 
 use crate::membership::{MembershipSink, Peer, PeerState, View};
-use crate::peer_health::PeerHealth;
+use crate::peer_health::{Down, PeerHealth};
 use crate::reply::{NotFound, Rejection};
 use crate::secret::{DOMAIN_HOP, Secret};
 use crate::session_id::HomeToken;
@@ -147,6 +148,8 @@ pub enum ForwardKind {
     Walk,
     /// A request without a session, placed on a routable peer because this pod drains.
     Placement,
+    /// Back to this pod's own listener after every candidate failed, so it answers itself.
+    Fallback,
 }
 
 impl ForwardKind {
@@ -156,6 +159,7 @@ impl ForwardKind {
             Self::Home => "home",
             Self::Walk => "walk",
             Self::Placement => "placement",
+            Self::Fallback => "fallback",
         }
     }
 }
@@ -174,6 +178,9 @@ pub enum Route {
     },
     /// No pod can hold the session: 404 with this reason.
     NotFound(NotFound),
+    /// The session's home is alive in membership but does not answer: 503 + `Retry-After`
+    /// (the session may survive a stall; a 404 would make the client drop it).
+    Unavailable,
 }
 
 /// This pod, as routing sees it.
@@ -277,21 +284,24 @@ impl Router {
         };
         let now = std::time::Instant::now();
         route(&self.view(), &me, target, hop, &|uid| {
-            self.health.is_down(uid, now)
+            self.health.down(uid, now)
         })
     }
 }
 
-/// Decides where a request goes (module docs); `hop` is where it has been, and peers for which
-/// `down` holds are skipped like visited ones.
+/// Decides where a request goes (module docs); `hop` is where it has been, and peers `down`
+/// reports down are skipped like visited ones — except an unresponsive live home, which is
+/// [`Route::Unavailable`]. A request this pod sent back to itself (the last visited pod is this
+/// one) is never forwarded again.
 pub fn route(
     view: &View,
     me: &Me,
     target: Target<'_>,
     hop: &Hop,
-    down: &dyn Fn(&str) -> bool,
+    down: &dyn Fn(&str) -> Option<Down>,
 ) -> Route {
-    let skip = |p: &Peer| p.uid == me.uid || hop.visited(&p.uid) || down(&p.uid);
+    let skip = |p: &Peer| p.uid == me.uid || hop.visited(&p.uid) || down(&p.uid).is_some();
+    let returned = hop.visited.last().is_some_and(|u| *u == me.uid);
     let can_hop = hop.count < MAX_HOPS;
     let forward = |peer: &Peer, kind| {
         if can_hop {
@@ -306,9 +316,14 @@ pub fn route(
     match target {
         Target::Session { held: true, .. } => Route::Local,
         Target::Session { home, .. } if home == me.home => Route::Local,
+        Target::Session { .. } if returned => Route::NotFound(NotFound::NoHolder),
         Target::Session { id, home, .. } => {
-            if let Some(h) = view.home(&home).filter(|h| h.state.is_alive() && !skip(h)) {
-                return forward(h, ForwardKind::Home);
+            if let Some(h) = view.home(&home).filter(|h| h.state.is_alive()) {
+                match down(&h.uid) {
+                    Some(Down::Unresponsive) => return Route::Unavailable,
+                    None if !skip(h) => return forward(h, ForwardKind::Home),
+                    _ => {}
+                }
             }
             let next = view
                 .owner(id)
@@ -325,7 +340,7 @@ pub fn route(
             } else {
                 view.peer(&me.uid).map_or(PeerState::Routable, |p| p.state)
             };
-            if state == PeerState::Routable || !can_hop {
+            if state == PeerState::Routable || !can_hop || returned {
                 return Route::Local;
             }
             let next = view
@@ -394,11 +409,11 @@ mod tests {
         let v = view(&[("a", R), ("b", R)]);
         let h = Hop::default();
         assert_eq!(
-            route(&v, &me("a"), session("s", "b", true), &h, &|_| false),
+            route(&v, &me("a"), session("s", "b", true), &h, &|_| None),
             Route::Local
         );
         assert_eq!(
-            route(&v, &me("a"), session("s", "a", false), &h, &|_| false),
+            route(&v, &me("a"), session("s", "a", false), &h, &|_| None),
             Route::Local
         );
     }
@@ -408,7 +423,7 @@ mod tests {
         let h = Hop::default();
         for state in [R, D] {
             let v = view(&[("a", R), ("b", state)]);
-            let r = route(&v, &me("a"), session("s", "b", false), &h, &|_| false);
+            let r = route(&v, &me("a"), session("s", "b", false), &h, &|_| None);
             assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Home)));
         }
     }
@@ -425,12 +440,12 @@ mod tests {
                 &me(entry),
                 session(&id, "b", false),
                 &Hop::default(),
-                &|_| false,
+                &|_| None,
             );
             assert_eq!(forwarded_to(&r), Some((owner.as_str(), ForwardKind::Walk)));
             // At the owner, which does not hold it: the next ranked pod not visited.
             let hop = Hop::default().next(entry);
-            let r = route(&v, &me(&owner), session(&id, "b", false), &hop, &|_| false);
+            let r = route(&v, &me(&owner), session(&id, "b", false), &hop, &|_| None);
             let expected = v
                 .ranked(&id)
                 .find(|p| p.uid != owner && p.uid != entry)
@@ -444,7 +459,7 @@ mod tests {
         let v = view(&[("a", R), ("b", R), ("c", R)]);
         let hop = Hop::default().next("x").next("y");
         assert_eq!(
-            route(&v, &me("a"), session("s", "b", false), &hop, &|_| false),
+            route(&v, &me("a"), session("s", "b", false), &hop, &|_| None),
             Route::NotFound(NotFound::HopLimit)
         );
         // Nothing left to visit: no holder.
@@ -455,7 +470,7 @@ mod tests {
                 &me("a"),
                 session("s", "b", false),
                 &Hop::default(),
-                &|_| false
+                &|_| None
             ),
             Route::NotFound(NotFound::NoHolder)
         );
@@ -464,26 +479,54 @@ mod tests {
     #[test]
     fn a_down_home_is_skipped_like_a_visited_one() {
         let v = view(&[("a", R), ("b", R), ("c", R)]);
-        let down = |uid: &str| uid == "b";
-        let r = route(
-            &v,
-            &me("a"),
-            session("s", "b", false),
-            &Hop::default(),
-            &down,
+        let at_a = |down: &dyn Fn(&str) -> Option<Down>, home: &str, id: &str| {
+            route(
+                &v,
+                &me("a"),
+                session(id, home, false),
+                &Hop::default(),
+                down,
+            )
+        };
+        let refused = |uid: &str| (uid == "b").then_some(Down::Refused);
+        // Not to the dead home: the walk goes on to c.
+        assert_eq!(
+            forwarded_to(&at_a(&refused, "b", "s")),
+            Some(("c", ForwardKind::Walk))
         );
-        // Not to b; the walk goes on to c, or ends when c is not a candidate.
-        assert_eq!(forwarded_to(&r), Some(("c", ForwardKind::Walk)));
-        let all_down = |uid: &str| uid != "a";
+        let all_refused = |uid: &str| (uid != "a").then_some(Down::Refused);
+        assert_eq!(
+            at_a(&all_refused, "b", "s"),
+            Route::NotFound(NotFound::NoHolder)
+        );
+        // A stalled home keeps its sessions: retry later, never 404.
+        let stalled = |uid: &str| (uid == "b").then_some(Down::Unresponsive);
+        assert_eq!(at_a(&stalled, "b", "s"), Route::Unavailable);
+        // An unresponsive walk candidate is skipped (home "z" is unknown: gone).
+        let stalled_c = |uid: &str| (uid == "c").then_some(Down::Unresponsive);
+        for i in 0..20 {
+            let r = at_a(&stalled_c, "z", &format!("k{i}"));
+            assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Walk)));
+        }
+    }
+
+    #[test]
+    fn a_request_sent_back_to_this_pod_is_answered_here() {
+        let v = view(&[("a", D), ("b", R), ("c", R)]);
+        let back = Hop::default().next("a");
+        assert_eq!(
+            route(&v, &me("a"), session("s", "b", false), &back, &|_| None),
+            Route::NotFound(NotFound::NoHolder)
+        );
         assert_eq!(
             route(
                 &v,
                 &me("a"),
-                session("s", "b", false),
-                &Hop::default(),
-                &all_down
+                Target::Placement { nonce: "n" },
+                &back,
+                &|_| None
             ),
-            Route::NotFound(NotFound::NoHolder)
+            Route::Local
         );
     }
 
@@ -493,19 +536,19 @@ mod tests {
         let h = Hop::default();
         assert_eq!(
             route(&v, &me("a"), Target::Placement { nonce: "n" }, &h, &|_| {
-                false
+                None
             }),
             Route::Local
         );
         let mut draining = me("a");
         draining.draining = true;
         let r = route(&v, &draining, Target::Placement { nonce: "n" }, &h, &|_| {
-            false
+            None
         });
         assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Placement)));
         // Marked draining by membership, and never onto a draining peer.
         let r = route(&v, &me("c"), Target::Placement { nonce: "n" }, &h, &|_| {
-            false
+            None
         });
         assert!(matches!(forwarded_to(&r), Some(("a" | "b", _))));
         // No routable peer: served here rather than refused.
@@ -516,7 +559,7 @@ mod tests {
                 &me("a"),
                 Target::Placement { nonce: "n" },
                 &h,
-                &|_| false
+                &|_| None
             ),
             Route::Local
         );
@@ -591,8 +634,8 @@ mod tests {
             let mut seen = vec![entry];
             loop {
                 let target = session(&id, &home_uid, holder == Some(at));
-                match route(&views[at], &me(&uid(at)), target, &hop, &|_| false) {
-                    Route::Local | Route::NotFound(_) => break,
+                match route(&views[at], &me(&uid(at)), target, &hop, &|_| None) {
+                    Route::Local | Route::NotFound(_) | Route::Unavailable => break,
                     Route::Forward { peer, .. } => {
                         let next: usize = peer.uid[4..].parse().unwrap();
                         prop_assert!(!seen.contains(&next), "visited {next} twice: {seen:?}");
