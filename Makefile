@@ -43,7 +43,7 @@ lint: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 unit: build
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-fail-fast
 
 ## demo: the local rolling-upgrade demo on real MCP traffic (release build).
 demo: deps

@@ -59,7 +59,7 @@ mod tests {
         );
         assert_eq!(
             log_directives(Some("debug,pingora_proxy=debug".into())),
-            "debug,pingora_proxy=debug"
+            "debug,pingora_proxy=debug,pingora_core=info"
         );
         assert_eq!(log_directives(Some("warn".into())), "warn");
         assert_eq!(

@@ -199,6 +199,7 @@ mod tests {
     #[test]
     fn balance_within_5_percent_for_3_to_50_pods() {
         let keys = keys();
+        let mut worst = 0.0f64;
         for n in 3..=50 {
             let r = ring(n);
             let mut load = vec![0usize; n];
@@ -208,7 +209,9 @@ mod tests {
             let mean = keys.len() as f64 / n as f64;
             let max = *load.iter().max().unwrap() as f64;
             assert!(max / mean <= 1.05, "{n} pods: max/mean {:.4}", max / mean);
+            worst = worst.max(max / mean);
         }
+        println!("worst max/mean over 3..=50 pods: {worst:.4}");
     }
 
     #[test]
@@ -227,6 +230,7 @@ mod tests {
                 .count();
             let share = moved as f64 / keys.len() as f64;
             let ideal = 1.0 / (n + 1) as f64;
+            println!("join {n}→{}: moved {:.4}, ideal {ideal:.4}", n + 1, share);
             assert!(
                 (share - ideal).abs() <= 0.01,
                 "join {n}→{}: {share:.4} vs {ideal:.4}",
