@@ -137,6 +137,8 @@ pub struct Metrics {
     pub forwards: Family<ForwardLabels, Counter>,
     /// Forwarded requests by the hop number they left with.
     pub forward_hops: Family<HopLabel, Counter>,
+    /// Peers the health probes currently find down, by cause (`refused`, `unresponsive`).
+    pub peers_down: Family<Reason, Gauge>,
 }
 
 impl Default for Metrics {
@@ -174,6 +176,7 @@ impl Metrics {
             ring_pods: Family::default(),
             forwards: Family::default(),
             forward_hops: Family::default(),
+            peers_down: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -281,6 +284,11 @@ impl Metrics {
             "Forwarded requests by hop number",
             m.forward_hops.clone(),
         );
+        r.register(
+            "peers_down",
+            "Peers the health probes find down, by cause",
+            m.peers_down.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -355,7 +363,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 24);
+        assert_eq!(fields, 25);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 

@@ -32,6 +32,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::membership::MembershipSink;
+use crate::metrics::{Metrics, Reason};
 
 /// How long a failed peer is skipped after its last failure.
 pub const DOWN_HOLD: Duration = Duration::from_secs(3);
@@ -104,19 +105,27 @@ impl PeerHealth {
 pub struct Prober {
     health: Arc<PeerHealth>,
     sink: MembershipSink,
+    metrics: Arc<Metrics>,
     own_uid: String,
     client: Client<HttpConnector, Empty<Bytes>>,
 }
 
 impl Prober {
-    /// A prober of the peers in `sink` (all but `own_uid`).
-    pub fn new(health: Arc<PeerHealth>, sink: MembershipSink, own_uid: String) -> Self {
+    /// A prober of the peers in `sink` (all but `own_uid`); `tether_peers_down` goes to
+    /// `metrics`.
+    pub fn new(
+        health: Arc<PeerHealth>,
+        sink: MembershipSink,
+        metrics: Arc<Metrics>,
+        own_uid: String,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(PROBE_TIMEOUT));
         connector.set_nodelay(true);
         Self {
             health,
             sink,
+            metrics,
             own_uid,
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
@@ -160,6 +169,7 @@ impl BackgroundService for Prober {
                 futures::future::join_all(peers.iter().map(|(_, _, addr)| self.probe(*addr))).await;
             failures.retain(|uid, _| peers.iter().any(|(u, _, _)| u == uid));
             let now = Instant::now();
+            let mut down = [(Down::Refused, 0i64), (Down::Unresponsive, 0i64)];
             for ((uid, name, addr), failed) in peers.iter().zip(results) {
                 let Some(cause) = failed else {
                     if failures
@@ -178,7 +188,20 @@ impl BackgroundService for Prober {
                         tracing::warn!(peer = %name, address = %addr, ?cause, "peer fails its health probe; skipping it");
                     }
                     self.health.mark_down(uid, cause, now);
+                    for (c, n) in &mut down {
+                        *n += i64::from(*c == cause);
+                    }
                 }
+            }
+            for (cause, n) in down {
+                let reason = match cause {
+                    Down::Refused => "refused",
+                    Down::Unresponsive => "unresponsive",
+                };
+                self.metrics
+                    .peers_down
+                    .get_or_create(&Reason { reason })
+                    .set(n);
             }
         }
     }
@@ -272,7 +295,7 @@ mod tests {
                 },
                 Arc::clone(&metrics),
             );
-            let prober = Prober::new(Arc::clone(&health), sink, "me".into());
+            let prober = Prober::new(Arc::clone(&health), sink, Arc::clone(&metrics), "me".into());
             let (stop, shutdown) = tokio::sync::watch::channel(false);
             let task = tokio::spawn(async move { prober.start(shutdown).await });
             tokio::time::sleep(PROBE_INTERVAL * (FAILURES_TO_MARK_DOWN + 1)).await;

@@ -128,6 +128,16 @@ pub struct Forwarding {
     to_self: bool,
 }
 
+impl Forwarding {
+    /// The hop state with the peers found unreachable counted as visited, so neither this pod
+    /// nor the next one tries them again.
+    fn hop_so_far(&self) -> Hop {
+        let mut hop = self.hop.clone();
+        hop.visited.extend(self.unreachable.iter().cloned());
+        hop
+    }
+}
+
 /// Per-request state.
 #[derive(Debug)]
 pub struct RequestCtx {
@@ -313,10 +323,7 @@ impl ProxyHttp for McpProxy {
             upstream_request.remove_header(&name);
         }
         if let Some(f) = &ctx.forward {
-            // Peers found unreachable count as visited: the next pod need not try them again.
-            let mut next = f.hop.clone();
-            next.visited.extend(f.unreachable.iter().cloned());
-            let next = next.next(self.router.uid());
+            let next = f.hop_so_far().next(self.router.uid());
             for (name, value) in next.headers(self.router.secret(), f.session_id.as_deref()) {
                 upstream_request.insert_header(name, value)?;
             }
@@ -394,14 +401,13 @@ impl ProxyHttp for McpProxy {
             };
         }
         let fallback = ctx.forward.as_mut().and_then(|f| f.fallback.take());
-        let rejection = match e.etype() {
-            _ if fallback.is_some() => fallback.unwrap_or(Rejection::PeerUnavailable),
+        let rejection = fallback.unwrap_or_else(|| match e.etype() {
             ErrorType::HTTPStatus(413) => Rejection::PayloadTooLarge(self.policy.max_body_bytes),
             ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
                 Rejection::UpstreamTimeout
             }
             _ => Rejection::UpstreamUnavailable,
-        };
+        });
         self.broker.count_rejection(&rejection);
         let code = rejection.status().as_u16();
         let _ = respond(session, ctx, rejection.into()).await;
@@ -503,8 +509,7 @@ impl McpProxy {
         let next = if failed_self || f.unreachable.len() >= MAX_CONNECT_ATTEMPTS {
             None
         } else {
-            let mut hop = f.hop.clone();
-            hop.visited.extend(f.unreachable.iter().cloned());
+            let hop = f.hop_so_far();
             let nonce = placement_nonce();
             let target = match (f.session_id.as_deref(), f.target_home) {
                 (Some(id), Some(home)) => Target::Session {

@@ -180,7 +180,12 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     server.add_service(sweeper);
     if let Some(source) = source {
         let name = source.name();
-        let prober = Prober::new(health, sink.clone(), cfg.pod_uid.clone());
+        let prober = Prober::new(
+            health,
+            sink.clone(),
+            Arc::clone(broker.metrics_arc()),
+            cfg.pod_uid.clone(),
+        );
         server.add_service(background_service("peer-prober", prober));
         server.add_service(background_service(name, MembershipService { source, sink }));
     }

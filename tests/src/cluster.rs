@@ -222,6 +222,25 @@ impl Cluster {
         Ok(sum)
     }
 
+    /// [`Cluster::metric_sum`] once it has settled: two reads 100 ms apart agree (a request's
+    /// counters are updated when its exchange is logged, just after the client got the answer).
+    /// Gives up after 3 s and returns the last value.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a pod's metrics cannot be read.
+    pub async fn metric_sum_settled(&self, sample: &str) -> Result<f64> {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut last = self.metric_sum(sample).await?;
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = self.metric_sum(sample).await?;
+            if now == last || Instant::now() > deadline {
+                return Ok(now);
+            }
+            last = now;
+        }
+    }
+
     /// Every pod's logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();

@@ -118,7 +118,7 @@ async fn a_1000_sessions_through_random_entry_pods_reach_their_holder_while_a_4t
     );
     // About two thirds of the follow-ups entered at a pod that does not hold the session.
     let ok = cluster
-        .metric_sum("tether_forwards_total{kind=\"home\",outcome=\"ok\"}")
+        .metric_sum_settled("tether_forwards_total{kind=\"home\",outcome=\"ok\"}")
         .await
         .unwrap();
     println!("sessions created per pod {per_pod:?}; follow-ups forwarded to their home: {ok}");
@@ -379,8 +379,8 @@ async fn disagreeing_membership_reaches_the_holder_or_ends_in_404_never_loops() 
         // B → (walk) A → (home) C: two hops.
         assert_eq!(list_status(&via_b, s).await, StatusCode::OK);
     }
-    let two_hops = cluster.pods[0]
-        .metric("tether_forward_hops_total{hop=\"2\"}")
+    let two_hops = cluster
+        .metric_sum_settled("tether_forward_hops_total{hop=\"2\"}")
         .await
         .unwrap();
     assert_eq!(two_hops, 20.0);
@@ -393,11 +393,11 @@ async fn disagreeing_membership_reaches_the_holder_or_ends_in_404_never_loops() 
         assert_eq!(list_status(&via_b, s).await, StatusCode::NOT_FOUND);
     }
     let forwards = cluster
-        .metric_sum("tether_forward_hops_total{hop=\"1\"}")
+        .metric_sum_settled("tether_forward_hops_total{hop=\"1\"}")
         .await
         .unwrap()
         + cluster
-            .metric_sum("tether_forward_hops_total{hop=\"2\"}")
+            .metric_sum_settled("tether_forward_hops_total{hop=\"2\"}")
             .await
             .unwrap();
     assert_eq!(
@@ -461,7 +461,12 @@ async fn a_frozen_home_answers_503_after_its_health_probes_fail_and_recovers() {
     assert_eq!(list_status(&via_a, &session).await, StatusCode::OK);
     // B's sidecar stops (SIGSTOP): it still accepts connections but never answers.
     cluster.pods[1].signal_sidecar("STOP").await.unwrap();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let down = "tether_peers_down{reason=\"unresponsive\"}";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while cluster.pods[0].metric(down).await.unwrap() < 1.0 {
+        assert!(Instant::now() < deadline, "A never found B unresponsive");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let started = Instant::now();
     let resp = tokio::time::timeout(
         Duration::from_secs(5),
@@ -480,7 +485,11 @@ async fn a_frozen_home_answers_503_after_its_health_probes_fail_and_recovers() {
     // New sessions are unaffected; B's sessions answer again once it resumes.
     assert!(via_a.initialize("2025-06-18").await.is_ok());
     cluster.pods[1].signal_sidecar("CONT").await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while cluster.pods[0].metric(down).await.unwrap() > 0.0 {
+        assert!(Instant::now() < deadline, "A never found B back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(list_status(&via_a, &session).await, StatusCode::OK);
 }
 
