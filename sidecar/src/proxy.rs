@@ -468,13 +468,16 @@ impl McpProxy {
             self.router.secret(),
             session_id.as_deref(),
         )?;
-        let nonce = placement_nonce();
+        let nonce;
         let (target, home) = match session_id.as_deref() {
             Some(id) => {
                 let (home, held) = self.broker.locate(id).map_err(Rejection::SessionNotFound)?;
                 (Target::Session { id, home, held }, Some(home))
             }
-            None => (Target::Placement { nonce: &nonce }, None),
+            None => {
+                nonce = placement_nonce();
+                (Target::Placement { nonce: &nonce }, None)
+            }
         };
         match self.router.route(self.broker.is_draining(), target, &hop) {
             Route::Local => Ok(None),
@@ -510,14 +513,17 @@ impl McpProxy {
             None
         } else {
             let hop = f.hop_so_far();
-            let nonce = placement_nonce();
+            let nonce;
             let target = match (f.session_id.as_deref(), f.target_home) {
                 (Some(id), Some(home)) => Target::Session {
                     id,
                     home,
                     held: false,
                 },
-                _ => Target::Placement { nonce: &nonce },
+                _ => {
+                    nonce = placement_nonce();
+                    Target::Placement { nonce: &nonce }
+                }
             };
             match self.router.route(self.broker.is_draining(), target, &hop) {
                 Route::Forward { peer, kind } => Some((peer, kind)),
