@@ -1,9 +1,14 @@
-//! The admin listener (`spec.admin.port`): `/healthz`, `/readyz`, `/metrics` (DESIGN.md §3.5).
+//! The admin listener (`spec.admin.port`): `/healthz`, `/readyz`, `/metrics`, `/drain`
+//! (DESIGN.md §3.5).
 //!
 //! - `GET /healthz` → 200 while the process serves;
 //! - `GET /readyz` → 200 when the upstream MCP server accepts connections, else 503 (the pod
 //!   gets no new clients while its server is down or while it drains);
-//! - `GET /metrics` → Prometheus text format.
+//! - `GET /metrics` → Prometheus text format;
+//! - `POST /drain` (or `GET`, as a `preStop httpGet` sends) → drains the pod
+//!   ([`crate::drain`]) and answers when done: 200 `{"drained":true,…}`, or 503
+//!   `{"drained":false,"inFlight":N,…}` when `spec.drain.timeout` passed first. Idempotent: every
+//!   call waits for the same drain.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +19,7 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
 use crate::broker::Broker;
+use crate::drain::Drain;
 
 /// How long `/readyz` waits for a TCP connection to the upstream.
 pub const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -21,12 +27,28 @@ pub const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The admin HTTP application.
 pub struct Admin {
     broker: Arc<Broker>,
+    drain: Arc<Drain>,
 }
 
 impl Admin {
-    /// Admin endpoints for `broker`.
-    pub fn new(broker: Arc<Broker>) -> Self {
-        Self { broker }
+    /// Admin endpoints for `broker`, draining with `drain`.
+    pub fn new(broker: Arc<Broker>, drain: Arc<Drain>) -> Self {
+        Self { broker, drain }
+    }
+
+    async fn drain(&self) -> Response<Vec<u8>> {
+        let outcome = self.drain.run().await;
+        let status = if outcome.drained {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        let body = serde_json::json!({
+            "drained": outcome.drained,
+            "inFlight": outcome.in_flight,
+            "elapsedMs": u64::try_from(outcome.elapsed.as_millis()).unwrap_or(u64::MAX),
+        });
+        text(status, "application/json", format!("{body}\n"))
     }
 }
 
@@ -44,6 +66,9 @@ fn text(status: StatusCode, content_type: &str, body: impl Into<Vec<u8>>) -> Res
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let req = session.req_header();
+        if req.uri.path() == "/drain" && (req.method == Method::POST || req.method == Method::GET) {
+            return self.drain().await;
+        }
         if req.method != Method::GET {
             return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n");
         }

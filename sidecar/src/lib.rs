@@ -18,6 +18,7 @@ pub mod buffer;
 pub mod cli;
 pub mod config;
 pub mod cursor;
+pub mod drain;
 pub mod headers;
 pub mod journal;
 pub mod jsonrpc;

@@ -139,6 +139,9 @@ pub struct Metrics {
     pub forward_hops: Family<HopLabel, Counter>,
     /// Peers the health probes currently find down, by cause (`refused`, `unresponsive`).
     pub peers_down: Family<Reason, Gauge>,
+    /// Time from the start of a drain to its end (all requests done, or the deadline), in
+    /// seconds.
+    pub drain_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -177,6 +180,7 @@ impl Metrics {
             forwards: Family::default(),
             forward_hops: Family::default(),
             peers_down: Family::default(),
+            drain_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -289,6 +293,11 @@ impl Metrics {
             "Peers the health probes find down, by cause",
             m.peers_down.clone(),
         );
+        r.register(
+            "drain_seconds",
+            "Time a drain took, until requests in flight finished or the deadline",
+            m.drain_seconds.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -363,7 +372,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 25);
+        assert_eq!(fields, 26);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 

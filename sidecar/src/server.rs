@@ -14,6 +14,7 @@ use crate::admin::Admin;
 use crate::broker::Broker;
 use crate::buffer::PodBudget;
 use crate::config::{Config, ConfigError, MembershipConfig};
+use crate::drain::Drain;
 use crate::membership::kubernetes::KubernetesPods;
 use crate::membership::peers_file::PeersFile;
 use crate::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
@@ -167,7 +168,11 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     );
     let mut mcp = pingora::proxy::http_proxy_service_with_name(&server.configuration, proxy, "mcp");
     mcp.add_tcp(&cfg.listen_addr.to_string());
-    let mut admin = Service::new("admin".to_owned(), Admin::new(Arc::clone(&broker)));
+    let drain = Drain::new(Arc::clone(&broker), cfg.drain_timeout);
+    let mut admin = Service::new(
+        "admin".to_owned(),
+        Admin::new(Arc::clone(&broker), Arc::clone(&drain)),
+    );
     admin.add_tcp(&cfg.admin_addr.to_string());
     let sweeper = background_service(
         "sweeper",
@@ -196,7 +201,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         upstream = %cfg.upstream,
         "tether-sidecar starting"
     );
-    let shutdown = DrainOnTerm::new(Arc::clone(&broker), cfg.drain_timeout);
+    let shutdown = DrainOnTerm::new(drain);
     server.run(RunArgs {
         shutdown_signal: Box::new(shutdown),
     });

@@ -5,30 +5,25 @@
 //! (`/readyz` answers 503, so no new client is sent here), keeps serving, and hands pingora its
 //! terminate signal only once no request is in flight — at once for an idle sidecar — or when
 //! `spec.drain.timeout` has passed. SIGINT stops at once. (Handing sessions to peers comes with
-//! the drain milestone.)
+//! the drain milestone.) The drain itself is [`crate::drain`], shared with the admin `/drain`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::broker::Broker;
-
-/// How often the in-flight count is checked while draining.
-const POLL: Duration = Duration::from_millis(100);
+use crate::drain::Drain;
 
 /// The sidecar's shutdown watch.
 pub struct DrainOnTerm {
-    broker: Arc<Broker>,
-    deadline: Duration,
+    drain: Arc<Drain>,
 }
 
 impl DrainOnTerm {
-    /// A watch that drains `broker` for at most `deadline` after SIGTERM.
-    pub fn new(broker: Arc<Broker>, deadline: Duration) -> Self {
-        Self { broker, deadline }
+    /// A watch that runs `drain` on SIGTERM before letting pingora stop.
+    pub fn new(drain: Arc<Drain>) -> Self {
+        Self { drain }
     }
 }
 
@@ -46,23 +41,10 @@ impl ShutdownSignalWatch for DrainOnTerm {
             _ = int.recv() => return ShutdownSignal::FastShutdown,
             _ = term.recv() => {}
         }
-        self.broker.start_draining();
-        let started = Instant::now();
-        tracing::info!(deadline = ?self.deadline, "SIGTERM: draining requests in flight");
-        loop {
-            let in_flight = self.broker.in_flight();
-            if in_flight == 0 {
-                tracing::info!(after = ?started.elapsed(), "drained; stopping");
-                return ShutdownSignal::GracefulTerminate;
-            }
-            if started.elapsed() >= self.deadline {
-                tracing::warn!(in_flight, "drain deadline reached; stopping");
-                return ShutdownSignal::GracefulTerminate;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(POLL) => {}
-                _ = int.recv() => return ShutdownSignal::FastShutdown,
-            }
+        tracing::info!("SIGTERM: draining before stopping");
+        tokio::select! {
+            _ = self.drain.run() => ShutdownSignal::GracefulTerminate,
+            _ = int.recv() => ShutdownSignal::FastShutdown,
         }
     }
 }

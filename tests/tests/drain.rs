@@ -1,0 +1,116 @@
+//! The admin `/drain` endpoint (issue #4, first part; DESIGN.md §3.4 steps 1 and 6): the pod
+//! stops taking new sessions, requests in flight finish, the call returns when done or at
+//! `spec.drain.timeout` (5 s in the test manifest).
+
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use serde_json::Value;
+use tether_tests::addr;
+use tether_tests::call::{self, CallPlan};
+use tether_tests::client::{Http, body_text};
+use tether_tests::cluster::Cluster;
+use tether_tests::pod::{Pod, PodSpec};
+
+/// `method /drain` on the pod's admin port: status, JSON body, time taken.
+async fn drain(pod: &Pod, method: Method) -> (StatusCode, Value, Duration) {
+    let started = Instant::now();
+    let resp = Http::new()
+        .send(method, &format!("{}/drain", pod.admin_url), &[], None)
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
+    (status, body, started.elapsed())
+}
+
+fn plan(count: u32, interval_ms: u64) -> CallPlan {
+    CallPlan {
+        count,
+        interval_ms,
+        cuts: Vec::new(),
+        pause: Duration::ZERO,
+        close_after: None,
+    }
+}
+
+#[tokio::test]
+async fn drain_waits_for_the_call_in_flight_and_is_idempotent() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let call = tokio::spawn({
+        let (client, session) = (client.clone(), session.clone());
+        async move { call::slow(&client, &session, 2, "drain-1", &plan(5, 200)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body, took) = drain(&pod, Method::POST).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["drained"], true);
+    assert_eq!(body["inFlight"], 0);
+    assert!(
+        took >= Duration::from_millis(600),
+        "returned before the call ended: {took:?}"
+    );
+    let outcome = call.await.unwrap().unwrap();
+    assert_eq!(outcome.lost(5), 0, "{:?}", outcome.failures);
+    // Not ready any more; a second drain (GET, as a preStop httpGet) answers at once.
+    let (ready, _) = Http::new()
+        .get_text(&format!("{}/readyz", pod.admin_url))
+        .await
+        .unwrap();
+    assert_eq!(ready, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _, took) = drain(&pod, Method::GET).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(took < Duration::from_millis(500));
+    assert!(
+        pod.metric("tether_drain_seconds_count").await.unwrap() == 1.0,
+        "one drain, observed once"
+    );
+}
+
+#[tokio::test]
+async fn drain_ends_at_the_deadline_and_says_what_is_still_running() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let _call = tokio::spawn({
+        let (client, session) = (client.clone(), session.clone());
+        async move { call::slow(&client, &session, 2, "drain-2", &plan(8, 1000)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body, took) = drain(&pod, Method::POST).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["drained"], false);
+    assert_eq!(body["inFlight"], 1);
+    assert!(
+        (Duration::from_secs(5)..Duration::from_secs(7)).contains(&took),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_drained_pod_places_new_sessions_on_its_peers_and_keeps_serving_its_own() {
+    let ips = [addr::next_ip(), addr::next_ip()];
+    let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    let via_a = cluster.client_of(&ips[..1]);
+    let mine = via_a.initialize("2025-06-18").await.unwrap();
+    let (status, _, _) = drain(&cluster.pods[0], Method::GET).await;
+    assert_eq!(status, StatusCode::OK);
+    for _ in 0..10 {
+        via_a.initialize("2025-06-18").await.unwrap();
+    }
+    let created = |i: usize| cluster.pods[i].metric("tether_sessions_created_total");
+    assert_eq!(
+        created(0).await.unwrap(),
+        1.0,
+        "no new session on the drained pod"
+    );
+    assert_eq!(created(1).await.unwrap(), 10.0);
+    let everywhere = cluster.client();
+    let msgs = everywhere
+        .call(&mine, 5, "echo", serde_json::json!({"text": "still here"}))
+        .await
+        .unwrap();
+    assert!(msgs.iter().any(|m| m["result"].is_object()));
+}
