@@ -185,9 +185,9 @@ pub enum Route {
 
 /// This pod, as routing sees it.
 #[derive(Clone, Debug)]
-pub struct Me {
+pub struct Me<'a> {
     /// The pod's UID.
-    pub uid: String,
+    pub uid: &'a str,
     /// Its home token.
     pub home: HomeToken,
     /// Whether it drains (then it places no new session on itself).
@@ -278,7 +278,7 @@ impl Router {
     /// [`route`] with this pod's identity, the current view and the peers now down.
     pub fn route(&self, draining: bool, target: Target<'_>, hop: &Hop) -> Route {
         let me = Me {
-            uid: self.uid.clone(),
+            uid: &self.uid,
             home: self.home,
             draining,
         };
@@ -295,13 +295,13 @@ impl Router {
 /// one) is never forwarded again.
 pub fn route(
     view: &View,
-    me: &Me,
+    me: &Me<'_>,
     target: Target<'_>,
     hop: &Hop,
     down: &dyn Fn(&str) -> Option<Down>,
 ) -> Route {
     let skip = |p: &Peer| p.uid == me.uid || hop.visited(&p.uid) || down(&p.uid).is_some();
-    let returned = hop.visited.last().is_some_and(|u| *u == me.uid);
+    let returned = hop.visited.last().is_some_and(|u| u == me.uid);
     let can_hop = hop.count < MAX_HOPS;
     let forward = |peer: &Peer, kind| {
         if can_hop {
@@ -338,7 +338,7 @@ pub fn route(
             let state = if me.draining {
                 PeerState::Draining
             } else {
-                view.peer(&me.uid).map_or(PeerState::Routable, |p| p.state)
+                view.peer(me.uid).map_or(PeerState::Routable, |p| p.state)
             };
             if state == PeerState::Routable || !can_hop || returned {
                 return Route::Local;
@@ -377,9 +377,9 @@ mod tests {
         })
     }
 
-    fn me(uid: &str) -> Me {
+    fn me(uid: &str) -> Me<'_> {
         Me {
-            uid: uid.into(),
+            uid,
             home: HomeToken::for_pod(uid),
             draining: false,
         }

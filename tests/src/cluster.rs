@@ -166,14 +166,13 @@ impl Cluster {
         let sample = "tether_membership_changes_total{source=\"peers_file\"}";
         let before = pod.metric(sample).await?;
         std::fs::write(self.peers_path(ip), render(members))?;
-        let deadline = Instant::now() + PROPAGATION_TIMEOUT;
-        while pod.metric(sample).await? <= before {
-            if Instant::now() > deadline {
-                return Err(HarnessError::Start(format!(
-                    "{ip} did not apply its peers file"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = pod
+            .wait_for_metric(sample, PROPAGATION_TIMEOUT, |n| n > before)
+            .await?;
+        if now <= before {
+            return Err(HarnessError::Start(format!(
+                "{ip} did not apply its peers file"
+            )));
         }
         Ok(())
     }

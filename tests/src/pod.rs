@@ -245,6 +245,27 @@ impl Pod {
             .unwrap_or(0.0))
     }
 
+    /// Polls metric `sample` (every 50 ms, at most `within`) until `done` holds for its value;
+    /// returns the last value read (the caller asserts on it).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the metrics cannot be read.
+    pub async fn wait_for_metric(
+        &self,
+        sample: &str,
+        within: Duration,
+        done: impl Fn(f64) -> bool,
+    ) -> Result<f64> {
+        let deadline = Instant::now() + within;
+        loop {
+            let value = self.metric(sample).await?;
+            if done(value) || Instant::now() > deadline {
+                return Ok(value);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Stops the example server (SIGKILL) and starts it again: the upstream loses every session.
     ///
     /// # Errors

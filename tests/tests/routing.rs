@@ -188,11 +188,11 @@ async fn sse_through_a_hop_is_flushed_event_by_event() {
     // Counted when the exchange is logged, just after the last byte.
     let pod = &cluster.pods[1];
     let sample = "tether_forwards_total{kind=\"home\",outcome=\"ok\"}";
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while pod.metric(sample).await.unwrap() < 1.0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(pod.metric(sample).await.unwrap(), 1.0);
+    let forwarded = pod
+        .wait_for_metric(sample, Duration::from_secs(2), |n| n >= 1.0)
+        .await
+        .unwrap();
+    assert_eq!(forwarded, 1.0);
 }
 
 #[tokio::test]
@@ -462,11 +462,11 @@ async fn a_frozen_home_answers_503_after_its_health_probes_fail_and_recovers() {
     // B's sidecar stops (SIGSTOP): it still accepts connections but never answers.
     cluster.pods[1].signal_sidecar("STOP").await.unwrap();
     let down = "tether_peers_down{reason=\"unresponsive\"}";
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while cluster.pods[0].metric(down).await.unwrap() < 1.0 {
-        assert!(Instant::now() < deadline, "A never found B unresponsive");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let found = cluster.pods[0]
+        .wait_for_metric(down, Duration::from_secs(15), |n| n >= 1.0)
+        .await
+        .unwrap();
+    assert!(found >= 1.0, "A never found B unresponsive");
     let started = Instant::now();
     let resp = tokio::time::timeout(
         Duration::from_secs(5),
@@ -485,11 +485,11 @@ async fn a_frozen_home_answers_503_after_its_health_probes_fail_and_recovers() {
     // New sessions are unaffected; B's sessions answer again once it resumes.
     assert!(via_a.initialize("2025-06-18").await.is_ok());
     cluster.pods[1].signal_sidecar("CONT").await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while cluster.pods[0].metric(down).await.unwrap() > 0.0 {
-        assert!(Instant::now() < deadline, "A never found B back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let still = cluster.pods[0]
+        .wait_for_metric(down, Duration::from_secs(15), |n| n == 0.0)
+        .await
+        .unwrap();
+    assert_eq!(still, 0.0, "A never found B back");
     assert_eq!(list_status(&via_a, &session).await, StatusCode::OK);
 }
 
