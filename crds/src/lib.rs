@@ -19,7 +19,7 @@ pub use manifest::{ManifestError, load_manifest, parse_manifest};
 pub use origin::Origin;
 pub use spec::{
     AdminSpec, BufferSpec, DrainSpec, ListenSpec, McpEndpoint, McpEndpointSpec, Migration,
-    OriginsSpec, ProtocolVersion, SessionSpec, TargetRef, UpstreamSpec,
+    OriginsSpec, PeerSpec, ProtocolVersion, SessionSpec, TargetRef, UpstreamSpec,
 };
 pub use validate::{FieldError, validate_spec};
 

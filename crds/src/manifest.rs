@@ -169,6 +169,7 @@ spec:
         .expect("minimal manifest loads");
         assert_eq!(ep.spec.listen.port, 8080);
         assert_eq!(ep.spec.upstream.port, 3000);
+        assert_eq!(ep.spec.peer.port, 9902);
         assert_eq!(ep.spec.protocol_versions.len(), 4);
         assert_eq!(ep.spec.buffer.max_events, 1024);
         assert!(ep.spec.origins.allow.is_empty());
@@ -211,6 +212,11 @@ spec:
                 "admin: {port: 9901}",
                 "admin: {port: 8080}",
                 "spec.admin.port",
+            ),
+            (
+                "admin: {port: 9901}",
+                "admin: {port: 9901}\n  peer: {port: 9901}",
+                "spec.peer.port",
             ),
             (
                 "path: /mcp}\n  listen",

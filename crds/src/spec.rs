@@ -33,6 +33,9 @@ pub struct McpEndpointSpec {
     /// The sidecar's admin listener (`/healthz`, `/readyz`, `/metrics`).
     #[serde(default)]
     pub admin: AdminSpec,
+    /// The sidecars' internal peer listener (session handoff, DESIGN.md §3.4).
+    #[serde(default)]
+    pub peer: PeerSpec,
     /// The `Origin` allowlist (DNS-rebinding defence, spec O-01/O-02).
     #[serde(default)]
     pub origins: OriginsSpec,
@@ -91,6 +94,17 @@ pub struct ListenSpec {
 pub struct AdminSpec {
     /// TCP port of `/healthz`, `/readyz`, `/drain` and `/metrics`. Default `9901`.
     #[serde(default = "default_admin_port")]
+    pub port: u16,
+}
+
+/// The sidecar's internal peer listener: draining sidecars push sessions, replay buffers and
+/// the tail of in-flight streams to their peers over it (`docs/handoff.md`). Only sidecars of the
+/// same endpoint talk to it; every message is authenticated with the endpoint Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerSpec {
+    /// TCP port of the peer listener (on the pod IP). Default `9902`.
+    #[serde(default = "default_peer_port")]
     pub port: u16,
 }
 
@@ -223,6 +237,9 @@ fn default_listen_port() -> u16 {
 fn default_admin_port() -> u16 {
     9901
 }
+fn default_peer_port() -> u16 {
+    9902
+}
 fn default_mcp_path() -> String {
     "/mcp".to_owned()
 }
@@ -267,6 +284,14 @@ impl Default for AdminSpec {
     fn default() -> Self {
         Self {
             port: default_admin_port(),
+        }
+    }
+}
+
+impl Default for PeerSpec {
+    fn default() -> Self {
+        Self {
+            port: default_peer_port(),
         }
     }
 }

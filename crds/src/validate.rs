@@ -46,10 +46,20 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
     check_port(&mut errors, "spec.upstream.port", spec.upstream.port);
     check_port(&mut errors, "spec.listen.port", spec.listen.port);
     check_port(&mut errors, "spec.admin.port", spec.admin.port);
+    check_port(&mut errors, "spec.peer.port", spec.peer.port);
     if spec.listen.port == spec.admin.port {
         errors.push(FieldError::new(
             "spec.admin.port",
             format!("must differ from spec.listen.port ({})", spec.listen.port),
+        ));
+    }
+    if spec.peer.port == spec.listen.port || spec.peer.port == spec.admin.port {
+        errors.push(FieldError::new(
+            "spec.peer.port",
+            format!(
+                "must differ from spec.listen.port ({}) and spec.admin.port ({})",
+                spec.listen.port, spec.admin.port
+            ),
         ));
     }
     check_path(&mut errors, "spec.upstream.path", &spec.upstream.path);

@@ -75,6 +75,10 @@ pub struct Config {
     pub listen_addr: SocketAddr,
     /// Where the admin listener binds.
     pub admin_addr: SocketAddr,
+    /// Where the peer (handoff) listener binds; peers' listeners use the same port.
+    pub peer_addr: SocketAddr,
+    /// Whether draining hands sessions to peers (`--handoff` and `spec.session.migration`).
+    pub handoff: bool,
     /// The upstream MCP endpoint.
     pub upstream: Uri,
     /// Admission settings.
@@ -153,6 +157,8 @@ impl Config {
             endpoint: endpoint.metadata.name.clone().unwrap_or_default(),
             listen_addr: SocketAddr::new(cli.pod_ip, spec.listen.port),
             admin_addr: SocketAddr::new(cli.pod_ip, spec.admin.port),
+            peer_addr: SocketAddr::new(cli.pod_ip, spec.peer.port),
+            handoff: cli.handoff && spec.session.migration == tether_crds::Migration::Replay,
             upstream,
             admission: AdmissionPolicy {
                 path: spec.listen.path.clone(),

@@ -22,6 +22,8 @@ use crate::{HarnessError, Result, addr, bins};
 pub const LISTEN_PORT: u16 = 8080;
 /// Port of the sidecar's admin listener.
 pub const ADMIN_PORT: u16 = 9901;
+/// The sidecar's peer (handoff) listener port (`spec.peer.port`).
+pub const PEER_PORT: u16 = 9902;
 /// Port of the example MCP server.
 pub const UPSTREAM_PORT: u16 = 3000;
 /// How long a pod may take to become ready.
@@ -92,6 +94,7 @@ impl PodSpec {
              \x20 upstream: {{port: {UPSTREAM_PORT}, path: /mcp}}\n\
              \x20 listen: {{port: {LISTEN_PORT}, path: /mcp}}\n\
              \x20 admin: {{port: {ADMIN_PORT}}}\n\
+             \x20 peer: {{port: {PEER_PORT}}}\n\
              \x20 origins: {{allow: [{}], allowMissing: {}}}\n\
              \x20 protocolVersions: [{}]\n\
              \x20 buffer: {{maxEvents: {}, maxBytes: {}, ttl: {}}}\n\
