@@ -6,9 +6,10 @@
 //!   gets no new clients while its server is down or while it drains);
 //! - `GET /metrics` → Prometheus text format;
 //! - `POST /drain` (or `GET`, as a `preStop httpGet` sends) → drains the pod
-//!   ([`crate::drain`]) and answers when done: 200 `{"drained":true,…}`, or 503
-//!   `{"drained":false,"inFlight":N,…}` when `spec.drain.timeout` passed first. Idempotent: every
-//!   call waits for the same drain.
+//!   ([`crate::drain`]: sessions handed to peers, requests in flight finished) and answers when
+//!   done: 200 `{"drained":true,"inFlight":0,"handedOff":N,"notMoved":N,"cut":0,"elapsedMs":N}`,
+//!   or 503 with `"drained":false` when `spec.drain.timeout` passed first (`cut` requests ended
+//!   with a JSON-RPC error). Idempotent: every call waits for the same drain.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +47,9 @@ impl Admin {
         let body = serde_json::json!({
             "drained": outcome.drained,
             "inFlight": outcome.in_flight,
+            "handedOff": outcome.handed_off,
+            "notMoved": outcome.not_moved,
+            "cut": outcome.cut,
             "elapsedMs": u64::try_from(outcome.elapsed.as_millis()).unwrap_or(u64::MAX),
         });
         text(status, "application/json", format!("{body}\n"))

@@ -166,6 +166,40 @@ impl StreamBuffer {
         (self.last_seq, ev)
     }
 
+    /// Stores an event that another pod numbered `seq` (the tail of a handed-off stream,
+    /// `docs/handoff.md`); numbers up to `seq` that carry no event stay gaps, as reserved ones do.
+    /// Events at or below the last sequence are already here and ignored (`None`).
+    pub fn put(
+        &mut self,
+        seq: u64,
+        event: Option<String>,
+        data: Bytes,
+        now: Instant,
+    ) -> Option<Evictions> {
+        if seq <= self.last_seq {
+            return None;
+        }
+        self.last_seq = seq - 1;
+        Some(self.push(event, data, now).1)
+    }
+
+    /// Takes over the numbering of the holder a stream came from: its last sequence (which may
+    /// be a reserved priming number) and how far it evicted. When the holder evicted events this
+    /// buffer never received, everything older is dropped too, so a cursor before the gap is
+    /// answered `cursor_evicted` instead of skipping events.
+    pub fn follow(&mut self, last_seq: u64, evicted_through: u64) {
+        if evicted_through > self.last_seq {
+            self.evict_all();
+            self.evicted_through = self.evicted_through.max(evicted_through);
+        }
+        self.last_seq = self.last_seq.max(last_seq);
+    }
+
+    /// How far events were evicted: every event at or below this sequence may be gone.
+    pub fn evicted_through(&self) -> u64 {
+        self.evicted_through
+    }
+
     /// Reserves the next sequence number without storing an event (the id of a priming event,
     /// which marks "the position before everything that follows").
     pub fn reserve(&mut self) -> u64 {

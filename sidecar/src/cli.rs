@@ -89,6 +89,10 @@ pub struct Cli {
     /// against); `spec.session.migration: Pin` does the same per endpoint.
     #[arg(long, env = "TETHER_HANDOFF", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub handoff: bool,
+    /// Largest peer-protocol message (a pushed session or a tail batch), in bytes; larger
+    /// buffers travel in several messages.
+    #[arg(long, env = "TETHER_PEER_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub peer_max_message_bytes: usize,
     /// Log format; the level comes from `RUST_LOG` (default `info`).
     #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -79,6 +79,8 @@ pub struct Config {
     pub peer_addr: SocketAddr,
     /// Whether draining hands sessions to peers (`--handoff` and `spec.session.migration`).
     pub handoff: bool,
+    /// Largest peer-protocol message, in bytes.
+    pub peer_max_message_bytes: usize,
     /// The upstream MCP endpoint.
     pub upstream: Uri,
     /// Admission settings.
@@ -125,6 +127,7 @@ impl Config {
             ("--max-sessions", cli.max_sessions),
             ("--max-request-bytes", cli.max_request_bytes),
             ("--threads", cli.threads),
+            ("--peer-max-message-bytes", cli.peer_max_message_bytes),
         ] {
             if value == 0 {
                 return Err(ConfigError::Flag {
@@ -159,6 +162,7 @@ impl Config {
             admin_addr: SocketAddr::new(cli.pod_ip, spec.admin.port),
             peer_addr: SocketAddr::new(cli.pod_ip, spec.peer.port),
             handoff: cli.handoff && spec.session.migration == tether_crds::Migration::Replay,
+            peer_max_message_bytes: cli.peer_max_message_bytes,
             upstream,
             admission: AdmissionPolicy {
                 path: spec.listen.path.clone(),

@@ -16,8 +16,25 @@ pub const STREAM_KEY_LEN: usize = 12;
 pub const MAX_CURSOR_LEN: usize = 64;
 
 /// A stream's random key: 12 characters of lowercase base32.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(try_from = "String", into = "String")]
 pub struct StreamKey(String);
+
+impl TryFrom<String> for StreamKey {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::parse(&s).ok_or_else(|| format!("{s:?} is not a stream key"))
+    }
+}
+
+impl From<StreamKey> for String {
+    fn from(k: StreamKey) -> String {
+        k.0
+    }
+}
 
 impl StreamKey {
     /// A fresh random key.

@@ -17,7 +17,7 @@ use crate::jsonrpc::Message;
 pub const MAX_SUBSCRIPTIONS: usize = 1024;
 
 /// What rebuilds one upstream session.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Journal {
     initialize: Value,
     initialized: bool,

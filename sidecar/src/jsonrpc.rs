@@ -11,7 +11,10 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// A JSON-RPC id as a map key: its JSON text, so `1` and `"1"` stay distinct.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct RequestKey(String);
 
 impl RequestKey {

@@ -19,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod cursor;
 pub mod drain;
+pub mod handoff;
 pub mod headers;
 pub mod journal;
 pub mod jsonrpc;

@@ -142,6 +142,19 @@ pub struct Metrics {
     /// Time from the start of a drain to its end (all requests done, or the deadline), in
     /// seconds.
     pub drain_seconds: Histogram,
+    /// Sessions handed to a peer and acknowledged by it.
+    pub handoffs_sent: Counter,
+    /// Sessions adopted from a peer.
+    pub handoffs_received: Counter,
+    /// Handoff attempts that failed, by reason (`unreachable`, `refused`, `no_target`,
+    /// `tail`): a session whose every candidate failed stays here.
+    pub handoffs_failed: Family<Reason, Counter>,
+    /// Time from the start of a session's handoff to the peer's acknowledgement, in seconds.
+    pub handoff_seconds: Histogram,
+    /// Events of handed-off streams forwarded to their new holder after the push.
+    pub tail_events_forwarded: Counter,
+    /// Requests still running at the drain deadline, ended with a JSON-RPC error.
+    pub requests_cut: Counter,
 }
 
 impl Default for Metrics {
@@ -181,6 +194,12 @@ impl Metrics {
             forward_hops: Family::default(),
             peers_down: Family::default(),
             drain_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            handoffs_sent: Counter::default(),
+            handoffs_received: Counter::default(),
+            handoffs_failed: Family::default(),
+            handoff_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            tail_events_forwarded: Counter::default(),
+            requests_cut: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -298,7 +317,42 @@ impl Metrics {
             "Time a drain took, until requests in flight finished or the deadline",
             m.drain_seconds.clone(),
         );
+        r.register(
+            "handoffs_sent",
+            "Sessions handed to a peer and acknowledged",
+            m.handoffs_sent.clone(),
+        );
+        r.register(
+            "handoffs_received",
+            "Sessions adopted from a peer",
+            m.handoffs_received.clone(),
+        );
+        r.register(
+            "handoffs_failed",
+            "Failed handoff attempts, by reason",
+            m.handoffs_failed.clone(),
+        );
+        r.register(
+            "handoff_seconds",
+            "Time from the start of a handoff to the peer's acknowledgement",
+            m.handoff_seconds.clone(),
+        );
+        r.register(
+            "tail_events_forwarded",
+            "Events of handed-off streams forwarded to their new holder",
+            m.tail_events_forwarded.clone(),
+        );
+        r.register(
+            "requests_cut",
+            "Requests ended with a JSON-RPC error at the drain deadline",
+            m.requests_cut.clone(),
+        );
         Self { registry, ..m }
+    }
+
+    /// Counts a failed handoff attempt.
+    pub fn handoff_failed(&self, reason: &'static str) {
+        self.handoffs_failed.get_or_create(&Reason { reason }).inc();
     }
 
     /// Counts evictions by reason.
@@ -372,7 +426,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 26);
+        assert_eq!(fields, 32);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 

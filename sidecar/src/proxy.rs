@@ -26,7 +26,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{ErrorSource, ErrorType};
 
 use crate::admission::{Admission, AdmissionPolicy, Admitted, Era};
-use crate::broker::Broker;
+use crate::broker::{Broker, Here};
 use crate::headers::{LAST_EVENT_ID, MCP_SESSION_ID};
 use crate::jsonrpc::Envelope;
 use crate::membership::Peer;
@@ -37,6 +37,7 @@ use crate::reply::{NotFound, Rejection, Reply, ReplyBody};
 use crate::routing::{
     ForwardKind, Hop, Route, Router, TETHER_HOP, TETHER_HOP_MAC, TETHER_VISITED, Target,
 };
+use crate::session::{EnterGuard, Entry};
 use crate::stream::FeedItem;
 
 /// How long connecting to a peer sidecar may take before the next candidate is tried.
@@ -44,6 +45,9 @@ pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Most peers a forward tries to connect to before it gives up (each failure marks the peer
 /// down, so later requests skip it without trying).
 pub const MAX_CONNECT_ATTEMPTS: usize = 3;
+/// How long a request for a session being handed off waits for the handoff to end before it
+/// gets 503 + `Retry-After`.
+pub const MOVE_WAIT: Duration = Duration::from_secs(5);
 /// Idle pooled connections to peers are closed after this long (shorter than a peer's own
 /// keep-alive timeout, so a pooled connection is never stale).
 pub const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -129,6 +133,25 @@ pub struct Forwarding {
 }
 
 impl Forwarding {
+    fn new(
+        peer: Peer,
+        kind: ForwardKind,
+        hop: Hop,
+        session_id: Option<String>,
+        target_home: Option<crate::session_id::HomeToken>,
+    ) -> Self {
+        Self {
+            peer,
+            kind,
+            hop,
+            session_id,
+            target_home,
+            unreachable: Vec::new(),
+            fallback: None,
+            to_self: false,
+        }
+    }
+
     /// The hop state with the peers found unreachable counted as visited, so neither this pod
     /// nor the next one tries them again.
     fn hop_so_far(&self) -> Hop {
@@ -147,6 +170,9 @@ pub struct RequestCtx {
     answered: bool,
     /// Set when the request is forwarded to a peer.
     forward: Option<Forwarding>,
+    /// The session held here that the request entered (released once its stream is
+    /// registered, so a handoff never images a session halfway through a request).
+    entered: Option<EnterGuard>,
 }
 
 #[async_trait]
@@ -159,6 +185,7 @@ impl ProxyHttp for McpProxy {
             body_bytes: 0,
             answered: false,
             forward: None,
+            entered: None,
         }
     }
 
@@ -217,7 +244,7 @@ impl ProxyHttp for McpProxy {
         ctx.origin = admitted.origin.clone();
         // A POST for a session nobody holds may still be an `initialize` that kept an old
         // session id (field report 15): the body decides, so the 404 waits for it.
-        let miss = match self.route(&admitted) {
+        let miss = match self.route(&admitted, ctx).await {
             Ok(None) => None,
             Ok(Some(forwarding)) => {
                 ctx.forward = Some(forwarding);
@@ -263,7 +290,7 @@ impl ProxyHttp for McpProxy {
             self.broker.count_rejection(&rejection);
             return respond(session, ctx, rejection.into()).await;
         }
-        let reply = self.broker.handle(admitted, body).await;
+        let reply = self.broker.handle(admitted, body, ctx.entered.take()).await;
         respond(session, ctx, reply).await
     }
 
@@ -456,9 +483,13 @@ impl ProxyHttp for McpProxy {
 }
 
 impl McpProxy {
-    /// Routes an admitted request: `None` to serve it here, a [`Forwarding`] to proxy it to a
-    /// peer, or the 404/403 that ends it.
-    fn route(&self, admitted: &Admitted) -> Result<Option<Forwarding>, Rejection> {
+    /// Routes an admitted request: `None` to serve it here (a session held here is entered,
+    /// `ctx.entered`), a [`Forwarding`] to proxy it to a peer, or the 404/403/503 that ends it.
+    async fn route(
+        &self,
+        admitted: &Admitted,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Forwarding>, Rejection> {
         let session_id = match admitted.era {
             Era::Stateless => None,
             _ => admitted.session_id.clone(),
@@ -471,7 +502,17 @@ impl McpProxy {
         let nonce;
         let (target, home) = match session_id.as_deref() {
             Some(id) => {
-                let (home, held) = self.broker.locate(id).map_err(Rejection::SessionNotFound)?;
+                let (home, moved) = self.enter(id, ctx).await?;
+                if let Some(peer) = moved.and_then(|uid| self.router.moved_to(&uid, &hop)) {
+                    return Ok(Some(Forwarding::new(
+                        peer,
+                        ForwardKind::Moved,
+                        hop,
+                        session_id,
+                        Some(home),
+                    )));
+                }
+                let held = ctx.entered.is_some();
                 (Target::Session { id, home, held }, Some(home))
             }
             None => {
@@ -485,16 +526,36 @@ impl McpProxy {
             Route::Unavailable => Err(Rejection::PeerUnavailable),
             Route::Forward { peer, kind } => {
                 tracing::debug!(peer = %peer.name, kind = kind.label(), hop = hop.count + 1, "forwarding");
-                Ok(Some(Forwarding {
-                    peer,
-                    kind,
-                    hop,
-                    session_id,
-                    target_home: home,
-                    unreachable: Vec::new(),
-                    fallback: None,
-                    to_self: false,
-                }))
+                Ok(Some(Forwarding::new(peer, kind, hop, session_id, home)))
+            }
+        }
+    }
+
+    /// Enters session `id` when it is held here (`ctx.entered`), waiting out a handoff under
+    /// way; returns its home and, when it was handed off from here, the new holder's UID.
+    async fn enter(
+        &self,
+        id: &str,
+        ctx: &mut RequestCtx,
+    ) -> Result<(crate::session_id::HomeToken, Option<String>), Rejection> {
+        loop {
+            let (home, here) = self.broker.locate(id).map_err(Rejection::SessionNotFound)?;
+            let session = match here {
+                Here::Held(session) => session,
+                Here::Moved(uid) => return Ok((home, Some(uid))),
+                Here::Absent => return Ok((home, None)),
+            };
+            match session.enter() {
+                Entry::Entered(guard) => {
+                    ctx.entered = Some(guard);
+                    return Ok((home, None));
+                }
+                Entry::Moved(uid) => return Ok((home, Some(uid))),
+                Entry::Moving => {
+                    if !session.settled(MOVE_WAIT).await {
+                        return Err(Rejection::PeerUnavailable);
+                    }
+                }
             }
         }
     }

@@ -13,7 +13,10 @@
 //!
 //! A forward carries its hop count and the UIDs it visited in `Tether-Hop` / `Tether-Visited`,
 //! signed with `Tether-Hop-Mac` (HMAC of the endpoint secret), so only peers can send them. At
-//! most [`MAX_HOPS`] hops are taken; a request that would need a third ends with 404 `hop_limit`.
+//! most [`MAX_WALK_HOPS`] hops are taken to find a holder; a request that would need a third ends
+//! with 404 `hop_limit`. A holder that handed the session off forwards it to the new holder
+//! ([`ForwardKind::Moved`]) even when that pod was visited (it was asked before it held the
+//! session), within [`MAX_HOPS`] hops in all.
 //! Together with the visited list this bounds every request even when sidecars disagree on
 //! membership (§3.3). Peers that [`PeerHealth`] marks down (refused connections, failed
 //! probes) are skipped like visited ones. Forged session ids never get here: they are answered
@@ -31,8 +34,10 @@ use crate::reply::{NotFound, Rejection};
 use crate::secret::{DOMAIN_HOP, Secret};
 use crate::session_id::HomeToken;
 
-/// Most hops a request takes between sidecars.
-pub const MAX_HOPS: u8 = 2;
+/// Most hops a request takes between sidecars looking for the session's holder.
+pub const MAX_WALK_HOPS: u8 = 2;
+/// Most hops in all: the walk plus one "moved" forward from a holder that handed the session off.
+pub const MAX_HOPS: u8 = 3;
 /// The hop number of a forwarded request (`1` or `2`).
 pub const TETHER_HOP: HeaderName = HeaderName::from_static("tether-hop");
 /// Comma-separated UIDs of the pods a forwarded request already visited.
@@ -150,6 +155,8 @@ pub enum ForwardKind {
     Placement,
     /// Back to this pod's own listener after every candidate failed, so it answers itself.
     Fallback,
+    /// The session was handed off from here: to its new holder.
+    Moved,
 }
 
 impl ForwardKind {
@@ -160,6 +167,7 @@ impl ForwardKind {
             Self::Walk => "walk",
             Self::Placement => "placement",
             Self::Fallback => "fallback",
+            Self::Moved => "moved",
         }
     }
 }
@@ -275,6 +283,18 @@ impl Router {
         &self.health
     }
 
+    /// Where a session handed off from here to pod `uid` goes: that pod, when membership knows
+    /// it alive, it is not down and the hop budget allows; `None` routes the request as if the
+    /// session had never been here.
+    pub fn moved_to(&self, uid: &str, hop: &Hop) -> Option<Peer> {
+        let now = std::time::Instant::now();
+        self.view()
+            .peer(uid)
+            .filter(|p| p.state.is_alive() && p.uid != self.uid)
+            .filter(|p| self.health.down(&p.uid, now).is_none() && hop.count < MAX_HOPS)
+            .cloned()
+    }
+
     /// [`route`] with this pod's identity, the current view and the peers now down.
     pub fn route(&self, draining: bool, target: Target<'_>, hop: &Hop) -> Route {
         let me = Me {
@@ -302,7 +322,7 @@ pub fn route(
 ) -> Route {
     let skip = |p: &Peer| p.uid == me.uid || hop.visited(&p.uid) || down(&p.uid).is_some();
     let returned = hop.visited.last().is_some_and(|u| u == me.uid);
-    let can_hop = hop.count < MAX_HOPS;
+    let can_hop = hop.count < MAX_WALK_HOPS;
     let forward = |peer: &Peer, kind| {
         if can_hop {
             Route::Forward {
@@ -640,7 +660,7 @@ mod tests {
                         let next: usize = peer.uid[4..].parse().unwrap();
                         prop_assert!(!seen.contains(&next), "visited {next} twice: {seen:?}");
                         hop = hop.next(&uid(at));
-                        prop_assert!(hop.count <= MAX_HOPS);
+                        prop_assert!(hop.count <= MAX_WALK_HOPS);
                         seen.push(next);
                         at = next;
                     }

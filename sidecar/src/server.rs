@@ -1,5 +1,5 @@
-//! Assembles the pingora server: the MCP listener, the admin listener, the sweeper and the
-//! membership source.
+//! Assembles the pingora server: the MCP listener, the admin listener, the peer (handoff)
+//! listener, the sweeper, the rebalancer and the membership source.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +15,8 @@ use crate::broker::Broker;
 use crate::buffer::PodBudget;
 use crate::config::{Config, ConfigError, MembershipConfig};
 use crate::drain::Drain;
+use crate::handoff::Handoff;
+use crate::handoff::listener::PeerListener;
 use crate::membership::kubernetes::KubernetesPods;
 use crate::membership::peers_file::PeersFile;
 use crate::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
@@ -49,6 +51,28 @@ impl BackgroundService for Sweeper {
         loop {
             tokio::select! {
                 _ = tick.tick() => self.broker.sweep(Instant::now()),
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// How often adopted sessions are checked against `owner(S)` (DESIGN.md §3.4 step 5) and
+/// followed streams against their writer's liveness.
+pub const REBALANCE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Periodic [`Handoff::rebalance`].
+struct Rebalancer {
+    handoff: Arc<Handoff>,
+}
+
+#[async_trait]
+impl BackgroundService for Rebalancer {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(REBALANCE_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.handoff.rebalance().await,
                 _ = shutdown.changed() => return,
             }
         }
@@ -122,6 +146,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     for (what, addr) in [
         ("MCP listener", cfg.listen_addr),
         ("admin listener", cfg.admin_addr),
+        ("peer listener", cfg.peer_addr),
     ] {
         std::net::TcpListener::bind(addr).map_err(|source| ConfigError::Bind {
             what,
@@ -157,6 +182,13 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     // deadline and sends keep-alive comments on idle streams.
     let peer_read_timeout =
         cfg.broker.upstream_body_timeout.max(cfg.broker.keep_alive) + PEER_READ_MARGIN;
+    let handoff = Handoff::new(
+        Arc::clone(&broker),
+        router.clone(),
+        cfg.peer_addr.port(),
+        cfg.peer_max_message_bytes,
+        cfg.handoff,
+    );
     let proxy = McpProxy::new(
         Arc::clone(&broker),
         router,
@@ -168,7 +200,16 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     );
     let mut mcp = pingora::proxy::http_proxy_service_with_name(&server.configuration, proxy, "mcp");
     mcp.add_tcp(&cfg.listen_addr.to_string());
-    let drain = Drain::new(Arc::clone(&broker), cfg.drain_timeout);
+    let drain = Drain::new(Arc::clone(&broker), Arc::clone(&handoff), cfg.drain_timeout);
+    let mut peer = Service::new(
+        "peer".to_owned(),
+        PeerListener::new(
+            Arc::clone(&broker),
+            cfg.secret.clone(),
+            cfg.peer_max_message_bytes,
+        ),
+    );
+    peer.add_tcp(&cfg.peer_addr.to_string());
     let mut admin = Service::new(
         "admin".to_owned(),
         Admin::new(Arc::clone(&broker), Arc::clone(&drain)),
@@ -182,7 +223,9 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     );
     server.add_service(mcp);
     server.add_service(admin);
+    server.add_service(peer);
     server.add_service(sweeper);
+    server.add_service(background_service("rebalancer", Rebalancer { handoff }));
     if let Some(source) = source {
         let name = source.name();
         let prober = Prober::new(
@@ -198,6 +241,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         endpoint = %cfg.endpoint,
         listen = %cfg.listen_addr,
         admin = %cfg.admin_addr,
+        peer = %cfg.peer_addr,
+        handoff = cfg.handoff,
         upstream = %cfg.upstream,
         "tether-sidecar starting"
     );

@@ -8,15 +8,18 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 use tether_crds::ProtocolVersion;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::buffer::Evictions;
+use crate::buffer::{BufferLimits, Evictions, PodBudget};
 use crate::cursor::StreamKey;
+use crate::handoff::wire::{ReplyImage, RequestImage, SessionImage, StreamImage};
 use crate::journal::Journal;
 use crate::jsonrpc::{Message, RequestKey};
 use crate::reply::{NotFound, StoredReply};
@@ -57,6 +60,52 @@ struct State {
     busy: u32,
     upstream_id: Option<String>,
     journal: Journal,
+    /// Requests admitted to this session that have not registered their stream yet.
+    entering: u32,
+    /// Where the session is in a handoff.
+    handoff: HandoffState,
+    /// Woken on every change of every stream (the handoff follower), new streams included.
+    observer: Option<Arc<Notify>>,
+}
+
+/// Where a session is in a handoff (DESIGN.md §3.4 step 2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandoffState {
+    /// Served here.
+    Held,
+    /// Being pushed to a peer: new requests wait until the peer acknowledged or refused.
+    Moving,
+    /// The peer with this UID acknowledged it: requests go there.
+    Moved(String),
+}
+
+/// What a request finds when it enters a session held here ([`Session::enter`]).
+#[derive(Debug)]
+pub enum Entry {
+    /// Served here; keep the guard until the request registered its stream.
+    Entered(EnterGuard),
+    /// Being handed off: wait ([`Session::settled`]) and ask again.
+    Moving,
+    /// Handed to the peer with this UID.
+    Moved(String),
+}
+
+/// Counts a request between admission and the registration of its stream, so a handoff never
+/// snapshots a session halfway through a request. Dropping it ends the count.
+#[derive(Debug)]
+pub struct EnterGuard(Arc<Session>);
+
+impl EnterGuard {
+    /// The session entered.
+    pub fn session(&self) -> &Arc<Session> {
+        &self.0
+    }
+}
+
+impl Drop for EnterGuard {
+    fn drop(&mut self) {
+        self.0.state.lock().entering -= 1;
+    }
 }
 
 /// What a POST's request ids mean for a session (retry de-duplication, DESIGN.md §3.2).
@@ -82,6 +131,10 @@ pub struct Session {
     pub standalone_open: tokio::sync::Mutex<()>,
     /// Serialises rebuilding the upstream session from the journal.
     pub rebuilding: tokio::sync::Mutex<()>,
+    /// The session came from a peer: its upstream session is rebuilt before first use.
+    needs_rebuild: AtomicBool,
+    /// Woken when a handoff ends (acknowledged or refused).
+    handoff_settled: Notify,
 }
 
 impl Session {
@@ -109,10 +162,231 @@ impl Session {
                 busy: 0,
                 upstream_id,
                 journal,
+                entering: 0,
+                handoff: HandoffState::Held,
+                observer: None,
             }),
             standalone_open: tokio::sync::Mutex::new(()),
             rebuilding: tokio::sync::Mutex::new(()),
+            needs_rebuild: AtomicBool::new(false),
+            handoff_settled: Notify::new(),
         })
+    }
+
+    /// A session handed over by pod `from` (`docs/handoff.md`): its streams, retry records and
+    /// journal as imaged there; incomplete streams keep following `from`. Its upstream session
+    /// is rebuilt from the journal before first use ([`Session::needs_rebuild`]).
+    ///
+    /// # Errors
+    /// A message when the image names an unknown protocol version.
+    pub fn restore(
+        image: &SessionImage,
+        digest: String,
+        from: &str,
+        limits: BufferLimits,
+        budget: &PodBudget,
+    ) -> Result<Arc<Self>, String> {
+        let version = ProtocolVersion::parse(&image.version)
+            .filter(|v| !v.is_stateless())
+            .ok_or_else(|| format!("unknown sessionful version {:?}", image.version))?;
+        let session = Self::new(
+            image.id.clone(),
+            digest,
+            None,
+            version,
+            image.journal.clone(),
+        );
+        session.needs_rebuild.store(true, Ordering::Relaxed);
+        {
+            let mut st = session.state.lock();
+            if let Some(Ok(reply)) = image
+                .standalone_unsupported
+                .as_ref()
+                .map(ReplyImage::to_reply)
+            {
+                st.standalone = Standalone::Unsupported(reply);
+            }
+        }
+        session.import_streams(&image.streams, &image.requests, from, limits, budget);
+        Ok(session)
+    }
+
+    /// Applies streams and retry records sent by pod `from`: known streams take the new
+    /// events and state, unknown ones are created. Returns how many events were new.
+    pub fn import_streams(
+        &self,
+        streams: &[StreamImage],
+        requests: &[RequestImage],
+        from: &str,
+        limits: BufferLimits,
+        budget: &PodBudget,
+    ) -> usize {
+        let mut added = 0;
+        let mut st = self.state.lock();
+        for image in streams {
+            match st.streams.get(&image.key) {
+                Some(stream) => added += stream.apply(image),
+                None => {
+                    let stream = Stream::restore(
+                        image,
+                        limits,
+                        budget.clone(),
+                        self.cancel.child_token(),
+                        from,
+                    );
+                    added += image.events.len();
+                    Self::insert_stream(&mut st, &stream);
+                }
+            }
+        }
+        for r in requests {
+            let mut digest = [0u8; 32];
+            if hex::decode_to_slice(&r.digest, &mut digest).is_ok()
+                && !st.requests.contains_key(&r.id)
+            {
+                st.requests.insert(
+                    r.id.clone(),
+                    RequestRecord {
+                        digest,
+                        stream: r.stream.clone(),
+                    },
+                );
+                st.request_order.push_back(r.id.clone());
+            }
+        }
+        added
+    }
+
+    /// The session as a handoff image, with at most `max_bytes` of event data in all (each
+    /// stream gets at least its oldest unsent event). Returns the image and, per stream, the
+    /// sequence the receiver will be at (the follower sends the rest).
+    pub fn image(&self, max_bytes: usize) -> (SessionImage, HashMap<StreamKey, u64>) {
+        let st = self.state.lock();
+        let mut budget = max_bytes;
+        let mut positions = HashMap::with_capacity(st.streams.len());
+        let mut streams = Vec::with_capacity(st.streams.len());
+        for key in &st.stream_order {
+            let Some(stream) = st.streams.get(key) else {
+                continue;
+            };
+            let (image, at) = stream.image(0, budget);
+            let size: usize = image.events.iter().map(|e| e.data.len()).sum();
+            budget = budget.saturating_sub(size);
+            positions.insert(key.clone(), at);
+            streams.push(image);
+        }
+        let requests = Self::request_images(&st, None);
+        let image = SessionImage {
+            id: self.id.clone(),
+            version: self.version.as_str().to_owned(),
+            journal: st.journal.clone(),
+            requests,
+            streams,
+            standalone_unsupported: match &st.standalone {
+                Standalone::Unsupported(reply) => Some(ReplyImage::from(reply)),
+                _ => None,
+            },
+        };
+        (image, positions)
+    }
+
+    /// Retry records of the streams in `only` (every record with `None`).
+    fn request_images(st: &State, only: Option<&[StreamKey]>) -> Vec<RequestImage> {
+        st.request_order
+            .iter()
+            .filter_map(|id| {
+                let rec = st.requests.get(id)?;
+                if only.is_some_and(|keys| !keys.contains(&rec.stream)) {
+                    return None;
+                }
+                Some(RequestImage {
+                    id: id.clone(),
+                    digest: hex::encode(rec.digest),
+                    stream: rec.stream.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Retry records of the streams `keys` (new streams sent in a tail message).
+    pub fn requests_of(&self, keys: &[StreamKey]) -> Vec<RequestImage> {
+        Self::request_images(&self.state.lock(), Some(keys))
+    }
+
+    /// Whether the upstream session must be rebuilt from the journal before first use (the
+    /// session came from a peer).
+    pub fn needs_rebuild(&self) -> bool {
+        self.needs_rebuild.load(Ordering::Relaxed)
+    }
+
+    /// Records that the upstream session was rebuilt.
+    pub fn rebuilt(&self) {
+        self.needs_rebuild.store(false, Ordering::Relaxed);
+    }
+
+    /// Admits a request into the session, unless a handoff is moving or moved it.
+    pub fn enter(self: &Arc<Self>) -> Entry {
+        let mut st = self.state.lock();
+        match &st.handoff {
+            HandoffState::Held => {
+                st.entering += 1;
+                Entry::Entered(EnterGuard(Arc::clone(self)))
+            }
+            HandoffState::Moving => Entry::Moving,
+            HandoffState::Moved(to) => Entry::Moved(to.clone()),
+        }
+    }
+
+    /// Starts a handoff; `false` when one is under way or done.
+    pub fn begin_move(&self) -> bool {
+        let mut st = self.state.lock();
+        if st.handoff != HandoffState::Held {
+            return false;
+        }
+        st.handoff = HandoffState::Moving;
+        true
+    }
+
+    /// Requests admitted and not registered yet.
+    pub fn entering(&self) -> u32 {
+        self.state.lock().entering
+    }
+
+    /// Ends a handoff: acknowledged by `to`, or refused everywhere (`None`: served here again).
+    pub fn finish_move(&self, to: Option<String>) {
+        self.state.lock().handoff = match to {
+            Some(uid) => HandoffState::Moved(uid),
+            None => HandoffState::Held,
+        };
+        self.handoff_settled.notify_waiters();
+    }
+
+    /// The session's handoff state.
+    pub fn handoff(&self) -> HandoffState {
+        self.state.lock().handoff.clone()
+    }
+
+    /// Waits until a handoff under way ends, at most `bound`; returns whether it did.
+    pub async fn settled(&self, bound: Duration) -> bool {
+        let wait = async {
+            loop {
+                let notified = self.handoff_settled.notified();
+                if self.state.lock().handoff != HandoffState::Moving {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(bound, wait).await.is_ok()
+    }
+
+    /// Wakes `observer` on every change of every stream, present and future.
+    pub fn observe(&self, observer: &Arc<Notify>) {
+        let mut st = self.state.lock();
+        st.observer = Some(Arc::clone(observer));
+        for stream in st.streams.values() {
+            stream.observe(observer);
+        }
     }
 
     /// The client session id (never log it; use [`Session::digest`]).
@@ -238,6 +512,9 @@ impl Session {
     }
 
     fn insert_stream(st: &mut State, stream: &Arc<Stream>) {
+        if let Some(observer) = &st.observer {
+            stream.observe(observer);
+        }
         st.streams.insert(stream.key().clone(), Arc::clone(stream));
         st.stream_order.push_back(stream.key().clone());
         let mut budget = st.stream_order.len().saturating_sub(MAX_STREAMS);
@@ -373,17 +650,43 @@ impl Drop for BusyGuard {
 #[error("this pod holds its maximum of {0} sessions")]
 pub struct TooManySessions(pub usize);
 
-#[derive(Debug, Default)]
-struct EndedLog {
-    reasons: HashMap<String, NotFound>,
+/// A bounded map that forgets its oldest entries first.
+#[derive(Debug)]
+struct BoundedLog<V> {
+    entries: HashMap<String, V>,
     order: VecDeque<String>,
+}
+
+impl<V> Default for BoundedLog<V> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+}
+
+impl<V> BoundedLog<V> {
+    fn insert(&mut self, key: String, value: V) {
+        if self.entries.insert(key.clone(), value).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > ENDED_LOG {
+            if let Some(old) = self.order.pop_front() {
+                self.entries.remove(&old);
+            }
+        }
+    }
 }
 
 /// The sessions this pod holds, by client session id.
 #[derive(Debug)]
 pub struct Registry {
     sessions: RwLock<HashMap<String, Arc<Session>>>,
-    ended: Mutex<EndedLog>,
+    /// Why sessions ended, by id digest.
+    ended: Mutex<BoundedLog<NotFound>>,
+    /// Where handed-off sessions went: client session id → UID of the new holder.
+    moved: Mutex<BoundedLog<String>>,
     max_sessions: usize,
 }
 
@@ -392,7 +695,8 @@ impl Registry {
     pub fn new(max_sessions: usize) -> Self {
         Self {
             sessions: RwLock::new(HashMap::new()),
-            ended: Mutex::new(EndedLog::default()),
+            ended: Mutex::new(BoundedLog::default()),
+            moved: Mutex::new(BoundedLog::default()),
             max_sessions,
         }
     }
@@ -424,23 +728,45 @@ impl Registry {
     pub fn remove(&self, session: &Session, reason: NotFound) -> bool {
         let removed = self.sessions.write().remove(&session.id).is_some();
         if removed {
-            let mut log = self.ended.lock();
-            log.reasons.insert(session.digest.clone(), reason);
-            log.order.push_back(session.digest.clone());
-            while log.order.len() > ENDED_LOG {
-                if let Some(old) = log.order.pop_front() {
-                    log.reasons.remove(&old);
-                }
-            }
+            self.ended.lock().insert(session.digest.clone(), reason);
         }
         removed
+    }
+
+    /// Forgets a session a peer (`to`) acknowledged; requests for it are sent there.
+    pub fn mark_moved(&self, session: &Session, to: &str) {
+        self.sessions.write().remove(&session.id);
+        self.moved.lock().insert(session.id.clone(), to.to_owned());
+    }
+
+    /// The UID of the peer a session was handed to, if it was handed off from here.
+    pub fn moved_to(&self, id: &str) -> Option<String> {
+        self.moved.lock().entries.get(id).cloned()
+    }
+
+    /// Registers a session handed over by a peer; a session already held is kept (a repeated
+    /// push is acknowledged again). Returns whether it was new.
+    ///
+    /// # Errors
+    /// [`TooManySessions`] when the pod is full.
+    pub fn adopt(&self, session: Arc<Session>) -> Result<bool, TooManySessions> {
+        let mut map = self.sessions.write();
+        if map.contains_key(&session.id) {
+            return Ok(false);
+        }
+        if map.len() >= self.max_sessions {
+            return Err(TooManySessions(self.max_sessions));
+        }
+        map.insert(session.id.clone(), session);
+        drop(map);
+        Ok(true)
     }
 
     /// Why a genuine id with this digest is not held: how it ended, or [`NotFound::Unknown`].
     pub fn why_missing(&self, digest: &str) -> NotFound {
         self.ended
             .lock()
-            .reasons
+            .entries
             .get(digest)
             .copied()
             .unwrap_or(NotFound::Unknown)

@@ -48,6 +48,12 @@ pub fn priming(id: &EventId, retry: Option<Duration>) -> Bytes {
     out.freeze()
 }
 
+/// A frame with only a `retry` hint, in milliseconds (spec R-07): it sets the client's reconnect
+/// delay and dispatches no event.
+pub fn retry(hint: Duration) -> Bytes {
+    Bytes::from(format!("retry: {}\n\n", hint.as_millis()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

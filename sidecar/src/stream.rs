@@ -12,11 +12,14 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::buffer::{BufferLimits, Evictions, PodBudget, ReplayError, StreamBuffer};
 use crate::cursor::{EventId, StreamKey};
+use crate::handoff::wire::{
+    EventImage, KindImage, ReplyImage, StreamImage, headers_from, headers_to,
+};
 use crate::jsonrpc::{RequestKey, error_response, response_id};
 use crate::reply::{CODE_INTERNAL, StoredReply};
 use crate::sse;
@@ -76,6 +79,13 @@ struct State {
     readers: u32,
     /// Highest sequence number written to some connection.
     delivered: u64,
+    /// UID of the pod that still writes this stream (a handed-off stream whose request runs
+    /// there; its events arrive through the peer protocol). No priming number is reserved
+    /// here meanwhile, so the numbering stays the writer's.
+    following: Option<String>,
+    /// The session moved: readers get what is buffered, then `retry:` with this hint and a
+    /// clean close, and resume at the new holder (negotiated ≥ 2025-11-25, spec ).
+    moved_retry: Option<Duration>,
 }
 
 /// One stream: buffer, completion state and reader hand-over.
@@ -86,6 +96,8 @@ pub struct Stream {
     cancel: CancellationToken,
     state: Mutex<State>,
     changed: watch::Sender<()>,
+    /// Woken on every change, for the handoff follower of a moved session.
+    observer: Mutex<Option<Arc<Notify>>>,
 }
 
 /// Result of appending an upstream event.
@@ -122,9 +134,175 @@ impl Stream {
                 reader_gen: 0,
                 readers: 0,
                 delivered: 0,
+                following: None,
+                moved_retry: None,
             }),
             changed: watch::channel(()).0,
+            observer: Mutex::new(None),
         })
+    }
+
+    /// A stream rebuilt from a handoff image (`docs/handoff.md`), written by pod `following`
+    /// until the image says it is complete.
+    pub fn restore(
+        image: &StreamImage,
+        limits: BufferLimits,
+        budget: PodBudget,
+        cancel: CancellationToken,
+        following: &str,
+    ) -> Arc<Self> {
+        let kind = match image.kind {
+            KindImage::Post => StreamKind::Post,
+            KindImage::Batch => StreamKind::Batch,
+            KindImage::Standalone => StreamKind::Standalone,
+        };
+        let stream = Arc::new(Self {
+            key: image.key.clone(),
+            kind,
+            cancel,
+            state: Mutex::new(State {
+                buffer: StreamBuffer::new(limits, budget),
+                pending: Vec::new(),
+                complete: false,
+                stored: None,
+                sse: None,
+                reader_gen: 0,
+                readers: 0,
+                delivered: 0,
+                following: Some(following.to_owned()),
+                moved_retry: None,
+            }),
+            changed: watch::channel(()).0,
+            observer: Mutex::new(None),
+        });
+        stream.apply(image);
+        stream
+    }
+
+    /// Applies what the writing pod sent: new events (numbered by it), its numbering, the
+    /// pending requests, its answer's head, and completion (which ends the following).
+    /// Returns how many events were new.
+    pub fn apply(&self, image: &StreamImage) -> usize {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        let mut added = 0;
+        st.buffer.follow(0, image.evicted_through);
+        for ev in &image.events {
+            let data = Bytes::from(ev.data.clone());
+            if st.buffer.put(ev.seq, ev.event.clone(), data, now).is_some() {
+                added += 1;
+            }
+        }
+        st.buffer.follow(image.last_seq, image.evicted_through);
+        if !st.complete {
+            st.pending.clone_from(&image.pending);
+            if let Some(stored) = image.stored.as_ref().and_then(|r| r.to_reply().ok()) {
+                st.stored = Some(stored);
+            }
+            if let Some(sse) = &image.sse {
+                st.sse = Some(headers_from(sse));
+            }
+            if image.complete {
+                st.complete = true;
+                st.following = None;
+            }
+        }
+        let complete = st.complete;
+        drop(st);
+        self.touch();
+        if complete {
+            self.cancel.cancel();
+        }
+        added
+    }
+
+    /// The stream as a handoff image with the events after `after` (its receiver's position),
+    /// at most `max_bytes` of event data (at least one event). Returns the image and the
+    /// sequence the receiver will be at once it applied it.
+    pub fn image(&self, after: u64, max_bytes: usize) -> (StreamImage, u64) {
+        let st = self.state.lock();
+        let mut events = Vec::new();
+        let mut bytes = 0;
+        let mut position = after.max(st.buffer.evicted_through());
+        let retained = st
+            .buffer
+            .events_after(position)
+            .map(|it| it.collect::<Vec<_>>())
+            .unwrap_or_default();
+        let mut truncated = false;
+        for ev in retained {
+            let size = ev.data.len() + ev.event.as_ref().map_or(0, String::len);
+            if !events.is_empty() && bytes + size > max_bytes {
+                truncated = true;
+                break;
+            }
+            bytes += size;
+            position = ev.seq;
+            events.push(EventImage {
+                seq: ev.seq,
+                event: ev.event.clone(),
+                data: String::from_utf8_lossy(&ev.data).into_owned(),
+            });
+        }
+        let last_seq = if truncated {
+            position
+        } else {
+            st.buffer.last_seq()
+        };
+        let image = StreamImage {
+            key: self.key.clone(),
+            kind: match self.kind {
+                StreamKind::Post => KindImage::Post,
+                StreamKind::Batch => KindImage::Batch,
+                StreamKind::Standalone => KindImage::Standalone,
+            },
+            pending: st.pending.clone(),
+            complete: st.complete && !truncated,
+            stored: st.stored.as_ref().map(ReplyImage::from),
+            sse: st.sse.as_ref().map(headers_to),
+            last_seq,
+            evicted_through: st.buffer.evicted_through(),
+            events,
+        };
+        (image, last_seq)
+    }
+
+    /// The pod still writing this stream, while it is handed off and incomplete.
+    pub fn following(&self) -> Option<String> {
+        self.state.lock().following.clone()
+    }
+
+    /// Ends a followed stream whose writer is gone (killed mid-handoff): pending requests get
+    /// a JSON-RPC error (`data.reason` = `handoff_interrupted`) so no client hangs.
+    pub fn abandon_following(&self) {
+        self.state.lock().following = None;
+        let pending = self.pending();
+        self.fail_pending(
+            &pending,
+            "the pod running this request stopped before it finished",
+            "handoff_interrupted",
+        );
+        self.complete();
+    }
+
+    /// Wakes `observer` on every change from now on (the handoff follower).
+    pub fn observe(&self, observer: &Arc<Notify>) {
+        *self.observer.lock() = Some(Arc::clone(observer));
+        observer.notify_one();
+    }
+
+    /// The session moved: readers get what is buffered, then `retry:` (`hint`) and a clean close.
+    pub fn close_readers_for_move(&self, hint: Duration) {
+        self.state.lock().moved_retry = Some(hint);
+        self.touch();
+    }
+
+    /// Wakes readers and the observer.
+    fn touch(&self) {
+        self.changed.send_replace(());
+        if let Some(observer) = self.observer.lock().as_ref() {
+            observer.notify_one();
+        }
     }
 
     /// The stream's key (first part of its event ids).
@@ -162,7 +340,7 @@ impl Stream {
             }
         }
         drop(st);
-        self.changed.send_replace(());
+        self.touch();
         if completed {
             self.cancel.cancel();
         }
@@ -176,7 +354,7 @@ impl Stream {
     /// Ends the stream: readers drain what is buffered, then their connection ends cleanly.
     pub fn complete(&self) {
         self.state.lock().complete = true;
-        self.changed.send_replace(());
+        self.touch();
         self.cancel.cancel();
     }
 
@@ -217,7 +395,7 @@ impl Stream {
     /// (the reply is served from the buffer, with those headers).
     pub fn mark_sse(&self, headers: HeaderMap) {
         self.state.lock().sse = Some(headers);
-        self.changed.send_replace(());
+        self.touch();
     }
 
     /// Waits until the upstream's answer is known.
@@ -317,7 +495,13 @@ impl Stream {
     /// # Errors
     /// [`ReplayError`] when `seq` is ahead of the stream or events after it were evicted.
     pub fn check_cursor(&self, seq: u64) -> Result<(), ReplayError> {
-        self.state.lock().buffer.events_after(seq).map(|_| ())
+        let st = self.state.lock();
+        match st.buffer.events_after(seq) {
+            // A followed stream's writer may have sent the client an event that is still on
+            // its way here: the reader waits for it.
+            Err(ReplayError::Ahead { .. }) if st.following.is_some() => Ok(()),
+            other => other.map(|_| ()),
+        }
     }
 
     /// Attaches a new reader.
@@ -351,6 +535,7 @@ impl Stream {
         // (the events carry ids at once).
         let prime_at = match after {
             _ if !priming => None,
+            a if a > 0 && st.following.is_some() => None,
             0 => Some(0),
             a if a == st.buffer.last_seq() => Some(st.buffer.reserve()),
             _ => None,
@@ -374,6 +559,7 @@ impl Stream {
             rx: self.changed.subscribe(),
             keep_alive,
             prelude,
+            closing: false,
         }
     }
 }
@@ -400,6 +586,8 @@ pub struct Feed {
     rx: watch::Receiver<()>,
     keep_alive: Duration,
     prelude: Option<Bytes>,
+    /// The `retry:` of a moved session was sent; the connection ends next.
+    closing: bool,
 }
 
 impl Feed {
@@ -439,8 +627,12 @@ impl Feed {
         if st.reader_gen != self.generation {
             return Some(FeedItem::End);
         }
+        if self.closing {
+            return Some(FeedItem::End);
+        }
         let events = match st.buffer.events_after(self.after) {
             Ok(events) => events,
+            Err(ReplayError::Ahead { .. }) if st.following.is_some() => return None,
             Err(_) => return Some(FeedItem::Lost),
         };
         let mut out = BytesMut::new();
@@ -457,6 +649,10 @@ impl Feed {
             self.after = last;
             st.delivered = st.delivered.max(last);
             return Some(FeedItem::Data(out.freeze()));
+        }
+        if let Some(hint) = st.moved_retry.filter(|_| !st.complete) {
+            self.closing = true;
+            return Some(FeedItem::Data(sse::retry(hint)));
         }
         st.complete.then_some(FeedItem::End)
     }

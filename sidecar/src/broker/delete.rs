@@ -14,11 +14,16 @@ use super::Broker;
 use crate::admission::Admitted;
 use crate::headers::forwarded_request_headers;
 use crate::reply::{NotFound, Rejection, Reply};
+use crate::session::EnterGuard;
 use crate::upstream::Exchange;
 
 impl Broker {
-    pub(super) async fn delete(self: &Arc<Self>, call: &Admitted) -> Result<Reply, Rejection> {
-        let session = self.required_session(call)?;
+    pub(super) async fn delete(
+        self: &Arc<Self>,
+        call: &Admitted,
+        entered: Option<EnterGuard>,
+    ) -> Result<Reply, Rejection> {
+        let session = self.entered_session(call, entered.as_ref())?;
         let answer = match session.upstream_id() {
             None => None,
             Some(upstream_session) => {

@@ -24,13 +24,17 @@ use crate::cursor::EventId;
 use crate::headers::forwarded_request_headers;
 use crate::metrics::ResumeLabels;
 use crate::reply::{NotFound, Rejection, Reply};
-use crate::session::{Session, Standalone};
+use crate::session::{EnterGuard, Session, Standalone};
 use crate::stream::{Start, Stream, StreamKind};
 use crate::upstream::is_sse;
 
 impl Broker {
-    pub(super) async fn get(self: &Arc<Self>, call: &Admitted) -> Result<Reply, Rejection> {
-        let session = self.required_session(call)?;
+    pub(super) async fn get(
+        self: &Arc<Self>,
+        call: &Admitted,
+        entered: Option<EnterGuard>,
+    ) -> Result<Reply, Rejection> {
+        let session = self.entered_session(call, entered.as_ref())?;
         let _busy = session.busy();
         self.count_version(call.version.unwrap_or(session.version()));
         match &call.last_event_id {

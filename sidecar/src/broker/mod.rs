@@ -11,6 +11,7 @@
 //!
 //! Handlers return `Result<Reply, Rejection>`; [`Broker::handle`] counts and renders rejections.
 
+mod adopt;
 mod delete;
 mod get;
 mod initialize;
@@ -32,7 +33,20 @@ use crate::jsonrpc::RequestKey;
 use crate::metrics::{Metrics, Reason, RejectionLabels};
 use crate::reply::{NotFound, Rejection, Reply, StoredReply};
 use crate::secret::Secret;
-use crate::session::{Registry, Session};
+use crate::session::{EnterGuard, Registry, Session};
+
+pub use adopt::AdoptError;
+
+/// Where a genuine session id stands on this pod ([`Broker::locate`]).
+#[derive(Debug)]
+pub enum Here {
+    /// Held here.
+    Held(Arc<Session>),
+    /// Handed off from here to the peer with this UID.
+    Moved(String),
+    /// Not held here.
+    Absent,
+}
 use crate::session_id::{HomeToken, IdMinter};
 use crate::stream::{Feed, Start, Stream, StreamKind};
 use crate::upstream::{Exchange, Upstream, own_headers};
@@ -99,12 +113,18 @@ impl Broker {
         })
     }
 
-    /// Serves an admitted sessionful request with its complete body.
-    pub async fn handle(self: &Arc<Self>, call: Admitted, body: Bytes) -> Reply {
+    /// Serves an admitted sessionful request with its complete body; `entered` is the session
+    /// the request entered here ([`Session::enter`]), released once its stream is registered.
+    pub async fn handle(
+        self: &Arc<Self>,
+        call: Admitted,
+        body: Bytes,
+        entered: Option<EnterGuard>,
+    ) -> Reply {
         let result = match call.method {
-            Method::POST => self.post(&call, body).await,
-            Method::GET => self.get(&call).await,
-            Method::DELETE => self.delete(&call).await,
+            Method::POST => self.post(&call, body, entered).await,
+            Method::GET => self.get(&call, entered).await,
+            Method::DELETE => self.delete(&call, entered).await,
             _ => Err(Rejection::MethodNotAllowed),
         };
         result.unwrap_or_else(|rejection| {
@@ -163,13 +183,40 @@ impl Broker {
         }
     }
 
-    /// Where session `id` lives: its home token and whether this pod holds it.
+    /// Where session `id` lives: its home token and where it stands on this pod.
     ///
     /// # Errors
     /// [`NotFound::Forged`] for an id that fails the MAC (answered 404 at once, no hop).
-    pub fn locate(&self, id: &str) -> Result<(HomeToken, bool), NotFound> {
+    pub fn locate(&self, id: &str) -> Result<(HomeToken, Here), NotFound> {
         let home = self.minter.verify(id).map_err(|_| NotFound::Forged)?;
-        Ok((home, self.registry.get(id).is_some()))
+        let here = match self.registry.get(id) {
+            Some(session) => Here::Held(session),
+            None => self.registry.moved_to(id).map_or(Here::Absent, Here::Moved),
+        };
+        Ok((home, here))
+    }
+
+    /// Every session held here.
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        self.registry.all()
+    }
+
+    /// Records that peer `to` acknowledged `session`: it leaves this pod's registry and its
+    /// requests are sent there.
+    pub fn mark_moved(&self, session: &Session, to: &str) {
+        self.registry.mark_moved(session, to);
+        self.metrics.sessions.dec();
+        self.metrics.handoffs_sent.inc();
+    }
+
+    /// Ends the upstream session of a session handed off (its last request finished).
+    pub async fn release_upstream(&self, session: &Session) {
+        self.delete_upstream(session).await;
+    }
+
+    /// The buffer bounds of new streams.
+    pub fn buffer_limits(&self) -> BufferLimits {
+        self.cfg.buffer
     }
 
     /// The session a client id names: 404 at once for a forged id (no lookup), or for a genuine
@@ -181,6 +228,18 @@ impl Broker {
         self.registry.get(id).ok_or_else(|| {
             Rejection::SessionNotFound(self.registry.why_missing(&self.secret.log_digest(id)))
         })
+    }
+
+    /// The session a request entered, else the one its id names (spec S-04).
+    fn entered_session(
+        &self,
+        call: &Admitted,
+        entered: Option<&EnterGuard>,
+    ) -> Result<Arc<Session>, Rejection> {
+        match entered {
+            Some(guard) => Ok(Arc::clone(guard.session())),
+            None => self.required_session(call),
+        }
     }
 
     /// The session of a request that must carry one (spec S-04).

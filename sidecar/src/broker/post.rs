@@ -25,7 +25,7 @@ use crate::headers::forwarded_request_headers;
 use crate::jsonrpc::{Envelope, EnvelopeError, Message, RequestKey};
 use crate::metrics::VersionLabel;
 use crate::reply::{NotFound, Rejection, Reply, StoredReply};
-use crate::session::{Dedupe, Session};
+use crate::session::{Dedupe, EnterGuard, Session};
 use crate::stream::{Head, Start, Stream, StreamKind};
 
 impl Broker {
@@ -33,6 +33,7 @@ impl Broker {
         self: &Arc<Self>,
         call: &Admitted,
         body: Bytes,
+        entered: Option<EnterGuard>,
     ) -> Result<Reply, Rejection> {
         let envelope = Envelope::parse(&body).map_err(|e| match e {
             EnvelopeError::Parse(m) => Rejection::ParseError(m),
@@ -47,7 +48,7 @@ impl Broker {
         if envelope.contains_initialize() {
             return Err(Rejection::InitializeInBatch);
         }
-        let session = self.required_session(call)?;
+        let session = self.entered_session(call, entered.as_ref())?;
         let _busy = session.busy();
         for (message, raw) in &envelope.messages {
             session.record(message, raw);
@@ -59,6 +60,8 @@ impl Broker {
         }
         let ids = envelope.request_ids();
         if ids.is_empty() {
+            // Recorded in the journal above: a handoff from now on carries it.
+            drop(entered);
             return self.notify(call, &session, &envelope, body).await;
         }
         let kind = if envelope.batch {
@@ -67,7 +70,10 @@ impl Broker {
             StreamKind::Post
         };
         let stream = self.new_stream(&session, kind, ids.clone());
-        match session.claim(&ids, envelope.digest, &stream) {
+        let claimed = session.claim(&ids, envelope.digest, &stream);
+        // The stream is registered: a handoff from now on carries it.
+        drop(entered);
+        match claimed {
             Dedupe::Conflict => Err(Rejection::RequestIdReused),
             Dedupe::Retry(existing) => {
                 self.metrics.requests_deduplicated.inc();

@@ -61,6 +61,9 @@ impl Broker {
         body: Bytes,
         resend: bool,
     ) -> Result<Sent, UpstreamError> {
+        if !self.ensure_upstream(session).await {
+            return Ok(Sent::Gone);
+        }
         let mut rebuilt = false;
         loop {
             let used = session.upstream_id();
@@ -108,9 +111,17 @@ impl Broker {
         if session.upstream_id().as_deref() != lost {
             return true; // another request rebuilt it meanwhile
         }
+        self.rebuild_now(session).await
+    }
+
+    /// Rebuilds `session`'s upstream session from its journal now (the caller holds
+    /// `session.rebuilding`); a failure ends the session (404 from then on). Returns whether it
+    /// goes on.
+    pub(super) async fn rebuild_now(self: &Arc<Self>, session: &Arc<Session>) -> bool {
         match self.rebuild(session).await {
             Ok(id) => {
                 session.set_upstream_id(id);
+                session.rebuilt();
                 self.metrics.sessions_rebuilt.inc();
                 tracing::info!(
                     session = session.digest(),

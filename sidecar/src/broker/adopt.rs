@@ -1,0 +1,118 @@
+//! The receiving side of a handoff (DESIGN.md §3.4 steps 2–4, `docs/handoff.md`).
+//!
+//! - [`Broker::adopt`] registers a session pushed by a peer: its streams with their buffered
+//!   events and numbering, retry records, journal. Streams whose request still runs at the
+//!   sender *follow* it: their later events arrive through [`Broker::apply_tail`].
+//! - The upstream session is rebuilt from the journal before the session's first upstream
+//!   request ([`Broker::ensure_upstream`], `migration: Replay`); the rebuild also starts in the
+//!   background at once, so the first request rarely waits.
+//! - [`Broker::abandon_orphans`] ends followed streams whose sender died mid-handoff: their
+//!   pending requests get a JSON-RPC error, so no client hangs.
+
+use std::sync::Arc;
+
+use super::Broker;
+use crate::handoff::wire::{SessionPush, TailPush};
+use crate::session::{Session, TooManySessions};
+
+/// Why a pushed session or tail was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// The session id fails its MAC: not a session of this endpoint.
+    #[error("the session id is not one of this endpoint's")]
+    Forged,
+    /// The image cannot be used (unknown protocol version…).
+    #[error("unusable session image: {0}")]
+    Invalid(String),
+    /// This pod drains and takes no session.
+    #[error("this pod is draining")]
+    Draining,
+    /// This pod holds its maximum of sessions.
+    #[error(transparent)]
+    Full(#[from] TooManySessions),
+    /// A tail for a session this pod does not hold.
+    #[error("this pod does not hold the session")]
+    NotHeld,
+}
+
+impl Broker {
+    /// Adopts a session pushed by a peer; returns once it is registered (the acknowledgement).
+    /// A repeated push of a session already held is acknowledged again without change.
+    ///
+    /// # Errors
+    /// [`AdoptError`]: forged id, unusable image, draining, full.
+    pub fn adopt(self: &Arc<Self>, push: &SessionPush) -> Result<(), AdoptError> {
+        let image = &push.session;
+        self.minter
+            .verify(&image.id)
+            .map_err(|_| AdoptError::Forged)?;
+        if self.is_draining() {
+            return Err(AdoptError::Draining);
+        }
+        let digest = self.secret.log_digest(&image.id);
+        let session = Session::restore(image, digest, &push.from, self.cfg.buffer, &self.budget)
+            .map_err(AdoptError::Invalid)?;
+        if !self.registry.adopt(Arc::clone(&session))? {
+            return Ok(());
+        }
+        self.metrics.sessions.inc();
+        self.metrics.handoffs_received.inc();
+        tracing::info!(
+            session = session.digest(),
+            from = %push.from,
+            streams = image.streams.len(),
+            "session adopted"
+        );
+        let broker = Arc::clone(self);
+        tokio::spawn(async move {
+            broker.ensure_upstream(&session).await;
+        });
+        Ok(())
+    }
+
+    /// Applies a tail message to a session adopted from its sender; returns the new events.
+    ///
+    /// # Errors
+    /// [`AdoptError::NotHeld`] when this pod does not hold the session (the sender stops).
+    pub fn apply_tail(&self, tail: &TailPush) -> Result<usize, AdoptError> {
+        let session = self
+            .registry
+            .get(&tail.session)
+            .ok_or(AdoptError::NotHeld)?;
+        Ok(session.import_streams(
+            &tail.streams,
+            &tail.requests,
+            &tail.from,
+            self.cfg.buffer,
+            &self.budget,
+        ))
+    }
+
+    /// Rebuilds the upstream session of an adopted session from its journal, once; returns
+    /// whether the session can be used (a failed rebuild ends it: later requests get 404).
+    pub(super) async fn ensure_upstream(self: &Arc<Self>, session: &Arc<Session>) -> bool {
+        if !session.needs_rebuild() {
+            return !session.is_ended();
+        }
+        let _one_at_a_time = session.rebuilding.lock().await;
+        if !session.needs_rebuild() || session.is_ended() {
+            return !session.is_ended();
+        }
+        self.rebuild_now(session).await
+    }
+
+    /// Ends followed streams whose writer is no longer `alive` (killed mid-handoff).
+    pub fn abandon_orphans(&self, alive: &dyn Fn(&str) -> bool) {
+        for session in self.registry.all() {
+            for stream in session.streams() {
+                if stream.following().is_some_and(|from| !alive(&from)) {
+                    tracing::warn!(
+                        session = session.digest(),
+                        "the pod writing a handed-off stream is gone; its pending requests end"
+                    );
+                    stream.abandon_following();
+                }
+            }
+        }
+    }
+}

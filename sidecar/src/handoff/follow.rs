@@ -1,0 +1,168 @@
+//! Forwarding the tail of a handed-off session (DESIGN.md §3.4 step 3): every event its
+//! still-running requests produce here, and the end of each stream, is sent to the new holder
+//! (`POST /v1/tail`) as soon as it happens, until every stream is complete and sent.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use super::listener::TAIL_PATH;
+use super::wire::TailPush;
+use super::{BACKOFF, Handoff, MESSAGE_OVERHEAD};
+use crate::cursor::StreamKey;
+use crate::membership::Peer;
+use crate::session::Session;
+
+/// Longest wait between checks when nothing wakes the follower.
+const IDLE_CHECK: Duration = Duration::from_millis(500);
+
+/// What the receiver has of one stream.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Sent {
+    /// Sequence it is at.
+    position: u64,
+    /// Pending requests it knows.
+    pending: usize,
+    /// Whether it knows the answer's head.
+    head: bool,
+    /// It has the complete stream.
+    done: bool,
+}
+
+/// Follows `session` (moved to `target`) until every stream is complete and sent, or the
+/// target refuses (it no longer holds the session, or cannot be reached after retries).
+pub(super) async fn follow(
+    handoff: &Handoff,
+    session: &Arc<Session>,
+    target: &Peer,
+    positions: HashMap<StreamKey, u64>,
+) {
+    let mut sent: HashMap<StreamKey, Sent> = HashMap::new();
+    for stream in session.streams() {
+        if let Some(&position) = positions.get(stream.key()) {
+            let (image, _) = stream.image(position, 0);
+            sent.insert(
+                stream.key().clone(),
+                Sent {
+                    position,
+                    pending: image.pending.len(),
+                    head: image.sse.is_some() || image.stored.is_some(),
+                    done: image.complete && position >= image.last_seq,
+                },
+            );
+        }
+    }
+    let wake = Arc::new(Notify::new());
+    session.observe(&wake);
+    let addr = handoff.peer_addr(target);
+    let budget = handoff
+        .max_message_bytes
+        .saturating_sub(MESSAGE_OVERHEAD)
+        .max(1);
+    loop {
+        let woken = wake.notified();
+        let (push, next, more) = delta(handoff, session, &sent, budget);
+        if !push.streams.is_empty() {
+            let events: usize = push.streams.iter().map(|s| s.events.len()).sum();
+            let Ok(body) = serde_json::to_vec(&push) else {
+                return;
+            };
+            if !send(handoff, addr, Bytes::from(body)).await {
+                tracing::warn!(session = session.digest(), peer = %target.name, "tail forwarding stopped");
+                handoff.broker.metrics().handoff_failed("tail");
+                return;
+            }
+            handoff
+                .broker
+                .metrics()
+                .tail_events_forwarded
+                .inc_by(events as u64);
+            sent.extend(next);
+        }
+        if more {
+            continue;
+        }
+        let streams = session.streams();
+        let finished = session.entering() == 0
+            && streams
+                .iter()
+                .all(|s| sent.get(s.key()).is_some_and(|s| s.done));
+        if finished {
+            return;
+        }
+        let _ = tokio::time::timeout(IDLE_CHECK, woken).await;
+    }
+}
+
+/// What changed since `sent`: the message, the receiver's state once applied, and whether more
+/// remains than fitted in `budget` bytes of event data.
+fn delta(
+    handoff: &Handoff,
+    session: &Session,
+    sent: &HashMap<StreamKey, Sent>,
+    budget: usize,
+) -> (TailPush, Vec<(StreamKey, Sent)>, bool) {
+    let mut streams = Vec::new();
+    let mut next = Vec::new();
+    let mut new_keys = Vec::new();
+    let mut left = budget;
+    let mut more = false;
+    for stream in session.streams() {
+        let before = sent.get(stream.key()).cloned().unwrap_or_default();
+        if before.done {
+            continue;
+        }
+        if left == 0 {
+            more = true;
+            break;
+        }
+        let (image, position) = stream.image(before.position, left);
+        let now = Sent {
+            position,
+            pending: image.pending.len(),
+            head: image.sse.is_some() || image.stored.is_some(),
+            done: image.complete,
+        };
+        if now == before && image.events.is_empty() && sent.contains_key(stream.key()) {
+            continue;
+        }
+        let size: usize = image.events.iter().map(|e| e.data.len()).sum();
+        left = left.saturating_sub(size.max(1));
+        more |= position < stream.last_seq();
+        if !sent.contains_key(stream.key()) {
+            new_keys.push(stream.key().clone());
+        }
+        next.push((stream.key().clone(), now));
+        streams.push(image);
+    }
+    let push = TailPush {
+        from: handoff.router.uid().to_owned(),
+        session: session.id().to_owned(),
+        requests: if new_keys.is_empty() {
+            Vec::new()
+        } else {
+            session.requests_of(&new_keys)
+        },
+        streams,
+    };
+    (push, next, more)
+}
+
+/// Sends one tail message, retrying transient failures; `false` when the target refused it or
+/// stayed unreachable.
+async fn send(handoff: &Handoff, addr: std::net::SocketAddr, body: Bytes) -> bool {
+    let mut attempt = 0;
+    loop {
+        match handoff.client.post(addr, TAIL_PATH, body.clone()).await {
+            Ok(()) => return true,
+            Err(e) if e.is_transient() && attempt < BACKOFF.len() => {
+                tokio::time::sleep(BACKOFF[attempt]).await;
+                attempt += 1;
+            }
+            Err(_) => return false,
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The peer listener (`spec.peer.port`): where sidecars push sessions and tails to this pod
+//! (`docs/handoff.md`).
+//!
+//! | request | answer |
+//! |---|---|
+//! | `POST /v1/sessions` ([`SessionPush`]) | 200 once the session is held here (the acknowledgement); 503 draining or full; 403 forged id; 400 unusable |
+//! | `POST /v1/tail` ([`TailPush`]) | 200 applied; 404 the session is not held here (the sender stops) |
+//! | bad MAC or time | 401 |
+//! | body over `--peer-max-message-bytes` | 413 |
+//! | more than [`MAX_CONCURRENT`] messages at once for [`QUEUE_WAIT`] | 503 |
+//!
+//! Error bodies are JSON `{"error": "...", "reason": "..."}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use http::{Method, Response, StatusCode, header};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use tokio::sync::Semaphore;
+
+use super::auth;
+use super::wire::{SessionPush, TailPush};
+use crate::broker::{AdoptError, Broker};
+use crate::secret::Secret;
+
+/// Path of session pushes.
+pub const SESSIONS_PATH: &str = "/v1/sessions";
+/// Path of tail messages.
+pub const TAIL_PATH: &str = "/v1/tail";
+/// Messages handled at the same time; more wait.
+pub const MAX_CONCURRENT: usize = 64;
+/// How long a message waits for a slot before 503.
+pub const QUEUE_WAIT: Duration = Duration::from_secs(5);
+/// How long a message body may take to arrive.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A refused message: status, reason label, message.
+type Refusal = (StatusCode, &'static str, String);
+
+/// The peer HTTP application.
+pub struct PeerListener {
+    broker: Arc<Broker>,
+    secret: Secret,
+    max_message_bytes: usize,
+    slots: Arc<Semaphore>,
+}
+
+impl PeerListener {
+    /// A listener adopting into `broker`, checking MACs with `secret`, refusing bodies over
+    /// `max_message_bytes`.
+    pub fn new(broker: Arc<Broker>, secret: Secret, max_message_bytes: usize) -> Self {
+        Self {
+            broker,
+            secret,
+            max_message_bytes,
+            slots: Arc::new(Semaphore::new(MAX_CONCURRENT)),
+        }
+    }
+
+    async fn read_body(&self, session: &mut ServerSession) -> Result<Bytes, Refusal> {
+        let limit = self.max_message_bytes;
+        let read = async {
+            let mut body = BytesMut::new();
+            loop {
+                match session.read_request_body().await {
+                    Ok(Some(chunk)) => {
+                        if body.len() + chunk.len() > limit {
+                            return Err((
+                                StatusCode::PAYLOAD_TOO_LARGE,
+                                "message_too_large",
+                                format!("messages are limited to {limit} bytes"),
+                            ));
+                        }
+                        body.extend_from_slice(&chunk);
+                    }
+                    Ok(None) => return Ok(body.freeze()),
+                    Err(e) => {
+                        return Err((StatusCode::BAD_REQUEST, "body", e.to_string()));
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(BODY_TIMEOUT, read)
+            .await
+            .unwrap_or_else(|_| {
+                Err((
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body_timeout",
+                    "the message body did not arrive in time".to_owned(),
+                ))
+            })
+    }
+
+    async fn handle(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let (method, path) = {
+            let req = session.req_header();
+            (req.method.clone(), req.uri.path().to_owned())
+        };
+        if path != SESSIONS_PATH && path != TAIL_PATH {
+            return error(StatusCode::NOT_FOUND, "unknown_path", "unknown path");
+        }
+        if method != Method::POST {
+            return error(StatusCode::METHOD_NOT_ALLOWED, "method", "use POST");
+        }
+        let Ok(Ok(_slot)) = tokio::time::timeout(QUEUE_WAIT, self.slots.acquire()).await else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "busy", "too many messages");
+        };
+        let body = match self.read_body(session).await {
+            Ok(body) => body,
+            Err((status, reason, message)) => return error(status, reason, &message),
+        };
+        let headers = session.req_header().headers.clone();
+        let from = match auth::verify(&self.secret, &path, &headers, &body) {
+            Ok(uid) => uid,
+            Err(e) => return error(StatusCode::UNAUTHORIZED, "unauthenticated", &e.to_string()),
+        };
+        if path == SESSIONS_PATH {
+            self.adopt(&from, &body)
+        } else {
+            self.tail(&from, &body)
+        }
+    }
+
+    fn adopt(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
+        let push: SessionPush = match serde_json::from_slice(body) {
+            Ok(push) => push,
+            Err(e) => return error(StatusCode::BAD_REQUEST, "malformed", &e.to_string()),
+        };
+        if push.from != from {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "sender",
+                "`from` differs from Tether-Peer",
+            );
+        }
+        match self.broker.adopt(&push) {
+            Ok(()) => ok(),
+            Err(e) => adopt_error(&e),
+        }
+    }
+
+    fn tail(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
+        let tail: TailPush = match serde_json::from_slice(body) {
+            Ok(tail) => tail,
+            Err(e) => return error(StatusCode::BAD_REQUEST, "malformed", &e.to_string()),
+        };
+        if tail.from != from {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "sender",
+                "`from` differs from Tether-Peer",
+            );
+        }
+        match self.broker.apply_tail(&tail) {
+            Ok(_) => ok(),
+            Err(e) => adopt_error(&e),
+        }
+    }
+}
+
+fn adopt_error(e: &AdoptError) -> Response<Vec<u8>> {
+    let (status, reason) = match e {
+        AdoptError::Forged => (StatusCode::FORBIDDEN, "forged_session_id"),
+        AdoptError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_image"),
+        AdoptError::Draining => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+        AdoptError::Full(_) => (StatusCode::SERVICE_UNAVAILABLE, "full"),
+        AdoptError::NotHeld => (StatusCode::NOT_FOUND, "not_held"),
+    };
+    error(status, reason, &e.to_string())
+}
+
+fn ok() -> Response<Vec<u8>> {
+    json(StatusCode::OK, serde_json::json!({"ok": true}))
+}
+
+fn error(status: StatusCode, reason: &str, message: &str) -> Response<Vec<u8>> {
+    json(
+        status,
+        serde_json::json!({"error": message, "reason": reason}),
+    )
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Response<Vec<u8>> {
+    let body = format!("{value}\n").into_bytes();
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, body.len())
+        .body(body)
+        .unwrap_or_default()
+}
+
+#[async_trait]
+impl ServeHttp for PeerListener {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        self.handle(session).await
+    }
+}

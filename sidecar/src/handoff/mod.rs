@@ -1,0 +1,361 @@
+//! Session handoff between sidecars (DESIGN.md §3.4, `docs/handoff.md`).
+//!
+//! A session leaves this pod when the pod drains (steps 1–2) or when it was adopted here and
+//! `owner(S)` is now another routable pod (step 5, "adopted sessions follow the owner"). Moving
+//! session S:
+//!
+//! 1. S is marked *moving*: new requests for S wait; requests already admitted register their
+//!    streams first ([`Session::enter`]).
+//! 2. The target is `owner(S)` over the preferred set (routable pods of the newest revision, so
+//!    a session moves once per rollout), then the next routable pods of `ranked(S)`. The session
+//!    image (record, journal, retry records, every stream with its buffered events, numbering and
+//!    tombstones) is pushed to `POST /v1/sessions` on the target's peer listener; a target that
+//!    fails is retried with backoff, then the next candidate is tried.
+//! 3. Once the target acknowledged, S is *moved*: requests are forwarded there ([`crate::proxy`]).
+//!    Requests still running here go on; a [`follow`] task forwards every new event and the end
+//!    of each stream to the target (`POST /v1/tail`), so the target can serve resumes. Clients
+//!    that negotiated ≥ 2025-11-25 and read a stream here get `retry:` and a clean close and
+//!    resume at the target (spec ); older clients keep streaming from here.
+//! 4. The target rebuilds the upstream session from the journal before serving S
+//!    ([`crate::broker`], `migration: Replay`).
+//!
+//! With `migration: Pin` or `--handoff false` nothing moves: sessions stay until the drain
+//! deadline. [`Handoff::cut`] ends requests still running at the deadline with a JSON-RPC error.
+
+pub mod auth;
+pub mod client;
+mod follow;
+pub mod listener;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+
+use crate::broker::{Broker, Here};
+use crate::membership::{Peer, PeerState};
+use crate::peer_health::Down;
+use crate::routing::Router;
+use crate::session::{Session, Standalone};
+use client::{PeerClient, SendError};
+use wire::SessionPush;
+
+/// Sessions pushed at the same time.
+pub const MAX_PARALLEL_MOVES: usize = 32;
+/// Candidates tried for one session (the owner, then the next routable pods of `ranked(S)`).
+pub const MAX_CANDIDATES: usize = 3;
+/// Waits between attempts at one candidate.
+pub const BACKOFF: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(250)];
+/// How long a move waits for requests admitted before it to register their streams.
+pub const ENTERING_WAIT: Duration = Duration::from_secs(2);
+/// The `retry:` hint given to clients whose stream closes because their session moved.
+pub const MOVED_RETRY_HINT: Duration = Duration::from_millis(100);
+/// Room kept in a message for everything but event data, in bytes.
+const MESSAGE_OVERHEAD: usize = 256 * 1024;
+
+/// Why a session did not move.
+#[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    /// A move of this session is already under way or done.
+    #[error("the session is already being moved")]
+    Busy,
+    /// No routable peer to move to.
+    #[error("no routable peer")]
+    NoTarget,
+    /// Every candidate failed; the last error.
+    #[error("every candidate failed, last: {0}")]
+    Failed(SendError),
+}
+
+/// The handoff machinery of one pod.
+pub struct Handoff {
+    broker: Arc<Broker>,
+    router: Router,
+    client: PeerClient,
+    peer_port: u16,
+    max_message_bytes: usize,
+    enabled: bool,
+    moves: Semaphore,
+    /// Sessions handed off whose streams are still followed, by id digest.
+    followed: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+impl Handoff {
+    /// The handoff of `broker`'s pod: targets from `router`'s membership, messages to peers'
+    /// listeners on `peer_port` of at most `max_message_bytes`; `enabled` false never moves a
+    /// session (`--handoff false`, `migration: Pin`) but still adopts.
+    pub fn new(
+        broker: Arc<Broker>,
+        router: Router,
+        peer_port: u16,
+        max_message_bytes: usize,
+        enabled: bool,
+    ) -> Arc<Self> {
+        let client = PeerClient::new(router.secret().clone(), router.uid().to_owned());
+        Arc::new(Self {
+            broker,
+            router,
+            client,
+            peer_port,
+            max_message_bytes,
+            enabled,
+            moves: Semaphore::new(MAX_PARALLEL_MOVES),
+            followed: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether sessions are moved at all.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    fn peer_addr(&self, peer: &Peer) -> SocketAddr {
+        SocketAddr::new(peer.address.ip(), self.peer_port)
+    }
+
+    /// Where session `id` may go, best first: `owner(S)` over the preferred set, then routable
+    /// pods in `ranked(S)` order; never this pod or a peer that is down.
+    fn candidates(&self, id: &str) -> Vec<Peer> {
+        let view = self.router.view();
+        let now = Instant::now();
+        let usable = |p: &Peer| {
+            p.uid != self.router.uid()
+                && p.state == PeerState::Routable
+                && self.router.health().down(&p.uid, now).is_none()
+        };
+        let mut out: Vec<Peer> = Vec::with_capacity(MAX_CANDIDATES);
+        for p in view.owner(id).into_iter().chain(view.ranked(id)) {
+            if out.len() == MAX_CANDIDATES {
+                break;
+            }
+            if usable(p) && !out.iter().any(|c| c.uid == p.uid) {
+                out.push(p.clone());
+            }
+        }
+        out
+    }
+
+    /// Moves `session` to a peer (module docs, steps 1–3); returns the new holder's UID.
+    ///
+    /// # Errors
+    /// [`MoveError`]; the session then stays here, served as before.
+    pub async fn move_session(
+        self: &Arc<Self>,
+        session: Arc<Session>,
+    ) -> Result<String, MoveError> {
+        let candidates = self.candidates(session.id());
+        if candidates.is_empty() {
+            self.broker.metrics().handoff_failed("no_target");
+            return Err(MoveError::NoTarget);
+        }
+        let _slot = self.moves.acquire().await;
+        if !session.begin_move() {
+            return Err(MoveError::Busy);
+        }
+        let started = Instant::now();
+        let entered_by = started + ENTERING_WAIT;
+        while session.entering() > 0 && Instant::now() < entered_by {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The standalone GET stream is not moved live: it ends here (its readers reconnect) and
+        // the new holder opens one on its own upstream at the next GET.
+        if let Standalone::Open(stream) = session.standalone() {
+            stream.complete();
+            session.clear_standalone(&stream);
+        }
+        let budget = self
+            .max_message_bytes
+            .saturating_sub(MESSAGE_OVERHEAD)
+            .max(1);
+        let (image, positions) = session.image(budget);
+        let push = SessionPush {
+            from: self.router.uid().to_owned(),
+            session: image,
+        };
+        let body = match serde_json::to_vec(&push) {
+            Ok(body) => Bytes::from(body),
+            Err(e) => {
+                session.finish_move(None);
+                return Err(MoveError::Failed(SendError::Unreachable(e.to_string())));
+            }
+        };
+        let mut last = None;
+        for target in candidates {
+            match self.push_to(&target, &body).await {
+                Ok(()) => {
+                    self.moved(&session, &target, positions, started);
+                    return Ok(target.uid);
+                }
+                Err(e) => {
+                    tracing::warn!(session = session.digest(), peer = %target.name, error = %e, "handoff to peer failed");
+                    self.broker.metrics().handoff_failed(e.label());
+                    last = Some(e);
+                }
+            }
+        }
+        session.finish_move(None);
+        Err(last.map_or(MoveError::NoTarget, MoveError::Failed))
+    }
+
+    /// Pushes a session body to one peer, retrying transient failures with backoff.
+    async fn push_to(&self, target: &Peer, body: &Bytes) -> Result<(), SendError> {
+        let addr = self.peer_addr(target);
+        let mut attempt = 0;
+        loop {
+            match self
+                .client
+                .post(addr, listener::SESSIONS_PATH, body.clone())
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_transient() && attempt < BACKOFF.len() => {
+                    tokio::time::sleep(BACKOFF[attempt]).await;
+                    attempt += 1;
+                }
+                Err(e) => {
+                    if matches!(e, SendError::Unreachable(_)) {
+                        self.router
+                            .health()
+                            .mark_down(&target.uid, Down::Refused, Instant::now());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The target acknowledged: forward requests there, close ≥ 2025-11-25 readers with
+    /// `retry:`, follow the streams still running.
+    fn moved(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        target: &Peer,
+        positions: HashMap<crate::cursor::StreamKey, u64>,
+        started: Instant,
+    ) {
+        session.finish_move(Some(target.uid.clone()));
+        self.broker.mark_moved(session, &target.uid);
+        self.broker
+            .metrics()
+            .handoff_seconds
+            .observe(started.elapsed().as_secs_f64());
+        tracing::info!(session = session.digest(), to = %target.name, "session handed off");
+        if session.primes() {
+            for stream in session.streams() {
+                stream.close_readers_for_move(MOVED_RETRY_HINT);
+            }
+        }
+        self.followed
+            .lock()
+            .insert(session.digest().to_owned(), Arc::clone(session));
+        let handoff = Arc::clone(self);
+        let session = Arc::clone(session);
+        let target = target.clone();
+        tokio::spawn(async move {
+            follow::follow(&handoff, &session, &target, positions).await;
+            handoff.followed.lock().remove(session.digest());
+            handoff.broker.release_upstream(&session).await;
+        });
+    }
+
+    /// Moves every session held here, in parallel (bounded), until none is left, none can move,
+    /// or `deadline`. Returns how many moved and how many could not.
+    pub async fn move_all(self: &Arc<Self>, deadline: Instant) -> (usize, usize) {
+        let (mut moved, mut failed) = (0, 0);
+        if !self.enabled {
+            return (moved, failed);
+        }
+        loop {
+            let sessions = self.broker.sessions();
+            if sessions.is_empty() || Instant::now() >= deadline {
+                return (moved, failed);
+            }
+            let tasks: Vec<_> = sessions
+                .into_iter()
+                .map(|s| {
+                    let h = Arc::clone(self);
+                    tokio::spawn(async move { h.move_session(s).await })
+                })
+                .collect();
+            let mut progress = false;
+            for task in tasks {
+                match task.await {
+                    Ok(Ok(_)) => {
+                        moved += 1;
+                        progress = true;
+                    }
+                    Ok(Err(MoveError::Busy)) => {}
+                    _ => failed += 1,
+                }
+            }
+            if !progress {
+                return (moved, failed);
+            }
+        }
+    }
+
+    /// Sessions handed off whose streams are still being forwarded.
+    pub fn following(&self) -> usize {
+        self.followed.lock().len()
+    }
+
+    /// Ends every request still running here (held or handed-off sessions) with a JSON-RPC
+    /// error (`data.reason` = `drain_deadline`); returns how many.
+    pub fn cut(&self) -> u64 {
+        let followed: Vec<_> = self.followed.lock().values().cloned().collect();
+        let mut cut = 0;
+        for session in self.broker.sessions().into_iter().chain(followed) {
+            for stream in session.streams() {
+                let pending = stream.pending();
+                if pending.is_empty() {
+                    continue;
+                }
+                stream.fail_pending(
+                    &pending,
+                    "the pod stopped before the request finished",
+                    "drain_deadline",
+                );
+                cut += pending.len() as u64;
+            }
+        }
+        self.broker.metrics().requests_cut.inc_by(cut);
+        cut
+    }
+
+    /// DESIGN.md §3.4 step 5: sessions adopted here whose home is gone move to `owner(S)` when
+    /// that is another routable pod. Also ends followed streams whose writer died.
+    pub async fn rebalance(self: &Arc<Self>) {
+        let view = self.router.view();
+        let now = Instant::now();
+        let alive = |uid: &str| {
+            view.peer(uid).is_some_and(|p| p.state.is_alive())
+                && self.router.health().down(uid, now) != Some(Down::Refused)
+        };
+        self.broker.abandon_orphans(&alive);
+        if !self.enabled || self.broker.is_draining() {
+            return;
+        }
+        let mut tasks = Vec::new();
+        for session in self.broker.sessions() {
+            let Ok((home, Here::Held(_))) = self.broker.locate(session.id()) else {
+                continue;
+            };
+            if view.home(&home).is_some_and(|h| h.state.is_alive()) {
+                continue;
+            }
+            let owner = view.owner(session.id());
+            if owner.is_some_and(|o| o.uid != self.router.uid() && alive(&o.uid)) {
+                let h = Arc::clone(self);
+                tasks.push(tokio::spawn(async move { h.move_session(session).await }));
+            }
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! The messages of the peer protocol, version 1 (`docs/handoff.md`): JSON bodies of
+//! `POST /v1/sessions` (a session pushed to its new holder) and `POST /v1/tail` (events of a
+//! handed-off stream that arrived after the push).
+//!
+//! Event data travels as text (SSE `data:` is UTF-8 by definition); request ids as their
+//! JSON text ([`RequestKey`]); stream keys in their 12-character form ([`StreamKey`], checked on
+//! decode). Unknown fields are refused, so a peer speaking a different version fails loudly
+//! instead of half-applying a message.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use crate::reply::StoredReply;
+
+use crate::cursor::StreamKey;
+use crate::journal::Journal;
+use crate::jsonrpc::RequestKey;
+
+/// The protocol version this sidecar speaks (the `/v1/` of every path).
+pub const VERSION: u32 = 1;
+
+/// `POST /v1/sessions`: a session handed to the receiver, which answers 200 once it holds it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SessionPush {
+    /// UID of the sending pod (the holder until the receiver acknowledges).
+    pub from: String,
+    /// The session.
+    pub session: SessionImage,
+}
+
+/// Everything a pod needs to serve a session it did not create (DESIGN.md §3.4 step 2).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SessionImage {
+    /// The client session id (MAC-checked by the receiver).
+    pub id: String,
+    /// The negotiated protocol version, e.g. `2025-11-25`.
+    pub version: String,
+    /// The journal the receiver rebuilds the upstream session from (`migration: Replay`).
+    pub journal: Journal,
+    /// Retry records: request id → body digest and the stream carrying its response.
+    pub requests: Vec<RequestImage>,
+    /// Every stream the session keeps (live ones, completed ones and tombstones).
+    pub streams: Vec<StreamImage>,
+    /// The upstream's answer to a standalone `GET` when it offers none (replayed to clients).
+    pub standalone_unsupported: Option<ReplyImage>,
+}
+
+/// One retry record (DESIGN.md §3.2, idempotent retries).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RequestImage {
+    /// The JSON-RPC request id.
+    pub id: RequestKey,
+    /// Hex SHA-256 of the POST body that carried it.
+    pub digest: String,
+    /// The stream carrying its response.
+    pub stream: StreamKey,
+}
+
+/// What a stream carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum KindImage {
+    /// The response stream of a POST with one request.
+    Post,
+    /// The response stream of a 2025-03-26 batch.
+    Batch,
+    /// A standalone GET stream.
+    Standalone,
+}
+
+/// One stream: its state and (some of) its buffered events.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct StreamImage {
+    /// The stream key (the first part of its event ids).
+    pub key: StreamKey,
+    /// What it carries.
+    pub kind: KindImage,
+    /// Requests still waiting for their response.
+    pub pending: Vec<RequestKey>,
+    /// No more events will come, and every event is in this message or was sent before.
+    pub complete: bool,
+    /// The upstream's non-SSE answer to the POST, when it gave one.
+    pub stored: Option<ReplyImage>,
+    /// The end-to-end headers of the upstream's SSE answer, when it gave one.
+    pub sse: Option<Vec<(String, String)>>,
+    /// Sequence of the newest event or reserved (priming) number at the sender.
+    pub last_seq: u64,
+    /// Events at or below this sequence were evicted at the sender.
+    pub evicted_through: u64,
+    /// Buffered events after the receiver's position, oldest first.
+    pub events: Vec<EventImage>,
+}
+
+/// One buffered SSE event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EventImage {
+    /// Sequence number on its stream (the event id is `<key>-<seq>`).
+    pub seq: u64,
+    /// The SSE `event:` field, if any.
+    pub event: Option<String>,
+    /// The SSE `data:` payload (a JSON-RPC message).
+    pub data: String,
+}
+
+/// An upstream's non-SSE answer (status, replayable headers, body as text).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReplyImage {
+    /// HTTP status.
+    pub status: u16,
+    /// Replayable end-to-end headers.
+    pub headers: Vec<(String, String)>,
+    /// Body (JSON text or empty).
+    pub body: String,
+}
+
+/// `POST /v1/tail`: what happened on streams of a handed-off session since the last message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TailPush {
+    /// UID of the sending pod.
+    pub from: String,
+    /// The client session id.
+    pub session: String,
+    /// Streams with new events or a new state; a stream the receiver does not know yet is
+    /// created from its image.
+    pub streams: Vec<StreamImage>,
+    /// Retry records of streams the receiver does not know yet.
+    pub requests: Vec<RequestImage>,
+}
+
+impl From<&StoredReply> for ReplyImage {
+    fn from(r: &StoredReply) -> Self {
+        Self {
+            status: r.status.as_u16(),
+            headers: headers_to(&r.headers),
+            body: String::from_utf8_lossy(&r.body).into_owned(),
+        }
+    }
+}
+
+impl ReplyImage {
+    /// The stored reply this image describes.
+    ///
+    /// # Errors
+    /// When the status is not a valid HTTP status.
+    pub fn to_reply(&self) -> Result<StoredReply, http::status::InvalidStatusCode> {
+        Ok(StoredReply {
+            status: StatusCode::from_u16(self.status)?,
+            headers: headers_from(&self.headers),
+            body: Bytes::from(self.body.clone()),
+        })
+    }
+}
+
+/// Headers as `(name, value)` text pairs (values that are not visible ASCII are left out).
+pub fn headers_to(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect()
+}
+
+/// Headers from `(name, value)` text pairs (invalid pairs are left out).
+pub fn headers_from(pairs: &[(String, String)]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (n, v) in pairs {
+        if let (Ok(n), Ok(v)) = (HeaderName::try_from(n.as_str()), HeaderValue::try_from(v)) {
+            headers.append(n, v);
+        }
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    #[test]
+    fn a_session_round_trips_and_unknown_fields_are_refused() {
+        let push = SessionPush {
+            from: "pod-a".into(),
+            session: SessionImage {
+                id: "id".into(),
+                version: "2025-11-25".into(),
+                journal: Journal::new(json!({"jsonrpc":"2.0","id":1,"method":"initialize"})),
+                requests: vec![RequestImage {
+                    id: RequestKey::of(&json!(7)),
+                    digest: "00".into(),
+                    stream: StreamKey::random(),
+                }],
+                streams: vec![StreamImage {
+                    key: StreamKey::random(),
+                    kind: KindImage::Post,
+                    pending: vec![RequestKey::of(&json!("x"))],
+                    complete: false,
+                    stored: None,
+                    sse: Some(vec![("content-type".into(), "text/event-stream".into())]),
+                    last_seq: 3,
+                    evicted_through: 1,
+                    events: vec![EventImage {
+                        seq: 2,
+                        event: None,
+                        data: "{}".into(),
+                    }],
+                }],
+                standalone_unsupported: None,
+            },
+        };
+        let text = serde_json::to_string(&push).unwrap();
+        assert_eq!(serde_json::from_str::<SessionPush>(&text).unwrap(), push);
+        let mut v: Value = serde_json::from_str(&text).unwrap();
+        v["session"]["extra"] = json!(1);
+        assert!(serde_json::from_value::<SessionPush>(v).is_err());
+        let bad_key = text.replace(push.session.streams[0].key.as_str(), "NOT-A-KEY");
+        assert!(serde_json::from_str::<SessionPush>(&bad_key).is_err());
+    }
+}

@@ -1,0 +1,153 @@
+//! Session handoff between sidecars (issue #4; DESIGN.md §3.4): a draining pod pushes its
+//! sessions, replay buffers and cursors to peers, forwards the tail of calls still running, and
+//! clients carry on from any entry pod — before and after the drained pod stops.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+use tether_tests::addr;
+use tether_tests::client::{Http, body_text, result_text};
+use tether_tests::cluster::Cluster;
+use tether_tests::load::{self, LoadConfig};
+use tether_tests::pod::{Pod, PodSpec};
+
+fn ips() -> [Ipv4Addr; 3] {
+    [addr::fixed(60), addr::fixed(61), addr::fixed(62)]
+}
+
+/// `POST /drain` on the pod's admin port: status and JSON body.
+async fn drain(pod: &Pod) -> (StatusCode, Value) {
+    let resp = Http::new()
+        .send(Method::POST, &format!("{}/drain", pod.admin_url), &[], None)
+        .await
+        .unwrap();
+    let status = resp.status();
+    (
+        status,
+        serde_json::from_str(&body_text(resp).await.unwrap()).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draining_pod_hands_off_live_sessions_and_clients_lose_nothing() {
+    let [a, b, c] = ips();
+    let mut cluster = Cluster::start(&[a, b, c], PodSpec::default())
+        .await
+        .unwrap();
+    let client = cluster.client();
+    let cfg = LoadConfig {
+        sessions: 90,
+        calls_per_session: 4,
+        count: 15,
+        interval_ms: 30,
+        cut_probability: 0.5,
+        ..LoadConfig::default()
+    };
+    let load = tokio::spawn(async move { load::run(&client, &cfg).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    cluster.set_state(a, Some("draining")).await.unwrap();
+    let started = Instant::now();
+    let (status, body) = drain(&cluster.pods[0]).await;
+    println!("drain of {a}: {status} {body} in {:?}", started.elapsed());
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["handedOff"].as_u64().unwrap() > 0, "{body}");
+    assert_eq!(body["notMoved"], 0, "{body}");
+    let report = load.await.unwrap();
+    println!("{}", report.table());
+    let mut executed_twice = 0;
+    for pod in &cluster.pods {
+        executed_twice += load::executed_twice(&pod.stats().await.unwrap());
+    }
+    assert!(
+        report.failures.is_empty(),
+        "{:?}\n{}",
+        &report.failures[..report.failures.len().min(5)],
+        cluster.logs()
+    );
+    assert_eq!(
+        (
+            report.lost,
+            report.duplicated,
+            report.foreign,
+            executed_twice
+        ),
+        (0, 0, 0, 0)
+    );
+    let sent = cluster.pods[0]
+        .metric("tether_handoffs_sent_total")
+        .await
+        .unwrap();
+    let received = cluster
+        .metric_sum("tether_handoffs_received_total")
+        .await
+        .unwrap();
+    assert_eq!(sent, received);
+    assert_eq!(
+        cluster.metric_sum("tether_not_found_total").await.unwrap(),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_survive_their_home_stopping_and_are_rebuilt_from_the_journal() {
+    let [a, b, c] = ips().map(|ip| Ipv4Addr::from(u32::from(ip) + 3));
+    let mut cluster = Cluster::start(&[a, b, c], PodSpec::default())
+        .await
+        .unwrap();
+    let via_a = cluster.client_of(&[a]);
+    let mut sessions = Vec::new();
+    for i in 0..20 {
+        let version = ["2025-03-26", "2025-06-18", "2025-11-25"][i % 3];
+        let s = via_a.initialize(version).await.unwrap();
+        let answer = via_a
+            .call(&s, 2, "echo", json!({"text": "before"}))
+            .await
+            .unwrap();
+        assert_eq!(result_text(answer.last().unwrap()), Some("before"));
+        sessions.push(s);
+    }
+    cluster.set_state(a, Some("draining")).await.unwrap();
+    let (status, body) = drain(&cluster.pods[0]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["handedOff"], 20, "{body}");
+    // While A still runs, requests entering anywhere reach the new holders (A forwards).
+    let everywhere = cluster.client_of(&[a, b, c]);
+    for (i, s) in sessions.iter().enumerate() {
+        let answer = everywhere
+            .call(s, 3, "echo", json!({"text": "moved"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            result_text(answer.last().unwrap()),
+            Some("moved"),
+            "session {i}"
+        );
+    }
+    let exit = cluster.pods[0]
+        .terminate_sidecar(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(exit.is_some_and(|e| e.success()), "{exit:?}");
+    let stopped = cluster.pods.remove(0);
+    cluster.set_state(a, None).await.unwrap();
+    let rest = cluster.client_of(&[b, c]);
+    for (i, s) in sessions.iter().enumerate() {
+        let answer = rest
+            .call(s, 4, "echo", json!({"text": "after"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            result_text(answer.last().unwrap()),
+            Some("after"),
+            "session {i}"
+        );
+    }
+    let mut rebuilt = 0.0;
+    drop(stopped);
+    for pod in &cluster.pods {
+        rebuilt += pod.metric("tether_sessions_rebuilt_total").await.unwrap();
+    }
+    assert_eq!(rebuilt, 20.0, "every adopted session was rebuilt once");
+}
