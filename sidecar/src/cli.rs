@@ -89,6 +89,11 @@ pub struct Cli {
     /// against); `spec.session.migration: Pin` does the same per endpoint.
     #[arg(long, env = "TETHER_HANDOFF", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub handoff: bool,
+    /// Most resumes (`GET` + `Last-Event-ID`) this pod serves per second, with a burst of as
+    /// many; more get 429 + `Retry-After` (a reconnect storm after a pod stops is spread out).
+    /// 0 = no limit.
+    #[arg(long, env = "TETHER_RESUME_BUDGET", default_value_t = 0)]
+    pub resume_budget: u32,
     /// Largest peer-protocol message (a pushed session or a tail batch), in bytes; larger
     /// buffers travel in several messages.
     #[arg(long, env = "TETHER_PEER_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]

@@ -207,6 +207,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         upstream_retry: cli.upstream_retry,
         upstream_resume_attempts: UPSTREAM_RESUME_ATTEMPTS,
         migration: spec.session.migration,
+        resume_budget: std::num::NonZeroU32::new(cli.resume_budget),
     }
 }
 

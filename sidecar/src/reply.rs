@@ -145,6 +145,9 @@ pub enum Rejection {
     /// 503: the pod holding the session is alive in membership but does not answer (its health
     /// probes fail), or a request without a session found no pod to take it.
     PeerUnavailable,
+    /// 429: more resumes than `--resume-budget` per second arrived at this pod (a reconnect
+    /// storm); the client retries after `Retry-After`.
+    ResumeBudget,
 }
 
 impl Rejection {
@@ -160,6 +163,7 @@ impl Rejection {
             PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             TooManySessions | PeerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ResumeBudget => StatusCode::TOO_MANY_REQUESTS,
             UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
@@ -211,6 +215,7 @@ impl Rejection {
             UpstreamTimeout => "upstream_timeout",
             ForgedHop => "forged_hop",
             PeerUnavailable => "peer_unavailable",
+            ResumeBudget => "resume_budget",
         }
     }
 
@@ -286,7 +291,13 @@ impl Rejection {
             UpstreamUnavailable => "Bad Gateway: the MCP server is unavailable".into(),
             UpstreamTimeout => "Gateway Timeout: the MCP server did not answer in time".into(),
             ForgedHop => "Forbidden: Tether-Hop headers not signed by a peer sidecar".into(),
-            PeerUnavailable => "Bad Gateway: no routable pod could take this request; retry".into(),
+            PeerUnavailable => {
+                "Service Unavailable: no routable pod could take this request; retry".into()
+            }
+            ResumeBudget => {
+                "Too Many Requests: this pod's resume budget is spent; retry after Retry-After"
+                    .into()
+            }
         }
     }
 
@@ -358,6 +369,7 @@ impl From<&Rejection> for StoredReply {
             Rejection::TooManySessions
             | Rejection::UpstreamUnavailable
             | Rejection::PeerUnavailable
+            | Rejection::ResumeBudget
             | Rejection::UpstreamTimeout => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
@@ -481,6 +493,7 @@ mod tests {
             UpstreamTimeout,
             ForgedHop,
             PeerUnavailable,
+            ResumeBudget,
         ];
         for r in &all {
             match r {
@@ -511,7 +524,8 @@ mod tests {
                 | UpstreamUnavailable
                 | UpstreamTimeout
                 | ForgedHop
-                | PeerUnavailable => {}
+                | PeerUnavailable
+                | ResumeBudget => {}
             }
         }
         all

@@ -38,6 +38,14 @@ impl Broker {
         let _busy = session.busy();
         self.count_version(call.version.unwrap_or(session.version()));
         match &call.last_event_id {
+            Some(_)
+                if self
+                    .resume_budget
+                    .as_ref()
+                    .is_some_and(|b| b.check().is_err()) =>
+            {
+                Err(Rejection::ResumeBudget)
+            }
             Some(cursor) => self.resume(&session, cursor),
             None => self.standalone(call, &session).await,
         }

@@ -73,6 +73,8 @@ pub struct BrokerConfig {
     /// `spec.session.migration`: whether a session whose upstream session was lost is rebuilt
     /// from its journal (`Replay`) or ended (`Pin`).
     pub migration: tether_crds::Migration,
+    /// Most resumes served per second (burst as many); `None`: no limit (`--resume-budget`).
+    pub resume_budget: Option<std::num::NonZeroU32>,
 }
 
 /// The session broker of one pod.
@@ -87,6 +89,7 @@ pub struct Broker {
     metrics: Arc<Metrics>,
     last_cap_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
     draining: std::sync::atomic::AtomicBool,
+    resume_budget: Option<governor::DefaultDirectRateLimiter>,
 }
 
 impl Broker {
@@ -101,7 +104,6 @@ impl Broker {
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            cfg,
             minter,
             secret,
             registry,
@@ -110,6 +112,10 @@ impl Broker {
             metrics,
             last_cap_enforcement: parking_lot::Mutex::new(None),
             draining: std::sync::atomic::AtomicBool::new(false),
+            resume_budget: cfg
+                .resume_budget
+                .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),
+            cfg,
         })
     }
 
