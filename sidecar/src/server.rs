@@ -79,6 +79,27 @@ impl BackgroundService for Rebalancer {
     }
 }
 
+/// Drains the pod once membership reports its deletion timestamp.
+struct DrainOnDelete {
+    terminating: tokio::sync::watch::Receiver<bool>,
+    drain: Arc<Drain>,
+}
+
+#[async_trait]
+impl BackgroundService for DrainOnDelete {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut terminating = self.terminating.clone();
+        let deleted = tokio::select! {
+            deleted = terminating.wait_for(|t| *t) => deleted.is_ok(),
+            _ = shutdown.changed() => false,
+        };
+        if deleted {
+            tracing::info!("this pod is being deleted: draining");
+            self.drain.run().await;
+        }
+    }
+}
+
 /// Runs a [`Membership`] source until shutdown.
 struct MembershipService {
     source: Box<dyn Membership>,
@@ -114,11 +135,10 @@ fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
             selector,
         } => (
             alone,
-            Some(Box::new(KubernetesPods::new(
-                namespace.clone(),
-                selector.clone(),
-                cfg.listen_addr.port(),
-            ))),
+            Some(Box::new(
+                KubernetesPods::new(namespace.clone(), selector.clone(), cfg.listen_addr.port())
+                    .watching_own_pod(cfg.pod_uid.clone()),
+            )),
         ),
     }
 }
@@ -226,6 +246,13 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     server.add_service(peer);
     server.add_service(sweeper);
     server.add_service(background_service("rebalancer", Rebalancer { handoff }));
+    server.add_service(background_service(
+        "drain-on-delete",
+        DrainOnDelete {
+            terminating: sink.terminating(),
+            drain: Arc::clone(&drain),
+        },
+    ));
     if let Some(source) = source {
         let name = source.name();
         let prober = Prober::new(

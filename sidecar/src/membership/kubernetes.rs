@@ -101,6 +101,8 @@ pub struct KubernetesPods {
     label_selector: String,
     listen_port: u16,
     client: Option<Client>,
+    /// This pod's UID: its deletion timestamp starts the drain (DESIGN.md §3.4).
+    own_uid: Option<String>,
 }
 
 impl fmt::Debug for KubernetesPods {
@@ -127,6 +129,16 @@ impl KubernetesPods {
             label_selector,
             listen_port,
             client: None,
+            own_uid: None,
+        }
+    }
+
+    /// Also watches this pod (`uid`): once its deletion timestamp is set, the sink is told
+    /// ([`MembershipSink::mark_terminating`]) and the sidecar drains.
+    pub fn watching_own_pod(self, uid: String) -> Self {
+        Self {
+            own_uid: Some(uid),
+            ..self
         }
     }
 
@@ -208,6 +220,11 @@ impl Membership for KubernetesPods {
                 Some(Ok(event)) => {
                     if pods.apply(event) {
                         sink.publish(SOURCE, snapshot_of(pods.live(), self.listen_port));
+                        if let Some(uid) = &self.own_uid
+                            && is_terminating(pods.live(), uid)
+                        {
+                            sink.mark_terminating();
+                        }
                     }
                 }
                 Some(Err(error)) => tracing::warn!(
@@ -335,6 +352,13 @@ pub fn peer_of(pod: &Pod, listen_port: u16) -> Option<Peer> {
     })
 }
 
+/// Whether the pod with `uid` among `pods` has its deletion timestamp set.
+pub fn is_terminating<'a>(pods: impl IntoIterator<Item = &'a Pod>, uid: &str) -> bool {
+    pods.into_iter().any(|p| {
+        p.metadata.uid.as_deref() == Some(uid) && p.metadata.deletion_timestamp.is_some()
+    })
+}
+
 /// The snapshot of `pods`: one [`Peer`] per pod that has one ([`peer_of`]), oldest first by
 /// `metadata.creationTimestamp`, ties broken by name, then UID (a pod without a creation time
 /// sorts first).
@@ -437,6 +461,10 @@ mod tests {
         json["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:01:00Z");
         let terminating: Pod = serde_json::from_value(json).unwrap();
         assert_eq!(state_of(&terminating), PeerState::Draining);
+        let other = pod("b", 1, 2, true);
+        assert!(is_terminating([&other, &terminating], "uid-a"));
+        assert!(!is_terminating([&other, &terminating], "uid-b"));
+        assert!(!is_terminating([&other], "uid-a"));
     }
 
     #[test]
@@ -613,9 +641,11 @@ mod tests {
     async fn watch_events_become_snapshots() {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let source = KubernetesPods::with_client(client, NAMESPACE.into(), SELECTOR.into(), PORT);
+        let source = KubernetesPods::with_client(client, NAMESPACE.into(), SELECTOR.into(), PORT)
+            .watching_own_pod("uid-a".into());
         assert_eq!(source.name(), "kubernetes");
         let sink = MembershipSink::new(Snapshot::default(), Arc::new(Metrics::new()));
+        let deleting = sink.terminating();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         let task = {
             let sink = sink.clone();
@@ -636,6 +666,7 @@ mod tests {
             ],
         )
         .await;
+        assert!(!*deleting.borrow(), "this pod is not being deleted yet");
 
         // 2. WATCH from the list's version: `a` starts terminating, a new ready `c` appears.
         let (q, respond) = next_request(&mut handle, true).await;
@@ -655,6 +686,10 @@ mod tests {
             ],
         )
         .await;
+        assert!(
+            *deleting.borrow(),
+            "this pod's deletion timestamp starts its drain"
+        );
 
         // 3. The stream ended; the watcher resumes from the last event: `a` is deleted and `b`
         //    fails its readiness probe.

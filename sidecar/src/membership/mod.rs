@@ -195,6 +195,7 @@ impl View {
 pub struct MembershipSink {
     view: Arc<ArcSwap<View>>,
     metrics: Arc<Metrics>,
+    terminating: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl std::fmt::Debug for MembershipSink {
@@ -211,6 +212,7 @@ impl MembershipSink {
         let sink = Self {
             view: Arc::new(ArcSwap::from_pointee(View::new(initial))),
             metrics,
+            terminating: Arc::new(tokio::sync::watch::channel(false).0),
         };
         sink.update_gauges(&sink.view.load());
         sink
@@ -239,6 +241,17 @@ impl MembershipSink {
         self.view.store(view);
         self.metrics.membership_change(source);
         true
+    }
+
+    /// Records that this pod is being deleted (its deletion timestamp is set): the sidecar
+    /// drains (DESIGN.md §3.4). Idempotent.
+    pub fn mark_terminating(&self) {
+        self.terminating.send_if_modified(|t| !std::mem::replace(t, true));
+    }
+
+    /// Turns `true` once this pod is being deleted.
+    pub fn terminating(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.terminating.subscribe()
     }
 
     fn update_gauges(&self, view: &View) {
