@@ -408,4 +408,41 @@ mod tests {
         drop(b);
         assert_eq!(budget.used(), 0);
     }
+
+    #[test]
+    fn events_numbered_elsewhere_keep_their_numbers_and_gaps() {
+        let now = Instant::now();
+        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        assert!(b.put(2, None, data(1), now).is_some());
+        assert!(b.put(5, None, data(1), now).is_some());
+        assert!(
+            b.put(5, None, data(1), now).is_none(),
+            "a repeated event is ignored"
+        );
+        assert!(b.put(4, None, data(1), now).is_none(), "an older one too");
+        assert_eq!(seqs(&b, 0), Ok(vec![2, 5]));
+        assert_eq!(seqs(&b, 3), Ok(vec![5]));
+        // The writer reserved 6 for a priming event: the numbering follows it.
+        b.follow(6, 0);
+        assert_eq!(b.last_seq(), 6);
+        assert_eq!(seqs(&b, 6), Ok(vec![]));
+        assert!(b.put(7, None, data(1), now).is_some());
+        assert_eq!(seqs(&b, 6), Ok(vec![7]));
+    }
+
+    #[test]
+    fn a_gap_the_writer_evicted_is_evicted_here_too() {
+        let now = Instant::now();
+        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        b.put(1, None, data(1), now);
+        b.put(2, None, data(1), now);
+        // Events 3..=6 were evicted at the writer before they were sent here.
+        b.follow(0, 6);
+        b.put(7, None, data(1), now);
+        b.put(8, None, data(1), now);
+        b.follow(8, 6);
+        assert_eq!(seqs(&b, 6), Ok(vec![7, 8]));
+        assert_eq!(seqs(&b, 2), Err(ReplayError::Evicted { oldest_kept: 7 }));
+        assert_eq!(seqs(&b, 0), Err(ReplayError::Evicted { oldest_kept: 7 }));
+    }
 }

@@ -687,6 +687,8 @@ pub struct Registry {
     ended: Mutex<BoundedLog<NotFound>>,
     /// Where handed-off sessions went: client session id → UID of the new holder.
     moved: Mutex<BoundedLog<String>>,
+    /// Handed-off sessions whose streams are still forwarded to the new holder, by id.
+    departed: Mutex<HashMap<String, Arc<Session>>>,
     max_sessions: usize,
 }
 
@@ -697,6 +699,7 @@ impl Registry {
             sessions: RwLock::new(HashMap::new()),
             ended: Mutex::new(BoundedLog::default()),
             moved: Mutex::new(BoundedLog::default()),
+            departed: Mutex::new(HashMap::new()),
             max_sessions,
         }
     }
@@ -733,10 +736,29 @@ impl Registry {
         removed
     }
 
-    /// Forgets a session a peer (`to`) acknowledged; requests for it are sent there.
-    pub fn mark_moved(&self, session: &Session, to: &str) {
+    /// Forgets a session a peer (`to`) acknowledged; requests for it are sent there. It stays
+    /// *departed* (its streams still forwarded) until [`Registry::forget_departed`].
+    pub fn mark_moved(&self, session: &Arc<Session>, to: &str) {
         self.sessions.write().remove(&session.id);
         self.moved.lock().insert(session.id.clone(), to.to_owned());
+        self.departed
+            .lock()
+            .insert(session.id.clone(), Arc::clone(session));
+    }
+
+    /// A departed session (handed off, streams still forwarded) with client id `id`.
+    pub fn departed(&self, id: &str) -> Option<Arc<Session>> {
+        self.departed.lock().get(id).cloned()
+    }
+
+    /// Every departed session.
+    pub fn all_departed(&self) -> Vec<Arc<Session>> {
+        self.departed.lock().values().cloned().collect()
+    }
+
+    /// The streams of a departed session are all forwarded: forget it.
+    pub fn forget_departed(&self, id: &str) {
+        self.departed.lock().remove(id);
     }
 
     /// The UID of the peer a session was handed to, if it was handed off from here.
@@ -895,5 +917,97 @@ mod tests {
             "the pending request got an error event"
         );
         assert!(st.cancel_token().is_cancelled());
+    }
+
+    #[test]
+    fn an_imaged_session_is_restored_with_its_streams_and_retry_records() {
+        let s = session();
+        let ids = [key(1)];
+        let st = stream(&s, &ids);
+        s.claim(&ids, [7; 32], &st);
+        st.append(None, bytes::Bytes::from_static(b"{}"), Instant::now());
+        let (image, positions) = s.image(1 << 20);
+        assert_eq!(positions.get(st.key()), Some(&1));
+        let copy = Session::restore(
+            &image,
+            "digest".into(),
+            "pod-a",
+            BufferLimits {
+                max_events: 8,
+                max_bytes: 1024,
+                ttl: Duration::from_secs(60),
+            },
+            &PodBudget::new(u64::MAX),
+        )
+        .unwrap();
+        assert!(copy.needs_rebuild());
+        assert_eq!(copy.version(), s.version());
+        assert_eq!(copy.journal(), s.journal());
+        // A retried POST at the new holder attaches to the copied stream: no second dispatch.
+        let retry = stream(&copy, &ids);
+        match copy.claim(&ids, [7; 32], &retry) {
+            Dedupe::Retry(found) => {
+                assert_eq!(found.key(), st.key());
+                assert_eq!(found.following().as_deref(), Some("pod-a"));
+            }
+            v => panic!("expected a retry, got {v:?}"),
+        }
+        assert!(matches!(
+            copy.claim(&ids, [8; 32], &retry),
+            Dedupe::Conflict
+        ));
+        let mut bad = image.clone();
+        bad.version = "2026-07-28".into();
+        assert!(
+            Session::restore(
+                &bad,
+                "d".into(),
+                "pod-a",
+                BufferLimits {
+                    max_events: 8,
+                    max_bytes: 1024,
+                    ttl: Duration::from_secs(60),
+                },
+                &PodBudget::new(u64::MAX)
+            )
+            .is_err(),
+            "a stateless version has no session"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_move_waits_for_entered_requests_and_holds_new_ones() {
+        let s = session();
+        let Entry::Entered(guard) = s.enter() else {
+            panic!("a held session admits requests")
+        };
+        assert!(s.begin_move());
+        assert!(!s.begin_move(), "one move at a time");
+        assert_eq!(s.entering(), 1);
+        assert!(matches!(s.enter(), Entry::Moving));
+        drop(guard);
+        assert_eq!(s.entering(), 0);
+        assert!(!s.settled(Duration::from_millis(20)).await, "still moving");
+        s.finish_move(Some("pod-b".into()));
+        assert!(s.settled(Duration::from_millis(20)).await);
+        assert!(matches!(s.enter(), Entry::Moved(uid) if uid == "pod-b"));
+        let r = Registry::new(4);
+        let kept = session();
+        r.insert(Arc::clone(&kept)).unwrap();
+        r.mark_moved(&kept, "pod-c");
+        assert!(r.get("id").is_none());
+        assert_eq!(r.moved_to("id").as_deref(), Some("pod-c"));
+        assert!(
+            r.departed("id").is_some(),
+            "followed until its streams are sent"
+        );
+        r.forget_departed("id");
+        assert!(r.departed("id").is_none());
+        assert_eq!(r.adopt(session()), Ok(true));
+        assert_eq!(
+            r.adopt(session()),
+            Ok(false),
+            "a repeated push is acknowledged again"
+        );
     }
 }

@@ -828,4 +828,108 @@ mod tests {
         }
         assert_eq!(feed.next().await, FeedItem::Lost);
     }
+
+    fn images_of(s: &Stream, after: u64, max_bytes: usize) -> (StreamImage, u64) {
+        s.image(after, max_bytes)
+    }
+
+    #[tokio::test]
+    async fn a_handed_off_stream_follows_its_writer_and_serves_resumes() {
+        let writer = post_stream(&[7]);
+        let now = Instant::now();
+        writer.append(None, progress(1), now);
+        writer.append(None, progress(2), now);
+        let (image, at) = images_of(&writer, 0, 1 << 20);
+        assert_eq!((image.events.len(), at, image.complete), (2, 2, false));
+        let copy = Stream::restore(
+            &image,
+            limits(),
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+            "pod-a",
+        );
+        assert_eq!(copy.key(), writer.key());
+        assert_eq!(copy.following().as_deref(), Some("pod-a"));
+        // The client saw event 3 from the writer before the tail arrived: its resume waits.
+        writer.append(None, progress(3), now);
+        assert_eq!(copy.check_cursor(3), Ok(()));
+        let mut feed = copy.attach(Start::After(3), true, true, Duration::from_secs(10));
+        let (tail, at) = images_of(&writer, at, 1 << 20);
+        assert_eq!(copy.apply(&tail), 1);
+        assert_eq!(at, 3);
+        writer.append(
+            None,
+            Bytes::from(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
+            now,
+        );
+        let (tail, _) = images_of(&writer, at, 1 << 20);
+        assert!(tail.complete);
+        assert_eq!(copy.apply(&tail), 1);
+        let got = text(feed.next().await);
+        assert!(
+            got.starts_with(&format!("id: {}-4\n", copy.key())) && got.contains("\"id\":7"),
+            "{got}"
+        );
+        assert_eq!(feed.next().await, FeedItem::End);
+        assert_eq!(copy.following(), None, "complete: no longer following");
+        assert_eq!(copy.check_cursor(9), Err(ReplayError::Ahead { last: 4 }));
+    }
+
+    #[tokio::test]
+    async fn images_are_bounded_and_the_rest_follows() {
+        let writer = post_stream(&[1]);
+        for n in 1..=5 {
+            writer.append(None, progress(n), Instant::now());
+        }
+        writer.complete();
+        let one = progress(1).len();
+        let (first, at) = images_of(&writer, 0, 2 * one);
+        assert_eq!((first.events.len(), at, first.complete), (2, 2, false));
+        let copy = Stream::restore(
+            &first,
+            limits(),
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+            "pod-a",
+        );
+        let (rest, at) = images_of(&writer, at, 1 << 20);
+        assert_eq!((rest.events.len(), at, rest.complete), (3, 5, true));
+        copy.apply(&rest);
+        assert!(copy.is_complete());
+        let mut feed = copy.attach(Start::After(0), true, false, Duration::from_secs(10));
+        let got = text(feed.next().await);
+        assert_eq!(got.matches("id: ").count(), 5, "{got}");
+    }
+
+    #[tokio::test]
+    async fn r07_readers_of_a_moved_session_get_retry_and_a_clean_close() {
+        let s = post_stream(&[1]);
+        s.append(None, progress(1), Instant::now());
+        let mut feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        s.close_readers_for_move(Duration::from_millis(100));
+        assert!(text(feed.next().await).contains("-1\n"));
+        assert_eq!(text(feed.next().await), "retry: 100\n\n");
+        assert_eq!(feed.next().await, FeedItem::End);
+    }
+
+    #[tokio::test]
+    async fn a_followed_stream_whose_writer_died_fails_its_requests() {
+        let writer = post_stream(&[9]);
+        let (image, _) = images_of(&writer, 0, 1 << 20);
+        let copy = Stream::restore(
+            &image,
+            limits(),
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+            "pod-a",
+        );
+        copy.abandon_following();
+        assert!(copy.is_complete());
+        let mut feed = copy.attach(Start::After(0), true, false, Duration::from_secs(10));
+        let got = text(feed.next().await);
+        assert!(
+            got.contains("handoff_interrupted") && got.contains("\"id\":9"),
+            "{got}"
+        );
+    }
 }

@@ -71,6 +71,7 @@ impl Broker {
     }
 
     /// Applies a tail message to a session adopted from its sender; returns the new events.
+    /// A session this pod handed on meanwhile still takes it (its own follower passes it on).
     ///
     /// # Errors
     /// [`AdoptError::NotHeld`] when this pod does not hold the session (the sender stops).
@@ -78,6 +79,7 @@ impl Broker {
         let session = self
             .registry
             .get(&tail.session)
+            .or_else(|| self.registry.departed(&tail.session))
             .ok_or(AdoptError::NotHeld)?;
         Ok(session.import_streams(
             &tail.streams,

@@ -46,12 +46,19 @@ impl Broker {
             {
                 Err(Rejection::ResumeBudget)
             }
-            Some(cursor) => self.resume(&session, cursor),
+            Some(cursor) => match self.resume(&session, cursor)? {
+                Some(reply) => Ok(reply),
+                None => self.standalone(call, &session).await,
+            },
             None => self.standalone(call, &session).await,
         }
     }
 
-    fn resume(&self, session: &Session, cursor: &str) -> Result<Reply, Rejection> {
+    /// Serves a resume: the events after the cursor, then the rest of its stream live. `None`
+    /// when the cursor is at the end of a standalone stream that has ended (closed by a
+    /// handoff, or by its upstream): the client gets the session's current standalone stream,
+    /// rather than an empty stream it would reopen forever.
+    fn resume(&self, session: &Session, cursor: &str) -> Result<Option<Reply>, Rejection> {
         let started = Instant::now();
         let miss = |reason: &'static str, rejection: Rejection| {
             self.metrics
@@ -72,6 +79,12 @@ impl Broker {
             ReplayError::Ahead { .. } => miss("ahead", Rejection::UnknownCursor),
             ReplayError::Evicted { .. } => miss("evicted", Rejection::CursorEvicted),
         })?;
+        if stream.kind() == StreamKind::Standalone
+            && stream.is_complete()
+            && id.seq >= stream.last_seq()
+        {
+            return Ok(None);
+        }
         self.metrics
             .resumes
             .get_or_create(&ResumeLabels {
@@ -86,7 +99,7 @@ impl Broker {
         self.metrics
             .resume_seconds
             .observe(started.elapsed().as_secs_f64());
-        Ok(reply.with_session_id(session.id()))
+        Ok(Some(reply.with_session_id(session.id())))
     }
 
     async fn standalone(

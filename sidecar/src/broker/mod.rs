@@ -209,14 +209,20 @@ impl Broker {
 
     /// Records that peer `to` acknowledged `session`: it leaves this pod's registry and its
     /// requests are sent there.
-    pub fn mark_moved(&self, session: &Session, to: &str) {
+    pub fn mark_moved(&self, session: &Arc<Session>, to: &str) {
         self.registry.mark_moved(session, to);
         self.metrics.sessions.dec();
         self.metrics.handoffs_sent.inc();
     }
 
-    /// Ends the upstream session of a session handed off (its last request finished).
-    pub async fn release_upstream(&self, session: &Session) {
+    /// Sessions handed off whose streams are still forwarded to their new holder.
+    pub fn departed(&self) -> Vec<Arc<Session>> {
+        self.registry.all_departed()
+    }
+
+    /// A handed-off session's streams are all forwarded: forget it and end its upstream session.
+    pub async fn release_departed(&self, session: &Session) {
+        self.registry.forget_departed(session.id());
         self.delete_upstream(session).await;
     }
 

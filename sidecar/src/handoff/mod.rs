@@ -34,7 +34,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
 use crate::broker::{Broker, Here};
@@ -81,8 +80,6 @@ pub struct Handoff {
     max_message_bytes: usize,
     enabled: bool,
     moves: Semaphore,
-    /// Sessions handed off whose streams are still followed, by id digest.
-    followed: Mutex<HashMap<String, Arc<Session>>>,
 }
 
 impl Handoff {
@@ -105,7 +102,6 @@ impl Handoff {
             max_message_bytes,
             enabled,
             moves: Semaphore::new(MAX_PARALLEL_MOVES),
-            followed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -250,16 +246,12 @@ impl Handoff {
                 stream.close_readers_for_move(MOVED_RETRY_HINT);
             }
         }
-        self.followed
-            .lock()
-            .insert(session.digest().to_owned(), Arc::clone(session));
         let handoff = Arc::clone(self);
         let session = Arc::clone(session);
         let target = target.clone();
         tokio::spawn(async move {
             follow::follow(&handoff, &session, &target, positions).await;
-            handoff.followed.lock().remove(session.digest());
-            handoff.broker.release_upstream(&session).await;
+            handoff.broker.release_departed(&session).await;
         });
     }
 
@@ -301,15 +293,19 @@ impl Handoff {
 
     /// Sessions handed off whose streams are still being forwarded.
     pub fn following(&self) -> usize {
-        self.followed.lock().len()
+        self.broker.departed().len()
     }
 
     /// Ends every request still running here (held or handed-off sessions) with a JSON-RPC
     /// error (`data.reason` = `drain_deadline`); returns how many.
     pub fn cut(&self) -> u64 {
-        let followed: Vec<_> = self.followed.lock().values().cloned().collect();
         let mut cut = 0;
-        for session in self.broker.sessions().into_iter().chain(followed) {
+        for session in self
+            .broker
+            .sessions()
+            .into_iter()
+            .chain(self.broker.departed())
+        {
             for stream in session.streams() {
                 let pending = stream.pending();
                 if pending.is_empty() {
@@ -345,7 +341,11 @@ impl Handoff {
             let Ok((home, Here::Held(_))) = self.broker.locate(session.id()) else {
                 continue;
             };
-            if view.home(&home).is_some_and(|h| h.state.is_alive()) {
+            // Home sessions never move while their home lives; a session whose streams still
+            // follow the pod that handed it here moves once they are complete.
+            if view.home(&home).is_some_and(|h| h.state.is_alive())
+                || session.streams().iter().any(|s| s.following().is_some())
+            {
                 continue;
             }
             let owner = view.owner(session.id());

@@ -354,9 +354,8 @@ pub fn peer_of(pod: &Pod, listen_port: u16) -> Option<Peer> {
 
 /// Whether the pod with `uid` among `pods` has its deletion timestamp set.
 pub fn is_terminating<'a>(pods: impl IntoIterator<Item = &'a Pod>, uid: &str) -> bool {
-    pods.into_iter().any(|p| {
-        p.metadata.uid.as_deref() == Some(uid) && p.metadata.deletion_timestamp.is_some()
-    })
+    pods.into_iter()
+        .any(|p| p.metadata.uid.as_deref() == Some(uid) && p.metadata.deletion_timestamp.is_some())
 }
 
 /// The snapshot of `pods`: one [`Peer`] per pod that has one ([`peer_of`]), oldest first by

@@ -246,7 +246,8 @@ impl MembershipSink {
     /// Records that this pod is being deleted (its deletion timestamp is set): the sidecar
     /// drains (DESIGN.md §3.4). Idempotent.
     pub fn mark_terminating(&self) {
-        self.terminating.send_if_modified(|t| !std::mem::replace(t, true));
+        self.terminating
+            .send_if_modified(|t| !std::mem::replace(t, true));
     }
 
     /// Turns `true` once this pod is being deleted.
