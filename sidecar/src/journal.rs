@@ -18,6 +18,7 @@ pub const MAX_SUBSCRIPTIONS: usize = 1024;
 
 /// What rebuilds one upstream session.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Journal {
     initialize: Value,
     initialized: bool,
