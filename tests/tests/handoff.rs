@@ -151,3 +151,80 @@ async fn sessions_survive_their_home_stopping_and_are_rebuilt_from_the_journal()
     }
     assert_eq!(rebuilt, 20.0, "every adopted session was rebuilt once");
 }
+
+/// Field report 19 / spec L-02: a call still running on the old pod after its session moved is
+/// cancelled there when the client cancels it at the new holder; the drain then ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn l02_a_cancellation_reaches_the_pod_still_running_the_call() {
+    let [a, b, c] = ips().map(|ip| Ipv4Addr::from(u32::from(ip) + 6));
+    let mut cluster = Cluster::start(&[a, b, c], PodSpec::default())
+        .await
+        .unwrap();
+    let via_a = cluster.client_of(&[a]);
+    let session = via_a.initialize("2025-06-18").await.unwrap();
+    let args = json!({"count": 200, "interval_ms": 50, "call_id": "cancel-me"});
+    let call = via_a
+        .post(
+            Some(&session),
+            &tether_tests::client::tool_call(2, "slow", args, Some("cancel-me")),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(call.status(), StatusCode::OK);
+    cluster.set_state(a, Some("draining")).await.unwrap();
+    let drained = tokio::spawn({
+        let admin = cluster.pods[0].admin_url.clone();
+        async move {
+            let started = Instant::now();
+            let resp = Http::new()
+                .send(Method::POST, &format!("{admin}/drain"), &[], None)
+                .await
+                .unwrap();
+            (resp.status(), started.elapsed())
+        }
+    });
+    // The session moves; the call keeps running on A.
+    let mut moved = false;
+    for _ in 0..100 {
+        let mut sum = 0.0;
+        for m in cluster.pods[1..].iter() {
+            sum += m.metric("tether_handoffs_received_total").await.unwrap();
+        }
+        if sum >= 1.0 {
+            moved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(moved, "the session was handed off");
+    let cancel =
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}});
+    let resp = cluster
+        .client_of(&[b, c])
+        .post(Some(&session), &cancel, &[])
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let (status, took) = drained.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        took < Duration::from_secs(5),
+        "the drain waited for a cancelled call: {took:?}"
+    );
+    let mut stats = Value::Null;
+    for _ in 0..50 {
+        stats = cluster.pods[0].stats().await.unwrap();
+        if stats["aborted"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        stats["aborted"],
+        1,
+        "A's MCP server stopped the call: {stats}\n{}",
+        cluster.logs()
+    );
+    drop(call);
+}
