@@ -192,6 +192,11 @@ impl Executions {
         }
     }
 
+    /// Executions, over every call id.
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
     /// Call ids executed more than once.
     pub fn executed_twice(&self) -> u64 {
         self.0.values().filter(|&&n| n > 1).count() as u64
@@ -289,5 +294,6 @@ mod tests {
         merged.add(&serde_json::json!({"calls": {"a": 1, "c": 1}}));
         merged.add(&serde_json::json!({"calls": {"b": 1, "c": 1}}));
         assert_eq!(merged.executed_twice(), 1);
+        assert_eq!(merged.total(), 4);
     }
 }

@@ -102,6 +102,9 @@ async fn under_pin_no_session_sees_its_counter_restart() {
     .await
     .unwrap();
     println!("{}", report.table());
+    for failure in report.load.failures.iter().take(10) {
+        println!("{} failure: {failure}", report.label);
+    }
     assert_complete(&report, 200, 10_000);
     assert_eq!(report.counter_restarts, 0, "Pin never moves a session");
 }

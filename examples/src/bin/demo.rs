@@ -88,8 +88,10 @@ async fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     println!("\n{}", rollout::table(&[&handoff, &baseline]));
-    for failure in handoff.load.failures.iter().take(10) {
-        println!("{} failure: {failure}", handoff.label);
+    for report in [&handoff, &baseline] {
+        for failure in report.load.failures.iter().take(5) {
+            println!("{} failure: {failure}", report.label);
+        }
     }
     if handoff.is_clean() {
         println!(

@@ -24,7 +24,7 @@ use crate::{HarnessError, load};
 
 /// How long a finishing session waits for the notifications of its GET stream.
 const NOTIFY_WAIT: Duration = Duration::from_secs(5);
-/// Pause before initializing again after a failed `initialize`.
+/// Pause after a failed exchange (an `initialize`, a round) before the next try.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// What the clients experienced.
@@ -32,6 +32,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 pub(super) struct Figures {
     /// Counts, latencies and failures.
     pub report: load::Report,
+    /// `slow` calls made (over all the sessions of a client).
+    pub slow_calls: u64,
     /// Sessions that saw their `counter` go back (restart) within the session.
     pub counter_restarts: u64,
     /// When a client first got a 404.
@@ -42,6 +44,7 @@ impl Figures {
     /// Adds `other`'s figures.
     pub fn add(&mut self, other: Figures) {
         self.report.add(other.report);
+        self.slow_calls += other.slow_calls;
         self.counter_restarts += other.counter_restarts;
         self.saw_not_found_at(other.first_not_found);
     }
@@ -88,7 +91,6 @@ impl Load {
                 cfg: Arc::clone(&cfg),
                 shared: Arc::clone(&shared),
                 figures: Figures::default(),
-                calls: 0,
             };
             tasks.spawn(client.run());
         }
@@ -155,8 +157,6 @@ struct Client {
     cfg: Arc<RolloutConfig>,
     shared: Arc<Shared>,
     figures: Figures,
-    /// `slow` calls made, over all its sessions.
-    calls: usize,
 }
 
 impl Client {
@@ -220,7 +220,9 @@ impl Client {
         let mut restarted = false;
         let mut round = 0u64;
         let ended = loop {
-            let last = self.shared.done.load(Ordering::Acquire) && self.calls >= self.cfg.calls;
+            let last = self.shared.done.load(Ordering::Acquire)
+                && self.figures.slow_calls >= self.cfg.calls as u64;
+            let failures = self.figures.report.failures.len();
             if self.counter {
                 self.figures.report.tool_calls += 1;
                 match self.client.call(session, id(), "counter", json!({})).await {
@@ -273,13 +275,17 @@ impl Client {
             self.figures
                 .report
                 .record_call(&call_id, self.cfg.count, result);
-            self.calls += 1;
+            self.figures.slow_calls += 1;
             round += 1;
             if self.not_found_since(before) {
                 break Ended::Lost;
             }
             if last {
                 break Ended::Done;
+            }
+            if self.figures.report.failures.len() > failures {
+                // An error answer (a 502, a 503 "retry"): back off before the next round.
+                tokio::time::sleep(RETRY_PAUSE).await;
             }
         };
         if restarted {

@@ -331,7 +331,9 @@ impl Rollout<'_> {
         self.report.load.add(figures.report);
         self.report.load.failures.extend(failures);
         self.report.load.executed_twice = self.executions.executed_twice();
+        self.report.slow_executions = self.executions.total();
         self.report.load.elapsed = self.started.elapsed();
+        self.report.slow_calls = figures.slow_calls;
         self.report.counter_restarts = figures.counter_restarts;
         self.report.first_not_found = figures
             .first_not_found

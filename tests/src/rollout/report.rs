@@ -69,6 +69,11 @@ pub struct RolloutReport {
     pub load: load::Report,
     /// Sessions whose `counter` restarted (tool state the journal does not carry).
     pub counter_restarts: u64,
+    /// `slow` calls the clients made.
+    pub slow_calls: u64,
+    /// `slow` executions over every example server (`/stats`): about [`Self::slow_calls`]
+    /// when every server was read (less by the calls refused before reaching one).
+    pub slow_executions: u64,
     /// Sidecar counters over every sidecar.
     pub sidecar: SidecarCounters,
     /// The drains, in rollout order.
@@ -128,6 +133,10 @@ impl RolloutReport {
             ("lost events", r.lost.to_string()),
             ("duplicated events", r.duplicated.to_string()),
             ("foreign-stream events", r.foreign.to_string()),
+            (
+                "slow calls made / executed",
+                format!("{} / {}", self.slow_calls, self.slow_executions),
+            ),
             ("tools executed twice", r.executed_twice.to_string()),
             (
                 "counter restarts (sessions)",
