@@ -45,7 +45,7 @@ lint: deps
 unit: build
 	$(CARGO) test --workspace --no-fail-fast
 
-## demo: the local rolling-upgrade demo on real MCP traffic (release build).
+## demo: the rolling-upgrade demo on real MCP traffic, with handoff and the baseline (release build).
 demo: deps
 	$(CARGO) build --release --bins
 	./target/release/tether-demo $(DEMO_ARGS)

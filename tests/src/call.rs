@@ -5,7 +5,8 @@
 //! value or result received twice, or an event id seen twice, is *duplicated*; a progress value
 //! or the result never received is *lost*. The client cuts its connection after the planned
 //! numbers of messages and resumes with `GET` + `Last-Event-ID`, as the spec tells clients to
-//! a stream that ends before the result is resumed the same way.
+//! a stream that ends before the result is resumed the same way. A resume answered
+//! 404 ends the call: the session is gone (S-05), the rest of its events are lost.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -13,7 +14,9 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::client::{Events, McpClient, Session, body_text, is_sse, result_text, tool_call};
+use crate::client::{
+    Events, McpClient, Session, body_text, is_sse, result_text, tool_call, unexpected,
+};
 use crate::{HarnessError, Result};
 
 /// Longest silence on a stream before the call is declared stuck.
@@ -36,6 +39,30 @@ pub struct CallPlan {
     pub close_after: Option<u32>,
 }
 
+impl CallPlan {
+    /// A plan of `count` progress notifications `interval_ms` apart that, with probability
+    /// `cut_probability`, cuts the connection once or twice at random points and resumes after
+    /// a random pause of at most `max_pause_ms`.
+    pub fn random(count: u32, interval_ms: u64, cut_probability: f64, max_pause_ms: u64) -> Self {
+        let mut cuts = Vec::new();
+        if count > 1 && rand::random_bool(cut_probability.clamp(0.0, 1.0)) {
+            let times = rand::random_range(1..=2u32);
+            for _ in 0..times {
+                cuts.push(rand::random_range(1..count));
+            }
+            cuts.sort_unstable();
+            cuts.dedup();
+        }
+        Self {
+            count,
+            interval_ms,
+            cuts,
+            pause: Duration::from_millis(rand::random_range(0..=max_pause_ms)),
+            close_after: None,
+        }
+    }
+}
+
 /// What the client experienced.
 #[derive(Clone, Debug, Default)]
 pub struct CallOutcome {
@@ -51,6 +78,8 @@ pub struct CallOutcome {
     pub foreign: u64,
     /// Time from each resume request to its response headers.
     pub resumes: Vec<Duration>,
+    /// Resumes answered 404: the session is gone, the call ends there (spec S-05).
+    pub not_found: u64,
     /// What went wrong, if anything.
     pub failures: Vec<String>,
 }
@@ -84,10 +113,12 @@ pub async fn slow(
     let body = tool_call(request_id, "slow", args, Some(call_id));
     let resp = client.post(Some(session), &body, &[]).await?;
     let mut out = CallOutcome::default();
-    if resp.status() != StatusCode::OK || !is_sse(&resp) {
-        let status = resp.status();
+    if resp.status() != StatusCode::OK {
+        return Err(unexpected("tools/call slow", resp).await);
+    }
+    if !is_sse(&resp) {
         return Err(HarnessError::Protocol(format!(
-            "slow answered {status}: {}",
+            "slow answered without SSE: {}",
             body_text(resp).await?
         )));
     }
@@ -154,6 +185,10 @@ async fn resume(
         Ok(resp) if resp.status() == StatusCode::OK && is_sse(&resp) => {
             out.resumes.push(started.elapsed());
             Some(Events::new(resp))
+        }
+        Ok(resp) if resp.status() == StatusCode::NOT_FOUND => {
+            out.not_found += 1;
+            None
         }
         Ok(resp) => {
             let status = resp.status();

@@ -5,6 +5,7 @@
 //! connection) and resume with `GET` + `Last-Event-ID`.
 
 use std::pin::Pin;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -101,13 +102,15 @@ pub struct Session {
 }
 
 /// An MCP client of one endpoint: one URL, or several pods' URLs of which every request picks
-/// one at random (a Service without affinity in front of the pods).
+/// one at random (a Service without affinity in front of the pods). The set of entry URLs is
+/// shared by every clone and can change ([`McpClient::set_entries`]), as a Service's endpoints
+/// do during a rollout.
 #[derive(Clone, Debug)]
 pub struct McpClient {
     http: Http,
-    /// The MCP endpoint, e.g. `http://127.0.0.1:8080/mcp` (the first of several).
+    /// The MCP endpoint, e.g. `http://127.0.0.1:8080/mcp` (the first of several at creation).
     pub url: String,
-    entries: std::sync::Arc<Vec<String>>,
+    entries: Arc<RwLock<Vec<String>>>,
 }
 
 /// The SSE events of a response.
@@ -209,15 +212,23 @@ impl McpClient {
         Self {
             http: Http::new(),
             url: urls.first().cloned().unwrap_or_default(),
-            entries: std::sync::Arc::new(urls),
+            entries: Arc::new(RwLock::new(urls)),
         }
     }
 
+    /// Replaces the entry URLs of this client and of all its clones; requests already sent
+    /// (and their open streams) keep their connection. An empty set falls back to
+    /// [`McpClient::url`].
+    pub fn set_entries(&self, urls: Vec<String>) {
+        *self.entries.write().unwrap_or_else(PoisonError::into_inner) = urls;
+    }
+
     /// The entry URL of the next request.
-    pub fn entry(&self) -> &str {
-        match self.entries.len() {
-            0 | 1 => &self.url,
-            n => &self.entries[rand::random_range(0..n)],
+    pub fn entry(&self) -> String {
+        let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
+        match entries.len() {
+            0 => self.url.clone(),
+            n => entries[rand::random_range(0..n)].clone(),
         }
     }
 
@@ -248,7 +259,7 @@ impl McpClient {
         self.http
             .send(
                 Method::POST,
-                self.entry(),
+                &self.entry(),
                 &headers,
                 Some(Bytes::from(body.to_string())),
             )
@@ -273,7 +284,7 @@ impl McpClient {
             headers.push(("last-event-id", id));
         }
         self.http
-            .send(Method::GET, self.entry(), &headers, None)
+            .send(Method::GET, &self.entry(), &headers, None)
             .await
     }
 
@@ -288,7 +299,7 @@ impl McpClient {
         ];
         let resp = self
             .http
-            .send(Method::DELETE, self.entry(), &headers, None)
+            .send(Method::DELETE, &self.entry(), &headers, None)
             .await?;
         Ok(resp.status())
     }
@@ -300,11 +311,7 @@ impl McpClient {
     pub async fn initialize(&self, version: &str) -> Result<Session> {
         let resp = self.post(None, &initialize_body(1, version), &[]).await?;
         if resp.status() != StatusCode::OK {
-            let status = resp.status();
-            return Err(HarnessError::Protocol(format!(
-                "initialize answered {status}: {}",
-                body_text(resp).await?
-            )));
+            return Err(unexpected("initialize", resp).await);
         }
         let id = resp
             .headers()
@@ -327,10 +334,7 @@ impl McpClient {
         let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
         let resp = self.post(Some(&session), &initialized, &[]).await?;
         if resp.status() != StatusCode::ACCEPTED {
-            return Err(HarnessError::Protocol(format!(
-                "notifications/initialized answered {}",
-                resp.status()
-            )));
+            return Err(unexpected("notifications/initialized", resp).await);
         }
         Ok(session)
     }
@@ -350,12 +354,19 @@ impl McpClient {
             .post(Some(session), &tool_call(id, name, arguments, None), &[])
             .await?;
         if resp.status() != StatusCode::OK {
-            return Err(HarnessError::Protocol(format!(
-                "tools/call {name} answered {}",
-                resp.status()
-            )));
+            return Err(unexpected(&format!("tools/call {name}"), resp).await);
         }
         messages(resp, Duration::from_secs(30)).await
+    }
+}
+
+/// [`HarnessError::Status`] for `resp`, an answer of exchange `what` with an unexpected status.
+pub async fn unexpected(what: &str, resp: Response<Incoming>) -> HarnessError {
+    let status = resp.status();
+    HarnessError::Status {
+        what: what.to_owned(),
+        status,
+        body: body_text(resp).await.unwrap_or_default(),
     }
 }
 

@@ -17,6 +17,9 @@ use crate::{HarnessError, Result};
 /// every 200 ms).
 pub const PROPAGATION_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The revision of the pods a [`Cluster`] starts with.
+pub const FIRST_REVISION: &str = "v1";
+
 /// A pod's entry in the peers file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
@@ -24,6 +27,20 @@ pub struct Member {
     pub ip: Ipv4Addr,
     /// `routable`, `draining` or `gone`.
     pub state: &'static str,
+    /// The pod's revision (a Deployment's `pod-template-hash`); the youngest routable pod's is
+    /// the newest.
+    pub revision: String,
+}
+
+impl Member {
+    /// The pod on `ip` in `state`, of revision [`FIRST_REVISION`].
+    pub fn new(ip: Ipv4Addr, state: &'static str) -> Self {
+        Self {
+            ip,
+            state,
+            revision: FIRST_REVISION.to_owned(),
+        }
+    }
 }
 
 /// A set of pods sharing one membership.
@@ -32,25 +49,21 @@ pub struct Cluster {
     pub pods: Vec<Pod>,
     /// The membership last published, oldest pod first.
     pub members: Vec<Member>,
+    revision: String,
     spec: PodSpec,
     dir: tempfile::TempDir,
 }
 
 impl Cluster {
-    /// Starts one pod per IP (all routable) with `spec`.
+    /// Starts one pod per IP (all routable, of revision [`FIRST_REVISION`]) with `spec`.
     ///
     /// # Errors
     /// [`HarnessError`] when a pod does not start.
     pub async fn start(ips: &[Ipv4Addr], spec: PodSpec) -> Result<Self> {
         let mut cluster = Self {
             pods: Vec::new(),
-            members: ips
-                .iter()
-                .map(|&ip| Member {
-                    ip,
-                    state: "routable",
-                })
-                .collect(),
+            members: ips.iter().map(|&ip| Member::new(ip, "routable")).collect(),
+            revision: FIRST_REVISION.to_owned(),
             spec,
             dir: tempfile::tempdir()?,
         };
@@ -82,8 +95,13 @@ impl Cluster {
         Ok(spec)
     }
 
-    /// Starts a pod on `ip`, then adds it (routable, as the youngest) to everyone's
-    /// membership. Returns its index in [`Cluster::pods`].
+    /// Sets the revision of the pods [`Cluster::add`] starts from now on (a new pod template).
+    pub fn set_revision(&mut self, revision: impl Into<String>) {
+        self.revision = revision.into();
+    }
+
+    /// Starts a pod on `ip`, then adds it (routable, as the youngest, of the current revision)
+    /// to everyone's membership. Returns its index in [`Cluster::pods`].
     ///
     /// # Errors
     /// [`HarnessError`] when it does not start or the membership does not propagate.
@@ -92,6 +110,7 @@ impl Cluster {
         members.push(Member {
             ip,
             state: "routable",
+            revision: self.revision.clone(),
         });
         let path = self.peers_path(ip);
         std::fs::write(&path, render(&members))?;
@@ -188,6 +207,27 @@ impl Cluster {
         Ok(out)
     }
 
+    /// Takes the pod on `ip` out of [`Cluster::pods`] (its membership entry stays): the caller
+    /// stops it, and later publishes go to the remaining pods only.
+    pub fn take(&mut self, ip: Ipv4Addr) -> Option<Pod> {
+        let index = self.pods.iter().position(|p| p.ip == ip)?;
+        Some(self.pods.remove(index))
+    }
+
+    /// The MCP URLs of the running pods that are routable in the last published membership:
+    /// the endpoints of the client Service.
+    pub fn routable_urls(&self) -> Vec<String> {
+        self.pods
+            .iter()
+            .filter(|p| {
+                self.members
+                    .iter()
+                    .any(|m| m.ip == p.ip && m.state == "routable")
+            })
+            .map(|p| p.mcp_url.clone())
+            .collect()
+    }
+
     /// A client whose requests enter at a random pod of `ips`.
     pub fn client_of(&self, ips: &[Ipv4Addr]) -> McpClient {
         McpClient::spread(
@@ -256,10 +296,11 @@ pub fn render(members: &[Member]) -> String {
     for m in members {
         let _ = writeln!(
             out,
-            "- {{uid: {}, address: '{}:{LISTEN_PORT}', state: {}}}",
+            "- {{uid: {}, address: '{}:{LISTEN_PORT}', state: {}, revision: '{}'}}",
             uid(m.ip),
             m.ip,
-            m.state
+            m.state,
+            m.revision
         );
     }
     out

@@ -12,8 +12,10 @@
 //!   `Last-Event-ID`;
 //! - [`call`]: one `slow` tool call with cuts and resumes, checked event by event;
 //! - [`load`]: many concurrent sessions of such calls, summed up in a [`load::Report`];
+//! - [`rollout`]: a rolling replacement of every pod under such a load, in a [`rollout::RolloutReport`];
 //! - [`relay`]: a TCP relay that cuts every connection on demand (for clients we do not control);
-//! - [`addr`]: unique loopback addresses per test.
+//! - [`addr`]: unique loopback addresses per test;
+//! - [`table`]: the plain-text tables the reports print.
 
 pub mod addr;
 pub mod bins;
@@ -23,6 +25,8 @@ pub mod cluster;
 pub mod load;
 pub mod pod;
 pub mod relay;
+pub mod rollout;
+pub mod table;
 
 /// Errors of the harness.
 #[derive(Debug, thiserror::Error)]
@@ -41,9 +45,26 @@ pub enum HarnessError {
     /// A peer answered something unexpected.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// A peer answered with a status the exchange does not expect.
+    #[error("{what} answered {status}: {body:.200}")]
+    Status {
+        /// The exchange, e.g. `initialize` or `tools/call counter`.
+        what: String,
+        /// The status.
+        status: http::StatusCode,
+        /// The body, as text.
+        body: String,
+    },
     /// I/O failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+}
+
+impl HarnessError {
+    /// Whether a peer answered 404 Not Found: the session is gone (spec S-05).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Status { status, .. } if *status == http::StatusCode::NOT_FOUND)
+    }
 }
 
 /// Result of the harness.

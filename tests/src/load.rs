@@ -1,17 +1,20 @@
 //! Many concurrent MCP sessions calling `slow`, with random client disconnects and resumes.
 //!
 //! Every figure of the [`Report`] is counted from what clients received (see [`crate::call`]),
-//! except "tools executed twice", which comes from the example server's `/stats`.
+//! except "tools executed twice", which comes from the example servers' `/stats`
+//! ([`Executions`]).
 
-use std::fmt::Write as _;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http::StatusCode;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use crate::call::{self, CallPlan};
+use crate::call::{self, CallOutcome, CallPlan};
 use crate::client::McpClient;
+use crate::{Result, table};
 
 /// The load to run.
 #[derive(Clone, Debug)]
@@ -62,7 +65,9 @@ pub struct Report {
     pub events: u64,
     /// Resumes with `Last-Event-ID`.
     pub resumes: u64,
-    /// Expected messages never received.
+    /// Answers 404 Not Found to a request of a session the client holds (spec S-05).
+    pub not_found: u64,
+    /// Expected messages of started streams never received.
     pub lost: u64,
     /// Messages received twice.
     pub duplicated: u64,
@@ -84,9 +89,11 @@ impl Report {
         quantile(&self.resume_latencies, q)
     }
 
-    /// Whether nothing was lost, duplicated, foreign or executed twice, and nothing failed.
+    /// Whether no session was lost (404), nothing was lost, duplicated, foreign or executed
+    /// twice, and nothing failed.
     pub fn is_clean(&self) -> bool {
-        self.lost == 0
+        self.not_found == 0
+            && self.lost == 0
             && self.duplicated == 0
             && self.foreign == 0
             && self.executed_twice == 0
@@ -95,54 +102,112 @@ impl Report {
 
     /// The report as a two-column table.
     pub fn table(&self) -> String {
-        let ms = |d: Option<Duration>| {
-            d.map_or_else(
-                || "-".to_owned(),
-                |d| format!("{:.2} ms", d.as_secs_f64() * 1e3),
-            )
-        };
         let rows = [
             ("sessions", self.sessions.to_string()),
             ("tool calls", self.tool_calls.to_string()),
             ("events", self.events.to_string()),
             ("resumes", self.resumes.to_string()),
+            ("404s", self.not_found.to_string()),
             ("lost events", self.lost.to_string()),
             ("duplicated events", self.duplicated.to_string()),
             ("foreign events", self.foreign.to_string()),
             ("tools executed twice", self.executed_twice.to_string()),
-            ("resume latency p50", ms(self.resume_quantile(0.50))),
-            ("resume latency p99", ms(self.resume_quantile(0.99))),
+            ("resume latency p50", millis(self.resume_quantile(0.50))),
+            ("resume latency p99", millis(self.resume_quantile(0.99))),
             ("failures", self.failures.len().to_string()),
             ("wall time", format!("{:.1} s", self.elapsed.as_secs_f64())),
         ];
-        let mut out = String::new();
-        let _ = writeln!(out, "| {:<22} | {:>12} |", "measure", "value");
-        let _ = writeln!(out, "|{:-<24}|{:->14}|", "", "");
-        for (k, v) in rows {
-            let _ = writeln!(out, "| {k:<22} | {v:>12} |");
-        }
-        out
+        let rows: Vec<(&str, Vec<String>)> = rows.into_iter().map(|(k, v)| (k, vec![v])).collect();
+        table::render(&["measure", "value"], &rows)
     }
 
-    fn add(&mut self, other: Report) {
+    /// Adds `other`'s counts, latencies and failures to this report (not its wall time).
+    pub fn add(&mut self, other: Report) {
         self.sessions += other.sessions;
         self.tool_calls += other.tool_calls;
         self.events += other.events;
         self.resumes += other.resumes;
+        self.not_found += other.not_found;
         self.lost += other.lost;
         self.duplicated += other.duplicated;
         self.foreign += other.foreign;
+        self.executed_twice += other.executed_twice;
         self.resume_latencies.extend(other.resume_latencies);
         self.failures.extend(other.failures);
     }
+
+    /// Records one `slow` call with `count` progress notifications: its outcome, or the error
+    /// of its first POST (a 404 counts as such, any other error as a failure; a call whose
+    /// stream never started loses no event).
+    pub fn record_call(&mut self, call_id: &str, count: u32, result: Result<CallOutcome>) {
+        self.tool_calls += 1;
+        match result {
+            Ok(out) => {
+                self.events += out.events;
+                self.resumes += out.resumes.len() as u64;
+                self.not_found += out.not_found;
+                self.lost += out.lost(count);
+                self.duplicated += out.duplicated;
+                self.foreign += out.foreign;
+                self.resume_latencies.extend(out.resumes);
+                self.failures.extend(out.failures);
+            }
+            Err(e) if e.is_not_found() => self.not_found += 1,
+            Err(e) => self.failures.push(format!("{call_id}: {e}")),
+        }
+    }
+
+    /// Records the answer to the `DELETE` that ends `session` (a 404 counts as such).
+    pub fn record_delete(&mut self, session: &str, result: Result<StatusCode>) {
+        match result {
+            Ok(status) if status.is_success() => {}
+            Ok(StatusCode::NOT_FOUND) => self.not_found += 1,
+            Ok(status) => self
+                .failures
+                .push(format!("{session}: DELETE answered {status}")),
+            Err(e) => self.failures.push(format!("{session}: DELETE failed: {e}")),
+        }
+    }
 }
 
-/// Call ids executed more than once, from an example server's `/stats` document.
+/// `d` in milliseconds with two decimals, `-` for none.
+pub fn millis(d: Option<Duration>) -> String {
+    d.map_or_else(
+        || "-".to_owned(),
+        |d| format!("{:.2} ms", d.as_secs_f64() * 1e3),
+    )
+}
+
+/// Executions per `slow` call id, merged over the `/stats` of several example servers: a call
+/// executed once on each of two pods was executed twice.
+#[derive(Clone, Debug, Default)]
+pub struct Executions(HashMap<String, u64>);
+
+impl Executions {
+    /// Adds the executions of one example server's `/stats` document (its `calls` map).
+    pub fn add(&mut self, stats: &Value) {
+        let calls = stats.get("calls").and_then(Value::as_object);
+        for (call_id, n) in calls.into_iter().flatten() {
+            *self.0.entry(call_id.clone()).or_default() += n.as_u64().unwrap_or(0);
+        }
+    }
+
+    /// Executions, over every call id.
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// Call ids executed more than once.
+    pub fn executed_twice(&self) -> u64 {
+        self.0.values().filter(|&&n| n > 1).count() as u64
+    }
+}
+
+/// Call ids executed more than once, from one example server's `/stats` document.
 pub fn executed_twice(stats: &Value) -> u64 {
-    stats
-        .get("duplicates")
-        .and_then(Value::as_object)
-        .map_or(0, |m| m.len() as u64)
+    let mut executions = Executions::default();
+    executions.add(stats);
+    executions.executed_twice()
 }
 
 /// The `q` quantile (0..=1, nearest rank) of `samples`; `None` when there are none.
@@ -189,54 +254,17 @@ async fn session(client: &McpClient, cfg: &LoadConfig, index: usize) -> Report {
     report.sessions = 1;
     for c in 0..cfg.calls_per_session {
         let call_id = format!("s{index}-c{c}-{:08x}", rand::random::<u32>());
-        let plan = plan(cfg);
-        report.tool_calls += 1;
-        match call::slow(client, &session, c as u64 + 2, &call_id, &plan).await {
-            Ok(out) => {
-                report.events += out.events;
-                report.resumes += out.resumes.len() as u64;
-                report.lost += out.lost(cfg.count);
-                report.duplicated += out.duplicated;
-                report.foreign += out.foreign;
-                report.resume_latencies.extend(out.resumes);
-                report.failures.extend(out.failures);
-            }
-            Err(e) => {
-                report.lost += u64::from(cfg.count) + 1;
-                report.failures.push(format!("{call_id}: {e}"));
-            }
-        }
+        let plan = CallPlan::random(
+            cfg.count,
+            cfg.interval_ms,
+            cfg.cut_probability,
+            cfg.max_pause_ms,
+        );
+        let result = call::slow(client, &session, c as u64 + 2, &call_id, &plan).await;
+        report.record_call(&call_id, cfg.count, result);
     }
-    match client.delete(&session).await {
-        Ok(status) if status.is_success() => {}
-        Ok(status) => report
-            .failures
-            .push(format!("session {index}: DELETE answered {status}")),
-        Err(e) => report
-            .failures
-            .push(format!("session {index}: DELETE failed: {e}")),
-    }
+    report.record_delete(&format!("session {index}"), client.delete(&session).await);
     report
-}
-
-/// A random plan: with `cut_probability`, one or two cuts at random points of the call.
-fn plan(cfg: &LoadConfig) -> CallPlan {
-    let mut cuts = Vec::new();
-    if cfg.count > 1 && rand::random_bool(cfg.cut_probability.clamp(0.0, 1.0)) {
-        let times = rand::random_range(1..=2u32);
-        for _ in 0..times {
-            cuts.push(rand::random_range(1..cfg.count));
-        }
-        cuts.sort_unstable();
-        cuts.dedup();
-    }
-    CallPlan {
-        count: cfg.count,
-        interval_ms: cfg.interval_ms,
-        cuts,
-        pause: Duration::from_millis(rand::random_range(0..=cfg.max_pause_ms)),
-        close_after: None,
-    }
 }
 
 #[cfg(test)]
@@ -259,7 +287,13 @@ mod tests {
 
     #[test]
     fn counts_duplicate_call_ids() {
-        let stats = serde_json::json!({"executions": 5, "duplicates": {"a": 2, "b": 3}});
+        let stats = serde_json::json!({"executions": 6, "calls": {"a": 2, "b": 3, "c": 1}});
         assert_eq!(executed_twice(&stats), 2);
+        // Once on each of two pods is twice.
+        let mut merged = Executions::default();
+        merged.add(&serde_json::json!({"calls": {"a": 1, "c": 1}}));
+        merged.add(&serde_json::json!({"calls": {"b": 1, "c": 1}}));
+        assert_eq!(merged.executed_twice(), 1);
+        assert_eq!(merged.total(), 4);
     }
 }

@@ -11,11 +11,11 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use http::StatusCode;
+use http::{Method, StatusCode};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
-use crate::client::{Http, McpClient};
+use crate::client::{Http, McpClient, body_text};
 use crate::{HarnessError, Result, addr, bins};
 
 /// Port of the sidecar's MCP listener.
@@ -50,6 +50,8 @@ pub struct PodSpec {
     pub idle_timeout: String,
     /// `spec.session.migration` (`Replay` or `Pin`).
     pub migration: String,
+    /// `spec.drain.timeout` (a Kubernetes-style duration: `5s`, `1500ms`).
+    pub drain_timeout: String,
     /// Extra `tether-sidecar` flags.
     pub sidecar_args: Vec<String>,
     /// Extra `tether-example-server` flags.
@@ -70,6 +72,7 @@ impl Default for PodSpec {
             ttl: "10m".into(),
             idle_timeout: "30m".into(),
             migration: "Replay".into(),
+            drain_timeout: "5s".into(),
             sidecar_args: Vec::new(),
             server_args: Vec::new(),
         }
@@ -99,7 +102,7 @@ impl PodSpec {
              \x20 protocolVersions: [{}]\n\
              \x20 buffer: {{maxEvents: {}, maxBytes: {}, ttl: {}}}\n\
              \x20 session: {{idleTimeout: {}, migration: {}}}\n\
-             \x20 drain: {{timeout: 5s}}\n",
+             \x20 drain: {{timeout: {}}}\n",
             quote(&self.origins),
             self.allow_missing_origin,
             quote(&self.versions),
@@ -108,6 +111,7 @@ impl PodSpec {
             self.ttl,
             self.idle_timeout,
             self.migration,
+            self.drain_timeout,
         )
     }
 }
@@ -237,15 +241,7 @@ impl Pod {
     /// # Errors
     /// [`HarnessError`] when the metrics cannot be read.
     pub async fn metric(&self, sample: &str) -> Result<f64> {
-        let text = self.metrics().await?;
-        Ok(text
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(sample)
-                    .and_then(|rest| rest.strip_prefix(' '))
-            })
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0))
+        Ok(sample_value(&self.metrics().await?, sample))
     }
 
     /// Polls metric `sample` (every 50 ms, at most `within`) until `done` holds for its value;
@@ -267,6 +263,47 @@ impl Pod {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// `method /drain` on the sidecar's admin port (`POST` as a harness, `GET` as a Kubernetes
+    /// `preStop httpGet`): waits until the sidecar answers, when the drain is done or at
+    /// `spec.drain.timeout`.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the exchange fails or the body is not JSON.
+    pub async fn drain(&self, method: Method) -> Result<Drained> {
+        let started = Instant::now();
+        let resp = self
+            .http
+            .send(method, &format!("{}/drain", self.admin_url), &[], None)
+            .await?;
+        let status = resp.status();
+        let text = body_text(resp).await?;
+        let body = serde_json::from_str(&text)
+            .map_err(|e| HarnessError::Protocol(format!("/drain answered {text:?}: {e}")))?;
+        Ok(Drained {
+            status,
+            body,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// The sidecar's peak resident set size in bytes (`VmHWM` in `/proc/<pid>/status`).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the sidecar exited or its status cannot be read.
+    pub fn sidecar_peak_rss(&self) -> Result<u64> {
+        let pid = self
+            .sidecar
+            .id()
+            .ok_or_else(|| HarnessError::Start("the sidecar already exited".into()))?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .ok_or_else(|| HarnessError::Protocol(format!("no VmHWM in /proc/{pid}/status")))
     }
 
     /// Stops the example server (SIGKILL) and starts it again: the upstream loses every session.
@@ -350,6 +387,29 @@ impl Pod {
     pub fn sidecar_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sidecar.log")).unwrap_or_default()
     }
+}
+
+/// The answer to `/drain`.
+#[derive(Clone, Debug)]
+pub struct Drained {
+    /// 200 when the drain finished, 503 when `spec.drain.timeout` passed first.
+    pub status: StatusCode,
+    /// `{"drained": bool, "inFlight": N, "elapsedMs": N}`.
+    pub body: Value,
+    /// Wall time from the request to the answer.
+    pub elapsed: Duration,
+}
+
+/// The value of metric sample `sample` (name and labels, e.g. `tether_drain_seconds_count`) in
+/// Prometheus text `text`; 0 when absent.
+pub fn sample_value(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(sample)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// The UID of the pod on `ip`.

@@ -2,26 +2,20 @@
 //! stops taking new sessions, requests in flight finish, the call returns when done or at
 //! `spec.drain.timeout` (5 s in the test manifest).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::Value;
 use tether_tests::addr;
 use tether_tests::call::{self, CallPlan};
-use tether_tests::client::{Http, body_text};
+use tether_tests::client::Http;
 use tether_tests::cluster::Cluster;
 use tether_tests::pod::{Pod, PodSpec};
 
 /// `method /drain` on the pod's admin port: status, JSON body, time taken.
 async fn drain(pod: &Pod, method: Method) -> (StatusCode, Value, Duration) {
-    let started = Instant::now();
-    let resp = Http::new()
-        .send(method, &format!("{}/drain", pod.admin_url), &[], None)
-        .await
-        .unwrap();
-    let status = resp.status();
-    let body = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
-    (status, body, started.elapsed())
+    let drained = pod.drain(method).await.unwrap();
+    (drained.status, drained.body, drained.elapsed)
 }
 
 fn plan(count: u32, interval_ms: u64) -> CallPlan {

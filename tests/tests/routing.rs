@@ -365,10 +365,7 @@ async fn disagreeing_membership_reaches_the_holder_or_ends_in_404_never_loops() 
     for _ in 0..20 {
         sessions.push(on_c.initialize("2025-06-18").await.unwrap());
     }
-    let routable = |ip| Member {
-        ip,
-        state: "routable",
-    };
+    let routable = |ip| Member::new(ip, "routable");
     // B has not heard of C yet; A has.
     cluster
         .write_peers_of(b, &[routable(a), routable(b)])
@@ -529,18 +526,9 @@ async fn dead_peers_never_turn_a_lost_or_new_session_into_a_5xx() {
         .unwrap();
     cluster.pods[1].kill_sidecar().await.unwrap();
     // A drains; its file lists B (dead) and twenty routable peers where nothing listens.
-    let mut members = vec![Member {
-        ip: ips[0],
-        state: "draining",
-    }];
-    members.push(Member {
-        ip: ips[1],
-        state: "routable",
-    });
-    members.extend((0..20).map(|_| Member {
-        ip: addr::next_ip(),
-        state: "routable",
-    }));
+    let mut members = vec![Member::new(ips[0], "draining")];
+    members.push(Member::new(ips[1], "routable"));
+    members.extend((0..20).map(|_| Member::new(addr::next_ip(), "routable")));
     cluster.write_peers_of(ips[0], &members).await.unwrap();
     let via_a = cluster.client_of(&ips[..1]);
     for _ in 0..3 {

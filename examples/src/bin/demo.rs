@@ -1,85 +1,117 @@
-//! `tether-demo`: the local demo on real MCP traffic (`make demo`).
+//! `tether-demo`: the rolling-upgrade demo on real MCP traffic (`make demo`).
 //!
-//! Starts one pod on loopback (`tether-example-server` behind `tether-sidecar`), runs concurrent
-//! MCP sessions that call `slow` while their clients randomly drop the connection and resume
-//! with `Last-Event-ID`, and prints what the clients experienced. Exits non-zero when any event
-//! was lost, duplicated or foreign, or a tool ran twice.
+//! Starts an endpoint of N pods on loopback (`tether-example-server` behind `tether-sidecar`
+//! each, sharing a peers file), runs a load of MCP sessions — `slow` calls whose clients drop
+//! the connection and resume with `Last-Event-ID`, standalone GET streams fed by `notify`,
+//! `counter` calls — and replaces every pod by a pod of a newer revision, one at a time, the
+//! way a Deployment's rolling update does ([`tether_tests::rollout`]). It does so twice: with
+//! handoff, then without (`--handoff false`, the baseline), and prints both side by side.
+//! Exits 1 when the handoff column is not clean (a client-visible 404, a lost, duplicated or
+//! foreign event, a tool executed twice, any other client error), 2 when the demo itself could
+//! not run.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
-use tether_tests::load::{self, LoadConfig};
-use tether_tests::pod::{Pod, PodSpec};
+use tether_tests::rollout::{self, RolloutConfig, RolloutReport};
 
 /// Command line.
 #[derive(Debug, Parser)]
 #[command(
     name = "tether-demo",
     version,
-    about = "tether's local demo on real MCP traffic"
+    about = "tether's rolling-upgrade demo: every pod replaced under MCP load, with handoff and without"
 )]
 struct Args {
-    /// Concurrent MCP sessions.
-    #[arg(long, default_value_t = 200)]
+    /// Pods of the endpoint; each is replaced once.
+    #[arg(long, default_value_t = 3)]
+    pods: usize,
+    /// MCP sessions (clients), all running for the whole rollout.
+    #[arg(long, default_value_t = 1000)]
     sessions: usize,
-    /// `slow` calls per session.
-    #[arg(long, default_value_t = 5)]
+    /// `slow` calls each session makes at least (it keeps calling until the rollout is done).
+    #[arg(long, default_value_t = 10)]
     calls: usize,
-    /// Progress notifications per call.
+    /// Progress notifications per `slow` call.
     #[arg(long, default_value_t = 10)]
     count: u32,
     /// Milliseconds between progress notifications.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 100)]
     interval_ms: u64,
-    /// Probability that a call's client disconnects (once or twice) and resumes.
-    #[arg(long, default_value_t = 0.5)]
+    /// Probability that a client drops a call's connection (once or twice) and resumes.
+    #[arg(long, default_value_t = 0.3)]
     cut_probability: f64,
+    /// Fraction of sessions that keep a standalone GET stream open (fed by `notify`).
+    #[arg(long, default_value_t = 0.2)]
+    standalone_fraction: f64,
+    /// Fraction of sessions that call `counter` (tool state the journal does not carry).
+    #[arg(long, default_value_t = 0.2)]
+    counter_fraction: f64,
+    /// `spec.drain.timeout` of the pods, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    drain_timeout_ms: u64,
+    /// `spec.session.migration`: `Replay` or `Pin`.
+    #[arg(long, default_value = "Replay")]
+    migration: String,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let pod = match Pod::start(PodSpec::default()).await {
-        Ok(pod) => pod,
-        Err(e) => {
-            eprintln!("tether-demo: cannot start the pod: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    println!(
-        "pod up: sidecar {} in front of the example server {}",
-        pod.mcp_url, pod.server_url
-    );
-    let cfg = LoadConfig {
+    let cfg = RolloutConfig {
+        pods: args.pods,
         sessions: args.sessions,
-        calls_per_session: args.calls,
+        calls: args.calls,
         count: args.count,
         interval_ms: args.interval_ms,
         cut_probability: args.cut_probability,
-        concurrency: args.sessions,
-        ..LoadConfig::default()
+        standalone_fraction: args.standalone_fraction,
+        counter_fraction: args.counter_fraction,
+        migration: args.migration,
+        drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+        ..RolloutConfig::default()
     };
     println!(
-        "running {} sessions x {} slow calls ({} progress events each, {}% of calls cut and resumed)...",
+        "rolling upgrade of {} pods under {} MCP sessions ({} slow calls or more each, {} progress \
+         events per call, {}% of calls cut and resumed), with handoff, then without (baseline)...",
+        cfg.pods,
         cfg.sessions,
-        cfg.calls_per_session,
+        cfg.calls,
         cfg.count,
         (cfg.cut_probability * 100.0).round()
     );
-    let mut report = load::run(&pod.client(), &cfg).await;
-    match pod.stats().await {
-        Ok(stats) => report.executed_twice = load::executed_twice(&stats),
-        Err(e) => report.failures.push(format!("cannot read /stats: {e}")),
+    let Some(handoff) = run(&cfg).await else {
+        return ExitCode::from(2);
+    };
+    let Some(baseline) = run(&cfg.baseline()).await else {
+        return ExitCode::from(2);
+    };
+    println!("\n{}", rollout::table(&[&handoff, &baseline]));
+    for report in [&handoff, &baseline] {
+        for failure in report.load.failures.iter().take(5) {
+            println!("{} failure: {failure}", report.label);
+        }
     }
-    println!("\n{}", report.table());
-    for failure in report.failures.iter().take(10) {
-        println!("failure: {failure}");
-    }
-    if report.is_clean() {
-        println!("result: every event delivered exactly once, no foreign event, no tool ran twice");
+    if handoff.is_clean() {
+        println!(
+            "result: every pod replaced; no client saw a 404, every event arrived exactly once, \
+             no foreign event, no tool ran twice"
+        );
         ExitCode::SUCCESS
     } else {
-        println!("result: FAILED (see the table and failures above)");
+        println!(
+            "result: FAILED: the {} column is not clean (see the table and failures above)",
+            handoff.label
+        );
         ExitCode::FAILURE
     }
+}
+
+/// Runs one rollout; `None` (after saying why) when it could not run.
+async fn run(cfg: &RolloutConfig) -> Option<RolloutReport> {
+    rollout::run(cfg)
+        .await
+        .inspect_err(|e| eprintln!("tether-demo: the {} rollout failed: {e}", cfg.label()))
+        .ok()
 }

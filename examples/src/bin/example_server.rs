@@ -13,9 +13,11 @@
 //! those to the session's standalone GET stream (it routes only progress by token to a request's
 //! stream).
 //!
-//! `GET /stats` → `{"executions": N, "duplicates": {"<call_id>": n}, "completed": N,
-//! "aborted": N}`: `slow` executions, call ids executed more than once, calls that finished,
-//! and calls whose task was dropped before finishing (a stateless client disconnect, L-05).
+//! `GET /stats` → `{"executions": N, "calls": {"<call_id>": n}, "duplicates": {"<call_id>": n},
+//! "completed": N, "aborted": N}`: `slow` executions, executions per call id (to merge over
+//! several servers: a call run once on each of two pods ran twice), call ids executed more than
+//! once, calls that finished, and calls whose task was dropped before finishing (a stateless
+//! client disconnect, L-05).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -90,15 +92,11 @@ struct Stats {
 
 impl Stats {
     fn json(&self) -> serde_json::Value {
-        let duplicates: HashMap<_, _> = self
-            .per_call
-            .lock()
-            .iter()
-            .filter(|(_, n)| **n > 1)
-            .map(|(k, n)| (k.clone(), *n))
-            .collect();
+        let calls = self.per_call.lock().clone();
+        let duplicates: HashMap<_, _> = calls.iter().filter(|(_, n)| **n > 1).collect();
         json!({
             "executions": self.executions.load(Ordering::Relaxed),
+            "calls": calls,
             "duplicates": duplicates,
             "completed": self.completed.load(Ordering::Relaxed),
             "aborted": self.aborted.load(Ordering::Relaxed),

@@ -1,0 +1,343 @@
+//! The rolling upgrade (issue #4; DESIGN.md §3.4, §5): every pod of an endpoint replaced by a
+//! pod of a newer revision, one at a time, under a load of real MCP sessions; what the clients
+//! experienced and what the sidecars counted, in one [`RolloutReport`].
+//!
+//! The load (module `clients`) starts before the rollout and overlaps all of it: every session
+//! initializes, then loops `slow` calls with unique `call_id`s (cut and resumed with
+//! `Last-Event-ID` at random), some keep a standalone GET stream open and call `notify` on it
+//! (module `standalone`), some call `counter` and watch it restart (tool state the journal does not
+//! carry). Sessions keep calling until the rollout is done, then make one more call each, so
+//! resumes land on the new pods. A session answered 404 is started again, as clients must
+//! (spec S-05).
+//!
+//! One replacement follows the order Kubernetes gives a rolling update:
+//! 1. the new pod (revision [`NEW_REVISION`]) starts, becomes ready and routable in every peers
+//!    file, and the client Service sends it traffic;
+//! 2. the old pod leaves the Service (its readiness fails) and turns `draining` in every peers
+//!    file (its deletion timestamp);
+//! 3. `POST /drain` on its admin port (the preStop hook), timed: the drain time;
+//! 4. its sidecar metrics and peak RSS are read, SIGTERM goes to the sidecar (waited for), the
+//!    example server's `/stats` are read and the server stops;
+//! 5. the pod leaves every peers file.
+
+mod clients;
+mod report;
+mod standalone;
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use http::Method;
+
+pub use report::{DrainRecord, RolloutReport, SidecarCounters, table};
+
+use crate::client::McpClient;
+use crate::cluster::Cluster;
+use crate::load::Executions;
+use crate::pod::{Pod, PodSpec};
+use crate::{HarnessError, Result, addr};
+
+/// Revision of the replacement pods (the first pods have [`crate::cluster::FIRST_REVISION`]).
+pub const NEW_REVISION: &str = "v2";
+/// How long the sessions may take to initialize before the rollout starts anyway.
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Added to `spec.drain.timeout` to bound the `/drain` request and the sidecar's exit.
+const STOP_MARGIN: Duration = Duration::from_secs(10);
+/// How long the sessions may take for their last calls once the rollout is done.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// What to run. The default is the reduced run of CI: 3 pods, 200 sessions.
+#[derive(Clone, Debug)]
+pub struct RolloutConfig {
+    /// Pods before and after the rollout; each is replaced once.
+    pub pods: usize,
+    /// MCP sessions, all running for the whole rollout.
+    pub sessions: usize,
+    /// `slow` calls each session makes at least; it keeps calling until the rollout is done,
+    /// then makes one more.
+    pub calls: usize,
+    /// Progress notifications per `slow` call.
+    pub count: u32,
+    /// Milliseconds between progress notifications.
+    pub interval_ms: u64,
+    /// Probability (0..=1) that a client cuts a `slow` call's connection (once or twice) and
+    /// resumes, and that it cuts its standalone GET stream after a `notify` call.
+    pub cut_probability: f64,
+    /// Longest pause between a cut and the resume, in ms.
+    pub max_pause_ms: u64,
+    /// Fraction (0..=1) of sessions that keep a standalone GET stream open and call `notify`
+    /// before each `slow` call.
+    pub standalone_fraction: f64,
+    /// Fraction (0..=1) of sessions that call `counter` before each `slow` call.
+    pub counter_fraction: f64,
+    /// Log notifications per `notify` call.
+    pub notify_count: u32,
+    /// Protocol versions sessions ask for, round-robin (at least one).
+    pub versions: Vec<String>,
+    /// Whether draining sidecars hand their sessions off (`--handoff`); `false` is the
+    /// baseline.
+    pub handoff: bool,
+    /// `spec.session.migration`: `Replay` or `Pin`.
+    pub migration: String,
+    /// `spec.drain.timeout`.
+    pub drain_timeout: Duration,
+    /// Loopback addresses: the first pods, then their replacements (2 × `pods`); empty: fresh
+    /// ones from [`addr::next_ip`].
+    pub ips: Vec<Ipv4Addr>,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            pods: 3,
+            sessions: 200,
+            calls: 5,
+            count: 10,
+            interval_ms: 100,
+            cut_probability: 0.3,
+            max_pause_ms: 50,
+            standalone_fraction: 0.2,
+            counter_fraction: 0.2,
+            notify_count: 3,
+            versions: ["2025-03-26", "2025-06-18", "2025-11-25"]
+                .map(String::from)
+                .to_vec(),
+            handoff: true,
+            migration: "Replay".into(),
+            drain_timeout: Duration::from_secs(3),
+            ips: Vec::new(),
+        }
+    }
+}
+
+impl RolloutConfig {
+    /// The same run without handoff (`--handoff false`): the baseline.
+    pub fn baseline(&self) -> Self {
+        Self {
+            handoff: false,
+            ..self.clone()
+        }
+    }
+
+    /// The run's name, the title of its column: `handoff`, `baseline` or the migration mode
+    /// when it is not `Replay` (e.g. `Pin`).
+    pub fn label(&self) -> String {
+        if self.migration != "Replay" {
+            self.migration.clone()
+        } else if self.handoff {
+            "handoff".into()
+        } else {
+            "baseline".into()
+        }
+    }
+
+    /// The pods' spec.
+    fn pod_spec(&self) -> PodSpec {
+        PodSpec {
+            migration: self.migration.clone(),
+            drain_timeout: format!("{}ms", self.drain_timeout.as_millis()),
+            sidecar_args: vec!["--handoff".into(), self.handoff.to_string()],
+            ..PodSpec::default()
+        }
+    }
+
+    /// The old pods' and the new pods' addresses, once the configuration is checked.
+    fn addresses(&self) -> Result<(Vec<Ipv4Addr>, Vec<Ipv4Addr>)> {
+        let mut ips = self.ips.clone();
+        if ips.is_empty() {
+            ips = (0..2 * self.pods).map(|_| addr::next_ip()).collect();
+        }
+        if self.versions.is_empty() {
+            return Err(HarnessError::Start(
+                "a rollout needs at least one protocol version".into(),
+            ));
+        }
+        if self.pods == 0 || ips.len() != 2 * self.pods {
+            return Err(HarnessError::Start(format!(
+                "a rollout of {} pods needs {} addresses, got {}",
+                self.pods,
+                2 * self.pods,
+                ips.len()
+            )));
+        }
+        let new = ips.split_off(self.pods);
+        Ok((ips, new))
+    }
+}
+
+/// Runs the rollout: starts `cfg.pods` pods, the load, replaces every pod, lets the sessions
+/// finish and reports. Every process is stopped when it returns.
+///
+/// # Errors
+/// [`HarnessError`] when a pod does not start, a membership change does not propagate or a
+/// drain does not answer: the rollout itself failed. What clients experienced is never an
+/// error; it is in the report.
+pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
+    let (old, new) = cfg.addresses()?;
+    let mut cluster = Cluster::start(&old, cfg.pod_spec()).await?;
+    cluster.set_revision(NEW_REVISION);
+    let client = McpClient::spread(cluster.routable_urls());
+    let mut rollout = Rollout {
+        cfg,
+        report: RolloutReport::new(cfg.label(), cfg.pods, cfg.sessions),
+        executions: Executions::default(),
+        started: Instant::now(),
+    };
+    rollout.step(format!(
+        "{} pods up; starting {} sessions",
+        cfg.pods, cfg.sessions
+    ));
+    let load = clients::Load::start(&client, cfg);
+    if !load.initialized(INITIALIZE_TIMEOUT).await {
+        rollout.report.load.failures.push(format!(
+            "harness: the sessions did not initialize within {INITIALIZE_TIMEOUT:?}"
+        ));
+    }
+    rollout.step("every session initialized; rolling out".into());
+    for (&old, &new) in old.iter().zip(&new) {
+        rollout.replace(&mut cluster, &client, old, new).await?;
+    }
+    rollout.step("rollout done; every session makes its last calls".into());
+    let figures = load.finish(FINISH_TIMEOUT).await;
+    rollout.step("load done".into());
+    for pod in &cluster.pods {
+        rollout.read_sidecar(pod).await;
+        rollout.read_stats(pod).await;
+    }
+    Ok(rollout.finish(figures))
+}
+
+/// The error for a pod the cluster does not have.
+fn no_pod(ip: Ipv4Addr) -> HarnessError {
+    HarnessError::Start(format!("no pod on {ip}"))
+}
+
+/// A rollout under way: the report it fills in.
+struct Rollout<'a> {
+    cfg: &'a RolloutConfig,
+    report: RolloutReport,
+    executions: Executions,
+    started: Instant,
+}
+
+impl Rollout<'_> {
+    /// Records (and prints, to stderr) a step of the timeline.
+    fn step(&mut self, what: String) {
+        let at = self.started.elapsed();
+        eprintln!("[{} {:>7.2} s] {what}", self.report.label, at.as_secs_f64());
+        self.report.timeline.push((at, what));
+    }
+
+    /// Replaces the pod on `old` by a new one on `new`, in the order Kubernetes does.
+    async fn replace(
+        &mut self,
+        cluster: &mut Cluster,
+        client: &McpClient,
+        old: Ipv4Addr,
+        new: Ipv4Addr,
+    ) -> Result<()> {
+        cluster.add(new).await?;
+        client.set_entries(cluster.routable_urls());
+        self.step(format!(
+            "{new} ({NEW_REVISION}) started, routable, in the Service"
+        ));
+        let old_url = cluster.pod(old).ok_or_else(|| no_pod(old))?.mcp_url.clone();
+        let entries = cluster.routable_urls().into_iter();
+        client.set_entries(entries.filter(|u| *u != old_url).collect());
+        cluster.set_state(old, Some("draining")).await?;
+        self.step(format!(
+            "{old} out of the Service, draining in every peers file"
+        ));
+        let pod = cluster.pod(old).ok_or_else(|| no_pod(old))?;
+        let drained = tokio::time::timeout(
+            self.cfg.drain_timeout + STOP_MARGIN,
+            pod.drain(Method::POST),
+        )
+        .await
+        .map_err(|_| HarnessError::Start(format!("{old}: /drain did not answer")))??;
+        self.step(format!(
+            "{old} /drain answered {} after {:.2} s: {}",
+            drained.status.as_u16(),
+            drained.elapsed.as_secs_f64(),
+            drained.body
+        ));
+        self.report.drains.push(DrainRecord {
+            ip: old,
+            elapsed: drained.elapsed,
+            drained: drained.status.is_success(),
+        });
+        self.read_sidecar(pod).await;
+        let mut pod = cluster.take(old).ok_or_else(|| no_pod(old))?;
+        self.report.first_stop.get_or_insert(self.started.elapsed());
+        let stopping = Instant::now();
+        match pod
+            .terminate_sidecar(self.cfg.drain_timeout + STOP_MARGIN)
+            .await
+        {
+            Ok(Some(_)) => self.step(format!(
+                "{old} sidecar exited {:.2} s after SIGTERM",
+                stopping.elapsed().as_secs_f64()
+            )),
+            Ok(None) | Err(_) => {
+                self.report.load.failures.push(format!(
+                    "harness: the sidecar on {old} did not exit after SIGTERM; killed"
+                ));
+                pod.kill_sidecar().await?;
+            }
+        }
+        self.read_stats(&pod).await;
+        pod.kill_server().await?;
+        drop(pod);
+        cluster.set_state(old, None).await?;
+        self.step(format!("{old} stopped and out of every peers file"));
+        Ok(())
+    }
+
+    /// Adds a running sidecar's counters and peak RSS to the report.
+    async fn read_sidecar(&mut self, pod: &Pod) {
+        match pod.metrics().await {
+            Ok(text) => self.report.sidecar.add(&text),
+            Err(e) => self
+                .report
+                .load
+                .failures
+                .push(format!("harness: metrics of {}: {e}", pod.ip)),
+        }
+        match pod.sidecar_peak_rss() {
+            Ok(rss) => self.report.peak_rss_bytes = self.report.peak_rss_bytes.max(rss),
+            Err(e) => self
+                .report
+                .load
+                .failures
+                .push(format!("harness: peak RSS of {}: {e}", pod.ip)),
+        }
+    }
+
+    /// Adds an example server's executions to the report.
+    async fn read_stats(&mut self, pod: &Pod) {
+        match pod.stats().await {
+            Ok(stats) => self.executions.add(&stats),
+            Err(e) => self
+                .report
+                .load
+                .failures
+                .push(format!("harness: /stats of {}: {e}", pod.ip)),
+        }
+    }
+
+    /// The report, with the clients' figures.
+    fn finish(mut self, figures: clients::Figures) -> RolloutReport {
+        let failures = std::mem::take(&mut self.report.load.failures);
+        self.report.load.add(figures.report);
+        self.report.load.failures.extend(failures);
+        self.report.load.executed_twice = self.executions.executed_twice();
+        self.report.slow_executions = self.executions.total();
+        self.report.load.elapsed = self.started.elapsed();
+        self.report.slow_calls = figures.slow_calls;
+        self.report.counter_restarts = figures.counter_restarts;
+        self.report.first_not_found = figures
+            .first_not_found
+            .map(|t| t.saturating_duration_since(self.started));
+        self.report
+    }
+}

@@ -1,0 +1,243 @@
+//! The report of a rollout and its table; several runs print side by side ([`table`]).
+//!
+//! Client figures are counted from what the clients received; "tools executed twice" merges
+//! every example server's `/stats` (old pods read as they stop, new ones at the end); sidecar
+//! counters are summed over every sidecar the same way, and read as 0 when a sidecar does not
+//! export them.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use crate::load::{self, millis};
+use crate::pod::sample_value;
+use crate::table;
+
+/// One pod's drain.
+#[derive(Clone, Debug)]
+pub struct DrainRecord {
+    /// The drained pod's IP.
+    pub ip: Ipv4Addr,
+    /// Wall time of its `POST /drain`.
+    pub elapsed: Duration,
+    /// Whether `/drain` answered 200 (done), not 503 (`spec.drain.timeout` passed first).
+    pub drained: bool,
+}
+
+/// Sidecar counters, summed over every sidecar of a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SidecarCounters {
+    /// `tether_handoffs_sent_total`: sessions pushed to a peer.
+    pub handoffs_sent: u64,
+    /// `tether_handoffs_received_total`: sessions adopted from a peer.
+    pub handoffs_received: u64,
+    /// `tether_handoffs_failed_total`: pushes that failed.
+    pub handoffs_failed: u64,
+    /// `tether_tail_events_forwarded_total`: events of in-flight streams forwarded to the new
+    /// holder.
+    pub tail_events_forwarded: u64,
+    /// `tether_requests_cut_total`: requests cut by the drain deadline.
+    pub requests_cut: u64,
+    /// `tether_sessions_rebuilt_total`: upstream sessions rebuilt from the journal.
+    pub sessions_rebuilt: u64,
+}
+
+impl SidecarCounters {
+    /// Adds the counters of one sidecar's Prometheus text (0 for an absent one).
+    pub fn add(&mut self, metrics: &str) {
+        let value = |name: &str| sample_value(metrics, name) as u64;
+        self.handoffs_sent += value("tether_handoffs_sent_total");
+        self.handoffs_received += value("tether_handoffs_received_total");
+        self.handoffs_failed += value("tether_handoffs_failed_total");
+        self.tail_events_forwarded += value("tether_tail_events_forwarded_total");
+        self.requests_cut += value("tether_requests_cut_total");
+        self.sessions_rebuilt += value("tether_sessions_rebuilt_total");
+    }
+}
+
+/// What one rollout showed.
+#[derive(Clone, Debug, Default)]
+pub struct RolloutReport {
+    /// The run's name ([`super::RolloutConfig::label`]).
+    pub label: String,
+    /// Pods of the endpoint (each replaced once).
+    pub pods: usize,
+    /// MCP clients of the load (each starts a new session after a 404).
+    pub clients: usize,
+    /// What the clients experienced: sessions (every one initialized, also those started again
+    /// after a 404), tool calls, events, 404s, lost, duplicated and foreign events, resumes and
+    /// their latencies, tools executed twice, failures, wall time.
+    pub load: load::Report,
+    /// Sessions whose `counter` restarted (tool state the journal does not carry).
+    pub counter_restarts: u64,
+    /// `slow` calls the clients made.
+    pub slow_calls: u64,
+    /// `slow` executions over every example server (`/stats`): about [`Self::slow_calls`]
+    /// when every server was read (less by the calls refused before reaching one).
+    pub slow_executions: u64,
+    /// Sidecar counters over every sidecar.
+    pub sidecar: SidecarCounters,
+    /// The drains, in rollout order.
+    pub drains: Vec<DrainRecord>,
+    /// The largest peak resident set size of any sidecar, in bytes.
+    pub peak_rss_bytes: u64,
+    /// When a client first got a 404, from the start of the load.
+    pub first_not_found: Option<Duration>,
+    /// When the first old pod's sidecar got SIGTERM, from the start of the load.
+    pub first_stop: Option<Duration>,
+    /// The rollout's steps, from the start of the load.
+    pub timeline: Vec<(Duration, String)>,
+}
+
+impl RolloutReport {
+    /// An empty report of run `label` with `pods` pods and `clients` clients.
+    pub fn new(label: String, pods: usize, clients: usize) -> Self {
+        Self {
+            label,
+            pods,
+            clients,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the rollout was invisible to clients: no 404, nothing lost, duplicated or
+    /// foreign, no tool executed twice, no other failure.
+    pub fn is_clean(&self) -> bool {
+        self.load.is_clean()
+    }
+
+    /// Handoffs sent per session.
+    pub fn moves_per_session(&self) -> f64 {
+        self.sidecar.handoffs_sent as f64 / self.load.sessions.max(1) as f64
+    }
+
+    /// The report as a two-column table.
+    pub fn table(&self) -> String {
+        table(&[self])
+    }
+
+    /// The rows of the table: label and value.
+    fn rows(&self) -> Vec<(&'static str, String)> {
+        let r = &self.load;
+        let drains: Vec<String> = self
+            .drains
+            .iter()
+            .map(|d| format!("{:.2}", d.elapsed.as_secs_f64()))
+            .collect();
+        let at_deadline = self.drains.iter().filter(|d| !d.drained).count();
+        vec![
+            ("clients", self.clients.to_string()),
+            ("sessions", r.sessions.to_string()),
+            ("tool calls", r.tool_calls.to_string()),
+            ("events delivered", r.events.to_string()),
+            ("client-visible 404s", r.not_found.to_string()),
+            ("lost events", r.lost.to_string()),
+            ("duplicated events", r.duplicated.to_string()),
+            ("foreign-stream events", r.foreign.to_string()),
+            (
+                "slow calls made / executed",
+                format!("{} / {}", self.slow_calls, self.slow_executions),
+            ),
+            ("tools executed twice", r.executed_twice.to_string()),
+            (
+                "counter restarts (sessions)",
+                self.counter_restarts.to_string(),
+            ),
+            ("other client errors", r.failures.len().to_string()),
+            ("resumes", r.resumes.to_string()),
+            ("resume latency p50", millis(r.resume_quantile(0.50))),
+            ("resume latency p99", millis(r.resume_quantile(0.99))),
+            (
+                "session moves per session",
+                format!("{:.2}", self.moves_per_session()),
+            ),
+            ("handoffs failed", self.sidecar.handoffs_failed.to_string()),
+            (
+                "sessions rebuilt",
+                self.sidecar.sessions_rebuilt.to_string(),
+            ),
+            (
+                "tail events forwarded",
+                self.sidecar.tail_events_forwarded.to_string(),
+            ),
+            (
+                "requests cut at deadline",
+                self.sidecar.requests_cut.to_string(),
+            ),
+            (
+                "pods replaced",
+                format!("{}/{}", self.drains.len(), self.pods),
+            ),
+            ("drain time per pod (s)", drains.join(" ")),
+            ("drains ended by timeout", at_deadline.to_string()),
+            (
+                "peak sidecar RSS",
+                format!("{:.1} MiB", self.peak_rss_bytes as f64 / (1024.0 * 1024.0)),
+            ),
+            ("wall time", format!("{:.1} s", r.elapsed.as_secs_f64())),
+        ]
+    }
+}
+
+/// Several reports side by side, one column each (e.g. handoff, then the baseline).
+pub fn table(reports: &[&RolloutReport]) -> String {
+    let mut header = vec!["measure"];
+    header.extend(reports.iter().map(|r| r.label.as_str()));
+    let columns: Vec<Vec<(&str, String)>> = reports.iter().map(|r| r.rows()).collect();
+    let labels = columns.first().map(|c| c.len()).unwrap_or(0);
+    let rows: Vec<(&str, Vec<String>)> = (0..labels)
+        .map(|i| {
+            let label = columns[0][i].0;
+            (label, columns.iter().map(|c| c[i].1.clone()).collect())
+        })
+        .collect();
+    table::render(&header, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_sidecar_counters_read_as_zero() {
+        let mut counters = SidecarCounters::default();
+        counters.add("# no handoff metrics yet\ntether_sessions_rebuilt_total 2\n");
+        counters.add("tether_handoffs_sent_total 5\ntether_sessions_rebuilt_total 1\n");
+        assert_eq!(
+            counters,
+            SidecarCounters {
+                handoffs_sent: 5,
+                sessions_rebuilt: 3,
+                ..SidecarCounters::default()
+            }
+        );
+    }
+
+    #[test]
+    fn reports_print_side_by_side() {
+        let mut handoff = RolloutReport::new("handoff".into(), 3, 200);
+        handoff.load.sessions = 200;
+        handoff.sidecar.handoffs_sent = 100;
+        let mut baseline = RolloutReport::new("baseline".into(), 3, 200);
+        baseline.load.not_found = 67;
+        let text = table(&[&handoff, &baseline]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("handoff") && lines[0].contains("baseline"));
+        let row = |label: &str| {
+            lines
+                .iter()
+                .find(|l| l.starts_with(&format!("| {label} ")))
+                .unwrap()
+                .split('|')
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            row("client-visible 404s"),
+            ["client-visible 404s", "0", "67"]
+        );
+        assert_eq!(row("session moves per session")[1], "0.50");
+        assert!(handoff.is_clean() && !baseline.is_clean());
+    }
+}

@@ -1,0 +1,241 @@
+//! A session's standalone GET stream, read by its own task for the whole session.
+//!
+//! The client registers each `notify` call's text and count before making it
+//! ([`Standalone::expect`]); the reader attributes every log notification to a registered text
+//! and sequence number, so a notification received twice (or an event id seen twice) is
+//! *duplicated*, one of another text is *foreign*, one never received is *lost*. When the stream
+//! ends (the pod stopped, or it closed the stream to move the session) or the client cuts it
+//! ([`Standalone::cut`]), the reader resumes with `GET` + `Last-Event-ID`, as EventSource does.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::Value;
+use sse_stream::Sse;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use super::clients::Figures;
+use crate::Result;
+use crate::client::{Events, McpClient, Session, body_text, is_sse, unexpected};
+
+/// Attempts to resume the stream before the reader gives up.
+const RESUME_ATTEMPTS: u32 = 5;
+/// Pause between two attempts.
+const RESUME_PAUSE: Duration = Duration::from_millis(100);
+
+/// What the reader heard.
+#[derive(Debug, Default)]
+struct Heard {
+    /// Notification count per registered `notify` text.
+    expected: HashMap<String, u32>,
+    /// Sequence numbers received per text.
+    received: HashMap<String, HashSet<u64>>,
+    /// Event ids seen.
+    ids: HashSet<String>,
+    figures: Figures,
+}
+
+impl Heard {
+    /// Attributes one event; `last_id` follows the stream's cursor.
+    fn record(&mut self, ev: Sse, last_id: &mut Option<String>) {
+        let data = ev.data.unwrap_or_default();
+        let mut duplicated = false;
+        if let Some(id) = ev.id {
+            duplicated = !data.is_empty() && !self.ids.insert(id.clone());
+            *last_id = Some(id);
+        }
+        if data.is_empty() {
+            return; // priming event
+        }
+        let report = &mut self.figures.report;
+        report.events += 1;
+        match notification(&data) {
+            Some((text, seq)) if self.expected.contains_key(&text) => {
+                duplicated |= !self.received.entry(text).or_default().insert(seq);
+            }
+            _ => report.foreign += 1,
+        }
+        if duplicated {
+            report.duplicated += 1;
+        }
+    }
+
+    /// Registered notifications not received.
+    fn missing(&self) -> u64 {
+        let mut missing = 0;
+        for (text, &count) in &self.expected {
+            let got = self.received.get(text);
+            missing += (1..=u64::from(count))
+                .filter(|seq| !got.is_some_and(|g| g.contains(seq)))
+                .count() as u64;
+        }
+        missing
+    }
+}
+
+/// The text and sequence number of a `notify` log notification.
+fn notification(data: &str) -> Option<(String, u64)> {
+    let msg: Value = serde_json::from_str(data).ok()?;
+    if msg.get("method")?.as_str()? != "notifications/message" {
+        return None;
+    }
+    let payload = msg.pointer("/params/data")?;
+    Some((
+        payload.get("text")?.as_str()?.to_owned(),
+        payload.get("seq")?.as_u64()?,
+    ))
+}
+
+/// An open standalone GET stream and its reader task.
+pub(super) struct Standalone {
+    heard: Arc<Mutex<Heard>>,
+    cut: Arc<Notify>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Standalone {
+    /// Opens the session's GET stream and starts reading it; a cut is resumed after a random
+    /// pause of at most `max_pause`.
+    ///
+    /// # Errors
+    /// [`crate::HarnessError`] when the GET fails or is not answered with an SSE stream.
+    pub async fn open(client: &McpClient, session: &Session, max_pause: Duration) -> Result<Self> {
+        let resp = client.get(session, None).await?;
+        if resp.status() != StatusCode::OK || !is_sse(&resp) {
+            return Err(unexpected("standalone GET", resp).await);
+        }
+        let heard = Arc::new(Mutex::new(Heard::default()));
+        let cut = Arc::new(Notify::new());
+        let (stop, stopped) = watch::channel(false);
+        let reader = Reader {
+            client: client.clone(),
+            session: session.clone(),
+            heard: Arc::clone(&heard),
+            cut: Arc::clone(&cut),
+            stopped,
+            max_pause,
+        };
+        let task = tokio::spawn(reader.run(Events::new(resp)));
+        Ok(Self {
+            heard,
+            cut,
+            stop,
+            task,
+        })
+    }
+
+    /// Registers a `notify` call's text and count, before the call.
+    pub fn expect(&self, text: &str, count: u32) {
+        lock(&self.heard).expected.insert(text.to_owned(), count);
+    }
+
+    /// Forgets a registered text: its `notify` call failed, nothing is expected.
+    pub fn forget(&self, text: &str) {
+        lock(&self.heard).expected.remove(text);
+    }
+
+    /// Cuts the connection; the reader resumes it.
+    pub fn cut(&self) {
+        self.cut.notify_one();
+    }
+
+    /// Waits (at most `within`) for every registered notification, stops the reader and
+    /// returns its figures, registered notifications not received counted lost.
+    pub async fn finish(self, within: Duration) -> Figures {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline
+            && !self.task.is_finished()
+            && lock(&self.heard).missing() > 0
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+        let mut heard = std::mem::take(&mut *lock(&self.heard));
+        heard.figures.report.lost += heard.missing();
+        heard.figures
+    }
+}
+
+fn lock(heard: &Mutex<Heard>) -> std::sync::MutexGuard<'_, Heard> {
+    heard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The reader task.
+struct Reader {
+    client: McpClient,
+    session: Session,
+    heard: Arc<Mutex<Heard>>,
+    cut: Arc<Notify>,
+    stopped: watch::Receiver<bool>,
+    max_pause: Duration,
+}
+
+impl Reader {
+    async fn run(mut self, mut events: Events) {
+        let mut last_id = None;
+        loop {
+            let cut = tokio::select! {
+                ev = events.next() => match ev {
+                    Some(ev) => {
+                        lock(&self.heard).record(ev, &mut last_id);
+                        continue;
+                    }
+                    None => false,
+                },
+                // Without a cursor a new GET could not resume: a client cuts only after an event.
+                () = self.cut.notified(), if last_id.is_some() => true,
+                _ = self.stopped.changed() => return,
+            };
+            drop(events);
+            if cut {
+                let pause = rand::random_range(0..=self.max_pause.as_millis() as u64);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            match self.resume(last_id.as_deref()).await {
+                Some(resumed) => events = resumed,
+                None => return,
+            }
+        }
+    }
+
+    /// Opens the stream again, after `cursor` when there is one; `None` when the session is
+    /// gone (404), the reader is stopped, or every attempt failed.
+    async fn resume(&mut self, cursor: Option<&str>) -> Option<Events> {
+        for _ in 0..RESUME_ATTEMPTS {
+            if *self.stopped.borrow() {
+                return None;
+            }
+            let started = Instant::now();
+            let failure = match self.client.get(&self.session, cursor).await {
+                Ok(resp) if resp.status() == StatusCode::OK && is_sse(&resp) => {
+                    if cursor.is_some() {
+                        let report = &mut lock(&self.heard).figures.report;
+                        report.resumes += 1;
+                        report.resume_latencies.push(started.elapsed());
+                    }
+                    return Some(Events::new(resp));
+                }
+                Ok(resp) if resp.status() == StatusCode::NOT_FOUND => {
+                    let figures = &mut lock(&self.heard).figures;
+                    figures.report.not_found += 1;
+                    figures.saw_not_found_at(Some(Instant::now()));
+                    return None;
+                }
+                Ok(resp) => {
+                    let status = resp.status();
+                    let body = body_text(resp).await.unwrap_or_default();
+                    format!("standalone resume answered {status}: {body:.200}")
+                }
+                Err(e) => format!("standalone resume failed: {e}"),
+            };
+            lock(&self.heard).figures.report.failures.push(failure);
+            tokio::time::sleep(RESUME_PAUSE).await;
+        }
+        None
+    }
+}

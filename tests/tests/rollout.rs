@@ -1,0 +1,110 @@
+//! The rolling upgrade in CI (issue #4, "Tests and figures"; DESIGN.md §3.4, §5): 3 pods,
+//! ≥ 200 sessions, ≥ 10,000 events, every pod replaced one at a time.
+//!
+//! - With handoff (migration `Replay`): no client-visible 404, no lost, duplicated or foreign
+//!   event, no tool executed twice. The baseline (`--handoff false`) runs the same rollout and
+//!   prints beside it; it must complete and show the 404s of the sessions its stopped pods
+//!   took with them, none before the first pod stopped.
+//! - With migration `Pin`: no session sees its `counter` restart (its sessions never move).
+//!
+//! The runs use 127.0.0.40–57 and run one at a time (they share the machine's cores).
+
+use std::net::Ipv4Addr;
+
+use tether_tests::addr;
+use tether_tests::rollout::{self, RolloutConfig, RolloutReport};
+
+/// One rollout at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `127.0.0.first` … for the old and new pods of a 3-pod rollout.
+fn ips(first: u8) -> Vec<Ipv4Addr> {
+    (first..first + 6).map(addr::fixed).collect()
+}
+
+/// The figures every run must reach, whatever it shows about 404s.
+fn assert_complete(report: &RolloutReport, sessions: u64, events: u64) {
+    let r = &report.load;
+    assert_eq!(report.drains.len(), 3, "every pod replaced");
+    assert!(
+        r.sessions >= sessions,
+        "{}: {} sessions",
+        report.label,
+        r.sessions
+    );
+    assert!(r.events >= events, "{}: {} events", report.label, r.events);
+    assert!(r.resumes > 0, "{}: clients resumed", report.label);
+    assert!(report.peak_rss_bytes > 0, "{}: RSS read", report.label);
+    let harness: Vec<&String> = r
+        .failures
+        .iter()
+        .filter(|f| f.starts_with("harness:"))
+        .collect();
+    assert!(harness.is_empty(), "{}: {harness:?}", report.label);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_with_handoff_is_invisible_to_clients_unlike_the_baseline() {
+    let _serial = SERIAL.lock().await;
+    let cfg = RolloutConfig {
+        ips: ips(40),
+        ..RolloutConfig::default()
+    };
+    let handoff = rollout::run(&cfg).await.unwrap();
+    let baseline = rollout::run(&RolloutConfig {
+        ips: ips(46),
+        ..cfg.baseline()
+    })
+    .await
+    .unwrap();
+    println!("{}", rollout::table(&[&handoff, &baseline]));
+    for report in [&handoff, &baseline] {
+        for failure in report.load.failures.iter().take(10) {
+            println!("{} failure: {failure}", report.label);
+        }
+    }
+
+    assert_complete(&baseline, 200, 10_000);
+    assert!(
+        baseline.load.not_found > 0,
+        "without handoff, the sessions of a stopped pod end in 404"
+    );
+    let (first_404, first_stop) = (baseline.first_not_found, baseline.first_stop);
+    assert!(
+        first_404.is_some_and(|t| Some(t) >= first_stop),
+        "no 404 before the first old pod stopped: first 404 at {first_404:?}, first stop at {first_stop:?}"
+    );
+
+    assert_complete(&handoff, 200, 10_000);
+    let r = &handoff.load;
+    assert_eq!(r.not_found, 0, "client-visible 404s");
+    assert_eq!(r.lost, 0, "lost events");
+    assert_eq!(r.duplicated, 0, "duplicated events");
+    assert_eq!(r.foreign, 0, "foreign-stream events");
+    assert_eq!(r.executed_twice, 0, "tools executed twice");
+    assert!(
+        r.failures.is_empty(),
+        "{:?}",
+        &r.failures[..5.min(r.failures.len())]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_pin_no_session_sees_its_counter_restart() {
+    let _serial = SERIAL.lock().await;
+    let report = rollout::run(&RolloutConfig {
+        sessions: 200,
+        counter_fraction: 1.0,
+        migration: "Pin".into(),
+        ips: ips(52),
+        ..RolloutConfig::default()
+    })
+    .await
+    .unwrap();
+    println!("{}", report.table());
+    for failure in report.load.failures.iter().take(10) {
+        println!("{} failure: {failure}", report.label);
+    }
+    assert_complete(&report, 200, 10_000);
+    assert_eq!(report.counter_restarts, 0, "Pin never moves a session");
+}
