@@ -415,6 +415,50 @@ impl ProxyHttp for McpProxy {
         Ok(())
     }
 
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<pingora::Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<pingora::Error> {
+        let mut e = e.more_context(format!("peer: {peer}"));
+        let replayable = !session.as_ref().retry_buffer_truncated();
+        let unanswered = session.response_written().is_none();
+        let timed_out = matches!(
+            e.etype(),
+            ErrorType::ReadTimedout | ErrorType::WriteTimedout
+        );
+        match ctx.forward.as_mut() {
+            // A forward to a peer sidecar that broke before the peer answered is sent again,
+            // even a POST: the holder de-duplicates a retried request by its JSON-RPC id and
+            // body, so it never runs twice. On a reused connection the peer merely closed an
+            // idle one: the same peer gets a fresh connection. Otherwise the peer is stopping
+            // (it accepted the connection, then reset it): it is marked down like a refused
+            // connect and the next candidate is tried. A peer that timed out may still be
+            // running the request and is not retried.
+            Some(f) if replayable && unanswered && !timed_out => {
+                if client_reused {
+                    e.set_retry(true);
+                } else {
+                    self.broker
+                        .metrics()
+                        .forward(f.kind.label(), "connect_error");
+                    tracing::warn!(peer = %f.peer.name, error = %e, "peer broke the exchange; trying the next candidate");
+                    let rerouted = self.reroute(f, Down::Refused);
+                    e.set_retry(rerouted);
+                }
+            }
+            Some(_) => e.set_retry(false),
+            None if !session.req_header().method.is_idempotent() || !replayable => {
+                e.set_retry(false);
+            }
+            None => e.retry.decide_reuse(client_reused),
+        }
+        e
+    }
+
     async fn fail_to_proxy(
         &self,
         session: &mut Session,
@@ -433,6 +477,9 @@ impl ProxyHttp for McpProxy {
             ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
                 Rejection::UpstreamTimeout
             }
+            // The peer sidecar broke the exchange (it is stopping): the session lives on
+            // elsewhere, so the client retries rather than blaming the MCP server.
+            _ if ctx.forward.is_some() => Rejection::PeerUnavailable,
             _ => Rejection::UpstreamUnavailable,
         });
         self.broker.count_rejection(&rejection);

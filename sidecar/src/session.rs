@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::buffer::{BufferLimits, Evictions, PodBudget};
 use crate::cursor::StreamKey;
-use crate::handoff::wire::{ReplyImage, RequestImage, SessionImage, StreamImage};
+use crate::handoff::wire::{KindImage, ReplyImage, RequestImage, SessionImage, StreamImage};
 use crate::journal::Journal;
 use crate::jsonrpc::{Message, RequestKey};
 use crate::reply::{NotFound, StoredReply};
@@ -133,6 +133,8 @@ pub struct Session {
     pub rebuilding: tokio::sync::Mutex<()>,
     /// The session came from a peer: its upstream session is rebuilt before first use.
     needs_rebuild: AtomicBool,
+    /// It came with a standalone stream open at the sender: the rebuild opens one here too.
+    reopen_standalone: AtomicBool,
     /// Woken when a handoff ends (acknowledged or refused).
     handoff_settled: Notify,
 }
@@ -169,6 +171,7 @@ impl Session {
             standalone_open: tokio::sync::Mutex::new(()),
             rebuilding: tokio::sync::Mutex::new(()),
             needs_rebuild: AtomicBool::new(false),
+            reopen_standalone: AtomicBool::new(false),
             handoff_settled: Notify::new(),
         })
     }
@@ -197,6 +200,13 @@ impl Session {
             image.journal.clone(),
         );
         session.needs_rebuild.store(true, Ordering::Relaxed);
+        let standalone_open = image
+            .streams
+            .iter()
+            .any(|s| s.kind == KindImage::Standalone && !s.complete);
+        session
+            .reopen_standalone
+            .store(standalone_open, Ordering::Relaxed);
         {
             let mut st = session.state.lock();
             if let Some(Ok(reply)) = image
@@ -322,6 +332,12 @@ impl Session {
     /// Records that the upstream session was rebuilt.
     pub fn rebuilt(&self) {
         self.needs_rebuild.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether the rebuilt upstream session needs a standalone stream at once (the sender had
+    /// one open); `true` only once.
+    pub fn take_reopen_standalone(&self) -> bool {
+        self.reopen_standalone.swap(false, Ordering::Relaxed)
     }
 
     /// Admits a request into the session, unless a handoff is moving or moved it.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::Broker;
 use crate::handoff::wire::{CancelPush, SessionPush, TailPush};
 use crate::jsonrpc::RequestKey;
-use crate::upstream::post_headers;
+use crate::upstream::{own_headers, post_headers};
 
 /// Passes a client's cancellation of a request that runs on another pod (the one that handed
 /// the session here) to that pod. Set by the handoff machinery ([`Broker::set_cancel_relay`]).
@@ -161,7 +161,22 @@ impl Broker {
         if !session.needs_rebuild() || session.is_ended() {
             return !session.is_ended();
         }
-        self.rebuild_now(session).await
+        if !self.rebuild_now(session).await {
+            return false;
+        }
+        // A standalone stream open at the sender goes on there until its calls finish; this
+        // pod opens its own before any request of the session reaches the upstream, so server
+        // messages of calls made here are buffered for the client's next GET.
+        if session.take_reopen_standalone() {
+            let headers = own_headers(session.version().as_str(), true);
+            if let Err(e) = Arc::clone(self)
+                .open_standalone_boxed(headers, Arc::clone(session))
+                .await
+            {
+                tracing::debug!(session = session.digest(), error = ?e, "cannot open the standalone stream");
+            }
+        }
+        true
     }
 
     /// Ends followed streams whose writer is no longer `alive` (killed mid-handoff).

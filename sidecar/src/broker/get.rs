@@ -110,7 +110,7 @@ impl Broker {
         let stream = match session.standalone() {
             Standalone::Open(stream) => stream,
             Standalone::Unsupported(stored) => return Ok(stored.into()),
-            Standalone::None => match self.open_standalone(call, session).await? {
+            Standalone::None => match self.open_standalone(&call.headers, session).await? {
                 Ok(stream) => stream,
                 Err(reply) => return Ok(reply),
             },
@@ -122,18 +122,36 @@ impl Broker {
     }
 
     /// Opens the upstream standalone stream: `Ok(stream)`, or the upstream's refusal to pass on.
-    async fn open_standalone(
+    /// [`Broker::open_standalone`] as a boxed future, for the rebuild of an adopted session
+    /// (opening sends through `send_in_session`, which may start that rebuild: the boxed type
+    /// breaks the cycle of future types).
+    pub(super) fn open_standalone_boxed(
+        self: Arc<Self>,
+        headers: http::HeaderMap,
+        session: Arc<Session>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), Rejection>> + Send>> {
+        Box::pin(async move { self.open_standalone(&headers, &session).await.map(|_| ()) })
+    }
+
+    /// Opens the session's standalone stream on the upstream (with the end-to-end headers of
+    /// `request_headers`): the stream, or the upstream's non-SSE answer (405: it offers none).
+    pub(super) async fn open_standalone(
         self: &Arc<Self>,
-        call: &Admitted,
+        request_headers: &http::HeaderMap,
         session: &Arc<Session>,
     ) -> Result<Result<Arc<Stream>, Reply>, Rejection> {
+        // An adopted session is rebuilt first, outside the lock: the rebuild opens the
+        // standalone stream itself when the sender had one (lock order: rebuild, then open).
+        if !self.ensure_upstream(session).await {
+            return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
+        }
         let _opening = session.standalone_open.lock().await;
         match session.standalone() {
             Standalone::Open(stream) => return Ok(Ok(stream)),
             Standalone::Unsupported(stored) => return Ok(Err(stored.into())),
             Standalone::None => {}
         }
-        let mut headers = forwarded_request_headers(&call.headers);
+        let mut headers = forwarded_request_headers(request_headers);
         headers.insert(
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),

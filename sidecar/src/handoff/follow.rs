@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::Notify;
@@ -14,10 +14,13 @@ use super::wire::TailPush;
 use super::{BACKOFF, Handoff, MESSAGE_OVERHEAD};
 use crate::cursor::StreamKey;
 use crate::membership::Peer;
-use crate::session::Session;
+use crate::session::{Session, Standalone};
+use crate::stream::{Stream, StreamKind};
 
 /// Longest wait between checks when nothing wakes the follower.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
+/// How long the standalone stream stays open after the last call that ran here finished.
+const STANDALONE_LINGER: Duration = Duration::from_millis(500);
 
 /// What the receiver has of one stream.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -62,6 +65,7 @@ pub(super) async fn follow(
         .max_message_bytes
         .saturating_sub(MESSAGE_OVERHEAD)
         .max(1);
+    let mut calls_done_at: Option<Instant> = None;
     loop {
         let woken = wake.notified();
         let (push, next, more) = delta(handoff, session, &sent, budget);
@@ -86,14 +90,30 @@ pub(super) async fn follow(
             continue;
         }
         let streams = session.streams();
-        let finished = session.entering() == 0
+        let done = |s: &Arc<Stream>| sent.get(s.key()).is_some_and(|s| s.done);
+        let requests_done = session.entering() == 0
             && streams
                 .iter()
-                .all(|s| sent.get(s.key()).is_some_and(|s| s.done));
-        if finished {
+                .filter(|s| s.kind() != StreamKind::Standalone)
+                .all(done);
+        if requests_done && streams.iter().all(done) {
             return;
         }
-        let _ = tokio::time::timeout(IDLE_CHECK, woken).await;
+        // The calls that ran here are over: once the messages they sent on the standalone
+        // stream had time to arrive (they travel on another connection than the calls'
+        // answers), nothing this upstream sends is for the client any more, so this pod's
+        // standalone stream ends (the client's next GET gets the new holder's).
+        let mut wait = IDLE_CHECK;
+        if requests_done && let Standalone::Open(standalone) = session.standalone() {
+            let since = *calls_done_at.get_or_insert_with(Instant::now);
+            if since.elapsed() >= STANDALONE_LINGER {
+                standalone.complete();
+                session.clear_standalone(&standalone);
+                continue;
+            }
+            wait = STANDALONE_LINGER.saturating_sub(since.elapsed());
+        }
+        let _ = tokio::time::timeout(wait, woken).await;
     }
 }
 

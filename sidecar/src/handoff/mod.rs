@@ -13,7 +13,8 @@
 //!    fails is retried with backoff, then the next candidate is tried.
 //! 3. Once the target acknowledged, S is *moved*: requests are forwarded there ([`crate::proxy`]).
 //!    Requests still running here go on; a [`follow`] task forwards every new event and the end
-//!    of each stream to the target (`POST /v1/tail`), so the target can serve resumes. Clients
+//!    of each stream to the target (`POST /v1/tail`), so the target can serve resumes; the
+//!    standalone GET stream goes on here until those requests are done, then ends. Clients
 //!    that negotiated ≥ 2025-11-25 and read a stream here get `retry:` and a clean close and
 //!    resume at the target (spec ); older clients keep streaming from here.
 //! 4. The target rebuilds the upstream session from the journal before serving S
@@ -43,7 +44,7 @@ use crate::jsonrpc::RequestKey;
 use crate::membership::{Peer, PeerState};
 use crate::peer_health::Down;
 use crate::routing::Router;
-use crate::session::{Session, Standalone};
+use crate::session::Session;
 use client::{PeerClient, SendError};
 use wire::{CancelPush, SessionPush};
 
@@ -207,12 +208,6 @@ impl Handoff {
         let entered_by = started + ENTERING_WAIT;
         while session.entering() > 0 && Instant::now() < entered_by {
             tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        // The standalone GET stream is not moved live: it ends here (its readers reconnect) and
-        // the new holder opens one on its own upstream at the next GET.
-        if let Standalone::Open(stream) = session.standalone() {
-            stream.complete();
-            session.clear_standalone(&stream);
         }
         let budget = self
             .max_message_bytes
