@@ -1078,20 +1078,22 @@ async fn follow_call(
             Err(e) => return (call, Err(e)),
         }
     }
-    // What the holder has under the id the client read last.
+    // What the holder has under the id of the last message the client read (messages are
+    // numbered from 1 on the writer, A).
     let cursor = call.cursor();
+    let last_message = call.out.events;
     let before = format!(
         "{}-{}",
         call.reader.stream().unwrap_or_default(),
-        seq(&cursor) - 1
+        last_message.saturating_sub(1)
     );
     let holder = match client.get(&session, Some(&before)).await {
         Ok(resp) => rest_of(&mut Events::new(resp)).await,
         Err(e) => Err(e.to_string()),
     };
     let problem = format!(
-        "the stream kept ending without an answer after {cursor}: {:?}; the holder's events \
-         after {before}: {holder:?}",
+        "the stream kept ending without an answer (last id {cursor}): {:?}; the holder's \
+         events after {before}: {holder:?}",
         call.out
     );
     (call, Err(problem))
