@@ -6,7 +6,7 @@
 //! |---|---|
 //! | session held here, or homed here | [`Route::Local`] (the holder's answer is authoritative; an id homed here but not held gets the broker's 404) |
 //! | home alive (routable or draining), not visited | forward to the home ([`ForwardKind::Home`]) |
-//! | home gone or unknown | forward to `owner(S)` over the preferred set, else the next pod of `ranked(S)` not visited yet ([`ForwardKind::Walk`]); none left → 404 `no_holder` |
+//! | home gone or unknown | forward to `owner(S)` over the preferred set, else the next pod not visited yet of the preferred set in HRW order, then of `ranked(S)` ([`View::walk`], [`ForwardKind::Walk`]); none left → 404 `no_holder` |
 //! | no session id (`initialize`, stateless), this pod routable | [`Route::Local`] |
 //! | no session id, this pod draining | forward to a routable peer of the newest revision ([`ForwardKind::Placement`]); none → local |
 //! | home alive in membership but unresponsive (failed probes, connect timeouts) | 503 + `Retry-After` |
@@ -348,7 +348,7 @@ pub fn route(
             let next = view
                 .owner(id)
                 .filter(|p| !skip(p))
-                .or_else(|| view.ranked(id).find(|p| !skip(p)));
+                .or_else(|| view.walk(id).find(|p| !skip(p)));
             match next {
                 Some(p) => forward(p, ForwardKind::Walk),
                 None => Route::NotFound(NotFound::NoHolder),

@@ -209,6 +209,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         cfg.peer_max_message_bytes,
         cfg.handoff,
     );
+    handoff.relay_cancellations();
     let proxy = McpProxy::new(
         Arc::clone(&broker),
         router,

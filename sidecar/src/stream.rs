@@ -24,6 +24,10 @@ use crate::jsonrpc::{RequestKey, error_response, response_id};
 use crate::reply::{CODE_INTERNAL, StoredReply};
 use crate::sse;
 
+/// Sequence numbers skipped when a followed stream's writer dies: more than it can have
+/// numbered without forwarding them.
+pub const ABANDONED_WRITER_GAP: u64 = 1 << 20;
+
 /// What a stream carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamKind {
@@ -275,7 +279,14 @@ impl Stream {
     /// Ends a followed stream whose writer is gone (killed mid-handoff): pending requests get
     /// a JSON-RPC error (`data.reason` = `handoff_interrupted`) so no client hangs.
     pub fn abandon_following(&self) {
-        self.state.lock().following = None;
+        {
+            let mut st = self.state.lock();
+            st.following = None;
+            // The dead writer may have numbered (and sent clients) events that never arrived:
+            // the error events are numbered past any of them, so every client sees them.
+            let last = st.buffer.last_seq();
+            st.buffer.follow(last + ABANDONED_WRITER_GAP, 0);
+        }
         let pending = self.pending();
         self.fail_pending(
             &pending,

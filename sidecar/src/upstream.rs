@@ -154,6 +154,25 @@ pub fn own_headers(version: &str, sse: bool) -> HeaderMap {
     h
 }
 
+/// Headers for a JSON-RPC POST the sidecar makes on its own (journal replay, a relayed
+/// cancellation): `Accept` for JSON and SSE, `Content-Type: application/json`, and
+/// `MCP-Protocol-Version` when `version` is given.
+pub fn post_headers(version: Option<&str>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(
+        header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(v) = version.and_then(|v| HeaderValue::from_str(v).ok()) {
+        h.insert(MCP_PROTOCOL_VERSION, v);
+    }
+    h
+}
+
 /// Whether a response is an SSE stream.
 pub fn is_sse(resp: &Response<Incoming>) -> bool {
     content_type_is(resp.headers(), "text/event-stream")

@@ -151,3 +151,151 @@ async fn sessions_survive_their_home_stopping_and_are_rebuilt_from_the_journal()
     }
     assert_eq!(rebuilt, 20.0, "every adopted session was rebuilt once");
 }
+
+/// Field report 19 / spec L-02: a call still running on the old pod after its session moved is
+/// cancelled there when the client cancels it at the new holder; the drain then ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn l02_a_cancellation_reaches_the_pod_still_running_the_call() {
+    let [a, b, c] = ips().map(|ip| Ipv4Addr::from(u32::from(ip) + 6));
+    let mut cluster = Cluster::start(&[a, b, c], PodSpec::default())
+        .await
+        .unwrap();
+    let via_a = cluster.client_of(&[a]);
+    let session = via_a.initialize("2025-06-18").await.unwrap();
+    let args = json!({"count": 200, "interval_ms": 50, "call_id": "cancel-me"});
+    let call = via_a
+        .post(
+            Some(&session),
+            &tether_tests::client::tool_call(2, "slow", args, Some("cancel-me")),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(call.status(), StatusCode::OK);
+    cluster.set_state(a, Some("draining")).await.unwrap();
+    let drained = tokio::spawn({
+        let admin = cluster.pods[0].admin_url.clone();
+        async move {
+            let started = Instant::now();
+            let resp = Http::new()
+                .send(Method::POST, &format!("{admin}/drain"), &[], None)
+                .await
+                .unwrap();
+            (resp.status(), started.elapsed())
+        }
+    });
+    // The session moves; the call keeps running on A.
+    let mut moved = false;
+    for _ in 0..100 {
+        let mut sum = 0.0;
+        for m in cluster.pods[1..].iter() {
+            sum += m.metric("tether_handoffs_received_total").await.unwrap();
+        }
+        if sum >= 1.0 {
+            moved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(moved, "the session was handed off");
+    let cancel =
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}});
+    let resp = cluster
+        .client_of(&[b, c])
+        .post(Some(&session), &cancel, &[])
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let (status, took) = drained.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        took < Duration::from_secs(5),
+        "the drain waited for a cancelled call: {took:?}"
+    );
+    let mut stats = Value::Null;
+    for _ in 0..50 {
+        stats = cluster.pods[0].stats().await.unwrap();
+        if stats["aborted"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        stats["aborted"],
+        1,
+        "A's MCP server stopped the call: {stats}\n{}",
+        cluster.logs()
+    );
+    drop(call);
+}
+
+/// The answer to request `id` among `messages`.
+fn answer_to(messages: &[Value], id: u64) -> Option<&Value> {
+    messages.iter().find(|m| m["id"] == id)
+}
+
+/// Spec L-01 + DESIGN §3.4 step 6: a call still running at the drain deadline ends with a
+/// JSON-RPC error for its id (`drain_deadline`) — under Replay on the new holder's copy of its
+/// stream, under `Pin` on the pod that kept the session, which served it until the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_cut_by_the_drain_deadline_ends_with_a_json_rpc_error() {
+    for (migration, first) in [("Replay", 69u8), ("Pin", 72)] {
+        let (a, b) = (addr::fixed(first), addr::fixed(first + 1));
+        let spec = PodSpec {
+            migration: migration.into(),
+            ..PodSpec::default()
+        };
+        let mut cluster = Cluster::start(&[a, b], spec).await.unwrap();
+        let via_a = cluster.client_of(&[a]);
+        let session = via_a.initialize("2025-06-18").await.unwrap();
+        let args = json!({"count": 400, "interval_ms": 50, "call_id": format!("cut-{migration}")});
+        let call = via_a
+            .post(
+                Some(&session),
+                &tether_tests::client::tool_call(2, "slow", args, None),
+                &[],
+            )
+            .await
+            .unwrap();
+        cluster.set_state(a, Some("draining")).await.unwrap();
+        let admin = cluster.pods[0].admin_url.clone();
+        let drained = tokio::spawn(async move {
+            let resp = Http::new()
+                .send(Method::POST, &format!("{admin}/drain"), &[], None)
+                .await
+                .unwrap();
+            let status = resp.status();
+            let body: Value = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
+            (status, body)
+        });
+        // While A drains, the session is served (by A under Pin, by the new holder under Replay).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let echo = cluster
+            .client_of(&[b])
+            .call(&session, 3, "echo", json!({"text": "still here"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            result_text(echo.last().unwrap()),
+            Some("still here"),
+            "{migration}"
+        );
+        let messages = tether_tests::client::messages(call, Duration::from_secs(15))
+            .await
+            .unwrap();
+        let answer = answer_to(&messages, 2).expect("the cut call got an answer");
+        assert_eq!(
+            answer["error"]["data"]["reason"], "drain_deadline",
+            "{migration}: {answer}"
+        );
+        let (status, body) = drained.await.unwrap();
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{migration}: {body}"
+        );
+        assert_eq!(body["cut"], 1, "{migration}: {body}");
+        let expected_moves = u64::from(migration == "Replay");
+        assert_eq!(body["handedOff"], expected_moves, "{migration}: {body}");
+    }
+}

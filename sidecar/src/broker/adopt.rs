@@ -12,7 +12,22 @@
 use std::sync::Arc;
 
 use super::Broker;
-use crate::handoff::wire::{SessionPush, TailPush};
+use crate::handoff::wire::{CancelPush, SessionPush, TailPush};
+use crate::jsonrpc::RequestKey;
+use crate::upstream::post_headers;
+
+/// Passes a client's cancellation of a request that runs on another pod (the one that handed
+/// the session here) to that pod. Set by the handoff machinery ([`Broker::set_cancel_relay`]).
+pub trait CancelRelay: Send + Sync + std::fmt::Debug {
+    /// Sends `notification` (cancelling `request` of session `session`) to pod `writer`.
+    fn relay(
+        &self,
+        writer: String,
+        session: String,
+        request: RequestKey,
+        notification: serde_json::Value,
+    );
+}
 use crate::session::{Session, TooManySessions};
 
 /// Why a pushed session or tail was not taken.
@@ -88,6 +103,52 @@ impl Broker {
             self.cfg.buffer,
             &self.budget,
         ))
+    }
+
+    /// Cancels, on this pod's upstream, a request of a session handed off from here whose new
+    /// holder received `notifications/cancelled` for it (spec L-02, field report 19).
+    ///
+    /// # Errors
+    /// [`AdoptError::NotHeld`] when no session with that id is here any more.
+    pub async fn cancel_here(self: &Arc<Self>, push: &CancelPush) -> Result<(), AdoptError> {
+        let session = self
+            .registry
+            .departed(&push.session)
+            .or_else(|| self.registry.get(&push.session))
+            .ok_or(AdoptError::NotHeld)?;
+        let headers = post_headers(Some(session.version().as_str()));
+        let body = bytes::Bytes::from(push.notification.to_string());
+        // Best effort: the request may have finished meanwhile.
+        let _ = self.forward(&session, headers, body).await;
+        if let Some(stream) = session.stream_of_request(&push.request) {
+            stream.cancel_request(&push.request);
+        }
+        Ok(())
+    }
+
+    /// Installs the relay of cancellations for requests running on another pod.
+    pub fn set_cancel_relay(&self, relay: Arc<dyn CancelRelay>) {
+        let _ = self.cancel_relay.set(relay);
+    }
+
+    /// Relays a cancellation to the pod still running the request, if it runs elsewhere.
+    pub(super) fn relay_cancel(
+        &self,
+        session: &Session,
+        request: &RequestKey,
+        notification: &serde_json::Value,
+    ) {
+        let writer = session
+            .stream_of_request(request)
+            .and_then(|s| s.following());
+        if let (Some(writer), Some(relay)) = (writer, self.cancel_relay.get()) {
+            relay.relay(
+                writer,
+                session.id().to_owned(),
+                request.clone(),
+                notification.clone(),
+            );
+        }
     }
 
     /// Rebuilds the upstream session of an adopted session from its journal, once; returns

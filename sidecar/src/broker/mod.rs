@@ -35,7 +35,7 @@ use crate::reply::{NotFound, Rejection, Reply, StoredReply};
 use crate::secret::Secret;
 use crate::session::{EnterGuard, Registry, Session};
 
-pub use adopt::AdoptError;
+pub use adopt::{AdoptError, CancelRelay};
 
 /// Where a genuine session id stands on this pod ([`Broker::locate`]).
 #[derive(Debug)]
@@ -90,6 +90,7 @@ pub struct Broker {
     last_cap_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
     draining: std::sync::atomic::AtomicBool,
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
+    cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
 }
 
 impl Broker {
@@ -116,6 +117,7 @@ impl Broker {
                 .resume_budget
                 .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),
             cfg,
+            cancel_relay: std::sync::OnceLock::new(),
         })
     }
 

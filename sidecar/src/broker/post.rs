@@ -161,12 +161,13 @@ impl Broker {
                 answer = Some(stored);
             }
         }
-        for (message, _) in &envelope.messages {
+        for (message, raw) in &envelope.messages {
             if let Message::Notification { method, params } = message
                 && method == "notifications/cancelled"
                 && let Some(id) = params.get("requestId")
             {
                 let id = RequestKey::of(id);
+                self.relay_cancel(session, &id, raw);
                 if let Some(stream) = session.stream_of_request(&id) {
                     stream.cancel_request(&id);
                 }
@@ -176,7 +177,7 @@ impl Broker {
     }
 
     /// Sends one message upstream and reads the whole answer.
-    async fn forward(
+    pub(super) async fn forward(
         self: &Arc<Self>,
         session: &Arc<Session>,
         headers: http::HeaderMap,

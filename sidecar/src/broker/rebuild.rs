@@ -11,18 +11,18 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Response, header};
+use http::{HeaderMap, Method, Response};
 use hyper::body::Incoming;
 use serde_json::Value;
 use tether_crds::Migration;
 
 use super::Broker;
 use super::initialize::{Messages, negotiated_version, sse_messages};
-use crate::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+use crate::headers::MCP_SESSION_ID;
 use crate::jsonrpc::RequestKey;
 use crate::reply::NotFound;
 use crate::session::Session;
-use crate::upstream::{Exchange, UpstreamError, is_sse, session_gone};
+use crate::upstream::{Exchange, UpstreamError, is_sse, post_headers, session_gone};
 
 /// Why a rebuild failed.
 #[derive(Debug, thiserror::Error)]
@@ -195,18 +195,7 @@ impl Broker {
         version: Option<&str>,
         message: &Value,
     ) -> Result<(http::StatusCode, Option<String>, Messages), RebuildError> {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream"),
-        );
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let Some(v) = version.and_then(|v| HeaderValue::from_str(v).ok()) {
-            headers.insert(MCP_PROTOCOL_VERSION, v);
-        }
+        let headers = post_headers(version);
         let exchange = Exchange {
             upstream_session,
             headers,

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | `POST /v1/sessions` ([`SessionPush`]) | 200 once the session is held here (the acknowledgement); 503 draining or full; 403 forged id; 400 unusable |
 //! | `POST /v1/tail` ([`TailPush`]) | 200 applied; 404 the session is not held here (the sender stops) |
+//! | `POST /v1/cancel` ([`CancelPush`]) | 200 once the cancellation went to this pod's upstream; 404 the session is not here |
 //! | bad MAC or time | 401 |
 //! | body over `--peer-max-message-bytes` | 413 |
 //! | more than [`MAX_CONCURRENT`] messages at once for [`QUEUE_WAIT`] | 503 |
@@ -22,7 +23,7 @@ use pingora::protocols::http::ServerSession;
 use tokio::sync::Semaphore;
 
 use super::auth;
-use super::wire::{SessionPush, TailPush};
+use super::wire::{CancelPush, SessionPush, TailPush};
 use crate::broker::{AdoptError, Broker};
 use crate::secret::Secret;
 
@@ -30,6 +31,8 @@ use crate::secret::Secret;
 pub const SESSIONS_PATH: &str = "/v1/sessions";
 /// Path of tail messages.
 pub const TAIL_PATH: &str = "/v1/tail";
+/// Path of relayed cancellations.
+pub const CANCEL_PATH: &str = "/v1/cancel";
 /// Messages handled at the same time; more wait.
 pub const MAX_CONCURRENT: usize = 64;
 /// How long a message waits for a slot before 503.
@@ -99,7 +102,7 @@ impl PeerListener {
             let req = session.req_header();
             (req.method.clone(), req.uri.path().to_owned())
         };
-        if path != SESSIONS_PATH && path != TAIL_PATH {
+        if ![SESSIONS_PATH, TAIL_PATH, CANCEL_PATH].contains(&path.as_str()) {
             return error(StatusCode::NOT_FOUND, "unknown_path", "unknown path");
         }
         if method != Method::POST {
@@ -110,55 +113,87 @@ impl PeerListener {
         };
         let body = match self.read_body(session).await {
             Ok(body) => body,
-            Err((status, reason, message)) => return error(status, reason, &message),
+            Err(refusal) => return refuse(refusal),
         };
         let headers = session.req_header().headers.clone();
         let from = match auth::verify(&self.secret, &path, &headers, &body) {
             Ok(uid) => uid,
             Err(e) => return error(StatusCode::UNAUTHORIZED, "unauthenticated", &e.to_string()),
         };
-        if path == SESSIONS_PATH {
-            self.adopt(&from, &body)
-        } else {
-            self.tail(&from, &body)
+        match path.as_str() {
+            SESSIONS_PATH => self.adopt(&from, &body),
+            TAIL_PATH => self.tail(&from, &body),
+            _ => self.cancel(&from, &body).await,
         }
     }
 
-    fn adopt(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        let push: SessionPush = match serde_json::from_slice(body) {
+    async fn cancel(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
+        let push: CancelPush = match parse(from, body) {
             Ok(push) => push,
-            Err(e) => return error(StatusCode::BAD_REQUEST, "malformed", &e.to_string()),
+            Err(refusal) => return refuse(refusal),
         };
-        if push.from != from {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "sender",
-                "`from` differs from Tether-Peer",
-            );
-        }
-        match self.broker.adopt(&push) {
+        match self.broker.cancel_here(&push).await {
             Ok(()) => ok(),
             Err(e) => adopt_error(&e),
         }
     }
 
-    fn tail(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        let tail: TailPush = match serde_json::from_slice(body) {
-            Ok(tail) => tail,
-            Err(e) => return error(StatusCode::BAD_REQUEST, "malformed", &e.to_string()),
-        };
-        if tail.from != from {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "sender",
-                "`from` differs from Tether-Peer",
-            );
-        }
-        match self.broker.apply_tail(&tail) {
-            Ok(_) => ok(),
-            Err(e) => adopt_error(&e),
+    fn adopt(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
+        match parse::<SessionPush>(from, body).map(|push| self.broker.adopt(&push)) {
+            Ok(Ok(())) => ok(),
+            Ok(Err(e)) => adopt_error(&e),
+            Err(refusal) => refuse(refusal),
         }
     }
+
+    fn tail(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
+        match parse::<TailPush>(from, body).map(|tail| self.broker.apply_tail(&tail)) {
+            Ok(Ok(_)) => ok(),
+            Ok(Err(e)) => adopt_error(&e),
+            Err(refusal) => refuse(refusal),
+        }
+    }
+}
+
+/// A message whose `from` names its authenticated sender.
+trait FromPeer: serde::de::DeserializeOwned {
+    fn sender(&self) -> &str;
+}
+
+impl FromPeer for SessionPush {
+    fn sender(&self) -> &str {
+        &self.from
+    }
+}
+
+impl FromPeer for TailPush {
+    fn sender(&self) -> &str {
+        &self.from
+    }
+}
+
+impl FromPeer for CancelPush {
+    fn sender(&self) -> &str {
+        &self.from
+    }
+}
+
+/// Decodes a message body and checks that it comes from `from` (the authenticated sender).
+fn parse<M: FromPeer>(from: &str, body: &[u8]) -> Result<M, Refusal> {
+    let message: M = serde_json::from_slice(body)
+        .map_err(|e| (StatusCode::BAD_REQUEST, "malformed", e.to_string()))?;
+    if message.sender() != from {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "sender",
+            "`from` differs from Tether-Peer".to_owned(),
+        ));
+    }
+    Ok(message)
+}
+
+fn refuse((status, reason, message): Refusal) -> Response<Vec<u8>> {
+    error(status, reason, &message)
 }
 
 fn adopt_error(e: &AdoptError) -> Response<Vec<u8>> {

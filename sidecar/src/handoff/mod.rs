@@ -30,19 +30,22 @@ pub mod wire;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::Semaphore;
 
-use crate::broker::{Broker, Here};
+use serde_json::Value;
+
+use crate::broker::{Broker, CancelRelay, Here};
+use crate::jsonrpc::RequestKey;
 use crate::membership::{Peer, PeerState};
 use crate::peer_health::Down;
 use crate::routing::Router;
 use crate::session::{Session, Standalone};
 use client::{PeerClient, SendError};
-use wire::SessionPush;
+use wire::{CancelPush, SessionPush};
 
 /// Sessions pushed at the same time.
 pub const MAX_PARALLEL_MOVES: usize = 32;
@@ -69,6 +72,46 @@ pub enum MoveError {
     /// Every candidate failed; the last error.
     #[error("every candidate failed, last: {0}")]
     Failed(SendError),
+}
+
+/// Sends cancellations to the pod running the request (a weak handle: no reference cycle with
+/// the broker).
+struct Relay(Weak<Handoff>);
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Relay")
+    }
+}
+
+impl CancelRelay for Relay {
+    fn relay(&self, writer: String, session: String, request: RequestKey, notification: Value) {
+        let Some(handoff) = self.0.upgrade() else {
+            return;
+        };
+        let Some(peer) = handoff.router.view().peer(&writer).cloned() else {
+            return;
+        };
+        let push = CancelPush {
+            from: handoff.router.uid().to_owned(),
+            session,
+            request,
+            notification,
+        };
+        let Ok(body) = serde_json::to_vec(&push) else {
+            return;
+        };
+        tokio::spawn(async move {
+            let addr = handoff.peer_addr(&peer);
+            if let Err(e) = handoff
+                .client
+                .post(addr, listener::CANCEL_PATH, Bytes::from(body))
+                .await
+            {
+                tracing::warn!(peer = %peer.name, error = %e, "cannot relay a cancellation");
+            }
+        });
+    }
 }
 
 /// The handoff machinery of one pod.
@@ -103,6 +146,13 @@ impl Handoff {
             enabled,
             moves: Semaphore::new(MAX_PARALLEL_MOVES),
         })
+    }
+
+    /// Installs this handoff as `broker`'s relay of cancellations for requests still running on
+    /// the pod a session came from (`POST /v1/cancel`).
+    pub fn relay_cancellations(self: &Arc<Self>) {
+        self.broker
+            .set_cancel_relay(Arc::new(Relay(Arc::downgrade(self))));
     }
 
     /// Whether sessions are moved at all.

@@ -135,6 +135,21 @@ pub struct TailPush {
     pub requests: Vec<RequestImage>,
 }
 
+/// `POST /v1/cancel`: a client cancelled (spec L-02) a request that still runs at the pod that
+/// handed the session off; that pod sends the notification to its upstream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CancelPush {
+    /// UID of the sending pod (the new holder).
+    pub from: String,
+    /// The client session id.
+    pub session: String,
+    /// The cancelled request.
+    pub request: RequestKey,
+    /// The client's `notifications/cancelled` message.
+    pub notification: serde_json::Value,
+}
+
 impl From<&StoredReply> for ReplyImage {
     fn from(r: &StoredReply) -> Self {
         Self {

@@ -175,6 +175,23 @@ impl View {
             .map(|i| &self.snapshot.peers[i])
     }
 
+    /// The order in which a session whose home is gone is looked for: the preferred set in
+    /// `key`'s HRW order (adopted sessions live on `owner(S)`, and the runner-up is the owner
+    /// from before the last join, still holding S until it moves), then the other routable or
+    /// draining pods in `ranked(S)` order.
+    pub fn walk(&self, key: &str) -> impl Iterator<Item = &Peer> {
+        let preferred = self.preferred.ranked(key);
+        let rest = self
+            .alive
+            .ranked(key)
+            .into_iter()
+            .filter(|i| !self.preferred.contains(i));
+        preferred
+            .into_iter()
+            .chain(rest)
+            .map(|i| &self.snapshot.peers[i])
+    }
+
     /// Routable pods, oldest first.
     pub fn routable(&self) -> impl Iterator<Item = &Peer> {
         self.routable.iter().map(|&i| &self.snapshot.peers[i])
@@ -339,5 +356,36 @@ mod tests {
                 .encode()
                 .contains("tether_membership_changes_total{source=\"test\"} 1")
         );
+    }
+
+    #[test]
+    fn the_walk_visits_the_preferred_set_first() {
+        let view = View::new(Snapshot {
+            peers: vec![
+                peer("b", PeerState::Draining, "v1"),
+                peer("c", PeerState::Routable, "v1"),
+                peer("d", PeerState::Routable, "v2"),
+                peer("e", PeerState::Routable, "v2"),
+            ],
+        });
+        for n in 0..200 {
+            let key = format!("session-{n}");
+            let walk: Vec<&str> = view.walk(&key).map(|p| p.uid.as_str()).collect();
+            assert_eq!(walk.len(), 4, "{walk:?}");
+            let (new, old) = walk.split_at(2);
+            assert!(new.iter().all(|u| ["d", "e"].contains(u)), "{walk:?}");
+            assert!(old.iter().all(|u| ["b", "c"].contains(u)), "{walk:?}");
+            assert_eq!(Some(new[0]), view.owner(&key).map(|p| p.uid.as_str()));
+            let ranked: Vec<&str> = view.ranked(&key).map(|p| p.uid.as_str()).collect();
+            let old_in_rank: Vec<&str> = ranked
+                .into_iter()
+                .filter(|u| ["b", "c"].contains(u))
+                .collect();
+            assert_eq!(
+                old,
+                old_in_rank.as_slice(),
+                "the rest keeps ranked(S) order"
+            );
+        }
     }
 }
