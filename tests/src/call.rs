@@ -6,6 +6,10 @@
 //! or the result never received is *lost*. The client cuts its connection after the planned
 //! numbers of messages and resumes with `GET` + `Last-Event-ID`, as the spec tells clients to
 //! a stream that ends before the result is resumed the same way.
+//!
+//! [`Reader`] does the attribution for any reader of a call's stream, so scenarios that drive
+//! the connections themselves (the fault-injection tests) check events the same way; it also
+//! counts an event whose id names another stream as foreign.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

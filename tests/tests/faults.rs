@@ -16,7 +16,7 @@
 //! | no `MCP-Protocol-Version` | [`p02_requests_without_the_version_header_use_the_negotiated_one_after_the_move`] |
 //! | Origin altered by a proxy | [`o01_o02_altered_origins_are_403_at_every_entry_and_reach_no_upstream`] |
 //! | reconnect storm | [`r03_a_resume_storm_stays_within_the_budget_and_loses_nothing`] |
-//! | pod SIGKILLed mid-handoff | [`a_pod_killed_mid_handoff_loses_only_unacknowledged_sessions`] |
+//! | pod SIGKILLed mid-handoff | [`s06_r01_a_pod_killed_mid_handoff_loses_only_unacknowledged_sessions`] |
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -1099,14 +1099,14 @@ async fn follow_call(
     (call, Err(problem))
 }
 
-/// DESIGN.md §3.4 (a pod SIGKILLed mid-handoff): A holds 100 sessions, each with a `slow` call
+/// S-06, R-01, DESIGN.md §3.4 (a pod SIGKILLed mid-handoff): A holds 100 sessions, each with a `slow` call
 /// whose client reads through B or C (forwarded to A). A starts draining and its sidecar is
 /// killed once B and C acknowledged 20 sessions, while the others are moving. Sessions a peer
 /// acknowledged continue; only the others end in 404; every call completes or ends with a
 /// JSON-RPC error `handoff_interrupted` within bounded time; no client ever gets a foreign
 /// event or one twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_pod_killed_mid_handoff_loses_only_unacknowledged_sessions() {
+async fn s06_r01_a_pod_killed_mid_handoff_loses_only_unacknowledged_sessions() {
     const SESSIONS: usize = 100;
     let mut s = Scenario::start(104, 3, PodSpec::default()).await;
     let via_rest = s.via_rest();
