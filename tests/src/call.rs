@@ -7,12 +7,17 @@
 //! numbers of messages and resumes with `GET` + `Last-Event-ID`, as the spec tells clients to
 //! a stream that ends before the result is resumed the same way. A resume answered
 //! 404 ends the call: the session is gone (S-05), the rest of its events are lost.
+//!
+//! [`Reader`] does the attribution for any reader of a call's stream, so scenarios that drive
+//! the connections themselves (the fault-injection tests) check events the same way; it also
+//! counts an event whose id names another stream as foreign.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::{Value, json};
+use sse_stream::Sse;
 
 use crate::client::{
     Events, McpClient, Session, body_text, is_sse, result_text, tool_call, unexpected,
@@ -93,6 +98,17 @@ impl CallOutcome {
     }
 }
 
+/// The body of a `slow` call: request `request_id`, `count` progress notifications
+/// `interval_ms` apart, with `call_id` as its call id and progress token.
+pub fn slow_body(request_id: u64, call_id: &str, count: u32, interval_ms: u64) -> Value {
+    tool_call(
+        request_id,
+        "slow",
+        json!({"count": count, "interval_ms": interval_ms, "call_id": call_id}),
+        Some(call_id),
+    )
+}
+
 /// Runs `slow` as request `request_id` with `call_id` (also its progress token).
 ///
 /// # Errors
@@ -123,8 +139,7 @@ pub async fn slow(
         )));
     }
     let mut events = Events::new(resp);
-    let mut seen_ids = HashSet::new();
-    let mut last_id: Option<String> = None;
+    let mut reader = Reader::new(request_id, call_id);
     let mut cuts = plan.cuts.iter().copied().peekable();
     let mut messages = 0u32;
     let mut reconnects = 0;
@@ -132,7 +147,11 @@ pub async fn slow(
         let Some(ev) = events.next_within(STALL).await else {
             // The stream ended (or stalled) before the result: resume like EventSource would.
             reconnects += 1;
-            let Some(cursor) = last_id.clone().filter(|_| reconnects <= MAX_RECONNECTS) else {
+            let Some(cursor) = reader
+                .last_id
+                .clone()
+                .filter(|_| reconnects <= MAX_RECONNECTS)
+            else {
                 out.failures
                     .push(format!("{call_id}: stream ended without a result"));
                 break;
@@ -143,24 +162,15 @@ pub async fn slow(
             }
             continue;
         };
-        let data = ev.data.unwrap_or_default();
-        if let Some(id) = ev.id {
-            if !data.is_empty() && !seen_ids.insert(id.clone()) {
-                out.duplicated += 1;
-            }
-            last_id = Some(id);
-        }
-        if data.is_empty() {
+        if !reader.take(ev, &mut out) {
             continue; // priming event
         }
-        out.events += 1;
         messages += 1;
-        classify(&data, request_id, call_id, &mut out);
         if out.result.is_none() && cuts.peek() == Some(&messages) {
             cuts.next();
             drop(events);
             tokio::time::sleep(plan.pause).await;
-            let Some(cursor) = last_id.clone() else {
+            let Some(cursor) = reader.last_id.clone() else {
                 out.failures
                     .push(format!("{call_id}: no event id to resume from"));
                 break;
@@ -172,6 +182,87 @@ pub async fn slow(
         }
     }
     Ok(out)
+}
+
+/// Attributes the events of one call's stream, across the connections that read it (the
+/// first response and every resume): event ids seen twice are duplicated, events whose id names
+/// another stream (spec) and messages of other requests are foreign.
+#[derive(Clone, Debug)]
+pub struct Reader {
+    request_id: u64,
+    call_id: String,
+    seen_ids: HashSet<String>,
+    /// The stream key of the first event id (`<key>-<seq>`).
+    stream: Option<String>,
+    /// The id of the last event read (priming events included): the cursor to resume from.
+    pub last_id: Option<String>,
+    /// The last `retry` hint read: how long to wait before reconnecting (spec R-07).
+    pub retry: Option<Duration>,
+}
+
+impl Reader {
+    /// A reader of the stream of request `request_id`, a `slow` call with `call_id`.
+    pub fn new(request_id: u64, call_id: &str) -> Self {
+        Self {
+            request_id,
+            call_id: call_id.to_owned(),
+            seen_ids: HashSet::new(),
+            stream: None,
+            last_id: None,
+            retry: None,
+        }
+    }
+
+    /// The key of the stream read (from the first event id).
+    pub fn stream(&self) -> Option<&str> {
+        self.stream.as_deref()
+    }
+
+    /// Takes one event into `out`; returns whether it carried a message (priming events and
+    /// events without data do not).
+    pub fn take(&mut self, ev: Sse, out: &mut CallOutcome) -> bool {
+        if let Some(ms) = ev.retry {
+            self.retry = Some(Duration::from_millis(ms));
+        }
+        let data = ev.data.unwrap_or_default();
+        if let Some(id) = ev.id {
+            let key = id.rsplit_once('-').map_or(id.as_str(), |(key, _)| key);
+            if self.stream.get_or_insert_with(|| key.to_owned()) != key {
+                out.foreign += 1;
+                out.failures
+                    .push(format!("{}: event {id} of another stream", self.call_id));
+            }
+            if !data.is_empty() && !self.seen_ids.insert(id.clone()) {
+                out.duplicated += 1;
+            }
+            self.last_id = Some(id);
+        }
+        if data.is_empty() {
+            return false;
+        }
+        out.events += 1;
+        classify(&data, self.request_id, &self.call_id, out);
+        true
+    }
+
+    /// Reads `events` into `out` until the call's answer arrived, the stream ended, or nothing
+    /// came for `within`; returns whether the stream ended or stalled before the answer.
+    pub async fn read(
+        &mut self,
+        events: &mut Events,
+        out: &mut CallOutcome,
+        within: Duration,
+    ) -> bool {
+        while out.result.is_none() {
+            match events.next_within(within).await {
+                Some(ev) => {
+                    self.take(ev, out);
+                }
+                None => return true,
+            }
+        }
+        false
+    }
 }
 
 async fn resume(

@@ -384,3 +384,44 @@ pub fn header_str<B>(resp: &Response<B>, name: &str) -> Option<String> {
         .map(HeaderValue::as_bytes)
         .map(|b| String::from_utf8_lossy(b).into_owned())
 }
+
+/// The JSON-RPC error object of an error answer, with its status. Such answers are
+/// `application/json` and never carry a session id (field report 6).
+///
+/// # Errors
+/// [`HarnessError::Protocol`] naming what differs.
+pub async fn json_error(resp: Response<Incoming>) -> Result<(StatusCode, Value)> {
+    let status = resp.status();
+    let content_type = header_str(&resp, "content-type");
+    let session_header = resp.headers().contains_key("mcp-session-id");
+    let body = body_text(resp).await?;
+    let error = serde_json::from_str::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("error").cloned())
+        .filter(|_| content_type.as_deref() == Some("application/json") && !session_header);
+    error.map(|e| (status, e)).ok_or_else(|| {
+        HarnessError::Protocol(format!(
+            "{status} is not a JSON-RPC error without a session id \
+             (content-type {content_type:?}, session header {session_header}): {body:.300}"
+        ))
+    })
+}
+
+/// Checks that `resp` is the 404 of a lost session (spec S-05, S-06): JSON-RPC error -32001
+/// with `data.reason` = `session_not_found`.
+///
+/// # Errors
+/// [`HarnessError::Protocol`] naming what differs.
+pub async fn expect_lost_session(resp: Response<Incoming>) -> Result<()> {
+    let (status, error) = json_error(resp).await?;
+    if status == StatusCode::NOT_FOUND
+        && error["code"] == -32001
+        && error["data"]["reason"] == "session_not_found"
+    {
+        Ok(())
+    } else {
+        Err(HarnessError::Protocol(format!(
+            "expected the 404 of a lost session, got {status}: {error}"
+        )))
+    }
+}

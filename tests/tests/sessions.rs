@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tether_tests::client::{
-    ACCEPT_BOTH, Session, body_text, header_str, initialize_body, result_text,
+    ACCEPT_BOTH, Session, body_text, expect_lost_session, header_str, initialize_body, result_text,
 };
 use tether_tests::pod::{Pod, PodSpec};
 
@@ -33,18 +33,7 @@ async fn assert_lost(client: &tether_tests::client::McpClient, session: &Session
 }
 
 async fn assert_404(resp: http::Response<hyper::body::Incoming>) {
-    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
-    assert!(
-        resp.headers().get("mcp-session-id").is_none(),
-        "field report 6"
-    );
-    assert_eq!(
-        header_str(&resp, "content-type").as_deref(),
-        Some("application/json")
-    );
-    let body: Value = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
-    assert_eq!(body["error"]["code"], -32001);
-    assert_eq!(body["error"]["data"]["reason"], "session_not_found");
+    expect_lost_session(resp).await.unwrap();
 }
 
 #[tokio::test]

@@ -5,10 +5,8 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::{Value, json};
-use tether_tests::call::{self, CallPlan};
-use tether_tests::client::{
-    Events, McpClient, Session, body_text, header_str, is_sse, messages, tool_call,
-};
+use tether_tests::call::{self, CallPlan, slow_body};
+use tether_tests::client::{Events, McpClient, Session, body_text, header_str, is_sse, messages};
 use tether_tests::pod::{Pod, PodSpec};
 
 fn plan(count: u32, interval_ms: u64, cuts: Vec<u32>) -> CallPlan {
@@ -19,15 +17,6 @@ fn plan(count: u32, interval_ms: u64, cuts: Vec<u32>) -> CallPlan {
         pause: Duration::from_millis(50),
         close_after: None,
     }
-}
-
-fn slow_body(id: u64, call_id: &str, count: u32, interval_ms: u64) -> Value {
-    tool_call(
-        id,
-        "slow",
-        json!({"count": count, "interval_ms": interval_ms, "call_id": call_id}),
-        Some(call_id),
-    )
 }
 
 /// Reads message events (id, parsed data) until `n` arrived; priming events are returned with
