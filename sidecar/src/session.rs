@@ -23,7 +23,7 @@ use crate::handoff::wire::{KindImage, ReplyImage, RequestImage, SessionImage, St
 use crate::journal::Journal;
 use crate::jsonrpc::{Message, RequestKey};
 use crate::reply::{NotFound, StoredReply};
-use crate::stream::Stream;
+use crate::stream::{Stream, StreamKind};
 
 /// Most streams (live or tombstones) one session keeps.
 pub const MAX_STREAMS: usize = 4096;
@@ -564,6 +564,19 @@ impl Session {
         let st = self.state.lock();
         let rec = st.requests.get(id)?;
         st.streams.get(&rec.stream).cloned()
+    }
+
+    /// The first standalone stream registered after stream `key` (the chain a client's
+    /// standalone GET follows across handoffs: the old holder's, then each new holder's).
+    pub fn next_standalone(&self, key: &StreamKey) -> Option<Arc<Stream>> {
+        let st = self.state.lock();
+        st.stream_order
+            .iter()
+            .skip_while(|k| *k != key)
+            .skip(1)
+            .filter_map(|k| st.streams.get(k))
+            .find(|s| s.kind() == StreamKind::Standalone)
+            .cloned()
     }
 
     /// The standalone stream state.

@@ -156,6 +156,11 @@ pub async fn slow(
                     .push(format!("{call_id}: stream ended without a result"));
                 break;
             };
+            // A server that closed the stream with a `retry` hint is reconnected to after it,
+            // as EventSource does (spec R-07).
+            if let Some(wait) = reader.retry.take() {
+                tokio::time::sleep(wait).await;
+            }
             match resume(client, session, &cursor, &mut out).await {
                 Some(e) => events = e,
                 None => break,

@@ -146,7 +146,21 @@ impl Report {
                 self.events += out.events;
                 self.resumes += out.resumes.len() as u64;
                 self.not_found += out.not_found;
-                self.lost += out.lost(count);
+                let lost = out.lost(count);
+                if lost > 0 {
+                    let got: std::collections::HashSet<u32> =
+                        out.progress.iter().copied().collect();
+                    let missing: Vec<u32> = (1..=count).filter(|p| !got.contains(p)).collect();
+                    eprintln!(
+                        "lost: {call_id}: progress {missing:?} never arrived, result {}",
+                        if out.result.is_some() {
+                            "arrived"
+                        } else {
+                            "missing"
+                        }
+                    );
+                }
+                self.lost += lost;
                 self.duplicated += out.duplicated;
                 self.foreign += out.foreign;
                 self.resume_latencies.extend(out.resumes);

@@ -412,6 +412,19 @@ pub fn sample_value(text: &str, sample: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Every sample of metric family `name` in a Prometheus text: its label set (`reason="x"`,
+/// empty without labels) and value.
+pub fn family_samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> {
+    text.lines().filter_map(move |l| {
+        let rest = l.strip_prefix(name)?;
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(labelled) => labelled.split_once("} ")?,
+            None => ("", rest.strip_prefix(' ')?),
+        };
+        Some((labels, value.trim().parse().ok()?))
+    })
+}
+
 /// The UID of the pod on `ip`.
 pub fn uid(ip: Ipv4Addr) -> String {
     format!("pod-{ip}")

@@ -37,7 +37,7 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     count: u32,
     /// Milliseconds between progress notifications.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 300)]
     interval_ms: u64,
     /// Probability that a client drops a call's connection (once or twice) and resumes.
     #[arg(long, default_value_t = 0.3)]
@@ -91,6 +91,9 @@ async fn main() -> ExitCode {
     for report in [&handoff, &baseline] {
         for failure in report.load.failures.iter().take(5) {
             println!("{} failure: {failure}", report.label);
+        }
+        for (message, n) in &report.sidecar.warnings {
+            println!("{} sidecar warnings: {n} x {message}", report.label);
         }
     }
     if handoff.is_clean() {

@@ -30,6 +30,9 @@ pub trait CancelRelay: Send + Sync + std::fmt::Debug {
 }
 use crate::session::{Session, TooManySessions};
 
+/// Adopted sessions rebuilt in the background at the same time.
+pub const BACKGROUND_REBUILDS: usize = 8;
+
 /// Why a pushed session or tail was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
@@ -78,8 +81,11 @@ impl Broker {
             streams = image.streams.len(),
             "session adopted"
         );
+        // Rebuilt in the background, a few at a time (a drain hands over hundreds of sessions at
+        // once); a request for the session rebuilds it at once if it comes first.
         let broker = Arc::clone(self);
         tokio::spawn(async move {
+            let _slot = broker.rebuild_slots.acquire().await;
             broker.ensure_upstream(&session).await;
         });
         Ok(())

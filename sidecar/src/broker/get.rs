@@ -54,10 +54,10 @@ impl Broker {
         }
     }
 
-    /// Serves a resume: the events after the cursor, then the rest of its stream live. `None`
-    /// when the cursor is at the end of a standalone stream that has ended (closed by a
-    /// handoff, or by its upstream): the client gets the session's current standalone stream,
-    /// rather than an empty stream it would reopen forever.
+    /// Serves a resume: the events after the cursor, then the rest of its stream live. At the
+    /// end of a standalone stream that has ended, the next standalone stream of the session;
+    /// `None` when there is none yet: the client gets a new one, rather than an empty stream it
+    /// would reopen forever.
     fn resume(&self, session: &Session, cursor: &str) -> Result<Option<Reply>, Rejection> {
         let started = Instant::now();
         let miss = |reason: &'static str, rejection: Rejection| {
@@ -79,12 +79,20 @@ impl Broker {
             ReplayError::Ahead { .. } => miss("ahead", Rejection::UnknownCursor),
             ReplayError::Evicted { .. } => miss("evicted", Rejection::CursorEvicted),
         })?;
-        if stream.kind() == StreamKind::Standalone
+        // At the end of an ended standalone stream (its holder handed the session off, or the
+        // upstream closed it) the client goes on with the next one, from its start: the new
+        // holder's stream, with the server messages buffered while the client read the old one.
+        let (stream, from) = if stream.kind() == StreamKind::Standalone
             && stream.is_complete()
             && id.seq >= stream.last_seq()
         {
-            return Ok(None);
-        }
+            match session.next_standalone(&id.stream) {
+                Some(next) => (next, 0),
+                None => return Ok(None),
+            }
+        } else {
+            (stream, id.seq)
+        };
         self.metrics
             .resumes
             .get_or_create(&ResumeLabels {
@@ -94,8 +102,8 @@ impl Broker {
             .inc();
         self.metrics
             .replayed_events
-            .inc_by(stream.last_seq().saturating_sub(id.seq));
-        let reply = Reply::sse(self.feed(session, &stream, Start::After(id.seq), true));
+            .inc_by(stream.last_seq().saturating_sub(from));
+        let reply = Reply::sse(self.feed(session, &stream, Start::After(from), true));
         self.metrics
             .resume_seconds
             .observe(started.elapsed().as_secs_f64());

@@ -91,6 +91,7 @@ pub struct Broker {
     draining: std::sync::atomic::AtomicBool,
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
+    rebuild_slots: tokio::sync::Semaphore,
 }
 
 impl Broker {
@@ -118,6 +119,7 @@ impl Broker {
                 .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),
             cfg,
             cancel_relay: std::sync::OnceLock::new(),
+            rebuild_slots: tokio::sync::Semaphore::new(adopt::BACKGROUND_REBUILDS),
         })
     }
 

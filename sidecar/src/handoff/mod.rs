@@ -49,15 +49,17 @@ use client::{PeerClient, SendError};
 use wire::{CancelPush, SessionPush};
 
 /// Sessions pushed at the same time.
-pub const MAX_PARALLEL_MOVES: usize = 32;
+pub const MAX_PARALLEL_MOVES: usize = 8;
 /// Candidates tried for one session (the owner, then the next routable pods of `ranked(S)`).
 pub const MAX_CANDIDATES: usize = 3;
 /// Waits between attempts at one candidate.
 pub const BACKOFF: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(250)];
 /// How long a move waits for requests admitted before it to register their streams.
 pub const ENTERING_WAIT: Duration = Duration::from_secs(2);
-/// The `retry:` hint given to clients whose stream closes because their session moved.
-pub const MOVED_RETRY_HINT: Duration = Duration::from_millis(100);
+/// The range of the `retry:` hint given to clients whose stream closes because their session
+/// moved (each stream draws its own, so the clients of a draining pod do not all reconnect in
+/// the same millisecond).
+pub const MOVED_RETRY_HINT: std::ops::Range<u64> = 100..500;
 /// Room kept in a message for everything but event data, in bytes.
 const MESSAGE_OVERHEAD: usize = 256 * 1024;
 
@@ -288,7 +290,8 @@ impl Handoff {
         tracing::info!(session = session.digest(), to = %target.name, "session handed off");
         if session.primes() {
             for stream in session.streams() {
-                stream.close_readers_for_move(MOVED_RETRY_HINT);
+                let hint = Duration::from_millis(rand::random_range(MOVED_RETRY_HINT));
+                stream.close_readers_for_move(hint);
             }
         }
         let handoff = Arc::clone(self);

@@ -295,6 +295,7 @@ impl Rollout<'_> {
 
     /// Adds a running sidecar's counters and peak RSS to the report.
     async fn read_sidecar(&mut self, pod: &Pod) {
+        self.report.sidecar.add_log(&pod.sidecar_log());
         match pod.metrics().await {
             Ok(text) => self.report.sidecar.add(&text),
             Err(e) => self

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use crate::load::{self, millis};
-use crate::pod::sample_value;
+use crate::pod::{family_samples, sample_value};
 use crate::table;
 
 /// One pod's drain.
@@ -39,15 +39,43 @@ pub struct SidecarCounters {
     pub requests_cut: u64,
     /// `tether_sessions_rebuilt_total`: upstream sessions rebuilt from the journal.
     pub sessions_rebuilt: u64,
+    /// `tether_not_found_total` by its `reason` label: the 404s sidecars answered.
+    pub not_found: std::collections::BTreeMap<String, u64>,
+    /// Warning lines of the sidecars' logs, by message (fields left out).
+    pub warnings: std::collections::BTreeMap<String, u64>,
 }
 
 impl SidecarCounters {
+    /// Counts the warnings of one sidecar's log by message (what follows the target, up to the
+    /// first field).
+    pub fn add_log(&mut self, log: &str) {
+        for line in log.lines().filter(|l| l.contains(" WARN ")) {
+            let message = line
+                .split_once(": ")
+                .map_or(line, |(_, m)| m)
+                .split(" session=")
+                .next()
+                .unwrap_or_default();
+            let message: String = message.chars().take(90).collect();
+            *self.warnings.entry(message).or_default() += 1;
+        }
+    }
+
     /// Adds the counters of one sidecar's Prometheus text (0 for an absent one).
     pub fn add(&mut self, metrics: &str) {
         let value = |name: &str| sample_value(metrics, name) as u64;
         self.handoffs_sent += value("tether_handoffs_sent_total");
         self.handoffs_received += value("tether_handoffs_received_total");
-        self.handoffs_failed += value("tether_handoffs_failed_total");
+        self.handoffs_failed += family_samples(metrics, "tether_handoffs_failed_total")
+            .map(|(_, v)| v as u64)
+            .sum::<u64>();
+        for (labels, v) in family_samples(metrics, "tether_not_found_total") {
+            let reason = labels
+                .trim_start_matches("reason=\"")
+                .trim_end_matches('"')
+                .to_owned();
+            *self.not_found.entry(reason).or_default() += v as u64;
+        }
         self.tail_events_forwarded += value("tether_tail_events_forwarded_total");
         self.requests_cut += value("tether_requests_cut_total");
         self.sessions_rebuilt += value("tether_sessions_rebuilt_total");
@@ -142,6 +170,20 @@ impl RolloutReport {
                 "counter restarts (sessions)",
                 self.counter_restarts.to_string(),
             ),
+            (
+                "sidecar 404s by reason",
+                if self.sidecar.not_found.values().all(|&n| n == 0) {
+                    "none".to_owned()
+                } else {
+                    self.sidecar
+                        .not_found
+                        .iter()
+                        .filter(|(_, n)| **n > 0)
+                        .map(|(r, n)| format!("{r} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+            ),
             ("other client errors", r.failures.len().to_string()),
             ("resumes", r.resumes.to_string()),
             ("resume latency p50", millis(r.resume_quantile(0.50))),
@@ -202,11 +244,18 @@ mod tests {
         let mut counters = SidecarCounters::default();
         counters.add("# no handoff metrics yet\ntether_sessions_rebuilt_total 2\n");
         counters.add("tether_handoffs_sent_total 5\ntether_sessions_rebuilt_total 1\n");
+        counters.add(concat!(
+            "tether_handoffs_failed_total{reason=\"refused\"} 2\n",
+            "tether_handoffs_failed_total{reason=\"tail\"} 1\n",
+            "tether_not_found_total{reason=\"no_holder\"} 4\n",
+        ));
         assert_eq!(
             counters,
             SidecarCounters {
                 handoffs_sent: 5,
+                handoffs_failed: 3,
                 sessions_rebuilt: 3,
+                not_found: [("no_holder".to_owned(), 4)].into(),
                 ..SidecarCounters::default()
             }
         );

@@ -156,7 +156,14 @@ impl Standalone {
         let _ = self.stop.send(true);
         let _ = self.task.await;
         let mut heard = std::mem::take(&mut *lock(&self.heard));
-        heard.figures.report.lost += heard.missing();
+        let missing = heard.missing();
+        if missing > 0 {
+            eprintln!(
+                "lost: {missing} standalone notification(s): expected {:?}, received {:?}",
+                heard.expected, heard.received
+            );
+        }
+        heard.figures.report.lost += missing;
         heard.figures
     }
 }
