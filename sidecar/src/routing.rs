@@ -5,7 +5,8 @@
 //! | request | decision |
 //! |---|---|
 //! | session held here, or homed here | [`Route::Local`] (the holder's answer is authoritative; an id homed here but not held gets the broker's 404) |
-//! | home alive (routable or draining), not visited | forward to the home ([`ForwardKind::Home`]) |
+//! | home routable, not visited | forward to the home ([`ForwardKind::Home`]) |
+//! | home draining, at the entry | forward to `owner(S)`, where the home hands its sessions ([`ForwardKind::Walk`]); the owner, if it does not hold the session, forwards to the home |
 //! | home gone or unknown | forward to `owner(S)` over the preferred set, else the next pod not visited yet of the preferred set in HRW order, then of `ranked(S)` ([`View::walk`], [`ForwardKind::Walk`]); none left → 404 `no_holder` |
 //! | no session id (`initialize`, stateless), this pod routable | [`Route::Local`] |
 //! | no session id, this pod draining | forward to a routable peer of the newest revision ([`ForwardKind::Placement`]); none → local |
@@ -339,6 +340,16 @@ pub fn route(
         Target::Session { .. } if returned => Route::NotFound(NotFound::NoHolder),
         Target::Session { id, home, .. } => {
             if let Some(h) = view.home(&home).filter(|h| h.state.is_alive()) {
+                // A draining home hands its sessions to `owner(S)`: the entry asks the owner
+                // first, so requests of a moved session stop passing through the pod that is
+                // about to stop (their streams would break when it does). An owner that does
+                // not hold the session (yet) asks the home.
+                if h.state == PeerState::Draining
+                    && hop.count == 0
+                    && let Some(o) = view.owner(id).filter(|o| !skip(o) && o.uid != h.uid)
+                {
+                    return forward(o, ForwardKind::Walk);
+                }
                 match down(&h.uid) {
                     Some(Down::Unresponsive) => return Route::Unavailable,
                     None if !skip(h) => return forward(h, ForwardKind::Home),
@@ -446,6 +457,39 @@ mod tests {
             let r = route(&v, &me("a"), session("s", "b", false), &h, &|_| None);
             assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Home)));
         }
+    }
+
+    #[test]
+    fn a_draining_home_is_asked_through_the_owner_it_hands_its_sessions_to() {
+        let v = view(&[("a", R), ("b", D), ("c", R)]);
+        let mut via_owner = 0;
+        for i in 0..50 {
+            let id = format!("sess-{i}");
+            let owner = v.owner(&id).unwrap().uid.clone();
+            let at_entry = route(
+                &v,
+                &me("a"),
+                session(&id, "b", false),
+                &Hop::default(),
+                &|_| None,
+            );
+            if owner == "c" {
+                via_owner += 1;
+                assert_eq!(forwarded_to(&at_entry), Some(("c", ForwardKind::Walk)));
+                // The owner does not hold it (yet): it asks the home.
+                let at_owner = route(
+                    &v,
+                    &me("c"),
+                    session(&id, "b", false),
+                    &Hop::default().next("a"),
+                    &|_| None,
+                );
+                assert_eq!(forwarded_to(&at_owner), Some(("b", ForwardKind::Home)));
+            } else {
+                assert_eq!(forwarded_to(&at_entry), Some(("b", ForwardKind::Home)));
+            }
+        }
+        assert!(via_owner > 10, "{via_owner}");
     }
 
     #[test]

@@ -111,7 +111,13 @@ pub struct McpClient {
     /// The MCP endpoint, e.g. `http://127.0.0.1:8080/mcp` (the first of several at creation).
     pub url: String,
     entries: Arc<RwLock<Vec<String>>>,
+    honour_retry_after: bool,
 }
+
+/// Most times a client honouring `Retry-After` sends a request answered 429/503.
+const RETRY_AFTER_ATTEMPTS: u32 = 5;
+/// Longest wait it takes from one `Retry-After`.
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(2);
 
 /// The SSE events of a response.
 pub struct Events {
@@ -213,6 +219,44 @@ impl McpClient {
             http: Http::new(),
             url: urls.first().cloned().unwrap_or_default(),
             entries: Arc::new(RwLock::new(urls)),
+            honour_retry_after: false,
+        }
+    }
+
+    /// This client, sending a request answered 429 or 503 with `Retry-After` again after the
+    /// wait it names (at most [`RETRY_AFTER_CAP`], [`RETRY_AFTER_ATTEMPTS`] times), as a
+    /// well-behaved MCP client does during a rollout.
+    pub fn honouring_retry_after(mut self) -> Self {
+        self.honour_retry_after = true;
+        self
+    }
+
+    /// Sends a request to an entry; with [`McpClient::honouring_retry_after`], again after a
+    /// 429/503 that carries `Retry-After` (each time to a fresh entry).
+    async fn send(
+        &self,
+        method: Method,
+        headers: &[(&str, &str)],
+        body: Option<Bytes>,
+    ) -> Result<Response<Incoming>> {
+        let mut attempt = 1;
+        loop {
+            let resp = self
+                .http
+                .send(method.clone(), &self.entry(), headers, body.clone())
+                .await?;
+            let busy = matches!(
+                resp.status(),
+                StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+            );
+            let wait = header_str(&resp, "retry-after").and_then(|v| v.parse::<u64>().ok());
+            match wait {
+                Some(secs) if busy && self.honour_retry_after && attempt < RETRY_AFTER_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_secs(secs).min(RETRY_AFTER_CAP)).await;
+                    attempt += 1;
+                }
+                _ => return Ok(resp),
+            }
         }
     }
 
@@ -256,13 +300,7 @@ impl McpClient {
             headers.push(("mcp-protocol-version", &s.version));
         }
         headers.extend_from_slice(extra);
-        self.http
-            .send(
-                Method::POST,
-                &self.entry(),
-                &headers,
-                Some(Bytes::from(body.to_string())),
-            )
+        self.send(Method::POST, &headers, Some(Bytes::from(body.to_string())))
             .await
     }
 
@@ -283,9 +321,7 @@ impl McpClient {
         if let Some(id) = last_event_id {
             headers.push(("last-event-id", id));
         }
-        self.http
-            .send(Method::GET, &self.entry(), &headers, None)
-            .await
+        self.send(Method::GET, &headers, None).await
     }
 
     /// DELETE the session; returns the status.
@@ -297,10 +333,7 @@ impl McpClient {
             ("mcp-session-id", session.id.as_str()),
             ("mcp-protocol-version", session.version.as_str()),
         ];
-        let resp = self
-            .http
-            .send(Method::DELETE, &self.entry(), &headers, None)
-            .await?;
+        let resp = self.send(Method::DELETE, &headers, None).await?;
         Ok(resp.status())
     }
 

@@ -176,7 +176,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
     let (old, new) = cfg.addresses()?;
     let mut cluster = Cluster::start(&old, cfg.pod_spec()).await?;
     cluster.set_revision(NEW_REVISION);
-    let client = McpClient::spread(cluster.routable_urls());
+    let client = McpClient::spread(cluster.routable_urls()).honouring_retry_after();
     let mut rollout = Rollout {
         cfg,
         report: RolloutReport::new(cfg.label(), cfg.pods, cfg.sessions),
