@@ -840,8 +840,15 @@ mod tests {
         assert_eq!(feed.next().await, FeedItem::Lost);
     }
 
-    fn images_of(s: &Stream, after: u64, max_bytes: usize) -> (StreamImage, u64) {
-        s.image(after, max_bytes)
+    /// A copy of a stream from its image, following pod `pod-a`.
+    fn copy_of(image: &StreamImage) -> Arc<Stream> {
+        Stream::restore(
+            image,
+            limits(),
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+            "pod-a",
+        )
     }
 
     #[tokio::test]
@@ -850,22 +857,16 @@ mod tests {
         let now = Instant::now();
         writer.append(None, progress(1), now);
         writer.append(None, progress(2), now);
-        let (image, at) = images_of(&writer, 0, 1 << 20);
+        let (image, at) = writer.image(0, 1 << 20);
         assert_eq!((image.events.len(), at, image.complete), (2, 2, false));
-        let copy = Stream::restore(
-            &image,
-            limits(),
-            PodBudget::new(u64::MAX),
-            CancellationToken::new(),
-            "pod-a",
-        );
+        let copy = copy_of(&image);
         assert_eq!(copy.key(), writer.key());
         assert_eq!(copy.following().as_deref(), Some("pod-a"));
         // The client saw event 3 from the writer before the tail arrived: its resume waits.
         writer.append(None, progress(3), now);
         assert_eq!(copy.check_cursor(3), Ok(()));
         let mut feed = copy.attach(Start::After(3), true, true, Duration::from_secs(10));
-        let (tail, at) = images_of(&writer, at, 1 << 20);
+        let (tail, at) = writer.image(at, 1 << 20);
         assert_eq!(copy.apply(&tail), 1);
         assert_eq!(at, 3);
         writer.append(
@@ -873,7 +874,7 @@ mod tests {
             Bytes::from(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
             now,
         );
-        let (tail, _) = images_of(&writer, at, 1 << 20);
+        let (tail, _) = writer.image(at, 1 << 20);
         assert!(tail.complete);
         assert_eq!(copy.apply(&tail), 1);
         let got = text(feed.next().await);
@@ -894,16 +895,10 @@ mod tests {
         }
         writer.complete();
         let one = progress(1).len();
-        let (first, at) = images_of(&writer, 0, 2 * one);
+        let (first, at) = writer.image(0, 2 * one);
         assert_eq!((first.events.len(), at, first.complete), (2, 2, false));
-        let copy = Stream::restore(
-            &first,
-            limits(),
-            PodBudget::new(u64::MAX),
-            CancellationToken::new(),
-            "pod-a",
-        );
-        let (rest, at) = images_of(&writer, at, 1 << 20);
+        let copy = copy_of(&first);
+        let (rest, at) = writer.image(at, 1 << 20);
         assert_eq!((rest.events.len(), at, rest.complete), (3, 5, true));
         copy.apply(&rest);
         assert!(copy.is_complete());
@@ -926,14 +921,8 @@ mod tests {
     #[tokio::test]
     async fn a_followed_stream_whose_writer_died_fails_its_requests() {
         let writer = post_stream(&[9]);
-        let (image, _) = images_of(&writer, 0, 1 << 20);
-        let copy = Stream::restore(
-            &image,
-            limits(),
-            PodBudget::new(u64::MAX),
-            CancellationToken::new(),
-            "pod-a",
-        );
+        let (image, _) = writer.image(0, 1 << 20);
+        let copy = copy_of(&image);
         copy.abandon_following();
         assert!(copy.is_complete());
         let mut feed = copy.attach(Start::After(0), true, false, Duration::from_secs(10));

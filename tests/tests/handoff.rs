@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tether_tests::addr;
-use tether_tests::client::{Http, body_text, result_text};
+use tether_tests::client::{Http, McpClient, Session, body_text, result_text};
 use tether_tests::cluster::Cluster;
 use tether_tests::load::{self, LoadConfig};
 use tether_tests::pod::{Pod, PodSpec};
@@ -19,15 +19,23 @@ fn ips() -> [Ipv4Addr; 3] {
 
 /// `POST /drain` on the pod's admin port: status and JSON body.
 async fn drain(pod: &Pod) -> (StatusCode, Value) {
-    let resp = Http::new()
-        .send(Method::POST, &format!("{}/drain", pod.admin_url), &[], None)
-        .await
-        .unwrap();
-    let status = resp.status();
-    (
-        status,
-        serde_json::from_str(&body_text(resp).await.unwrap()).unwrap(),
-    )
+    let drained = pod.drain(Method::POST).await.unwrap();
+    (drained.status, drained.body)
+}
+
+/// Calls `echo` with `text` in every session through `client`; each answers with the text.
+async fn echo_everywhere(client: &McpClient, sessions: &[Session], id: u64, text: &str) {
+    for (i, s) in sessions.iter().enumerate() {
+        let answer = client
+            .call(s, id, "echo", json!({"text": text}))
+            .await
+            .unwrap();
+        assert_eq!(
+            result_text(answer.last().unwrap()),
+            Some(text),
+            "session {i}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -113,18 +121,7 @@ async fn sessions_survive_their_home_stopping_and_are_rebuilt_from_the_journal()
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["handedOff"], 20, "{body}");
     // While A still runs, requests entering anywhere reach the new holders (A forwards).
-    let everywhere = cluster.client_of(&[a, b, c]);
-    for (i, s) in sessions.iter().enumerate() {
-        let answer = everywhere
-            .call(s, 3, "echo", json!({"text": "moved"}))
-            .await
-            .unwrap();
-        assert_eq!(
-            result_text(answer.last().unwrap()),
-            Some("moved"),
-            "session {i}"
-        );
-    }
+    echo_everywhere(&cluster.client_of(&[a, b, c]), &sessions, 3, "moved").await;
     let exit = cluster.pods[0]
         .terminate_sidecar(Duration::from_secs(10))
         .await
@@ -132,18 +129,7 @@ async fn sessions_survive_their_home_stopping_and_are_rebuilt_from_the_journal()
     assert!(exit.is_some_and(|e| e.success()), "{exit:?}");
     let stopped = cluster.pods.remove(0);
     cluster.set_state(a, None).await.unwrap();
-    let rest = cluster.client_of(&[b, c]);
-    for (i, s) in sessions.iter().enumerate() {
-        let answer = rest
-            .call(s, 4, "echo", json!({"text": "after"}))
-            .await
-            .unwrap();
-        assert_eq!(
-            result_text(answer.last().unwrap()),
-            Some("after"),
-            "session {i}"
-        );
-    }
+    echo_everywhere(&cluster.client_of(&[b, c]), &sessions, 4, "after").await;
     let mut rebuilt = 0.0;
     drop(stopped);
     for pod in &cluster.pods {
