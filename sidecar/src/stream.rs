@@ -125,25 +125,8 @@ impl Stream {
         budget: PodBudget,
         cancel: CancellationToken,
     ) -> Arc<Self> {
-        Arc::new(Self {
-            key: StreamKey::random(),
-            kind,
-            cancel,
-            state: Mutex::new(State {
-                buffer: StreamBuffer::new(limits, budget),
-                pending,
-                complete: false,
-                stored: None,
-                sse: None,
-                reader_gen: 0,
-                readers: 0,
-                delivered: 0,
-                following: None,
-                moved_retry: None,
-            }),
-            changed: watch::channel(()).0,
-            observer: Mutex::new(None),
-        })
+        let buffer = StreamBuffer::new(limits, budget);
+        Self::build(StreamKey::random(), kind, pending, buffer, cancel, None)
     }
 
     /// A stream rebuilt from a handoff image (`docs/handoff.md`), written by pod `following`
@@ -160,27 +143,47 @@ impl Stream {
             KindImage::Batch => StreamKind::Batch,
             KindImage::Standalone => StreamKind::Standalone,
         };
-        let stream = Arc::new(Self {
-            key: image.key.clone(),
+        let buffer = StreamBuffer::new(limits, budget);
+        let following = Some(following.to_owned());
+        let stream = Self::build(
+            image.key.clone(),
+            kind,
+            Vec::new(),
+            buffer,
+            cancel,
+            following,
+        );
+        stream.apply(image);
+        stream
+    }
+
+    fn build(
+        key: StreamKey,
+        kind: StreamKind,
+        pending: Vec<RequestKey>,
+        buffer: StreamBuffer,
+        cancel: CancellationToken,
+        following: Option<String>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            key,
             kind,
             cancel,
             state: Mutex::new(State {
-                buffer: StreamBuffer::new(limits, budget),
-                pending: Vec::new(),
+                buffer,
+                pending,
                 complete: false,
                 stored: None,
                 sse: None,
                 reader_gen: 0,
                 readers: 0,
                 delivered: 0,
-                following: Some(following.to_owned()),
+                following,
                 moved_retry: None,
             }),
             changed: watch::channel(()).0,
             observer: Mutex::new(None),
-        });
-        stream.apply(image);
-        stream
+        })
     }
 
     /// Applies what the writing pod sent: new events (numbered by it), its numbering, the

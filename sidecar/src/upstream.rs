@@ -73,12 +73,7 @@ impl Upstream {
     /// A client for the MCP endpoint at `uri` (`http://host:port/path`). `header_timeout` bounds
     /// the wait for response headers.
     pub fn new(uri: Uri, header_timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
+        let client = http_client(CONNECT_TIMEOUT, Duration::from_secs(60));
         Self {
             client,
             uri,
@@ -136,6 +131,20 @@ impl Upstream {
             Ok(Ok(_))
         )
     }
+}
+
+/// A pooled HTTP/1 client (no Nagle delay) whose connects give up after `connect_timeout` and
+/// whose idle pooled connections close after `pool_idle`.
+pub fn http_client(
+    connect_timeout: Duration,
+    pool_idle: Duration,
+) -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(pool_idle)
+        .build(connector)
 }
 
 /// Headers for a request the sidecar makes on its own (GET resume, DELETE): the negotiated

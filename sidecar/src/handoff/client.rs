@@ -8,10 +8,10 @@ use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 use super::auth;
 use crate::secret::Secret;
+use crate::upstream::http_client;
 
 /// How long connecting to a peer may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -68,12 +68,7 @@ pub struct PeerClient {
 impl PeerClient {
     /// A client signing with `secret` as pod `uid`.
     pub fn new(secret: Secret, uid: String) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_nodelay(true);
-        let http = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(20))
-            .build(connector);
+        let http = http_client(CONNECT_TIMEOUT, Duration::from_secs(20));
         Self { http, secret, uid }
     }
 
