@@ -115,14 +115,6 @@ impl<T: Copy> HrwRing<T> {
         self.members.is_empty()
     }
 
-    /// Whether `value` is a member.
-    pub fn contains(&self, value: &T) -> bool
-    where
-        T: PartialEq,
-    {
-        self.members.iter().any(|m| m.value == *value)
-    }
-
     /// Whether `a` (with `score_a`) ranks before `b`.
     fn before(score_a: u64, a: &Member<T>, score_b: u64, b: &Member<T>) -> bool {
         score_a > score_b || (score_a == score_b && a.uid.as_bytes() < b.uid.as_bytes())

@@ -39,40 +39,27 @@ const SHUTDOWN_TIMEOUT_SECS: u64 = 5;
 /// Added to the peer's own deadlines to bound each read from a peer.
 const PEER_READ_MARGIN: Duration = Duration::from_secs(10);
 
-/// Periodic [`Broker::sweep`].
-struct Sweeper {
-    broker: Arc<Broker>,
-}
-
-#[async_trait]
-impl BackgroundService for Sweeper {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(SWEEP_INTERVAL);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => self.broker.sweep(Instant::now()),
-                _ = shutdown.changed() => return,
-            }
-        }
-    }
-}
-
 /// How often adopted sessions are checked against `owner(S)` (DESIGN.md §3.4 step 5) and
 /// followed streams against their writer's liveness.
 pub const REBALANCE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Periodic [`Handoff::rebalance`].
-struct Rebalancer {
-    handoff: Arc<Handoff>,
+/// A task run every `interval` until shutdown (the sweeper, the rebalancer).
+struct Periodic<F> {
+    interval: Duration,
+    task: F,
 }
 
 #[async_trait]
-impl BackgroundService for Rebalancer {
+impl<F, Fut> BackgroundService for Periodic<F>
+where
+    F: Fn() -> Fut + Send + Sync,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(REBALANCE_INTERVAL);
+        let mut tick = tokio::time::interval(self.interval);
         loop {
             tokio::select! {
-                _ = tick.tick() => self.handoff.rebalance().await,
+                _ = tick.tick() => (self.task)().await,
                 _ = shutdown.changed() => return,
             }
         }
@@ -236,17 +223,33 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Admin::new(Arc::clone(&broker), Arc::clone(&drain)),
     );
     admin.add_tcp(&cfg.admin_addr.to_string());
-    let sweeper = background_service(
-        "sweeper",
-        Sweeper {
-            broker: Arc::clone(&broker),
-        },
-    );
+    let sweeper = {
+        let broker = Arc::clone(&broker);
+        background_service(
+            "sweeper",
+            Periodic {
+                interval: SWEEP_INTERVAL,
+                task: move || {
+                    broker.sweep(Instant::now());
+                    std::future::ready(())
+                },
+            },
+        )
+    };
     server.add_service(mcp);
     server.add_service(admin);
     server.add_service(peer);
     server.add_service(sweeper);
-    server.add_service(background_service("rebalancer", Rebalancer { handoff }));
+    server.add_service(background_service(
+        "rebalancer",
+        Periodic {
+            interval: REBALANCE_INTERVAL,
+            task: move || {
+                let handoff = Arc::clone(&handoff);
+                async move { handoff.rebalance().await }
+            },
+        },
+    ));
     server.add_service(background_service(
         "drain-on-delete",
         DrainOnDelete {

@@ -780,6 +780,11 @@ impl Registry {
         self.departed.lock().get(id).cloned()
     }
 
+    /// Departed sessions.
+    pub fn departed_count(&self) -> usize {
+        self.departed.lock().len()
+    }
+
     /// Every departed session.
     pub fn all_departed(&self) -> Vec<Arc<Session>> {
         self.departed.lock().values().cloned().collect()

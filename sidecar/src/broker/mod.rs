@@ -224,6 +224,11 @@ impl Broker {
         self.registry.all_departed()
     }
 
+    /// How many handed-off sessions still have streams forwarded.
+    pub fn departed_count(&self) -> usize {
+        self.registry.departed_count()
+    }
+
     /// A handed-off session's streams are all forwarded: forget it and end its upstream session.
     pub async fn release_departed(&self, session: &Session) {
         self.registry.forget_departed(session.id());

@@ -341,7 +341,7 @@ impl Handoff {
 
     /// Sessions handed off whose streams are still being forwarded.
     pub fn following(&self) -> usize {
-        self.broker.departed().len()
+        self.broker.departed_count()
     }
 
     /// Ends every request still running here (held or handed-off sessions) with a JSON-RPC

@@ -109,6 +109,8 @@ pub struct View {
     /// Ring over the preferred set (routable pods of the newest revision, or all routable pods):
     /// `owner(S)`.
     preferred: HrwRing,
+    /// Per pod index: whether it is in the preferred set.
+    in_preferred: Vec<bool>,
     routable: Vec<usize>,
 }
 
@@ -138,7 +140,12 @@ impl View {
         }
         let alive = HrwRing::new(alive_idx.iter().map(|&i| (peers[i].uid.as_str(), i)));
         let preferred = HrwRing::new(preferred_idx.iter().map(|&i| (peers[i].uid.as_str(), i)));
+        let mut in_preferred = vec![false; peers.len()];
+        for &i in &preferred_idx {
+            in_preferred[i] = true;
+        }
         Self {
+            in_preferred,
             by_home,
             alive,
             preferred,
@@ -185,7 +192,7 @@ impl View {
             .alive
             .ranked(key)
             .into_iter()
-            .filter(|i| !self.preferred.contains(i));
+            .filter(|&i| !self.in_preferred[i]);
         preferred
             .into_iter()
             .chain(rest)
