@@ -10,7 +10,7 @@
 //! | home gone or unknown | forward to `owner(S)` over the preferred set, else the next pod not visited yet of the preferred set in HRW order, then of `ranked(S)` ([`View::walk`], [`ForwardKind::Walk`]); none left → 404 `no_holder` |
 //! | no session id (`initialize`, stateless), this pod routable | [`Route::Local`] |
 //! | no session id, this pod draining | forward to a routable peer of the newest revision ([`ForwardKind::Placement`]); none → local |
-//! | home alive in membership but unresponsive (failed probes, connect timeouts) | 503 + `Retry-After` |
+//! | home alive in membership but unresponsive (failed probes, connect timeouts), or no candidate left but one skipped as unresponsive | 503 + `Retry-After` |
 //!
 //! A forward carries its hop count and the UIDs it visited in `Tether-Hop` / `Tether-Visited`,
 //! signed with `Tether-Hop-Mac` (HMAC of the endpoint secret), so only peers can send them. At
@@ -187,8 +187,9 @@ pub enum Route {
     },
     /// No pod can hold the session: 404 with this reason.
     NotFound(NotFound),
-    /// The session's home is alive in membership but does not answer: 503 + `Retry-After`
-    /// (the session may survive a stall; a 404 would make the client drop it).
+    /// The session's home, or a walk candidate skipped when no other is left, is alive in
+    /// membership but does not answer: 503 + `Retry-After` (the session may survive a stall; a
+    /// 404 would make the client drop it).
     Unavailable,
 }
 
@@ -360,8 +361,18 @@ pub fn route(
                 .owner(id)
                 .filter(|p| !skip(p))
                 .or_else(|| view.walk(id).find(|p| !skip(p)));
+            // A candidate skipped only because it does not answer in time may be the holder
+            // (an adopter stalled by load): the session may survive, so 503, never 404.
+            let stalled = || {
+                view.walk(id).any(|p| {
+                    p.uid != me.uid
+                        && !hop.visited(&p.uid)
+                        && down(&p.uid) == Some(Down::Unresponsive)
+                })
+            };
             match next {
                 Some(p) => forward(p, ForwardKind::Walk),
+                None if stalled() => Route::Unavailable,
                 None => Route::NotFound(NotFound::NoHolder),
             }
         }
@@ -572,6 +583,16 @@ mod tests {
             let r = at_a(&stalled_c, "z", &format!("k{i}"));
             assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Walk)));
         }
+        // Every candidate left stalled (an adopter slowed down by load may hold it): 503.
+        let stalled_all = |uid: &str| (uid != "a").then_some(Down::Unresponsive);
+        assert_eq!(at_a(&stalled_all, "z", "s"), Route::Unavailable);
+        // One stalled and one refused: the stalled one may still hold it.
+        let mixed = |uid: &str| match uid {
+            "b" => Some(Down::Refused),
+            "c" => Some(Down::Unresponsive),
+            _ => None,
+        };
+        assert_eq!(at_a(&mixed, "z", "s"), Route::Unavailable);
     }
 
     #[test]
