@@ -5,7 +5,8 @@
 //! the connection and resume with `Last-Event-ID`, standalone GET streams fed by `notify`,
 //! `counter` calls — and replaces every pod by a pod of a newer revision, one at a time, the
 //! way a Deployment's rolling update does ([`tether_tests::rollout`]). It does so twice: with
-//! handoff, then without (`--handoff false`, the baseline), and prints both side by side.
+//! handoff, then without (`--handoff false`, the baseline; `--baseline false` skips it), and
+//! prints both side by side.
 //! Exits 1 when the handoff column is not clean (a client-visible 404, a lost, duplicated or
 //! foreign event, a tool executed twice, any other client error), 2 when the demo itself could
 //! not run.
@@ -51,6 +52,12 @@ struct Args {
     /// `spec.drain.timeout` of the pods, in milliseconds.
     #[arg(long, default_value_t = 5000)]
     drain_timeout_ms: u64,
+    /// Milliseconds over which the sessions start (clients arrive spread out, as real ones do).
+    #[arg(long, default_value_t = 3000)]
+    ramp_up_ms: u64,
+    /// Also run the baseline (`--handoff false`) and print it beside; `false` halves the run.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    baseline: bool,
     /// `spec.session.migration`: `Replay` or `Pin`.
     #[arg(long, default_value = "Replay")]
     migration: String,
@@ -70,25 +77,36 @@ async fn main() -> ExitCode {
         counter_fraction: args.counter_fraction,
         migration: args.migration,
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+        ramp_up: Duration::from_millis(args.ramp_up_ms),
         ..RolloutConfig::default()
     };
     println!(
         "rolling upgrade of {} pods under {} MCP sessions ({} slow calls or more each, {} progress \
-         events per call, {}% of calls cut and resumed), with handoff, then without (baseline)...",
+         events per call, {}% of calls cut and resumed), with handoff{}...",
         cfg.pods,
         cfg.sessions,
         cfg.calls,
         cfg.count,
-        (cfg.cut_probability * 100.0).round()
+        (cfg.cut_probability * 100.0).round(),
+        if args.baseline {
+            ", then without (baseline)"
+        } else {
+            ""
+        }
     );
     let Some(handoff) = run(&cfg).await else {
         return ExitCode::from(2);
     };
-    let Some(baseline) = run(&cfg.baseline()).await else {
-        return ExitCode::from(2);
-    };
-    println!("\n{}", rollout::table(&[&handoff, &baseline]));
-    for report in [&handoff, &baseline] {
+    let mut reports = vec![handoff];
+    if args.baseline {
+        let Some(baseline) = run(&cfg.baseline()).await else {
+            return ExitCode::from(2);
+        };
+        reports.push(baseline);
+    }
+    println!("\n{}", rollout::table(&reports.iter().collect::<Vec<_>>()));
+    let handoff = &reports[0];
+    for report in &reports {
         for failure in report.load.failures.iter().take(5) {
             println!("{} failure: {failure}", report.label);
         }

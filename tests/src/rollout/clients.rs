@@ -168,6 +168,8 @@ impl Client {
         // leaves room for failed initializations.
         let most = 2 * self.cfg.pods + 2;
         let mut announced = false;
+        let ramp_up = u64::try_from(self.cfg.ramp_up.as_millis()).unwrap_or(u64::MAX);
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..=ramp_up))).await;
         for life in 0.. {
             if life == most {
                 self.fail(format!(

@@ -81,6 +81,10 @@ pub struct RolloutConfig {
     pub migration: String,
     /// `spec.drain.timeout`.
     pub drain_timeout: Duration,
+    /// Clients start at random moments spread over this time, as real clients arrive (not in
+    /// the same millisecond, which would also keep every client's calls in lockstep); the
+    /// rollout begins once all are initialized.
+    pub ramp_up: Duration,
     /// Loopback addresses: the first pods, then their replacements (2 × `pods`); empty: fresh
     /// ones from [`addr::next_ip`].
     pub ips: Vec<Ipv4Addr>,
@@ -105,6 +109,7 @@ impl Default for RolloutConfig {
             handoff: true,
             migration: "Replay".into(),
             drain_timeout: Duration::from_secs(3),
+            ramp_up: Duration::from_secs(1),
             ips: Vec::new(),
         }
     }
