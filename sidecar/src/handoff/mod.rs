@@ -60,6 +60,10 @@ pub const ENTERING_WAIT: Duration = Duration::from_secs(2);
 /// moved (each stream draws its own, so the clients of a draining pod do not all reconnect in
 /// the same millisecond).
 pub const MOVED_RETRY_HINT: std::ops::Range<u64> = 100..500;
+/// Most sessions one rebalancing round (DESIGN.md §3.4 step 5, every second) moves: following
+/// the owner is never urgent, so it is paced and does not pile onto the work of a drain that
+/// starts when the same pod joins.
+pub const REBALANCE_PER_ROUND: usize = 32;
 /// Room kept in a message for everything but event data, in bytes.
 const MESSAGE_OVERHEAD: usize = 256 * 1024;
 
@@ -372,7 +376,8 @@ impl Handoff {
     }
 
     /// DESIGN.md §3.4 step 5: sessions adopted here whose home is gone move to `owner(S)` when
-    /// that is another routable pod. Also ends followed streams whose writer died.
+    /// that is another routable pod, at most [`REBALANCE_PER_ROUND`] per call (the rest in the
+    /// next rounds). Also ends followed streams whose writer died.
     pub async fn rebalance(self: &Arc<Self>) {
         let view = self.router.view();
         let now = Instant::now();
@@ -400,6 +405,9 @@ impl Handoff {
             if owner.is_some_and(|o| o.uid != self.router.uid() && alive(&o.uid)) {
                 let h = Arc::clone(self);
                 tasks.push(tokio::spawn(async move { h.move_session(session).await }));
+                if tasks.len() == REBALANCE_PER_ROUND {
+                    break;
+                }
             }
         }
         for task in tasks {
