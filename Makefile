@@ -7,7 +7,7 @@ CARGO ?= cargo
 # command -> Debian/Ubuntu package providing it
 SYSTEM_DEPS := cmake:cmake cc:gcc c++:g++ pkg-config:pkg-config
 
-.PHONY: all deps build test lint unit demo bench clean
+.PHONY: all deps build test lint unit demo bench crds clean
 
 all: test
 
@@ -55,6 +55,10 @@ bench: deps
 	$(CARGO) build --release --bins
 	$(CARGO) bench -p tether-sidecar --bench ring
 	./target/release/tether-bench-routing
+
+## crds: regenerate crds/ from the McpEndpoint types (a test fails while it is stale).
+crds: deps
+	$(CARGO) run -q -p tether-operator -- crd > crds/mcpendpoints.mcp.tether.dev.yaml
 
 clean:
 	$(CARGO) clean

@@ -4,7 +4,9 @@
 //! reconciles `McpEndpoint` objects and the sidecar reads the same spec, from a ConfigMap file
 //! in Kubernetes or from a manifest file locally ([`load_manifest`]).
 //!
-//! - [`spec`]: the serde + schemars types with their documented defaults;
+//! - [`spec`]: the serde + schemars types with their documented defaults and CEL rules;
+//! - [`schema`]: schema pieces schemars does not produce for Kubernetes (list-map conditions);
+//! - [`crd_yaml`]: the CustomResourceDefinition as committed in `crds/` (`make crds`);
 //! - [`origin`]: the syntax of web origins (allowlist entries and `Origin` headers);
 //! - [`validate`]: checks that the schema cannot express (ports, paths, Origins, versions);
 //! - [`manifest`]: loading a YAML manifest, rejecting unknown fields and invalid values with a
@@ -12,14 +14,16 @@
 
 pub mod manifest;
 pub mod origin;
+pub mod schema;
 pub mod spec;
 pub mod validate;
 
 pub use manifest::{ManifestError, load_manifest, parse_manifest};
 pub use origin::Origin;
 pub use spec::{
-    AdminSpec, BufferSpec, DrainSpec, ListenSpec, McpEndpoint, McpEndpointSpec, Migration,
-    OriginsSpec, PeerSpec, ProtocolVersion, SessionSpec, TargetRef, UpstreamSpec,
+    AdminSpec, BufferSpec, DrainSpec, ListenSpec, McpEndpoint, McpEndpointSpec, McpEndpointStatus,
+    Migration, OriginsSpec, PeerSpec, ProtocolVersion, SessionSpec, SidecarSpec, TargetRef,
+    UpstreamSpec,
 };
 pub use validate::{FieldError, validate_spec};
 
@@ -32,3 +36,16 @@ pub const API_GROUP: &str = "mcp.tether.dev";
 pub const API_VERSION: &str = "mcp.tether.dev/v1alpha1";
 /// The `kind` of [`McpEndpoint`] manifests.
 pub const KIND: &str = "McpEndpoint";
+
+/// Name of the committed CRD file in `crds/` (`kubectl apply -f crds/`).
+pub const CRD_FILE: &str = "mcpendpoints.mcp.tether.dev.yaml";
+
+/// The `McpEndpoint` CustomResourceDefinition as YAML, exactly as committed in `crds/`
+/// ([`CRD_FILE`]); `tether-operator crd` prints it and a test fails when the file differs.
+///
+/// # Errors
+/// The YAML serializer's error (not expected for a derived CRD).
+pub fn crd_yaml() -> Result<String, yaml_serde::Error> {
+    use kube::CustomResourceExt;
+    yaml_serde::to_string(&McpEndpoint::crd())
+}

@@ -106,6 +106,7 @@ pub fn parse_manifest(text: &str) -> Result<McpEndpoint, ManifestError> {
     Ok(McpEndpoint {
         metadata: doc.metadata,
         spec: doc.spec,
+        status: None,
     })
 }
 

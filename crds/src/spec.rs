@@ -1,28 +1,74 @@
-//! The `McpEndpoint` spec types (serde + schemars) and their defaults.
+//! The `McpEndpoint` spec and status types (serde + schemars) and their defaults.
 //!
 //! Field names are camelCase on the wire. Durations are Kubernetes durations (Go
 //! `time.ParseDuration` syntax: `30s`, `5m`, `1h30m`); sizes are plain integers in bytes.
 //! Every field except `targetRef` has a default, so a minimal manifest only names its target.
+//!
+//! The CEL rules (`x-kubernetes-validations`) reject at admission what [`crate::validate`]
+//! rejects in the sidecar and the operator, except what CEL cannot see (an Origin's port above
+//! 65535): both are tested against the same cases.
 
-use kube::CustomResource;
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::core::Duration;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Desired state of one MCP endpoint: which workload serves it and how tether's sidecar in front
 /// of each of its pods admits, buffers, routes and drains MCP Streamable HTTP traffic.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+// Each `printcolumn(...)` repeats the same keys, which clippy takes for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "mcp.tether.dev",
     version = "v1alpha1",
     kind = "McpEndpoint",
     namespaced,
     shortname = "mcpe",
-    doc = "An MCP server workload fronted by tether sidecars (sticky sessions, resumable SSE, drain and handoff)."
+    status = "McpEndpointStatus",
+    doc = "An MCP server workload fronted by tether sidecars (sticky sessions, resumable SSE, drain and handoff).",
+    printcolumn(
+        name = "Target",
+        type_ = "string",
+        description = "The Deployment whose pods serve the endpoint",
+        json_path = ".spec.targetRef.name"
+    ),
+    printcolumn(
+        name = "Routable",
+        type_ = "integer",
+        description = "Pods that take new sessions",
+        json_path = ".status.routable"
+    ),
+    printcolumn(
+        name = "Draining",
+        type_ = "integer",
+        description = "Pods handing their sessions off",
+        json_path = ".status.draining"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        description = "Status of the Ready condition",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
+#[x_kube(validation = Rule::new(
+    "self.listen.port != self.admin.port"
+).message("spec.admin.port must differ from spec.listen.port").field_path(".admin.port"))]
+#[x_kube(validation = Rule::new(
+    "self.peer.port != self.listen.port && self.peer.port != self.admin.port"
+).message("spec.peer.port must differ from spec.listen.port and spec.admin.port").field_path(".peer.port"))]
 #[serde(rename_all = "camelCase")]
 pub struct McpEndpointSpec {
     /// The workload whose pods serve this endpoint. Only `kind: Deployment` is supported.
+    /// Immutable: point an endpoint at another workload by creating a new McpEndpoint.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.targetRef is immutable; create a new McpEndpoint for another workload"))]
     pub target_ref: TargetRef,
     /// Where the MCP server listens inside its pod (the sidecar's upstream).
     #[serde(default)]
@@ -42,6 +88,12 @@ pub struct McpEndpointSpec {
     /// MCP protocol versions clients may use (`MCP-Protocol-Version`, spec P-03). A request
     /// naming any other version gets 400. Default: every version tether supports.
     #[serde(default = "default_protocol_versions")]
+    #[x_kube(validation = Rule::new("size(self) > 0").message("spec.protocolVersions must list at least one version"))]
+    #[x_kube(validation = Rule::new(
+        "self.all(v, v in ['2025-03-26', '2025-06-18', '2025-11-25', '2026-07-28'])"
+    ).message("spec.protocolVersions: unknown version; known: 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28"))]
+    #[x_kube(validation = Rule::new("self.all(v, self.exists_one(w, w == v))").message("spec.protocolVersions: duplicate version"))]
+    #[schemars(length(max = 8), inner(length(max = 16)))]
     pub protocol_versions: Vec<String>,
     /// Per-stream SSE replay buffer bounds (DESIGN.md §3.2).
     #[serde(default)]
@@ -52,70 +104,127 @@ pub struct McpEndpointSpec {
     /// Drain policy during rollouts (DESIGN.md §3.4).
     #[serde(default)]
     pub drain: DrainSpec,
+    /// The sidecar container the operator injects. Changing it rolls the pods.
+    #[serde(default)]
+    pub sidecar: SidecarSpec,
+}
+
+/// The injected sidecar container.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarSpec {
+    /// Image of the sidecar, e.g. `ghcr.io/tether-dev/tether-sidecar:0.1.0`. Default: the
+    /// operator's `--sidecar-image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// CPU and memory requests and limits of the sidecar container. Default: the operator's
+    /// (requests 50m CPU and 64Mi memory, limit 256Mi memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// Observed state of an endpoint, written by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct McpEndpointStatus {
+    /// The `metadata.generation` the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` (every pod of the target runs a ready sidecar of the current spec), `Progressing`
+    /// (a rollout the operator caused is under way), `Degraded` (the operator cannot do what the
+    /// spec asks; the reason says why). A list-map keyed by `type`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::schema::conditions")]
+    pub conditions: Vec<Condition>,
+    /// Pods of the target Deployment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<i32>,
+    /// Pods whose sidecar is ready: they take new sessions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routable: Option<i32>,
+    /// Pods being deleted: their sidecars hand sessions off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining: Option<i32>,
 }
 
 /// Reference to the workload that serves the endpoint.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetRef {
     /// Kind of the workload. Only `Deployment` is supported.
+    #[x_kube(validation = Rule::new("self == 'Deployment'").message("spec.targetRef.kind: only \"Deployment\" is supported"))]
+    #[schemars(length(max = 63))]
     pub kind: String,
     /// Name of the workload, in the McpEndpoint's namespace.
+    #[x_kube(validation = Rule::new("self != ''").message("spec.targetRef.name must not be empty"))]
+    #[schemars(length(max = 253))]
     pub name: String,
 }
 
 /// The MCP server inside the pod.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UpstreamSpec {
     /// TCP port of the MCP server on the pod's loopback interface. Default `3000`.
     #[serde(default = "default_upstream_port")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.upstream.port must be between 1 and 65535"))]
     pub port: u16,
     /// HTTP path of the MCP server's endpoint. Default `/mcp`.
     #[serde(default = "default_mcp_path")]
+    #[x_kube(validation = Rule::new("self.matches('^/[!-~]*$') && !self.contains('?') && !self.contains('#')").message("spec.upstream.path must be an absolute URL path without query or fragment, like \"/mcp\""))]
+    #[schemars(length(max = 1024))]
     pub path: String,
 }
 
 /// The sidecar's client-facing listener.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ListenSpec {
     /// TCP port the sidecar listens on (on the pod IP). Default `8080`.
     #[serde(default = "default_listen_port")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.listen.port must be between 1 and 65535"))]
     pub port: u16,
     /// HTTP path of the MCP endpoint clients use. Default `/mcp`.
     #[serde(default = "default_mcp_path")]
+    #[x_kube(validation = Rule::new("self.matches('^/[!-~]*$') && !self.contains('?') && !self.contains('#')").message("spec.listen.path must be an absolute URL path without query or fragment, like \"/mcp\""))]
+    #[schemars(length(max = 1024))]
     pub path: String,
 }
 
 /// The sidecar's admin listener.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdminSpec {
     /// TCP port of `/healthz`, `/readyz`, `/drain` and `/metrics`. Default `9901`.
     #[serde(default = "default_admin_port")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.admin.port must be between 1 and 65535"))]
     pub port: u16,
 }
 
 /// The sidecar's internal peer listener: draining sidecars push sessions, replay buffers and
 /// the tail of in-flight streams to their peers over it (`docs/handoff.md`). Only sidecars of the
 /// same endpoint talk to it; every message is authenticated with the endpoint Secret.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PeerSpec {
     /// TCP port of the peer listener (on the pod IP). Default `9902`.
     #[serde(default = "default_peer_port")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.peer.port must be between 1 and 65535"))]
     pub port: u16,
 }
 
 /// The `Origin` allowlist (spec O-01/O-02).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OriginsSpec {
     /// Allowed browser origins, each `scheme://host[:port]` (`http` or `https`; a missing port
     /// means the scheme's default). A request whose `Origin` is not listed gets 403.
     /// Default: empty (every request carrying an `Origin` is refused).
     #[serde(default)]
+    #[x_kube(validation = Rule::new(
+        r#"self.all(o, o.matches('^[hH][tT][tT][pP][sS]?://(\\[[0-9a-fA-F:]+\\]|[A-Za-z0-9.-]+)(:0*[1-9][0-9]{0,4})?$'))"#
+    ).message("spec.origins.allow: every entry must be scheme://host[:port] with scheme http or https, e.g. \"https://app.example.com\""))]
+    #[schemars(length(max = 256), inner(length(max = 256)))]
     pub allow: Vec<String>,
     /// Whether requests without an `Origin` header (non-browser clients) are admitted.
     /// Default `true`.
@@ -125,27 +234,31 @@ pub struct OriginsSpec {
 
 /// Bounds of each stream's replay buffer. The oldest events are evicted first; a resume from an
 /// evicted cursor gets 400 `cursor_evicted`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BufferSpec {
     /// Most events kept per stream. Default `1024`.
     #[serde(default = "default_max_events")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.buffer.maxEvents must be at least 1"))]
     pub max_events: u32,
     /// Most bytes of event data kept per stream. Default `4194304` (4 MiB).
     #[serde(default = "default_max_bytes")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.buffer.maxBytes must be at least 1"))]
     pub max_bytes: u64,
     /// How long an event stays replayable after it was received. Default `10m`.
     #[serde(default = "default_buffer_ttl")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("spec.buffer.ttl must be a positive duration such as \"10m\""))]
     pub ttl: Duration,
 }
 
 /// Session lifetime and migration policy.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionSpec {
     /// A session without any request or attached stream for this long is ended (later requests
     /// get 404, spec S-05). Default `30m`.
     #[serde(default = "default_idle_timeout")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("spec.session.idleTimeout must be a positive duration such as \"30m\""))]
     pub idle_timeout: Duration,
     /// How sessions leave a draining pod. Default `Replay`.
     #[serde(default)]
@@ -163,11 +276,12 @@ pub enum Migration {
 }
 
 /// Drain policy.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DrainSpec {
     /// Upper bound of a pod's drain (handoff plus in-flight requests). Default `60s`.
     #[serde(default = "default_drain_timeout")]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('1h')").message("spec.drain.timeout must be a positive duration of at most 1h"))]
     pub timeout: Duration,
 }
 

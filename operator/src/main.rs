@@ -7,8 +7,6 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kube::CustomResourceExt;
-use tether_crds::McpEndpoint;
 
 /// tether's operator.
 #[derive(Debug, Parser)]
@@ -26,7 +24,7 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Crd => match yaml_serde::to_string(&McpEndpoint::crd()) {
+        Command::Crd => match tether_crds::crd_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS

@@ -1,0 +1,321 @@
+//! The committed CustomResourceDefinition against the Rust types: the file in `crds/` is
+//! current, its schema is structural (rust-notes §2.1), and its CEL rules reject at admission
+//! exactly what [`validate_spec`] rejects in the operator and the sidecar (evaluated client-side
+//! with kube's `cel` feature, as the apiserver would after defaulting).
+
+use std::path::Path;
+
+use kube::CustomResourceExt;
+use kube::core::cel::{ErrorKind, validate_cel, validate_cel_update};
+use serde_json::{Value, json};
+use tether_crds::{CRD_FILE, McpEndpoint, crd_yaml, validate_spec};
+
+#[test]
+fn the_committed_crd_matches_the_types() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(CRD_FILE);
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    let current = crd_yaml().expect("the CRD renders");
+    assert!(
+        committed == current,
+        "{} differs from the McpEndpoint types: run `make crds` and commit the file",
+        path.display()
+    );
+}
+
+#[test]
+fn the_schema_is_structural() {
+    let crd = McpEndpoint::crd();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .expect("an openAPIV3Schema");
+    let schema = serde_json::to_value(schema).expect("the schema serializes");
+    let mut problems = Vec::new();
+    lint(&schema, "openAPIV3Schema", false, &mut problems);
+    assert!(
+        problems.is_empty(),
+        "non-structural schema nodes:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_lint_finds_non_structural_nodes() {
+    let mut problems = Vec::new();
+    let free_form = json!({"type": "object", "properties": {"extra": {}}});
+    lint(&free_form, "x", false, &mut problems);
+    let referenced = json!({"type": "object", "properties": {"r": {"$ref": "#/defs/r"}}});
+    lint(&referenced, "y", false, &mut problems);
+    let typed_branch = json!({"anyOf": [{"type": "string"}, {"type": "integer"}]});
+    lint(&typed_branch, "z", false, &mut problems);
+    assert_eq!(
+        problems,
+        [
+            "x.properties.extra: no type",
+            "y.properties.r: no type",
+            "y.properties.r: $ref",
+            "z: no type",
+            "z.anyOf[0]: a type inside anyOf",
+            "z.anyOf[1]: a type inside anyOf",
+        ]
+    );
+}
+
+/// Collects the nodes of `node` that a structural schema forbids: a node without `type` (unless
+/// `x-kubernetes-preserve-unknown-fields` or `x-kubernetes-int-or-string`), `$ref`, and a type
+/// inside `anyOf`/`oneOf`/`allOf`/`not` (except the int-or-string pattern).
+fn lint(node: &Value, path: &str, in_branch: bool, problems: &mut Vec<String>) {
+    let Some(obj) = node.as_object() else {
+        problems.push(format!("{path}: not an object"));
+        return;
+    };
+    let flag = |k: &str| obj.get(k) == Some(&Value::Bool(true));
+    let int_or_string = flag("x-kubernetes-int-or-string");
+    let open = int_or_string || flag("x-kubernetes-preserve-unknown-fields");
+    if !in_branch && !obj.contains_key("type") && !open {
+        problems.push(format!("{path}: no type"));
+    }
+    if in_branch && obj.contains_key("type") {
+        let branch = path.rsplit('.').next().unwrap_or(path);
+        let kind = branch.split('[').next().unwrap_or(branch);
+        problems.push(format!("{path}: a type inside {kind}"));
+    }
+    if obj.contains_key("$ref") {
+        problems.push(format!("{path}: $ref"));
+    }
+    if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+        for (name, child) in props {
+            lint(child, &format!("{path}.properties.{name}"), false, problems);
+        }
+    }
+    if let Some(items) = obj.get("items") {
+        lint(items, &format!("{path}.items"), false, problems);
+    }
+    if let Some(extra) = obj.get("additionalProperties").filter(|v| v.is_object()) {
+        lint(
+            extra,
+            &format!("{path}.additionalProperties"),
+            false,
+            problems,
+        );
+    }
+    for key in ["anyOf", "oneOf", "allOf"] {
+        for (i, branch) in obj
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if !int_or_string {
+                lint(branch, &format!("{path}.{key}[{i}]"), true, problems);
+            }
+        }
+    }
+}
+
+/// An McpEndpoint with `spec` (defaults filled in by serde, as the apiserver's defaulting does).
+fn endpoint(spec: Value) -> McpEndpoint {
+    serde_json::from_value(json!({
+        "apiVersion": "mcp.tether.dev/v1alpha1",
+        "kind": "McpEndpoint",
+        "metadata": {"name": "weather", "namespace": "default"},
+        "spec": spec,
+    }))
+    .expect("a well-typed McpEndpoint")
+}
+
+/// Merges `patch` into the minimal spec.
+fn spec_with(patch: Value) -> Value {
+    let mut spec = json!({"targetRef": {"kind": "Deployment", "name": "weather"}});
+    merge(&mut spec, patch);
+    spec
+}
+
+fn merge(into: &mut Value, patch: Value) {
+    match (into, patch) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// Specs CEL and `validate_spec` must both reject, each with the field its message names.
+fn invalid_specs() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "spec.targetRef.kind",
+            spec_with(json!({"targetRef": {"kind": "StatefulSet"}})),
+        ),
+        (
+            "spec.targetRef.name",
+            spec_with(json!({"targetRef": {"name": ""}})),
+        ),
+        (
+            "spec.upstream.port",
+            spec_with(json!({"upstream": {"port": 0}})),
+        ),
+        (
+            "spec.listen.port",
+            spec_with(json!({"listen": {"port": 0}})),
+        ),
+        ("spec.admin.port", spec_with(json!({"admin": {"port": 0}}))),
+        ("spec.peer.port", spec_with(json!({"peer": {"port": 0}}))),
+        (
+            "spec.admin.port",
+            spec_with(json!({"admin": {"port": 8080}})),
+        ),
+        ("spec.peer.port", spec_with(json!({"peer": {"port": 9901}}))),
+        (
+            "spec.upstream.path",
+            spec_with(json!({"upstream": {"path": "mcp"}})),
+        ),
+        (
+            "spec.listen.path",
+            spec_with(json!({"listen": {"path": "/mcp?x=1"}})),
+        ),
+        (
+            "spec.listen.path",
+            spec_with(json!({"listen": {"path": "/m c p"}})),
+        ),
+        (
+            "spec.origins.allow",
+            spec_with(json!({"origins": {"allow": ["app.example.com"]}})),
+        ),
+        (
+            "spec.origins.allow",
+            spec_with(json!({"origins": {"allow": ["ftp://a.example"]}})),
+        ),
+        (
+            "spec.origins.allow",
+            spec_with(json!({"origins": {"allow": ["https://a.example/"]}})),
+        ),
+        (
+            "spec.origins.allow",
+            spec_with(json!({"origins": {"allow": ["https://a.example:0"]}})),
+        ),
+        (
+            "spec.origins.allow",
+            spec_with(json!({"origins": {"allow": ["https://u@a.example"]}})),
+        ),
+        (
+            "spec.origins.allow",
+            spec_with(json!({"origins": {"allow": ["null"]}})),
+        ),
+        (
+            "spec.protocolVersions",
+            spec_with(json!({"protocolVersions": []})),
+        ),
+        (
+            "spec.protocolVersions",
+            spec_with(json!({"protocolVersions": ["2024-11-05"]})),
+        ),
+        (
+            "spec.protocolVersions",
+            spec_with(json!({"protocolVersions": ["2025-06-18", "2025-06-18"]})),
+        ),
+        (
+            "spec.buffer.maxEvents",
+            spec_with(json!({"buffer": {"maxEvents": 0}})),
+        ),
+        (
+            "spec.buffer.maxBytes",
+            spec_with(json!({"buffer": {"maxBytes": 0}})),
+        ),
+        (
+            "spec.buffer.ttl",
+            spec_with(json!({"buffer": {"ttl": "0s"}})),
+        ),
+        (
+            "spec.session.idleTimeout",
+            spec_with(json!({"session": {"idleTimeout": "-5m"}})),
+        ),
+        (
+            "spec.drain.timeout",
+            spec_with(json!({"drain": {"timeout": "0s"}})),
+        ),
+        (
+            "spec.drain.timeout",
+            spec_with(json!({"drain": {"timeout": "2h"}})),
+        ),
+    ]
+}
+
+fn valid_specs() -> Vec<Value> {
+    vec![
+        spec_with(json!({})),
+        spec_with(json!({
+            "upstream": {"port": 8000, "path": "/v1/mcp"},
+            "listen": {"port": 8443, "path": "/mcp"},
+            "admin": {"port": 9000},
+            "peer": {"port": 9001},
+            "origins": {"allow": [
+                "https://app.example.com", "HTTP://LOCALHOST:3000", "http://[::1]:8080",
+                "http://10.0.0.7", "https://a-b.example:00443"
+            ], "allowMissing": false},
+            "protocolVersions": ["2025-06-18", "2025-11-25"],
+            "buffer": {"maxEvents": 1, "maxBytes": 1, "ttl": "1h30m"},
+            "session": {"idleTimeout": "90s", "migration": "Pin"},
+            "drain": {"timeout": "1h"},
+            "sidecar": {"image": "ghcr.io/tether-dev/tether-sidecar:0.1.0",
+                        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}}},
+        })),
+    ]
+}
+
+#[test]
+fn cel_rules_accept_what_validate_spec_accepts() {
+    for spec in valid_specs() {
+        let obj = endpoint(spec.clone());
+        assert_eq!(validate_spec(&obj.spec), [], "validate_spec rejects {spec}");
+        if let Err(errors) = validate_cel(&obj) {
+            panic!("CEL rejects {spec}: {errors:?}");
+        }
+    }
+}
+
+#[test]
+fn cel_rules_reject_what_validate_spec_rejects_naming_the_same_field() {
+    for (field, spec) in invalid_specs() {
+        let obj = endpoint(spec.clone());
+        let by_rust = validate_spec(&obj.spec);
+        assert!(
+            by_rust.iter().any(|e| e.path.starts_with(field)),
+            "validate_spec does not reject {field} in {spec}: {by_rust:?}"
+        );
+        let errors = match validate_cel(&obj) {
+            Ok(()) => panic!("CEL accepts {spec} ({field})"),
+            Err(errors) => errors.into_vec(),
+        };
+        for e in &errors {
+            assert_eq!(e.kind, ErrorKind::ValidationFailure, "{e:?}");
+        }
+        assert!(
+            errors.iter().any(|e| e.message.starts_with(field)),
+            "no CEL message names {field} for {spec}: {errors:?}"
+        );
+    }
+}
+
+#[test]
+fn target_ref_is_immutable_but_the_rest_of_the_spec_is_not() {
+    let old = endpoint(spec_with(json!({})));
+    let retargeted = endpoint(spec_with(json!({"targetRef": {"name": "other"}})));
+    let errors = validate_cel_update(&retargeted, &old)
+        .expect_err("a new targetRef is refused")
+        .into_vec();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.message.starts_with("spec.targetRef is immutable")),
+        "{errors:?}"
+    );
+    let tuned = endpoint(spec_with(
+        json!({"buffer": {"maxEvents": 64}, "drain": {"timeout": "30s"}}),
+    ));
+    assert!(validate_cel_update(&tuned, &old).is_ok());
+}
