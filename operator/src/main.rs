@@ -1,8 +1,9 @@
 //! `tether-operator`: the control plane of tether (DESIGN.md §4).
 //!
-//! This first version only prints the `McpEndpoint` CustomResourceDefinition generated from the
-//! Rust types (`tether-operator crd > crds/mcpendpoints.mcp.tether.dev.yaml`); the controller
-//! that reconciles endpoints into injected sidecars comes with issue #5.
+//! So far it prints the `McpEndpoint` CustomResourceDefinition generated from the Rust types
+//! (`tether-operator crd`, what `make crds` commits); the library holds the validate and build
+//! steps of the reconcile, and the controller that runs them against the API server is the next
+//! part of issue #5.
 
 use std::process::ExitCode;
 

@@ -1,0 +1,138 @@
+//! The sidecar injection: the server-side apply body for the target Deployment.
+//!
+//! It holds only what the operator owns in the pod template, so applying it merges with the
+//! user's fields (containers and volumes are list-maps keyed by name), and applying an empty body
+//! with the same field manager removes exactly this (the finalizer's cleanup):
+//!
+//! - `initContainers[tether-sidecar]`: the sidecar as a native sidecar (`restartPolicy: Always`),
+//!   configured through environment variables (downward API for the pod's IP, UID and
+//!   namespace), readiness on `/readyz`, liveness on `/healthz`, `preStop httpGet /drain`;
+//! - `containers[<MCP server>].lifecycle.preStop`: `httpGet /drain` on the sidecar's admin port,
+//!   so the MCP server keeps serving until its sessions are handed off (rust-notes §2.6: the app
+//!   gets SIGTERM when termination starts, the native sidecar only after the app exited);
+//! - the config and Secret volumes;
+//! - `terminationGracePeriodSeconds` ≥ `drain.timeout` + [`GRACE_MARGIN_SECS`] (a larger value
+//!   the user set is kept);
+//! - `serviceAccountName` (and the deprecated `serviceAccount`, which the API server copies back,
+//!   rust-notes §2.9) only when the pods name no ServiceAccount;
+//! - the template annotation naming the endpoint.
+
+use serde_json::{Value, json};
+use tether_crds::McpEndpoint;
+
+use super::{DRAIN_PATH, Defaults, GRACE_MARGIN_SECS};
+use crate::names::{
+    CONFIG_DIR, CONFIG_KEY, CONFIG_VOLUME, INJECTED_ANNOTATION, Names, SECRET_DIR, SECRET_KEY,
+    SECRET_VOLUME, SIDECAR_CONTAINER,
+};
+use crate::validate::Target;
+
+/// UID and GID the sidecar runs as (non-root, as the distroless `nonroot` user).
+pub const SIDECAR_USER: i64 = 65532;
+
+/// The Deployment apply body for `ep` on `target`; `own_service_account` when the pods get the
+/// sidecar's dedicated ServiceAccount.
+pub fn deployment(
+    ep: &McpEndpoint,
+    names: &Names,
+    target: &Target<'_>,
+    defaults: &Defaults,
+    own_service_account: bool,
+) -> Value {
+    let mut pod_spec = json!({
+        "initContainers": [sidecar(ep, target, defaults)],
+        "containers": [{
+            "name": target.upstream_container,
+            "lifecycle": {"preStop": drain_hook(ep)},
+        }],
+        "volumes": [
+            {"name": CONFIG_VOLUME, "configMap": {"name": names.config()}},
+            {"name": SECRET_VOLUME, "secret": {"secretName": names.config()}},
+        ],
+        "terminationGracePeriodSeconds": grace_period(ep, target),
+    });
+    if own_service_account {
+        pod_spec["serviceAccountName"] = json!(names.sidecar_rbac());
+        pod_spec["serviceAccount"] = json!(names.sidecar_rbac());
+    }
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": target.deployment.metadata.name,
+            "namespace": names.namespace,
+        },
+        "spec": {"template": {
+            "metadata": {"annotations": {INJECTED_ANNOTATION: names.endpoint}},
+            "spec": pod_spec,
+        }},
+    })
+}
+
+/// `terminationGracePeriodSeconds`: `drain.timeout` + margin, or the template's when larger.
+pub fn grace_period(ep: &McpEndpoint, target: &Target<'_>) -> i64 {
+    let drain = std::time::Duration::from(ep.spec.drain.timeout)
+        .as_secs_f64()
+        .ceil() as i64;
+    let needed = drain + GRACE_MARGIN_SECS;
+    target
+        .pod
+        .termination_grace_period_seconds
+        .map_or(needed, |theirs| theirs.max(needed))
+}
+
+/// The `preStop` hook that waits for the sidecar's drain.
+fn drain_hook(ep: &McpEndpoint) -> Value {
+    json!({"httpGet": {"path": DRAIN_PATH, "port": ep.spec.admin.port}})
+}
+
+fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value {
+    let spec = &ep.spec;
+    let image = spec
+        .sidecar
+        .image
+        .clone()
+        .unwrap_or_else(|| defaults.sidecar_image.clone());
+    let resources = spec
+        .sidecar
+        .resources
+        .clone()
+        .unwrap_or_else(|| defaults.sidecar_resources.clone());
+    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+    let probe = |path: &str| json!({"httpGet": {"path": path, "port": spec.admin.port}});
+    json!({
+        "name": SIDECAR_CONTAINER,
+        "image": image,
+        "restartPolicy": "Always",
+        "env": [
+            {"name": "TETHER_ENDPOINT", "value": format!("{CONFIG_DIR}/{CONFIG_KEY}")},
+            {"name": "TETHER_SECRET_FILE", "value": format!("{SECRET_DIR}/{SECRET_KEY}")},
+            {"name": "TETHER_POD_SELECTOR", "value": target.selector},
+            {"name": "TETHER_LOG_FORMAT", "value": "json"},
+            {"name": "POD_IP", "valueFrom": field("status.podIP")},
+            {"name": "POD_UID", "valueFrom": field("metadata.uid")},
+            {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+        ],
+        "ports": [
+            {"name": "mcp", "containerPort": spec.listen.port, "protocol": "TCP"},
+            {"name": "tether-admin", "containerPort": spec.admin.port, "protocol": "TCP"},
+            {"name": "tether-peer", "containerPort": spec.peer.port, "protocol": "TCP"},
+        ],
+        "readinessProbe": probe("/readyz"),
+        "livenessProbe": probe("/healthz"),
+        "lifecycle": {"preStop": drain_hook(ep)},
+        "resources": resources,
+        "volumeMounts": [
+            {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": true},
+            {"name": SECRET_VOLUME, "mountPath": SECRET_DIR, "readOnly": true},
+        ],
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": SIDECAR_USER,
+            "runAsGroup": SIDECAR_USER,
+            "readOnlyRootFilesystem": true,
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    })
+}

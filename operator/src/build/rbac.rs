@@ -1,0 +1,64 @@
+//! What the sidecar needs to watch its endpoint's Pods (the Kubernetes membership source):
+//! a Role (`pods: get, list, watch` in the namespace), a RoleBinding to the pods'
+//! ServiceAccount, and a dedicated ServiceAccount only when the pod template names none (a
+//! ServiceAccount the user chose is never replaced; binding to `default` would grant every pod
+//! of the namespace the watch).
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use super::child_meta;
+use crate::names::Names;
+use crate::validate::Target;
+
+/// The dedicated ServiceAccount, when the pods name none (or name the one we created).
+pub fn service_account(
+    names: &Names,
+    target: &Target<'_>,
+    owner: &OwnerReference,
+) -> Option<ServiceAccount> {
+    let named = target
+        .pod
+        .service_account_name
+        .as_deref()
+        .filter(|n| !n.is_empty() && *n != "default");
+    match named {
+        Some(n) if n != names.sidecar_rbac() => None,
+        _ => Some(ServiceAccount {
+            metadata: child_meta(names, names.sidecar_rbac(), owner),
+            ..ServiceAccount::default()
+        }),
+    }
+}
+
+/// Read access to the namespace's Pods.
+pub fn role(names: &Names, owner: &OwnerReference) -> Role {
+    Role {
+        metadata: child_meta(names, names.sidecar_rbac(), owner),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["pods".to_owned()]),
+            verbs: ["get", "list", "watch"].map(String::from).to_vec(),
+            ..PolicyRule::default()
+        }]),
+    }
+}
+
+/// Binds [`role`] to ServiceAccount `subject` of the namespace.
+pub fn role_binding(names: &Names, owner: &OwnerReference, subject: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: child_meta(names, names.sidecar_rbac(), owner),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".to_owned(),
+            kind: "Role".to_owned(),
+            name: names.sidecar_rbac(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: subject.to_owned(),
+            namespace: Some(names.namespace.clone()),
+            ..Subject::default()
+        }]),
+    }
+}

@@ -1,0 +1,15 @@
+//! `tether-operator`: the control plane of tether (DESIGN.md §4).
+//!
+//! It reconciles `McpEndpoint` objects in a pipeline of validate → build → apply → status
+//! (stackable's shape, rust-notes §1.5). This crate holds the pure steps:
+//!
+//! - [`names`]: names, labels and identities of what the operator writes;
+//! - [`validate`]: the endpoint and its target Deployment, with the conflicts that become
+//!   `Degraded` (a missing target, a container name clash, a user `preStop`, a port clash, an
+//!   invalid spec);
+//! - [`build`]: the objects a reconcile applies (sidecar injection, ConfigMap, Secret, Services,
+//!   RBAC, PodDisruptionBudget), each holding only the fields the operator owns.
+
+pub mod build;
+pub mod names;
+pub mod validate;

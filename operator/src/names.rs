@@ -1,0 +1,88 @@
+//! Names, labels and identities of everything the operator writes for one `McpEndpoint`.
+//!
+//! Children are named after the endpoint (`<endpoint>-<suffix>`), so two endpoints in one
+//! namespace never collide, and labelled with the `app.kubernetes.io/*` set below so the
+//! operator can find (and prune) its own objects.
+
+use tether_crds::McpEndpoint;
+
+/// The field manager of every server-side apply the operator sends (rust-notes §2.2).
+pub const FIELD_MANAGER: &str = "tether-operator";
+/// Name of the injected sidecar container (a native sidecar: an init container with
+/// `restartPolicy: Always`).
+pub const SIDECAR_CONTAINER: &str = "tether-sidecar";
+/// Pod-template annotation naming the endpoint whose sidecar is injected; a `tether-sidecar`
+/// container without it is the user's, and a clash.
+pub const INJECTED_ANNOTATION: &str = "mcp.tether.dev/endpoint";
+/// Finalizer that removes the injection when the endpoint is deleted.
+pub const FINALIZER: &str = "mcp.tether.dev/injection";
+/// Volume (and mount) of the config ConfigMap in the pod.
+pub const CONFIG_VOLUME: &str = "tether-config";
+/// Volume (and mount) of the HMAC Secret in the pod.
+pub const SECRET_VOLUME: &str = "tether-secret";
+/// Mount path of the config volume; the sidecar reads `endpoint.yaml` there.
+pub const CONFIG_DIR: &str = "/etc/tether";
+/// Mount path of the Secret volume; the sidecar reads `secret` there.
+pub const SECRET_DIR: &str = "/etc/tether-secret";
+/// Key of the endpoint manifest in the ConfigMap.
+pub const CONFIG_KEY: &str = "endpoint.yaml";
+/// Key of the HMAC key in the Secret.
+pub const SECRET_KEY: &str = "secret";
+/// Longest name of a Service (an RFC 1035 label).
+pub const MAX_SERVICE_NAME: usize = 63;
+
+/// The names of one endpoint's children.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    /// The endpoint's name.
+    pub endpoint: String,
+    /// Its namespace.
+    pub namespace: String,
+}
+
+impl Names {
+    /// The names for `ep`; `None` when it has no name or namespace (not from the API server).
+    pub fn of(ep: &McpEndpoint) -> Option<Self> {
+        Some(Self {
+            endpoint: ep.metadata.name.clone()?,
+            namespace: ep.metadata.namespace.clone()?,
+        })
+    }
+
+    /// The config ConfigMap (the spec the sidecars read) and the HMAC Secret.
+    pub fn config(&self) -> String {
+        format!("{}-tether", self.endpoint)
+    }
+
+    /// The client Service (routable pods, the MCP port).
+    pub fn client_service(&self) -> String {
+        format!("{}-mcp", self.endpoint)
+    }
+
+    /// The headless peer Service (every pod, ready or not).
+    pub fn peer_service(&self) -> String {
+        format!("{}-peers", self.endpoint)
+    }
+
+    /// The sidecar's Role, RoleBinding and (when the pods name none) ServiceAccount.
+    pub fn sidecar_rbac(&self) -> String {
+        format!("{}-tether-sidecar", self.endpoint)
+    }
+
+    /// The PodDisruptionBudget.
+    pub fn pdb(&self) -> String {
+        format!("{}-tether", self.endpoint)
+    }
+
+    /// Labels on every child: `app.kubernetes.io/managed-by`, `part-of`, `instance`.
+    pub fn labels(&self) -> std::collections::BTreeMap<String, String> {
+        [
+            ("app.kubernetes.io/managed-by", FIELD_MANAGER),
+            ("app.kubernetes.io/part-of", "tether"),
+            ("app.kubernetes.io/instance", self.endpoint.as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+}
