@@ -8,8 +8,13 @@
 //!   `Degraded` (a missing target, a container name clash, a user `preStop`, a port clash, an
 //!   invalid spec);
 //! - [`build`]: the objects a reconcile applies (sidecar injection, ConfigMap, Secret, Services,
-//!   RBAC, PodDisruptionBudget), each holding only the fields the operator owns.
+//!   RBAC, PodDisruptionBudget), each holding only the fields the operator owns;
+//! - [`diff`]: whether a live object already holds what would be applied (a no-op reconcile
+//!   writes nothing);
+//! - [`status`]: the `Ready`, `Progressing` and `Degraded` conditions from what a reconcile saw.
 
 pub mod build;
+pub mod diff;
 pub mod names;
+pub mod status;
 pub mod validate;

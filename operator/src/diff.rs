@@ -1,0 +1,89 @@
+//! Whether a live object already holds every field the operator would apply, so a reconcile
+//! with nothing to change writes nothing (rust-notes §2.9: identical applies are invisible in
+//! object state, yet they are writes).
+//!
+//! [`covers`] compares the JSON of a live object with the JSON of a desired one: fields the
+//! API server added (defaults, status, other managers' fields) are ignored; lists whose items all
+//! carry a `name` are matched by name (containers, env, volumes, ports, ownerReferences), other
+//! lists must match item by item.
+
+use serde_json::Value;
+
+/// Whether `live` contains `desired`: every field of `desired` is in `live` with an equal value.
+pub fn covers(live: &Value, desired: &Value) -> bool {
+    match (live, desired) {
+        (_, Value::Null) => true,
+        (Value::Object(l), Value::Object(d)) => d
+            .iter()
+            .all(|(k, dv)| dv.is_null() || l.get(k).is_some_and(|lv| covers(lv, dv))),
+        (Value::Array(l), Value::Array(d)) if d.iter().all(named) && !d.is_empty() => {
+            d.iter().all(|di| {
+                l.iter()
+                    .find(|li| li.get("name") == di.get("name"))
+                    .is_some_and(|li| covers(li, di))
+            })
+        }
+        (Value::Array(l), Value::Array(d)) => {
+            l.len() == d.len() && l.iter().zip(d).all(|(li, di)| covers(li, di))
+        }
+        (Value::Number(l), Value::Number(d)) => l.as_f64() == d.as_f64(),
+        (l, d) => l == d,
+    }
+}
+
+fn named(v: &Value) -> bool {
+    v.get("name").is_some_and(Value::is_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::covers;
+
+    #[test]
+    fn added_fields_and_other_items_are_ignored() {
+        let desired = json!({
+            "metadata": {"name": "w", "labels": {"a": "1"}},
+            "spec": {"template": {"spec": {
+                "initContainers": [{"name": "tether-sidecar", "image": "s:1", "env": [{"name": "X", "value": "1"}]}],
+                "containers": [{"name": "server", "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": 9901}}}}],
+                "terminationGracePeriodSeconds": 75,
+            }}},
+        });
+        let live = json!({
+            "metadata": {"name": "w", "labels": {"a": "1", "b": "2"}, "resourceVersion": "7"},
+            "spec": {"replicas": 3, "template": {"spec": {
+                "initContainers": [
+                    {"name": "theirs", "image": "t"},
+                    {"name": "tether-sidecar", "image": "s:1", "imagePullPolicy": "IfNotPresent",
+                     "env": [{"name": "X", "value": "1"}], "terminationMessagePath": "/dev/termination-log"},
+                ],
+                "containers": [{"name": "server", "image": "srv", "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": 9901, "scheme": "HTTP"}}}}],
+                "terminationGracePeriodSeconds": 75,
+            }}},
+            "status": {"replicas": 3},
+        });
+        assert!(covers(&live, &desired));
+    }
+
+    #[test]
+    fn any_missing_or_different_field_is_a_change() {
+        let live = json!({"spec": {"containers": [{"name": "a", "image": "1"}], "verbs": ["get", "list"], "n": 75}});
+        for desired in [
+            json!({"spec": {"containers": [{"name": "a", "image": "2"}]}}),
+            json!({"spec": {"containers": [{"name": "b", "image": "1"}]}}),
+            json!({"spec": {"verbs": ["get", "list", "watch"]}}),
+            json!({"spec": {"verbs": ["list", "get"]}}),
+            json!({"spec": {"n": 76}}),
+            json!({"spec": {"missing": true}}),
+            json!({"other": {}}),
+        ] {
+            assert!(!covers(&live, &desired), "{desired}");
+        }
+        assert!(covers(
+            &live,
+            &json!({"spec": {"n": 75.0, "verbs": ["get", "list"]}})
+        ));
+    }
+}

@@ -1,0 +1,227 @@
+//! Step 4 of the reconcile pipeline: the endpoint's status from what the reconcile saw.
+//!
+//! Three condition types (rust-notes §2.3), each with `observedGeneration`; a condition whose
+//! `status` did not flip keeps its `lastTransitionTime` (only reason and message move):
+//!
+//! | condition | `True` when | reasons |
+//! |---|---|---|
+//! | `Ready` | the target's pods all run a ready sidecar of the current pod template | `AllPodsReady`; `False`: the conflict's reason, `TargetNotFound`, `RollingOut`, `PodsNotReady`, `NoPods` |
+//! | `Progressing` | pods of an older template remain (a rollout the injection caused, or any) | `RollingOut`; `False`: `Complete` |
+//! | `Degraded` | the operator cannot do what the spec asks | the conflict's reason, `TargetNotFound`; `False`: `AsExpected` |
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::validate::Conflict;
+
+/// The target's pods as the reconcile counted them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodCounts {
+    /// Pods of the target Deployment.
+    pub total: i32,
+    /// Pods of the current pod template (`updatedReplicas`).
+    pub updated: i32,
+    /// Pods whose sidecar is ready (they take new sessions).
+    pub ready: i32,
+    /// Pods being deleted (their sidecars hand sessions off).
+    pub draining: i32,
+}
+
+/// What one reconcile found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Everything applied; `pods` of the target.
+    Applied(PodCounts),
+    /// The target Deployment does not exist.
+    TargetNotFound(String),
+    /// A [`Conflict`] stopped the reconcile before it wrote anything.
+    Conflict(Conflict),
+}
+
+/// The conditions for `outcome` at `generation`, keeping the `lastTransitionTime` of `previous`
+/// conditions whose status is unchanged; `now` stamps the others.
+pub fn conditions(
+    outcome: &Outcome,
+    generation: Option<i64>,
+    previous: &[Condition],
+    now: &Time,
+) -> Vec<Condition> {
+    let (ready, progressing, degraded) = judge(outcome);
+    [
+        ("Ready", ready),
+        ("Progressing", progressing),
+        ("Degraded", degraded),
+    ]
+    .into_iter()
+    .map(|(type_, (status, reason, message))| {
+        let status = if status { "True" } else { "False" };
+        let kept = previous
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map(|c| c.last_transition_time.clone());
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: generation,
+            last_transition_time: kept.unwrap_or_else(|| now.clone()),
+        }
+    })
+    .collect()
+}
+
+type Judgement = (bool, &'static str, String);
+
+fn judge(outcome: &Outcome) -> (Judgement, Judgement, Judgement) {
+    let complete = (false, "Complete", "no rollout under way".to_owned());
+    let fine = (
+        false,
+        "AsExpected",
+        "the sidecar is injected as the spec asks".to_owned(),
+    );
+    match outcome {
+        Outcome::Conflict(c) => (
+            (false, c.reason, c.message.clone()),
+            complete,
+            (true, c.reason, c.message.clone()),
+        ),
+        Outcome::TargetNotFound(name) => {
+            let message = format!("Deployment {name:?} not found in the endpoint's namespace");
+            (
+                (false, "TargetNotFound", message.clone()),
+                complete,
+                (true, "TargetNotFound", message),
+            )
+        }
+        Outcome::Applied(p) => {
+            let rolling = p.updated < p.total;
+            let ready = if p.total == 0 {
+                (false, "NoPods", "the target has no pods".to_owned())
+            } else if rolling {
+                (
+                    false,
+                    "RollingOut",
+                    format!("{} of {} pods run the current sidecar", p.updated, p.total),
+                )
+            } else if p.ready < p.total {
+                (
+                    false,
+                    "PodsNotReady",
+                    format!("{} of {} sidecars ready", p.ready, p.total),
+                )
+            } else {
+                (true, "AllPodsReady", format!("{} pods ready", p.total))
+            };
+            let progressing = if rolling {
+                (
+                    true,
+                    "RollingOut",
+                    format!(
+                        "{} of {} pods run the current pod template; new pods get the sidecar as they start",
+                        p.updated, p.total
+                    ),
+                )
+            } else {
+                complete
+            };
+            (ready, progressing, fine)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    fn get<'a>(cs: &'a [Condition], t: &str) -> &'a Condition {
+        cs.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn a_rollout_then_ready_moves_the_transition_times_only_on_flips() {
+        let rolling = Outcome::Applied(PodCounts {
+            total: 3,
+            updated: 1,
+            ready: 3,
+            draining: 1,
+        });
+        let first = conditions(&rolling, Some(2), &[], &at(100));
+        assert_eq!(get(&first, "Ready").status, "False");
+        assert_eq!(get(&first, "Ready").reason, "RollingOut");
+        assert_eq!(get(&first, "Progressing").status, "True");
+        assert_eq!(get(&first, "Degraded").status, "False");
+        assert!(first.iter().all(|c| c.observed_generation == Some(2)));
+        // Still rolling: statuses unchanged, times kept, messages updated.
+        let later = Outcome::Applied(PodCounts {
+            total: 3,
+            updated: 2,
+            ready: 3,
+            draining: 1,
+        });
+        let second = conditions(&later, Some(2), &first, &at(200));
+        assert!(second.iter().all(|c| c.last_transition_time == at(100)));
+        assert!(get(&second, "Progressing").message.starts_with("2 of 3"));
+        // Done: Ready and Progressing flip (new time), Degraded keeps its time.
+        let done = Outcome::Applied(PodCounts {
+            total: 3,
+            updated: 3,
+            ready: 3,
+            draining: 0,
+        });
+        let third = conditions(&done, Some(2), &second, &at(300));
+        assert_eq!(
+            (
+                get(&third, "Ready").status.as_str(),
+                get(&third, "Ready").last_transition_time.clone()
+            ),
+            ("True", at(300))
+        );
+        assert_eq!(get(&third, "Progressing").reason, "Complete");
+        assert_eq!(get(&third, "Progressing").last_transition_time, at(300));
+        assert_eq!(get(&third, "Degraded").last_transition_time, at(100));
+    }
+
+    #[test]
+    fn conflicts_and_a_missing_target_are_degraded_with_their_reason() {
+        let conflict = Outcome::Conflict(Conflict {
+            reason: "PreStopConflict",
+            message: "container \"server\" already has a preStop hook".into(),
+        });
+        let cs = conditions(&conflict, Some(1), &[], &at(1));
+        assert_eq!(
+            (
+                get(&cs, "Degraded").status.as_str(),
+                get(&cs, "Degraded").reason.as_str()
+            ),
+            ("True", "PreStopConflict")
+        );
+        assert_eq!(get(&cs, "Ready").status, "False");
+        let missing = conditions(
+            &Outcome::TargetNotFound("weather".into()),
+            Some(1),
+            &[],
+            &at(1),
+        );
+        assert_eq!(get(&missing, "Degraded").reason, "TargetNotFound");
+        assert!(get(&missing, "Degraded").message.contains("\"weather\""));
+        let none = Outcome::Applied(PodCounts::default());
+        assert_eq!(
+            get(&conditions(&none, None, &[], &at(1)), "Ready").reason,
+            "NoPods"
+        );
+        let unready = Outcome::Applied(PodCounts {
+            total: 2,
+            updated: 2,
+            ready: 1,
+            draining: 0,
+        });
+        assert_eq!(
+            get(&conditions(&unready, None, &[], &at(1)), "Ready").reason,
+            "PodsNotReady"
+        );
+    }
+}
