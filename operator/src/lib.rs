@@ -11,9 +11,12 @@
 //!   RBAC, PodDisruptionBudget), each holding only the fields the operator owns;
 //! - [`diff`]: whether a live object already holds what would be applied (a no-op reconcile
 //!   writes nothing);
-//! - [`status`]: the `Ready`, `Progressing` and `Degraded` conditions from what a reconcile saw.
+//! - [`status`]: the `Ready`, `Progressing` and `Degraded` conditions from what a reconcile saw;
+//! - [`controller`]: the reconcile against the API server (finalizer, server-side apply of what
+//!   changed, status).
 
 pub mod build;
+pub mod controller;
 pub mod diff;
 pub mod names;
 pub mod status;

@@ -1,13 +1,23 @@
 //! `tether-operator`: the control plane of tether (DESIGN.md §4).
 //!
-//! So far it prints the `McpEndpoint` CustomResourceDefinition generated from the Rust types
-//! (`tether-operator crd`, what `make crds` commits); the library holds the validate and build
-//! steps of the reconcile, and the controller that runs them against the API server is the next
-//! part of issue #5.
+//! - `tether-operator run`: the controller. It reconciles every `McpEndpoint` of the cluster
+//!   ([`tether_operator::controller`]) and is woken when one of its children changes; it stops on
+//!   SIGINT/SIGTERM after the reconciles under way.
+//! - `tether-operator crd`: prints the `McpEndpoint` CustomResourceDefinition (`make crds`).
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::Client;
+use kube::api::{Api, ListParams};
+use kube::runtime::{Controller, watcher};
+use tether_crds::McpEndpoint;
+use tether_operator::build::Defaults;
+use tether_operator::controller::{Context, error_policy, reconcile};
+use tether_operator::names::FIELD_MANAGER;
 
 /// tether's operator.
 #[derive(Debug, Parser)]
@@ -19,11 +29,25 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the controller (in-cluster config, or KUBECONFIG outside a cluster).
+    Run(RunArgs),
     /// Print the McpEndpoint CustomResourceDefinition (YAML) to stdout.
     Crd,
 }
 
-fn main() -> ExitCode {
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Sidecar image for endpoints whose spec.sidecar.image is unset.
+    #[arg(
+        long,
+        env = "TETHER_SIDECAR_IMAGE",
+        default_value = concat!("ghcr.io/tether-dev/tether-sidecar:", env!("CARGO_PKG_VERSION"))
+    )]
+    sidecar_image: String,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Crd => match tether_crds::crd_yaml() {
             Ok(yaml) => {
@@ -35,5 +59,47 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Run(args) => run(args).await,
     }
+}
+
+async fn run(args: RunArgs) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "no Kubernetes configuration (in-cluster or KUBECONFIG)");
+            return ExitCode::FAILURE;
+        }
+    };
+    let endpoints: Api<McpEndpoint> = Api::all(client.clone());
+    if let Err(e) = endpoints.list(&ListParams::default().limit(1)).await {
+        tracing::error!(error = %e, "cannot list McpEndpoints; is the CRD installed? (kubectl apply -f crds/)");
+        return ExitCode::FAILURE;
+    }
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        defaults: Defaults::with_image(args.sidecar_image),
+    });
+    let ours =
+        watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
+    tracing::info!("reconciling McpEndpoints");
+    Controller::new(endpoints, watcher::Config::default())
+        .owns(Api::<ConfigMap>::all(client.clone()), ours.clone())
+        .owns(Api::<Service>::all(client), ours)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => tracing::debug!(endpoint = %obj.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile did not run"),
+            }
+        })
+        .await;
+    tracing::info!("stopped");
+    ExitCode::SUCCESS
 }

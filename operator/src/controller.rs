@@ -1,0 +1,265 @@
+//! The reconcile of one `McpEndpoint`: validate → build → apply → status (the pure steps are
+//! [`crate::validate`], [`crate::build`] and [`crate::status`]; this module talks to the API
+//! server).
+//!
+//! - A finalizer ([`FINALIZER`]) is added first; on deletion the injection is removed (a
+//!   server-side apply of an empty Deployment body with our field manager drops exactly the
+//!   fields we own; the children go with their owner reference) before it is released.
+//! - Each child is read first and applied (server-side apply, field manager
+//!   [`FIELD_MANAGER`], forced: the operator owns these fields) only when the live object lacks
+//!   something ([`covers`]): a reconcile with nothing to change writes nothing.
+//! - The HMAC Secret is created when missing and never written again.
+//! - The status is written only when it changed.
+//! - A conflict or a missing target is no error: `Degraded` says why and the endpoint is looked
+//!   at again after [`RECHECK`]. API errors go to [`error_policy`], which backs off.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{self, Event};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tether_crds::{McpEndpoint, McpEndpointStatus};
+
+use crate::build::{Defaults, Plan, config::HMAC_KEY_BYTES, plan};
+use crate::diff::covers;
+use crate::names::{FIELD_MANAGER, FINALIZER, Names};
+use crate::status::{Outcome, PodCounts, conditions};
+use crate::validate::validate;
+
+/// How often an endpoint is looked at again without any change (a target created later, pods
+/// becoming ready).
+pub const RECHECK: Duration = Duration::from_secs(30);
+/// Wait before retrying a reconcile that failed on an API error.
+pub const ERROR_BACKOFF: Duration = Duration::from_secs(15);
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Defaults for what specs leave out.
+    pub defaults: Defaults,
+}
+
+/// Reconcile failures (API errors); conflicts are reported in the status instead.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a request.
+    #[error("API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The endpoint has no name or namespace.
+    #[error("the McpEndpoint has no name or namespace")]
+    Unnamed,
+    /// Adding or removing the finalizer, or the step it guards, failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+    /// An object did not serialize to JSON (not expected).
+    #[error("serialization: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// A short label for metrics (`reconcile_failures_total{reason}`).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "api",
+            Error::Unnamed => "unnamed",
+            Error::Finalizer(_) => "finalizer",
+            Error::Json(_) => "json",
+        }
+    }
+}
+
+/// Reconciles `ep` (kube-runtime `Controller` callback).
+///
+/// # Errors
+/// [`Error`] on an API failure; the controller retries after [`error_policy`]'s delay.
+pub async fn reconcile(ep: Arc<McpEndpoint>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = ep.namespace().ok_or(Error::Unnamed)?;
+    let api: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &namespace);
+    finalizer::finalizer(&api, FINALIZER, ep, |event| async {
+        match event {
+            Event::Apply(ep) => apply(&ep, &ctx).await,
+            Event::Cleanup(ep) => cleanup(&ep, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Backs off after a failed reconcile (never a hot loop).
+pub fn error_policy(_ep: Arc<McpEndpoint>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, reason = error.metric_label(), "reconcile failed; retrying");
+    Action::requeue(ERROR_BACKOFF)
+}
+
+async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
+    let names = Names::of(ep).ok_or(Error::Unnamed)?;
+    let client = &ctx.client;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &names.namespace);
+    let target_name = &ep.spec.target_ref.name;
+    let outcome = match deployments.get_opt(target_name).await? {
+        None => Outcome::TargetNotFound(target_name.clone()),
+        Some(deployment) => match validate(ep, &names, &deployment) {
+            Err(conflict) => Outcome::Conflict(conflict),
+            Ok(target) => {
+                let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
+                let key: [u8; HMAC_KEY_BYTES] = rand::random();
+                let plan = plan(ep, &names, &target, &ctx.defaults, &owner, &key);
+                let rolled = write(client, &names, &deployment, &plan).await?;
+                Outcome::Applied(pod_counts(&deployment, rolled))
+            }
+        },
+    };
+    write_status(ep, &names, &outcome, client).await?;
+    Ok(Action::requeue(RECHECK))
+}
+
+/// Applies `plan`; returns whether the pod template changed (the pods roll).
+async fn write(
+    client: &Client,
+    names: &Names,
+    deployment: &Deployment,
+    plan: &Plan,
+) -> Result<bool, Error> {
+    let ns = &names.namespace;
+    ensure(
+        &Api::<ConfigMap>::namespaced(client.clone(), ns),
+        &plan.config_map,
+    )
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    if secrets.get_opt(&names.config()).await?.is_none() {
+        secrets.create(&PostParams::default(), &plan.secret).await?;
+    }
+    for service in &plan.services {
+        ensure(&Api::<Service>::namespaced(client.clone(), ns), service).await?;
+    }
+    if let Some(sa) = &plan.service_account {
+        ensure(&Api::<ServiceAccount>::namespaced(client.clone(), ns), sa).await?;
+    }
+    ensure(&Api::<Role>::namespaced(client.clone(), ns), &plan.role).await?;
+    ensure(
+        &Api::<RoleBinding>::namespaced(client.clone(), ns),
+        &plan.role_binding,
+    )
+    .await?;
+    ensure(
+        &Api::<PodDisruptionBudget>::namespaced(client.clone(), ns),
+        &plan.pdb,
+    )
+    .await?;
+    let live = serde_json::to_value(deployment)?;
+    if covers(&live, &plan.injection) {
+        return Ok(false);
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    deployments
+        .patch(
+            &deployment.name_any(),
+            &apply_params(),
+            &Patch::Apply(&plan.injection),
+        )
+        .await?;
+    Ok(true)
+}
+
+/// Server-side applies `desired` unless the live object already holds all of it.
+async fn ensure<K>(api: &Api<K>, desired: &K) -> Result<(), Error>
+where
+    K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let name = desired.meta().name.clone().ok_or(Error::Unnamed)?;
+    let body = serde_json::to_value(desired)?;
+    if let Some(live) = api.get_opt(&name).await?
+        && covers(&serde_json::to_value(&live)?, &body)
+    {
+        return Ok(());
+    }
+    api.patch(&name, &apply_params(), &Patch::Apply(&body))
+        .await?;
+    Ok(())
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// Pod counts from the Deployment's status. While the Deployment controller has not seen the
+/// newest template (`observedGeneration` behind `generation`, or the template was just changed)
+/// no pod is current yet.
+fn pod_counts(deployment: &Deployment, rolled: bool) -> PodCounts {
+    let status = deployment.status.clone().unwrap_or_default();
+    let behind = status.observed_generation < deployment.metadata.generation;
+    PodCounts {
+        total: status.replicas.unwrap_or(0),
+        updated: if rolled || behind {
+            0
+        } else {
+            status.updated_replicas.unwrap_or(0)
+        },
+        ready: status.ready_replicas.unwrap_or(0),
+        draining: status.terminating_replicas.unwrap_or(0),
+    }
+}
+
+/// Writes the status for `outcome` when it differs from the stored one.
+async fn write_status(
+    ep: &McpEndpoint,
+    names: &Names,
+    outcome: &Outcome,
+    client: &Client,
+) -> Result<(), Error> {
+    let previous = ep.status.clone().unwrap_or_default();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let counts = match outcome {
+        Outcome::Applied(p) => Some(*p),
+        _ => None,
+    };
+    let status = McpEndpointStatus {
+        observed_generation: ep.metadata.generation,
+        conditions: conditions(outcome, ep.metadata.generation, &previous.conditions, &now),
+        pods: counts.map(|p| p.total),
+        routable: counts.map(|p| p.ready),
+        draining: counts.map(|p| p.draining),
+    };
+    if status == previous {
+        return Ok(());
+    }
+    let api: Api<McpEndpoint> = Api::namespaced(client.clone(), &names.namespace);
+    let body = json!({
+        "apiVersion": tether_crds::API_VERSION,
+        "kind": tether_crds::KIND,
+        "status": status,
+    });
+    api.patch_status(&names.endpoint, &apply_params(), &Patch::Apply(&body))
+        .await?;
+    Ok(())
+}
+
+/// Removes the injection from the target (its owned children go with the owner reference).
+async fn cleanup(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
+    let names = Names::of(ep).ok_or(Error::Unnamed)?;
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let target = &ep.spec.target_ref.name;
+    if deployments.get_opt(target).await?.is_some() {
+        let empty: Value = json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": target, "namespace": names.namespace},
+        });
+        deployments
+            .patch(target, &apply_params(), &Patch::Apply(&empty))
+            .await?;
+    }
+    Ok(Action::await_change())
+}
