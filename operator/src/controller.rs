@@ -20,7 +20,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, Event};
@@ -30,7 +30,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tether_crds::{McpEndpoint, McpEndpointStatus};
 
-use crate::build::{Defaults, Plan, config::HMAC_KEY_BYTES, plan};
+use crate::build::config::{self, HMAC_KEY_BYTES};
+use crate::build::{Defaults, Plan, plan};
 use crate::diff::covers;
 use crate::names::{FIELD_MANAGER, FINALIZER, Names};
 use crate::status::{Outcome, PodCounts, conditions};
@@ -113,9 +114,8 @@ async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
             Err(conflict) => Outcome::Conflict(conflict),
             Ok(target) => {
                 let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
-                let key: [u8; HMAC_KEY_BYTES] = rand::random();
-                let plan = plan(ep, &names, &target, &ctx.defaults, &owner, &key);
-                let rolled = write(client, &names, &deployment, &plan).await?;
+                let plan = plan(ep, &names, &target, &ctx.defaults, &owner);
+                let rolled = write(client, &names, &owner, &deployment, &plan).await?;
                 Outcome::Applied(pod_counts(&deployment, rolled))
             }
         },
@@ -128,6 +128,7 @@ async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
 async fn write(
     client: &Client,
     names: &Names,
+    owner: &OwnerReference,
     deployment: &Deployment,
     plan: &Plan,
 ) -> Result<bool, Error> {
@@ -139,7 +140,9 @@ async fn write(
     .await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     if secrets.get_opt(&names.config()).await?.is_none() {
-        secrets.create(&PostParams::default(), &plan.secret).await?;
+        let key: [u8; HMAC_KEY_BYTES] = rand::random();
+        let secret = config::secret(names, owner, &key);
+        secrets.create(&PostParams::default(), &secret).await?;
     }
     for service in &plan.services {
         ensure(&Api::<Service>::namespaced(client.clone(), ns), service).await?;

@@ -71,18 +71,18 @@ pub fn validate<'a>(
             ));
         }
     }
-    let spec = deployment.spec.as_ref();
-    let selector = spec.map(|s| &s.selector);
-    let match_labels = selector
-        .and_then(|s| s.match_labels.clone())
-        .unwrap_or_default();
+    let spec = deployment
+        .spec
+        .as_ref()
+        .ok_or_else(|| Conflict::new("TargetWithoutSelector", "the Deployment has no spec"))?;
+    let match_labels = spec.selector.match_labels.clone().unwrap_or_default();
     if match_labels.is_empty() {
         return Err(Conflict::new(
             "TargetWithoutSelector",
             "the Deployment's selector has no matchLabels; tether's Services and PodDisruptionBudget need them",
         ));
     }
-    let pod = spec.and_then(|s| s.template.spec.as_ref()).ok_or_else(|| {
+    let pod = spec.template.spec.as_ref().ok_or_else(|| {
         Conflict::new(
             "TargetWithoutSelector",
             "the Deployment has no pod template spec",
@@ -95,7 +95,7 @@ pub fn validate<'a>(
     Ok(Target {
         deployment,
         pod,
-        selector: render_selector(selector.expect("checked above")),
+        selector: render_selector(&spec.selector),
         match_labels,
         upstream_container: upstream.name.clone(),
     })

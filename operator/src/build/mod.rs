@@ -14,9 +14,7 @@ pub mod inject;
 pub mod network;
 pub mod rbac;
 
-use k8s_openapi::api::core::v1::{
-    ConfigMap, ResourceRequirements, Secret, Service, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, ResourceRequirements, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -68,10 +66,8 @@ impl Defaults {
 pub struct Plan {
     /// Server-side apply body for the target Deployment.
     pub injection: serde_json::Value,
-    /// The config ConfigMap.
+    /// The config ConfigMap (the HMAC Secret is built only when missing: [`config::secret`]).
     pub config_map: ConfigMap,
-    /// The HMAC Secret: created when missing, never updated.
-    pub secret: Secret,
     /// Client Service, then headless peer Service.
     pub services: [Service; 2],
     /// The sidecar's ServiceAccount, when the pod template names none.
@@ -85,14 +81,13 @@ pub struct Plan {
 }
 
 /// Builds the [`Plan`] for `ep` on its validated `target`; `owner` is the endpoint's controller
-/// owner reference and `hmac_key` the random key for a Secret that does not exist yet.
+/// owner reference.
 pub fn plan(
     ep: &McpEndpoint,
     names: &Names,
     target: &Target<'_>,
     defaults: &Defaults,
     owner: &OwnerReference,
-    hmac_key: &[u8],
 ) -> Plan {
     let service_account = rbac::service_account(names, target, owner);
     let subject = service_account
@@ -103,7 +98,6 @@ pub fn plan(
     Plan {
         injection: inject::deployment(ep, names, target, defaults, service_account.is_some()),
         config_map: config::config_map(ep, names, owner),
-        secret: config::secret(names, owner, hmac_key),
         services: [
             network::client_service(ep, names, target, owner),
             network::peer_service(ep, names, target, owner),
@@ -146,7 +140,6 @@ mod tests {
             &target,
             &Defaults::with_image("tether-sidecar:test"),
             &fixtures::owner(ep),
-            &[7; 32],
         )
     }
 
@@ -290,7 +283,7 @@ mod tests {
             p.config_map.metadata.owner_references.as_ref().unwrap()[0].kind,
             "McpEndpoint"
         );
-        let secret = &p.secret;
+        let secret = config::secret(&fixtures::names(&ep), &fixtures::owner(&ep), &[7; 32]);
         assert_eq!(secret.immutable, Some(true));
         assert_eq!(secret.data.as_ref().unwrap()["secret"].0, vec![7; 32]);
     }
