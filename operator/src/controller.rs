@@ -49,6 +49,8 @@ pub struct Context {
     pub client: Client,
     /// Defaults for what specs leave out.
     pub defaults: Defaults,
+    /// Reconciles by result, duration, failures.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Reconcile failures (API errors); conflicts are reported in the status instead.
@@ -85,12 +87,20 @@ impl Error {
 /// # Errors
 /// [`Error`] on an API failure; the controller retries after [`error_policy`]'s delay.
 pub async fn reconcile(ep: Arc<McpEndpoint>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = run_finalizer(ep, &ctx).await;
+    let outcome = result.as_ref().map(|_| ()).map_err(Error::metric_label);
+    ctx.metrics.observe(outcome, started.elapsed());
+    result
+}
+
+async fn run_finalizer(ep: Arc<McpEndpoint>, ctx: &Context) -> Result<Action, Error> {
     let namespace = ep.namespace().ok_or(Error::Unnamed)?;
     let api: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &namespace);
     finalizer::finalizer(&api, FINALIZER, ep, |event| async {
         match event {
-            Event::Apply(ep) => apply(&ep, &ctx).await,
-            Event::Cleanup(ep) => cleanup(&ep, &ctx).await,
+            Event::Apply(ep) => apply(&ep, ctx).await,
+            Event::Cleanup(ep) => cleanup(&ep, ctx).await,
         }
     })
     .await

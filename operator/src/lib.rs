@@ -13,11 +13,15 @@
 //!   writes nothing);
 //! - [`status`]: the `Ready`, `Progressing` and `Degraded` conditions from what a reconcile saw;
 //! - [`controller`]: the reconcile against the API server (finalizer, server-side apply of what
-//!   changed, status).
+//!   changed, status);
+//! - [`metrics`] and [`admin`]: reconciles by result, duration and failures, on `/metrics`
+//!   next to `/healthz` and `/readyz`.
 
+pub mod admin;
 pub mod build;
 pub mod controller;
 pub mod diff;
+pub mod metrics;
 pub mod names;
 pub mod status;
 pub mod validate;

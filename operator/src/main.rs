@@ -2,7 +2,8 @@
 //!
 //! - `tether-operator run`: the controller. It reconciles every `McpEndpoint` of the cluster
 //!   ([`tether_operator::controller`]) and is woken when one of its children changes; it stops on
-//!   SIGINT/SIGTERM after the reconciles under way.
+//!   SIGINT/SIGTERM after the reconciles under way. The admin listener (`--admin-addr`) serves
+//!   `/healthz`, `/readyz` and `/metrics` ([`tether_operator::admin`]).
 //! - `tether-operator crd`: prints the `McpEndpoint` CustomResourceDefinition (`make crds`).
 
 use std::process::ExitCode;
@@ -15,6 +16,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::runtime::{Controller, watcher};
 use tether_crds::McpEndpoint;
+use tether_operator::admin::AdminState;
 use tether_operator::build::Defaults;
 use tether_operator::controller::{Context, error_policy, reconcile};
 use tether_operator::names::FIELD_MANAGER;
@@ -35,8 +37,23 @@ enum Command {
     Crd,
 }
 
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 #[derive(Debug, Args)]
 struct RunArgs {
+    /// Address of the admin listener (`/healthz`, `/readyz`, `/metrics`).
+    #[arg(long, env = "TETHER_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    admin_addr: std::net::SocketAddr,
+    /// Log format; the level comes from `RUST_LOG` (default `info`).
+    #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
     /// Sidecar image for endpoints whose spec.sidecar.image is unset.
     #[arg(
         long,
@@ -64,11 +81,22 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: RunArgs) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
+    let admin = Arc::new(AdminState::default());
+    let listener = match tokio::net::TcpListener::bind(args.admin_addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(addr = %args.admin_addr, error = %e, "cannot bind the admin listener");
+            return ExitCode::FAILURE;
+        }
+    };
+    tokio::spawn(tether_operator::admin::serve(listener, Arc::clone(&admin)));
     let client = match Client::try_default().await {
         Ok(c) => c,
         Err(e) => {
@@ -84,7 +112,11 @@ async fn run(args: RunArgs) -> ExitCode {
     let ctx = Arc::new(Context {
         client: client.clone(),
         defaults: Defaults::with_image(args.sidecar_image),
+        metrics: Arc::clone(&admin.metrics),
     });
+    admin
+        .ready
+        .store(true, std::sync::atomic::Ordering::Release);
     let ours =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
     tracing::info!("reconciling McpEndpoints");

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use tether_crds::McpEndpoint;
 use tether_operator::build::Defaults;
 use tether_operator::controller::{Context, RECHECK, reconcile};
+use tether_operator::metrics::Metrics;
 
 const NS: &str = "tools";
 const EP_PATH: &str = "/apis/mcp.tether.dev/v1alpha1/namespaces/tools/mcpendpoints/weather";
@@ -32,6 +33,8 @@ struct Write {
 struct ApiServer {
     objects: BTreeMap<String, Value>,
     writes: Vec<Write>,
+    /// The operator's metrics over the reconciles of a test.
+    metrics: Arc<Metrics>,
 }
 
 type Shared = Arc<Mutex<ApiServer>>;
@@ -185,6 +188,7 @@ async fn reconcile_once(api: &Shared) -> (Action, Vec<Write>) {
     let ctx = Arc::new(Context {
         client: Client::new(service, NS),
         defaults: Defaults::with_image("tether-sidecar:test"),
+        metrics: Arc::clone(&api.lock().unwrap().metrics),
     });
     let stored = api.lock().unwrap().objects[EP_PATH].clone();
     let ep: McpEndpoint = serde_json::from_value(stored).unwrap();
@@ -203,7 +207,7 @@ fn api_with(objects: &[(&str, Value)]) -> Shared {
             .iter()
             .map(|(p, v)| ((*p).to_owned(), v.clone()))
             .collect(),
-        writes: Vec::new(),
+        ..ApiServer::default()
     };
     Arc::new(Mutex::new(api))
 }

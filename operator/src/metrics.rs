@@ -1,0 +1,94 @@
+//! The operator's Prometheus metrics, served on the admin port's `/metrics` (text format).
+//!
+//! | metric | labels | meaning |
+//! |---|---|---|
+//! | `tether_operator_reconciles_total` | `result` (`ok`, `error`) | reconciles run |
+//! | `tether_operator_reconcile_seconds` | | duration of a reconcile, in seconds |
+//! | `tether_operator_reconcile_failures_total` | `reason` ([`crate::controller::Error::metric_label`]) | reconciles that failed |
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label of a reconcile's result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+/// Label of a failure's reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The error's metric label.
+    pub reason: &'static str,
+}
+
+/// The operator's metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<ResultLabel, Counter>,
+    reconcile_seconds: Histogram,
+    failures: Family<ReasonLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("tether_operator");
+        let reconciles = Family::<ResultLabel, Counter>::default();
+        // 1 ms .. ~16 s.
+        let reconcile_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        let failures = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Reconciles run, by result",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_seconds",
+            "Duration of a reconcile, in seconds",
+            reconcile_seconds.clone(),
+        );
+        registry.register(
+            "reconcile_failures",
+            "Reconciles that failed, by reason",
+            failures.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            reconcile_seconds,
+            failures,
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one reconcile: `Err(reason)` when it failed.
+    pub fn observe(&self, result: Result<(), &'static str>, elapsed: Duration) {
+        let label = match result {
+            Ok(()) => "ok",
+            Err(reason) => {
+                self.failures.get_or_create(&ReasonLabel { reason }).inc();
+                "error"
+            }
+        };
+        self.reconciles
+            .get_or_create(&ResultLabel { result: label })
+            .inc();
+        self.reconcile_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
