@@ -15,12 +15,14 @@
 //! - [`controller`]: the reconcile against the API server (finalizer, server-side apply of what
 //!   changed, status);
 //! - [`metrics`] and [`admin`]: reconciles by result, duration and failures, on `/metrics`
-//!   next to `/healthz` and `/readyz`.
+//!   next to `/healthz` and `/readyz`;
+//! - [`leader`]: leader election over a Lease, for more than one replica.
 
 pub mod admin;
 pub mod build;
 pub mod controller;
 pub mod diff;
+pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod status;

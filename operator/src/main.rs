@@ -19,6 +19,7 @@ use tether_crds::McpEndpoint;
 use tether_operator::admin::AdminState;
 use tether_operator::build::Defaults;
 use tether_operator::controller::{Context, error_policy, reconcile};
+use tether_operator::leader::Election;
 use tether_operator::names::FIELD_MANAGER;
 
 /// tether's operator.
@@ -61,6 +62,18 @@ struct RunArgs {
         default_value = concat!("ghcr.io/tether-dev/tether-sidecar:", env!("CARGO_PKG_VERSION"))
     )]
     sidecar_image: String,
+    /// Run only while holding the Lease `--lease-name` (for 2 or more replicas).
+    #[arg(long, env = "TETHER_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "TETHER_LEASE_NAME", default_value = "tether-operator")]
+    lease_name: String,
+    /// Namespace of the Lease: the operator's own (downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// This replica's identity in the Lease: its pod name (downward API); default the host name.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
 }
 
 #[tokio::main]
@@ -119,11 +132,28 @@ async fn run(args: RunArgs) -> ExitCode {
         .store(true, std::sync::atomic::Ordering::Release);
     let ours =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
+    let mut leading = None;
+    if args.leader_elect {
+        let election = Election {
+            namespace: args.lease_namespace,
+            name: args.lease_name,
+            identity: args.identity.unwrap_or_else(host_name),
+        };
+        match tether_operator::leader::lead(client.clone(), &election).await {
+            Ok(rx) => leading = Some(rx),
+            Err(e) => {
+                tracing::error!(error = %e, "leader election failed");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = stop_signal(leading, Arc::clone(&lost));
     tracing::info!("reconciling McpEndpoints");
     Controller::new(endpoints, watcher::Config::default())
         .owns(Api::<ConfigMap>::all(client.clone()), ours.clone())
         .owns(Api::<Service>::all(client), ours)
-        .shutdown_on_signal()
+        .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {
@@ -132,6 +162,45 @@ async fn run(args: RunArgs) -> ExitCode {
             }
         })
         .await;
+    if lost.load(std::sync::atomic::Ordering::Acquire) {
+        tracing::error!("lost the leader-election lease; exiting so a new candidate starts");
+        return ExitCode::FAILURE;
+    }
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// Resolves on SIGINT or SIGTERM, or when the lease in `leading` is lost (then sets `lost`).
+async fn stop_signal(
+    leading: Option<tokio::sync::watch::Receiver<bool>>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let lease_lost = async move {
+        match leading {
+            Some(mut rx) => {
+                let _ = rx.wait_for(|held| !*held).await;
+                lost.store(true, std::sync::atomic::Ordering::Release);
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        () = terminate => tracing::info!("SIGTERM: stopping"),
+        () = lease_lost => {}
+    }
+}
+
+/// The host name (a pod's name in Kubernetes), else a random identity.
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .unwrap_or_else(|_| format!("tether-operator-{:08x}", rand::random::<u32>()))
 }

@@ -1,157 +1,23 @@
-//! The reconcile against a mock API server (kube-rs's `ApiServerVerifier` pattern on
-//! `tower_test::mock`): a small in-memory API server answers GET, server-side apply, JSON patch
-//! and POST, and records every write, so the tests count what a reconcile writes on create, on
-//! a no-op, on a spec change, on delete and on a missing target.
+//! The reconcile against a mock API server ([`support`]: kube-rs's `ApiServerVerifier` pattern on
+//! `tower_test::mock`, an in-memory server that records every write), so the tests count what a
+//! reconcile writes on create, on a no-op, on a spec change, on delete and on a missing target.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+mod support;
 
-use http::{Method, Request, Response, StatusCode};
-use kube::client::Body;
-use kube::{Client, runtime::controller::Action};
+use std::sync::Arc;
+
+use http::Method;
+use kube::runtime::controller::Action;
 use serde_json::{Value, json};
+use support::{Shared, Write, api_with, client_of, paths};
 use tether_crds::McpEndpoint;
 use tether_operator::build::Defaults;
 use tether_operator::controller::{Context, RECHECK, reconcile};
-use tether_operator::metrics::Metrics;
 
 const NS: &str = "tools";
 const EP_PATH: &str = "/apis/mcp.tether.dev/v1alpha1/namespaces/tools/mcpendpoints/weather";
 const DEPLOY_PATH: &str = "/apis/apps/v1/namespaces/tools/deployments/weather";
 const SECRET_PATH: &str = "/api/v1/namespaces/tools/secrets/weather-tether";
-
-/// One write the reconcile sent: method, path, query (field manager, force) and body.
-#[derive(Clone, Debug)]
-struct Write {
-    method: Method,
-    path: String,
-    query: String,
-    body: Value,
-}
-
-#[derive(Default)]
-struct ApiServer {
-    objects: BTreeMap<String, Value>,
-    writes: Vec<Write>,
-    /// The operator's metrics over the reconciles of a test.
-    metrics: Arc<Metrics>,
-}
-
-type Shared = Arc<Mutex<ApiServer>>;
-
-fn not_found() -> Response<Body> {
-    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "NotFound", "code": 404, "message": "not found"});
-    Response::builder()
-        .status(StatusCode::NOT_FOUND)
-        .body(Body::from(serde_json::to_vec(&status).unwrap()))
-        .unwrap()
-}
-
-fn ok(v: &Value) -> Response<Body> {
-    Response::builder()
-        .status(StatusCode::OK)
-        .body(Body::from(serde_json::to_vec(v).unwrap()))
-        .unwrap()
-}
-
-/// Server-side apply as far as these tests need it: objects merge key by key, lists of named
-/// items merge by name, other values are replaced.
-fn merge(into: &mut Value, patch: &Value) {
-    match (into, patch) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if b.iter().all(|i| i.get("name").is_some()) => {
-            for item in b {
-                match a.iter_mut().find(|x| x.get("name") == item.get("name")) {
-                    Some(x) => merge(x, item),
-                    None => a.push(item.clone()),
-                }
-            }
-        }
-        (slot, v) => *slot = v.clone(),
-    }
-}
-
-/// Applies the `add` / `remove` operations of a JSON patch on `metadata.finalizers`.
-fn json_patch(obj: &mut Value, ops: &Value) {
-    for op in ops.as_array().into_iter().flatten() {
-        let path = op["path"].as_str().unwrap_or_default();
-        match op["op"].as_str() {
-            Some("add") if path == "/metadata/finalizers" => {
-                obj["metadata"]["finalizers"] = op["value"].clone();
-            }
-            Some("add") => obj["metadata"]["finalizers"]
-                .as_array_mut()
-                .unwrap()
-                .push(op["value"].clone()),
-            Some("remove") => {
-                let i: usize = path.rsplit('/').next().unwrap().parse().unwrap();
-                obj["metadata"]["finalizers"]
-                    .as_array_mut()
-                    .unwrap()
-                    .remove(i);
-            }
-            _ => {}
-        }
-    }
-}
-
-async fn serve(mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>, api: Shared) {
-    while let Some((request, respond)) = handle.next_request().await {
-        let (parts, body) = request.into_parts();
-        let bytes = body.collect_bytes().await.unwrap();
-        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let path = parts.uri.path().to_owned();
-        let mut api = api.lock().unwrap();
-        if parts.method != Method::GET {
-            api.writes.push(Write {
-                method: parts.method.clone(),
-                path: path.clone(),
-                query: parts.uri.query().unwrap_or_default().to_owned(),
-                body: body.clone(),
-            });
-        }
-        let answer = match parts.method {
-            Method::GET => api.objects.get(&path).map_or_else(not_found, ok),
-            Method::POST => {
-                let name = body["metadata"]["name"].as_str().unwrap().to_owned();
-                api.objects.insert(format!("{path}/{name}"), body.clone());
-                ok(&body)
-            }
-            Method::PATCH => {
-                let (key, status) = match path.strip_suffix("/status") {
-                    Some(object) => (object.to_owned(), true),
-                    None => (path.clone(), false),
-                };
-                let json_patch_body = parts
-                    .headers
-                    .get("content-type")
-                    .is_some_and(|v| v == "application/json-patch+json");
-                let obj = api.objects.entry(key).or_insert_with(|| json!({}));
-                if json_patch_body {
-                    json_patch(obj, &body);
-                } else if status {
-                    obj["status"] = body["status"].clone();
-                } else {
-                    // Like the API server, a change of the spec is a new generation.
-                    let spec_before = obj.get("spec").cloned();
-                    merge(obj, &body);
-                    if obj.get("spec").cloned() != spec_before {
-                        let generation = obj["metadata"]["generation"].as_i64().unwrap_or(0);
-                        obj["metadata"]["generation"] = json!(generation + 1);
-                    }
-                }
-                ok(&obj.clone())
-            }
-            _ => not_found(),
-        };
-        respond.send_response(answer);
-    }
-}
 
 fn endpoint(finalized: bool) -> Value {
     let mut ep = json!({
@@ -183,10 +49,8 @@ fn deployment() -> Value {
 
 /// Runs one reconcile of the stored endpoint; returns its action and the writes it sent.
 async fn reconcile_once(api: &Shared) -> (Action, Vec<Write>) {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, Arc::clone(api)));
     let ctx = Arc::new(Context {
-        client: Client::new(service, NS),
+        client: client_of(api, NS),
         defaults: Defaults::with_image("tether-sidecar:test"),
         metrics: Arc::clone(&api.lock().unwrap().metrics),
     });
@@ -196,27 +60,8 @@ async fn reconcile_once(api: &Shared) -> (Action, Vec<Write>) {
     let action = reconcile(Arc::new(ep), ctx)
         .await
         .expect("reconcile succeeds");
-    server.abort();
     let writes = api.lock().unwrap().writes[before..].to_vec();
     (action, writes)
-}
-
-fn api_with(objects: &[(&str, Value)]) -> Shared {
-    let api = ApiServer {
-        objects: objects
-            .iter()
-            .map(|(p, v)| ((*p).to_owned(), v.clone()))
-            .collect(),
-        ..ApiServer::default()
-    };
-    Arc::new(Mutex::new(api))
-}
-
-fn paths(writes: &[Write]) -> Vec<String> {
-    writes
-        .iter()
-        .map(|w| format!("{} {}", w.method, w.path))
-        .collect()
 }
 
 fn condition(status: &Value, type_: &str) -> Value {

@@ -1,0 +1,66 @@
+//! Leader election for running more than one replica (rust-notes §2.4): a
+//! `coordination.k8s.io/v1` Lease held through kube-lease-manager (server-side apply with the
+//! operator's field manager). Only the holder runs the controller; a replica that loses the lease
+//! stops reconciling and exits, so Kubernetes restarts it as a candidate. One replica (the
+//! default) needs none: every reconcile is idempotent.
+//!
+//! RBAC: `coordination.k8s.io` `leases`: `get`, `create`, `patch` in the lease's namespace.
+
+use kube::Client;
+use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
+use tokio::sync::watch;
+
+use crate::names::FIELD_MANAGER;
+
+/// Seconds a lease stays valid after its last renewal.
+pub const LEASE_SECONDS: u64 = 15;
+/// Seconds before expiry the holder renews.
+pub const RENEW_GRACE_SECONDS: u64 = 5;
+
+/// Where the lease lives and who this replica is.
+#[derive(Clone, Debug)]
+pub struct Election {
+    /// Namespace of the Lease (the operator's own).
+    pub namespace: String,
+    /// Name of the Lease.
+    pub name: String,
+    /// This replica's identity (its pod name).
+    pub identity: String,
+}
+
+/// Why leader election could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    /// The Lease could not be read or created.
+    #[error("lease: {0}")]
+    Lease(#[from] LeaseManagerError),
+    /// The lease manager's task ended before this replica held the lease.
+    #[error("the lease manager stopped before the lease was held")]
+    Ended,
+}
+
+/// Waits until this replica holds the lease; the receiver turns `false` if it is lost later
+/// (keep it alive: dropping it releases the lease).
+///
+/// # Errors
+/// [`LeaderError`].
+pub async fn lead(
+    client: Client,
+    election: &Election,
+) -> Result<watch::Receiver<bool>, LeaderError> {
+    let manager = LeaseManagerBuilder::new(client, &election.name)
+        .with_namespace(&election.namespace)
+        .with_identity(&election.identity)
+        .with_field_manager(FIELD_MANAGER)
+        .with_duration(LEASE_SECONDS)
+        .with_grace(RENEW_GRACE_SECONDS)
+        .build()
+        .await?;
+    let (mut leading, _task) = manager.watch().await;
+    tracing::info!(lease = %election.name, identity = %election.identity, "waiting for the lease");
+    if leading.wait_for(|held| *held).await.is_err() {
+        return Err(LeaderError::Ended);
+    }
+    tracing::info!(lease = %election.name, "holding the lease; reconciling");
+    Ok(leading)
+}
