@@ -17,12 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -35,7 +34,7 @@ use crate::build::{Defaults, Plan, plan};
 use crate::diff::covers;
 use crate::names::{FIELD_MANAGER, FINALIZER, Names};
 use crate::status::{Outcome, PodCounts, conditions};
-use crate::validate::validate;
+use crate::validate::{Conflict, validate};
 
 /// How often an endpoint is looked at again without any change (a target created later, pods
 /// becoming ready).
@@ -51,6 +50,43 @@ pub struct Context {
     pub defaults: Defaults,
     /// Reconciles by result, duration, failures.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Publishes Events on endpoints (`events.k8s.io/v1`).
+    pub recorder: Recorder,
+}
+
+impl Context {
+    /// A context for `client`; Events name `instance` (this replica) as their reporter.
+    pub fn new(
+        client: Client,
+        defaults: Defaults,
+        metrics: Arc<crate::metrics::Metrics>,
+        instance: Option<String>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.to_owned(),
+            instance,
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            defaults,
+            metrics,
+        }
+    }
+
+    /// Publishes an Event on `ep` (`reason` PascalCase); a failure is logged, never fatal.
+    async fn event(&self, ep: &McpEndpoint, type_: EventType, reason: &str, note: String) {
+        let event = KubeEvent {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &ep.object_ref(&())).await {
+            tracing::warn!(%error, reason, "cannot publish an Event");
+        }
+    }
 }
 
 /// Reconcile failures (API errors); conflicts are reported in the status instead.
@@ -125,71 +161,74 @@ async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
             Ok(target) => {
                 let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
                 let plan = plan(ep, &names, &target, &ctx.defaults, &owner);
-                let rolled = write(client, &names, &owner, &deployment, &plan).await?;
+                let (written, rolled) = write(client, &names, &owner, &deployment, &plan).await?;
+                if !written.is_empty() {
+                    let note = format!("applied {}", written.join(", "));
+                    ctx.event(ep, EventType::Normal, "Applied", note).await;
+                }
                 Outcome::Applied(pod_counts(&deployment, rolled))
             }
         },
     };
-    write_status(ep, &names, &outcome, client).await?;
+    let degraded_now = write_status(ep, &names, &outcome, client).await?;
+    if let (true, Outcome::Conflict(Conflict { reason, message })) = (degraded_now, &outcome) {
+        ctx.event(ep, EventType::Warning, reason, message.clone())
+            .await;
+    }
+    if let (true, Outcome::TargetNotFound(name)) = (degraded_now, &outcome) {
+        let note = format!("Deployment {name:?} not found");
+        ctx.event(ep, EventType::Warning, "TargetNotFound", note)
+            .await;
+    }
     Ok(Action::requeue(RECHECK))
 }
 
-/// Applies `plan`; returns whether the pod template changed (the pods roll).
+/// Applies `plan`; returns what it wrote (`Kind/name`) and whether the pod template changed
+/// (the pods roll).
 async fn write(
     client: &Client,
     names: &Names,
     owner: &OwnerReference,
     deployment: &Deployment,
     plan: &Plan,
-) -> Result<bool, Error> {
+) -> Result<(Vec<String>, bool), Error> {
     let ns = &names.namespace;
-    ensure(
-        &Api::<ConfigMap>::namespaced(client.clone(), ns),
-        &plan.config_map,
-    )
-    .await?;
+    let mut written = Vec::new();
+    let w = &mut written;
+    ensure(&Api::namespaced(client.clone(), ns), &plan.config_map, w).await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     if secrets.get_opt(&names.config()).await?.is_none() {
         let key: [u8; HMAC_KEY_BYTES] = rand::random();
         let secret = config::secret(names, owner, &key);
         secrets.create(&PostParams::default(), &secret).await?;
+        w.push(format!("Secret/{}", names.config()));
     }
     for service in &plan.services {
-        ensure(&Api::<Service>::namespaced(client.clone(), ns), service).await?;
+        ensure(&Api::namespaced(client.clone(), ns), service, w).await?;
     }
     if let Some(sa) = &plan.service_account {
-        ensure(&Api::<ServiceAccount>::namespaced(client.clone(), ns), sa).await?;
+        ensure(&Api::namespaced(client.clone(), ns), sa, w).await?;
     }
-    ensure(&Api::<Role>::namespaced(client.clone(), ns), &plan.role).await?;
-    ensure(
-        &Api::<RoleBinding>::namespaced(client.clone(), ns),
-        &plan.role_binding,
-    )
-    .await?;
-    ensure(
-        &Api::<PodDisruptionBudget>::namespaced(client.clone(), ns),
-        &plan.pdb,
-    )
-    .await?;
+    ensure(&Api::namespaced(client.clone(), ns), &plan.role, w).await?;
+    ensure(&Api::namespaced(client.clone(), ns), &plan.role_binding, w).await?;
+    ensure(&Api::namespaced(client.clone(), ns), &plan.pdb, w).await?;
     let live = serde_json::to_value(deployment)?;
     if covers(&live, &plan.injection) {
-        return Ok(false);
+        return Ok((written, false));
     }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let name = deployment.name_any();
     deployments
-        .patch(
-            &deployment.name_any(),
-            &apply_params(),
-            &Patch::Apply(&plan.injection),
-        )
+        .patch(&name, &apply_params(), &Patch::Apply(&plan.injection))
         .await?;
-    Ok(true)
+    written.push(format!("Deployment/{name}"));
+    Ok((written, true))
 }
 
 /// Server-side applies `desired` unless the live object already holds all of it.
-async fn ensure<K>(api: &Api<K>, desired: &K) -> Result<(), Error>
+async fn ensure<K>(api: &Api<K>, desired: &K, written: &mut Vec<String>) -> Result<(), Error>
 where
-    K: Resource + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
 {
     let name = desired.meta().name.clone().ok_or(Error::Unnamed)?;
     let body = serde_json::to_value(desired)?;
@@ -200,6 +239,7 @@ where
     }
     api.patch(&name, &apply_params(), &Patch::Apply(&body))
         .await?;
+    written.push(format!("{}/{name}", K::kind(&())));
     Ok(())
 }
 
@@ -225,13 +265,14 @@ fn pod_counts(deployment: &Deployment, rolled: bool) -> PodCounts {
     }
 }
 
-/// Writes the status for `outcome` when it differs from the stored one.
+/// Writes the status for `outcome` when it differs from the stored one; returns whether the
+/// `Degraded` condition turned `True` (an Event says why).
 async fn write_status(
     ep: &McpEndpoint,
     names: &Names,
     outcome: &Outcome,
     client: &Client,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let previous = ep.status.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let counts = match outcome {
@@ -245,8 +286,14 @@ async fn write_status(
         routable: counts.map(|p| p.ready),
         draining: counts.map(|p| p.draining),
     };
+    let degraded = |s: &McpEndpointStatus| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "True")
+    };
+    let degraded_now = degraded(&status) && !degraded(&previous);
     if status == previous {
-        return Ok(());
+        return Ok(false);
     }
     let api: Api<McpEndpoint> = Api::namespaced(client.clone(), &names.namespace);
     let body = json!({
@@ -256,7 +303,7 @@ async fn write_status(
     });
     api.patch_status(&names.endpoint, &apply_params(), &Patch::Apply(&body))
         .await?;
-    Ok(())
+    Ok(degraded_now)
 }
 
 /// Removes the injection from the target (its owned children go with the owner reference).
@@ -273,6 +320,9 @@ async fn cleanup(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
         deployments
             .patch(target, &apply_params(), &Patch::Apply(&empty))
             .await?;
+        let note = format!("removed the sidecar from Deployment {target:?}; its pods roll");
+        ctx.event(ep, EventType::Normal, "InjectionRemoved", note)
+            .await;
     }
     Ok(Action::await_change())
 }

@@ -122,11 +122,13 @@ async fn run(args: RunArgs) -> ExitCode {
         tracing::error!(error = %e, "cannot list McpEndpoints; is the CRD installed? (kubectl apply -f crds/)");
         return ExitCode::FAILURE;
     }
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        defaults: Defaults::with_image(args.sidecar_image),
-        metrics: Arc::clone(&admin.metrics),
-    });
+    let identity = args.identity.clone().unwrap_or_else(host_name);
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Defaults::with_image(args.sidecar_image),
+        Arc::clone(&admin.metrics),
+        Some(identity.clone()),
+    ));
     admin
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
@@ -137,7 +139,7 @@ async fn run(args: RunArgs) -> ExitCode {
         let election = Election {
             namespace: args.lease_namespace,
             name: args.lease_name,
-            identity: args.identity.unwrap_or_else(host_name),
+            identity,
         };
         match tether_operator::leader::lead(client.clone(), &election).await {
             Ok(rx) => leading = Some(rx),

@@ -1,6 +1,7 @@
 //! The reconcile against a mock API server ([`support`]: kube-rs's `ApiServerVerifier` pattern on
 //! `tower_test::mock`, an in-memory server that records every write), so the tests count what a
-//! reconcile writes on create, on a no-op, on a spec change, on delete and on a missing target.
+//! reconcile writes (objects and Events) on create, on a no-op, on a spec change, on delete and on
+//! a missing target.
 
 mod support;
 
@@ -49,11 +50,9 @@ fn deployment() -> Value {
 
 /// Runs one reconcile of the stored endpoint; returns its action and the writes it sent.
 async fn reconcile_once(api: &Shared) -> (Action, Vec<Write>) {
-    let ctx = Arc::new(Context {
-        client: client_of(api, NS),
-        defaults: Defaults::with_image("tether-sidecar:test"),
-        metrics: Arc::clone(&api.lock().unwrap().metrics),
-    });
+    let metrics = Arc::clone(&api.lock().unwrap().metrics);
+    let defaults = Defaults::with_image("tether-sidecar:test");
+    let ctx = Arc::new(Context::new(client_of(api, NS), defaults, metrics, None));
     let stored = api.lock().unwrap().objects[EP_PATH].clone();
     let ep: McpEndpoint = serde_json::from_value(stored).unwrap();
     let before = api.lock().unwrap().writes.len();
@@ -62,6 +61,49 @@ async fn reconcile_once(api: &Shared) -> (Action, Vec<Write>) {
         .expect("reconcile succeeds");
     let writes = api.lock().unwrap().writes[before..].to_vec();
     (action, writes)
+}
+
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/tools/events";
+
+/// The writes that are not Events, as `METHOD path`.
+fn objects(writes: &[Write]) -> Vec<String> {
+    let others: Vec<Write> = writes
+        .iter()
+        .filter(|w| w.path != EVENTS_PATH)
+        .cloned()
+        .collect();
+    paths(&others)
+}
+
+/// The Events published, as `(type, reason, note)`.
+fn events(writes: &[Write]) -> Vec<(String, String, String)> {
+    writes
+        .iter()
+        .filter(|w| w.path == EVENTS_PATH)
+        .map(|w| {
+            let field = |k: &str| w.body[k].as_str().unwrap_or_default().to_owned();
+            (field("type"), field("reason"), field("note"))
+        })
+        .collect()
+}
+
+/// The one Event `writes` published, as `(type, reason, note)`.
+fn one_event(writes: &[Write]) -> (String, String, String) {
+    let mut published = events(writes);
+    assert_eq!(published.len(), 1, "{published:?}");
+    published.remove(0)
+}
+
+/// `writes` are the status only, `Degraded` with `reason`, and one Warning Event saying so.
+fn assert_degraded_only(writes: &[Write], reason: &str) {
+    assert_eq!(objects(writes), [format!("PATCH {EP_PATH}/status")]);
+    let (type_, why, _) = one_event(writes);
+    assert_eq!((type_.as_str(), why.as_str()), ("Warning", reason));
+    let degraded = condition(&writes[0].body["status"], "Degraded");
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some(reason))
+    );
 }
 
 fn condition(status: &Value, type_: &str) -> Value {
@@ -82,8 +124,14 @@ async fn create_adds_the_finalizer_then_applies_everything_once_and_a_no_op_writ
     // 2. Everything, each apply with our field manager, forced.
     let (action, writes) = reconcile_once(&api).await;
     assert_eq!(action, Action::requeue(RECHECK));
+    let (type_, reason, note) = one_event(&writes);
+    assert_eq!((type_.as_str(), reason.as_str()), ("Normal", "Applied"));
+    assert!(
+        note.contains("ConfigMap/weather-tether") && note.contains("Deployment/weather"),
+        "{note}"
+    );
     assert_eq!(
-        paths(&writes),
+        objects(&writes),
         [
             "PATCH /api/v1/namespaces/tools/configmaps/weather-tether".to_owned(),
             "POST /api/v1/namespaces/tools/secrets".to_owned(),
@@ -151,12 +199,13 @@ async fn a_data_plane_change_patches_only_the_config_map_and_the_status() {
     }
     let (_, writes) = reconcile_once(&api).await;
     assert_eq!(
-        paths(&writes),
+        objects(&writes),
         [
             "PATCH /api/v1/namespaces/tools/configmaps/weather-tether".to_owned(),
             format!("PATCH {EP_PATH}/status"),
         ]
     );
+    assert_eq!(one_event(&writes).2, "applied ConfigMap/weather-tether");
     let manifest = writes[0].body["data"]["endpoint.yaml"].as_str().unwrap();
     assert!(manifest.contains("maxEvents: 64"), "{manifest}");
     let a = api.lock().unwrap();
@@ -172,9 +221,10 @@ async fn delete_removes_the_injection_then_the_finalizer() {
     let (action, writes) = reconcile_once(&api).await;
     assert_eq!(action, Action::await_change());
     assert_eq!(
-        paths(&writes),
+        objects(&writes),
         [format!("PATCH {DEPLOY_PATH}"), format!("PATCH {EP_PATH}")]
     );
+    assert_eq!(one_event(&writes).1, "InjectionRemoved");
     // An empty apply with our field manager: the API server drops every field we own and
     // nothing else.
     assert_eq!(
@@ -192,13 +242,21 @@ async fn a_missing_target_is_degraded_and_nothing_else_is_written() {
     let api = api_with(&[(EP_PATH, endpoint(true))]);
     let (action, writes) = reconcile_once(&api).await;
     assert_eq!(action, Action::requeue(RECHECK));
-    assert_eq!(paths(&writes), [format!("PATCH {EP_PATH}/status")]);
-    let degraded = condition(&writes[0].body["status"], "Degraded");
-    assert_eq!(
-        (degraded["status"].as_str(), degraded["reason"].as_str()),
-        (Some("True"), Some("TargetNotFound"))
-    );
-    // Looked at again: the same status, no write.
+    assert_degraded_only(&writes, "TargetNotFound");
+    // Looked at again: the same status, no write, no second Event.
+    let (_, writes) = reconcile_once(&api).await;
+    assert!(writes.is_empty(), "{:?}", paths(&writes));
+}
+
+#[tokio::test]
+async fn a_conflict_writes_nothing_of_the_users_and_says_why_once() {
+    let mut d = deployment();
+    d["spec"]["template"]["spec"]["containers"][0]["lifecycle"] =
+        json!({"preStop": {"exec": {"command": ["sleep", "5"]}}});
+    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, d.clone())]);
+    let (_, writes) = reconcile_once(&api).await;
+    assert_degraded_only(&writes, "PreStopConflict");
+    assert_eq!(api.lock().unwrap().objects[DEPLOY_PATH], d);
     let (_, writes) = reconcile_once(&api).await;
     assert!(writes.is_empty(), "{:?}", paths(&writes));
 }
