@@ -1,9 +1,10 @@
 //! `tether-operator`: the control plane of tether (DESIGN.md §4).
 //!
 //! - `tether-operator run`: the controller. It reconciles every `McpEndpoint` of the cluster
-//!   ([`tether_operator::controller`]) and is woken when one of its children changes; it stops on
-//!   SIGINT/SIGTERM after the reconciles under way. The admin listener (`--admin-addr`) serves
-//!   `/healthz`, `/readyz` and `/metrics` ([`tether_operator::admin`]).
+//!   ([`tether_operator::controller`]) and is woken when one of its children or an injected
+//!   Deployment changes; it stops on SIGINT/SIGTERM after the reconciles under way. The admin
+//!   listener (`--admin-addr`) serves `/healthz`, `/readyz` and `/metrics`
+//!   ([`tether_operator::admin`]).
 //! - `tether-operator crd`: prints the `McpEndpoint` CustomResourceDefinition (`make crds`).
 
 use std::process::ExitCode;
@@ -11,7 +12,10 @@ use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::runtime::{Controller, watcher};
@@ -20,7 +24,7 @@ use tether_operator::admin::AdminState;
 use tether_operator::build::Defaults;
 use tether_operator::controller::{Context, error_policy, reconcile};
 use tether_operator::leader::Election;
-use tether_operator::names::FIELD_MANAGER;
+use tether_operator::names::{FIELD_MANAGER, injected_by};
 
 /// tether's operator.
 #[derive(Debug, Parser)]
@@ -154,7 +158,17 @@ async fn run(args: RunArgs) -> ExitCode {
     tracing::info!("reconciling McpEndpoints");
     Controller::new(endpoints, watcher::Config::default())
         .owns(Api::<ConfigMap>::all(client.clone()), ours.clone())
-        .owns(Api::<Service>::all(client), ours)
+        .owns(Api::<Service>::all(client.clone()), ours.clone())
+        .owns(Api::<ServiceAccount>::all(client.clone()), ours.clone())
+        .owns(Api::<Role>::all(client.clone()), ours.clone())
+        .owns(Api::<RoleBinding>::all(client.clone()), ours.clone())
+        .owns(Api::<PodDisruptionBudget>::all(client.clone()), ours)
+        // An edit of an injected Deployment (our sidecar removed, say) wakes its endpoint.
+        .watches(
+            Api::<Deployment>::all(client),
+            watcher::Config::default(),
+            |d| injected_by(&d),
+        )
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

@@ -86,3 +86,41 @@ impl Names {
         .collect()
     }
 }
+
+/// The endpoint whose sidecar a Deployment's pod template carries (its [`INJECTED_ANNOTATION`]),
+/// for waking that endpoint's reconcile when someone edits the Deployment; `None` for the others.
+pub fn injected_by(
+    deployment: &k8s_openapi::api::apps::v1::Deployment,
+) -> Option<kube::runtime::reflector::ObjectRef<McpEndpoint>> {
+    let endpoint = deployment
+        .spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(INJECTED_ANNOTATION)?;
+    let namespace = deployment.metadata.namespace.as_deref()?;
+    Some(kube::runtime::reflector::ObjectRef::new(endpoint).within(namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::fixtures::{self, DEPLOYMENT};
+
+    #[test]
+    fn an_injected_deployment_names_its_endpoint() {
+        assert!(injected_by(&fixtures::deployment(DEPLOYMENT)).is_none());
+        let injected = fixtures::deployment_with(|d| {
+            d["spec"]["template"]["metadata"]["annotations"] =
+                serde_json::json!({INJECTED_ANNOTATION: "weather"});
+        });
+        let found = injected_by(&injected).expect("an endpoint");
+        assert_eq!(
+            (found.name.as_str(), found.namespace.as_deref()),
+            ("weather", Some("tools"))
+        );
+    }
+}
