@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
@@ -34,7 +34,7 @@ use crate::build::{Defaults, Plan, plan};
 use crate::diff::covers;
 use crate::names::{FIELD_MANAGER, FINALIZER, Names};
 use crate::status::{Outcome, PodCounts, conditions};
-use crate::validate::{Conflict, validate};
+use crate::validate::validate;
 
 /// How often an endpoint is looked at again without any change (a target created later, pods
 /// becoming ready).
@@ -170,14 +170,8 @@ async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
             }
         },
     };
-    let degraded_now = write_status(ep, &names, &outcome, client).await?;
-    if let (true, Outcome::Conflict(Conflict { reason, message })) = (degraded_now, &outcome) {
-        ctx.event(ep, EventType::Warning, reason, message.clone())
-            .await;
-    }
-    if let (true, Outcome::TargetNotFound(name)) = (degraded_now, &outcome) {
-        let note = format!("Deployment {name:?} not found");
-        ctx.event(ep, EventType::Warning, "TargetNotFound", note)
+    if let Some(degraded) = write_status(ep, &names, &outcome, client).await? {
+        ctx.event(ep, EventType::Warning, &degraded.reason, degraded.message)
             .await;
     }
     Ok(Action::requeue(RECHECK))
@@ -265,14 +259,14 @@ fn pod_counts(deployment: &Deployment, rolled: bool) -> PodCounts {
     }
 }
 
-/// Writes the status for `outcome` when it differs from the stored one; returns whether the
-/// `Degraded` condition turned `True` (an Event says why).
+/// Writes the status for `outcome` when it differs from the stored one; returns the `Degraded`
+/// condition when it turned `True` (an Event repeats its reason and message).
 async fn write_status(
     ep: &McpEndpoint,
     names: &Names,
     outcome: &Outcome,
     client: &Client,
-) -> Result<bool, Error> {
+) -> Result<Option<Condition>, Error> {
     let previous = ep.status.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let counts = match outcome {
@@ -289,11 +283,12 @@ async fn write_status(
     let degraded = |s: &McpEndpointStatus| {
         s.conditions
             .iter()
-            .any(|c| c.type_ == "Degraded" && c.status == "True")
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+            .cloned()
     };
-    let degraded_now = degraded(&status) && !degraded(&previous);
+    let degraded_now = degraded(&status).filter(|_| degraded(&previous).is_none());
     if status == previous {
-        return Ok(false);
+        return Ok(None);
     }
     let api: Api<McpEndpoint> = Api::namespaced(client.clone(), &names.namespace);
     let body = json!({

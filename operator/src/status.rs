@@ -137,18 +137,22 @@ mod tests {
         Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
     }
 
+    fn pods(total: i32, updated: i32, ready: i32, draining: i32) -> Outcome {
+        Outcome::Applied(PodCounts {
+            total,
+            updated,
+            ready,
+            draining,
+        })
+    }
+
     fn get<'a>(cs: &'a [Condition], t: &str) -> &'a Condition {
         cs.iter().find(|c| c.type_ == t).unwrap()
     }
 
     #[test]
     fn a_rollout_then_ready_moves_the_transition_times_only_on_flips() {
-        let rolling = Outcome::Applied(PodCounts {
-            total: 3,
-            updated: 1,
-            ready: 3,
-            draining: 1,
-        });
+        let rolling = pods(3, 1, 3, 1);
         let first = conditions(&rolling, Some(2), &[], &at(100));
         assert_eq!(get(&first, "Ready").status, "False");
         assert_eq!(get(&first, "Ready").reason, "RollingOut");
@@ -156,22 +160,12 @@ mod tests {
         assert_eq!(get(&first, "Degraded").status, "False");
         assert!(first.iter().all(|c| c.observed_generation == Some(2)));
         // Still rolling: statuses unchanged, times kept, messages updated.
-        let later = Outcome::Applied(PodCounts {
-            total: 3,
-            updated: 2,
-            ready: 3,
-            draining: 1,
-        });
+        let later = pods(3, 2, 3, 1);
         let second = conditions(&later, Some(2), &first, &at(200));
         assert!(second.iter().all(|c| c.last_transition_time == at(100)));
         assert!(get(&second, "Progressing").message.starts_with("2 of 3"));
         // Done: Ready and Progressing flip (new time), Degraded keeps its time.
-        let done = Outcome::Applied(PodCounts {
-            total: 3,
-            updated: 3,
-            ready: 3,
-            draining: 0,
-        });
+        let done = pods(3, 3, 3, 0);
         let third = conditions(&done, Some(2), &second, &at(300));
         assert_eq!(
             (
@@ -213,12 +207,7 @@ mod tests {
             get(&conditions(&none, None, &[], &at(1)), "Ready").reason,
             "NoPods"
         );
-        let unready = Outcome::Applied(PodCounts {
-            total: 2,
-            updated: 2,
-            ready: 1,
-            draining: 0,
-        });
+        let unready = pods(2, 2, 1, 0);
         assert_eq!(
             get(&conditions(&unready, None, &[], &at(1)), "Ready").reason,
             "PodsNotReady"
