@@ -9,17 +9,21 @@
 //! - [`crd_yaml`]: the CustomResourceDefinition as committed in `crds/` (`make crds`);
 //! - [`origin`]: the syntax of web origins (allowlist entries and `Origin` headers);
 //! - [`validate`]: checks that the schema cannot express (ports, paths, Origins, versions);
+//! - [`reload`]: which fields a running sidecar reloads and which need new pods
+//!   ([`PodSettings`]);
 //! - [`manifest`]: loading a YAML manifest, rejecting unknown fields and invalid values with a
 //!   message that names the field.
 
 pub mod manifest;
 pub mod origin;
+pub mod reload;
 pub mod schema;
 pub mod spec;
 pub mod validate;
 
 pub use manifest::{ManifestError, load_manifest, parse_manifest};
 pub use origin::Origin;
+pub use reload::{POD_SETTINGS_ANNOTATION, PodSettings};
 pub use spec::{
     AdminSpec, BufferSpec, DrainSpec, ListenSpec, McpEndpoint, McpEndpointSpec, McpEndpointStatus,
     Migration, OriginsSpec, PeerSpec, ProtocolVersion, SessionSpec, SidecarSpec, TargetRef,

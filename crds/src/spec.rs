@@ -70,23 +70,28 @@ pub struct McpEndpointSpec {
     /// Immutable: point an endpoint at another workload by creating a new McpEndpoint.
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.targetRef is immutable; create a new McpEndpoint for another workload"))]
     pub target_ref: TargetRef,
-    /// Where the MCP server listens inside its pod (the sidecar's upstream).
+    /// Where the MCP server listens inside its pod (the sidecar's upstream). Changing it rolls
+    /// the pods.
     #[serde(default)]
     pub upstream: UpstreamSpec,
-    /// Where the sidecar accepts client traffic.
+    /// Where the sidecar accepts client traffic. Changing it rolls the pods.
     #[serde(default)]
     pub listen: ListenSpec,
-    /// The sidecar's admin listener (`/healthz`, `/readyz`, `/metrics`).
+    /// The sidecar's admin listener (`/healthz`, `/readyz`, `/metrics`). Changing it rolls the
+    /// pods.
     #[serde(default)]
     pub admin: AdminSpec,
-    /// The sidecars' internal peer listener (session handoff, DESIGN.md §3.4).
+    /// The sidecars' internal peer listener (session handoff, DESIGN.md §3.4). Changing it
+    /// rolls the pods.
     #[serde(default)]
     pub peer: PeerSpec,
-    /// The `Origin` allowlist (DNS-rebinding defence, spec O-01/O-02).
+    /// The `Origin` allowlist (DNS-rebinding defence, spec O-01/O-02). Running sidecars reload
+    /// it without a restart.
     #[serde(default)]
     pub origins: OriginsSpec,
     /// MCP protocol versions clients may use (`MCP-Protocol-Version`, spec P-03). A request
-    /// naming any other version gets 400. Default: every version tether supports.
+    /// naming any other version gets 400. Default: every version tether supports. Running
+    /// sidecars reload it without a restart (sessions keep their negotiated version).
     #[serde(default = "default_protocol_versions")]
     #[x_kube(validation = Rule::new("size(self) > 0").message("spec.protocolVersions must list at least one version"))]
     #[x_kube(validation = Rule::new(
@@ -95,13 +100,15 @@ pub struct McpEndpointSpec {
     #[x_kube(validation = Rule::new("self.all(v, self.exists_one(w, w == v))").message("spec.protocolVersions: duplicate version"))]
     #[schemars(length(max = 8), inner(length(max = 16)))]
     pub protocol_versions: Vec<String>,
-    /// Per-stream SSE replay buffer bounds (DESIGN.md §3.2).
+    /// Per-stream SSE replay buffer bounds (DESIGN.md §3.2). Running sidecars reload them
+    /// without a restart; new bounds apply to streams opened after the reload.
     #[serde(default)]
     pub buffer: BufferSpec,
-    /// Session lifetime and migration policy.
+    /// Session lifetime and migration policy. Running sidecars reload `idleTimeout`; changing
+    /// `migration` rolls the pods.
     #[serde(default)]
     pub session: SessionSpec,
-    /// Drain policy during rollouts (DESIGN.md §3.4).
+    /// Drain policy during rollouts (DESIGN.md §3.4). Changing it rolls the pods.
     #[serde(default)]
     pub drain: DrainSpec,
     /// The sidecar container the operator injects. Changing it rolls the pods.

@@ -36,8 +36,8 @@ use crate::names::{FIELD_MANAGER, FINALIZER, Names};
 use crate::status::{Outcome, PodCounts, conditions};
 use crate::validate::validate;
 
-/// How often an endpoint is looked at again without any change (a target created later, pods
-/// becoming ready).
+/// How often an endpoint is looked at again without any change (pods becoming ready, a
+/// conflict the user resolved; a target created later wakes it at once, [`crate::watches`]).
 pub const RECHECK: Duration = Duration::from_secs(30);
 /// Wait before retrying a reconcile that failed on an API error.
 pub const ERROR_BACKOFF: Duration = Duration::from_secs(15);
@@ -163,8 +163,13 @@ async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
                 let plan = plan(ep, &names, &target, &ctx.defaults, &owner);
                 let (written, rolled) = write(client, &names, &owner, &deployment, &plan).await?;
                 if !written.is_empty() {
-                    let note = format!("applied {}", written.join(", "));
-                    ctx.event(ep, EventType::Normal, "Applied", note).await;
+                    ctx.event(
+                        ep,
+                        EventType::Normal,
+                        "Applied",
+                        applied_note(&written, rolled),
+                    )
+                    .await;
                 }
                 Outcome::Applied(pod_counts(&deployment, rolled))
             }
@@ -217,6 +222,18 @@ async fn write(
         .await?;
     written.push(format!("Deployment/{name}"));
     Ok((written, true))
+}
+
+/// The note of the `Applied` Event: what was written and what happens next.
+fn applied_note(written: &[String], rolled: bool) -> String {
+    let list = written.join(", ");
+    if rolled {
+        format!("applied {list}; the pod template changed, so the pods are replaced")
+    } else if written.iter().any(|w| w.starts_with("ConfigMap/")) {
+        format!("applied {list}; running sidecars reload the configuration without a restart")
+    } else {
+        format!("applied {list}")
+    }
 }
 
 /// Server-side applies `desired` unless the live object already holds all of it.

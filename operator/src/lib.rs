@@ -14,6 +14,7 @@
 //! - [`status`]: the `Ready`, `Progressing` and `Degraded` conditions from what a reconcile saw;
 //! - [`controller`]: the reconcile against the API server (finalizer, server-side apply of what
 //!   changed, status);
+//! - [`watches`]: running the controller, and which endpoint a change of a watched object wakes;
 //! - [`metrics`] and [`admin`]: reconciles by result, duration and failures, on `/metrics`
 //!   next to `/healthz` and `/readyz`;
 //! - [`leader`]: leader election over a Lease, for more than one replica.
@@ -27,3 +28,4 @@ pub mod metrics;
 pub mod names;
 pub mod status;
 pub mod validate;
+pub mod watches;

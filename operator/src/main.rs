@@ -11,20 +11,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
-use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Client;
 use kube::api::{Api, ListParams};
-use kube::runtime::{Controller, watcher};
 use tether_crds::McpEndpoint;
 use tether_operator::admin::AdminState;
 use tether_operator::build::Defaults;
-use tether_operator::controller::{Context, error_policy, reconcile};
+use tether_operator::controller::Context;
 use tether_operator::leader::Election;
-use tether_operator::names::{FIELD_MANAGER, injected_by};
 
 /// tether's operator.
 #[derive(Debug, Parser)]
@@ -136,8 +129,6 @@ async fn run(args: RunArgs) -> ExitCode {
     admin
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
-    let ours =
-        watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={FIELD_MANAGER}"));
     let mut leading = None;
     if args.leader_elect {
         let election = Election {
@@ -156,28 +147,7 @@ async fn run(args: RunArgs) -> ExitCode {
     let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = stop_signal(leading, Arc::clone(&lost));
     tracing::info!("reconciling McpEndpoints");
-    Controller::new(endpoints, watcher::Config::default())
-        .owns(Api::<ConfigMap>::all(client.clone()), ours.clone())
-        .owns(Api::<Service>::all(client.clone()), ours.clone())
-        .owns(Api::<ServiceAccount>::all(client.clone()), ours.clone())
-        .owns(Api::<Role>::all(client.clone()), ours.clone())
-        .owns(Api::<RoleBinding>::all(client.clone()), ours.clone())
-        .owns(Api::<PodDisruptionBudget>::all(client.clone()), ours)
-        // An edit of an injected Deployment (our sidecar removed, say) wakes its endpoint.
-        .watches(
-            Api::<Deployment>::all(client),
-            watcher::Config::default(),
-            |d| injected_by(&d),
-        )
-        .graceful_shutdown_on(stop)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => tracing::debug!(endpoint = %obj.name, "reconciled"),
-                Err(e) => tracing::debug!(error = %e, "reconcile did not run"),
-            }
-        })
-        .await;
+    tether_operator::watches::run(ctx, None, stop).await;
     if lost.load(std::sync::atomic::Ordering::Acquire) {
         tracing::error!("lost the leader-election lease; exiting so a new candidate starts");
         return ExitCode::FAILURE;

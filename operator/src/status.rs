@@ -6,7 +6,7 @@
 //! | condition | `True` when | reasons |
 //! |---|---|---|
 //! | `Ready` | the target's pods all run a ready sidecar of the current pod template | `AllPodsReady`; `False`: the conflict's reason, `TargetNotFound`, `RollingOut`, `PodsNotReady`, `NoPods` |
-//! | `Progressing` | pods of an older template remain (a rollout the injection caused, or any) | `RollingOut`; `False`: `Complete` |
+//! | `Progressing` | pods of an older template remain (a change of a pod setting — ports, paths, upstream, migration, drain, sidecar — or any other rollout) | `RollingOut`; `False`: `Complete` (data-plane changes need no rollout: the sidecars reload them) |
 //! | `Degraded` | the operator cannot do what the spec asks | the conflict's reason, `TargetNotFound`; `False`: `AsExpected` |
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -73,7 +73,11 @@ pub fn conditions(
 type Judgement = (bool, &'static str, String);
 
 fn judge(outcome: &Outcome) -> (Judgement, Judgement, Judgement) {
-    let complete = (false, "Complete", "no rollout under way".to_owned());
+    let complete = (
+        false,
+        "Complete",
+        "no rollout under way (origins, protocol versions, buffer and idle timeout reach running sidecars without one)".to_owned(),
+    );
     let fine = (
         false,
         "AsExpected",
@@ -117,7 +121,7 @@ fn judge(outcome: &Outcome) -> (Judgement, Judgement, Judgement) {
                     true,
                     "RollingOut",
                     format!(
-                        "{} of {} pods run the current pod template; new pods get the sidecar as they start",
+                        "{} of {} pods run the current pod template; the others are being replaced (changes to ports, paths, upstream, migration, drain or the sidecar need new pods)",
                         p.updated, p.total
                     ),
                 )

@@ -106,6 +106,13 @@ fn assert_degraded_only(writes: &[Write], reason: &str) {
     );
 }
 
+/// The Deployment controller caught up with the newest pod template.
+fn pods_rolled(api: &Shared) {
+    let mut a = api.lock().unwrap();
+    let d = a.objects.get_mut(DEPLOY_PATH).unwrap();
+    d["status"]["observedGeneration"] = d["metadata"]["generation"].clone();
+}
+
 fn condition(status: &Value, type_: &str) -> Value {
     status["conditions"]
         .as_array()
@@ -169,11 +176,7 @@ async fn create_adds_the_finalizer_then_applies_everything_once_and_a_no_op_writ
     let (_, writes) = reconcile_once(&api).await;
     assert_eq!(paths(&writes), Vec::<String>::new());
     // 4. The pods rolled: only the status moves (Ready, Progressing complete).
-    {
-        let mut a = api.lock().unwrap();
-        let d = a.objects.get_mut(DEPLOY_PATH).unwrap();
-        d["status"]["observedGeneration"] = d["metadata"]["generation"].clone();
-    }
+    pods_rolled(&api);
     let (_, writes) = reconcile_once(&api).await;
     assert_eq!(paths(&writes), [format!("PATCH {EP_PATH}/status")]);
     let status = &writes[0].body["status"];
@@ -190,6 +193,8 @@ async fn create_adds_the_finalizer_then_applies_everything_once_and_a_no_op_writ
 async fn a_data_plane_change_patches_only_the_config_map_and_the_status() {
     let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
     reconcile_once(&api).await;
+    pods_rolled(&api);
+    reconcile_once(&api).await;
     let secret_before = api.lock().unwrap().objects[SECRET_PATH].clone();
     {
         let mut a = api.lock().unwrap();
@@ -205,12 +210,63 @@ async fn a_data_plane_change_patches_only_the_config_map_and_the_status() {
             format!("PATCH {EP_PATH}/status"),
         ]
     );
-    assert_eq!(one_event(&writes).2, "applied ConfigMap/weather-tether");
+    assert_eq!(
+        one_event(&writes).2,
+        "applied ConfigMap/weather-tether; running sidecars reload the configuration without a restart"
+    );
     let manifest = writes[0].body["data"]["endpoint.yaml"].as_str().unwrap();
     assert!(manifest.contains("maxEvents: 64"), "{manifest}");
     let a = api.lock().unwrap();
     assert_eq!(a.objects[SECRET_PATH], secret_before);
     assert_eq!(a.objects[EP_PATH]["status"]["observedGeneration"], 2);
+    let progressing = condition(&a.objects[EP_PATH]["status"], "Progressing");
+    assert_eq!(progressing["status"], "False", "{progressing}");
+}
+
+#[tokio::test]
+async fn a_pod_setting_change_also_rolls_the_pods_and_progressing_says_so() {
+    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
+    reconcile_once(&api).await;
+    pods_rolled(&api);
+    reconcile_once(&api).await;
+    let before = api.lock().unwrap().objects[DEPLOY_PATH]["spec"]["template"].clone();
+    {
+        let mut a = api.lock().unwrap();
+        let ep = a.objects.get_mut(EP_PATH).unwrap();
+        ep["spec"]["upstream"] = json!({"port": 3000, "path": "/v2/mcp"});
+        ep["metadata"]["generation"] = json!(2);
+    }
+    let (_, writes) = reconcile_once(&api).await;
+    assert_eq!(
+        objects(&writes),
+        [
+            "PATCH /api/v1/namespaces/tools/configmaps/weather-tether".to_owned(),
+            format!("PATCH {DEPLOY_PATH}"),
+            format!("PATCH {EP_PATH}/status"),
+        ]
+    );
+    assert!(
+        one_event(&writes)
+            .2
+            .ends_with("the pod template changed, so the pods are replaced"),
+        "{:?}",
+        one_event(&writes)
+    );
+    let a = api.lock().unwrap();
+    let after = &a.objects[DEPLOY_PATH]["spec"]["template"];
+    let settings = |t: &Value| t["metadata"]["annotations"]["mcp.tether.dev/pod-settings"].clone();
+    assert_ne!(settings(&before), settings(after));
+    assert!(settings(after).as_str().unwrap().contains("/v2/mcp"));
+    let progressing = condition(&a.objects[EP_PATH]["status"], "Progressing");
+    assert_eq!(progressing["status"], "True", "{progressing}");
+    assert_eq!(progressing["reason"], "RollingOut", "{progressing}");
+    assert!(
+        progressing["message"]
+            .as_str()
+            .unwrap()
+            .contains("need new pods"),
+        "{progressing}"
+    );
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ pub enum LogFormat {
 }
 
 /// tether's per-pod sidecar: sticky MCP sessions, resumable SSE streams.
-#[derive(Debug, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(name = "tether-sidecar", version, about)]
 pub struct Cli {
     /// McpEndpoint manifest (YAML) with the endpoint's spec.
@@ -98,6 +98,11 @@ pub struct Cli {
     /// buffers travel in several messages.
     #[arg(long, env = "TETHER_PEER_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub peer_max_message_bytes: usize,
+    /// How often the endpoint file is checked for changes. Origins, protocol versions, buffer
+    /// bounds and the idle timeout are reloaded in place; other fields need a restart
+    /// (`tether_crds::reload`).
+    #[arg(long, env = "TETHER_CONFIG_POLL", default_value = "5s", value_parser = parse_duration)]
+    pub config_poll: Duration,
     /// Log format; the level comes from `RUST_LOG` (default `info`).
     #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -103,6 +103,10 @@ pub struct Config {
     pub threads: usize,
     /// The membership source.
     pub membership: MembershipConfig,
+    /// How often the endpoint file is checked for changes (`--config-poll`).
+    pub config_poll: std::time::Duration,
+    /// What a reload of the endpoint file needs.
+    pub source: ConfigSource,
 }
 
 impl Config {
@@ -156,6 +160,11 @@ impl Config {
             },
             (None, None) => MembershipConfig::Alone,
         };
+        let source = ConfigSource {
+            path: cli.endpoint.clone(),
+            started_with: spec.clone(),
+            cli: cli.clone(),
+        };
         Ok(Self {
             endpoint: endpoint.metadata.name.clone().unwrap_or_default(),
             listen_addr: SocketAddr::new(cli.pod_ip, spec.listen.port),
@@ -164,13 +173,8 @@ impl Config {
             handoff: cli.handoff && spec.session.migration == tether_crds::Migration::Replay,
             peer_max_message_bytes: cli.peer_max_message_bytes,
             upstream,
-            admission: AdmissionPolicy {
-                path: spec.listen.path.clone(),
-                origins: OriginPolicy::new(&spec.origins.allow, spec.origins.allow_missing),
-                versions: versions(spec),
-                max_body_bytes: cli.max_request_bytes,
-            },
-            broker: broker_config(spec, cli),
+            admission: source.admission(spec),
+            broker: source.broker(spec),
             secret,
             pod_uid: cli.pod_uid.clone(),
             max_sessions: cli.max_sessions,
@@ -179,7 +183,37 @@ impl Config {
             drain_timeout: spec.drain.timeout.into(),
             threads: cli.threads,
             membership,
+            config_poll: cli.config_poll,
+            source,
         })
+    }
+}
+
+/// What reloading the endpoint file needs ([`crate::reload`]): the file, the spec the sidecar
+/// started with (its pod settings stay in force) and the flags.
+#[derive(Clone, Debug)]
+pub struct ConfigSource {
+    /// The endpoint file (`--endpoint`; in Kubernetes the operator's ConfigMap).
+    pub path: std::path::PathBuf,
+    /// The spec read at start-up.
+    pub started_with: McpEndpointSpec,
+    cli: Cli,
+}
+
+impl ConfigSource {
+    /// Admission settings for `spec` under these flags.
+    pub fn admission(&self, spec: &McpEndpointSpec) -> AdmissionPolicy {
+        AdmissionPolicy {
+            path: spec.listen.path.clone(),
+            origins: OriginPolicy::new(&spec.origins.allow, spec.origins.allow_missing),
+            versions: versions(spec),
+            max_body_bytes: self.cli.max_request_bytes,
+        }
+    }
+
+    /// Broker settings for `spec` under these flags.
+    pub fn broker(&self, spec: &McpEndpointSpec) -> BrokerConfig {
+        broker_config(spec, &self.cli)
     }
 }
 

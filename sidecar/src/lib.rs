@@ -9,7 +9,8 @@
 //! Module map: [`proxy`] (pingora glue) → [`admission`] → [`broker`] (initialize, POST, GET,
 //! DELETE, upstream pumps, sweeps) → [`session`] / [`stream`] / [`buffer`]; [`upstream`] is the
 //! HTTP client to the MCP server; [`admin`] and [`metrics`] are observability; [`config`] and
-//! [`cli`] the start-up; [`server`] assembles it all.
+//! [`cli`] the start-up, [`reload`] the endpoint file's later changes; [`server`] assembles it
+//! all.
 
 pub mod admin;
 pub mod admission;
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod origin;
 pub mod peer_health;
 pub mod proxy;
+pub mod reload;
 pub mod reply;
 pub mod ring;
 pub mod routing;

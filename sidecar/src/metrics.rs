@@ -78,6 +78,13 @@ pub struct ForwardLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of `tether_config_reloads_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// The result.
+    pub result: &'static str,
+}
+
 /// Labels of `tether_forward_hops_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HopLabel {
@@ -155,6 +162,11 @@ pub struct Metrics {
     pub tail_events_forwarded: Counter,
     /// Requests still running at the drain deadline, ended with a JSON-RPC error.
     pub requests_cut: Counter,
+    /// Changes of the endpoint file seen, by result (`applied`, `invalid`, `unreadable`).
+    pub config_reloads: Family<ResultLabel, Counter>,
+    /// 1 while the endpoint file asks for pod settings other than the running ones (they take
+    /// effect when the pod restarts), else 0.
+    pub config_restart_pending: Gauge,
 }
 
 impl Default for Metrics {
@@ -200,6 +212,8 @@ impl Metrics {
             handoff_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             tail_events_forwarded: Counter::default(),
             requests_cut: Counter::default(),
+            config_reloads: Family::default(),
+            config_restart_pending: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -347,6 +361,16 @@ impl Metrics {
             "Requests ended with a JSON-RPC error at the drain deadline",
             m.requests_cut.clone(),
         );
+        r.register(
+            "config_reloads",
+            "Changes of the endpoint file seen, by result",
+            m.config_reloads.clone(),
+        );
+        r.register(
+            "config_restart_pending",
+            "1 while the endpoint file asks for pod settings that need a restart",
+            m.config_restart_pending.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -426,7 +450,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 32);
+        assert_eq!(fields, 34);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 

@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Method, StatusCode, header};
@@ -56,7 +57,7 @@ pub const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct McpProxy {
     broker: Arc<Broker>,
     router: Router,
-    policy: AdmissionPolicy,
+    policy: Arc<ArcSwap<AdmissionPolicy>>,
     upstream_addr: String,
     upstream_path: String,
     body_timeout: Duration,
@@ -68,10 +69,11 @@ impl McpProxy {
     /// how long a request body may take to arrive (slow clients get 408); `peer_read_timeout`
     /// bounds each read from a peer a request was forwarded to (it must exceed the peer's own
     /// upstream deadline and keep-alive interval, so only a peer that stopped answering hits it).
+    /// `policy` is read per request, so a reload ([`crate::reload`]) applies to the next one.
     pub fn new(
         broker: Arc<Broker>,
         router: Router,
-        policy: AdmissionPolicy,
+        policy: Arc<ArcSwap<AdmissionPolicy>>,
         upstream_addr: String,
         upstream_path: String,
         body_timeout: Duration,
@@ -90,7 +92,7 @@ impl McpProxy {
 
     /// Reads the whole request body, at most `max_body_bytes` within `body_timeout`.
     async fn read_body(&self, session: &mut Session) -> Result<Bytes, Rejection> {
-        let limit = self.policy.max_body_bytes;
+        let limit = self.policy.load().max_body_bytes;
         let read = async {
             let mut body = BytesMut::new();
             while let Some(chunk) = session
@@ -222,7 +224,7 @@ impl ProxyHttp for McpProxy {
             return respond(session, ctx, reply).await;
         }
         let metrics = self.broker.metrics();
-        let admitted = match self.policy.admit(&method, &path, &headers) {
+        let admitted = match self.policy.load_full().admit(&method, &path, &headers) {
             Err(refused) => {
                 if refused.rejection == Rejection::OriginForbidden {
                     metrics.origin_rejections.inc();
@@ -378,7 +380,7 @@ impl ProxyHttp for McpProxy {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         ctx.body_bytes += body.as_ref().map_or(0, Bytes::len);
-        if ctx.body_bytes > self.policy.max_body_bytes {
+        if ctx.body_bytes > self.policy.load().max_body_bytes {
             return Err(pingora::Error::explain(
                 ErrorType::HTTPStatus(413),
                 "request body too large",
@@ -473,7 +475,9 @@ impl ProxyHttp for McpProxy {
         }
         let fallback = ctx.forward.as_mut().and_then(|f| f.fallback.take());
         let rejection = fallback.unwrap_or_else(|| match e.etype() {
-            ErrorType::HTTPStatus(413) => Rejection::PayloadTooLarge(self.policy.max_body_bytes),
+            ErrorType::HTTPStatus(413) => {
+                Rejection::PayloadTooLarge(self.policy.load().max_body_bytes)
+            }
             ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
                 Rejection::UpstreamTimeout
             }

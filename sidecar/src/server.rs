@@ -1,9 +1,11 @@
 //! Assembles the pingora server: the MCP listener, the admin listener, the peer (handoff)
-//! listener, the sweeper, the rebalancer and the membership source.
+//! listener, the sweeper, the rebalancer, the endpoint file's reloader and the membership
+//! source.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownWatch};
@@ -23,6 +25,7 @@ use crate::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
 use crate::metrics::Metrics;
 use crate::peer_health::{PeerHealth, Prober};
 use crate::proxy::McpProxy;
+use crate::reload::Reloader;
 use crate::routing::Router;
 use crate::session::Registry;
 use crate::session_id::{HomeToken, IdMinter};
@@ -197,10 +200,16 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         cfg.handoff,
     );
     handoff.relay_cancellations();
+    let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));
+    let reloader = Reloader::new(
+        cfg.source.clone(),
+        Arc::clone(&admission),
+        Arc::clone(&broker),
+    );
     let proxy = McpProxy::new(
         Arc::clone(&broker),
         router,
-        cfg.admission.clone(),
+        admission,
         authority,
         cfg.upstream.path().to_owned(),
         cfg.request_timeout,
@@ -240,6 +249,16 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     server.add_service(admin);
     server.add_service(peer);
     server.add_service(sweeper);
+    server.add_service(background_service(
+        "config-reload",
+        Periodic {
+            interval: cfg.config_poll,
+            task: move || {
+                reloader.poll();
+                std::future::ready(())
+            },
+        },
+    ));
     server.add_service(background_service(
         "rebalancer",
         Periodic {

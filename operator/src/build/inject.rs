@@ -15,10 +15,13 @@
 //!   the user set is kept);
 //! - `serviceAccountName` (and the deprecated `serviceAccount`, which the API server copies back,
 //!   rust-notes §2.9) only when the pods name no ServiceAccount;
-//! - the template annotation naming the endpoint.
+//! - the template annotations naming the endpoint and holding its pod settings
+//!   ([`tether_crds::PodSettings`]: ports, paths, upstream, migration, drain, sidecar), so a
+//!   change the sidecars cannot reload rolls the pods while a data-plane change (origins,
+//!   protocol versions, buffer, idle timeout) only rewrites the ConfigMap.
 
 use serde_json::{Value, json};
-use tether_crds::McpEndpoint;
+use tether_crds::{McpEndpoint, POD_SETTINGS_ANNOTATION};
 
 use super::{DRAIN_PATH, Defaults, GRACE_MARGIN_SECS};
 use crate::names::{
@@ -63,7 +66,10 @@ pub fn deployment(
             "namespace": names.namespace,
         },
         "spec": {"template": {
-            "metadata": {"annotations": {INJECTED_ANNOTATION: names.endpoint}},
+            "metadata": {"annotations": {
+                INJECTED_ANNOTATION: names.endpoint,
+                POD_SETTINGS_ANNOTATION: ep.spec.pod_settings().annotation(),
+            }},
             "spec": pod_spec,
         }},
     })

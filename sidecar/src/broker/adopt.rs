@@ -68,7 +68,7 @@ impl Broker {
             return Err(AdoptError::Draining);
         }
         let digest = self.secret.log_digest(&image.id);
-        let session = Session::restore(image, digest, &push.from, self.cfg.buffer, &self.budget)
+        let session = Session::restore(image, digest, &push.from, self.cfg().buffer, &self.budget)
             .map_err(AdoptError::Invalid)?;
         if !self.registry.adopt(Arc::clone(&session))? {
             return Ok(());
@@ -106,7 +106,7 @@ impl Broker {
             &tail.streams,
             &tail.requests,
             &tail.from,
-            self.cfg.buffer,
+            self.cfg().buffer,
             &self.budget,
         ))
     }

@@ -87,11 +87,11 @@ impl Broker {
             }
         };
         let Some(version) =
-            ProtocolVersion::parse(&negotiated).filter(|v| self.cfg.versions.contains(v))
+            ProtocolVersion::parse(&negotiated).filter(|v| self.cfg().versions.contains(v))
         else {
             self.abandon_upstream(upstream_id, &call.headers).await;
             return Err(Rejection::UnsupportedNegotiatedVersion(
-                VersionMismatch::new(&negotiated, &self.cfg.versions),
+                VersionMismatch::new(&negotiated, &self.cfg().versions),
             ));
         };
         let id = self.minter.mint();
@@ -134,11 +134,12 @@ impl Broker {
             .pointer("/params/protocolVersion")
             .and_then(Value::as_str)
             .and_then(ProtocolVersion::parse);
-        let servable = |v: &ProtocolVersion| !v.is_stateless() && self.cfg.versions.contains(v);
+        let cfg = self.cfg();
+        let servable = |v: &ProtocolVersion| !v.is_stateless() && cfg.versions.contains(v);
         if requested.as_ref().is_some_and(servable) {
             return None;
         }
-        self.cfg.versions.iter().copied().filter(servable).max()
+        cfg.versions.iter().copied().filter(servable).max()
     }
 
     /// Ends an upstream session the client will never see.

@@ -80,7 +80,7 @@ pub struct BrokerConfig {
 /// The session broker of one pod.
 #[derive(Debug)]
 pub struct Broker {
-    cfg: BrokerConfig,
+    cfg: arc_swap::ArcSwap<BrokerConfig>,
     minter: IdMinter,
     secret: Secret,
     registry: Registry,
@@ -117,10 +117,23 @@ impl Broker {
             resume_budget: cfg
                 .resume_budget
                 .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),
-            cfg,
+            cfg: arc_swap::ArcSwap::from_pointee(cfg),
             cancel_relay: std::sync::OnceLock::new(),
             rebuild_slots: tokio::sync::Semaphore::new(adopt::BACKGROUND_REBUILDS),
         })
+    }
+
+    /// The settings in effect now; a reload ([`Broker::reconfigure`]) may replace them between
+    /// two calls.
+    pub(crate) fn cfg(&self) -> arc_swap::Guard<Arc<BrokerConfig>> {
+        self.cfg.load()
+    }
+
+    /// Replaces the settings (a reload of the endpoint file, [`crate::reload`]). Protocol
+    /// versions and the idle timeout apply at once; buffer bounds apply to streams opened from
+    /// now on (open streams keep theirs); the resume budget stays the one given at start.
+    pub fn reconfigure(&self, cfg: BrokerConfig) {
+        self.cfg.store(Arc::new(cfg));
     }
 
     /// Serves an admitted sessionful request with its complete body; `entered` is the session
@@ -237,7 +250,7 @@ impl Broker {
 
     /// The buffer bounds of new streams.
     pub fn buffer_limits(&self) -> BufferLimits {
-        self.cfg.buffer
+        self.cfg().buffer
     }
 
     /// The session a client id names: 404 at once for a forged id (no lookup), or for a genuine
@@ -354,7 +367,7 @@ impl Broker {
         Stream::new(
             kind,
             pending,
-            self.cfg.buffer,
+            self.cfg().buffer,
             self.budget.clone(),
             session.child_token(),
         )
@@ -362,6 +375,6 @@ impl Broker {
 
     /// A reader of `stream` for a client of `session` (see [`Stream::attach`]).
     fn feed(&self, session: &Session, stream: &Arc<Stream>, start: Start, take_over: bool) -> Feed {
-        stream.attach(start, take_over, session.primes(), self.cfg.keep_alive)
+        stream.attach(start, take_over, session.primes(), self.cfg().keep_alive)
     }
 }

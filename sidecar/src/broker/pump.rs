@@ -156,12 +156,12 @@ impl Broker {
                 return;
             }
             failures += 1;
-            if failures > self.cfg.upstream_resume_attempts {
+            if failures > self.cfg().upstream_resume_attempts {
                 self.metrics.upstream_error("resume_exhausted");
                 self.give_up(session, stream, ids);
                 return;
             }
-            let wait = cursor.retry.unwrap_or(self.cfg.upstream_retry);
+            let wait = cursor.retry.unwrap_or(self.cfg().upstream_retry);
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = stream.cancel_token().cancelled() => return,
@@ -352,8 +352,8 @@ impl Broker {
         let headers = crate::headers::forwarded_response_headers(resp.headers());
         let body = read_body(
             resp.into_body(),
-            self.cfg.max_upstream_body_bytes,
-            self.cfg.upstream_body_timeout,
+            self.cfg().max_upstream_body_bytes,
+            self.cfg().upstream_body_timeout,
         )
         .await
         .map_err(|e| {

@@ -100,7 +100,7 @@ impl Broker {
         session: &Arc<Session>,
         lost: Option<&str>,
     ) -> bool {
-        if self.cfg.migration == Migration::Pin || session.is_ended() {
+        if self.cfg().migration == Migration::Pin || session.is_ended() {
             self.end_session(session, NotFound::UpstreamGone);
             return false;
         }

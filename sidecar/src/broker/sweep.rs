@@ -15,7 +15,7 @@ impl Broker {
         for session in self.registry.all() {
             let evicted = session.evict_expired(now);
             self.metrics.record_evictions(&evicted);
-            if session.is_idle(now, self.cfg.idle_timeout) {
+            if session.is_idle(now, self.cfg().idle_timeout) {
                 self.end_session(&session, NotFound::Expired);
                 continue;
             }
