@@ -178,6 +178,18 @@ impl Pod {
         Ok(pod)
     }
 
+    /// Replaces the sidecar's endpoint file with `manifest`, atomically (written aside, then
+    /// renamed over it, as the kubelet swaps a ConfigMap volume's files).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the file cannot be written.
+    pub fn rewrite_endpoint(&self, manifest: &str) -> Result<()> {
+        let aside = self.dir.path().join("endpoint.yaml.new");
+        std::fs::write(&aside, manifest)?;
+        std::fs::rename(&aside, self.dir.path().join("endpoint.yaml"))?;
+        Ok(())
+    }
+
     /// A client of this pod's MCP endpoint.
     pub fn client(&self) -> McpClient {
         McpClient::new(self.mcp_url.clone())

@@ -24,6 +24,105 @@ async fn json_error(resp: http::Response<hyper::body::Incoming>) -> Value {
     serde_json::from_str(&body_text(resp).await.unwrap()).unwrap()
 }
 
+/// `initialize` with `Origin: origin`; the response status.
+async fn initialize_from(pod: &Pod, origin: &'static str) -> StatusCode {
+    let h = [
+        ("accept", ACCEPT_BOTH),
+        ("content-type", "application/json"),
+        ("origin", origin),
+    ];
+    let init = Bytes::from(initialize_body(1, "2025-11-25").to_string());
+    let http = pod.client().http().clone();
+    http.send(Method::POST, &pod.mcp_url, &h, Some(init))
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test]
+async fn o01_a_changed_endpoint_file_is_reloaded_without_a_restart() {
+    let within = Duration::from_secs(10);
+    let spec = PodSpec {
+        sidecar_args: vec!["--config-poll".into(), "100ms".into()],
+        ..PodSpec::default()
+    };
+    let pod = Pod::start(spec.clone()).await.unwrap();
+    let applied = r#"tether_config_reloads_total{result="applied"}"#;
+    assert_eq!(
+        initialize_from(&pod, "https://new.example").await,
+        StatusCode::FORBIDDEN
+    );
+    // A data-plane change: the new Origin is admitted, nothing is pending.
+    let allowed = PodSpec {
+        origins: vec!["https://new.example".into()],
+        ..spec.clone()
+    };
+    pod.rewrite_endpoint(&allowed.manifest()).unwrap();
+    let n = pod
+        .wait_for_metric(applied, within, |v| v >= 1.0)
+        .await
+        .unwrap();
+    assert_eq!(n, 1.0);
+    assert_eq!(
+        initialize_from(&pod, "https://new.example").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        initialize_from(&pod, "https://app.example.com").await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        pod.metric("tether_config_restart_pending").await.unwrap(),
+        0.0
+    );
+    // A pod setting: reported as pending, the running one stays.
+    let pinned = PodSpec {
+        migration: "Pin".into(),
+        ..allowed.clone()
+    };
+    pod.rewrite_endpoint(&pinned.manifest()).unwrap();
+    let n = pod
+        .wait_for_metric(applied, within, |v| v >= 2.0)
+        .await
+        .unwrap();
+    assert_eq!(n, 2.0);
+    assert_eq!(
+        pod.metric("tether_config_restart_pending").await.unwrap(),
+        1.0
+    );
+    // An invalid file changes nothing and is counted once.
+    let invalid = PodSpec {
+        max_events: 0,
+        origins: vec!["https://other.example".into()],
+        ..pinned
+    };
+    pod.rewrite_endpoint(&invalid.manifest()).unwrap();
+    let invalid_total = r#"tether_config_reloads_total{result="invalid"}"#;
+    let n = pod
+        .wait_for_metric(invalid_total, within, |v| v >= 1.0)
+        .await
+        .unwrap();
+    assert_eq!(n, 1.0);
+    assert_eq!(
+        initialize_from(&pod, "https://new.example").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        initialize_from(&pod, "https://other.example").await,
+        StatusCode::FORBIDDEN
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        pod.metric(invalid_total).await.unwrap(),
+        1.0,
+        "counted once"
+    );
+    assert!(
+        pod.sidecar_log().contains("spec.buffer.maxEvents"),
+        "the warning names the field"
+    );
+}
+
 #[tokio::test]
 async fn o02_fr24_bad_origin_is_403_and_listed_or_missing_origins_pass() {
     let pod = Pod::start_default().await.unwrap();

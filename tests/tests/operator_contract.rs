@@ -1,0 +1,209 @@
+//! The contract between the operator and the sidecar (issue 5, item 5): what the operator injects
+//! into the example Deployment (`examples/k8s/`) is exactly what the sidecar reads — every
+//! environment variable is one of its flags, the mounted ConfigMap and Secret are the files it
+//! loads, its Kubernetes membership source watches the namespace and the labels of the target's
+//! pods (which the peer Service selects too), its listeners are the container ports and probes,
+//! and the Role grants the watch.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use clap::{CommandFactory, Parser};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::Value;
+use tether_crds::McpEndpoint;
+use tether_operator::build::{Defaults, plan};
+use tether_operator::names::{CONFIG_KEY, Names, SECRET_KEY, SIDECAR_CONTAINER};
+use tether_operator::validate::validate;
+use tether_sidecar::cli::Cli;
+use tether_sidecar::config::{Config, MembershipConfig};
+
+const NAMESPACE: &str = "tools";
+const POD_IP: &str = "10.1.2.3";
+
+fn example(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/k8s")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The value the kubelet gives a downward-API `fieldRef` in this test's pod.
+fn field(path: &str) -> String {
+    match path {
+        "status.podIP" => POD_IP.to_owned(),
+        "metadata.uid" => "3f0c8a52-pod-uid".to_owned(),
+        "metadata.namespace" => NAMESPACE.to_owned(),
+        other => panic!("the operator uses fieldRef {other}, which this contract does not know"),
+    }
+}
+
+/// The sidecar's command line for the injected container's environment: each variable becomes
+/// the flag that reads it; every variable must be one.
+fn argv(env: &[Value]) -> Vec<String> {
+    let command = Cli::command();
+    let mut args = vec!["tether-sidecar".to_owned()];
+    for var in env {
+        let name = var["name"].as_str().unwrap();
+        let value = match var["value"].as_str() {
+            Some(v) => v.to_owned(),
+            None => field(var["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap()),
+        };
+        let flag = command
+            .get_arguments()
+            .find(|a| a.get_env().is_some_and(|e| e == name))
+            .and_then(|a| a.get_long())
+            .unwrap_or_else(|| panic!("the operator sets {name}, which no sidecar flag reads"));
+        args.push(format!("--{flag}={value}"));
+    }
+    args
+}
+
+#[test]
+fn what_the_operator_injects_is_what_the_sidecar_reads() {
+    let deployment: Deployment = yaml_serde::from_str(&example("deployment.yaml")).unwrap();
+    let mut ep: McpEndpoint =
+        tether_crds::parse_manifest(&example("mcpendpoint-full.yaml")).unwrap();
+    ep.metadata.namespace = Some(NAMESPACE.into());
+    ep.metadata.uid = Some("endpoint-uid".into());
+    let names = Names::of(&ep).unwrap();
+    let target = validate(&ep, &names, &deployment).unwrap();
+    let owner = OwnerReference::default();
+    let plan = plan(
+        &ep,
+        &names,
+        &target,
+        &Defaults::with_image("sidecar:test"),
+        &owner,
+    );
+    let pod = &plan.injection["spec"]["template"]["spec"];
+    let sidecar = pod["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == SIDECAR_CONTAINER)
+        .unwrap();
+
+    // The environment parses as the sidecar's flags.
+    let cli = Cli::try_parse_from(argv(sidecar["env"].as_array().unwrap()))
+        .unwrap_or_else(|e| panic!("the sidecar refuses the injected environment: {e}"));
+
+    // The files it loads are where the volumes are mounted, under the keys the operator writes.
+    let mount_of = |volume_key: &str, source: &str| -> String {
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v.get(volume_key).is_some())
+            .unwrap_or_else(|| panic!("no {volume_key} volume"));
+        assert_eq!(volume[volume_key][source_name(volume_key)], source);
+        let mount = sidecar["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == volume["name"])
+            .unwrap();
+        mount["mountPath"].as_str().unwrap().to_owned()
+    };
+    let config_dir = mount_of("configMap", &names.config());
+    let secret_dir = mount_of("secret", &names.config());
+    assert_eq!(cli.endpoint, Path::new(&config_dir).join(CONFIG_KEY));
+    assert_eq!(cli.secret_file, Path::new(&secret_dir).join(SECRET_KEY));
+    let manifest = plan.config_map.data.as_ref().unwrap()[CONFIG_KEY].clone();
+    let secret = tether_operator::build::config::secret(&names, &owner, &[7; 32]);
+    assert!(secret.data.unwrap().contains_key(SECRET_KEY));
+
+    // With those files in place the sidecar starts with the endpoint's settings and watches
+    // the target's pods in the endpoint's namespace.
+    let dir = tempfile::tempdir().unwrap();
+    let mut local = cli.clone();
+    local.endpoint = dir.path().join(CONFIG_KEY);
+    local.secret_file = dir.path().join(SECRET_KEY);
+    std::fs::write(&local.endpoint, &manifest).unwrap();
+    std::fs::write(&local.secret_file, [7; 32]).unwrap();
+    let cfg = Config::load(&local).unwrap_or_else(|e| panic!("the sidecar cannot start: {e}"));
+    assert_eq!(cfg.source.started_with, ep.spec);
+    let MembershipConfig::Kubernetes {
+        namespace,
+        selector,
+    } = &cfg.membership
+    else {
+        panic!("the injected sidecar must use the Kubernetes membership source")
+    };
+    assert_eq!(namespace, NAMESPACE);
+    let pod_labels = deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    let wanted: BTreeMap<String, String> = selector
+        .split(',')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("equality-based selector");
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    assert!(!wanted.is_empty());
+    for (k, v) in &wanted {
+        assert_eq!(pod_labels.get(k), Some(v), "the pods lack {k}={v}");
+    }
+    let peers = &plan.services[1];
+    assert_eq!(
+        peers.spec.as_ref().unwrap().selector.as_ref(),
+        Some(&wanted),
+        "the peer Service selects the same pods"
+    );
+
+    // Its listeners are the container ports, the probes and the drain hook's port.
+    let port = |name: &str| {
+        sidecar["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["containerPort"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(port("mcp"), u64::from(cfg.listen_addr.port()));
+    assert_eq!(port("tether-admin"), u64::from(cfg.admin_addr.port()));
+    assert_eq!(port("tether-peer"), u64::from(cfg.peer_addr.port()));
+    assert_eq!(cfg.listen_addr.ip().to_string(), POD_IP);
+    for probe in [
+        &sidecar["readinessProbe"],
+        &sidecar["livenessProbe"],
+        &sidecar["lifecycle"]["preStop"],
+    ] {
+        assert_eq!(
+            probe["httpGet"]["port"].as_u64(),
+            Some(u64::from(cfg.admin_addr.port()))
+        );
+    }
+
+    // The Role lets the pods' ServiceAccount run the membership watch.
+    let rules = plan.role.rules.clone().unwrap();
+    assert!(rules.iter().any(|r| {
+        r.api_groups.as_deref() == Some(&[String::new()])
+            && r.resources
+                .as_ref()
+                .is_some_and(|x| x.contains(&"pods".into()))
+            && ["list", "watch"]
+                .iter()
+                .all(|v| r.verbs.contains(&(*v).to_owned()))
+    }));
+}
+
+/// The field of a volume source naming its object.
+fn source_name(volume_key: &str) -> &'static str {
+    match volume_key {
+        "configMap" => "name",
+        _ => "secretName",
+    }
+}
