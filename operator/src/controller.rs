@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, Event};
@@ -30,11 +31,12 @@ use serde_json::{Value, json};
 use tether_crds::{McpEndpoint, McpEndpointStatus};
 
 use crate::build::config::{self, HMAC_KEY_BYTES};
+use crate::build::network::covering_pdb;
 use crate::build::{Defaults, Plan, plan};
 use crate::diff::covers;
-use crate::names::{FIELD_MANAGER, FINALIZER, Names};
+use crate::names::{FIELD_MANAGER, FINALIZER, MANAGED_BY_LABEL, Names};
 use crate::status::{Outcome, PodCounts, conditions};
-use crate::validate::validate;
+use crate::validate::{Target, validate};
 
 /// How often an endpoint is looked at again without any change (pods becoming ready, a
 /// conflict the user resolved; a target created later wakes it at once, [`crate::watches`]).
@@ -161,7 +163,7 @@ async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
             Ok(target) => {
                 let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
                 let plan = plan(ep, &names, &target, &ctx.defaults, &owner);
-                let (written, rolled) = write(client, &names, &owner, &deployment, &plan).await?;
+                let (written, rolled) = write(client, &names, &owner, &target, &plan).await?;
                 if !written.is_empty() {
                     ctx.event(
                         ep,
@@ -188,9 +190,10 @@ async fn write(
     client: &Client,
     names: &Names,
     owner: &OwnerReference,
-    deployment: &Deployment,
+    target: &Target<'_>,
     plan: &Plan,
 ) -> Result<(Vec<String>, bool), Error> {
+    let deployment = target.deployment;
     let ns = &names.namespace;
     let mut written = Vec::new();
     let w = &mut written;
@@ -205,12 +208,27 @@ async fn write(
     for service in &plan.services {
         ensure(&Api::namespaced(client.clone(), ns), service, w).await?;
     }
-    if let Some(sa) = &plan.service_account {
-        ensure(&Api::namespaced(client.clone(), ns), sa, w).await?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    match &plan.service_account {
+        Some(sa) => ensure(&accounts, sa, w).await?,
+        // The pods name the user's ServiceAccount now: ours goes once no pod runs with it.
+        None if settled(deployment) => {
+            prune(&accounts, &names.sidecar_rbac(), w).await?;
+        }
+        None => {}
     }
     ensure(&Api::namespaced(client.clone(), ns), &plan.role, w).await?;
     ensure(&Api::namespaced(client.clone(), ns), &plan.role_binding, w).await?;
-    ensure(&Api::namespaced(client.clone(), ns), &plan.pdb, w).await?;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    let existing = budgets.list(&ListParams::default()).await?.items;
+    match covering_pdb(&existing, names, target) {
+        None => ensure(&budgets, &plan.pdb, w).await?,
+        Some(theirs) => {
+            if prune(&budgets, &names.pdb(), w).await? {
+                tracing::info!(endpoint = %names.endpoint, pdb = theirs, "the user's PodDisruptionBudget covers the pods: ours removed");
+            }
+        }
+    }
     let live = serde_json::to_value(deployment)?;
     if covers(&live, &plan.injection) {
         return Ok((written, false));
@@ -252,6 +270,33 @@ where
         .await?;
     written.push(format!("{}/{name}", K::kind(&())));
     Ok(())
+}
+
+/// Deletes our `K` named `name` if it exists (it carries our managed-by label); returns whether
+/// it did, adding `Kind/name (deleted)` to `written`. What the user made is never deleted.
+async fn prune<K>(api: &Api<K>, name: &str, written: &mut Vec<String>) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let ours = api.get_opt(name).await?.is_some_and(|live| {
+        live.meta()
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY_LABEL))
+            .is_some_and(|v| v == FIELD_MANAGER)
+    });
+    if ours {
+        api.delete(name, &DeleteParams::default()).await?;
+        written.push(format!("{}/{name} (deleted)", K::kind(&())));
+    }
+    Ok(ours)
+}
+
+/// Whether every pod runs the newest template and none is terminating: nothing runs with what
+/// the template stopped naming.
+fn settled(deployment: &Deployment) -> bool {
+    let p = pod_counts(deployment, false);
+    p.updated == p.total && p.draining == 0
 }
 
 fn apply_params() -> PatchParams {

@@ -11,6 +11,8 @@ pub const FIELD_MANAGER: &str = "tether-operator";
 /// Name of the injected sidecar container (a native sidecar: an init container with
 /// `restartPolicy: Always`).
 pub const SIDECAR_CONTAINER: &str = "tether-sidecar";
+/// Label on every child the operator creates, with [`FIELD_MANAGER`] as its value.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Pod-template annotation naming the endpoint whose sidecar is injected; a `tether-sidecar`
 /// container without it is the user's, and a clash.
 pub const INJECTED_ANNOTATION: &str = "mcp.tether.dev/endpoint";
@@ -77,7 +79,7 @@ impl Names {
     /// Labels on every child: `app.kubernetes.io/managed-by`, `part-of`, `instance`.
     pub fn labels(&self) -> std::collections::BTreeMap<String, String> {
         [
-            ("app.kubernetes.io/managed-by", FIELD_MANAGER),
+            (MANAGED_BY_LABEL, FIELD_MANAGER),
             ("app.kubernetes.io/part-of", "tether"),
             ("app.kubernetes.io/instance", self.endpoint.as_str()),
         ]

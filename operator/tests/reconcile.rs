@@ -316,3 +316,75 @@ async fn a_conflict_writes_nothing_of_the_users_and_says_why_once() {
     let (_, writes) = reconcile_once(&api).await;
     assert!(writes.is_empty(), "{:?}", paths(&writes));
 }
+
+#[tokio::test]
+async fn a_users_budget_replaces_ours_and_a_users_service_account_retires_ours() {
+    const PDB_PATH: &str = "/apis/policy/v1/namespaces/tools/poddisruptionbudgets";
+    const SA_PATH: &str = "/api/v1/namespaces/tools/serviceaccounts/weather-tether-sidecar";
+    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
+    reconcile_once(&api).await;
+    pods_rolled(&api);
+    reconcile_once(&api).await;
+    assert!(api.lock().unwrap().objects.contains_key(SA_PATH));
+    // The user adds a budget over the same pods: ours goes (two budgets stall evictions), once.
+    api.lock().unwrap().objects.insert(
+        format!("{PDB_PATH}/weather-budget"),
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+               "metadata": {"name": "weather-budget", "namespace": NS},
+               "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "weather"}}}}),
+    );
+    let (_, writes) = reconcile_once(&api).await;
+    assert_eq!(
+        objects(&writes),
+        [format!("DELETE {PDB_PATH}/weather-tether")]
+    );
+    assert!(
+        one_event(&writes)
+            .2
+            .contains("PodDisruptionBudget/weather-tether (deleted)")
+    );
+    let (_, writes) = reconcile_once(&api).await;
+    assert_eq!(paths(&writes), Vec::<String>::new(), "not created again");
+    // The user names their own ServiceAccount: the RoleBinding follows at once; ours is deleted
+    // only once no pod runs with it (the rollout done).
+    {
+        let mut a = api.lock().unwrap();
+        let d = a.objects.get_mut(DEPLOY_PATH).unwrap();
+        d["spec"]["template"]["spec"]["serviceAccountName"] = json!("app-sa");
+        d["spec"]["template"]["spec"]["serviceAccount"] = json!("app-sa");
+        d["metadata"]["generation"] = json!(d["metadata"]["generation"].as_i64().unwrap() + 1);
+    }
+    let (_, writes) = reconcile_once(&api).await;
+    let binding =
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/tools/rolebindings/weather-tether-sidecar";
+    assert_eq!(
+        objects(&writes),
+        [
+            format!("PATCH {binding}"),
+            format!("PATCH {EP_PATH}/status")
+        ]
+    );
+    let written = writes.iter().find(|w| w.path == binding).unwrap();
+    assert_eq!(written.body["subjects"][0]["name"], "app-sa");
+    pods_rolled(&api);
+    let (_, writes) = reconcile_once(&api).await;
+    assert_eq!(
+        objects(&writes),
+        [
+            format!("DELETE {SA_PATH}"),
+            format!("PATCH {EP_PATH}/status")
+        ]
+    );
+    let (_, writes) = reconcile_once(&api).await;
+    assert_eq!(paths(&writes), Vec::<String>::new());
+    let a = api.lock().unwrap();
+    assert!(
+        a.objects
+            .contains_key(&format!("{PDB_PATH}/weather-budget")),
+        "theirs stays"
+    );
+    assert_eq!(
+        a.objects[DEPLOY_PATH]["spec"]["template"]["spec"]["serviceAccountName"],
+        "app-sa"
+    );
+}

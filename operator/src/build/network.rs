@@ -1,10 +1,12 @@
 //! The client Service, the headless peer Service and the PodDisruptionBudget, all selecting the
-//! target Deployment's pods by its `matchLabels`.
+//! target Deployment's pods by its `matchLabels` — and [`covering_pdb`], which finds a
+//! PodDisruptionBudget of the user's over the same pods (then the operator adds none).
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::core::{Selector, SelectorExt};
 use tether_crds::McpEndpoint;
 
 use super::child_meta;
@@ -89,5 +91,82 @@ pub fn pdb(names: &Names, target: &Target<'_>, owner: &OwnerReference) -> PodDis
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()
+    }
+}
+
+/// The name of the first PodDisruptionBudget of `existing`, other than ours, that selects the
+/// target's pods (by their template labels). The eviction API refuses to evict a pod two budgets
+/// cover (node drains stall), so the operator then adds none of its own. Per `policy/v1`, a
+/// budget without a selector selects nothing and one with an empty selector every pod of the
+/// namespace; a selector that does not parse is taken to select nothing.
+pub fn covering_pdb<'a>(
+    existing: &'a [PodDisruptionBudget],
+    names: &Names,
+    target: &Target<'_>,
+) -> Option<&'a str> {
+    let labels = target
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    existing.iter().find_map(|pdb| {
+        let name = pdb.metadata.name.as_deref()?;
+        let selector = pdb.spec.as_ref()?.selector.clone()?;
+        let selects = Selector::try_from(selector).is_ok_and(|s| s.matches(&labels));
+        (name != names.pdb() && selects).then_some(name)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::build::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
+    use crate::validate::validate;
+
+    fn budget(name: &str, selector: serde_json::Value) -> PodDisruptionBudget {
+        let mut pdb = json!({"metadata": {"name": name}, "spec": {"maxUnavailable": 1}});
+        if !selector.is_null() {
+            pdb["spec"]["selector"] = selector;
+        }
+        serde_json::from_value(pdb).unwrap()
+    }
+
+    #[test]
+    fn a_users_budget_over_the_same_pods_is_found_and_ours_is_not() {
+        let ep = fixtures::endpoint(MINIMAL_ENDPOINT);
+        let names = fixtures::names(&ep);
+        let deployment = fixtures::deployment(DEPLOYMENT);
+        let target = validate(&ep, &names, &deployment).unwrap();
+        let ours = pdb(&names, &target, &fixtures::owner(&ep));
+        let by_label = json!({"matchLabels": {"app": "weather"}});
+        let other_app = json!({"matchLabels": {"app": "billing"}});
+        let by_expression = json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["weather", "x"]}]});
+        let cases = [
+            (vec![ours.clone()], None),
+            (vec![budget("theirs", by_label)], Some("theirs")),
+            (vec![budget("billing", other_app)], None),
+            (vec![budget("expr", by_expression)], Some("expr")),
+            (vec![budget("everything", json!({}))], Some("everything")),
+            (vec![budget("nothing", serde_json::Value::Null)], None),
+            (
+                vec![
+                    ours,
+                    budget("billing", json!({"matchLabels": {"app": "billing"}})),
+                    budget("all", json!({})),
+                ],
+                Some("all"),
+            ),
+        ];
+        for (existing, expected) in cases {
+            assert_eq!(
+                covering_pdb(&existing, &names, &target),
+                expected,
+                "{existing:?}"
+            );
+        }
     }
 }

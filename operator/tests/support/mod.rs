@@ -1,7 +1,7 @@
 //! An in-memory API server for `tower_test::mock` (kube-rs's `ApiServerVerifier` pattern, made
-//! generic): it answers GET, server-side apply (merged into the stored object, a spec change
-//! bumping `metadata.generation`), JSON patches of `metadata.finalizers`, status patches and POST,
-//! and records every write.
+//! generic): it answers GET of an object or of a namespaced collection (a list), server-side
+//! apply (merged into the stored object, a spec change bumping `metadata.generation`), JSON
+//! patches of `metadata.finalizers`, status patches, POST and DELETE, and records every write.
 
 #![allow(dead_code)] // each test file uses its part
 
@@ -95,6 +95,12 @@ fn json_patch(obj: &mut Value, ops: &Value) {
     }
 }
 
+/// Whether `path` names a namespaced collection (`…/namespaces/<ns>/<resource>`).
+fn is_collection(path: &str) -> bool {
+    let segments: Vec<&str> = path.split('/').collect();
+    segments.len() >= 3 && segments[segments.len() - 3] == "namespaces"
+}
+
 /// Answers the requests of `handle` from `api` until the client is dropped.
 pub async fn serve(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
@@ -115,7 +121,18 @@ pub async fn serve(
             });
         }
         let answer = match parts.method {
+            Method::GET if is_collection(&path) => {
+                let prefix = format!("{path}/");
+                let items: Vec<Value> = api
+                    .objects
+                    .iter()
+                    .filter(|(k, _)| k.strip_prefix(&prefix).is_some_and(|n| !n.contains('/')))
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                ok(&json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}))
+            }
             Method::GET => api.objects.get(&path).map_or_else(not_found, ok),
+            Method::DELETE => api.objects.remove(&path).map_or_else(not_found, |v| ok(&v)),
             Method::POST => {
                 let name = body["metadata"]["name"].as_str().unwrap().to_owned();
                 api.objects.insert(format!("{path}/{name}"), body.clone());
