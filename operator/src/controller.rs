@@ -5,10 +5,10 @@
 //! - A finalizer ([`FINALIZER`]) is added first; on deletion the injection is removed (a
 //!   server-side apply of an empty Deployment body with our field manager drops exactly the
 //!   fields we own; the children go with their owner reference) before it is released.
-//! - Each child is read first and applied (server-side apply, field manager
-//!   [`FIELD_MANAGER`], forced: the operator owns these fields) only when the live object lacks
-//!   something ([`covers`]): a reconcile with nothing to change writes nothing.
-//! - The HMAC Secret is created when missing and never written again.
+//! - The children are written by [`children::write`]: each read first and applied
+//!   (server-side apply, field manager [`FIELD_MANAGER`], forced: the operator owns these fields)
+//!   only when the live object lacks something, so a reconcile with nothing to change writes
+//!   nothing; the HMAC Secret is created when missing and never written again.
 //! - The status is written only when it changed.
 //! - A conflict or a missing target is no error: `Degraded` says why and the endpoint is looked
 //!   at again after [`RECHECK`]. API errors go to [`error_policy`], which backs off.
@@ -17,26 +17,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, Event};
 use kube::{Client, Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tether_crds::{McpEndpoint, McpEndpointStatus};
 
-use crate::build::config::{self, HMAC_KEY_BYTES};
-use crate::build::network::covering_pdb;
-use crate::build::{Defaults, Plan, plan};
-use crate::diff::covers;
-use crate::names::{FIELD_MANAGER, FINALIZER, MANAGED_BY_LABEL, Names};
+use crate::build::{Defaults, plan};
+use crate::children;
+use crate::names::{FIELD_MANAGER, FINALIZER, Names};
 use crate::status::{Outcome, PodCounts, conditions};
-use crate::validate::{Target, validate};
+use crate::validate::validate;
 
 /// How often an endpoint is looked at again without any change (pods becoming ready, a
 /// conflict the user resolved; a target created later wakes it at once, [`crate::watches`]).
@@ -163,13 +157,14 @@ async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
             Ok(target) => {
                 let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
                 let plan = plan(ep, &names, &target, &ctx.defaults, &owner);
-                let (written, rolled) = write(client, &names, &owner, &target, &plan).await?;
+                let (written, rolled) =
+                    children::write(client, &names, &owner, &target, &plan).await?;
                 if !written.is_empty() {
                     ctx.event(
                         ep,
                         EventType::Normal,
                         "Applied",
-                        applied_note(&written, rolled),
+                        children::applied_note(&written, rolled),
                     )
                     .await;
                 }
@@ -184,122 +179,8 @@ async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(RECHECK))
 }
 
-/// Applies `plan`; returns what it wrote (`Kind/name`) and whether the pod template changed
-/// (the pods roll).
-async fn write(
-    client: &Client,
-    names: &Names,
-    owner: &OwnerReference,
-    target: &Target<'_>,
-    plan: &Plan,
-) -> Result<(Vec<String>, bool), Error> {
-    let deployment = target.deployment;
-    let ns = &names.namespace;
-    let mut written = Vec::new();
-    let w = &mut written;
-    ensure(&Api::namespaced(client.clone(), ns), &plan.config_map, w).await?;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    if secrets.get_opt(&names.config()).await?.is_none() {
-        let key: [u8; HMAC_KEY_BYTES] = rand::random();
-        let secret = config::secret(names, owner, &key);
-        secrets.create(&PostParams::default(), &secret).await?;
-        w.push(format!("Secret/{}", names.config()));
-    }
-    for service in &plan.services {
-        ensure(&Api::namespaced(client.clone(), ns), service, w).await?;
-    }
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    match &plan.service_account {
-        Some(sa) => ensure(&accounts, sa, w).await?,
-        // The pods name the user's ServiceAccount now: ours goes once no pod runs with it.
-        None if settled(deployment) => {
-            prune(&accounts, &names.sidecar_rbac(), w).await?;
-        }
-        None => {}
-    }
-    ensure(&Api::namespaced(client.clone(), ns), &plan.role, w).await?;
-    ensure(&Api::namespaced(client.clone(), ns), &plan.role_binding, w).await?;
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
-    let existing = budgets.list(&ListParams::default()).await?.items;
-    match covering_pdb(&existing, names, target) {
-        None => ensure(&budgets, &plan.pdb, w).await?,
-        Some(theirs) => {
-            if prune(&budgets, &names.pdb(), w).await? {
-                tracing::info!(endpoint = %names.endpoint, pdb = theirs, "the user's PodDisruptionBudget covers the pods: ours removed");
-            }
-        }
-    }
-    let live = serde_json::to_value(deployment)?;
-    if covers(&live, &plan.injection) {
-        return Ok((written, false));
-    }
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let name = deployment.name_any();
-    deployments
-        .patch(&name, &apply_params(), &Patch::Apply(&plan.injection))
-        .await?;
-    written.push(format!("Deployment/{name}"));
-    Ok((written, true))
-}
-
-/// The note of the `Applied` Event: what was written and what happens next.
-fn applied_note(written: &[String], rolled: bool) -> String {
-    let list = written.join(", ");
-    if rolled {
-        format!("applied {list}; the pod template changed, so the pods are replaced")
-    } else if written.iter().any(|w| w.starts_with("ConfigMap/")) {
-        format!("applied {list}; running sidecars reload the configuration without a restart")
-    } else {
-        format!("applied {list}")
-    }
-}
-
-/// Server-side applies `desired` unless the live object already holds all of it.
-async fn ensure<K>(api: &Api<K>, desired: &K, written: &mut Vec<String>) -> Result<(), Error>
-where
-    K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
-{
-    let name = desired.meta().name.clone().ok_or(Error::Unnamed)?;
-    let body = serde_json::to_value(desired)?;
-    if let Some(live) = api.get_opt(&name).await?
-        && covers(&serde_json::to_value(&live)?, &body)
-    {
-        return Ok(());
-    }
-    api.patch(&name, &apply_params(), &Patch::Apply(&body))
-        .await?;
-    written.push(format!("{}/{name}", K::kind(&())));
-    Ok(())
-}
-
-/// Deletes our `K` named `name` if it exists (it carries our managed-by label); returns whether
-/// it did, adding `Kind/name (deleted)` to `written`. What the user made is never deleted.
-async fn prune<K>(api: &Api<K>, name: &str, written: &mut Vec<String>) -> Result<bool, Error>
-where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
-{
-    let ours = api.get_opt(name).await?.is_some_and(|live| {
-        live.meta()
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(MANAGED_BY_LABEL))
-            .is_some_and(|v| v == FIELD_MANAGER)
-    });
-    if ours {
-        api.delete(name, &DeleteParams::default()).await?;
-        written.push(format!("{}/{name} (deleted)", K::kind(&())));
-    }
-    Ok(ours)
-}
-
-/// Whether every pod runs the newest template and none is terminating: nothing runs with what
-/// the template stopped naming.
-fn settled(deployment: &Deployment) -> bool {
-    let p = pod_counts(deployment, false);
-    p.updated == p.total && p.draining == 0
-}
-
-fn apply_params() -> PatchParams {
+/// Server-side apply with the operator's field manager, forced (it owns these fields).
+pub(crate) fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 

@@ -5,17 +5,29 @@
 //! [`covers`] compares the JSON of a live object with the JSON of a desired one: fields the
 //! API server added (defaults, status, other managers' fields) are ignored; lists whose items all
 //! carry a `name` are matched by name (containers, env, volumes, ports, ownerReferences), other
-//! lists must match item by item.
+//! lists — and the [`ATOMIC`] ones, whose items are named but which an apply replaces whole —
+//! must match item by item.
 
 use serde_json::Value;
+
+/// Fields holding lists of named items that the API server treats as atomic (no list-map
+/// markers): a RoleBinding's `subjects`. A live list with an extra item does not cover them.
+pub const ATOMIC: &[&str] = &["subjects"];
 
 /// Whether `live` contains `desired`: every field of `desired` is in `live` with an equal value.
 pub fn covers(live: &Value, desired: &Value) -> bool {
     match (live, desired) {
         (_, Value::Null) => true,
-        (Value::Object(l), Value::Object(d)) => d
-            .iter()
-            .all(|(k, dv)| dv.is_null() || l.get(k).is_some_and(|lv| covers(lv, dv))),
+        (Value::Object(l), Value::Object(d)) => d.iter().all(|(k, dv)| {
+            dv.is_null()
+                || l.get(k).is_some_and(|lv| {
+                    if ATOMIC.contains(&k.as_str()) {
+                        same_items(lv, dv)
+                    } else {
+                        covers(lv, dv)
+                    }
+                })
+        }),
         (Value::Array(l), Value::Array(d)) if d.iter().all(named) && !d.is_empty() => {
             d.iter().all(|di| {
                 l.iter()
@@ -23,11 +35,19 @@ pub fn covers(live: &Value, desired: &Value) -> bool {
                     .is_some_and(|li| covers(li, di))
             })
         }
+        (Value::Array(_), Value::Array(_)) => same_items(live, desired),
+        (Value::Number(l), Value::Number(d)) => l.as_f64() == d.as_f64(),
+        (l, d) => l == d,
+    }
+}
+
+/// Both are lists of the same length whose items cover each other in order.
+fn same_items(live: &Value, desired: &Value) -> bool {
+    match (live, desired) {
         (Value::Array(l), Value::Array(d)) => {
             l.len() == d.len() && l.iter().zip(d).all(|(li, di)| covers(li, di))
         }
-        (Value::Number(l), Value::Number(d)) => l.as_f64() == d.as_f64(),
-        (l, d) => l == d,
+        _ => false,
     }
 }
 
@@ -84,6 +104,21 @@ mod tests {
         assert!(covers(
             &live,
             &json!({"spec": {"n": 75.0, "verbs": ["get", "list"]}})
+        ));
+    }
+
+    #[test]
+    fn an_atomic_list_with_an_extra_item_is_not_covered() {
+        let subject = |n: &str| json!({"kind": "ServiceAccount", "name": n, "namespace": "tools"});
+        let desired = json!({"subjects": [subject("app-sa")]});
+        let live = json!({"subjects": [subject("app-sa"), subject("old")]});
+        assert!(!covers(&live, &desired));
+        assert!(covers(&json!({"subjects": [subject("app-sa")]}), &desired));
+        // A map list (containers) with an extra item still covers.
+        let desired = json!({"containers": [{"name": "a"}]});
+        assert!(covers(
+            &json!({"containers": [{"name": "b"}, {"name": "a"}]}),
+            &desired
         ));
     }
 }

@@ -12,6 +12,8 @@
 //! - [`diff`]: whether a live object already holds what would be applied (a no-op reconcile
 //!   writes nothing);
 //! - [`status`]: the `Ready`, `Progressing` and `Degraded` conditions from what a reconcile saw;
+//! - [`children`]: writing a plan's children (only what changed) and deleting the ones it no
+//!   longer wants;
 //! - [`controller`]: the reconcile against the API server (finalizer, server-side apply of what
 //!   changed, status);
 //! - [`watches`]: running the controller, and which endpoint a change of a watched object wakes;
@@ -21,6 +23,7 @@
 
 pub mod admin;
 pub mod build;
+pub mod children;
 pub mod controller;
 pub mod diff;
 pub mod leader;

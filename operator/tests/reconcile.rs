@@ -345,18 +345,34 @@ async fn a_users_budget_replaces_ours_and_a_users_service_account_retires_ours()
     );
     let (_, writes) = reconcile_once(&api).await;
     assert_eq!(paths(&writes), Vec::<String>::new(), "not created again");
-    // The user names their own ServiceAccount: the RoleBinding follows at once; ours is deleted
-    // only once no pod runs with it (the rollout done).
+    // The user names their own ServiceAccount. While an old pod runs with ours, the RoleBinding
+    // binds both (its sidecar keeps the Pod watch); ours is deleted once no pod runs with it.
+    const POD_PATH: &str = "/api/v1/namespaces/tools/pods/weather-old";
     {
         let mut a = api.lock().unwrap();
         let d = a.objects.get_mut(DEPLOY_PATH).unwrap();
         d["spec"]["template"]["spec"]["serviceAccountName"] = json!("app-sa");
         d["spec"]["template"]["spec"]["serviceAccount"] = json!("app-sa");
         d["metadata"]["generation"] = json!(d["metadata"]["generation"].as_i64().unwrap() + 1);
+        a.objects.insert(
+            POD_PATH.to_owned(),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "weather-old", "namespace": NS, "labels": {"app": "weather"}},
+                   "spec": {"serviceAccountName": "weather-tether-sidecar", "containers": []}}),
+        );
     }
-    let (_, writes) = reconcile_once(&api).await;
     let binding =
         "/apis/rbac.authorization.k8s.io/v1/namespaces/tools/rolebindings/weather-tether-sidecar";
+    let subjects = |writes: &[Write]| -> Vec<String> {
+        let written = writes.iter().find(|w| w.path == binding).unwrap();
+        written.body["subjects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (_, writes) = reconcile_once(&api).await;
     assert_eq!(
         objects(&writes),
         [
@@ -364,16 +380,38 @@ async fn a_users_budget_replaces_ours_and_a_users_service_account_retires_ours()
             format!("PATCH {EP_PATH}/status")
         ]
     );
-    let written = writes.iter().find(|w| w.path == binding).unwrap();
-    assert_eq!(written.body["subjects"][0]["name"], "app-sa");
+    assert_eq!(subjects(&writes), ["app-sa", "weather-tether-sidecar"]);
+    let (_, writes) = reconcile_once(&api).await;
+    assert_eq!(
+        paths(&writes),
+        Vec::<String>::new(),
+        "nothing moves while it runs"
+    );
+    // The old pod is gone.
     pods_rolled(&api);
+    api.lock().unwrap().objects.remove(POD_PATH);
     let (_, writes) = reconcile_once(&api).await;
     assert_eq!(
         objects(&writes),
         [
             format!("DELETE {SA_PATH}"),
+            format!("PATCH {binding}"),
             format!("PATCH {EP_PATH}/status")
         ]
+    );
+    assert_eq!(subjects(&writes), ["app-sa"]);
+    let delete = writes.iter().find(|w| w.path == SA_PATH).unwrap();
+    assert!(
+        delete.body["preconditions"]["uid"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("uid-")),
+        "deleted only if it is still the object read: {}",
+        delete.body
+    );
+    assert!(
+        delete.body["preconditions"]["uid"].is_string() || delete.body["preconditions"].is_object(),
+        "{:?}",
+        delete.body
     );
     let (_, writes) = reconcile_once(&api).await;
     assert_eq!(paths(&writes), Vec::<String>::new());

@@ -164,6 +164,9 @@ impl AdmissionPolicy {
         };
         match ProtocolVersion::parse(value) {
             Some(v) if self.versions.contains(&v) => Ok(Some(v)),
+            // A session negotiated at a version a reload removed keeps it: the broker checks
+            // that the header names the session's own version.
+            Some(v) if !v.is_stateless() && headers.contains_key(MCP_SESSION_ID) => Ok(Some(v)),
             _ => Err(Rejection::UnsupportedVersion(VersionMismatch::new(
                 value,
                 &self.versions,
@@ -370,6 +373,15 @@ mod tests {
             HeaderValue::from_static("2025-03-26"),
         );
         assert!(narrow.admit(&Method::POST, "/mcp", &h).is_err());
+        // With a session id an unlisted sessionful version passes admission (a reload may have
+        // removed the session's own version; the broker compares it with the session's).
+        h.insert("mcp-session-id", HeaderValue::from_static("abc"));
+        assert!(narrow.admit(&Method::POST, "/mcp", &h).is_ok());
+        for never in ["1999-01-01", "2026-07-28"] {
+            h.insert("mcp-protocol-version", HeaderValue::from_static(never));
+            narrow.versions = vec![ProtocolVersion::V2025_06_18];
+            assert!(narrow.admit(&Method::POST, "/mcp", &h).is_err(), "{never}");
+        }
     }
 
     #[test]

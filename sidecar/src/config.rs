@@ -233,6 +233,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
             ttl: spec.buffer.ttl.into(),
         },
         idle_timeout: spec.session.idle_timeout.into(),
+        reloaded_at: None,
         keep_alive: cli.keep_alive,
         max_upstream_body_bytes: usize::try_from(spec.buffer.max_bytes)
             .unwrap_or(usize::MAX)

@@ -8,7 +8,8 @@
 //!
 //! - applies the reloadable fields (`tether_crds::reload`: origins, protocol versions, buffer
 //!   bounds, idle timeout) to admission and to the broker — requests admitted from then on see
-//!   them, buffer bounds apply to streams opened from then on;
+//!   them, buffer bounds apply to streams opened from then on, and a shortened idle timeout
+//!   counts from the reload (sessions do not all expire at once);
 //! - keeps the pod settings it started with (ports, paths, upstream, migration, drain): the
 //!   operator rolls the pods for those, and until this pod restarts the change is reported as
 //!   pending (`tether_config_restart_pending` 1, a warning naming the fields);
@@ -24,7 +25,7 @@ use parking_lot::Mutex;
 use tether_crds::{McpEndpointSpec, parse_manifest};
 
 use crate::admission::AdmissionPolicy;
-use crate::broker::Broker;
+use crate::broker::{Broker, BrokerConfig};
 use crate::config::ConfigSource;
 use crate::metrics::ResultLabel;
 
@@ -124,7 +125,10 @@ impl Reloader {
         let effective = started.with_reloaded_from(&newer);
         self.admission
             .store(Arc::new(self.source.admission(&effective)));
-        self.broker.reconfigure(self.source.broker(&effective));
+        self.broker.reconfigure(BrokerConfig {
+            reloaded_at: Some(std::time::Instant::now()),
+            ..self.source.broker(&effective)
+        });
         let restart_pending = started.pod_settings().differences(&newer.pod_settings());
         state.newest = newer;
         Reload::Applied { restart_pending }
@@ -229,6 +233,10 @@ mod tests {
         assert_eq!(settings.buffer.max_events, 7);
         assert_eq!(settings.idle_timeout, std::time::Duration::from_secs(60));
         assert_eq!(settings.versions, policy.versions);
+        assert!(
+            settings.reloaded_at.is_some(),
+            "idle time counts from the reload"
+        );
         assert_eq!(reloader.check(), Reload::Unchanged, "same bytes again");
 
         // A pod setting: reported, not applied; the reloadable part still is.

@@ -39,8 +39,29 @@ async fn initialize_from(pod: &Pod, origin: &'static str) -> StatusCode {
         .status()
 }
 
+/// `tools/list` on session `id` with `MCP-Protocol-Version: version`; status and body.
+async fn list_tools(pod: &Pod, id: &str, version: &'static str) -> (StatusCode, String) {
+    let h = [
+        ("accept", ACCEPT_BOTH),
+        ("content-type", "application/json"),
+        ("mcp-protocol-version", version),
+        ("mcp-session-id", id),
+    ];
+    let http = pod.client().http().clone();
+    let resp = http
+        .send(
+            Method::POST,
+            &pod.mcp_url,
+            &h,
+            Some(Bytes::from_static(LIST.as_bytes())),
+        )
+        .await
+        .unwrap();
+    (resp.status(), body_text(resp).await.unwrap())
+}
+
 #[tokio::test]
-async fn o01_a_changed_endpoint_file_is_reloaded_without_a_restart() {
+async fn o01_p03_a_changed_endpoint_file_is_reloaded_without_a_restart() {
     let within = Duration::from_secs(10);
     let spec = PodSpec {
         sidecar_args: vec!["--config-poll".into(), "100ms".into()],
@@ -75,6 +96,27 @@ async fn o01_a_changed_endpoint_file_is_reloaded_without_a_restart() {
         pod.metric("tether_config_restart_pending").await.unwrap(),
         0.0
     );
+    // A session negotiated at a version the next reload removes keeps working; a new one gets
+    // a listed version, and naming the removed version on another session is refused.
+    let client = pod.client();
+    let old = client.initialize("2025-06-18").await.unwrap();
+    let narrowed = PodSpec {
+        versions: vec!["2025-11-25".into()],
+        ..allowed.clone()
+    };
+    pod.rewrite_endpoint(&narrowed.manifest()).unwrap();
+    let n = pod
+        .wait_for_metric(applied, within, |v| v >= 2.0)
+        .await
+        .unwrap();
+    assert_eq!(n, 2.0);
+    let (status, _) = list_tools(&pod, &old.id, "2025-06-18").await;
+    assert_eq!(status, StatusCode::OK, "the session keeps its version");
+    let new = client.initialize("2025-06-18").await.unwrap();
+    assert_eq!(new.version, "2025-11-25");
+    let (status, body) = list_tools(&pod, &new.id, "2025-06-18").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let allowed = narrowed;
     // A pod setting: reported as pending, the running one stays.
     let pinned = PodSpec {
         migration: "Pin".into(),
@@ -82,10 +124,10 @@ async fn o01_a_changed_endpoint_file_is_reloaded_without_a_restart() {
     };
     pod.rewrite_endpoint(&pinned.manifest()).unwrap();
     let n = pod
-        .wait_for_metric(applied, within, |v| v >= 2.0)
+        .wait_for_metric(applied, within, |v| v >= 3.0)
         .await
         .unwrap();
-    assert_eq!(n, 2.0);
+    assert_eq!(n, 3.0);
     assert_eq!(
         pod.metric("tether_config_restart_pending").await.unwrap(),
         1.0

@@ -62,3 +62,15 @@ pub fn role_binding(names: &Names, owner: &OwnerReference, subject: &str) -> Rol
         }]),
     }
 }
+
+/// Adds ServiceAccount `account` of the namespace to `binding`'s subjects (ours, while pods
+/// still run with it after the user named their own).
+pub fn also_bind(binding: &mut RoleBinding, account: &str) {
+    let namespace = binding.metadata.namespace.clone();
+    binding.subjects.get_or_insert_with(Vec::new).push(Subject {
+        kind: "ServiceAccount".to_owned(),
+        name: account.to_owned(),
+        namespace,
+        ..Subject::default()
+    });
+}

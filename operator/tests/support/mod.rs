@@ -12,6 +12,7 @@ use http::{Method, Request, Response, StatusCode};
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
+use tether_operator::diff::ATOMIC;
 use tether_operator::metrics::Metrics;
 
 /// One write the reconcile sent: method, path, query (field manager, force) and body.
@@ -51,12 +52,18 @@ fn ok(v: &Value) -> Response<Body> {
 }
 
 /// Server-side apply as far as these tests need it: objects merge key by key, lists of named
-/// items merge by name, other values are replaced.
+/// items merge by name (but the atomic ones, [`ATOMIC`], are replaced), other values are
+/// replaced.
 fn merge(into: &mut Value, patch: &Value) {
     match (into, patch) {
         (Value::Object(a), Value::Object(b)) => {
             for (k, v) in b {
-                merge(a.entry(k.clone()).or_insert(Value::Null), v);
+                let slot = a.entry(k.clone()).or_insert(Value::Null);
+                if ATOMIC.contains(&k.as_str()) {
+                    *slot = v.clone();
+                } else {
+                    merge(slot, v);
+                }
             }
         }
         (Value::Array(a), Value::Array(b)) if b.iter().all(|i| i.get("name").is_some()) => {
@@ -147,7 +154,12 @@ pub async fn serve(
                     .headers
                     .get("content-type")
                     .is_some_and(|v| v == "application/json-patch+json");
-                let obj = api.objects.entry(key).or_insert_with(|| json!({}));
+                // Like the API server, a new object gets a UID.
+                let uid = format!("uid-{}", api.writes.len());
+                let obj = api
+                    .objects
+                    .entry(key)
+                    .or_insert_with(|| json!({"metadata": {"uid": uid}}));
                 if json_patch_body {
                     json_patch(obj, &body);
                 } else if status {

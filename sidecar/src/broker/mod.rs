@@ -31,7 +31,7 @@ use crate::admission::Admitted;
 use crate::buffer::{BufferLimits, PodBudget};
 use crate::jsonrpc::RequestKey;
 use crate::metrics::{Metrics, Reason, RejectionLabels};
-use crate::reply::{NotFound, Rejection, Reply, StoredReply};
+use crate::reply::{NotFound, Rejection, Reply, StoredReply, VersionMismatch};
 use crate::secret::Secret;
 use crate::session::{EnterGuard, Registry, Session};
 
@@ -60,6 +60,9 @@ pub struct BrokerConfig {
     pub buffer: BufferLimits,
     /// `spec.session.idleTimeout`.
     pub idle_timeout: Duration,
+    /// When a reload ([`crate::reload`]) installed these settings (`None`: at start-up); no
+    /// session expires before `idle_timeout` has passed since.
+    pub reloaded_at: Option<std::time::Instant>,
     /// Interval of `: keep-alive` comments on idle client streams.
     pub keep_alive: Duration,
     /// Largest complete upstream body read (JSON responses), in bytes.
@@ -265,14 +268,27 @@ impl Broker {
     }
 
     /// The session a request entered, else the one its id names (spec S-04).
+    ///
+    /// # Errors
+    /// Besides a missing session: [`Rejection::UnsupportedVersion`] (400, spec P-03) when the
+    /// request's `MCP-Protocol-Version` is neither listed in `spec.protocolVersions` nor the
+    /// session's own — admission lets a session's request name a version a reload removed, so
+    /// sessions negotiated before the reload keep working until they end.
     fn entered_session(
         &self,
         call: &Admitted,
         entered: Option<&EnterGuard>,
     ) -> Result<Arc<Session>, Rejection> {
-        match entered {
-            Some(guard) => Ok(Arc::clone(guard.session())),
-            None => self.required_session(call),
+        let session = match entered {
+            Some(guard) => Arc::clone(guard.session()),
+            None => self.required_session(call)?,
+        };
+        let cfg = self.cfg();
+        match call.version {
+            Some(v) if v != session.version() && !cfg.versions.contains(&v) => Err(
+                Rejection::UnsupportedVersion(VersionMismatch::new(v.as_str(), &cfg.versions)),
+            ),
+            _ => Ok(session),
         }
     }
 

@@ -350,20 +350,20 @@ impl Broker {
     ) -> Result<StoredReply, Rejection> {
         let status = resp.status();
         let headers = crate::headers::forwarded_response_headers(resp.headers());
-        let body = read_body(
-            resp.into_body(),
-            self.cfg().max_upstream_body_bytes,
-            self.cfg().upstream_body_timeout,
-        )
-        .await
-        .map_err(|e| {
-            self.metrics.upstream_error("body");
-            tracing::debug!(error = %e, "upstream body not read");
-            match e {
-                crate::upstream::BodyError::Timeout(_) => Rejection::UpstreamTimeout,
-                _ => Rejection::UpstreamUnavailable,
-            }
-        })?;
+        let (max_bytes, timeout) = {
+            let cfg = self.cfg();
+            (cfg.max_upstream_body_bytes, cfg.upstream_body_timeout)
+        };
+        let body = read_body(resp.into_body(), max_bytes, timeout)
+            .await
+            .map_err(|e| {
+                self.metrics.upstream_error("body");
+                tracing::debug!(error = %e, "upstream body not read");
+                match e {
+                    crate::upstream::BodyError::Timeout(_) => Rejection::UpstreamTimeout,
+                    _ => Rejection::UpstreamUnavailable,
+                }
+            })?;
         Ok(StoredReply {
             status,
             headers,

@@ -12,10 +12,17 @@ impl Broker {
     /// the upstream is told with DELETE) and refreshes the stream and buffer gauges.
     pub fn sweep(self: &Arc<Self>, now: Instant) {
         let (mut streams, mut events, mut bytes) = (0i64, 0i64, 0i64);
+        let cfg = self.cfg();
+        // A reload that shortened the timeout gives every session the new timeout from the
+        // reload on, so sessions do not all expire in the next sweep.
+        let since_reload = cfg
+            .reloaded_at
+            .map_or(Duration::MAX, |at| now.saturating_duration_since(at));
+        let expire = since_reload >= cfg.idle_timeout;
         for session in self.registry.all() {
             let evicted = session.evict_expired(now);
             self.metrics.record_evictions(&evicted);
-            if session.is_idle(now, self.cfg().idle_timeout) {
+            if expire && session.is_idle(now, cfg.idle_timeout) {
                 self.end_session(&session, NotFound::Expired);
                 continue;
             }
