@@ -10,7 +10,7 @@
 //!   [`POD_SETTINGS_ANNOTATION`], so changing one rolls the pods; a sidecar that reads a changed
 //!   pod setting from its file keeps the running one and says a restart is pending.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::spec::{
     AdminSpec, DrainSpec, ListenSpec, McpEndpointSpec, Migration, PeerSpec, SidecarSpec,
@@ -18,33 +18,43 @@ use crate::spec::{
 };
 
 /// Pod-template annotation holding [`PodSettings`] as compact JSON (a change rolls the pods).
+/// The sidecar reads its own pod's value through the downward API (`TETHER_POD_SETTINGS`), so a
+/// sidecar restarted in an old pod during a rollout keeps that pod's settings.
 pub const POD_SETTINGS_ANNOTATION: &str = "mcp.tether.dev/pod-settings";
 
-/// The spec fields a sidecar reads only at start (see the module docs), borrowed from a spec.
-#[derive(Serialize, Clone, Copy, Debug, PartialEq)]
+/// The spec fields a sidecar reads only at start (see the module docs).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct PodSettings<'a> {
+pub struct PodSettings {
     /// `spec.upstream`.
-    pub upstream: &'a UpstreamSpec,
+    pub upstream: UpstreamSpec,
     /// `spec.listen`.
-    pub listen: &'a ListenSpec,
+    pub listen: ListenSpec,
     /// `spec.admin`.
-    pub admin: &'a AdminSpec,
+    pub admin: AdminSpec,
     /// `spec.peer`.
-    pub peer: &'a PeerSpec,
+    pub peer: PeerSpec,
     /// `spec.session.migration`.
     pub migration: Migration,
     /// `spec.drain`.
-    pub drain: &'a DrainSpec,
+    pub drain: DrainSpec,
     /// `spec.sidecar`.
-    pub sidecar: &'a SidecarSpec,
+    pub sidecar: SidecarSpec,
 }
 
-impl PodSettings<'_> {
+impl PodSettings {
     /// The value of [`POD_SETTINGS_ANNOTATION`]: compact JSON, fields in declaration order (the
     /// same spec always gives the same string).
     pub fn annotation(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses an annotation value written by [`PodSettings::annotation`].
+    ///
+    /// # Errors
+    /// The JSON error (position and field) when `value` is not such a document.
+    pub fn parse(value: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(value)
     }
 
     /// The spec paths (`spec.listen`, `spec.session.migration`, …) whose values differ between
@@ -68,27 +78,36 @@ impl PodSettings<'_> {
 
 impl McpEndpointSpec {
     /// The settings that need new pods to change.
-    pub fn pod_settings(&self) -> PodSettings<'_> {
+    pub fn pod_settings(&self) -> PodSettings {
         PodSettings {
-            upstream: &self.upstream,
-            listen: &self.listen,
-            admin: &self.admin,
-            peer: &self.peer,
+            upstream: self.upstream.clone(),
+            listen: self.listen.clone(),
+            admin: self.admin.clone(),
+            peer: self.peer.clone(),
             migration: self.session.migration,
-            drain: &self.drain,
-            sidecar: &self.sidecar,
+            drain: self.drain.clone(),
+            sidecar: self.sidecar.clone(),
         }
+    }
+
+    /// This spec with its pod settings replaced by `settings` (a pod's own, from its
+    /// annotation).
+    pub fn with_pod_settings(&self, settings: &PodSettings) -> McpEndpointSpec {
+        let mut spec = self.clone();
+        spec.upstream = settings.upstream.clone();
+        spec.listen = settings.listen.clone();
+        spec.admin = settings.admin.clone();
+        spec.peer = settings.peer.clone();
+        spec.session.migration = settings.migration;
+        spec.drain = settings.drain.clone();
+        spec.sidecar = settings.sidecar.clone();
+        spec
     }
 
     /// This spec with the reloadable fields taken from `newer`: what a running sidecar applies
     /// when its file changes (its pod settings stay those it started with).
     pub fn with_reloaded_from(&self, newer: &McpEndpointSpec) -> McpEndpointSpec {
-        let mut spec = self.clone();
-        spec.origins = newer.origins.clone();
-        spec.protocol_versions = newer.protocol_versions.clone();
-        spec.buffer = newer.buffer.clone();
-        spec.session.idle_timeout = newer.session.idle_timeout;
-        spec
+        newer.with_pod_settings(&self.pod_settings())
     }
 }
 
@@ -225,5 +244,14 @@ spec:
             ["spec.drain"]
         );
         assert!(a.pod_settings().annotation().starts_with("{\"upstream\":{"));
+        // A pod's annotation parses back to its settings.
+        let full = parse_manifest(ALL_CHANGED).unwrap().spec;
+        let back = crate::PodSettings::parse(&full.pod_settings().annotation()).unwrap();
+        assert_eq!(back, full.pod_settings());
+        assert_eq!(
+            a.with_pod_settings(&back).pod_settings(),
+            full.pod_settings()
+        );
+        assert!(crate::PodSettings::parse("{\"listen\": 1}").is_err());
     }
 }

@@ -98,6 +98,12 @@ pub struct Cli {
     /// buffers travel in several messages.
     #[arg(long, env = "TETHER_PEER_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub peer_max_message_bytes: usize,
+    /// This pod's pod settings (ports, paths, upstream, migration, drain) as the JSON of the
+    /// `mcp.tether.dev/pod-settings` annotation, which the operator passes through the downward
+    /// API; they override the endpoint file's, so a sidecar restarted in an old pod during a
+    /// rollout keeps the settings its pod was made for.
+    #[arg(long, env = "TETHER_POD_SETTINGS", value_name = "JSON")]
+    pub pod_settings: Option<String>,
     /// How often the endpoint file is checked for changes. Origins, protocol versions, buffer
     /// bounds and the idle timeout are reloaded in place; other fields need a restart
     /// (`tether_crds::reload`).

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use http::Uri;
-use tether_crds::{McpEndpointSpec, ProtocolVersion, load_manifest};
+use tether_crds::{McpEndpointSpec, PodSettings, ProtocolVersion, load_manifest, validate_spec};
 
 use crate::admission::AdmissionPolicy;
 use crate::broker::BrokerConfig;
@@ -117,7 +117,10 @@ impl Config {
     pub fn load(cli: &Cli) -> Result<Self, ConfigError> {
         let endpoint = load_manifest(&cli.endpoint)?;
         let secret = Secret::from_file(&cli.secret_file)?;
-        let spec = &endpoint.spec;
+        let spec = &match &cli.pod_settings {
+            None => endpoint.spec.clone(),
+            Some(json) => own_pod_settings(&endpoint.spec, json)?,
+        };
         let upstream = match &cli.upstream {
             Some(u) => parse_upstream(u, &spec.upstream.path)?,
             None => format!(
@@ -217,6 +220,22 @@ impl ConfigSource {
     }
 }
 
+/// `spec` with the pod settings of `--pod-settings` (the pod's annotation).
+fn own_pod_settings(spec: &McpEndpointSpec, json: &str) -> Result<McpEndpointSpec, ConfigError> {
+    let flag = |message: String| ConfigError::Flag {
+        flag: "--pod-settings",
+        message,
+    };
+    let settings = PodSettings::parse(json).map_err(|e| flag(e.to_string()))?;
+    let spec = spec.with_pod_settings(&settings);
+    let errors = validate_spec(&spec);
+    if !errors.is_empty() {
+        let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        return Err(flag(messages.join("; ")));
+    }
+    Ok(spec)
+}
+
 fn versions(spec: &McpEndpointSpec) -> Vec<ProtocolVersion> {
     spec.protocol_versions
         .iter()
@@ -292,5 +311,53 @@ mod tests {
         for bad in ["https://x:1/mcp", "nohost", "http://x/mcp", "ftp://x:1"] {
             assert!(parse_upstream(bad, "/mcp").is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn pod_settings_override_the_file_and_are_checked() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let (file, secret) = (dir.path().join("endpoint.yaml"), dir.path().join("secret"));
+        std::fs::write(
+            &file,
+            "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: w}\nspec:\n  targetRef: {kind: Deployment, name: w}\n",
+        )
+        .unwrap();
+        std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
+        let load = |settings: &str| {
+            let cli = Cli::try_parse_from([
+                "tether-sidecar",
+                "--endpoint",
+                file.to_str().unwrap(),
+                "--secret-file",
+                secret.to_str().unwrap(),
+                "--pod-ip",
+                "127.0.0.1",
+                "--pod-uid",
+                "pod-a",
+                "--pod-settings",
+                settings,
+            ])
+            .unwrap();
+            Config::load(&cli)
+        };
+        let mut own = tether_crds::parse_manifest(&std::fs::read_to_string(&file).unwrap())
+            .unwrap()
+            .spec;
+        own.listen.port = 8181;
+        own.drain.timeout = "7s".parse().unwrap();
+        let cfg = load(&own.pod_settings().annotation()).unwrap();
+        assert_eq!(cfg.listen_addr.port(), 8181);
+        assert_eq!(cfg.drain_timeout, std::time::Duration::from_secs(7));
+        assert_eq!(cfg.source.started_with.pod_settings(), own.pod_settings());
+        for bad in ["{not json", "{\"listen\": 1}"] {
+            let err = load(bad).unwrap_err().to_string();
+            assert!(err.starts_with("--pod-settings: "), "{err}");
+        }
+        own.admin.port = own.listen.port;
+        let err = load(&own.pod_settings().annotation())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("spec.admin.port"), "{err}");
     }
 }

@@ -10,7 +10,8 @@
 //!   bounds, idle timeout) to admission and to the broker — requests admitted from then on see
 //!   them, buffer bounds apply to streams opened from then on, and a shortened idle timeout
 //!   counts from the reload (sessions do not all expire at once);
-//! - keeps the pod settings it started with (ports, paths, upstream, migration, drain): the
+//! - keeps the pod settings it started with (ports, paths, upstream, migration, drain; in
+//!   Kubernetes those of its own pod's annotation, `--pod-settings`): the
 //!   operator rolls the pods for those, and until this pod restarts the change is reported as
 //!   pending (`tether_config_restart_pending` 1, a warning naming the fields);
 //! - keeps everything in force when the file is unreadable or invalid (a warning with the

@@ -29,8 +29,18 @@ fn example(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The value the kubelet gives a downward-API `fieldRef` in this test's pod.
-fn field(path: &str) -> String {
+/// The value the kubelet gives a downward-API `fieldRef` in this test's pod, whose template
+/// annotations are `annotations`.
+fn field(path: &str, annotations: &Value) -> String {
+    if let Some(key) = path
+        .strip_prefix("metadata.annotations['")
+        .and_then(|k| k.strip_suffix("']"))
+    {
+        return annotations[key]
+            .as_str()
+            .unwrap_or_else(|| panic!("the pods have no annotation {key}"))
+            .to_owned();
+    }
     match path {
         "status.podIP" => POD_IP.to_owned(),
         "metadata.uid" => "3f0c8a52-pod-uid".to_owned(),
@@ -41,14 +51,17 @@ fn field(path: &str) -> String {
 
 /// The sidecar's command line for the injected container's environment: each variable becomes
 /// the flag that reads it; every variable must be one.
-fn argv(env: &[Value]) -> Vec<String> {
+fn argv(env: &[Value], annotations: &Value) -> Vec<String> {
     let command = Cli::command();
     let mut args = vec!["tether-sidecar".to_owned()];
     for var in env {
         let name = var["name"].as_str().unwrap();
         let value = match var["value"].as_str() {
             Some(v) => v.to_owned(),
-            None => field(var["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap()),
+            None => field(
+                var["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap(),
+                annotations,
+            ),
         };
         let flag = command
             .get_arguments()
@@ -86,7 +99,8 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
         .unwrap();
 
     // The environment parses as the sidecar's flags.
-    let cli = Cli::try_parse_from(argv(sidecar["env"].as_array().unwrap()))
+    let annotations = &plan.injection["spec"]["template"]["metadata"]["annotations"];
+    let cli = Cli::try_parse_from(argv(sidecar["env"].as_array().unwrap(), annotations))
         .unwrap_or_else(|e| panic!("the sidecar refuses the injected environment: {e}"));
 
     // The files it loads are where the volumes are mounted, under the keys the operator writes.
@@ -124,6 +138,24 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
     std::fs::write(&local.secret_file, [7; 32]).unwrap();
     let cfg = Config::load(&local).unwrap_or_else(|e| panic!("the sidecar cannot start: {e}"));
     assert_eq!(cfg.source.started_with, ep.spec);
+    assert!(
+        cli.pod_settings.is_some(),
+        "the pod's own settings come from its annotation"
+    );
+    // A sidecar restarted in this pod after the ConfigMap moved on keeps the pod's settings.
+    let mut moved = ep.clone();
+    moved.spec.listen.port += 1;
+    moved.spec.drain.timeout = "17s".parse().unwrap();
+    let names_moved = Names::of(&moved).unwrap();
+    let newer = tether_operator::build::config::manifest(&moved, &names_moved);
+    std::fs::write(&local.endpoint, newer).unwrap();
+    let restarted = Config::load(&local).unwrap();
+    assert_eq!(
+        restarted.source.started_with.pod_settings(),
+        ep.spec.pod_settings()
+    );
+    assert_eq!(restarted.listen_addr, cfg.listen_addr);
+    std::fs::write(&local.endpoint, &manifest).unwrap();
     let MembershipConfig::Kubernetes {
         namespace,
         selector,

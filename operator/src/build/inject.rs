@@ -5,8 +5,8 @@
 //! with the same field manager removes exactly this (the finalizer's cleanup):
 //!
 //! - `initContainers[tether-sidecar]`: the sidecar as a native sidecar (`restartPolicy: Always`),
-//!   configured through environment variables (downward API for the pod's IP, UID and
-//!   namespace), readiness on `/readyz`, liveness on `/healthz`, `preStop httpGet /drain`;
+//!   configured through environment variables (downward API for the pod's IP, UID, namespace
+//!   and its pod-settings annotation), readiness on `/readyz`, liveness on `/healthz`, `preStop httpGet /drain`;
 //! - `containers[<MCP server>].lifecycle.preStop`: `httpGet /drain` on the sidecar's admin port,
 //!   so the MCP server keeps serving until its sessions are handed off (rust-notes §2.6: the app
 //!   gets SIGTERM when termination starts, the native sidecar only after the app exited);
@@ -118,6 +118,7 @@ fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value 
             {"name": "POD_IP", "valueFrom": field("status.podIP")},
             {"name": "POD_UID", "valueFrom": field("metadata.uid")},
             {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+            {"name": "TETHER_POD_SETTINGS", "valueFrom": field(&format!("metadata.annotations['{POD_SETTINGS_ANNOTATION}']"))},
         ],
         "ports": [
             {"name": "mcp", "containerPort": spec.listen.port, "protocol": "TCP"},
