@@ -41,6 +41,16 @@ pub const API_VERSION: &str = "mcp.tether.dev/v1alpha1";
 /// The `kind` of [`McpEndpoint`] manifests.
 pub const KIND: &str = "McpEndpoint";
 
+/// Name of the injected sidecar container (a native sidecar init container), shared by the
+/// operator, which injects it, and the sidecar's membership source, which reads its ports.
+pub const SIDECAR_CONTAINER: &str = "tether-sidecar";
+/// Name of the sidecar container's MCP port (`spec.listen.port`); Services target it by name.
+pub const MCP_PORT_NAME: &str = "mcp";
+/// Name of the sidecar container's admin port (`spec.admin.port`).
+pub const ADMIN_PORT_NAME: &str = "tether-admin";
+/// Name of the sidecar container's peer port (`spec.peer.port`).
+pub const PEER_PORT_NAME: &str = "tether-peer";
+
 /// Name of the committed CRD file in `crds/` (`kubectl apply -f crds/`).
 pub const CRD_FILE: &str = "mcpendpoints.mcp.tether.dev.yaml";
 

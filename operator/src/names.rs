@@ -8,9 +8,7 @@ use tether_crds::McpEndpoint;
 
 /// The field manager of every server-side apply the operator sends (rust-notes §2.2).
 pub const FIELD_MANAGER: &str = "tether-operator";
-/// Name of the injected sidecar container (a native sidecar: an init container with
-/// `restartPolicy: Always`).
-pub const SIDECAR_CONTAINER: &str = "tether-sidecar";
+pub use tether_crds::SIDECAR_CONTAINER;
 /// Label on every child the operator creates, with [`FIELD_MANAGER`] as its value.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Pod-template annotation naming the endpoint whose sidecar is injected; a `tether-sidecar`

@@ -281,6 +281,7 @@ mod tests {
             uid: uid.into(),
             name: uid.into(),
             address: SocketAddr::new("127.0.0.1".parse().unwrap(), port),
+            peer_port: None,
             state: PeerState::Routable,
             revision: String::new(),
         };

@@ -265,6 +265,7 @@ impl Router {
             uid: self.uid.clone(),
             name: self.uid.clone(),
             address: self.address,
+            peer_port: None,
             state: PeerState::Routable,
             revision: String::new(),
         }
@@ -408,6 +409,7 @@ mod tests {
             uid: uid.into(),
             name: uid.into(),
             address: "127.0.0.1:8080".parse().unwrap(),
+            peer_port: None,
             state,
             revision: "v1".into(),
         }

@@ -110,6 +110,7 @@ fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
             uid: cfg.pod_uid.clone(),
             name: cfg.pod_uid.clone(),
             address: cfg.listen_addr,
+            peer_port: None,
             state: PeerState::Routable,
             revision: String::new(),
         }],

@@ -2,8 +2,8 @@
 //! into the example Deployment (`examples/k8s/`) is exactly what the sidecar reads — every
 //! environment variable is one of its flags, the mounted ConfigMap and Secret are the files it
 //! loads, its Kubernetes membership source watches the namespace and the labels of the target's
-//! pods (which the peer Service selects too), its listeners are the container ports and probes,
-//! and the Role grants the watch.
+//! pods (which the peer Service selects too) and finds peers on the ports each pod declares, its
+//! listeners are the container ports and probes, and the Role grants the watch.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -218,6 +218,17 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
             Some(u64::from(cfg.admin_addr.port()))
         );
     }
+
+    // Peers find each other's listeners on the ports the pod itself declares.
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "weather-1", "uid": "u-1"},
+        "spec": pod,
+        "status": {"podIP": POD_IP},
+    }))
+    .unwrap();
+    let peer = tether_sidecar::membership::kubernetes::peer_of(&pod, 1).unwrap();
+    assert_eq!(peer.address, cfg.listen_addr);
+    assert_eq!(peer.peer_port, Some(cfg.peer_addr.port()));
 
     // The Role lets the pods' ServiceAccount run the membership watch.
     let rules = plan.role.rules.clone().unwrap();

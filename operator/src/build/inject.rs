@@ -21,7 +21,9 @@
 //!   protocol versions, buffer, idle timeout) only rewrites the ConfigMap.
 
 use serde_json::{Value, json};
-use tether_crds::{McpEndpoint, POD_SETTINGS_ANNOTATION};
+use tether_crds::{
+    ADMIN_PORT_NAME, MCP_PORT_NAME, McpEndpoint, PEER_PORT_NAME, POD_SETTINGS_ANNOTATION,
+};
 
 use super::{DRAIN_PATH, Defaults, GRACE_MARGIN_SECS};
 use crate::names::{
@@ -121,9 +123,9 @@ fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value 
             {"name": "TETHER_POD_SETTINGS", "valueFrom": field(&format!("metadata.annotations['{POD_SETTINGS_ANNOTATION}']"))},
         ],
         "ports": [
-            {"name": "mcp", "containerPort": spec.listen.port, "protocol": "TCP"},
-            {"name": "tether-admin", "containerPort": spec.admin.port, "protocol": "TCP"},
-            {"name": "tether-peer", "containerPort": spec.peer.port, "protocol": "TCP"},
+            {"name": MCP_PORT_NAME, "containerPort": spec.listen.port, "protocol": "TCP"},
+            {"name": ADMIN_PORT_NAME, "containerPort": spec.admin.port, "protocol": "TCP"},
+            {"name": PEER_PORT_NAME, "containerPort": spec.peer.port, "protocol": "TCP"},
         ],
         "readinessProbe": probe("/readyz"),
         "livenessProbe": probe("/healthz"),

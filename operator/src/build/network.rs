@@ -7,7 +7,7 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{Selector, SelectorExt};
-use tether_crds::McpEndpoint;
+use tether_crds::{MCP_PORT_NAME, McpEndpoint, PEER_PORT_NAME};
 
 use super::child_meta;
 use crate::names::Names;
@@ -48,7 +48,7 @@ pub fn client_service(
     target: &Target<'_>,
     owner: &OwnerReference,
 ) -> Service {
-    let ports = vec![port("mcp", ep.spec.listen.port)];
+    let ports = vec![port(MCP_PORT_NAME, ep.spec.listen.port)];
     let spec = ServiceSpec {
         ports: Some(ports),
         ..ServiceSpec::default()
@@ -65,8 +65,8 @@ pub fn peer_service(
     owner: &OwnerReference,
 ) -> Service {
     let ports = vec![
-        port("tether-peer", ep.spec.peer.port),
-        port("mcp", ep.spec.listen.port),
+        port(PEER_PORT_NAME, ep.spec.peer.port),
+        port(MCP_PORT_NAME, ep.spec.listen.port),
     ];
     let spec = ServiceSpec {
         cluster_ip: Some("None".to_owned()),

@@ -168,7 +168,7 @@ impl Handoff {
     }
 
     fn peer_addr(&self, peer: &Peer) -> SocketAddr {
-        SocketAddr::new(peer.address.ip(), self.peer_port)
+        SocketAddr::new(peer.address.ip(), peer.peer_port.unwrap_or(self.peer_port))
     }
 
     /// Where session `id` may go, best first: `owner(S)` over the preferred set, then routable

@@ -9,7 +9,8 @@
 //! |------------|-----------------------------------------------------------------------|
 //! | `uid`      | `metadata.uid`                                                        |
 //! | `name`     | `metadata.name`                                                       |
-//! | `address`  | `status.podIP` + the MCP listen port; **no podIP: pod omitted**       |
+//! | `address`  | `status.podIP` + the `mcp` port of its `tether-sidecar` container, else this pod's listen port; **no podIP: pod omitted** |
+//! | `peer_port`| the `tether-peer` port of its `tether-sidecar` container, else none (this pod's) |
 //! | `revision` | label `pod-template-hash` (empty when absent)                         |
 //! | `state`    | the first rule that matches, top to bottom (see [`state_of`]):        |
 //!
@@ -69,7 +70,8 @@
 //! - the label selector of the endpoint's pods (Kubernetes label-selector syntax, e.g.
 //!   `app=weather,tier in (mcp)`), e.g. as `TETHER_POD_SELECTOR`; an empty selector watches
 //!   every pod of the namespace;
-//! - the MCP listen port (`spec.listen.port`), which is appended to each pod IP.
+//! - the MCP listen port (`spec.listen.port`), appended to the IP of a pod whose sidecar
+//!   container does not name its ports (the operator's always does: `mcp`, `tether-peer`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -84,6 +86,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use kube::{Api, Client, ResourceExt};
 use pingora::server::ShutdownWatch;
+use tether_crds::{MCP_PORT_NAME, PEER_PORT_NAME, SIDECAR_CONTAINER};
 
 use super::{Membership, MembershipSink, Peer, PeerState, Snapshot};
 
@@ -331,7 +334,9 @@ pub fn state_of(pod: &Pod) -> PeerState {
     }
 }
 
-/// The [`Peer`] of `pod`, whose MCP listener is `status.podIP:listen_port`.
+/// The [`Peer`] of `pod`, whose MCP listener is `status.podIP` on its sidecar container's `mcp`
+/// port (`listen_port` when it names none) and whose peer listener is on its `tether-peer` port.
+/// A pod's own ports keep both sides of a rollout that changes them in reach of each other.
 ///
 /// `None` when the pod has no UID or no (parseable) `status.podIP` yet: such a pod cannot
 /// receive requests and is left out of the snapshot. The name falls back to the UID; the revision
@@ -342,7 +347,8 @@ pub fn peer_of(pod: &Pod, listen_port: u16) -> Option<Peer> {
     Some(Peer {
         uid: uid.to_owned(),
         name: pod.metadata.name.clone().unwrap_or_else(|| uid.to_owned()),
-        address: SocketAddr::new(ip, listen_port),
+        address: SocketAddr::new(ip, sidecar_port(pod, MCP_PORT_NAME).unwrap_or(listen_port)),
+        peer_port: sidecar_port(pod, PEER_PORT_NAME),
         state: state_of(pod),
         revision: pod
             .labels()
@@ -350,6 +356,22 @@ pub fn peer_of(pod: &Pod, listen_port: u16) -> Option<Peer> {
             .cloned()
             .unwrap_or_default(),
     })
+}
+
+/// The port named `name` of the pod's `tether-sidecar` container (init or regular).
+fn sidecar_port(pod: &Pod, name: &str) -> Option<u16> {
+    let spec = pod.spec.as_ref()?;
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .find(|c| c.name == SIDECAR_CONTAINER)?
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some(name))
+        .and_then(|p| u16::try_from(p.container_port).ok())
+        .filter(|p| *p != 0)
 }
 
 /// Whether the pod with `uid` among `pods` has its deletion timestamp set.
@@ -432,6 +454,7 @@ mod tests {
             uid: format!("uid-{name}"),
             name: name.into(),
             address: SocketAddr::from(([10, 0, 0, ip], PORT)),
+            peer_port: None,
             state,
             revision: "rev1".into(),
         }
@@ -441,6 +464,26 @@ mod tests {
     fn a_ready_running_pod_is_routable() {
         let peer = peer_of(&pod("a", 1, 1, true), PORT).unwrap();
         assert_eq!(peer, expect("a", 1, PeerState::Routable));
+    }
+
+    #[test]
+    fn a_pod_is_reached_on_its_own_sidecar_ports() {
+        let mut json = pod_json("a", 1, 1, true);
+        json["spec"] = serde_json::json!({
+            "containers": [{"name": "server", "ports": [{"name": "mcp", "containerPort": 3000}]}],
+            "initContainers": [{"name": SIDECAR_CONTAINER, "ports": [
+                {"name": MCP_PORT_NAME, "containerPort": 8181},
+                {"name": "tether-admin", "containerPort": 9901},
+                {"name": PEER_PORT_NAME, "containerPort": 9992},
+            ]}],
+        });
+        let injected: Pod = serde_json::from_value(json).unwrap();
+        let peer = peer_of(&injected, PORT).unwrap();
+        assert_eq!(peer.address, SocketAddr::from(([10, 0, 0, 1], 8181)));
+        assert_eq!(peer.peer_port, Some(9992));
+        // Without named sidecar ports (a pod not injected by the operator): this pod's ports.
+        let plain = peer_of(&pod("b", 1, 2, true), PORT).unwrap();
+        assert_eq!((plain.address.port(), plain.peer_port), (PORT, None));
     }
 
     #[test]

@@ -61,8 +61,13 @@ pub struct Peer {
     pub uid: String,
     /// The pod's name, for logs.
     pub name: String,
-    /// The pod's MCP listener, `pod IP:spec.listen.port`; forwarded requests go here.
+    /// The pod's MCP listener, `pod IP:spec.listen.port`; forwarded requests go here. In
+    /// Kubernetes the port is the pod's own (its sidecar container's `mcp` port), so pods of
+    /// both sides of a rollout that changes `spec.listen.port` reach each other.
     pub address: SocketAddr,
+    /// The pod's peer (handoff) port when it is known to be its own (Kubernetes: the sidecar
+    /// container's `tether-peer` port); `None`: this pod's `spec.peer.port`.
+    pub peer_port: Option<u16>,
     /// Its state.
     pub state: PeerState,
     /// The pod's revision (Kubernetes `pod-template-hash`), empty when unknown.
@@ -295,6 +300,7 @@ mod tests {
             uid: uid.into(),
             name: format!("pod-{uid}"),
             address: "127.0.0.1:8080".parse().unwrap(),
+            peer_port: None,
             state,
             revision: revision.into(),
         }

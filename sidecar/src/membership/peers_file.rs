@@ -120,6 +120,7 @@ pub fn parse(text: &str) -> Result<Snapshot, PeersFileError> {
                 name: e.name.unwrap_or_else(|| e.uid.clone()),
                 uid: e.uid,
                 address: e.address,
+                peer_port: None,
                 state: e.state,
                 revision: e.revision,
             })
