@@ -11,6 +11,7 @@
 //!
 //! Only objects whose controller owner is the endpoint are deleted, with a UID precondition.
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -88,7 +89,7 @@ pub async fn write(
         return Ok((written, false));
     }
     let name = deployment.name_any();
-    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), ns)
+    Api::<Deployment>::namespaced(client.clone(), ns)
         .patch(&name, &apply_params(), &Patch::Apply(&plan.injection))
         .await?;
     written.push(format!("Deployment/{name}"));

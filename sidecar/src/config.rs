@@ -290,6 +290,25 @@ fn parse_upstream(value: &str, default_path: &str) -> Result<Uri, ConfigError> {
     .map_err(|_| err())
 }
 
+/// A test pod's flags: the endpoint file `dir/endpoint.yaml` (written by the test), a secret
+/// written to `dir/secret`, pod IP 127.0.0.1, UID `pod-a`, then `extra`.
+#[cfg(test)]
+pub(crate) fn test_cli(dir: &std::path::Path, extra: &[&str]) -> Cli {
+    use clap::Parser;
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
+    let (endpoint, secret) = (dir.join("endpoint.yaml"), secret);
+    let mut args = vec![
+        "tether-sidecar".to_owned(),
+        format!("--endpoint={}", endpoint.display()),
+        format!("--secret-file={}", secret.display()),
+        "--pod-ip=127.0.0.1".to_owned(),
+        "--pod-uid=pod-a".to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    Cli::try_parse_from(args).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,32 +334,15 @@ mod tests {
 
     #[test]
     fn pod_settings_override_the_file_and_are_checked() {
-        use clap::Parser;
         let dir = tempfile::tempdir().unwrap();
-        let (file, secret) = (dir.path().join("endpoint.yaml"), dir.path().join("secret"));
+        let file = dir.path().join("endpoint.yaml");
         std::fs::write(
             &file,
             "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: w}\nspec:\n  targetRef: {kind: Deployment, name: w}\n",
         )
         .unwrap();
-        std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
-        let load = |settings: &str| {
-            let cli = Cli::try_parse_from([
-                "tether-sidecar",
-                "--endpoint",
-                file.to_str().unwrap(),
-                "--secret-file",
-                secret.to_str().unwrap(),
-                "--pod-ip",
-                "127.0.0.1",
-                "--pod-uid",
-                "pod-a",
-                "--pod-settings",
-                settings,
-            ])
-            .unwrap();
-            Config::load(&cli)
-        };
+        let load =
+            |settings: &str| Config::load(&test_cli(dir.path(), &["--pod-settings", settings]));
         let mut own = tether_crds::parse_manifest(&std::fs::read_to_string(&file).unwrap())
             .unwrap()
             .spec;

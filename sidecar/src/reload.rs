@@ -168,12 +168,10 @@ impl Reloader {
 mod tests {
     use std::path::Path;
 
-    use clap::Parser;
     use http::{HeaderMap, HeaderValue, header};
 
     use super::*;
-    use crate::cli::Cli;
-    use crate::config::Config;
+    use crate::config::{Config, test_cli};
     use crate::origin::OriginCheck;
 
     const HEAD: &str = "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: weather}\nspec:\n  targetRef: {kind: Deployment, name: weather}\n";
@@ -191,22 +189,9 @@ mod tests {
     #[test]
     fn reloads_data_plane_fields_and_keeps_pod_settings() {
         let dir = tempfile::tempdir().unwrap();
-        let (file, secret) = (dir.path().join("endpoint.yaml"), dir.path().join("secret"));
+        let file = dir.path().join("endpoint.yaml");
         write(&file, "  origins: {allow: [\"https://a.example\"]}\n");
-        std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
-        let cli = Cli::try_parse_from([
-            "tether-sidecar",
-            "--endpoint",
-            file.to_str().unwrap(),
-            "--secret-file",
-            secret.to_str().unwrap(),
-            "--pod-ip",
-            "127.0.0.1",
-            "--pod-uid",
-            "pod-a",
-        ])
-        .unwrap();
-        let cfg = Config::load(&cli).unwrap();
+        let cfg = Config::load(&test_cli(dir.path(), &[])).unwrap();
         let broker = crate::server::broker(&cfg);
         let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));
         let reloader = Reloader::new(cfg.source.clone(), Arc::clone(&admission), broker.clone());

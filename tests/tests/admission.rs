@@ -39,6 +39,18 @@ async fn initialize_from(pod: &Pod, origin: &'static str) -> StatusCode {
         .status()
 }
 
+/// Rewrites the pod's endpoint file with `spec` and waits until metric `sample` reaches `n`
+/// (each change of the file is counted once).
+async fn rewrite(pod: &Pod, spec: &PodSpec, sample: &str, n: f64) {
+    pod.rewrite_endpoint(&spec.manifest()).unwrap();
+    let within = Duration::from_secs(10);
+    let seen = pod
+        .wait_for_metric(sample, within, |v| v >= n)
+        .await
+        .unwrap();
+    assert_eq!(seen, n, "{sample}");
+}
+
 /// `tools/list` on session `id` with `MCP-Protocol-Version: version`; status and body.
 async fn list_tools(pod: &Pod, id: &str, version: &'static str) -> (StatusCode, String) {
     let h = [
@@ -62,13 +74,13 @@ async fn list_tools(pod: &Pod, id: &str, version: &'static str) -> (StatusCode, 
 
 #[tokio::test]
 async fn o01_p03_a_changed_endpoint_file_is_reloaded_without_a_restart() {
-    let within = Duration::from_secs(10);
     let spec = PodSpec {
         sidecar_args: vec!["--config-poll".into(), "100ms".into()],
         ..PodSpec::default()
     };
     let pod = Pod::start(spec.clone()).await.unwrap();
     let applied = r#"tether_config_reloads_total{result="applied"}"#;
+    let invalid_total = r#"tether_config_reloads_total{result="invalid"}"#;
     assert_eq!(
         initialize_from(&pod, "https://new.example").await,
         StatusCode::FORBIDDEN
@@ -78,12 +90,7 @@ async fn o01_p03_a_changed_endpoint_file_is_reloaded_without_a_restart() {
         origins: vec!["https://new.example".into()],
         ..spec.clone()
     };
-    pod.rewrite_endpoint(&allowed.manifest()).unwrap();
-    let n = pod
-        .wait_for_metric(applied, within, |v| v >= 1.0)
-        .await
-        .unwrap();
-    assert_eq!(n, 1.0);
+    rewrite(&pod, &allowed, applied, 1.0).await;
     assert_eq!(
         initialize_from(&pod, "https://new.example").await,
         StatusCode::OK
@@ -104,12 +111,7 @@ async fn o01_p03_a_changed_endpoint_file_is_reloaded_without_a_restart() {
         versions: vec!["2025-11-25".into()],
         ..allowed.clone()
     };
-    pod.rewrite_endpoint(&narrowed.manifest()).unwrap();
-    let n = pod
-        .wait_for_metric(applied, within, |v| v >= 2.0)
-        .await
-        .unwrap();
-    assert_eq!(n, 2.0);
+    rewrite(&pod, &narrowed, applied, 2.0).await;
     let (status, _) = list_tools(&pod, &old.id, "2025-06-18").await;
     assert_eq!(status, StatusCode::OK, "the session keeps its version");
     let new = client.initialize("2025-06-18").await.unwrap();
@@ -122,12 +124,7 @@ async fn o01_p03_a_changed_endpoint_file_is_reloaded_without_a_restart() {
         migration: "Pin".into(),
         ..allowed.clone()
     };
-    pod.rewrite_endpoint(&pinned.manifest()).unwrap();
-    let n = pod
-        .wait_for_metric(applied, within, |v| v >= 3.0)
-        .await
-        .unwrap();
-    assert_eq!(n, 3.0);
+    rewrite(&pod, &pinned, applied, 3.0).await;
     assert_eq!(
         pod.metric("tether_config_restart_pending").await.unwrap(),
         1.0
@@ -138,13 +135,7 @@ async fn o01_p03_a_changed_endpoint_file_is_reloaded_without_a_restart() {
         origins: vec!["https://other.example".into()],
         ..pinned
     };
-    pod.rewrite_endpoint(&invalid.manifest()).unwrap();
-    let invalid_total = r#"tether_config_reloads_total{result="invalid"}"#;
-    let n = pod
-        .wait_for_metric(invalid_total, within, |v| v >= 1.0)
-        .await
-        .unwrap();
-    assert_eq!(n, 1.0);
+    rewrite(&pod, &invalid, invalid_total, 1.0).await;
     assert_eq!(
         initialize_from(&pod, "https://new.example").await,
         StatusCode::OK
