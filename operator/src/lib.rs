@@ -3,6 +3,7 @@
 //! It reconciles `McpEndpoint` objects in a pipeline of validate → build → apply → status
 //! (stackable's shape, rust-notes §1.5). This crate holds the pure steps:
 //!
+//! - [`access`]: the RBAC rules the operator needs (one source for the chart and the tests);
 //! - [`names`]: names, labels and identities of what the operator writes;
 //! - [`validate`]: the endpoint and its target Deployment, with the conflicts that become
 //!   `Degraded` (a missing target, a container name clash, a user `preStop`, a port clash, an
@@ -21,6 +22,7 @@
 //!   next to `/healthz` and `/readyz`;
 //! - [`leader`]: leader election over a Lease, for more than one replica.
 
+pub mod access;
 pub mod admin;
 pub mod build;
 pub mod children;

@@ -59,8 +59,13 @@ async fn reconcile_once(api: &Shared) -> (Action, Vec<Write>) {
     let action = reconcile(Arc::new(ep), ctx)
         .await
         .expect("reconcile succeeds");
-    let writes = api.lock().unwrap().writes[before..].to_vec();
-    (action, writes)
+    let a = api.lock().unwrap();
+    assert_eq!(
+        a.forbidden,
+        Vec::<String>::new(),
+        "requests outside the operator's RBAC rules"
+    );
+    (action, a.writes[before..].to_vec())
 }
 
 const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/tools/events";

@@ -2,6 +2,8 @@
 //! generic): it answers GET of an object or of a namespaced collection (a list), server-side
 //! apply (merged into the stored object, a spec change bumping `metadata.generation`), JSON
 //! patches of `metadata.finalizers`, status patches, POST and DELETE, and records every write.
+//! Like a cluster, it refuses (403) what the operator's RBAC rules (`tether_operator::access`)
+//! do not allow.
 
 #![allow(dead_code)] // each test file uses its part
 
@@ -12,6 +14,7 @@ use http::{Method, Request, Response, StatusCode};
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
+use tether_operator::access::{CLUSTER, LEADER_ELECTION, allows, request_attributes};
 use tether_operator::diff::ATOMIC;
 use tether_operator::metrics::Metrics;
 
@@ -28,6 +31,9 @@ pub struct Write {
 pub struct ApiServer {
     pub objects: BTreeMap<String, Value>,
     pub writes: Vec<Write>,
+    /// Requests refused because the operator's RBAC rules ([`CLUSTER`], [`LEADER_ELECTION`])
+    /// do not allow them, as `verb group/resource`.
+    pub forbidden: Vec<String>,
     /// The operator's metrics over the reconciles of a test.
     pub metrics: Arc<Metrics>,
 }
@@ -40,6 +46,15 @@ fn not_found() -> Response<Body> {
                         "reason": "NotFound", "code": 404, "message": "not found"});
     Response::builder()
         .status(StatusCode::NOT_FOUND)
+        .body(Body::from(serde_json::to_vec(&status).unwrap()))
+        .unwrap()
+}
+
+fn forbidden() -> Response<Body> {
+    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "Forbidden", "code": 403, "message": "not in the operator's RBAC rules"});
+    Response::builder()
+        .status(StatusCode::FORBIDDEN)
         .body(Body::from(serde_json::to_vec(&status).unwrap()))
         .unwrap()
 }
@@ -119,6 +134,16 @@ pub async fn serve(
         let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let path = parts.uri.path().to_owned();
         let mut api = api.lock().unwrap();
+        // The operator's RBAC, as a cluster would enforce it.
+        let query = parts.uri.query().unwrap_or_default();
+        if let Some((group, resource, verb)) = request_attributes(&parts.method, &path, query)
+            && !allows(CLUSTER, &group, &resource, verb)
+            && !allows(LEADER_ELECTION, &group, &resource, verb)
+        {
+            api.forbidden.push(format!("{verb} {group}/{resource}"));
+            respond.send_response(forbidden());
+            continue;
+        }
         if parts.method != Method::GET {
             api.writes.push(Write {
                 method: parts.method.clone(),
