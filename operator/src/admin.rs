@@ -17,6 +17,10 @@ use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
 
+/// Default address of the admin listener (`tether-operator run --admin-addr`); the operator
+/// image exposes its port.
+pub const DEFAULT_ADDR: &str = "0.0.0.0:8080";
+
 /// What the admin listener reports.
 #[derive(Debug, Default)]
 pub struct AdminState {

@@ -1,0 +1,46 @@
+# syntax=docker/dockerfile:1
+#
+# tether-operator: the controller that reconciles McpEndpoint objects and injects the sidecar.
+# Build context: the repository root (`make images` builds all three images):
+#
+#   docker build -f images/operator.Dockerfile -t ghcr.io/tether-dev/tether-operator:0.1.0 .
+#
+# Base images are pinned by tag. A digest (`image:tag@sha256:...`) would pin them exactly; the
+# digests could not be looked up where this file was written (no registry access), so add them
+# when publishing. tests/tests/images.rs checks this file against the code (binary, user,
+# ports, pinning); docs/images.md describes the images.
+
+# Builder: the Rust release the workspace is built and tested with (Cargo.toml's rust-version
+# is the minimum). Debian 12 (bookworm), so the binary needs no newer glibc than the runtime's.
+FROM rust:1.95.0-bookworm AS builder
+# A C compiler for ring (kube's rustls); cmake and pkg-config are the sidecar's needs,
+# installed here too so this layer is the same in all three images (built once, then cached).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends cmake gcc g++ pkg-config \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# The registry and target/ live in BuildKit cache mounts (shared by the three images), so the
+# binary is copied out of target/ in the same step. The release profile keeps line tables for
+# backtraces (Cargo.toml); the image drops them (about 140 MB -> 25 MB for the sidecar) and keeps
+# the symbols, so a backtrace still names its functions.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/usr/local/cargo/git \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked -p tether-operator --bin tether-operator \
+ && install -D -m 0755 target/release/tether-operator /out/tether-operator \
+ && strip --strip-debug /out/tether-operator
+
+# Runtime: glibc, libgcc and CA certificates; no shell, no package manager.
+FROM gcr.io/distroless/cc-debian12:nonroot
+LABEL org.opencontainers.image.title="tether-operator" \
+      org.opencontainers.image.description="tether's Kubernetes operator: reconciles McpEndpoint objects into injected sidecars" \
+      org.opencontainers.image.source="https://github.com/tether-dev/tether" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=builder /out/tether-operator /usr/local/bin/tether-operator
+# distroless `nonroot`, numeric so a pod's runAsNonRoot can verify it.
+USER 65532:65532
+# The admin listener's default address, 0.0.0.0:8080 (--admin-addr): /healthz /readyz /metrics.
+EXPOSE 8080
+# The subcommand is the pod's to give: `args: ["run"]` (or `["crd"]` to print the CRD).
+ENTRYPOINT ["/usr/local/bin/tether-operator"]
