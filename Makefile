@@ -7,7 +7,7 @@ CARGO ?= cargo
 # command -> Debian/Ubuntu package providing it
 SYSTEM_DEPS := cmake:cmake cc:gcc c++:g++ pkg-config:pkg-config
 
-.PHONY: all deps build test lint unit demo bench crds clean
+.PHONY: all deps build test lint unit demo bench crds images clean
 
 all: test
 
@@ -56,9 +56,39 @@ bench: deps
 	$(CARGO) bench -p tether-sidecar --bench ring
 	./target/release/tether-bench-routing
 
-## crds: regenerate crds/ from the McpEndpoint types (a test fails while it is stale).
+## crds: regenerate what the McpEndpoint types generate (a test fails while one is stale):
+## crds/, the chart's CRD template and docs/reference.md.
 crds: deps
 	$(CARGO) run -q -p tether-operator -- crd > crds/mcpendpoints.mcp.tether.dev.yaml
+	TETHER_BLESS=1 $(CARGO) test -q -p tether-crds --test crd the_charts_crd_template_matches_the_types
+	TETHER_BLESS=1 $(CARGO) test -q -p tether-crds --test reference
+
+## images: the container images of the operator, the sidecar and the example server (needs a
+## Docker engine with BuildKit; docs/images.md). Tags: $(IMAGE_REPO)/<name>:$(IMAGE_TAG);
+## `make images IMAGE_REPO= IMAGE_TAG=e2e` tags them <name>:e2e.
+DOCKER ?= docker
+IMAGE_REPO ?= ghcr.io/tether-dev
+# the workspace version ([workspace.package] version in Cargo.toml)
+IMAGE_TAG ?= $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version *= *"\(.*\)".*/\1/p' Cargo.toml)
+IMAGE_PREFIX = $(if $(IMAGE_REPO),$(IMAGE_REPO)/)
+# Dockerfile in images/ -> image name
+IMAGES := operator:tether-operator sidecar:tether-sidecar example-server:tether-example-server
+
+images:
+	@if ! command -v $(DOCKER) >/dev/null 2>&1; then \
+	  echo "error: make images needs the docker command ($(DOCKER)), which is not installed" >&2; exit 1; \
+	fi; \
+	if ! $(DOCKER) info >/dev/null 2>&1; then \
+	  echo "error: make images needs a Docker engine, but '$(DOCKER) info' fails: no daemon is running or reachable (DOCKER_HOST), or this user may not use it" >&2; exit 1; \
+	fi; \
+	if [ -z "$(IMAGE_TAG)" ]; then \
+	  echo "error: IMAGE_TAG is empty (no version in Cargo.toml's [workspace.package]?); set IMAGE_TAG=..." >&2; exit 1; \
+	fi
+	@set -e; for pair in $(IMAGES); do \
+	  file=images/$${pair%%:*}.Dockerfile; image=$(IMAGE_PREFIX)$${pair##*:}:$(IMAGE_TAG); \
+	  echo "docker build -f $$file -t $$image ."; \
+	  DOCKER_BUILDKIT=1 $(DOCKER) build -f $$file -t $$image .; \
+	done
 
 clean:
 	$(CARGO) clean

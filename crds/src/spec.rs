@@ -138,8 +138,8 @@ pub struct McpEndpointStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready` (every pod of the target runs a ready sidecar of the current spec), `Progressing`
-    /// (a rollout the operator caused is under way), `Degraded` (the operator cannot do what the
-    /// spec asks; the reason says why). A list-map keyed by `type`.
+    /// (pods of an older pod template remain: a rollout is under way), `Degraded` (the operator
+    /// cannot do what the spec asks; the reason says why). A list-map keyed by `type`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Vec<Condition>,

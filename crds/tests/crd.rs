@@ -8,7 +8,9 @@ use std::path::Path;
 use kube::CustomResourceExt;
 use kube::core::cel::{ErrorKind, validate_cel, validate_cel_update};
 use serde_json::{Value, json};
-use tether_crds::{CRD_FILE, McpEndpoint, crd_yaml, validate_spec};
+use tether_crds::{
+    CHART_CRD_TEMPLATE, CRD_FILE, McpEndpoint, crd_helm_template, crd_yaml, validate_spec,
+};
 
 #[test]
 fn the_committed_crd_matches_the_types() {
@@ -20,6 +22,44 @@ fn the_committed_crd_matches_the_types() {
         "{} differs from the McpEndpoint types: run `make crds` and commit the file",
         path.display()
     );
+}
+
+#[test]
+fn the_charts_crd_template_matches_the_types() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(CHART_CRD_TEMPLATE);
+    let current = crd_helm_template().expect("the template renders");
+    if std::env::var_os("TETHER_BLESS").is_some() {
+        std::fs::write(&path, &current).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == current,
+        "{} differs from the McpEndpoint types: run `make crds` and commit the file",
+        path.display()
+    );
+    // Without its two Helm directives it is the committed CRD plus the keep annotation.
+    let body: String = committed
+        .lines()
+        .filter(|l| !l.starts_with("{{"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(
+        !body.contains("{{"),
+        "a description holds `{{{{`, which Helm would take for a directive"
+    );
+    let mut from_chart: serde_json::Value = yaml_serde::from_str(&body).unwrap();
+    assert_eq!(
+        from_chart["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    from_chart["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("annotations");
+    let plain: serde_json::Value = yaml_serde::from_str(&crd_yaml().unwrap()).unwrap();
+    assert_eq!(from_chart, plain);
 }
 
 #[test]

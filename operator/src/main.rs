@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use tether_crds::McpEndpoint;
@@ -30,7 +31,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the controller (in-cluster config, or KUBECONFIG outside a cluster).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the McpEndpoint CustomResourceDefinition (YAML) to stdout.
     Crd,
 }
@@ -47,7 +48,7 @@ enum LogFormat {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Address of the admin listener (`/healthz`, `/readyz`, `/metrics`).
-    #[arg(long, env = "TETHER_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "TETHER_ADMIN_ADDR", default_value = tether_operator::admin::DEFAULT_ADDR)]
     admin_addr: std::net::SocketAddr,
     /// Log format; the level comes from `RUST_LOG` (default `info`).
     #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value = "text")]
@@ -59,6 +60,12 @@ struct RunArgs {
         default_value = concat!("ghcr.io/tether-dev/tether-sidecar:", env!("CARGO_PKG_VERSION"))
     )]
     sidecar_image: String,
+    /// CPU and memory requests and limits of injected sidecars, as the JSON of a Kubernetes
+    /// `ResourceRequirements` (e.g. `{"requests":{"cpu":"50m","memory":"64Mi"}}`), for
+    /// endpoints whose spec.sidecar.resources is unset. Default: 50m CPU and 64Mi memory
+    /// requested, 256Mi memory limit.
+    #[arg(long, env = "TETHER_SIDECAR_RESOURCES", value_name = "JSON", value_parser = parse_resources)]
+    sidecar_resources: Option<ResourceRequirements>,
     /// Run only while holding the Lease `--lease-name` (for 2 or more replicas).
     #[arg(long, env = "TETHER_LEADER_ELECT")]
     leader_elect: bool,
@@ -71,6 +78,13 @@ struct RunArgs {
     /// This replica's identity in the Lease: its pod name (downward API); default the host name.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+}
+
+/// Parses `--sidecar-resources`.
+fn parse_resources(json: &str) -> Result<ResourceRequirements, String> {
+    serde_json::from_str(json).map_err(|e| {
+        format!("not the JSON of a ResourceRequirements ({e}); e.g. {{\"limits\":{{\"memory\":\"256Mi\"}}}}")
+    })
 }
 
 #[tokio::main]
@@ -86,7 +100,7 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
     }
 }
 
@@ -120,9 +134,13 @@ async fn run(args: RunArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let identity = args.identity.clone().unwrap_or_else(host_name);
+    let mut defaults = Defaults::with_image(args.sidecar_image);
+    if let Some(resources) = args.sidecar_resources {
+        defaults.sidecar_resources = resources;
+    }
     let ctx = Arc::new(Context::new(
         client.clone(),
-        Defaults::with_image(args.sidecar_image),
+        defaults,
         Arc::clone(&admin.metrics),
         Some(identity.clone()),
     ));

@@ -1,0 +1,266 @@
+//! Static checks of the Helm chart `charts/tether` (Helm itself may be absent): Chart.yaml
+//! follows the workspace version; every template is YAML of Kubernetes objects once its Helm
+//! directives are stripped; every `.Values` path a template reads exists in values.yaml; every
+//! `include` names a template of `_helpers.tpl`; the RBAC rules are exactly the operator's
+//! (`tether_operator::access`); every environment variable the operator's Deployment sets is a
+//! flag of `tether-operator run`; files read with `.Files.Get` exist. The CRD template is checked
+//! against the types in `crds/tests/crd.rs`. With `helm` on PATH, `helm lint` and
+//! `helm template` run too; without it the test says it skipped them.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use tether_operator::access::{CLUSTER, LEADER_ELECTION, policy_rules};
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/tether")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The chart's manifest templates, by file name, sorted.
+fn templates() -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::fs::read_dir(chart().join("templates"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                read(&p),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `text` without Helm: whole-line directives dropped, inline ones replaced by `x`.
+fn strip(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("{{") && trimmed.ends_with("}}") {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(start) = rest.find("{{") {
+            out.push_str(&rest[..start]);
+            out.push('x');
+            rest = rest[start..]
+                .find("}}")
+                .map_or("", |end| &rest[start + end + 2..]);
+        }
+        out.push_str(rest);
+        out.push('\n');
+    }
+    out
+}
+
+/// The YAML documents of a stripped template.
+fn documents(name: &str, text: &str) -> Vec<Value> {
+    strip(text)
+        .split("\n---\n")
+        .filter(|d| {
+            d.lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        })
+        .map(|d| {
+            yaml_serde::from_str(d)
+                .unwrap_or_else(|e| panic!("{name}: not YAML once stripped: {e}"))
+        })
+        .collect()
+}
+
+/// The values of a template's document of `kind`.
+fn object(kind: &str) -> Value {
+    templates()
+        .iter()
+        .flat_map(|(name, text)| documents(name, text))
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} template"))
+}
+
+/// Every `.Values.a.b` path read in `text`.
+fn value_paths(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(".Values.") {
+        rest = &rest[i + ".Values.".len()..];
+        let path: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '_')
+            .collect();
+        out.insert(path.trim_end_matches('.').to_owned());
+    }
+    out
+}
+
+#[test]
+fn chart_versions_follow_the_workspace() {
+    let meta: Value = yaml_serde::from_str(&read(&chart().join("Chart.yaml"))).unwrap();
+    assert_eq!(meta["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(meta["appVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(meta["apiVersion"], "v2");
+}
+
+#[test]
+fn every_template_is_kubernetes_yaml_once_stripped() {
+    let all = templates();
+    assert!(all.len() >= 8, "{all:?}");
+    for (name, text) in &all {
+        for doc in documents(name, text) {
+            assert!(
+                doc["apiVersion"].is_string() && doc["kind"].is_string(),
+                "{name}: a document without apiVersion and kind: {doc}"
+            );
+        }
+    }
+    // The stripping itself: a directive line goes, an inline one becomes a scalar.
+    assert_eq!(
+        strip("a: {{ .Values.x }}\n{{- if .Values.y }}\nb: \"p:{{ .Values.z }}\"\n"),
+        "a: x\nb: \"p:x\"\n"
+    );
+}
+
+#[test]
+fn every_value_a_template_reads_exists() {
+    let values: Value = yaml_serde::from_str(&read(&chart().join("values.yaml"))).unwrap();
+    let mut sources = templates();
+    sources.push((
+        "NOTES.txt".into(),
+        read(&chart().join("templates/NOTES.txt")),
+    ));
+    sources.push((
+        "_helpers.tpl".into(),
+        read(&chart().join("templates/_helpers.tpl")),
+    ));
+    let mut seen = 0;
+    for (name, text) in &sources {
+        for path in value_paths(text) {
+            let found = path.split('.').try_fold(&values, |v, key| v.get(key));
+            assert!(
+                found.is_some(),
+                "{name} reads .Values.{path}, which values.yaml lacks"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen > 20, "only {seen} value paths found");
+    assert_eq!(
+        value_paths("{{ .Values.a.b_c }} {{ toYaml .Values.d | nindent 2 }}"),
+        ["a.b_c", "d"].map(String::from).into()
+    );
+}
+
+#[test]
+fn includes_and_files_exist() {
+    let helpers = read(&chart().join("templates/_helpers.tpl"));
+    let defined: BTreeSet<&str> = helpers
+        .split("define \"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .collect();
+    for (name, text) in templates() {
+        for used in text
+            .split("include \"")
+            .skip(1)
+            .filter_map(|s| s.split('"').next())
+        {
+            assert!(defined.contains(used), "{name} includes undefined {used:?}");
+        }
+        for file in text
+            .split(".Files.Get \"")
+            .skip(1)
+            .filter_map(|s| s.split('"').next())
+        {
+            assert!(
+                chart().join(file).is_file(),
+                "{name} reads missing file {file}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rbac_rules_are_the_operators() {
+    let as_json = |rules| serde_json::to_value(policy_rules(rules)).unwrap();
+    let cluster = object("ClusterRole");
+    assert_eq!(cluster["rules"], as_json(CLUSTER), "ClusterRole rules");
+    let lease = object("Role");
+    assert_eq!(
+        lease["rules"],
+        as_json(LEADER_ELECTION),
+        "leader-election Role rules"
+    );
+}
+
+#[test]
+fn the_operators_environment_is_its_flags() {
+    let deployment = object("Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["args"], serde_json::json!(["run"]));
+    let help = Command::new(tether_tests::bins::path("tether-operator").unwrap())
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let env = container["env"].as_array().unwrap();
+    assert!(env.len() >= 8);
+    for var in env {
+        let name = var["name"].as_str().unwrap();
+        // RUST_LOG is read by the log filter, not by a flag.
+        assert!(
+            name == "RUST_LOG" || help.contains(&format!("[env: {name}=")),
+            "the chart sets {name}, which `tether-operator run` does not read"
+        );
+    }
+    // The template sets TETHER_SIDECAR_RESOURCES only when given; it is a flag too.
+    assert!(help.contains("[env: TETHER_SIDECAR_RESOURCES="));
+}
+
+#[test]
+fn helm_lint_and_template_when_helm_is_installed() {
+    let Ok(version) = Command::new("helm").arg("version").output() else {
+        eprintln!("skipped: helm is not on PATH; `helm lint` and `helm template` did not run");
+        return;
+    };
+    assert!(version.status.success());
+    let chart = chart();
+    for args in [
+        vec!["lint", chart.to_str().unwrap()],
+        vec!["template", "t", chart.to_str().unwrap()],
+        vec![
+            "template",
+            "t",
+            chart.to_str().unwrap(),
+            "--set",
+            "replicaCount=2,leaderElection.enabled=true,metrics.serviceMonitor.enabled=true,dashboard.enabled=true",
+        ],
+    ] {
+        let out = Command::new("helm").args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "helm {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let refused = Command::new("helm")
+        .args([
+            "template",
+            "t",
+            chart.to_str().unwrap(),
+            "--set",
+            "replicaCount=2",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !refused.status.success(),
+        "2 replicas without leader election must be refused"
+    );
+}
