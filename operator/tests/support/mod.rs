@@ -41,22 +41,26 @@ pub struct ApiServer {
 /// The server's state, shared with the test.
 pub type Shared = Arc<Mutex<ApiServer>>;
 
-fn not_found() -> Response<Body> {
+/// A `Status` failure answer, as the API server sends.
+fn failure(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
     let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "NotFound", "code": 404, "message": "not found"});
+                        "reason": reason, "code": code.as_u16(), "message": message});
     Response::builder()
-        .status(StatusCode::NOT_FOUND)
+        .status(code)
         .body(Body::from(serde_json::to_vec(&status).unwrap()))
         .unwrap()
 }
 
+fn not_found() -> Response<Body> {
+    failure(StatusCode::NOT_FOUND, "NotFound", "not found")
+}
+
 fn forbidden() -> Response<Body> {
-    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "Forbidden", "code": 403, "message": "not in the operator's RBAC rules"});
-    Response::builder()
-        .status(StatusCode::FORBIDDEN)
-        .body(Body::from(serde_json::to_vec(&status).unwrap()))
-        .unwrap()
+    failure(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        "not in the operator's RBAC rules",
+    )
 }
 
 fn ok(v: &Value) -> Response<Body> {

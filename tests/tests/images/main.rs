@@ -1,8 +1,8 @@
 //! The container images (issue 6): each `images/*.Dockerfile` is checked against the code it
 //! packages, since no test here can build an image.
 //!
-//! A small Dockerfile parser ([`dockerfile`]: comments, blank lines and `\` continuations) splits a file into
-//! stages; [`check`] then reports, per [`Check`]:
+//! A small Dockerfile parser ([`dockerfile`]: comments, blank lines and `\` continuations)
+//! splits a file into stages; [`check`] then reports, per [`Check`]:
 //!
 //! - `Syntax`: the file parses, and only `ARG` comes before the first `FROM`;
 //! - `MultiStage`: a builder stage and a different, non-Rust runtime base for the final stage;
