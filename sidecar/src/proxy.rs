@@ -554,7 +554,8 @@ impl McpProxy {
         let (target, home) = match session_id.as_deref() {
             Some(id) => {
                 let (home, moved) = self.enter(id, ctx).await?;
-                if let Some(peer) = moved.and_then(|uid| self.router.moved_to(&uid, &hop)) {
+                if let Some(uid) = moved {
+                    let peer = self.router.moved_to(&uid, &hop)?;
                     return Ok(Some(Forwarding::new(
                         peer,
                         ForwardKind::Moved,

@@ -17,7 +17,9 @@
 //! most [`MAX_WALK_HOPS`] hops are taken to find a holder; a request that would need a third ends
 //! with 404 `hop_limit`. A holder that handed the session off forwards it to the new holder
 //! ([`ForwardKind::Moved`]) even when that pod was visited (it was asked before it held the
-//! session), within [`MAX_HOPS`] hops in all.
+//! session), within [`MAX_HOPS`] hops in all; when it cannot ([`Router::moved_to`]: the new
+//! holder does not answer → 503, left membership → 404 `no_holder`, no hops left → 404
+//! `hop_limit`) it never answers from its own registry, which no longer holds the session.
 //! Together with the visited list this bounds every request even when sidecars disagree on
 //! membership (§3.3). Peers that [`PeerHealth`] marks down (refused connections, failed
 //! probes) are skipped like visited ones. Forged session ids never get here: they are answered
@@ -287,15 +289,28 @@ impl Router {
     }
 
     /// Where a session handed off from here to pod `uid` goes: that pod, when membership knows
-    /// it alive, it is not down and the hop budget allows; `None` routes the request as if the
-    /// session had never been here.
-    pub fn moved_to(&self, uid: &str, hop: &Hop) -> Option<Peer> {
+    /// it alive, it is not down and the hop budget allows.
+    ///
+    /// # Errors
+    /// The answer when it cannot go there — never this pod's own lookup, which would call a
+    /// session it handed off unknown: 404 `hop_limit` when the hop budget is spent; 503 +
+    /// `Retry-After` when the new holder is alive but does not answer now (the session may
+    /// survive: an adopter stalled by load); 404 `no_holder` when the new holder left
+    /// membership (the session went with it).
+    pub fn moved_to(&self, uid: &str, hop: &Hop) -> Result<Peer, Rejection> {
         let now = std::time::Instant::now();
-        self.view()
+        if hop.count >= MAX_HOPS {
+            return Err(Rejection::SessionNotFound(NotFound::HopLimit));
+        }
+        match self
+            .view()
             .peer(uid)
             .filter(|p| p.state.is_alive() && p.uid != self.uid)
-            .filter(|p| self.health.down(&p.uid, now).is_none() && hop.count < MAX_HOPS)
-            .cloned()
+        {
+            None => Err(Rejection::SessionNotFound(NotFound::NoHolder)),
+            Some(_) if self.health.down(uid, now).is_some() => Err(Rejection::PeerUnavailable),
+            Some(p) => Ok(p.clone()),
+        }
     }
 
     /// [`route`] with this pod's identity, the current view and the peers now down.
@@ -447,6 +462,46 @@ mod tests {
     const R: PeerState = PeerState::Routable;
     const D: PeerState = PeerState::Draining;
     const G: PeerState = PeerState::Gone;
+
+    #[test]
+    fn a_session_moved_from_here_is_never_answered_here() {
+        let snapshot = Snapshot {
+            peers: [("a", R), ("b", R), ("c", G)]
+                .iter()
+                .map(|(u, st)| peer(u, *st))
+                .collect(),
+        };
+        let health = PeerHealth::new();
+        let router = Router::new(
+            MembershipSink::new(snapshot, Arc::default()),
+            Arc::clone(&health),
+            "127.0.0.1:8080".parse().unwrap(),
+            "a".into(),
+            Secret::from_bytes(*b"0123456789abcdef"),
+        );
+        let fresh = Hop::default();
+        assert_eq!(router.moved_to("b", &fresh).unwrap().uid, "b");
+        // The new holder gone from membership: the session went with it.
+        assert_eq!(
+            router.moved_to("c", &fresh).unwrap_err(),
+            Rejection::SessionNotFound(NotFound::NoHolder)
+        );
+        // Out of the hop budget.
+        let spent = Hop {
+            count: MAX_HOPS,
+            visited: vec![],
+        };
+        assert_eq!(
+            router.moved_to("b", &spent).unwrap_err(),
+            Rejection::SessionNotFound(NotFound::HopLimit)
+        );
+        // Alive but not answering (an adopter stalled by load): 503, the session may survive.
+        health.mark_down("b", Down::Unresponsive, std::time::Instant::now());
+        assert_eq!(
+            router.moved_to("b", &fresh).unwrap_err(),
+            Rejection::PeerUnavailable
+        );
+    }
 
     #[test]
     fn held_or_homed_here_is_local() {
