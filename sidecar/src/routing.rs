@@ -289,12 +289,14 @@ impl Router {
     }
 
     /// Where a session handed off from here to pod `uid` goes: that pod, when membership knows
-    /// it alive, it is not down and the hop budget allows.
+    /// it alive and the hop budget allows. A holder marked down because a connection to it was
+    /// refused or broken is still asked (a client leaving a forwarded exchange marks it so too):
+    /// only it can answer for the session, and the hop budget bounds the retries.
     ///
     /// # Errors
     /// The answer when it cannot go there — never this pod's own lookup, which would call a
     /// session it handed off unknown: 404 `hop_limit` when the hop budget is spent; 503 +
-    /// `Retry-After` when the new holder is alive but does not answer now (the session may
+    /// `Retry-After` when the new holder is alive but does not answer in time (the session may
     /// survive: an adopter stalled by load); 404 `no_holder` when the new holder left
     /// membership (the session went with it).
     pub fn moved_to(&self, uid: &str, hop: &Hop) -> Result<Peer, Rejection> {
@@ -308,7 +310,9 @@ impl Router {
             .filter(|p| p.state.is_alive() && p.uid != self.uid)
         {
             None => Err(Rejection::SessionNotFound(NotFound::NoHolder)),
-            Some(_) if self.health.down(uid, now).is_some() => Err(Rejection::PeerUnavailable),
+            Some(_) if self.health.down(uid, now) == Some(Down::Unresponsive) => {
+                Err(Rejection::PeerUnavailable)
+            }
             Some(p) => Ok(p.clone()),
         }
     }
@@ -495,6 +499,9 @@ mod tests {
             router.moved_to("b", &spent).unwrap_err(),
             Rejection::SessionNotFound(NotFound::HopLimit)
         );
+        // Refused or broken connections: still asked, it alone holds the session.
+        health.mark_down("b", Down::Refused, std::time::Instant::now());
+        assert_eq!(router.moved_to("b", &fresh).unwrap().uid, "b");
         // Alive but not answering (an adopter stalled by load): 503, the session may survive.
         health.mark_down("b", Down::Unresponsive, std::time::Instant::now());
         assert_eq!(
