@@ -57,14 +57,14 @@ bench: deps
 	./target/release/tether-bench-routing
 
 ## crds: regenerate what the McpEndpoint types generate (a test fails while one is stale):
-## crds/, the chart's CRD template and docs/reference.md.
+## crds/, the chart's CRD template and docs/reference/crd.md.
 crds: deps
 	$(CARGO) run -q -p tether-operator -- crd > crds/mcpendpoints.mcp.tether.dev.yaml
 	TETHER_BLESS=1 $(CARGO) test -q -p tether-crds --test crd the_charts_crd_template_matches_the_types
 	TETHER_BLESS=1 $(CARGO) test -q -p tether-crds --test reference
 
 ## images: the container images of the operator, the sidecar and the example server (needs a
-## Docker engine with BuildKit; docs/images.md). Tags: $(IMAGE_REPO)/<name>:$(IMAGE_TAG);
+## Docker engine with BuildKit; docs/dev/images.md). Tags: $(IMAGE_REPO)/<name>:$(IMAGE_TAG);
 ## `make images IMAGE_REPO= IMAGE_TAG=e2e` tags them <name>:e2e.
 DOCKER ?= docker
 IMAGE_REPO ?= ghcr.io/tether-dev

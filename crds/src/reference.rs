@@ -1,4 +1,4 @@
-//! The configuration reference of `McpEndpoint` (`docs/reference.md`), generated from the
+//! The configuration reference of `McpEndpoint` (`docs/reference/crd.md`), generated from the
 //! CustomResourceDefinition's OpenAPI schema, so the document cannot drift from the types.
 //!
 //! [`markdown`] walks the schema of `spec` (then `status`) depth-first and renders one table per
@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 use crate::McpEndpoint;
 
 /// Path of the generated document, relative to the workspace root.
-pub const REFERENCE_FILE: &str = "docs/reference.md";
+pub const REFERENCE_FILE: &str = "docs/reference/crd.md";
 
 /// The command that regenerates [`REFERENCE_FILE`].
 pub const REGENERATE: &str = "make crds";

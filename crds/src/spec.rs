@@ -209,7 +209,7 @@ pub struct AdminSpec {
 }
 
 /// The sidecar's internal peer listener: draining sidecars push sessions, replay buffers and
-/// the tail of in-flight streams to their peers over it (`docs/handoff.md`). Only sidecars of the
+/// the tail of in-flight streams to their peers over it (`docs/design/handoff.md`). Only sidecars of the
 /// same endpoint talk to it; every message is authenticated with the endpoint Secret.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]

@@ -1,4 +1,4 @@
-//! `docs/reference.md` against the CRD: the committed configuration reference is exactly what
+//! `docs/reference/crd.md` against the CRD: the committed configuration reference is exactly what
 //! [`tether_crds::reference::markdown`] renders from the `McpEndpoint` schema. With
 //! `TETHER_BLESS=1` the test rewrites the file instead of failing.
 

@@ -1,4 +1,4 @@
-//! The end-to-end test against a real cluster (docs/e2e.md), run only when
+//! The end-to-end test against a real cluster (docs/dev/e2e.md), run only when
 //! `TETHER_E2E_KUBECONFIG` names a kubeconfig; without it the test prints why it is skipped and
 //! passes.
 //!
@@ -66,7 +66,7 @@ impl Settings {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let sidecar_image = var("TETHER_E2E_SIDECAR_IMAGE").ok_or(
             "TETHER_E2E_KUBECONFIG is set but TETHER_E2E_SIDECAR_IMAGE is not: name the \
-             tether-sidecar image the cluster can run (see docs/e2e.md)",
+             tether-sidecar image the cluster can run (see docs/dev/e2e.md)",
         )?;
         let timeout = match var("TETHER_E2E_TIMEOUT_SECS") {
             None => DEFAULT_TIMEOUT,
@@ -88,7 +88,7 @@ async fn an_endpoint_injects_its_sidecar_turns_ready_and_its_deletion_removes_th
     let Some(settings) = Settings::from_env() else {
         eprintln!(
             "skipped: set TETHER_E2E_KUBECONFIG=<path to a kubeconfig> to run the real-cluster \
-             test (see docs/e2e.md)"
+             test (see docs/dev/e2e.md)"
         );
         return;
     };

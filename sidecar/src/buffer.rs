@@ -167,7 +167,7 @@ impl StreamBuffer {
     }
 
     /// Stores an event that another pod numbered `seq` (the tail of a handed-off stream,
-    /// `docs/handoff.md`); numbers up to `seq` that carry no event stay gaps, as reserved ones do.
+    /// `docs/design/handoff.md`); numbers up to `seq` that carry no event stay gaps, as reserved ones do.
     /// Events at or below the last sequence are already here and ignored (`None`).
     pub fn put(
         &mut self,

@@ -84,7 +84,7 @@ pub struct Cli {
     /// Worker threads of the MCP listener.
     #[arg(long, env = "TETHER_THREADS", default_value_t = 2)]
     pub threads: usize,
-    /// Hand sessions to peers when draining (DESIGN.md §3.4, `docs/handoff.md`). `false` keeps
+    /// Hand sessions to peers when draining (DESIGN.md §3.4, `docs/design/handoff.md`). `false` keeps
     /// them on the draining pod until it stops (the baseline the rolling-upgrade demo compares
     /// against); `spec.session.migration: Pin` does the same per endpoint.
     #[arg(long, env = "TETHER_HANDOFF", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]

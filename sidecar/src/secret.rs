@@ -17,7 +17,7 @@ pub const MIN_SECRET_BYTES: usize = 16;
 pub const DOMAIN_SESSION_ID: &[u8] = b"tether/session-id/v1";
 /// Domain label of peer hop MACs (`Tether-Hop-Mac`).
 pub const DOMAIN_HOP: &[u8] = b"tether/hop/v1";
-/// Domain label of peer-protocol message MACs (`Tether-Peer-Mac`, `docs/handoff.md`).
+/// Domain label of peer-protocol message MACs (`Tether-Peer-Mac`, `docs/design/handoff.md`).
 pub const DOMAIN_PEER: &[u8] = b"tether/peer/v1";
 /// Domain label of log digests.
 pub const DOMAIN_LOG_DIGEST: &[u8] = b"tether/log-digest/v1";

@@ -176,7 +176,7 @@ impl Session {
         })
     }
 
-    /// A session handed over by pod `from` (`docs/handoff.md`): its streams, retry records and
+    /// A session handed over by pod `from` (`docs/design/handoff.md`): its streams, retry records and
     /// journal as imaged there; incomplete streams keep following `from`. Its upstream session
     /// is rebuilt from the journal before first use ([`Session::needs_rebuild`]).
     ///

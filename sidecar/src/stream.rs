@@ -129,7 +129,7 @@ impl Stream {
         Self::build(StreamKey::random(), kind, pending, buffer, cancel, None)
     }
 
-    /// A stream rebuilt from a handoff image (`docs/handoff.md`), written by pod `following`
+    /// A stream rebuilt from a handoff image (`docs/design/handoff.md`), written by pod `following`
     /// until the image says it is complete.
     pub fn restore(
         image: &StreamImage,

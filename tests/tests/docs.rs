@@ -1,4 +1,4 @@
-//! The user documentation against the code (issue 6): `docs/metrics.md` lists exactly the
+//! The user documentation against the code (issue 6): `docs/reference/metrics.md` lists exactly the
 //! metrics the sidecar and the operator register, each with its type, and the Grafana dashboard
 //! `charts/tether/dashboards/tether.json` parses, has the variables it documents and queries only
 //! series the sidecar and the operator expose.
@@ -188,9 +188,9 @@ fn metric_words(text: &str) -> BTreeSet<String> {
     out
 }
 
-/// The rows of `docs/metrics.md`'s tables whose first cell is a metric: name → type cell.
+/// The rows of `docs/reference/metrics.md`'s tables whose first cell is a metric: name → type cell.
 fn documented() -> BTreeMap<String, String> {
-    let doc = read("docs/metrics.md");
+    let doc = read("docs/reference/metrics.md");
     let mut out = BTreeMap::new();
     for line in doc.lines() {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
@@ -206,7 +206,7 @@ fn documented() -> BTreeMap<String, String> {
             continue;
         };
         let previous = out.insert(name.to_owned(), cells[2].to_owned());
-        assert!(previous.is_none(), "docs/metrics.md lists {name} twice");
+        assert!(previous.is_none(), "docs/reference/metrics.md lists {name} twice");
     }
     out
 }
@@ -221,7 +221,7 @@ fn the_metrics_doc_lists_every_metric_with_its_type() {
         .collect();
     assert!(
         missing.is_empty(),
-        "metrics missing from docs/metrics.md (list them as exposed, counters with _total): {missing:?}"
+        "metrics missing from docs/reference/metrics.md (list them as exposed, counters with _total): {missing:?}"
     );
     let unknown: Vec<&String> = documented
         .keys()
@@ -229,12 +229,12 @@ fn the_metrics_doc_lists_every_metric_with_its_type() {
         .collect();
     assert!(
         unknown.is_empty(),
-        "docs/metrics.md lists metrics that no registry has: {unknown:?}"
+        "docs/reference/metrics.md lists metrics that no registry has: {unknown:?}"
     );
     for (name, kind) in &documented {
         assert_eq!(
             kind, &families[name].kind,
-            "docs/metrics.md gives {name} the wrong type"
+            "docs/reference/metrics.md gives {name} the wrong type"
         );
     }
 }
@@ -245,11 +245,11 @@ fn every_metric_name_in_the_docs_exists() {
     let mut known = series_names(&families);
     known.extend(families.keys().cloned());
     for doc in [
-        "docs/metrics.md",
-        "docs/rolling-upgrade.md",
-        "docs/troubleshooting.md",
-        "docs/upgrade.md",
-        "docs/install.md",
+        "docs/reference/metrics.md",
+        "docs/guide/rolling-upgrade.md",
+        "docs/guide/troubleshooting.md",
+        "docs/guide/upgrade.md",
+        "docs/guide/install.md",
     ] {
         let unknown: Vec<String> = metric_words(&read(doc))
             .into_iter()

@@ -1,4 +1,4 @@
-//! The receiving side of a handoff (DESIGN.md §3.4 steps 2–4, `docs/handoff.md`).
+//! The receiving side of a handoff (DESIGN.md §3.4 steps 2–4, `docs/design/handoff.md`).
 //!
 //! - [`Broker::adopt`] registers a session pushed by a peer: its streams with their buffered
 //!   events and numbering, retry records, journal. Streams whose request still runs at the

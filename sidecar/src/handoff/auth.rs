@@ -1,4 +1,4 @@
-//! Authentication of peer-protocol messages with the endpoint Secret (`docs/handoff.md`).
+//! Authentication of peer-protocol messages with the endpoint Secret (`docs/design/handoff.md`).
 //!
 //! Every request carries `Tether-Peer` (the sender's pod UID), `Tether-Peer-Time` (Unix time in
 //! milliseconds) and `Tether-Peer-Mac`: base64url (no padding) of HMAC-SHA256, domain

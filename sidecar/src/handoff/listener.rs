@@ -1,5 +1,5 @@
 //! The peer listener (`spec.peer.port`): where sidecars push sessions and tails to this pod
-//! (`docs/handoff.md`).
+//! (`docs/design/handoff.md`).
 //!
 //! | request | answer |
 //! |---|---|

@@ -1,4 +1,4 @@
-//! Session handoff between sidecars (DESIGN.md §3.4, `docs/handoff.md`).
+//! Session handoff between sidecars (DESIGN.md §3.4, `docs/design/handoff.md`).
 //!
 //! A session leaves this pod when the pod drains (steps 1–2) or when it was adopted here and
 //! `owner(S)` is now another routable pod (step 5, "adopted sessions follow the owner"). Moving

@@ -1,4 +1,4 @@
-//! The messages of the peer protocol, version 1 (`docs/handoff.md`): JSON bodies of
+//! The messages of the peer protocol, version 1 (`docs/design/handoff.md`): JSON bodies of
 //! `POST /v1/sessions` (a session pushed to its new holder) and `POST /v1/tail` (events of a
 //! handed-off stream that arrived after the push).
 //!
