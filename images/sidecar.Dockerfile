@@ -7,7 +7,7 @@
 #
 # Base images are pinned by tag. A digest (`image:tag@sha256:...`) would pin them exactly; the
 # digests could not be looked up where this file was written (no registry access), so add them
-# when publishing. tests/tests/images.rs checks this file against the code (binary, user,
+# when publishing. tests/tests/repo/images.rs checks this file against the code (binary, user,
 # ports, pinning); docs/dev/images.md describes the images.
 
 # Builder: the Rust release the workspace is built and tested with (Cargo.toml's rust-version

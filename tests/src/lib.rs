@@ -15,6 +15,7 @@
 //! - [`rollout`]: a rolling replacement of every pod under such a load, in a [`rollout::RolloutReport`];
 //! - [`relay`]: a TCP relay that cuts every connection on demand (for clients we do not control);
 //! - [`addr`]: unique loopback addresses per test;
+//! - [`repo`]: files of this repository, for the tests that check them;
 //! - [`table`]: the plain-text tables the reports print.
 
 pub mod addr;
@@ -25,6 +26,7 @@ pub mod cluster;
 pub mod load;
 pub mod pod;
 pub mod relay;
+pub mod repo;
 pub mod rollout;
 pub mod table;
 

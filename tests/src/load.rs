@@ -10,11 +10,23 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::{Mutex, MutexGuard, Semaphore};
 
 use crate::call::{self, CallOutcome, CallPlan};
 use crate::client::McpClient;
 use crate::{Result, table};
+
+/// Held by the test of a process that puts the machine under load ([`heavy`]).
+static HEAVY: Mutex<()> = Mutex::const_new(());
+
+/// Waits until no other test of this process puts the machine under load, and returns the guard
+/// that keeps the others waiting until it is dropped. A test that runs hundreds of sessions or a
+/// rollout holds it for its whole run: `cargo test` runs a binary's tests as many at a time as
+/// the machine has cores, and two loads at once would compete for them (their timeouts are
+/// tuned for one).
+pub async fn heavy() -> MutexGuard<'static, ()> {
+    HEAVY.lock().await
+}
 
 /// The load to run.
 #[derive(Clone, Debug)]

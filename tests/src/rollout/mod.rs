@@ -85,9 +85,6 @@ pub struct RolloutConfig {
     /// the same millisecond, which would also keep every client's calls in lockstep); the
     /// rollout begins once all are initialized.
     pub ramp_up: Duration,
-    /// Loopback addresses: the first pods, then their replacements (2 × `pods`); empty: fresh
-    /// ones from [`addr::next_ip`].
-    pub ips: Vec<Ipv4Addr>,
 }
 
 impl Default for RolloutConfig {
@@ -110,7 +107,6 @@ impl Default for RolloutConfig {
             migration: "Replay".into(),
             drain_timeout: Duration::from_secs(3),
             ramp_up: Duration::from_secs(1),
-            ips: Vec::new(),
         }
     }
 }
@@ -146,27 +142,22 @@ impl RolloutConfig {
         }
     }
 
-    /// The old pods' and the new pods' addresses, once the configuration is checked.
+    /// The old pods' and the new pods' addresses (fresh ones of [`addr::next_ip`]), once the
+    /// configuration is checked.
     fn addresses(&self) -> Result<(Vec<Ipv4Addr>, Vec<Ipv4Addr>)> {
-        let mut ips = self.ips.clone();
-        if ips.is_empty() {
-            ips = (0..2 * self.pods).map(|_| addr::next_ip()).collect();
-        }
         if self.versions.is_empty() {
             return Err(HarnessError::Start(
                 "a rollout needs at least one protocol version".into(),
             ));
         }
-        if self.pods == 0 || ips.len() != 2 * self.pods {
-            return Err(HarnessError::Start(format!(
-                "a rollout of {} pods needs {} addresses, got {}",
-                self.pods,
-                2 * self.pods,
-                ips.len()
-            )));
+        if self.pods == 0 {
+            return Err(HarnessError::Start(
+                "a rollout needs at least one pod".into(),
+            ));
         }
-        let new = ips.split_off(self.pods);
-        Ok((ips, new))
+        let old = (0..self.pods).map(|_| addr::next_ip()).collect();
+        let new = (0..self.pods).map(|_| addr::next_ip()).collect();
+        Ok((old, new))
     }
 }
 

@@ -85,7 +85,7 @@ async fn drain_ends_at_the_deadline_and_says_what_is_still_running() {
 
 #[tokio::test]
 async fn a_drained_pod_places_new_sessions_on_its_peers_and_keeps_serving_its_own() {
-    let ips = [addr::next_ip(), addr::next_ip()];
+    let ips: [_; 2] = addr::ips();
     let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let via_a = cluster.client_of(&ips[..1]);
     let mine = via_a.initialize("2025-06-18").await.unwrap();

@@ -8,18 +8,15 @@
 //! `helm template` run too; without it the test says it skipped them.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
 use tether_operator::access::{CLUSTER, LEADER_ELECTION, policy_rules};
+use tether_tests::repo::{read, root};
 
 fn chart() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/tether")
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    root().join("charts/tether")
 }
 
 /// The chart's manifest templates, by file name, sorted.
@@ -102,7 +99,7 @@ fn value_paths(text: &str) -> BTreeSet<String> {
 
 #[test]
 fn chart_versions_follow_the_workspace() {
-    let meta: Value = yaml_serde::from_str(&read(&chart().join("Chart.yaml"))).unwrap();
+    let meta: Value = yaml_serde::from_str(&read(chart().join("Chart.yaml"))).unwrap();
     assert_eq!(meta["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(meta["appVersion"], env!("CARGO_PKG_VERSION"));
     assert_eq!(meta["apiVersion"], "v2");
@@ -129,15 +126,15 @@ fn every_template_is_kubernetes_yaml_once_stripped() {
 
 #[test]
 fn every_value_a_template_reads_exists() {
-    let values: Value = yaml_serde::from_str(&read(&chart().join("values.yaml"))).unwrap();
+    let values: Value = yaml_serde::from_str(&read(chart().join("values.yaml"))).unwrap();
     let mut sources = templates();
     sources.push((
         "NOTES.txt".into(),
-        read(&chart().join("templates/NOTES.txt")),
+        read(chart().join("templates/NOTES.txt")),
     ));
     sources.push((
         "_helpers.tpl".into(),
-        read(&chart().join("templates/_helpers.tpl")),
+        read(chart().join("templates/_helpers.tpl")),
     ));
     let mut seen = 0;
     for (name, text) in &sources {
@@ -159,7 +156,7 @@ fn every_value_a_template_reads_exists() {
 
 #[test]
 fn includes_and_files_exist() {
-    let helpers = read(&chart().join("templates/_helpers.tpl"));
+    let helpers = read(chart().join("templates/_helpers.tpl"));
     let defined: BTreeSet<&str> = helpers
         .split("define \"")
         .skip(1)

@@ -2,7 +2,6 @@
 //! sessions, replay buffers and cursors to peers, forwards the tail of calls still running, and
 //! clients carry on from any entry pod — before and after the drained pod stops.
 
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
@@ -12,10 +11,6 @@ use tether_tests::client::{Http, McpClient, Session, body_text, result_text};
 use tether_tests::cluster::Cluster;
 use tether_tests::load::{self, LoadConfig};
 use tether_tests::pod::{Pod, PodSpec};
-
-fn ips() -> [Ipv4Addr; 3] {
-    [addr::fixed(60), addr::fixed(61), addr::fixed(62)]
-}
 
 /// `POST /drain` on the pod's admin port: status and JSON body.
 async fn drain(pod: &Pod) -> (StatusCode, Value) {
@@ -40,7 +35,8 @@ async fn echo_everywhere(client: &McpClient, sessions: &[Session], id: u64, text
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_draining_pod_hands_off_live_sessions_and_clients_lose_nothing() {
-    let [a, b, c] = ips();
+    let _heavy = load::heavy().await;
+    let [a, b, c] = addr::ips();
     let mut cluster = Cluster::start(&[a, b, c], PodSpec::default())
         .await
         .unwrap();
@@ -100,7 +96,7 @@ async fn a_draining_pod_hands_off_live_sessions_and_clients_lose_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sessions_survive_their_home_stopping_and_are_rebuilt_from_the_journal() {
-    let [a, b, c] = ips().map(|ip| Ipv4Addr::from(u32::from(ip) + 3));
+    let [a, b, c] = addr::ips();
     let mut cluster = Cluster::start(&[a, b, c], PodSpec::default())
         .await
         .unwrap();
@@ -142,7 +138,7 @@ async fn sessions_survive_their_home_stopping_and_are_rebuilt_from_the_journal()
 /// cancelled there when the client cancels it at the new holder; the drain then ends at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn l02_a_cancellation_reaches_the_pod_still_running_the_call() {
-    let [a, b, c] = ips().map(|ip| Ipv4Addr::from(u32::from(ip) + 6));
+    let [a, b, c] = addr::ips();
     let mut cluster = Cluster::start(&[a, b, c], PodSpec::default())
         .await
         .unwrap();
@@ -225,8 +221,8 @@ fn answer_to(messages: &[Value], id: u64) -> Option<&Value> {
 /// stream, under `Pin` on the pod that kept the session, which served it until the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_call_cut_by_the_drain_deadline_ends_with_a_json_rpc_error() {
-    for (migration, first) in [("Replay", 69u8), ("Pin", 72)] {
-        let (a, b) = (addr::fixed(first), addr::fixed(first + 1));
+    for migration in ["Replay", "Pin"] {
+        let [a, b] = addr::ips();
         let spec = PodSpec {
             migration: migration.into(),
             ..PodSpec::default()

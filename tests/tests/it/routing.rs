@@ -65,7 +65,8 @@ async fn list_status(client: &McpClient, session: &Session) -> StatusCode {
 
 #[tokio::test]
 async fn a_1000_sessions_through_random_entry_pods_reach_their_holder_while_a_4th_pod_joins() {
-    let ips: Vec<Ipv4Addr> = (2..=4).map(addr::fixed).collect();
+    let _heavy = load::heavy().await;
+    let ips: [Ipv4Addr; 3] = addr::ips();
     let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let client = cluster.client();
     let cfg = LoadConfig {
@@ -85,7 +86,7 @@ async fn a_1000_sessions_through_random_entry_pods_reach_their_holder_while_a_4t
     // The 4th pod joins while the load runs.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let joined_while_running = !load.is_finished();
-    cluster.add(addr::fixed(5)).await.unwrap();
+    cluster.add(addr::next_ip()).await.unwrap();
     let report = load.await.unwrap();
     println!("{}", report.table());
     assert!(
@@ -154,7 +155,7 @@ async fn a_1000_sessions_through_random_entry_pods_reach_their_holder_while_a_4t
 
 #[tokio::test]
 async fn sse_through_a_hop_is_flushed_event_by_event() {
-    let ips = [addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 2] = addr::ips();
     let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let home = cluster.client_of(&ips[..1]);
     let other = cluster.client_of(&ips[1..]);
@@ -197,7 +198,7 @@ async fn sse_through_a_hop_is_flushed_event_by_event() {
 
 #[tokio::test]
 async fn s05_a_forged_id_is_404_at_the_entry_and_forged_hop_headers_are_403() {
-    let ips = [addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 2] = addr::ips();
     let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let a = cluster.client_of(&ips[..1]);
     let real = cluster
@@ -247,7 +248,7 @@ async fn s05_a_forged_id_is_404_at_the_entry_and_forged_hop_headers_are_403() {
 
 #[tokio::test]
 async fn a_draining_pod_places_no_session_and_a_removed_pod_gets_no_traffic_within_1s() {
-    let ips = [addr::next_ip(), addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 3] = addr::ips();
     let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let c = cluster.client_of(&ips[2..]);
     let on_c: Vec<Session> = {
@@ -313,7 +314,7 @@ async fn a_draining_pod_places_no_session_and_a_removed_pod_gets_no_traffic_with
 
 #[tokio::test]
 async fn fr01_the_session_created_on_a_pod_is_followed_there_also_after_a_join() {
-    let ips = [addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 2] = addr::ips();
     let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let client = cluster.client();
     // INIT (no session id) then INITD with the minted id, each entering at a random pod.
@@ -331,7 +332,7 @@ async fn fr01_the_session_created_on_a_pod_is_followed_there_also_after_a_join()
 
 #[tokio::test]
 async fn fr02_one_client_ip_spreads_sessions_and_health_checks_pin_nothing() {
-    let ips = [addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 2] = addr::ips();
     let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let client = cluster.client();
     let http = tether_tests::client::Http::new();
@@ -357,7 +358,7 @@ async fn fr02_one_client_ip_spreads_sessions_and_health_checks_pin_nothing() {
 
 #[tokio::test]
 async fn disagreeing_membership_reaches_the_holder_or_ends_in_404_never_loops() {
-    let ips = [addr::next_ip(), addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 3] = addr::ips();
     let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let (a, b, c) = (ips[0], ips[1], ips[2]);
     let on_c = cluster.client_of(&[c]);
@@ -412,7 +413,7 @@ async fn disagreeing_membership_reaches_the_holder_or_ends_in_404_never_loops() 
 
 #[tokio::test]
 async fn an_unreachable_home_ends_in_404_at_once_and_others_are_unaffected() {
-    let ips = [addr::next_ip(), addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 3] = addr::ips();
     let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let on_c = cluster.client_of(&ips[2..]);
     let on_a = cluster.client_of(&ips[..1]);
@@ -447,7 +448,7 @@ async fn an_unreachable_home_ends_in_404_at_once_and_others_are_unaffected() {
 
 #[tokio::test]
 async fn a_frozen_home_answers_503_after_its_health_probes_fail_and_recovers() {
-    let ips = [addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 2] = addr::ips();
     let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let session = cluster
         .client_of(&ips[1..])
@@ -492,7 +493,7 @@ async fn a_frozen_home_answers_503_after_its_health_probes_fail_and_recovers() {
 
 #[tokio::test]
 async fn fr15_an_initialize_with_a_stale_session_id_starts_a_new_session() {
-    let ips = [addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 2] = addr::ips();
     let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let stale = cluster
         .client_of(&ips[1..])
@@ -517,7 +518,7 @@ async fn fr15_an_initialize_with_a_stale_session_id_starts_a_new_session() {
 
 #[tokio::test]
 async fn dead_peers_never_turn_a_lost_or_new_session_into_a_5xx() {
-    let ips = [addr::next_ip(), addr::next_ip()];
+    let ips: [Ipv4Addr; 2] = addr::ips();
     let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let lost = cluster
         .client_of(&ips[1..])

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
+use tether_tests::addr;
 use tether_tests::client::{
     ACCEPT_BOTH, Session, body_text, expect_lost_session, header_str, initialize_body, result_text,
 };
@@ -350,7 +351,7 @@ async fn invalid_manifests_fail_at_start_naming_the_field() {
     let manifest = PodSpec::default()
         .manifest()
         .replace("maxEvents: 1024", "maxEvent: 1024");
-    let (code, stderr) = sidecar_exit(&manifest, "127.0.0.1").await;
+    let (code, stderr) = sidecar_exit(&manifest, &addr::next_ip().to_string()).await;
     assert_eq!(code, Some(2));
     assert!(stderr.contains("spec.buffer.maxEvent"), "{stderr}");
 }

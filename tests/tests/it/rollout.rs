@@ -7,20 +7,10 @@
 //!   took with them, none before the first pod stopped.
 //! - With migration `Pin`: no session sees its `counter` restart (its sessions never move).
 //!
-//! The runs use 127.0.0.40–57 and run one at a time (they share the machine's cores).
+//! Each run holds [`load::heavy`]: no other load runs beside it (they share the machine's cores).
 
-use std::net::Ipv4Addr;
-
-use tether_tests::addr;
+use tether_tests::load;
 use tether_tests::rollout::{self, RolloutConfig, RolloutReport};
-
-/// One rollout at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// `127.0.0.first` … for the old and new pods of a 3-pod rollout.
-fn ips(first: u8) -> Vec<Ipv4Addr> {
-    (first..first + 6).map(addr::fixed).collect()
-}
 
 /// The figures every run must reach, whatever it shows about 404s.
 fn assert_complete(report: &RolloutReport, sessions: u64, events: u64) {
@@ -45,18 +35,10 @@ fn assert_complete(report: &RolloutReport, sessions: u64, events: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_with_handoff_is_invisible_to_clients_unlike_the_baseline() {
-    let _serial = SERIAL.lock().await;
-    let cfg = RolloutConfig {
-        ips: ips(40),
-        ..RolloutConfig::default()
-    };
+    let _heavy = load::heavy().await;
+    let cfg = RolloutConfig::default();
     let handoff = rollout::run(&cfg).await.unwrap();
-    let baseline = rollout::run(&RolloutConfig {
-        ips: ips(46),
-        ..cfg.baseline()
-    })
-    .await
-    .unwrap();
+    let baseline = rollout::run(&cfg.baseline()).await.unwrap();
     println!("{}", rollout::table(&[&handoff, &baseline]));
     for report in [&handoff, &baseline] {
         for failure in report.load.failures.iter().take(10) {
@@ -91,12 +73,11 @@ async fn a_rollout_with_handoff_is_invisible_to_clients_unlike_the_baseline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_pin_no_session_sees_its_counter_restart() {
-    let _serial = SERIAL.lock().await;
+    let _heavy = load::heavy().await;
     let report = rollout::run(&RolloutConfig {
         sessions: 200,
         counter_fraction: 1.0,
         migration: "Pin".into(),
-        ips: ips(52),
         ..RolloutConfig::default()
     })
     .await

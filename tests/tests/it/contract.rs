@@ -18,15 +18,13 @@ use tether_operator::names::{CONFIG_KEY, Names, SECRET_KEY, SIDECAR_CONTAINER};
 use tether_operator::validate::validate;
 use tether_sidecar::cli::Cli;
 use tether_sidecar::config::{Config, MembershipConfig};
+use tether_tests::repo::read;
 
 const NAMESPACE: &str = "tools";
 const POD_IP: &str = "10.1.2.3";
 
 fn example(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/k8s")
-        .join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    read(format!("examples/k8s/{name}"))
 }
 
 /// The value the kubelet gives a downward-API `fieldRef` in this test's pod, whose template

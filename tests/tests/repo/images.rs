@@ -24,10 +24,9 @@
 //! [`each_check_fails_on_its_mutation`] shows that every check can fail.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 
-use clap::CommandFactory;
 use k8s_openapi::api::apps::v1::Deployment;
+use tether_tests::repo::{read, root};
 
 mod check;
 mod dockerfile;
@@ -38,15 +37,6 @@ use dockerfile::*;
 // ---------------------------------------------------------------------------------------------
 // The workspace
 // ---------------------------------------------------------------------------------------------
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn read(relative: &str) -> String {
-    let path = root().join(relative);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
 
 /// `(section, key, value)` of a Cargo manifest's `key = value` lines (each value on one line,
 /// as in this workspace); the n-th `[[bin]]` is section `bin#n`.
@@ -89,7 +79,7 @@ fn manifest_string(entries: &[(String, String, String)], section: &str, key: &st
 /// The package name of crate directory `dir` and its binaries (the `[[bin]]` names, else the
 /// package's own name when it has `src/main.rs`).
 fn package(dir: &str) -> (String, Vec<String>) {
-    let entries = manifest(&read(&format!("{dir}/Cargo.toml")));
+    let entries = manifest(&read(format!("{dir}/Cargo.toml")));
     let name = manifest_string(&entries, "package", "name");
     let mut bins: Vec<String> = entries
         .iter()
@@ -156,13 +146,31 @@ fn entrypoint_binary(dockerfile: &str) -> String {
     argv[0].rsplit('/').next().unwrap().to_owned()
 }
 
+/// The command name a built binary of the workspace reports: the first word of its `--version`.
+fn command_name(binary: &str) -> String {
+    let path = tether_tests::bins::path(binary).unwrap();
+    let out = std::process::Command::new(&path)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(out.status.success(), "{binary} --version: {out:?}");
+    let version = String::from_utf8_lossy(&out.stdout);
+    version
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("{binary} --version printed nothing"))
+        .to_owned()
+}
+
 // ---------------------------------------------------------------------------------------------
 // The repository's images
 // ---------------------------------------------------------------------------------------------
 
 #[test]
 fn sidecar_image_runs_the_sidecar_as_the_injected_container_does() {
-    let binary = tether_sidecar::cli::Cli::command().get_name().to_owned();
+    // The name the sidecar's command line gives itself (clap's command name, which `--version`
+    // prints whatever the file is called): the binary itself, not linked here.
+    let binary = command_name("tether-sidecar");
     let (_, bins) = package("sidecar");
     assert_eq!(
         bins,

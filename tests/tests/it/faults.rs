@@ -1,7 +1,6 @@
 //! Fault injection around a session handoff (issue #4 item 5; DESIGN.md §3.2, §3.4).
 //!
-//! Every scenario runs on 2 or 3 pods on fixed addresses of 127.0.0.80–119: the sessions under
-//! test start on the first pod, A; A drains (`draining` in the membership, then `POST /drain`)
+//! Every scenario runs on 2 or 3 pods: the sessions under test start on the first pod, A; A drains (`draining` in the membership, then `POST /drain`)
 //! and hands them to its peers; the fault happens around the move. Test names carry the ids of
 //! the requirement checklist (`mcp-spec.md`) and of the field reports they replay.
 //!
@@ -28,7 +27,6 @@ use http::{Method, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 use sse_stream::Sse;
-use tether_tests::addr;
 use tether_tests::call::{CallOutcome, Reader, STALL, slow_body};
 use tether_tests::client::{
     ACCEPT_BOTH, Events, Http, McpClient, Session, body_text, expect_lost_session, header_str,
@@ -36,6 +34,7 @@ use tether_tests::client::{
 };
 use tether_tests::cluster::Cluster;
 use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
+use tether_tests::{addr, load};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -51,9 +50,9 @@ struct Scenario {
 }
 
 impl Scenario {
-    /// `pods` pods on 127.0.0.`first`… with `spec`.
-    async fn start(first: u8, pods: u8, spec: PodSpec) -> Self {
-        let ips: Vec<Ipv4Addr> = (first..first + pods).map(addr::fixed).collect();
+    /// `pods` pods with `spec`.
+    async fn start(pods: usize, spec: PodSpec) -> Self {
+        let ips: Vec<Ipv4Addr> = (0..pods).map(|_| addr::next_ip()).collect();
         let cluster = Cluster::start(&ips, spec).await.unwrap();
         Self {
             cluster,
@@ -461,7 +460,7 @@ async fn expect_400(resp: Response<Incoming>, reason: &str) -> Result<(), String
 /// event exactly once and the result. The tool ran once, on A.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r05_a_lost_priming_event_resumes_from_key_0_at_the_new_holder() {
-    let mut s = Scenario::start(80, 2, PodSpec::default()).await;
+    let mut s = Scenario::start(2, PodSpec::default()).await;
     let (via_a, via_b) = (s.via_a(), s.via_rest());
     let live = s.on_a("2025-11-25").await;
     let late = s.on_a("2025-11-25").await;
@@ -498,7 +497,7 @@ async fn r05_a_lost_priming_event_resumes_from_key_0_at_the_new_holder() {
 /// events (ids of its stream, its progress token, its answer), none twice, none lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r01_r03_fr9_interleaved_streams_resume_each_on_its_own_after_the_move() {
-    let mut s = Scenario::start(82, 3, PodSpec::default()).await;
+    let mut s = Scenario::start(3, PodSpec::default()).await;
     let via_a = s.via_a();
     let mut calls = Vec::new();
     for (n, version) in [(1u32, "2025-06-18"), (2, "2025-11-25")] {
@@ -545,7 +544,7 @@ async fn r01_r03_fr9_interleaved_streams_resume_each_on_its_own_after_the_move()
 /// response, or the rest, resumes with the last id: a clean end, no event again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r03_a_resume_replays_only_what_follows_the_acknowledged_event() {
-    let mut s = Scenario::start(85, 3, PodSpec::default()).await;
+    let mut s = Scenario::start(3, PodSpec::default()).await;
     let via_a = s.via_a();
     let session = s.on_a("2025-11-25").await;
     let whole = s.completed_on_a(&session, 2, "ack-whole", 3).await;
@@ -580,7 +579,6 @@ async fn r03_a_resume_replays_only_what_follows_the_acknowledged_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r03_foreign_garbage_ahead_and_evicted_cursors_are_400_after_the_move() {
     let mut s = Scenario::start(
-        88,
         3,
         PodSpec {
             max_events: 3,
@@ -656,7 +654,6 @@ async fn r03_foreign_garbage_ahead_and_evicted_cursors_are_400_after_the_move() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s05_a_running_call_keeps_its_session_across_the_move_then_it_expires() {
     let mut s = Scenario::start(
-        91,
         2,
         PodSpec {
             idle_timeout: "2s".into(),
@@ -701,7 +698,7 @@ async fn s05_a_running_call_keeps_its_session_across_the_move_then_it_expires() 
 /// not list sessions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s05_s07_a_delete_whose_answer_was_lost_is_404_when_retried_anywhere() {
-    let mut s = Scenario::start(93, 3, PodSpec::default()).await;
+    let mut s = Scenario::start(3, PodSpec::default()).await;
     let via_a = s.via_a();
     let session = s.on_a("2025-11-25").await;
     let answer = via_a
@@ -766,7 +763,7 @@ async fn s05_s07_a_delete_whose_answer_was_lost_is_404_when_retried_anywhere() {
 /// never as 2025-03-26; after the old pod stopped too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p02_requests_without_the_version_header_use_the_negotiated_one_after_the_move() {
-    let mut s = Scenario::start(96, 3, PodSpec::default()).await;
+    let mut s = Scenario::start(3, PodSpec::default()).await;
     let via_a = s.via_a();
     let session = s.on_a("2025-11-25").await;
     let mut call = s.cut_on_a(&session, (2, "nover"), (6, 150), 2).await;
@@ -802,7 +799,7 @@ async fn p02_requests_without_the_version_header_use_the_negotiated_one_after_th
 /// the session lives on. The allowed Origin, also spelled differently, gets 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn o01_o02_altered_origins_are_403_at_every_entry_and_reach_no_upstream() {
-    let mut s = Scenario::start(99, 3, PodSpec::default()).await;
+    let mut s = Scenario::start(3, PodSpec::default()).await;
     let session = s.on_a("2025-11-25").await;
     let call = s.completed_on_a(&session, 2, "origin", 2).await;
     let cursor = call.cursor();
@@ -921,8 +918,8 @@ const STORM: usize = 300;
 /// 404, no 5xx; the rate served stays within the budget plus the burst; the metrics agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn r03_a_resume_storm_stays_within_the_budget_and_loses_nothing() {
+    let _heavy = load::heavy().await;
     let mut s = Scenario::start(
-        102,
         2,
         PodSpec {
             sidecar_args: vec!["--resume-budget".into(), BUDGET.to_string()],
@@ -1107,8 +1104,9 @@ async fn follow_call(
 /// event or one twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn s06_r01_a_pod_killed_mid_handoff_loses_only_unacknowledged_sessions() {
+    let _heavy = load::heavy().await;
     const SESSIONS: usize = 100;
-    let mut s = Scenario::start(104, 3, PodSpec::default()).await;
+    let mut s = Scenario::start(3, PodSpec::default()).await;
     let via_rest = s.via_rest();
     let mut sessions = Vec::new();
     for i in 0..SESSIONS {

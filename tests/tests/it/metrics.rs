@@ -1,7 +1,7 @@
-//! The user documentation against the code (issue 6): `docs/reference/metrics.md` lists exactly the
-//! metrics the sidecar and the operator register, each with its type, and the Grafana dashboard
-//! `charts/tether/dashboards/tether.json` parses, has the variables it documents and queries only
-//! series the sidecar and the operator expose.
+//! The metrics reference against the registries: `docs/reference/metrics.md` lists exactly the
+//! metrics the sidecar and the operator register, each with its type, the guides name only
+//! metrics that exist, and the Grafana dashboard `charts/tether/dashboards/tether.json` queries
+//! only series the sidecar and the operator expose (its shape is checked in `repo/docs.rs`).
 //!
 //! The metric families come from the registries themselves, as `# TYPE` lines of their text
 //! encoding. A labelled family prints nothing until it has a sample, so the test records one in
@@ -9,17 +9,9 @@
 //! fails the test instead of going unnoticed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
 use serde_json::Value;
-
-/// A file of the repository, by its path from the workspace root.
-fn read(path: &str) -> String {
-    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(path);
-    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
+use tether_tests::repo::read;
 
 /// One registered metric family: its name as exposed (counters with `_total`) and its type.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -329,49 +321,5 @@ fn the_dashboard_queries_only_metrics_that_exist() {
             used.contains(needed),
             "the dashboard has no panel on {needed}"
         );
-    }
-}
-
-#[test]
-fn the_dashboard_has_its_variables_and_uses_the_datasource_variable() {
-    let dashboard = dashboard();
-    assert_eq!(dashboard["schemaVersion"], 39);
-    let variables: BTreeMap<&str, &str> = dashboard["templating"]["list"]
-        .as_array()
-        .expect("templating.list")
-        .iter()
-        .map(|v| {
-            (
-                v["name"].as_str().unwrap_or_default(),
-                v["type"].as_str().unwrap_or_default(),
-            )
-        })
-        .collect();
-    assert_eq!(variables.get("datasource"), Some(&"datasource"));
-    assert_eq!(variables.get("namespace"), Some(&"query"));
-    assert_eq!(variables.get("pod"), Some(&"query"));
-    let panels = dashboard["panels"].as_array().expect("panels");
-    let mut ids = BTreeSet::new();
-    for panel in panels {
-        let title = panel["title"].as_str().unwrap_or_default();
-        assert!(
-            ids.insert(panel["id"].as_i64().expect("a panel id")),
-            "duplicate panel id at {title}"
-        );
-        if panel["type"] == "row" {
-            continue;
-        }
-        assert_eq!(
-            panel["datasource"]["uid"], "${datasource}",
-            "panel {title} does not use the datasource variable"
-        );
-        let targets = panel["targets"].as_array().expect("targets");
-        assert!(!targets.is_empty(), "panel {title} has no query");
-        for t in targets {
-            assert_eq!(
-                t["datasource"]["uid"], "${datasource}",
-                "a query of {title}"
-            );
-        }
     }
 }

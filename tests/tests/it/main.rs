@@ -1,0 +1,18 @@
+//! The multi-process integration tests of tether, in one binary: real `tether-sidecar` and
+//! `tether-example-server` processes on 127.0.0.0/8 driven by the `tether-tests` harness, plus
+//! the checks that need the sidecar's own types (the operator ↔ sidecar contract, the metrics
+//! reference). One module per area; `docs/dev/testing.md` says how to run one of them.
+
+mod admission;
+mod bad_input;
+mod contract;
+mod drain;
+mod faults;
+mod handoff;
+mod metrics;
+mod real_client;
+mod rollout;
+mod routing;
+mod sessions;
+mod stateless;
+mod streams;
