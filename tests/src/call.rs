@@ -3,14 +3,18 @@
 //! The call's progress token is its `call_id`, so every message can be attributed: a progress
 //! notification with another token, or a response with another id, is *foreign*; a progress
 //! value or result received twice, or an event id seen twice, is *duplicated*; a progress value
-//! or the result never received is *lost*. The client cuts its connection after the planned
-//! numbers of messages and resumes with `GET` + `Last-Event-ID`, as the spec tells clients to
-//! a stream that ends before the result is resumed the same way. A resume answered
-//! 404 ends the call: the session is gone (S-05), the rest of its events are lost.
+//! or the result never received is *lost*; an event whose id names another stream is foreign
+//! too.
 //!
-//! [`Reader`] does the attribution for any reader of a call's stream, so scenarios that drive
-//! the connections themselves (the fault-injection tests) check events the same way; it also
-//! counts an event whose id names another stream as foreign.
+//! A [`Tracked`] call attributes the events of every connection that reads its stream (the
+//! first response and each resume) into one [`CallOutcome`]: the tests that drive the
+//! connections themselves (the fault-injection scenarios) cut, resume and reconnect it step by
+//! step, and [`Tracked::follow`] follows its stream to the answer like EventSource
+//! ([`crate::follow`]). [`slow`] runs a whole call on a [`CallPlan`]: the client cuts its
+//! connection after the planned numbers of messages and resumes with `GET` + `Last-Event-ID`,
+//! as the spec tells clients to; a stream that ends before the result is resumed
+//! the same way. A resume answered 404 ends the call: the session is gone (S-05), the rest of
+//! its events are lost.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -22,12 +26,11 @@ use sse_stream::Sse;
 use crate::client::{
     Events, McpClient, Session, body_text, is_sse, result_text, tool_call, unexpected,
 };
+use crate::follow::{self, Follow, Refusal, Resumed};
 use crate::{HarnessError, Result};
 
 /// Longest silence on a stream before the call is declared stuck.
 pub const STALL: Duration = Duration::from_secs(20);
-/// Most resumes after the stream ended without a result (server-side closes).
-const MAX_RECONNECTS: u32 = 20;
 
 /// How to run the call.
 #[derive(Clone, Debug)]
@@ -45,6 +48,17 @@ pub struct CallPlan {
 }
 
 impl CallPlan {
+    /// A plan of `count` progress notifications `interval_ms` apart, read without a cut.
+    pub fn steady(count: u32, interval_ms: u64) -> Self {
+        Self {
+            count,
+            interval_ms,
+            cuts: Vec::new(),
+            pause: Duration::ZERO,
+            close_after: None,
+        }
+    }
+
     /// A plan of `count` progress notifications `interval_ms` apart that, with probability
     /// `cut_probability`, cuts the connection once or twice at random points and resumes after
     /// a random pause of at most `max_pause_ms`.
@@ -59,12 +73,20 @@ impl CallPlan {
             cuts.dedup();
         }
         Self {
-            count,
-            interval_ms,
             cuts,
             pause: Duration::from_millis(rand::random_range(0..=max_pause_ms)),
-            close_after: None,
+            ..Self::steady(count, interval_ms)
         }
+    }
+
+    /// The body of this plan's `slow` call: request `request_id`, with `call_id` as its call id
+    /// and progress token.
+    pub fn body(&self, request_id: u64, call_id: &str) -> Value {
+        let mut body = slow_body(request_id, call_id, self.count, self.interval_ms);
+        if let Some(k) = self.close_after {
+            body["params"]["arguments"]["close_after"] = json!(k);
+        }
+        body
     }
 }
 
@@ -109,7 +131,7 @@ pub fn slow_body(request_id: u64, call_id: &str, count: u32, interval_ms: u64) -
     )
 }
 
-/// Runs `slow` as request `request_id` with `call_id` (also its progress token).
+/// Runs `slow` on `plan` as request `request_id` with `call_id` (also its progress token).
 ///
 /// # Errors
 /// [`HarnessError`] when the first POST fails outright; later problems are recorded in
@@ -121,93 +143,292 @@ pub async fn slow(
     call_id: &str,
     plan: &CallPlan,
 ) -> Result<CallOutcome> {
-    let mut args =
-        json!({"count": plan.count, "interval_ms": plan.interval_ms, "call_id": call_id});
-    if let Some(k) = plan.close_after {
-        args["close_after"] = json!(k);
-    }
-    let body = tool_call(request_id, "slow", args, Some(call_id));
-    let resp = client.post(Some(session), &body, &[]).await?;
-    let mut out = CallOutcome::default();
-    if resp.status() != StatusCode::OK {
-        return Err(unexpected("tools/call slow", resp).await);
-    }
-    if !is_sse(&resp) {
-        return Err(HarnessError::Protocol(format!(
-            "slow answered without SSE: {}",
-            body_text(resp).await?
-        )));
-    }
-    let mut events = Events::new(resp);
-    let mut reader = Reader::new(request_id, call_id);
-    let mut cuts = plan.cuts.iter().copied().peekable();
-    let mut messages = 0u32;
-    let mut reconnects = 0;
-    while out.result.is_none() {
-        let Some(ev) = events.next_within(STALL).await else {
-            // The stream ended (or stalled) before the result: resume like EventSource would.
-            reconnects += 1;
-            let Some(cursor) = reader
-                .last_id
-                .clone()
-                .filter(|_| reconnects <= MAX_RECONNECTS)
-            else {
-                out.failures
-                    .push(format!("{call_id}: stream ended without a result"));
-                break;
-            };
-            // A server that closed the stream with a `retry` hint is reconnected to after it,
-            // as EventSource does (spec R-07).
-            if let Some(wait) = reader.retry.take() {
-                tokio::time::sleep(wait).await;
-            }
-            match resume(client, session, &cursor, &mut out).await {
-                Some(e) => events = e,
-                None => break,
-            }
-            continue;
-        };
-        if !reader.take(ev, &mut out) {
-            continue; // priming event
+    let (mut call, mut events) = Tracked::post(client, session, request_id, call_id, plan).await?;
+    let how = Follow::default();
+    for &cut in &plan.cuts {
+        match call
+            .follow(client, session, events, &how, Some(u64::from(cut)))
+            .await
+        {
+            Stop::Reached(open) => drop(open),
+            _ => return Ok(call.out),
         }
-        messages += 1;
-        if out.result.is_none() && cuts.peek() == Some(&messages) {
-            cuts.next();
+        tokio::time::sleep(plan.pause).await;
+        if call.reader.last_id.is_none() {
+            call.out
+                .failures
+                .push(format!("{call_id}: no event id to resume from"));
+            return Ok(call.out);
+        }
+        match call.resume_now(client, session, &[]).await {
+            Ok(resumed) => events = resumed,
+            Err(_) => return Ok(call.out),
+        }
+    }
+    call.follow(client, session, events, &how, None).await;
+    Ok(call.out)
+}
+
+/// One `slow` call as its client sees it, over every connection that reads it.
+#[derive(Clone, Debug)]
+pub struct Tracked {
+    reader: Reader,
+    /// What arrived, and what went wrong.
+    pub out: CallOutcome,
+    /// Progress notifications the call sends.
+    pub count: u32,
+    /// Reconnects refused with `Retry-After` (only statuses a caller asked to retry).
+    pub refused: Vec<Refusal>,
+    /// Reconnects after the stream ended before the answer, over the call.
+    reconnects: u32,
+}
+
+/// Where [`Tracked::follow`] stopped.
+#[derive(Debug)]
+pub enum Stop {
+    /// The answer arrived.
+    Answered,
+    /// The call's messages reached the number asked for; the stream is still open.
+    Reached(Events),
+    /// A reconnect was answered 404: the session is gone (counted in [`CallOutcome::not_found`]).
+    Gone,
+    /// The stream kept ending without the answer ([`Follow::reconnects`] spent, or no event id
+    /// to resume from), or a reconnect failed: recorded in [`CallOutcome::failures`].
+    Failed,
+}
+
+impl Tracked {
+    /// Request `id`, a `slow` call of `count` progress notifications with `call_id`, before any
+    /// event was read.
+    pub fn new(id: u64, call_id: &str, count: u32) -> Self {
+        Self {
+            reader: Reader::new(id, call_id),
+            out: CallOutcome::default(),
+            count,
+            refused: Vec::new(),
+            reconnects: 0,
+        }
+    }
+
+    /// POSTs the `slow` call of `plan` as request `id` via `client`; returns the call and its
+    /// stream.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the POST fails or is not answered with 200 and an SSE stream.
+    pub async fn post(
+        client: &McpClient,
+        session: &Session,
+        id: u64,
+        call_id: &str,
+        plan: &CallPlan,
+    ) -> Result<(Self, Events)> {
+        let resp = client
+            .post(Some(session), &plan.body(id, call_id), &[])
+            .await?;
+        if resp.status() != StatusCode::OK {
+            return Err(unexpected("tools/call slow", resp).await);
+        }
+        if !is_sse(&resp) {
+            return Err(HarnessError::Protocol(format!(
+                "slow answered without SSE: {}",
+                body_text(resp).await?
+            )));
+        }
+        Ok((Self::new(id, call_id, plan.count), Events::new(resp)))
+    }
+
+    /// Takes one event; returns whether it carried a message (a priming event does not).
+    pub fn take(&mut self, ev: Sse) -> bool {
+        self.reader.take(ev, &mut self.out)
+    }
+
+    /// Reads `events` until `n` more messages arrived (10 s at most each).
+    ///
+    /// # Panics
+    /// When the stream ends or stalls first.
+    pub async fn take_messages(&mut self, events: &mut Events, n: usize) {
+        let mut got = 0;
+        while got < n {
+            let ev = events
+                .next_within(Duration::from_secs(10))
+                .await
+                .expect("the stream ended or stalled");
+            got += usize::from(self.take(ev));
+        }
+    }
+
+    /// Reads `events` to the answer, or to the end of this one stream (no reconnect).
+    pub async fn finish(&mut self, mut events: Events) {
+        while self.out.result.is_none() {
+            match events.next_within(STALL).await {
+                Some(ev) => {
+                    self.take(ev);
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// The key of the stream read (from the first event id).
+    pub fn stream(&self) -> Option<&str> {
+        self.reader.stream.as_deref()
+    }
+
+    /// The cursor a client resumes from: the last event id it read.
+    ///
+    /// # Panics
+    /// When no event with an id was read yet.
+    pub fn cursor(&self) -> String {
+        self.reader.last_id.clone().expect("an event id was read")
+    }
+
+    /// Reconnects after the last event read (GET + `Last-Event-ID`, spec R-03) via `client`,
+    /// retrying a refusal whose status is in `retry_on` after its `Retry-After`
+    /// ([`follow::reconnect`]); returns the stream, or `None` for the 404 of a lost session.
+    ///
+    /// # Errors
+    /// What went wrong, when the answer is neither.
+    pub async fn reconnect(
+        &mut self,
+        client: &McpClient,
+        session: &Session,
+        retry_on: &[StatusCode],
+    ) -> Result<Option<Events>, String> {
+        let cursor = self.cursor();
+        let resumed =
+            follow::reconnect(client, session, Some(&cursor), retry_on, &mut self.refused).await?;
+        Ok(match resumed {
+            Resumed::Stream(events) => Some(events),
+            Resumed::Gone => None,
+        })
+    }
+
+    /// Resumes after the last event read, via `client`, and reads to the answer (on that one
+    /// stream).
+    ///
+    /// # Errors
+    /// When the resume is refused, or answered 404.
+    pub async fn resume(&mut self, client: &McpClient, session: &Session) -> Result<(), String> {
+        match self.reconnect(client, session, &[]).await? {
+            Some(events) => {
+                self.finish(events).await;
+                Ok(())
+            }
+            None => Err(format!("resume after {} answered 404", self.cursor())),
+        }
+    }
+
+    /// Every progress value and the answer arrived exactly once, nothing foreign.
+    ///
+    /// # Errors
+    /// What the client received, when it is not that.
+    pub fn whole(&self) -> Result<(), String> {
+        let o = &self.out;
+        let done = format!("done {}", self.count);
+        if o.lost(self.count) == 0
+            && o.duplicated == 0
+            && o.foreign == 0
+            && o.failures.is_empty()
+            && o.result.as_deref() == Some(done.as_str())
+        {
+            Ok(())
+        } else {
+            Err(format!("call of {} progress: {o:?}", self.count))
+        }
+    }
+
+    /// The progress values received after the first `n`.
+    pub fn progress_after(&self, n: usize) -> &[u32] {
+        self.out.progress.get(n..).unwrap_or_default()
+    }
+
+    /// Reads `events` and follows the stream like EventSource until the answer arrived (or,
+    /// with `until`, the call's messages reached that number): when the stream ends or stalls
+    /// for [`Follow::stall`] before, waits the last `retry` hint read ([`Follow::retry`]
+    /// without one, spec R-07) and reconnects via `client` after the last event read, at most
+    /// [`Follow::reconnects`] times over the call.
+    pub async fn follow(
+        &mut self,
+        client: &McpClient,
+        session: &Session,
+        mut events: Events,
+        how: &Follow,
+        until: Option<u64>,
+    ) -> Stop {
+        while self.out.result.is_none() {
+            if until.is_some_and(|n| self.out.events >= n) {
+                return Stop::Reached(events);
+            }
+            if let Some(ev) = events.next_within(how.stall).await {
+                self.take(ev);
+                continue;
+            }
+            // The stream ended (or stalled) before the answer: resume like EventSource would.
             drop(events);
-            tokio::time::sleep(plan.pause).await;
-            let Some(cursor) = reader.last_id.clone() else {
-                out.failures
-                    .push(format!("{call_id}: no event id to resume from"));
-                break;
-            };
-            match resume(client, session, &cursor, &mut out).await {
-                Some(e) => events = e,
-                None => break,
+            self.reconnects += 1;
+            if self.reconnects > how.reconnects || self.reader.last_id.is_none() {
+                let call_id = &self.reader.call_id;
+                self.out
+                    .failures
+                    .push(format!("{call_id}: stream ended without a result"));
+                return Stop::Failed;
+            }
+            tokio::time::sleep(self.reader.retry.unwrap_or(how.retry)).await;
+            match self.resume_now(client, session, &how.retry_on).await {
+                Ok(resumed) => events = resumed,
+                Err(stop) => return stop,
+            }
+        }
+        Stop::Answered
+    }
+
+    /// Reconnects now after the last event read, recording the time to the answer's headers
+    /// in [`CallOutcome::resumes`]; a 404 ([`Stop::Gone`]) is counted in
+    /// [`CallOutcome::not_found`], any other failure ([`Stop::Failed`]) recorded in
+    /// [`CallOutcome::failures`].
+    async fn resume_now(
+        &mut self,
+        client: &McpClient,
+        session: &Session,
+        retry_on: &[StatusCode],
+    ) -> Result<Events, Stop> {
+        let started = Instant::now();
+        match self.reconnect(client, session, retry_on).await {
+            Ok(Some(events)) => {
+                self.out.resumes.push(started.elapsed());
+                Ok(events)
+            }
+            Ok(None) => {
+                self.out.not_found += 1;
+                Err(Stop::Gone)
+            }
+            Err(e) => {
+                self.out.failures.push(e);
+                Err(Stop::Failed)
             }
         }
     }
-    Ok(out)
 }
 
 /// Attributes the events of one call's stream, across the connections that read it (the
 /// first response and every resume): event ids seen twice are duplicated, events whose id names
 /// another stream (spec) and messages of other requests are foreign.
 #[derive(Clone, Debug)]
-pub struct Reader {
+struct Reader {
     request_id: u64,
     call_id: String,
     seen_ids: HashSet<String>,
     /// The stream key of the first event id (`<key>-<seq>`).
     stream: Option<String>,
     /// The id of the last event read (priming events included): the cursor to resume from.
-    pub last_id: Option<String>,
+    last_id: Option<String>,
     /// The last `retry` hint read: how long to wait before reconnecting (spec R-07).
-    pub retry: Option<Duration>,
+    retry: Option<Duration>,
 }
 
 impl Reader {
     /// A reader of the stream of request `request_id`, a `slow` call with `call_id`.
-    pub fn new(request_id: u64, call_id: &str) -> Self {
+    fn new(request_id: u64, call_id: &str) -> Self {
         Self {
             request_id,
             call_id: call_id.to_owned(),
@@ -218,14 +439,9 @@ impl Reader {
         }
     }
 
-    /// The key of the stream read (from the first event id).
-    pub fn stream(&self) -> Option<&str> {
-        self.stream.as_deref()
-    }
-
     /// Takes one event into `out`; returns whether it carried a message (priming events and
     /// events without data do not).
-    pub fn take(&mut self, ev: Sse, out: &mut CallOutcome) -> bool {
+    fn take(&mut self, ev: Sse, out: &mut CallOutcome) -> bool {
         if let Some(ms) = ev.retry {
             self.retry = Some(Duration::from_millis(ms));
         }
@@ -248,55 +464,6 @@ impl Reader {
         out.events += 1;
         classify(&data, self.request_id, &self.call_id, out);
         true
-    }
-
-    /// Reads `events` into `out` until the call's answer arrived, the stream ended, or nothing
-    /// came for `within`; returns whether the stream ended or stalled before the answer.
-    pub async fn read(
-        &mut self,
-        events: &mut Events,
-        out: &mut CallOutcome,
-        within: Duration,
-    ) -> bool {
-        while out.result.is_none() {
-            match events.next_within(within).await {
-                Some(ev) => {
-                    self.take(ev, out);
-                }
-                None => return true,
-            }
-        }
-        false
-    }
-}
-
-async fn resume(
-    client: &McpClient,
-    session: &Session,
-    cursor: &str,
-    out: &mut CallOutcome,
-) -> Option<Events> {
-    let started = Instant::now();
-    match client.get(session, Some(cursor)).await {
-        Ok(resp) if resp.status() == StatusCode::OK && is_sse(&resp) => {
-            out.resumes.push(started.elapsed());
-            Some(Events::new(resp))
-        }
-        Ok(resp) if resp.status() == StatusCode::NOT_FOUND => {
-            out.not_found += 1;
-            None
-        }
-        Ok(resp) => {
-            let status = resp.status();
-            let body = body_text(resp).await.unwrap_or_default();
-            out.failures
-                .push(format!("resume answered {status}: {body:.200}"));
-            None
-        }
-        Err(e) => {
-            out.failures.push(format!("resume failed: {e}"));
-            None
-        }
     }
 }
 

@@ -124,6 +124,12 @@ pub struct Events {
     inner: Pin<Box<dyn Stream<Item = std::result::Result<Sse, sse_stream::Error>> + Send>>,
 }
 
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Events").finish_non_exhaustive()
+    }
+}
+
 impl Events {
     /// The events of `resp` (which must be `text/event-stream`).
     pub fn new(resp: Response<Incoming>) -> Self {
@@ -146,6 +152,25 @@ impl Events {
             .await
             .ok()
             .flatten()
+    }
+
+    /// The events the stream still carries until it ends.
+    ///
+    /// # Errors
+    /// [`HarnessError::Protocol`] when it stalls for `within` before its end.
+    pub async fn rest(&mut self, within: Duration) -> Result<Vec<Sse>> {
+        let mut out = Vec::new();
+        loop {
+            match tokio::time::timeout(within, self.next()).await {
+                Ok(Some(ev)) => out.push(ev),
+                Ok(None) => return Ok(out),
+                Err(_) => {
+                    return Err(HarnessError::Protocol(format!(
+                        "the stream stalled after {out:?}"
+                    )));
+                }
+            }
+        }
     }
 }
 
@@ -245,13 +270,8 @@ impl McpClient {
                 .http
                 .send(method.clone(), &self.entry(), headers, body.clone())
                 .await?;
-            let busy = matches!(
-                resp.status(),
-                StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
-            );
-            let wait = header_str(&resp, "retry-after").and_then(|v| v.parse::<u64>().ok());
-            match wait {
-                Some(secs) if busy && self.honour_retry_after && attempt < RETRY_AFTER_ATTEMPTS => {
+            match crate::follow::retry_after(&resp) {
+                Some(secs) if self.honour_retry_after && attempt < RETRY_AFTER_ATTEMPTS => {
                     tokio::time::sleep(Duration::from_secs(secs).min(RETRY_AFTER_CAP)).await;
                     attempt += 1;
                 }
@@ -419,7 +439,7 @@ pub fn header_str<B>(resp: &Response<B>, name: &str) -> Option<String> {
 }
 
 /// The JSON-RPC error object of an error answer, with its status. Such answers are
-/// `application/json` and never carry a session id (field report 6).
+/// `application/json` and never carry a session id.
 ///
 /// # Errors
 /// [`HarnessError::Protocol`] naming what differs.
@@ -440,21 +460,38 @@ pub async fn json_error(resp: Response<Incoming>) -> Result<(StatusCode, Value)>
     })
 }
 
+/// Checks that `resp` is a JSON-RPC error answer ([`json_error`]) with `status` and
+/// `data.reason` = `reason`; returns the error object.
+///
+/// # Errors
+/// [`HarnessError::Protocol`] naming what differs.
+pub async fn expect_error(
+    resp: Response<Incoming>,
+    status: StatusCode,
+    reason: &str,
+) -> Result<Value> {
+    let (got, error) = json_error(resp).await?;
+    if got == status && error["data"]["reason"] == reason {
+        Ok(error)
+    } else {
+        Err(HarnessError::Protocol(format!(
+            "expected {status} {reason}, got {got}: {error}"
+        )))
+    }
+}
+
 /// Checks that `resp` is the 404 of a lost session (spec S-05, S-06): JSON-RPC error -32001
 /// with `data.reason` = `session_not_found`.
 ///
 /// # Errors
 /// [`HarnessError::Protocol`] naming what differs.
 pub async fn expect_lost_session(resp: Response<Incoming>) -> Result<()> {
-    let (status, error) = json_error(resp).await?;
-    if status == StatusCode::NOT_FOUND
-        && error["code"] == -32001
-        && error["data"]["reason"] == "session_not_found"
-    {
+    let error = expect_error(resp, StatusCode::NOT_FOUND, "session_not_found").await?;
+    if error["code"] == -32001 {
         Ok(())
     } else {
         Err(HarnessError::Protocol(format!(
-            "expected the 404 of a lost session, got {status}: {error}"
+            "expected the 404 of a lost session (-32001), got {error}"
         )))
     }
 }

@@ -11,8 +11,11 @@
 //! - [`client`]: an MCP client on hyper that can cut its connection and resume with
 //!   `Last-Event-ID`;
 //! - [`call`]: one `slow` tool call with cuts and resumes, checked event by event;
+//! - [`follow`]: reconnecting to a stream like EventSource (retry hint, `Retry-After`, 404);
 //! - [`load`]: many concurrent sessions of such calls, summed up in a [`load::Report`];
 //! - [`rollout`]: a rolling replacement of every pod under such a load, in a [`rollout::RolloutReport`];
+//! - [`scenario`]: a cluster whose first pod drains and hands its sessions off, for faults
+//!   injected around the move;
 //! - [`relay`]: a TCP relay that cuts every connection on demand (for clients we do not control);
 //! - [`addr`]: unique loopback addresses per test;
 //! - [`repo`]: files of this repository, for the tests that check them;
@@ -23,11 +26,13 @@ pub mod bins;
 pub mod call;
 pub mod client;
 pub mod cluster;
+pub mod follow;
 pub mod load;
 pub mod pod;
 pub mod relay;
 pub mod repo;
 pub mod rollout;
+pub mod scenario;
 pub mod table;
 
 /// Errors of the harness.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 use serde_json::Value;
 use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
 
 use crate::client::{Http, McpClient, body_text};
 use crate::{HarnessError, Result, addr, bins};
@@ -284,20 +285,13 @@ impl Pod {
     /// # Errors
     /// [`HarnessError`] when the exchange fails or the body is not JSON.
     pub async fn drain(&self, method: Method) -> Result<Drained> {
-        let started = Instant::now();
-        let resp = self
-            .http
-            .send(method, &format!("{}/drain", self.admin_url), &[], None)
-            .await?;
-        let status = resp.status();
-        let text = body_text(resp).await?;
-        let body = serde_json::from_str(&text)
-            .map_err(|e| HarnessError::Protocol(format!("/drain answered {text:?}: {e}")))?;
-        Ok(Drained {
-            status,
-            body,
-            elapsed: started.elapsed(),
-        })
+        drain(&self.http, &self.admin_url, method).await
+    }
+
+    /// [`Pod::drain`] in a task of its own, so that the caller acts while the pod drains.
+    pub fn start_drain(&self, method: Method) -> JoinHandle<Result<Drained>> {
+        let (http, admin_url) = (self.http.clone(), self.admin_url.clone());
+        tokio::spawn(async move { drain(&http, &admin_url, method).await })
     }
 
     /// The sidecar's peak resident set size in bytes (`VmHWM` in `/proc/<pid>/status`).
@@ -410,6 +404,23 @@ pub struct Drained {
     pub body: Value,
     /// Wall time from the request to the answer.
     pub elapsed: Duration,
+}
+
+/// `method /drain` on the admin listener at `admin_url`.
+async fn drain(http: &Http, admin_url: &str, method: Method) -> Result<Drained> {
+    let started = Instant::now();
+    let resp = http
+        .send(method, &format!("{admin_url}/drain"), &[], None)
+        .await?;
+    let status = resp.status();
+    let text = body_text(resp).await?;
+    let body = serde_json::from_str(&text)
+        .map_err(|e| HarnessError::Protocol(format!("/drain answered {text:?}: {e}")))?;
+    Ok(Drained {
+        status,
+        body,
+        elapsed: started.elapsed(),
+    })
 }
 
 /// The value of metric sample `sample` (name and labels, e.g. `tether_drain_seconds_count`) in

@@ -19,7 +19,8 @@ use tokio::task::JoinHandle;
 
 use super::clients::Figures;
 use crate::Result;
-use crate::client::{Events, McpClient, Session, body_text, is_sse, unexpected};
+use crate::client::{Events, McpClient, Session, is_sse, unexpected};
+use crate::follow::{self, Resumed};
 
 /// Attempts to resume the stream before the reader gives up.
 const RESUME_ATTEMPTS: u32 = 5;
@@ -218,28 +219,25 @@ impl Reader {
                 return None;
             }
             let started = Instant::now();
-            let failure = match self.client.get(&self.session, cursor).await {
-                Ok(resp) if resp.status() == StatusCode::OK && is_sse(&resp) => {
-                    if cursor.is_some() {
-                        let report = &mut lock(&self.heard).figures.report;
-                        report.resumes += 1;
-                        report.resume_latencies.push(started.elapsed());
+            let (client, session) = (&self.client, &self.session);
+            let failure =
+                match follow::reconnect(client, session, cursor, &[], &mut Vec::new()).await {
+                    Ok(Resumed::Stream(events)) => {
+                        if cursor.is_some() {
+                            let report = &mut lock(&self.heard).figures.report;
+                            report.resumes += 1;
+                            report.resume_latencies.push(started.elapsed());
+                        }
+                        return Some(events);
                     }
-                    return Some(Events::new(resp));
-                }
-                Ok(resp) if resp.status() == StatusCode::NOT_FOUND => {
-                    let figures = &mut lock(&self.heard).figures;
-                    figures.report.not_found += 1;
-                    figures.saw_not_found_at(Some(Instant::now()));
-                    return None;
-                }
-                Ok(resp) => {
-                    let status = resp.status();
-                    let body = body_text(resp).await.unwrap_or_default();
-                    format!("standalone resume answered {status}: {body:.200}")
-                }
-                Err(e) => format!("standalone resume failed: {e}"),
-            };
+                    Ok(Resumed::Gone) => {
+                        let figures = &mut lock(&self.heard).figures;
+                        figures.report.not_found += 1;
+                        figures.saw_not_found_at(Some(Instant::now()));
+                        return None;
+                    }
+                    Err(e) => format!("standalone GET: {e}"),
+                };
             lock(&self.heard).figures.report.failures.push(failure);
             tokio::time::sleep(RESUME_PAUSE).await;
         }

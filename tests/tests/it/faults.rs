@@ -26,348 +26,24 @@ use bytes::Bytes;
 use http::{Method, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
-use sse_stream::Sse;
-use tether_tests::call::{CallOutcome, Reader, STALL, slow_body};
+use tether_tests::call::{CallPlan, Stop, Tracked, slow_body};
 use tether_tests::client::{
-    ACCEPT_BOTH, Events, Http, McpClient, Session, body_text, expect_lost_session, header_str,
-    is_sse, json_error, messages, result_text, tool_call,
+    ACCEPT_BOTH, Events, McpClient, Session, expect_error, expect_lost_session, header_str,
+    json_error, messages, result_text, tool_call,
 };
-use tether_tests::cluster::Cluster;
-use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
-use tether_tests::{addr, load};
+use tether_tests::follow::{Follow, nothing_after};
+use tether_tests::load;
+use tether_tests::pod::{LISTEN_PORT, PodSpec};
+use tether_tests::scenario::Scenario;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
-use tokio::task::JoinHandle;
 
-/// The answer to `POST /drain`, or why there was none.
-type DrainTask = JoinHandle<Result<(StatusCode, Value), String>>;
-
-/// A cluster whose first pod, A, holds the sessions under test until it drains.
-struct Scenario {
-    cluster: Cluster,
-    a: Ipv4Addr,
-    rest: Vec<Ipv4Addr>,
-}
-
-impl Scenario {
-    /// `pods` pods with `spec`.
-    async fn start(pods: usize, spec: PodSpec) -> Self {
-        let ips: Vec<Ipv4Addr> = (0..pods).map(|_| addr::next_ip()).collect();
-        let cluster = Cluster::start(&ips, spec).await.unwrap();
-        Self {
-            cluster,
-            a: ips[0],
-            rest: ips[1..].to_vec(),
-        }
-    }
-
-    /// A client entering at A only.
-    fn via_a(&self) -> McpClient {
-        self.cluster.client_of(&[self.a])
-    }
-
-    /// A client entering at a random pod other than A.
-    fn via_rest(&self) -> McpClient {
-        self.cluster.client_of(&self.rest)
-    }
-
-    /// One client per pod other than A, entering there.
-    fn each_of_rest(&self) -> Vec<McpClient> {
-        self.rest
-            .iter()
-            .map(|&ip| self.cluster.client_of(&[ip]))
-            .collect()
-    }
-
-    fn pod_a(&self) -> &Pod {
-        self.cluster.pod(self.a).expect("A runs")
-    }
-
-    /// Marks A draining in everyone's membership, then starts `POST /drain` on it.
-    async fn drain_a(&mut self) -> DrainTask {
-        self.cluster
-            .set_state(self.a, Some("draining"))
-            .await
-            .unwrap();
-        let url = format!("{}/drain", self.pod_a().admin_url);
-        tokio::spawn(async move {
-            let resp = Http::new()
-                .send(Method::POST, &url, &[], None)
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = resp.status();
-            let text = body_text(resp).await.map_err(|e| e.to_string())?;
-            Ok((status, serde_json::from_str(&text).unwrap_or_default()))
-        })
-    }
-
-    /// Waits (at most 10 s) until A's peers acknowledged `n` sessions.
-    async fn wait_moved(&self, n: f64) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let received = self.received().await;
-            if received >= n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{received} of {n} sessions handed off\n{}",
-                self.cluster.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Sessions the pods other than A acknowledged (`tether_handoffs_received_total`).
-    async fn received(&self) -> f64 {
-        let mut sum = 0.0;
-        for pod in self.cluster.pods.iter().filter(|p| p.ip != self.a) {
-            sum += pod.metric("tether_handoffs_received_total").await.unwrap();
-        }
-        sum
-    }
-
-    /// Waits for A's drain to end (every session moved), stops its sidecar with SIGTERM and
-    /// removes it from the membership. Returns the pod, whose example server still runs.
-    async fn stop_a(&mut self, drain: DrainTask) -> Pod {
-        let (status, body) = drain.await.unwrap().unwrap();
-        assert_eq!(status, StatusCode::OK, "{body}\n{}", self.cluster.logs());
-        assert_eq!(body["notMoved"], 0, "{body}");
-        let i = self
-            .cluster
-            .pods
-            .iter()
-            .position(|p| p.ip == self.a)
-            .unwrap();
-        let exit = self.cluster.pods[i]
-            .terminate_sidecar(Duration::from_secs(10))
-            .await
-            .unwrap();
-        assert!(exit.is_some_and(|e| e.success()), "{exit:?}");
-        let old = self.cluster.pods.remove(i);
-        self.cluster.set_state(self.a, None).await.unwrap();
-        old
-    }
-
-    /// The value of `result`; panics with its problem and every pod's logs.
-    fn check<T>(&self, result: Result<T, String>) -> T {
-        result.unwrap_or_else(|problem| panic!("{problem}\n{}", self.cluster.logs()))
-    }
-
-    /// A `slow` call of `count` progress notifications through A, read whole to its answer.
-    async fn completed_on_a(
-        &self,
-        session: &Session,
-        id: u64,
-        call_id: &str,
-        count: u32,
-    ) -> Tracked {
-        let (mut call, events) =
-            Tracked::post(&self.via_a(), session, id, call_id, count, 10).await;
-        call.finish(events).await;
-        self.check(call.whole());
-        call
-    }
-
-    /// A `slow` call (`count` progress notifications `interval_ms` apart) through A whose client
-    /// reads `read` messages, then loses its connection.
-    async fn cut_on_a(
-        &self,
-        session: &Session,
-        (id, call_id): (u64, &str),
-        (count, interval_ms): (u32, u64),
-        read: usize,
-    ) -> Tracked {
-        let (mut call, mut events) =
-            Tracked::post(&self.via_a(), session, id, call_id, count, interval_ms).await;
-        call.take(&mut events, read).await;
-        call
-    }
-
-    /// A session initialized through A (which places it there), negotiating `version`.
-    async fn on_a(&self, version: &str) -> Session {
-        self.via_a().initialize(version).await.unwrap()
-    }
-
-    /// `slow` executions summed over the example servers of the running pods.
-    async fn executions(&self) -> u64 {
-        let mut sum = 0;
-        for pod in &self.cluster.pods {
-            sum += pod.stats().await.unwrap()["executions"].as_u64().unwrap();
-        }
-        sum
-    }
-}
-
-/// One `slow` call as its client sees it, over every connection that reads it.
-#[derive(Clone, Debug)]
-struct Tracked {
-    reader: Reader,
-    out: CallOutcome,
-    count: u32,
-    /// Refused reconnects: status, `data.reason`, `Retry-After` seconds.
-    refused: Vec<(StatusCode, String, u64)>,
-}
-
-impl Tracked {
-    /// Request `id`, a `slow` call of `count` progress notifications.
-    fn new(id: u64, call_id: &str, count: u32) -> Self {
-        Self {
-            reader: Reader::new(id, call_id),
-            out: CallOutcome::default(),
-            count,
-            refused: Vec::new(),
-        }
-    }
-
-    /// POSTs `slow` (`count` progress notifications `interval_ms` apart) as request `id` via
-    /// `client`; returns the call and its stream.
-    async fn post(
-        client: &McpClient,
-        session: &Session,
-        id: u64,
-        call_id: &str,
-        count: u32,
-        interval_ms: u64,
-    ) -> (Self, Events) {
-        let body = slow_body(id, call_id, count, interval_ms);
-        let resp = client.post(Some(session), &body, &[]).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::OK, "{call_id}");
-        assert!(is_sse(&resp), "{call_id}");
-        (Self::new(id, call_id, count), Events::new(resp))
-    }
-
-    /// Reads `events` to the answer (or the end of the stream).
-    async fn finish(&mut self, mut events: Events) {
-        self.reader.read(&mut events, &mut self.out, STALL).await;
-    }
-
-    /// Reads events until `n` messages arrived (10 s at most each).
-    async fn take(&mut self, events: &mut Events, n: usize) {
-        let mut got = 0;
-        while got < n {
-            let ev = events
-                .next_within(Duration::from_secs(10))
-                .await
-                .expect("the stream ended or stalled");
-            got += usize::from(self.reader.take(ev, &mut self.out));
-        }
-    }
-
-    /// The cursor a client resumes from: the last event id it read.
-    fn cursor(&self) -> String {
-        self.reader.last_id.clone().expect("an event id was read")
-    }
-
-    /// Reconnects after the last event read (GET + `Last-Event-ID`, spec R-03) via `client`.
-    /// An answer whose status is in `retry_on` and that carries `Retry-After` is retried after
-    /// it, as clients do (at most 30 times); each is recorded in [`Tracked::refused`]. Returns
-    /// the stream, or `None` for the 404 of a lost session.
-    async fn reconnect(
-        &mut self,
-        client: &McpClient,
-        session: &Session,
-        retry_on: &[StatusCode],
-    ) -> Result<Option<Events>, String> {
-        let cursor = self.cursor();
-        for _ in 0..30 {
-            let resp = client
-                .get(session, Some(&cursor))
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = resp.status();
-            if status == StatusCode::OK && is_sse(&resp) {
-                return Ok(Some(Events::new(resp)));
-            }
-            if status == StatusCode::NOT_FOUND {
-                expect_lost_session(resp).await.map_err(|e| e.to_string())?;
-                return Ok(None);
-            }
-            let retry_after = header_str(&resp, "retry-after").and_then(|v| v.parse().ok());
-            let error = json_error(resp).await.map_err(|e| e.to_string())?;
-            match retry_after {
-                Some(secs) if retry_on.contains(&status) => {
-                    let reason = error.1["data"]["reason"].as_str().unwrap_or_default();
-                    self.refused.push((status, reason.to_owned(), secs));
-                    tokio::time::sleep(Duration::from_secs(secs)).await;
-                }
-                _ => {
-                    return Err(format!(
-                        "resume after {cursor} answered {status}: {}",
-                        error.1
-                    ));
-                }
-            }
-        }
-        Err(format!(
-            "resume after {cursor} refused 30 times: {:?}",
-            self.refused
-        ))
-    }
-
-    /// Resumes after the last event read, via `client`, and reads to the answer.
-    async fn resume(&mut self, client: &McpClient, session: &Session) -> Result<(), String> {
-        match self.reconnect(client, session, &[]).await? {
-            Some(events) => {
-                self.finish(events).await;
-                Ok(())
-            }
-            None => Err(format!("resume after {} answered 404", self.cursor())),
-        }
-    }
-
-    /// Every progress value and the answer arrived exactly once, nothing foreign.
-    fn whole(&self) -> Result<(), String> {
-        let o = &self.out;
-        let done = format!("done {}", self.count);
-        if o.lost(self.count) == 0
-            && o.duplicated == 0
-            && o.foreign == 0
-            && o.failures.is_empty()
-            && o.result.as_deref() == Some(done.as_str())
-        {
-            Ok(())
-        } else {
-            Err(format!("call of {} progress: {o:?}", self.count))
-        }
-    }
-
-    /// The progress values received after the first `n`.
-    fn progress_after(&self, n: usize) -> &[u32] {
-        self.out.progress.get(n..).unwrap_or_default()
-    }
-}
-
-/// What a stream still carries until it ends: `Ok(events)`, or `Err` when it stalls for 5 s.
-async fn rest_of(events: &mut Events) -> Result<Vec<Sse>, String> {
-    let mut out = Vec::new();
-    loop {
-        match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
-            Ok(Some(ev)) => out.push(ev),
-            Ok(None) => return Ok(out),
-            Err(_) => return Err(format!("the stream stalled after {out:?}")),
-        }
-    }
-}
-
-/// A resume after `cursor`, the last event of a complete stream, is a 200 stream that ends
-/// cleanly without a message (at most a priming event with a fresh id, R-05).
-async fn nothing_after(client: &McpClient, session: &Session, cursor: &str) -> Result<(), String> {
-    let resp = client
-        .get(session, Some(cursor))
+/// What a stream still carries until it ends, or why it stalled (5 s).
+async fn rest_of(resp: Response<Incoming>) -> Result<Vec<sse_stream::Sse>, String> {
+    Events::new(resp)
+        .rest(Duration::from_secs(5))
         .await
-        .map_err(|e| e.to_string())?;
-    if resp.status() != StatusCode::OK || !is_sse(&resp) {
-        return Err(format!("resume after {cursor} answered {}", resp.status()));
-    }
-    let events = rest_of(&mut Events::new(resp)).await?;
-    let again = events.iter().any(|e| {
-        e.data.as_deref().is_some_and(|d| !d.is_empty()) || e.id.as_deref() == Some(cursor)
-    });
-    if again {
-        return Err(format!("resume after {cursor} yielded {events:?}"));
-    }
-    Ok(())
+        .map_err(|e| e.to_string())
 }
 
 /// The sequence number of event id `<key>-<seq>`.
@@ -410,11 +86,7 @@ async fn without_version(
 /// Requests counted under protocol version `v` by the pods other than A.
 async fn version_requests(s: &Scenario, v: &str) -> f64 {
     let sample = format!("tether_protocol_version_requests_total{{version=\"{v}\"}}");
-    let mut sum = 0.0;
-    for pod in s.cluster.pods.iter().filter(|p| p.ip != s.a) {
-        sum += pod.metric(&sample).await.unwrap();
-    }
-    sum
+    s.metric_of_rest(&sample).await
 }
 
 /// Through each of `clients`, a `slow` call (request ids from `first_id` on) and a resume after
@@ -437,21 +109,11 @@ async fn headerless_calls(
         let cursor = call.cursor();
         let resp = without_version(client, Method::GET, session, Some(&cursor), None).await;
         match resp.status() {
-            StatusCode::OK => drop(rest_of(&mut Events::new(resp)).await?),
+            StatusCode::OK => drop(rest_of(resp).await?),
             other => return Err(format!("resume at {}: {other}", client.url)),
         }
     }
     Ok(())
-}
-
-/// A 400 whose JSON-RPC error names `reason`.
-async fn expect_400(resp: Response<Incoming>, reason: &str) -> Result<(), String> {
-    let (status, error) = json_error(resp).await.map_err(|e| e.to_string())?;
-    if status == StatusCode::BAD_REQUEST && error["data"]["reason"] == reason {
-        Ok(())
-    } else {
-        Err(format!("expected 400 {reason}, got {status}: {error}"))
-    }
 }
 
 /// R-05 (priming lost): the client's connection drops right after the priming event `<key>-0`,
@@ -466,12 +128,12 @@ async fn r05_a_lost_priming_event_resumes_from_key_0_at_the_new_holder() {
     let late = s.on_a("2025-11-25").await;
     let mut calls = Vec::new();
     for (session, call_id) in [(&live, "prime-live"), (&late, "prime-late")] {
-        let (mut call, mut events) = Tracked::post(&via_a, session, 2, call_id, 8, 150).await;
+        let plan = CallPlan::steady(8, 150);
+        let (mut call, mut events) = Tracked::post(&via_a, session, 2, call_id, &plan)
+            .await
+            .unwrap();
         let first = events.next_within(Duration::from_secs(10)).await.unwrap();
-        assert!(
-            !call.reader.take(first, &mut call.out),
-            "R-05: the first event primes"
-        );
+        assert!(!call.take(first), "R-05: the first event primes");
         let priming = call.cursor();
         assert!(priming.ends_with("-0"), "{priming}");
         drop(events);
@@ -505,17 +167,20 @@ async fn r01_r03_fr9_interleaved_streams_resume_each_on_its_own_after_the_move()
         // Distinct counts make each answer (`done <count>`) tell its stream.
         for (id, count) in [(2, 4 + 2 * n), (3, 5 + 2 * n)] {
             let call_id = format!("s{n}-id{id}");
-            let (call, events) = Tracked::post(&via_a, &session, id, &call_id, count, 150).await;
+            let plan = CallPlan::steady(count, 150);
+            let (call, events) = Tracked::post(&via_a, &session, id, &call_id, &plan)
+                .await
+                .unwrap();
             calls.push((session.clone(), call, events));
         }
     }
     for (_, call, events) in &mut calls {
-        call.take(events, 2).await;
+        call.take_messages(events, 2).await;
     }
     let calls: Vec<(Session, Tracked)> = calls.into_iter().map(|(s, c, _)| (s, c)).collect();
     let keys: Vec<String> = calls
         .iter()
-        .map(|(_, c)| c.reader.stream().unwrap().to_owned())
+        .map(|(_, c)| c.stream().unwrap().to_owned())
         .collect();
     let mut distinct = keys.clone();
     distinct.sort();
@@ -592,7 +257,7 @@ async fn r03_foreign_garbage_ahead_and_evicted_cursors_are_400_after_the_move() 
     // 9 events 50 ms apart: the first is read long before 3 newer ones evict it.
     let evicting = s.cut_on_a(&mine, (2, "evict"), (8, 50), 1).await;
     let first = evicting.cursor();
-    let key = evicting.reader.stream().unwrap().to_owned();
+    let key = evicting.stream().unwrap().to_owned();
     let foreign = s.completed_on_a(&other, 2, "foreign", 2).await;
     let theirs = foreign.cursor();
     let drain = s.drain_a().await;
@@ -612,13 +277,13 @@ async fn r03_foreign_garbage_ahead_and_evicted_cursors_are_400_after_the_move() 
         async move {
             for (session, cursor, reason) in wrong {
                 let resp = client.get(&session, Some(&cursor)).await.unwrap();
-                expect_400(resp, reason)
+                expect_error(resp, StatusCode::BAD_REQUEST, reason)
                     .await
                     .map_err(|e| format!("{cursor}: {e}"))?;
             }
             // The 3 retained events of `mine`: progress 7 and 8 follow 7… and the answer.
             let resp = client.get(&mine, Some(&format!("{key}-7"))).await.unwrap();
-            let rest = rest_of(&mut Events::new(resp)).await?;
+            let rest = rest_of(resp).await?;
             let data: Vec<_> = rest.iter().filter_map(|e| e.data.clone()).collect();
             match data.len() {
                 2 => Ok(()),
@@ -935,9 +600,12 @@ async fn r03_a_resume_storm_stays_within_the_budget_and_loses_nothing() {
             let _slot = gate.acquire().await.unwrap();
             let version = ["2025-06-18", "2025-11-25"][i % 2];
             let session = client.initialize(version).await.unwrap();
+            let plan = CallPlan::steady(3, 5);
             let (mut call, mut events) =
-                Tracked::post(&client, &session, 2, &format!("storm-{i}"), 3, 5).await;
-            call.take(&mut events, 1).await;
+                Tracked::post(&client, &session, 2, &format!("storm-{i}"), &plan)
+                    .await
+                    .unwrap();
+            call.take_messages(&mut events, 1).await;
             (session, call)
         })
     });
@@ -973,12 +641,16 @@ async fn r03_a_resume_storm_stays_within_the_budget_and_loses_nothing() {
     for task in storm.collect::<Vec<_>>() {
         let (result, refused) = task.await.unwrap();
         refusals += refused.len();
-        for (status, reason, secs) in refused {
+        for refusal in refused {
             assert_eq!(
-                (status, reason.as_str()),
+                (refusal.status, refusal.reason.as_str()),
                 (StatusCode::TOO_MANY_REQUESTS, "resume_budget")
             );
-            assert!(secs >= 1, "Retry-After {secs}");
+            assert!(
+                refusal.retry_after >= 1,
+                "Retry-After {}",
+                refusal.retry_after
+            );
         }
         let at = result.unwrap_or_else(|e| panic!("{e}\n{}", s.cluster.logs()));
         max_wait = max_wait.max(at);
@@ -1038,62 +710,61 @@ enum Ending {
 }
 
 /// A `slow` call of 30 progress notifications via `client`, followed like an EventSource
-/// follows a stream: when it ends before the answer, the client waits the `retry` hint (100 ms
-/// without one, spec R-07) and resumes, retrying a 503 after its `Retry-After`; at most 20
-/// reconnects. Every event is checked (duplicates, foreign events); the call ends
+/// follows a stream ([`Tracked::follow`]): when it ends before the answer, the client waits the
+/// `retry` hint (100 ms without one, spec R-07) and resumes, retrying a 503 after its
+/// `Retry-After`. Every event is checked (duplicates, foreign events); the call ends
 /// [`Ending::Completed`], [`Ending::Interrupted`] or [`Ending::NotFound`], or with what went wrong.
 async fn follow_call(
     client: McpClient,
     session: Session,
     call_id: String,
 ) -> (Tracked, Result<Ending, String>) {
-    let (mut call, mut events) = Tracked::post(&client, &session, 2, &call_id, 30, 100).await;
-    for _ in 0..20 {
-        let stalled = Duration::from_secs(5);
-        if !call.reader.read(&mut events, &mut call.out, stalled).await {
+    let plan = CallPlan::steady(30, 100);
+    let (mut call, events) = Tracked::post(&client, &session, 2, &call_id, &plan)
+        .await
+        .unwrap();
+    let how = Follow {
+        stall: Duration::from_secs(5),
+        retry: Duration::from_millis(100),
+        retry_on: vec![StatusCode::SERVICE_UNAVAILABLE],
+        // The 20th reconnect of the stream is where the call gives up.
+        reconnects: 19,
+    };
+    let ending = match call.follow(&client, &session, events, &how, None).await {
+        Stop::Answered => {
             let o = &call.out;
             let interrupted = o.failures.len() == 1
                 && o.failures[0].contains("error result")
                 && o.failures[0].contains("handoff_interrupted");
-            let ending = match o.result.as_deref() {
+            match o.result.as_deref() {
                 _ if o.duplicated + o.foreign > 0 => Err(format!("{o:?}")),
                 Some("done 30") if o.failures.is_empty() && o.lost(30) == 0 => {
                     Ok(Ending::Completed)
                 }
                 Some("") if interrupted => Ok(Ending::Interrupted),
                 _ => Err(format!("{o:?}")),
+            }
+        }
+        Stop::Gone => Ok(Ending::NotFound),
+        Stop::Reached(_) | Stop::Failed => {
+            // What the holder has under the id of the last message the client read (messages
+            // are numbered from 1 on the writer, A).
+            let before = format!(
+                "{}-{}",
+                call.stream().unwrap_or_default(),
+                call.out.events.saturating_sub(1)
+            );
+            let holder = match client.get(&session, Some(&before)).await {
+                Ok(resp) => rest_of(resp).await,
+                Err(e) => Err(e.to_string()),
             };
-            return (call, ending);
+            Err(format!(
+                "no answer: {:?}; the holder's events after {before}: {holder:?}",
+                call.out
+            ))
         }
-        tokio::time::sleep(call.reader.retry.unwrap_or(Duration::from_millis(100))).await;
-        match call
-            .reconnect(&client, &session, &[StatusCode::SERVICE_UNAVAILABLE])
-            .await
-        {
-            Ok(Some(next)) => events = next,
-            Ok(None) => return (call, Ok(Ending::NotFound)),
-            Err(e) => return (call, Err(e)),
-        }
-    }
-    // What the holder has under the id of the last message the client read (messages are
-    // numbered from 1 on the writer, A).
-    let cursor = call.cursor();
-    let last_message = call.out.events;
-    let before = format!(
-        "{}-{}",
-        call.reader.stream().unwrap_or_default(),
-        last_message.saturating_sub(1)
-    );
-    let holder = match client.get(&session, Some(&before)).await {
-        Ok(resp) => rest_of(&mut Events::new(resp)).await,
-        Err(e) => Err(e.to_string()),
     };
-    let problem = format!(
-        "the stream kept ending without an answer (last id {cursor}): {:?}; the holder's \
-         events after {before}: {holder:?}",
-        call.out
-    );
-    (call, Err(problem))
+    (call, ending)
 }
 
 /// S-06, R-01, DESIGN.md §3.4 (a pod SIGKILLed mid-handoff): A holds 100 sessions, each with a `slow` call

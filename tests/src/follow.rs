@@ -1,0 +1,156 @@
+//! Following a stream like EventSource: reconnect with `GET` + `Last-Event-ID` after the last
+//! event read, wait the `retry` hint first (spec R-07), send a reconnect refused with 429 or 503
+//! again after its `Retry-After`, and stop at 404: the session is gone (spec R-03, S-05).
+//!
+//! [`reconnect`] is one reconnect; [`crate::call::Tracked::follow`] follows a `slow` call's
+//! stream to its answer with it, on a [`Follow`] policy.
+
+use std::time::Duration;
+
+use http::{Response, StatusCode};
+
+use crate::client::{
+    Events, McpClient, Session, body_text, expect_lost_session, header_str, is_sse, json_error,
+};
+use crate::{HarnessError, Result};
+
+/// Most times [`reconnect`] sends a refused reconnect again.
+const REFUSALS: usize = 30;
+
+/// How a follower reconnects.
+#[derive(Clone, Debug)]
+pub struct Follow {
+    /// Longest silence on a stream before it counts as ended.
+    pub stall: Duration,
+    /// The wait before a reconnect when the stream sent no `retry` hint.
+    pub retry: Duration,
+    /// Statuses of a refused reconnect to send again after its `Retry-After` (e.g. 429, 503);
+    /// empty: none (a client [`McpClient::honouring_retry_after`] does it itself).
+    pub retry_on: Vec<StatusCode>,
+    /// Most reconnects after the stream ended before the answer, over a call.
+    pub reconnects: u32,
+}
+
+impl Default for Follow {
+    /// A stall of [`crate::call::STALL`], no wait without a hint, no refusal retried, 20
+    /// reconnects.
+    fn default() -> Self {
+        Self {
+            stall: crate::call::STALL,
+            retry: Duration::ZERO,
+            retry_on: Vec::new(),
+            reconnects: 20,
+        }
+    }
+}
+
+/// A reconnect refused with `Retry-After`, then sent again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The status (429, 503).
+    pub status: StatusCode,
+    /// `data.reason` of its JSON-RPC error, e.g. `resume_budget`.
+    pub reason: String,
+    /// The `Retry-After` seconds.
+    pub retry_after: u64,
+}
+
+/// What a reconnect got.
+#[derive(Debug)]
+pub enum Resumed {
+    /// 200 and the stream.
+    Stream(Events),
+    /// The 404 of a lost session (spec S-05).
+    Gone,
+}
+
+/// The `Retry-After` of a 429 or 503 answer, in seconds.
+pub fn retry_after<B>(resp: &Response<B>) -> Option<u64> {
+    let busy = matches!(
+        resp.status(),
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+    );
+    let secs = header_str(resp, "retry-after").and_then(|v| v.parse().ok());
+    secs.filter(|_| busy)
+}
+
+/// Reconnects to `session`'s stream via `client`, after `cursor` when given. A refusal whose
+/// status is in `retry_on` and that carries `Retry-After` is sent again after the wait it names,
+/// at most 30 times, each recorded in `refused`.
+///
+/// # Errors
+/// What the answer was, when it is neither a stream nor the 404 of a lost session (a 404 of
+/// another shape included), or a refusal that is not a JSON-RPC error.
+pub async fn reconnect(
+    client: &McpClient,
+    session: &Session,
+    cursor: Option<&str>,
+    retry_on: &[StatusCode],
+    refused: &mut Vec<Refusal>,
+) -> Result<Resumed, String> {
+    let after = cursor.unwrap_or("the start");
+    for _ in 0..REFUSALS {
+        let resp = client
+            .get(session, cursor)
+            .await
+            .map_err(|e| format!("resume after {after} failed: {e}"))?;
+        let status = resp.status();
+        if status == StatusCode::OK && is_sse(&resp) {
+            return Ok(Resumed::Stream(Events::new(resp)));
+        }
+        if status == StatusCode::NOT_FOUND {
+            expect_lost_session(resp)
+                .await
+                .map_err(|e| format!("resume after {after}: {e}"))?;
+            return Ok(Resumed::Gone);
+        }
+        match retry_after(&resp).filter(|_| retry_on.contains(&status)) {
+            Some(secs) => {
+                let (_, error) = json_error(resp)
+                    .await
+                    .map_err(|e| format!("resume after {after}: {e}"))?;
+                let reason = error["data"]["reason"].as_str().unwrap_or_default();
+                refused.push(Refusal {
+                    status,
+                    reason: reason.to_owned(),
+                    retry_after: secs,
+                });
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+            }
+            None => {
+                let body = body_text(resp).await.unwrap_or_default();
+                return Err(format!(
+                    "resume after {after} answered {status}: {body:.200}"
+                ));
+            }
+        }
+    }
+    Err(format!(
+        "resume after {after} refused {REFUSALS} times: {refused:?}"
+    ))
+}
+
+/// Checks that a resume after `cursor`, the last event of a complete stream, is a 200 stream
+/// that ends cleanly without a message (at most a priming event with a fresh id, spec R-05).
+///
+/// # Errors
+/// [`HarnessError::Protocol`] naming what came instead.
+pub async fn nothing_after(client: &McpClient, session: &Session, cursor: &str) -> Result<()> {
+    let resp = client.get(session, Some(cursor)).await?;
+    if resp.status() != StatusCode::OK || !is_sse(&resp) {
+        return Err(HarnessError::Protocol(format!(
+            "resume after {cursor} answered {}",
+            resp.status()
+        )));
+    }
+    let events = Events::new(resp).rest(Duration::from_secs(5)).await?;
+    let again = events.iter().any(|e| {
+        e.data.as_deref().is_some_and(|d| !d.is_empty()) || e.id.as_deref() == Some(cursor)
+    });
+    if again {
+        return Err(HarnessError::Protocol(format!(
+            "resume after {cursor} yielded {events:?}"
+        )));
+    }
+    Ok(())
+}
