@@ -101,6 +101,19 @@ pub struct Session {
     pub version: String,
 }
 
+impl Session {
+    /// This session with byte `at` of its id changed (`A` ↔ `B`): a well-formed id no pod
+    /// issued, whose signature does not match.
+    pub fn forged(&self, at: usize) -> Self {
+        let mut id = self.id.clone().into_bytes();
+        id[at] = if id[at] == b'A' { b'B' } else { b'A' };
+        Self {
+            id: String::from_utf8_lossy(&id).into_owned(),
+            version: self.version.clone(),
+        }
+    }
+}
+
 /// An MCP client of one endpoint: one URL, or several pods' URLs of which every request picks
 /// one at random (a Service without affinity in front of the pods). The set of entry URLs is
 /// shared by every clone and can change ([`McpClient::set_entries`]), as a Service's endpoints
@@ -221,6 +234,11 @@ pub fn initialize_body(id: u64, version: &str) -> Value {
             "clientInfo": {"name": "tether-tests", "version": "0"}
         }
     })
+}
+
+/// The body of a `tools/list` request.
+pub fn tools_list(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"})
 }
 
 /// The body of a `tools/call` request, with `progress_token` in `_meta` when given.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::McpClient;
 use crate::pod::{LISTEN_PORT, Pod, PodSpec, uid};
-use crate::{HarnessError, Result};
+use crate::{HarnessError, Result, load};
 
 /// How long a membership change may take to reach every sidecar (the peers file is polled
 /// every 200 ms).
@@ -197,14 +197,8 @@ impl Cluster {
     }
 
     async fn membership_changes(&self) -> Result<Vec<f64>> {
-        let mut out = Vec::with_capacity(self.pods.len());
-        for pod in &self.pods {
-            out.push(
-                pod.metric("tether_membership_changes_total{source=\"peers_file\"}")
-                    .await?,
-            );
-        }
-        Ok(out)
+        self.metric_each("tether_membership_changes_total{source=\"peers_file\"}")
+            .await
     }
 
     /// Takes the pod on `ip` out of [`Cluster::pods`] (its membership entry stays): the caller
@@ -249,14 +243,50 @@ impl Cluster {
         self.pods.iter().find(|p| p.ip == ip)
     }
 
+    /// One metric sample of every pod, in [`Cluster::pods`] order.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a pod's metrics cannot be read.
+    pub async fn metric_each(&self, sample: &str) -> Result<Vec<f64>> {
+        let mut out = Vec::with_capacity(self.pods.len());
+        for pod in &self.pods {
+            out.push(pod.metric(sample).await?);
+        }
+        Ok(out)
+    }
+
     /// The sum of one metric sample over every pod.
     ///
     /// # Errors
     /// [`HarnessError`] when a pod's metrics cannot be read.
     pub async fn metric_sum(&self, sample: &str) -> Result<f64> {
-        let mut sum = 0.0;
+        Ok(self.metric_each(sample).await?.iter().sum())
+    }
+
+    /// Polls [`Cluster::metric_sum`] (every 20 ms, at most `within`) until `done` holds for it;
+    /// returns the last sum read (the caller asserts on it).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a pod's metrics cannot be read.
+    pub async fn wait_for_metric_sum(
+        &self,
+        sample: &str,
+        within: Duration,
+        done: impl Fn(f64) -> bool,
+    ) -> Result<f64> {
+        let every = Duration::from_millis(20);
+        crate::poll(within, every, || self.metric_sum(sample), |&v| done(v)).await
+    }
+
+    /// Call ids an example server executed more than once, summed over the pods
+    /// ([`load::executed_twice`] of each one's `/stats`).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a pod's `/stats` cannot be read.
+    pub async fn executed_twice(&self) -> Result<u64> {
+        let mut sum = 0;
         for pod in &self.pods {
-            sum += pod.metric(sample).await?;
+            sum += load::executed_twice(&pod.stats().await?);
         }
         Ok(sum)
     }

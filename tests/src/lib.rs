@@ -76,3 +76,24 @@ impl HarnessError {
 
 /// Result of the harness.
 pub type Result<T, E = HarnessError> = std::result::Result<T, E>;
+
+/// Reads a value with `read` every `every` until `done` holds for it or `within` passed;
+/// returns the last value read (the caller asserts on it).
+async fn poll<T, F>(
+    within: std::time::Duration,
+    every: std::time::Duration,
+    mut read: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> Result<T>
+where
+    F: Future<Output = Result<T>>,
+{
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let value = read().await?;
+        if done(&value) || std::time::Instant::now() > deadline {
+            return Ok(value);
+        }
+        tokio::time::sleep(every).await;
+    }
+}

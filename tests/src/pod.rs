@@ -268,14 +268,21 @@ impl Pod {
         within: Duration,
         done: impl Fn(f64) -> bool,
     ) -> Result<f64> {
-        let deadline = Instant::now() + within;
-        loop {
-            let value = self.metric(sample).await?;
-            if done(value) || Instant::now() > deadline {
-                return Ok(value);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let every = Duration::from_millis(50);
+        crate::poll(within, every, || self.metric(sample), |&v| done(v)).await
+    }
+
+    /// Polls the example server's `/stats` (every 50 ms, at most `within`) until `done` holds
+    /// for them; returns the last ones read (the caller asserts on them).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when they cannot be read.
+    pub async fn wait_for_stats(
+        &self,
+        within: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        crate::poll(within, Duration::from_millis(50), || self.stats(), done).await
     }
 
     /// `method /drain` on the sidecar's admin port (`POST` as a harness, `GET` as a Kubernetes

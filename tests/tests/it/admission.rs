@@ -7,21 +7,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use tether_tests::client::{ACCEPT_BOTH, body_text, header_str, initialize_body, messages};
+use tether_tests::client::{
+    ACCEPT_BOTH, body_text, header_str, initialize_body, json_error, messages, tools_list,
+};
 use tether_tests::pod::{Pod, PodSpec};
 
-const LIST: &str = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
-
-async fn json_error(resp: http::Response<hyper::body::Incoming>) -> Value {
-    assert_eq!(
-        header_str(&resp, "content-type").as_deref(),
-        Some("application/json")
-    );
-    assert!(
-        resp.headers().get("mcp-session-id").is_none(),
-        "errors never carry a session id"
-    );
-    serde_json::from_str(&body_text(resp).await.unwrap()).unwrap()
+/// The body of the `tools/list` requests, as sent.
+fn list() -> Bytes {
+    Bytes::from(tools_list(2).to_string())
 }
 
 /// `initialize` with `Origin: origin`; the response status.
@@ -61,12 +54,7 @@ async fn list_tools(pod: &Pod, id: &str, version: &'static str) -> (StatusCode, 
     ];
     let http = pod.client().http().clone();
     let resp = http
-        .send(
-            Method::POST,
-            &pod.mcp_url,
-            &h,
-            Some(Bytes::from_static(LIST.as_bytes())),
-        )
+        .send(Method::POST, &pod.mcp_url, &h, Some(list()))
         .await
         .unwrap();
     (resp.status(), body_text(resp).await.unwrap())
@@ -181,8 +169,8 @@ async fn o02_fr24_bad_origin_is_403_and_listed_or_missing_origins_pass() {
             .is_some_and(|v| v.contains("Mcp-Session-Id")),
         "CORS headers on errors too (field report 16.3)"
     );
-    let err = json_error(resp).await;
-    assert_eq!(err["error"]["data"]["reason"], "origin_forbidden");
+    let (_, err) = json_error(resp).await.unwrap();
+    assert_eq!(err["data"]["reason"], "origin_forbidden");
     let resp = post(Some("https://app.example.com")).await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(
@@ -287,7 +275,7 @@ async fn t03_t04_media_types_are_checked() {
     let send = |method: Method, headers: Vec<(&'static str, &'static str)>| {
         let mut h: Vec<(&str, &str)> = headers;
         h.push(("mcp-session-id", sid));
-        let body = (method == Method::POST).then(|| Bytes::from(LIST));
+        let body = (method == Method::POST).then(list);
         let url = pod.mcp_url.clone();
         async move { http.send(method, &url, &h, body).await.unwrap().status() }
     };
@@ -337,11 +325,7 @@ async fn s02_minted_ids_are_visible_ascii_and_never_the_upstreams() {
     assert!(!session.id.contains('-') || session.id.len() != 36);
     let malformed = pod
         .client()
-        .post(
-            None,
-            &serde_json::from_str::<Value>(LIST).unwrap(),
-            &[("mcp-session-id", "has space")],
-        )
+        .post(None, &tools_list(2), &[("mcp-session-id", "has space")])
         .await
         .unwrap();
     assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
@@ -351,13 +335,10 @@ async fn s02_minted_ids_are_visible_ascii_and_never_the_upstreams() {
 async fn s04_requests_without_a_session_id_get_400() {
     let pod = Pod::start_default().await.unwrap();
     let client = pod.client();
-    let resp = client
-        .post(None, &serde_json::from_str(LIST).unwrap(), &[])
-        .await
-        .unwrap();
+    let resp = client.post(None, &tools_list(2), &[]).await.unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
-        json_error(resp).await["error"]["data"]["reason"],
+        json_error(resp).await.unwrap().1["data"]["reason"],
         "session_required"
     );
     let resp = client
@@ -383,9 +364,8 @@ async fn p02_p03_protocol_version_header() {
     .unwrap();
     let client = pod.client();
     let session = client.initialize("2025-11-25").await.unwrap();
-    let list: Value = serde_json::from_str(LIST).unwrap();
     let with_version = |v: &'static str| {
-        let (client, list, session) = (client.clone(), list.clone(), session.clone());
+        let (client, session) = (client.clone(), session.clone());
         async move {
             let h = [
                 ("accept", ACCEPT_BOTH),
@@ -395,12 +375,7 @@ async fn p02_p03_protocol_version_header() {
             ];
             client
                 .http()
-                .send(
-                    Method::POST,
-                    &client.url,
-                    &h,
-                    Some(Bytes::from(list.to_string())),
-                )
+                .send(Method::POST, &client.url, &h, Some(list()))
                 .await
                 .unwrap()
         }
@@ -408,7 +383,7 @@ async fn p02_p03_protocol_version_header() {
     let resp = with_version("1999-01-01").await;
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
-        json_error(resp).await["error"]["data"]["reason"],
+        json_error(resp).await.unwrap().1["data"]["reason"],
         "unsupported_protocol_version"
     );
     assert_eq!(
@@ -427,7 +402,7 @@ async fn p02_p03_protocol_version_header() {
                 ("content-type", "application/json"),
                 ("mcp-session-id", session.id.as_str()),
             ],
-            Some(Bytes::from(LIST)),
+            Some(list()),
         )
         .await
         .unwrap();
@@ -451,7 +426,7 @@ async fn b02_batches_are_refused_after_2025_03_26() {
     let resp = client.post(Some(&session), &batch, &[]).await.unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
-        json_error(resp).await["error"]["data"]["reason"],
+        json_error(resp).await.unwrap().1["data"]["reason"],
         "batch_not_allowed"
     );
     // The negotiated version decides, not a header claiming 2025-03-26.

@@ -17,11 +17,9 @@ async fn still_serving(pod: &Pod) {
     let client = pod.client();
     let session = client.initialize("2025-11-25").await.unwrap();
     let plan = CallPlan {
-        count: 3,
-        interval_ms: 10,
         cuts: vec![1],
         pause: Duration::from_millis(10),
-        close_after: None,
+        ..CallPlan::steady(3, 10)
     };
     let out = call::slow(&client, &session, 2, &format!("alive-{}", rand_id()), &plan)
         .await

@@ -5,40 +5,36 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use serde_json::Value;
 use tether_tests::addr;
-use tether_tests::call::{self, CallPlan};
+use tether_tests::call::{self, CallOutcome, CallPlan};
 use tether_tests::client::Http;
 use tether_tests::cluster::Cluster;
-use tether_tests::pod::{Pod, PodSpec};
+use tether_tests::pod::{Drained, Pod, PodSpec};
+use tokio::task::JoinHandle;
 
-/// `method /drain` on the pod's admin port: status, JSON body, time taken.
-async fn drain(pod: &Pod, method: Method) -> (StatusCode, Value, Duration) {
-    let drained = pod.drain(method).await.unwrap();
-    (drained.status, drained.body, drained.elapsed)
-}
-
-fn plan(count: u32, interval_ms: u64) -> CallPlan {
-    CallPlan {
-        count,
-        interval_ms,
-        cuts: Vec::new(),
-        pause: Duration::ZERO,
-        close_after: None,
-    }
+/// A pod whose one session runs a `slow` call on `plan` (`call_id`), and `POST /drain` sent
+/// 300 ms into the call: the pod, the call, the drain's answer.
+async fn drain_during_a_call(
+    call_id: &'static str,
+    plan: CallPlan,
+) -> (Pod, JoinHandle<tether_tests::Result<CallOutcome>>, Drained) {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let call = tokio::spawn(async move { call::slow(&client, &session, 2, call_id, &plan).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let drained = pod.drain(Method::POST).await.unwrap();
+    (pod, call, drained)
 }
 
 #[tokio::test]
 async fn drain_waits_for_the_call_in_flight_and_is_idempotent() {
-    let pod = Pod::start_default().await.unwrap();
-    let client = pod.client();
-    let session = client.initialize("2025-06-18").await.unwrap();
-    let call = tokio::spawn({
-        let (client, session) = (client.clone(), session.clone());
-        async move { call::slow(&client, &session, 2, "drain-1", &plan(5, 200)).await }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, body, took) = drain(&pod, Method::POST).await;
+    let (pod, call, drained) = drain_during_a_call("drain-1", CallPlan::steady(5, 200)).await;
+    let Drained {
+        status,
+        body,
+        elapsed: took,
+    } = drained;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["drained"], true);
     assert_eq!(body["inFlight"], 0);
@@ -54,7 +50,11 @@ async fn drain_waits_for_the_call_in_flight_and_is_idempotent() {
         .await
         .unwrap();
     assert_eq!(ready, StatusCode::SERVICE_UNAVAILABLE);
-    let (status, _, took) = drain(&pod, Method::GET).await;
+    let Drained {
+        status,
+        elapsed: took,
+        ..
+    } = pod.drain(Method::GET).await.unwrap();
     assert_eq!(status, StatusCode::OK);
     assert!(took < Duration::from_millis(500));
     assert!(
@@ -65,15 +65,12 @@ async fn drain_waits_for_the_call_in_flight_and_is_idempotent() {
 
 #[tokio::test]
 async fn drain_ends_at_the_deadline_and_says_what_is_still_running() {
-    let pod = Pod::start_default().await.unwrap();
-    let client = pod.client();
-    let session = client.initialize("2025-06-18").await.unwrap();
-    let _call = tokio::spawn({
-        let (client, session) = (client.clone(), session.clone());
-        async move { call::slow(&client, &session, 2, "drain-2", &plan(8, 1000)).await }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, body, took) = drain(&pod, Method::POST).await;
+    let (_pod, _call, drained) = drain_during_a_call("drain-2", CallPlan::steady(8, 1000)).await;
+    let Drained {
+        status,
+        body,
+        elapsed: took,
+    } = drained;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["drained"], false);
     assert_eq!(body["inFlight"], 1);
@@ -89,18 +86,17 @@ async fn a_drained_pod_places_new_sessions_on_its_peers_and_keeps_serving_its_ow
     let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let via_a = cluster.client_of(&ips[..1]);
     let mine = via_a.initialize("2025-06-18").await.unwrap();
-    let (status, _, _) = drain(&cluster.pods[0], Method::GET).await;
+    let status = cluster.pods[0].drain(Method::GET).await.unwrap().status;
     assert_eq!(status, StatusCode::OK);
     for _ in 0..10 {
         via_a.initialize("2025-06-18").await.unwrap();
     }
-    let created = |i: usize| cluster.pods[i].metric("tether_sessions_created_total");
-    assert_eq!(
-        created(0).await.unwrap(),
-        1.0,
-        "no new session on the drained pod"
-    );
-    assert_eq!(created(1).await.unwrap(), 10.0);
+    let created = cluster
+        .metric_each("tether_sessions_created_total")
+        .await
+        .unwrap();
+    assert_eq!(created[0], 1.0, "no new session on the drained pod");
+    assert_eq!(created[1], 10.0);
     let everywhere = cluster.client();
     let msgs = everywhere
         .call(&mine, 5, "echo", serde_json::json!({"text": "still here"}))

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use tether_tests::call::{CallPlan, Stop, Tracked, slow_body};
 use tether_tests::client::{
     ACCEPT_BOTH, Events, McpClient, Session, expect_error, expect_lost_session, header_str,
-    json_error, messages, result_text, tool_call,
+    json_error, messages, result_text, tool_call, tools_list,
 };
 use tether_tests::follow::{Follow, nothing_after};
 use tether_tests::load;
@@ -292,18 +292,12 @@ async fn r03_foreign_garbage_ahead_and_evicted_cursors_are_400_after_the_move() 
         }
     };
     // The call ends while A drains; wait for the drain so the stream is complete everywhere.
-    let _ = tokio::time::timeout(Duration::from_secs(3), async {
-        while s
-            .pod_a()
-            .metric("tether_drain_seconds_count")
-            .await
-            .unwrap()
-            < 1.0
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    s.pod_a()
+        .wait_for_metric("tether_drain_seconds_count", Duration::from_secs(3), |n| {
+            n >= 1.0
+        })
+        .await
+        .unwrap();
     s.check(check(via_a.clone()).await);
     drop(s.stop_a(drain).await);
     for client in s.each_of_rest() {
@@ -340,7 +334,7 @@ async fn s05_a_running_call_keeps_its_session_across_the_move_then_it_expires() 
     // idle timeout + a sweep interval + margin, without any request of either session.
     tokio::time::sleep(Duration::from_millis(3500).saturating_sub(answered.elapsed())).await;
     for session in [&busy, &idle] {
-        let list = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"});
+        let list = tools_list(9);
         let resp = via_b.post(Some(session), &list, &[]).await.unwrap();
         s.check(expect_lost_session(resp).await.map_err(|e| e.to_string()));
         let resp = via_b.get(session, None).await.unwrap();
@@ -384,12 +378,13 @@ async fn s05_s07_a_delete_whose_answer_was_lost_is_404_when_retried_anywhere() {
     tcp.write_all(request.as_bytes()).await.unwrap();
     drop(tcp);
     let deleted = "tether_sessions_ended_total{reason=\"deleted\"}";
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while s.cluster.metric_sum(deleted).await.unwrap() < 1.0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let ended = s
+        .cluster
+        .wait_for_metric_sum(deleted, Duration::from_secs(5), |n| n >= 1.0)
+        .await
+        .unwrap();
     assert_eq!(
-        s.cluster.metric_sum(deleted).await.unwrap(),
+        ended,
         1.0,
         "the DELETE whose client left still ended the session\n{}",
         s.cluster.logs()
@@ -402,7 +397,7 @@ async fn s05_s07_a_delete_whose_answer_was_lost_is_404_when_retried_anywhere() {
                 if status != StatusCode::NOT_FOUND {
                     return Err(format!("DELETE retried at {}: {status}", client.url));
                 }
-                let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"});
+                let list = tools_list(3);
                 let resp = client.post(Some(&session), &list, &[]).await.unwrap();
                 expect_lost_session(resp)
                     .await
@@ -453,7 +448,7 @@ async fn p02_requests_without_the_version_header_use_the_negotiated_one_after_th
         version: "1999-01-01".into(),
         ..session
     };
-    let list = json!({"jsonrpc": "2.0", "id": 99, "method": "tools/list"});
+    let list = tools_list(99);
     let resp = s.via_rest().post(Some(&wrong), &list, &[]).await.unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
 }

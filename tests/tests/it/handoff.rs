@@ -7,16 +7,10 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tether_tests::addr;
-use tether_tests::client::{Http, McpClient, Session, body_text, result_text};
+use tether_tests::client::{McpClient, Session, messages, result_text, tool_call};
 use tether_tests::cluster::Cluster;
 use tether_tests::load::{self, LoadConfig};
-use tether_tests::pod::{Pod, PodSpec};
-
-/// `POST /drain` on the pod's admin port: status and JSON body.
-async fn drain(pod: &Pod) -> (StatusCode, Value) {
-    let drained = pod.drain(Method::POST).await.unwrap();
-    (drained.status, drained.body)
-}
+use tether_tests::pod::{Drained, PodSpec};
 
 /// Calls `echo` with `text` in every session through `client`; each answers with the text.
 async fn echo_everywhere(client: &McpClient, sessions: &[Session], id: u64, text: &str) {
@@ -53,17 +47,14 @@ async fn a_draining_pod_hands_off_live_sessions_and_clients_lose_nothing() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     cluster.set_state(a, Some("draining")).await.unwrap();
     let started = Instant::now();
-    let (status, body) = drain(&cluster.pods[0]).await;
+    let Drained { status, body, .. } = cluster.pods[0].drain(Method::POST).await.unwrap();
     println!("drain of {a}: {status} {body} in {:?}", started.elapsed());
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body["handedOff"].as_u64().unwrap() > 0, "{body}");
     assert_eq!(body["notMoved"], 0, "{body}");
     let report = load.await.unwrap();
     println!("{}", report.table());
-    let mut executed_twice = 0;
-    for pod in &cluster.pods {
-        executed_twice += load::executed_twice(&pod.stats().await.unwrap());
-    }
+    let executed_twice = cluster.executed_twice().await.unwrap();
     assert!(
         report.failures.is_empty(),
         "{:?}\n{}",
@@ -113,7 +104,7 @@ async fn sessions_survive_their_home_stopping_and_are_rebuilt_from_the_journal()
         sessions.push(s);
     }
     cluster.set_state(a, Some("draining")).await.unwrap();
-    let (status, body) = drain(&cluster.pods[0]).await;
+    let Drained { status, body, .. } = cluster.pods[0].drain(Method::POST).await.unwrap();
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["handedOff"], 20, "{body}");
     // While A still runs, requests entering anywhere reach the new holders (A forwards).
@@ -148,38 +139,25 @@ async fn l02_a_cancellation_reaches_the_pod_still_running_the_call() {
     let call = via_a
         .post(
             Some(&session),
-            &tether_tests::client::tool_call(2, "slow", args, Some("cancel-me")),
+            &tool_call(2, "slow", args, Some("cancel-me")),
             &[],
         )
         .await
         .unwrap();
     assert_eq!(call.status(), StatusCode::OK);
     cluster.set_state(a, Some("draining")).await.unwrap();
-    let drained = tokio::spawn({
-        let admin = cluster.pods[0].admin_url.clone();
-        async move {
-            let started = Instant::now();
-            let resp = Http::new()
-                .send(Method::POST, &format!("{admin}/drain"), &[], None)
-                .await
-                .unwrap();
-            (resp.status(), started.elapsed())
-        }
-    });
-    // The session moves; the call keeps running on A.
-    let mut moved = false;
-    for _ in 0..100 {
-        let mut sum = 0.0;
-        for m in cluster.pods[1..].iter() {
-            sum += m.metric("tether_handoffs_received_total").await.unwrap();
-        }
-        if sum >= 1.0 {
-            moved = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(moved, "the session was handed off");
+    let drained = cluster.pods[0].start_drain(Method::POST);
+    // The session moves (to B or C: A receives none while it drains); the call keeps running
+    // on A.
+    let received = cluster
+        .wait_for_metric_sum(
+            "tether_handoffs_received_total",
+            Duration::from_secs(3),
+            |n| n >= 1.0,
+        )
+        .await
+        .unwrap();
+    assert!(received >= 1.0, "the session was handed off");
     let cancel =
         json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}});
     let resp = cluster
@@ -188,20 +166,17 @@ async fn l02_a_cancellation_reaches_the_pod_still_running_the_call() {
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let (status, took) = drained.await.unwrap();
-    assert_eq!(status, StatusCode::OK);
+    let drained = drained.await.unwrap().unwrap();
+    assert_eq!(drained.status, StatusCode::OK);
+    let took = drained.elapsed;
     assert!(
         took < Duration::from_secs(5),
         "the drain waited for a cancelled call: {took:?}"
     );
-    let mut stats = Value::Null;
-    for _ in 0..50 {
-        stats = cluster.pods[0].stats().await.unwrap();
-        if stats["aborted"] == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let stats = cluster.pods[0]
+        .wait_for_stats(Duration::from_secs(1), |stats| stats["aborted"] == 1)
+        .await
+        .unwrap();
     assert_eq!(
         stats["aborted"],
         1,
@@ -232,24 +207,11 @@ async fn a_call_cut_by_the_drain_deadline_ends_with_a_json_rpc_error() {
         let session = via_a.initialize("2025-06-18").await.unwrap();
         let args = json!({"count": 400, "interval_ms": 50, "call_id": format!("cut-{migration}")});
         let call = via_a
-            .post(
-                Some(&session),
-                &tether_tests::client::tool_call(2, "slow", args, None),
-                &[],
-            )
+            .post(Some(&session), &tool_call(2, "slow", args, None), &[])
             .await
             .unwrap();
         cluster.set_state(a, Some("draining")).await.unwrap();
-        let admin = cluster.pods[0].admin_url.clone();
-        let drained = tokio::spawn(async move {
-            let resp = Http::new()
-                .send(Method::POST, &format!("{admin}/drain"), &[], None)
-                .await
-                .unwrap();
-            let status = resp.status();
-            let body: Value = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
-            (status, body)
-        });
+        let drained = cluster.pods[0].start_drain(Method::POST);
         // While A drains, the session is served (by A under Pin, by the new holder under Replay).
         tokio::time::sleep(Duration::from_millis(500)).await;
         let echo = cluster
@@ -262,15 +224,14 @@ async fn a_call_cut_by_the_drain_deadline_ends_with_a_json_rpc_error() {
             Some("still here"),
             "{migration}"
         );
-        let messages = tether_tests::client::messages(call, Duration::from_secs(15))
-            .await
-            .unwrap();
+        let messages = messages(call, Duration::from_secs(15)).await.unwrap();
         let answer = answer_to(&messages, 2).expect("the cut call got an answer");
         assert_eq!(
             answer["error"]["data"]["reason"], "drain_deadline",
             "{migration}: {answer}"
         );
-        let (status, body) = drained.await.unwrap();
+        let drained = drained.await.unwrap().unwrap();
+        let (status, body) = (drained.status, drained.body);
         assert_eq!(
             status,
             StatusCode::SERVICE_UNAVAILABLE,

@@ -8,22 +8,20 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use serde_json::{Value, json};
 use tether_tests::addr;
-use tether_tests::client::{Events, McpClient, Session, body_text, is_sse, tool_call};
+use tether_tests::client::{
+    Events, Http, McpClient, Session, body_text, header_str, initialize_body, is_sse, tool_call,
+    tools_list,
+};
 use tether_tests::cluster::{Cluster, Member};
 use tether_tests::load::{self, LoadConfig};
 use tether_tests::pod::PodSpec;
 
-fn list(id: u64) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"})
-}
-
 /// Sessions created per pod (`tether_sessions_created_total`).
 async fn created(cluster: &Cluster) -> Vec<f64> {
-    let mut out = Vec::new();
-    for pod in &cluster.pods {
-        out.push(pod.metric("tether_sessions_created_total").await.unwrap());
-    }
-    out
+    cluster
+        .metric_each("tether_sessions_created_total")
+        .await
+        .unwrap()
 }
 
 /// Every 404 any pod answered for a session, by any reason.
@@ -46,18 +44,10 @@ async fn not_found(cluster: &Cluster) -> f64 {
     sum
 }
 
-async fn executed_twice(cluster: &Cluster) -> u64 {
-    let mut sum = 0;
-    for pod in &cluster.pods {
-        sum += load::executed_twice(&pod.stats().await.unwrap());
-    }
-    sum
-}
-
 /// `tools/list` for `session` entering at `client`'s pod(s): the status.
 async fn list_status(client: &McpClient, session: &Session) -> StatusCode {
     client
-        .post(Some(session), &list(7), &[])
+        .post(Some(session), &tools_list(7), &[])
         .await
         .unwrap()
         .status()
@@ -108,7 +98,7 @@ async fn a_1000_sessions_through_random_entry_pods_reach_their_holder_while_a_4t
         report.resumes
     );
     assert_eq!(not_found(&cluster).await, 0.0, "no unexpected 404 anywhere");
-    assert_eq!(executed_twice(&cluster).await, 0);
+    assert_eq!(cluster.executed_twice().await.unwrap(), 0);
     // Placement: each original pod created about a third of the sessions (entry = home).
     let per_pod = created(&cluster).await;
     assert_eq!(per_pod.iter().sum::<f64>(), 1000.0, "{per_pod:?}");
@@ -206,12 +196,7 @@ async fn s05_a_forged_id_is_404_at_the_entry_and_forged_hop_headers_are_403() {
         .initialize("2025-06-18")
         .await
         .unwrap();
-    let mut forged = real.id.clone().into_bytes();
-    forged[30] = if forged[30] == b'A' { b'B' } else { b'A' };
-    let forged = Session {
-        id: String::from_utf8(forged).unwrap(),
-        version: real.version.clone(),
-    };
+    let forged = real.forged(30);
     assert_eq!(list_status(&a, &forged).await, StatusCode::NOT_FOUND);
     let pod_a = &cluster.pods[0];
     assert_eq!(
@@ -232,7 +217,7 @@ async fn s05_a_forged_id_is_404_at_the_entry_and_forged_hop_headers_are_403() {
     let resp = a
         .post(
             Some(&real),
-            &list(3),
+            &tools_list(3),
             &[
                 ("tether-hop", "2"),
                 ("tether-visited", "x"),
@@ -335,7 +320,7 @@ async fn fr02_one_client_ip_spreads_sessions_and_health_checks_pin_nothing() {
     let ips: [Ipv4Addr; 2] = addr::ips();
     let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let client = cluster.client();
-    let http = tether_tests::client::Http::new();
+    let http = Http::new();
     let mut sessions = Vec::new();
     for _ in 0..100 {
         // Health checks hitting one pod between sessions.
@@ -468,17 +453,14 @@ async fn a_frozen_home_answers_503_after_its_health_probes_fail_and_recovers() {
     let started = Instant::now();
     let resp = tokio::time::timeout(
         Duration::from_secs(5),
-        via_a.post(Some(&session), &list(8), &[]),
+        via_a.post(Some(&session), &tools_list(8), &[]),
     )
     .await
     .expect("a request for a frozen home's session must not hang")
     .unwrap();
     // The session may survive the stall: retry later, not 404 (which would drop it).
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        tether_tests::client::header_str(&resp, "retry-after").as_deref(),
-        Some("1")
-    );
+    assert_eq!(header_str(&resp, "retry-after").as_deref(), Some("1"));
     assert!(started.elapsed() < Duration::from_secs(1));
     // New sessions are unaffected; B's sessions answer again once it resumes.
     assert!(via_a.initialize("2025-06-18").await.is_ok());
@@ -502,14 +484,14 @@ async fn fr15_an_initialize_with_a_stale_session_id_starts_a_new_session() {
         .unwrap();
     cluster.pods[1].kill_sidecar().await.unwrap();
     let via_a = cluster.client_of(&ips[..1]);
-    let init = tether_tests::client::initialize_body(1, "2025-06-18");
+    let init = initialize_body(1, "2025-06-18");
     for id in [stale.id.as_str(), "garbage!"] {
         let resp = via_a
             .post(None, &init, &[("mcp-session-id", id)])
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK, "{id}");
-        let fresh = tether_tests::client::header_str(&resp, "mcp-session-id").unwrap();
+        let fresh = header_str(&resp, "mcp-session-id").unwrap();
         assert_ne!(fresh, stale.id);
     }
     // Any other request for the stale id is still the 404 of a lost session.

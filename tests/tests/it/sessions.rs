@@ -6,30 +6,23 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use tether_tests::addr;
 use tether_tests::client::{
     ACCEPT_BOTH, Session, body_text, expect_lost_session, header_str, initialize_body, result_text,
+    tools_list,
 };
 use tether_tests::pod::{Pod, PodSpec};
 
-fn list(id: u64) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"})
-}
-
-/// A syntactically valid id this endpoint never issued.
-fn stranger(session: &Session) -> Session {
-    let mut id = session.id.clone().into_bytes();
-    id[10] = if id[10] == b'A' { b'B' } else { b'A' };
-    Session {
-        id: String::from_utf8(id).unwrap(),
-        version: session.version.clone(),
-    }
-}
-
 /// A POST and a GET for `session` both get the 404 of a lost session.
 async fn assert_lost(client: &tether_tests::client::McpClient, session: &Session) {
-    assert_404(client.post(Some(session), &list(2), &[]).await.unwrap()).await;
+    assert_404(
+        client
+            .post(Some(session), &tools_list(2), &[])
+            .await
+            .unwrap(),
+    )
+    .await;
     assert_404(client.get(session, None).await.unwrap()).await;
 }
 
@@ -108,13 +101,13 @@ async fn fr5_unknown_and_forged_sessions_get_404_never_sse() {
     let pod = Pod::start_default().await.unwrap();
     let client = pod.client();
     let real = client.initialize("2025-11-25").await.unwrap();
-    let forged = stranger(&real);
+    let forged = real.forged(10);
     assert_lost(&client, &forged).await;
     let uuid = Session {
         id: "7f3c9e2a-4b1d-4c8a-9f0e-1a2b3c4d5e6f".into(),
         version: "2025-11-25".into(),
     };
-    assert_404(client.post(Some(&uuid), &list(2), &[]).await.unwrap()).await;
+    assert_404(client.post(Some(&uuid), &tools_list(2), &[]).await.unwrap()).await;
     assert_eq!(
         pod.metric("tether_not_found_total{reason=\"forged\"}")
             .await
@@ -122,7 +115,7 @@ async fn fr5_unknown_and_forged_sessions_get_404_never_sse() {
         3.0
     );
     // The real session is untouched.
-    let resp = client.post(Some(&real), &list(3), &[]).await.unwrap();
+    let resp = client.post(Some(&real), &tools_list(3), &[]).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
 }
 
@@ -132,7 +125,7 @@ async fn fr6_header_less_requests_fail_fast_with_400() {
     let client = pod.client();
     let started = std::time::Instant::now();
     for _ in 0..200 {
-        let resp = client.post(None, &list(2), &[]).await.unwrap();
+        let resp = client.post(None, &tools_list(2), &[]).await.unwrap();
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         assert!(resp.headers().get("mcp-session-id").is_none());
         let _ = body_text(resp).await;
@@ -164,7 +157,7 @@ async fn fr4_a_404_storm_reinitializes_cleanly() {
     for s in sessions {
         let client = client.clone();
         tasks.spawn(async move {
-            let resp = client.post(Some(&s), &list(2), &[]).await.unwrap();
+            let resp = client.post(Some(&s), &tools_list(2), &[]).await.unwrap();
             let status = resp.status();
             let had_header = resp.headers().contains_key("mcp-session-id");
             let _ = body_text(resp).await;
@@ -212,11 +205,11 @@ async fn idle_sessions_expire_with_404() {
     let busy = client.initialize("2025-11-25").await.unwrap();
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let resp = client.post(Some(&busy), &list(2), &[]).await.unwrap();
+        let resp = client.post(Some(&busy), &tools_list(2), &[]).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK, "an active session stays");
         let _ = body_text(resp).await;
     }
-    assert_404(client.post(Some(&idle), &list(2), &[]).await.unwrap()).await;
+    assert_404(client.post(Some(&idle), &tools_list(2), &[]).await.unwrap()).await;
     assert_eq!(
         pod.metric("tether_sessions_ended_total{reason=\"expired\"}")
             .await
@@ -265,7 +258,7 @@ async fn fr15_end_to_end_headers_pass_through() {
                 ("mcp-protocol-version", session.version.as_str()),
                 ("mcp-param-region", "eu"),
             ],
-            Some(Bytes::from(list(5).to_string())),
+            Some(Bytes::from(tools_list(5).to_string())),
         )
         .await
         .unwrap();
@@ -297,7 +290,10 @@ async fn an_unreachable_upstream_is_502_with_retry_after_and_readiness_fails() {
     let client = pod.client();
     let session = client.initialize("2025-11-25").await.unwrap();
     pod.kill_server().await.unwrap();
-    let resp = client.post(Some(&session), &list(2), &[]).await.unwrap();
+    let resp = client
+        .post(Some(&session), &tools_list(2), &[])
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
     assert_eq!(header_str(&resp, "retry-after").as_deref(), Some("1"));
     let (status, _) = client
@@ -507,13 +503,7 @@ async fn r03_after_a_rebuild_an_old_stream_never_gets_another_calls_events() {
     // B starts on the rebuilt upstream session, where rmcp numbers its streams from 0 again.
     // B runs longer than A's resume delay (rmcp's retry hint, 3 s), so a resume of A with its
     // old upstream event ids would land in B's stream.
-    let plan = tether_tests::call::CallPlan {
-        count: 50,
-        interval_ms: 100,
-        cuts: vec![],
-        pause: Duration::ZERO,
-        close_after: None,
-    };
+    let plan = tether_tests::call::CallPlan::steady(50, 100);
     let b = tether_tests::call::slow(&client, &session, 3, "b", &plan)
         .await
         .unwrap();

@@ -90,14 +90,10 @@ async fn l05_fr19_a_disconnect_cancels_the_upstream_request() {
     let first = events.next_within(Duration::from_secs(5)).await.unwrap();
     assert!(first.data.unwrap().contains("notifications/progress"));
     drop(events);
-    let mut stats = Value::Null;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        stats = pod.stats().await.unwrap();
-        if stats["aborted"] == 1 {
-            break;
-        }
-    }
+    let stats = pod
+        .wait_for_stats(Duration::from_secs(5), |stats| stats["aborted"] == 1)
+        .await
+        .unwrap();
     assert_eq!(stats["aborted"], 1, "upstream request aborted: {stats}");
     assert_eq!(stats["completed"], 0);
 }

@@ -9,13 +9,13 @@ use tether_tests::call::{self, CallPlan, slow_body};
 use tether_tests::client::{Events, McpClient, Session, body_text, header_str, is_sse, messages};
 use tether_tests::pod::{Pod, PodSpec};
 
+/// `count` progress notifications `interval_ms` apart, cut after each of `cuts` messages and
+/// resumed 50 ms later.
 fn plan(count: u32, interval_ms: u64, cuts: Vec<u32>) -> CallPlan {
     CallPlan {
-        count,
-        interval_ms,
         cuts,
         pause: Duration::from_millis(50),
-        close_after: None,
+        ..CallPlan::steady(count, interval_ms)
     }
 }
 
@@ -480,14 +480,10 @@ async fn fr19_cancellation_is_forwarded_and_ends_the_stream() {
         "{:?}",
         started.elapsed()
     );
-    let mut stats = pod.stats().await.unwrap();
-    for _ in 0..50 {
-        if stats["aborted"] == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        stats = pod.stats().await.unwrap();
-    }
+    let stats = pod
+        .wait_for_stats(Duration::from_secs(5), |stats| stats["aborted"] == 1)
+        .await
+        .unwrap();
     assert_eq!(
         stats["aborted"], 1,
         "the upstream stopped the tool: {stats}"
