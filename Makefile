@@ -7,7 +7,7 @@ CARGO ?= cargo
 # command -> Debian/Ubuntu package providing it
 SYSTEM_DEPS := cmake:cmake cc:gcc c++:g++ pkg-config:pkg-config
 
-.PHONY: all deps build test lint unit demo bench crds images clean
+.PHONY: all deps build test lint cargo-test demo bench crds images clean
 
 all: test
 
@@ -36,13 +36,16 @@ build: deps
 	$(CARGO) build --workspace --bins
 
 ## test: formatting, clippy (warnings are errors), then every test of the workspace.
-test: deps lint unit
+test: deps lint cargo-test
 
 lint: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-unit: build
+## cargo-test: every test of the workspace (each crate's unit tests, the multi-process `it`
+## binary, the static `repo` checks; docs/dev/testing.md), after building the binaries the
+## multi-process tests start.
+cargo-test: build
 	$(CARGO) test --workspace --no-fail-fast
 
 ## demo: the rolling-upgrade demo on real MCP traffic, with handoff and the baseline (release build).
