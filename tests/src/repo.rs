@@ -11,7 +11,7 @@ pub fn root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// The text of the file at `path`: a path from the workspace root (e.g. `docs/README.md`) or
+/// The text of the file at `path`: a path from the workspace root (e.g. `docs/reference/metrics.md`) or
 /// an absolute one.
 ///
 /// # Panics

@@ -1,4 +1,4 @@
-//! The rolling upgrade (issue #4; DESIGN.md §3.4, §5): every pod of an endpoint replaced by a
+//! The rolling upgrade (`docs/guide/rolling-upgrade.md`): every pod of an endpoint replaced by a
 //! pod of a newer revision, one at a time, under a load of real MCP sessions; what the clients
 //! experienced and what the sidecars counted, in one [`RolloutReport`].
 //!

@@ -1,6 +1,5 @@
 //! Admission through a real pod: Origin, CORS, protocol versions, media types, session ids and
-//! batches (checklist T-03, T-04, S-02, S-04, P-02, P-03, O-01, O-02, B-01, B-02; field reports
-//! 16 and 24).
+//! batches (spec T-03, T-04, S-02, S-04, P-02, P-03, O-01, O-02, B-01, B-02).
 
 use std::time::Duration;
 
@@ -167,7 +166,7 @@ async fn o02_fr24_bad_origin_is_403_and_listed_or_missing_origins_pass() {
     assert!(
         header_str(&resp, "access-control-expose-headers")
             .is_some_and(|v| v.contains("Mcp-Session-Id")),
-        "CORS headers on errors too (field report 16.3)"
+        "CORS headers on errors too: a browser client reads the error only with them"
     );
     let (_, err) = json_error(resp).await.unwrap();
     assert_eq!(err["data"]["reason"], "origin_forbidden");

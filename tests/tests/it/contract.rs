@@ -1,4 +1,4 @@
-//! The contract between the operator and the sidecar (issue 5, item 5): what the operator injects
+//! The contract between the operator and the sidecar: what the operator injects
 //! into the example Deployment (`examples/k8s/`) is exactly what the sidecar reads — every
 //! environment variable is one of its flags, the mounted ConfigMap and Secret are the files it
 //! loads, its Kubernetes membership source watches the namespace and the labels of the target's

@@ -1,5 +1,5 @@
-//! The admin `/drain` endpoint (issue #4, first part; DESIGN.md §3.4 steps 1 and 6): the pod
-//! stops taking new sessions, requests in flight finish, the call returns when done or at
+//! The admin `/drain` endpoint (`docs/design/handoff.md`, "When a pod drains"): the pod stops
+//! taking new sessions, requests in flight finish, the call returns when done or at
 //! `spec.drain.timeout` (5 s in the test manifest).
 
 use std::time::Duration;

@@ -1,8 +1,9 @@
-//! Fault injection around a session handoff (issue #4 item 5; DESIGN.md §3.2, §3.4).
+//! Fault injection around a session handoff (`docs/design/handoff.md`).
 //!
-//! Every scenario runs on 2 or 3 pods: the sessions under test start on the first pod, A; A drains (`draining` in the membership, then `POST /drain`)
-//! and hands them to its peers; the fault happens around the move. Test names carry the ids of
-//! the requirement checklist (`mcp-spec.md`) and of the field reports they replay.
+//! Every scenario ([`Scenario`]) runs on 2 or 3 pods: the sessions under test start on the
+//! first pod, A; A drains (`draining` in the membership, then `POST /drain`) and hands them to
+//! its peers; the fault happens around the move. Test names carry the spec ids of what they
+//! check (`docs/dev/testing.md`).
 //!
 //! | fault | test |
 //! |---|---|
@@ -153,7 +154,7 @@ async fn r05_a_lost_priming_event_resumes_from_key_0_at_the_new_holder() {
     assert_eq!(s.executions().await, 0, "the new holder ran nothing again");
 }
 
-/// field report 9 (two streams' ids interleaved): two sessions, each with two
+/// R-03 (two streams' ids interleaved): two sessions, each with two
 /// concurrent `slow` calls under the same JSON-RPC ids 2 and 3. Every client reads a few events,
 /// drops, and after the move resumes with its own last id: it gets only its own stream's
 /// events (ids of its stream, its progress token, its answer), none twice, none lost.
@@ -417,10 +418,10 @@ async fn s05_s07_a_delete_whose_answer_was_lost_is_404_when_retried_anywhere() {
     s.check(gone_everywhere(s.each_of_rest()).await);
 }
 
-/// P-02, DESIGN.md §3.1 step 1 (no `MCP-Protocol-Version`): after the move, requests of a
-/// 2025-11-25 session without the header — a resume and `tools/call` — succeed at every entry
-/// (the old pod forwards, the new holder serves) and are counted under the negotiated version,
-/// never as 2025-03-26; after the old pod stopped too.
+/// P-02 (no `MCP-Protocol-Version`: the session's negotiated version applies): after the
+/// move, requests of a 2025-11-25 session without the header — a resume and `tools/call` —
+/// succeed at every entry (the old pod forwards, the new holder serves) and are counted under
+/// the negotiated version, never as 2025-03-26; after the old pod stopped too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p02_requests_without_the_version_header_use_the_negotiated_one_after_the_move() {
     let mut s = Scenario::start(3, PodSpec::default()).await;
@@ -453,7 +454,7 @@ async fn p02_requests_without_the_version_header_use_the_negotiated_one_after_th
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
 }
 
-/// O-01, O-02, field report 24 (an Origin altered by a proxy): after the move, requests of the
+/// O-01, O-02 (an Origin altered by a proxy): after the move, requests of the
 /// session with a disallowed Origin — POST, resume GET, DELETE — are 403 at every entry, the
 /// old pod included (whose requests would be forwarded), rejected there, and reach no upstream;
 /// the session lives on. The allowed Origin, also spelled differently, gets 200.
@@ -571,11 +572,12 @@ const BUDGET: usize = 60;
 /// Sessions resuming at once in the storm test.
 const STORM: usize = 300;
 
-/// DESIGN.md §3.2 (a 429 reconnect storm): 300 sessions move from A to B and A
-/// stops; every client resumes at B at once. B's resume budget (`--resume-budget 60`) admits
-/// at most 60 at once and 60 a second: the others get 429 with `Retry-After` and a JSON-RPC
-/// error `resume_budget`. Clients that honour `Retry-After` all resume and lose nothing; no
-/// 404, no 5xx; the rate served stays within the budget plus the burst; the metrics agree.
+/// R-03, R-07 (a 429 reconnect storm): 300 sessions move from A to B and A stops; every client
+/// resumes at B at once. B's resume budget (`--resume-budget 60`, `docs/design/handoff.md`)
+/// admits at most 60 at once and 60 a second: the others get 429 with `Retry-After` and a
+/// JSON-RPC error `resume_budget`. Clients that honour `Retry-After` all resume and lose
+/// nothing; no 404, no 5xx; the rate served stays within the budget plus the burst; the metrics
+/// agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn r03_a_resume_storm_stays_within_the_budget_and_loses_nothing() {
     let _heavy = load::heavy().await;
@@ -762,12 +764,12 @@ async fn follow_call(
     (call, ending)
 }
 
-/// S-06, R-01, DESIGN.md §3.4 (a pod SIGKILLed mid-handoff): A holds 100 sessions, each with a `slow` call
-/// whose client reads through B or C (forwarded to A). A starts draining and its sidecar is
-/// killed once B and C acknowledged 20 sessions, while the others are moving. Sessions a peer
-/// acknowledged continue; only the others end in 404; every call completes or ends with a
-/// JSON-RPC error `handoff_interrupted` within bounded time; no client ever gets a foreign
-/// event or one twice.
+/// S-06, R-01 (a pod SIGKILLed mid-handoff, `docs/design/handoff.md`): A holds 100 sessions,
+/// each with a `slow` call whose client reads through B or C (forwarded to A). A starts
+/// draining and its sidecar is killed once B and C acknowledged 20 sessions, while the others
+/// are moving. Sessions a peer acknowledged continue; only the others end in 404; every call
+/// completes or ends with a JSON-RPC error `handoff_interrupted` within bounded time; no client
+/// ever gets a foreign event or one twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn s06_r01_a_pod_killed_mid_handoff_loses_only_unacknowledged_sessions() {
     let _heavy = load::heavy().await;

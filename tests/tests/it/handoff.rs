@@ -1,4 +1,4 @@
-//! Session handoff between sidecars (issue #4; DESIGN.md §3.4): a draining pod pushes its
+//! Session handoff between sidecars (`docs/design/handoff.md`): a draining pod pushes its
 //! sessions, replay buffers and cursors to peers, forwards the tail of calls still running, and
 //! clients carry on from any entry pod — before and after the drained pod stops.
 
@@ -125,7 +125,7 @@ async fn sessions_survive_their_home_stopping_and_are_rebuilt_from_the_journal()
     assert_eq!(rebuilt, 20.0, "every adopted session was rebuilt once");
 }
 
-/// Field report 19 / spec L-02: a call still running on the old pod after its session moved is
+/// Spec L-02: a call still running on the old pod after its session moved is
 /// cancelled there when the client cancels it at the new holder; the drain then ends at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn l02_a_cancellation_reaches_the_pod_still_running_the_call() {
@@ -191,9 +191,10 @@ fn answer_to(messages: &[Value], id: u64) -> Option<&Value> {
     messages.iter().find(|m| m["id"] == id)
 }
 
-/// Spec L-01 + DESIGN §3.4 step 6: a call still running at the drain deadline ends with a
-/// JSON-RPC error for its id (`drain_deadline`) — under Replay on the new holder's copy of its
-/// stream, under `Pin` on the pod that kept the session, which served it until the deadline.
+/// Spec L-01, and the drain deadline (`docs/design/handoff.md`): a call still running at the
+/// deadline ends with a JSON-RPC error for its id (`drain_deadline`) — under Replay on the new
+/// holder's copy of its stream, under `Pin` on the pod that kept the session, which served it
+/// until the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_call_cut_by_the_drain_deadline_ends_with_a_json_rpc_error() {
     for migration in ["Replay", "Pin"] {

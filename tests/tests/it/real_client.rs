@@ -1,7 +1,7 @@
 //! An SDK client through the sidecar: rmcp's Streamable HTTP client (reqwest) runs
 //! `initialize`, `tools/list` and `slow`; its connection is cut mid-stream by a relay; the client
 //! resumes with `GET` + `Last-Event-ID` and gets every progress notification and the result
-//! exactly once (checklist, L-01).
+//! exactly once (spec, L-01).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

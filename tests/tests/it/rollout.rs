@@ -1,5 +1,5 @@
-//! The rolling upgrade in CI (issue #4, "Tests and figures"; DESIGN.md §3.4, §5): 3 pods,
-//! ≥ 200 sessions, ≥ 10,000 events, every pod replaced one at a time.
+//! The rolling upgrade in CI (`docs/guide/rolling-upgrade.md`; `make demo` runs a larger one):
+//! 3 pods, ≥ 200 sessions, ≥ 10,000 events, every pod replaced one at a time.
 //!
 //! - With handoff (migration `Replay`): no client-visible 404, no lost, duplicated or foreign
 //!   event, no tool executed twice. The baseline (`--handoff false`) runs the same rollout and

@@ -1,6 +1,7 @@
-//! Multi-pod routing (issue #3; DESIGN.md §3.1 steps 3–5, §3.3): pods with static membership
-//! (`--peers-file`), requests entering at random pods, forwarding between sidecars, joins,
-//! draining and removed pods, membership disagreement, field reports 1 and 2.
+//! Multi-pod routing (`docs/design/routing.md`): pods with static membership (`--peers-file`),
+//! requests entering at random pods, forwarding between sidecars, joins, draining and removed
+//! pods, membership disagreement, sessions followed to the pod that created them, one client IP
+//! spreading its sessions.
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};

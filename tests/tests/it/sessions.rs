@@ -1,6 +1,5 @@
 //! Session lifecycle through a real pod: initialize, 202 for notifications, DELETE, 404 for
-//! unknown, forged, deleted and expired ids, upstream restarts (checklist S-05, T-05; field
-//! reports 4, 5, 6, 15, 22).
+//! unknown, forged, deleted and expired ids, upstream restarts (spec S-05, T-05).
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! 2026-07-28 (stateless) traffic through a real pod: passed through without sessions, and a
-//! client disconnect cancels the upstream request (checklist L-05, S-10, R-08; field report 19).
+//! client disconnect cancels the upstream request (spec L-05, S-10, R-08).
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
-//! Streams and the replay buffer through a real pod (checklist, L-01, T-09, T-11;
-//! field reports 9, 11, 14, 17, 19, 20).
+//! Streams and the replay buffer through a real pod (spec, L-01, T-09, T-11;
+//! `docs/design/architecture.md`).
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,5 @@
-//! The container images (issue 6): each `images/*.Dockerfile` is checked against the code it
-//! packages, since no test here can build an image.
+//! The container images (`docs/dev/images.md`): each `images/*.Dockerfile` is checked against
+//! the code it packages, since no test here can build an image.
 //!
 //! A small Dockerfile parser ([`dockerfile`]: comments, blank lines and `\` continuations)
 //! splits a file into stages; [`check`] then reports, per [`Check`]:
