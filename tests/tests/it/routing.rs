@@ -235,7 +235,14 @@ async fn s05_a_forged_id_is_404_at_the_entry_and_forged_hop_headers_are_403() {
 #[tokio::test]
 async fn a_draining_pod_places_no_session_and_a_removed_pod_gets_no_traffic_within_1s() {
     let ips: [Ipv4Addr; 3] = addr::ips();
-    let mut cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    // Without handoff: a running pod that is no longer in its own membership hands its sessions
+    // to their owners at its next rebalance (within a second), and then A or B would hold them.
+    // This test is about routing to a removed pod, whose sessions nobody else holds.
+    let spec = PodSpec {
+        sidecar_args: vec!["--handoff".into(), "false".into()],
+        ..PodSpec::default()
+    };
+    let mut cluster = Cluster::start(&ips, spec).await.unwrap();
     let c = cluster.client_of(&ips[2..]);
     let on_c: Vec<Session> = {
         let mut v = Vec::new();
@@ -276,7 +283,16 @@ async fn a_draining_pod_places_no_session_and_a_removed_pod_gets_no_traffic_with
     let a_and_b = cluster.client_of(&ips[..2]);
     for s in &on_c {
         // Home gone for A and B, and no other pod holds the session: 404, never 502.
-        assert_eq!(list_status(&a_and_b, s).await, StatusCode::NOT_FOUND);
+        assert_eq!(
+            list_status(&a_and_b, s).await,
+            StatusCode::NOT_FOUND,
+            "handed off: {}\n{}",
+            cluster
+                .metric_sum("tether_handoffs_sent_total")
+                .await
+                .unwrap(),
+            cluster.logs()
+        );
     }
     for s in &placed {
         assert_eq!(list_status(&a_and_b, s).await, StatusCode::OK);
