@@ -2,8 +2,9 @@
 //!
 //! It starts real processes (the example MCP server and `tether-sidecar`) on addresses of
 //! 127.0.0.0/8, talks MCP Streamable HTTP to them with its own small client, and measures what
-//! clients experience. The integration tests in `tests/tests/` and the local demo (`make demo`)
-//! are built on it.
+//! clients experience. The multi-process tests (`tests/tests/it/`), the static checks of the
+//! repository (`tests/tests/repo/`) and the local demo (`make demo`) are built on it
+//! (`docs/dev/testing.md`).
 //!
 //! - [`bins`]: finds the workspace's binaries;
 //! - [`pod`]: one pod (example server + sidecar) with its manifest, secret and logs;
