@@ -4,7 +4,7 @@
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
-use tether_sidecar::ring::{HrwRing, SessionRing};
+use tether_sidecar::{HrwRing, SessionRing};
 
 fn lookups(c: &mut Criterion) {
     let id = "AbJ2v0mYx3yq9Yx0mYq9Yx0mYq9Yx0mYq9Yx0mYq9Yx0mYq9Yx0mYq9";

@@ -4,8 +4,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tether_sidecar::cli::{Cli, LogFormat};
-use tether_sidecar::config::Config;
+use tether_sidecar::{Cli, Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 /// The log filter: `RUST_LOG` (default `info`). pingora's own debug logs print request headers,
@@ -41,7 +40,7 @@ fn main() -> ExitCode {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
-    let Err(e) = Config::load(&cli).and_then(tether_sidecar::server::run);
+    let Err(e) = Config::load(&cli).and_then(tether_sidecar::run);
     tracing::error!("cannot start: {e}");
     ExitCode::from(2)
 }

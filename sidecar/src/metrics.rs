@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::buffer::Evictions;
+use crate::stream::buffer::Evictions;
 
 /// A `reason` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -380,7 +380,7 @@ impl Metrics {
     }
 
     /// Counts evictions by reason.
-    pub fn record_evictions(&self, e: &Evictions) {
+    pub(crate) fn record_evictions(&self, e: &Evictions) {
         for (reason, n) in [
             ("count", e.count),
             ("bytes", e.bytes),

@@ -12,28 +12,28 @@ use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{BackgroundService, background_service};
 use pingora::services::listening::Service;
 
-use crate::admin::Admin;
 use crate::broker::Broker;
-use crate::buffer::PodBudget;
+use crate::cluster::membership::kubernetes::KubernetesPods;
+use crate::cluster::membership::peers_file::PeersFile;
+use crate::cluster::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
+use crate::cluster::peer_health::{PeerHealth, Prober};
+use crate::cluster::routing::Router;
+use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigError, MembershipConfig};
-use crate::drain::Drain;
 use crate::handoff::Handoff;
 use crate::handoff::listener::PeerListener;
-use crate::membership::kubernetes::KubernetesPods;
-use crate::membership::peers_file::PeersFile;
-use crate::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
+use crate::mcp::session_id::{HomeToken, IdMinter};
 use crate::metrics::Metrics;
-use crate::peer_health::{PeerHealth, Prober};
+use crate::ops::admin::Admin;
+use crate::ops::drain::Drain;
+use crate::ops::shutdown::DrainOnTerm;
 use crate::proxy::McpProxy;
-use crate::reload::Reloader;
-use crate::routing::Router;
 use crate::session::Registry;
-use crate::session_id::{HomeToken, IdMinter};
-use crate::shutdown::DrainOnTerm;
+use crate::stream::buffer::PodBudget;
 use crate::upstream::Upstream;
 
 /// How often idle sessions and expired events are swept.
-pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Seconds pingora waits after its listeners close, then gives runtimes to stop. Requests in
 /// flight have already finished by then ([`DrainOnTerm`]); what remains are idle keep-alive
 /// connections and standalone GET streams, which clients reopen.
@@ -44,7 +44,7 @@ const PEER_READ_MARGIN: Duration = Duration::from_secs(10);
 
 /// How often adopted sessions are checked against `owner(S)` (DESIGN.md §3.4 step 5) and
 /// followed streams against their writer's liveness.
-pub const REBALANCE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const REBALANCE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A task run every `interval` until shutdown (the sweeper, the rebalancer).
 struct Periodic<F> {
@@ -135,7 +135,7 @@ fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
 }
 
 /// Builds the broker from the configuration.
-pub fn broker(cfg: &Config) -> Arc<Broker> {
+pub(crate) fn broker(cfg: &Config) -> Arc<Broker> {
     let upstream_timeout = cfg.broker.upstream_body_timeout;
     Broker::new(
         cfg.broker.clone(),

@@ -206,7 +206,10 @@ fn documented() -> BTreeMap<String, String> {
             continue;
         };
         let previous = out.insert(name.to_owned(), cells[2].to_owned());
-        assert!(previous.is_none(), "docs/reference/metrics.md lists {name} twice");
+        assert!(
+            previous.is_none(),
+            "docs/reference/metrics.md lists {name} twice"
+        );
     }
     out
 }

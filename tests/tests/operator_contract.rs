@@ -16,8 +16,8 @@ use tether_crds::McpEndpoint;
 use tether_operator::build::{Defaults, plan};
 use tether_operator::names::{CONFIG_KEY, Names, SECRET_KEY, SIDECAR_CONTAINER};
 use tether_operator::validate::validate;
-use tether_sidecar::cli::Cli;
-use tether_sidecar::config::{Config, MembershipConfig};
+use tether_sidecar::Cli;
+use tether_sidecar::{Config, MembershipConfig};
 
 const NAMESPACE: &str = "tools";
 const POD_IP: &str = "10.1.2.3";
@@ -226,7 +226,7 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
         "status": {"podIP": POD_IP},
     }))
     .unwrap();
-    let peer = tether_sidecar::membership::kubernetes::peer_of(&pod, 1).unwrap();
+    let peer = tether_sidecar::peer_of(&pod, 1).unwrap();
     assert_eq!(peer.address, cfg.listen_addr);
     assert_eq!(peer.peer_port, Some(cfg.peer_addr.port()));
 

@@ -18,13 +18,14 @@ use http::{HeaderValue, Method, StatusCode, header};
 
 use super::Broker;
 use super::rebuild::Sent;
-use crate::admission::Admitted;
-use crate::buffer::ReplayError;
-use crate::cursor::EventId;
-use crate::headers::forwarded_request_headers;
+use crate::mcp::admission::Admitted;
+use crate::mcp::cursor::EventId;
+use crate::mcp::headers::forwarded_request_headers;
+use crate::mcp::rejection::{NotFound, Rejection};
 use crate::metrics::ResumeLabels;
-use crate::reply::{NotFound, Rejection, Reply};
+use crate::reply::Reply;
 use crate::session::{EnterGuard, Session, Standalone};
+use crate::stream::buffer::ReplayError;
 use crate::stream::{Start, Stream, StreamKind};
 use crate::upstream::is_sse;
 

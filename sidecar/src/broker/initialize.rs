@@ -19,12 +19,13 @@ use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
 use super::Broker;
-use crate::admission::Admitted;
-use crate::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID, forwarded_request_headers};
-use crate::journal::Journal;
-use crate::jsonrpc::{RequestKey, response_id};
-use crate::reply::{Rejection, Reply, VersionMismatch};
+use crate::mcp::admission::Admitted;
+use crate::mcp::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID, forwarded_request_headers};
+use crate::mcp::jsonrpc::{RequestKey, response_id};
+use crate::mcp::rejection::{Rejection, VersionMismatch};
+use crate::reply::Reply;
 use crate::session::Session;
+use crate::session::journal::Journal;
 use crate::stream::{Start, StreamKind};
 use crate::upstream::{Exchange, events, is_sse};
 

@@ -20,12 +20,14 @@ use tether_crds::ProtocolVersion;
 
 use super::Broker;
 use super::rebuild::Sent;
-use crate::admission::Admitted;
-use crate::headers::forwarded_request_headers;
-use crate::jsonrpc::{Envelope, EnvelopeError, Message, RequestKey};
+use crate::mcp::admission::Admitted;
+use crate::mcp::headers::forwarded_request_headers;
+use crate::mcp::jsonrpc::{Envelope, EnvelopeError, Message, RequestKey};
+use crate::mcp::rejection::{NotFound, Rejection};
 use crate::metrics::VersionLabel;
-use crate::reply::{NotFound, Rejection, Reply, StoredReply};
+use crate::reply::Reply;
 use crate::session::{Dedupe, EnterGuard, Session};
+use crate::stream::StoredReply;
 use crate::stream::{Head, Start, Stream, StreamKind};
 
 impl Broker {

@@ -19,10 +19,11 @@ use hyper::body::Incoming;
 
 use super::Broker;
 use super::rebuild::Sent;
-use crate::headers::MCP_PROTOCOL_VERSION;
-use crate::jsonrpc::RequestKey;
-use crate::reply::{NotFound, Rejection, StoredReply};
+use crate::mcp::headers::MCP_PROTOCOL_VERSION;
+use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::rejection::{NotFound, Rejection};
 use crate::session::Session;
+use crate::stream::StoredReply;
 use crate::stream::{Stream, StreamKind};
 use crate::upstream::{UpstreamError, events, is_sse, read_body};
 
@@ -106,7 +107,9 @@ impl Broker {
             }
         };
         if resp.status() == StatusCode::OK && is_sse(&resp) {
-            stream.mark_sse(crate::headers::forwarded_response_headers(resp.headers()));
+            stream.mark_sse(crate::mcp::headers::forwarded_response_headers(
+                resp.headers(),
+            ));
             let origin = session.upstream_id();
             self.pump(&session, &stream, resp.into_body(), &ids, headers, origin)
                 .await;
@@ -243,7 +246,7 @@ impl Broker {
                 Instant::now(),
             );
             self.metrics.events_buffered.inc();
-            self.metrics.record_evictions(&appended.evictions);
+            self.metrics.record_evictions(&appended);
             if self.budget.over() {
                 self.enforce_pod_cap_soon();
             }
@@ -349,7 +352,7 @@ impl Broker {
         resp: http::Response<Incoming>,
     ) -> Result<StoredReply, Rejection> {
         let status = resp.status();
-        let headers = crate::headers::forwarded_response_headers(resp.headers());
+        let headers = crate::mcp::headers::forwarded_response_headers(resp.headers());
         let (max_bytes, timeout) = {
             let cfg = self.cfg();
             (cfg.max_upstream_body_bytes, cfg.upstream_body_timeout)

@@ -18,11 +18,14 @@ use tether_crds::Migration;
 
 use super::Broker;
 use super::initialize::{Messages, negotiated_version, sse_messages};
-use crate::headers::MCP_SESSION_ID;
-use crate::jsonrpc::RequestKey;
-use crate::reply::NotFound;
-use crate::session::Session;
-use crate::upstream::{Exchange, UpstreamError, is_sse, post_headers, session_gone};
+use crate::mcp::headers::MCP_SESSION_ID;
+use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::rejection::NotFound;
+use crate::session::{Session, TooManySessions};
+use crate::upstream::{Exchange, UpstreamError, is_sse, own_headers, post_headers, session_gone};
+
+/// Adopted sessions rebuilt in the background at the same time.
+pub(super) const BACKGROUND_REBUILDS: usize = 8;
 
 /// Why a rebuild failed.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +93,59 @@ impl Broker {
             }
             rebuilt = true;
         }
+    }
+
+    /// Registers a session handed over by a peer (`docs/design/handoff.md`) and starts
+    /// rebuilding its upstream session in the background, a few at a time (a drain hands over
+    /// hundreds of sessions at once); a request for the session rebuilds it at once if it comes
+    /// first. Returns whether the session was new (a repeated push of a session already held is
+    /// acknowledged again without change).
+    ///
+    /// # Errors
+    /// [`TooManySessions`] when the pod is full.
+    pub(crate) fn adopt_session(
+        self: &Arc<Self>,
+        session: Arc<Session>,
+    ) -> Result<bool, TooManySessions> {
+        if !self.registry.adopt(Arc::clone(&session))? {
+            return Ok(false);
+        }
+        self.metrics.sessions.inc();
+        self.metrics.handoffs_received.inc();
+        let broker = Arc::clone(self);
+        tokio::spawn(async move {
+            let _slot = broker.rebuild_slots.acquire().await;
+            broker.ensure_upstream(&session).await;
+        });
+        Ok(true)
+    }
+
+    /// Rebuilds the upstream session of an adopted session from its journal, once; returns
+    /// whether the session can be used (a failed rebuild ends it: later requests get 404).
+    pub(super) async fn ensure_upstream(self: &Arc<Self>, session: &Arc<Session>) -> bool {
+        if !session.needs_rebuild() {
+            return !session.is_ended();
+        }
+        let _one_at_a_time = session.rebuilding.lock().await;
+        if !session.needs_rebuild() || session.is_ended() {
+            return !session.is_ended();
+        }
+        if !self.rebuild_now(session).await {
+            return false;
+        }
+        // A standalone stream open at the sender goes on there until its calls finish; this
+        // pod opens its own before any request of the session reaches the upstream, so server
+        // messages of calls made here are buffered for the client's next GET.
+        if session.take_reopen_standalone() {
+            let headers = own_headers(session.version().as_str(), true);
+            if let Err(e) = Arc::clone(self)
+                .open_standalone_boxed(headers, Arc::clone(session))
+                .await
+            {
+                tracing::debug!(session = session.digest(), error = ?e, "cannot open the standalone stream");
+            }
+        }
+        true
     }
 
     /// Recovers `session` after the upstream said it does not know upstream session `lost`.

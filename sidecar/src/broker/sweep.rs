@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Broker;
-use crate::reply::NotFound;
+use crate::mcp::rejection::NotFound;
 
 impl Broker {
     /// Evicts expired events, ends idle sessions (later requests get 404, reason `expired`;
     /// the upstream is told with DELETE) and refreshes the stream and buffer gauges.
-    pub fn sweep(self: &Arc<Self>, now: Instant) {
+    pub(crate) fn sweep(self: &Arc<Self>, now: Instant) {
         let (mut streams, mut events, mut bytes) = (0i64, 0i64, 0i64);
         let cfg = self.cfg();
         // A reload that shortened the timeout gives every session the new timeout from the
@@ -54,7 +54,7 @@ impl Broker {
     /// Keeps the pod under its buffer byte cap: when over, the buffers of complete streams that
     /// nobody reads are emptied, oldest first (they become tombstones; a later resume into them
     /// gets `cursor_evicted`). Live streams only evict their own oldest events as they grow.
-    pub fn enforce_pod_cap(&self) {
+    pub(crate) fn enforce_pod_cap(&self) {
         if !self.budget.over() {
             return;
         }
@@ -74,9 +74,10 @@ impl Broker {
             }
             evicted += stream.evict_if_idle();
         }
-        self.metrics.record_evictions(&crate::buffer::Evictions {
-            pod_cap: evicted,
-            ..Default::default()
-        });
+        self.metrics
+            .record_evictions(&crate::stream::buffer::Evictions {
+                pod_cap: evicted,
+                ..Default::default()
+            });
     }
 }

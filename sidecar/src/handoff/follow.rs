@@ -12,8 +12,8 @@ use tokio::sync::Notify;
 use super::listener::TAIL_PATH;
 use super::wire::TailPush;
 use super::{BACKOFF, Handoff, MESSAGE_OVERHEAD};
-use crate::cursor::StreamKey;
-use crate::membership::Peer;
+use crate::cluster::membership::Peer;
+use crate::mcp::cursor::StreamKey;
 use crate::session::{Session, Standalone};
 use crate::stream::{Stream, StreamKind};
 

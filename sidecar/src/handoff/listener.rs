@@ -22,21 +22,22 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use tokio::sync::Semaphore;
 
+use super::adopt::{self, AdoptError};
 use super::auth;
 use super::wire::{CancelPush, SessionPush, TailPush};
-use crate::broker::{AdoptError, Broker};
+use crate::broker::Broker;
 use crate::secret::Secret;
 
 /// Path of session pushes.
-pub const SESSIONS_PATH: &str = "/v1/sessions";
+pub(crate) const SESSIONS_PATH: &str = "/v1/sessions";
 /// Path of tail messages.
-pub const TAIL_PATH: &str = "/v1/tail";
+pub(crate) const TAIL_PATH: &str = "/v1/tail";
 /// Path of relayed cancellations.
-pub const CANCEL_PATH: &str = "/v1/cancel";
+pub(crate) const CANCEL_PATH: &str = "/v1/cancel";
 /// Messages handled at the same time; more wait.
-pub const MAX_CONCURRENT: usize = 64;
+pub(crate) const MAX_CONCURRENT: usize = 64;
 /// How long a message waits for a slot before 503.
-pub const QUEUE_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const QUEUE_WAIT: Duration = Duration::from_secs(5);
 /// How long a message body may take to arrive.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -44,7 +45,7 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 type Refusal = (StatusCode, &'static str, String);
 
 /// The peer HTTP application.
-pub struct PeerListener {
+pub(crate) struct PeerListener {
     broker: Arc<Broker>,
     secret: Secret,
     max_message_bytes: usize,
@@ -54,7 +55,7 @@ pub struct PeerListener {
 impl PeerListener {
     /// A listener adopting into `broker`, checking MACs with `secret`, refusing bodies over
     /// `max_message_bytes`.
-    pub fn new(broker: Arc<Broker>, secret: Secret, max_message_bytes: usize) -> Self {
+    pub(crate) fn new(broker: Arc<Broker>, secret: Secret, max_message_bytes: usize) -> Self {
         Self {
             broker,
             secret,
@@ -132,14 +133,14 @@ impl PeerListener {
             Ok(push) => push,
             Err(refusal) => return refuse(refusal),
         };
-        match self.broker.cancel_here(&push).await {
+        match adopt::cancel_here(&self.broker, &push).await {
             Ok(()) => ok(),
             Err(e) => adopt_error(&e),
         }
     }
 
     fn adopt(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        match parse::<SessionPush>(from, body).map(|push| self.broker.adopt(&push)) {
+        match parse::<SessionPush>(from, body).map(|push| adopt::adopt(&self.broker, &push)) {
             Ok(Ok(())) => ok(),
             Ok(Err(e)) => adopt_error(&e),
             Err(refusal) => refuse(refusal),
@@ -147,7 +148,7 @@ impl PeerListener {
     }
 
     fn tail(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        match parse::<TailPush>(from, body).map(|tail| self.broker.apply_tail(&tail)) {
+        match parse::<TailPush>(from, body).map(|tail| adopt::apply_tail(&self.broker, &tail)) {
             Ok(Ok(_)) => ok(),
             Ok(Err(e)) => adopt_error(&e),
             Err(refusal) => refuse(refusal),

@@ -162,7 +162,7 @@ fn entrypoint_binary(dockerfile: &str) -> String {
 
 #[test]
 fn sidecar_image_runs_the_sidecar_as_the_injected_container_does() {
-    let binary = tether_sidecar::cli::Cli::command().get_name().to_owned();
+    let binary = tether_sidecar::Cli::command().get_name().to_owned();
     let (_, bins) = package("sidecar");
     assert_eq!(
         bins,
