@@ -154,7 +154,17 @@ impl Broker {
         if !self.ensure_upstream(session).await {
             return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
         }
-        let _opening = session.standalone_open.lock().await;
+        session
+            .open_standalone_once(self.open_standalone_now(request_headers, session))
+            .await
+    }
+
+    /// [`Broker::open_standalone`] inside [`Session::open_standalone_once`].
+    async fn open_standalone_now(
+        self: &Arc<Self>,
+        request_headers: &http::HeaderMap,
+        session: &Arc<Session>,
+    ) -> Result<Result<Arc<Stream>, Reply>, Rejection> {
         match session.standalone() {
             Standalone::Open(stream) => return Ok(Ok(stream)),
             Standalone::Unsupported(stored) => return Ok(Err(stored.into())),

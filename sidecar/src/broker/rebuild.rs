@@ -126,26 +126,30 @@ impl Broker {
         if !session.needs_rebuild() {
             return !session.is_ended();
         }
-        let _one_at_a_time = session.rebuilding.lock().await;
-        if !session.needs_rebuild() || session.is_ended() {
-            return !session.is_ended();
-        }
-        if !self.rebuild_now(session).await {
-            return false;
-        }
-        // A standalone stream open at the sender goes on there until its calls finish; this
-        // pod opens its own before any request of the session reaches the upstream, so server
-        // messages of calls made here are buffered for the client's next GET.
-        if session.take_reopen_standalone() {
-            let headers = own_headers(session.version().as_str(), true);
-            if let Err(e) = Arc::clone(self)
-                .open_standalone_boxed(headers, Arc::clone(session))
-                .await
-            {
-                tracing::debug!(session = session.digest(), error = ?e, "cannot open the standalone stream");
-            }
-        }
-        true
+        session
+            .rebuild_once(async {
+                if !session.needs_rebuild() || session.is_ended() {
+                    return !session.is_ended();
+                }
+                if !self.rebuild_now(session).await {
+                    return false;
+                }
+                // A standalone stream open at the sender goes on there until its calls finish;
+                // this pod opens its own before any request of the session reaches the
+                // upstream, so server messages of calls made here are buffered for the
+                // client's next GET.
+                if session.take_reopen_standalone() {
+                    let headers = own_headers(session.version().as_str(), true);
+                    if let Err(e) = Arc::clone(self)
+                        .open_standalone_boxed(headers, Arc::clone(session))
+                        .await
+                    {
+                        tracing::debug!(session = session.digest(), error = ?e, "cannot open the standalone stream");
+                    }
+                }
+                true
+            })
+            .await
     }
 
     /// Recovers `session` after the upstream said it does not know upstream session `lost`.
@@ -160,18 +164,21 @@ impl Broker {
             self.end_session(session, NotFound::UpstreamGone);
             return false;
         }
-        let _one_at_a_time = session.rebuilding.lock().await;
-        if session.is_ended() {
-            return false; // a rebuild failed meanwhile
-        }
-        if session.upstream_id().as_deref() != lost {
-            return true; // another request rebuilt it meanwhile
-        }
-        self.rebuild_now(session).await
+        session
+            .rebuild_once(async {
+                if session.is_ended() {
+                    return false; // a rebuild failed meanwhile
+                }
+                if session.upstream_id().as_deref() != lost {
+                    return true; // another request rebuilt it meanwhile
+                }
+                self.rebuild_now(session).await
+            })
+            .await
     }
 
-    /// Rebuilds `session`'s upstream session from its journal now (the caller holds
-    /// `session.rebuilding`); a failure ends the session (404 from then on). Returns whether it
+    /// Rebuilds `session`'s upstream session from its journal now (the caller runs it in
+    /// [`Session::rebuild_once`]); a failure ends the session (404 from then on). Returns whether it
     /// goes on.
     pub(super) async fn rebuild_now(self: &Arc<Self>, session: &Arc<Session>) -> bool {
         match self.rebuild(session).await {

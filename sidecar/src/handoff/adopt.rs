@@ -6,9 +6,10 @@
 
 use std::sync::Arc;
 
+use super::image;
 use crate::broker::Broker;
 use crate::handoff::wire::{CancelPush, SessionPush, TailPush};
-use crate::session::{Session, TooManySessions};
+use crate::session::TooManySessions;
 
 /// Why a pushed session or tail was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -37,16 +38,16 @@ pub(crate) enum AdoptError {
 /// # Errors
 /// [`AdoptError`]: forged id, unusable image, draining, full.
 pub(crate) fn adopt(broker: &Arc<Broker>, push: &SessionPush) -> Result<(), AdoptError> {
-    let image = &push.session;
-    if !broker.is_genuine(&image.id) {
+    let pushed = &push.session;
+    if !broker.is_genuine(&pushed.id) {
         return Err(AdoptError::Forged);
     }
     if broker.is_draining() {
         return Err(AdoptError::Draining);
     }
-    let digest = broker.log_digest(&image.id);
-    let session = Session::restore(
-        image,
+    let digest = broker.log_digest(&pushed.id);
+    let session = image::restore_session(
+        pushed,
         digest,
         &push.from,
         broker.buffer_limits(),
@@ -57,7 +58,7 @@ pub(crate) fn adopt(broker: &Arc<Broker>, push: &SessionPush) -> Result<(), Adop
         tracing::info!(
             session = session.digest(),
             from = %push.from,
-            streams = image.streams.len(),
+            streams = pushed.streams.len(),
             "session adopted"
         );
     }
@@ -74,7 +75,8 @@ pub(crate) fn apply_tail(broker: &Broker, tail: &TailPush) -> Result<usize, Adop
         .held(&tail.session)
         .or_else(|| broker.departed_session(&tail.session))
         .ok_or(AdoptError::NotHeld)?;
-    Ok(session.import_streams(
+    Ok(image::import(
+        &session,
         &tail.streams,
         &tail.requests,
         &tail.from,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+use super::image;
 use super::listener::TAIL_PATH;
 use super::wire::TailPush;
 use super::{BACKOFF, Handoff, MESSAGE_OVERHEAD};
@@ -46,14 +47,14 @@ pub(super) async fn follow(
     let mut sent: HashMap<StreamKey, Sent> = HashMap::new();
     for stream in session.streams() {
         if let Some(&position) = positions.get(stream.key()) {
-            let (image, _) = stream.image(position, 0);
+            let (snapshot, _) = stream.snapshot(position, 0);
             sent.insert(
                 stream.key().clone(),
                 Sent {
                     position,
-                    pending: image.pending.len(),
-                    head: image.sse.is_some() || image.stored.is_some(),
-                    done: image.complete && position >= image.last_seq,
+                    pending: snapshot.pending.len(),
+                    head: snapshot.sse.is_some() || snapshot.stored.is_some(),
+                    done: snapshot.complete && position >= snapshot.last_seq,
                 },
             );
         }
@@ -139,24 +140,24 @@ fn delta(
             more = true;
             break;
         }
-        let (image, position) = stream.image(before.position, left);
+        let (snapshot, position) = stream.snapshot(before.position, left);
         let now = Sent {
             position,
-            pending: image.pending.len(),
-            head: image.sse.is_some() || image.stored.is_some(),
-            done: image.complete,
+            pending: snapshot.pending.len(),
+            head: snapshot.sse.is_some() || snapshot.stored.is_some(),
+            done: snapshot.complete,
         };
-        if now == before && image.events.is_empty() && sent.contains_key(stream.key()) {
+        if now == before && snapshot.events.is_empty() && sent.contains_key(stream.key()) {
             continue;
         }
-        let size: usize = image.events.iter().map(|e| e.data.len()).sum();
+        let size: usize = snapshot.events.iter().map(|e| e.data.len()).sum();
         left = left.saturating_sub(size.max(1));
         more |= position < stream.last_seq();
         if !sent.contains_key(stream.key()) {
             new_keys.push(stream.key().clone());
         }
         next.push((stream.key().clone(), now));
-        streams.push(image);
+        streams.push(image::stream_image(&snapshot));
     }
     let push = TailPush {
         from: handoff.router.uid().to_owned(),
@@ -164,7 +165,7 @@ fn delta(
         requests: if new_keys.is_empty() {
             Vec::new()
         } else {
-            session.requests_of(&new_keys)
+            image::request_images(&session.records_of(&new_keys))
         },
         streams,
     };

@@ -27,6 +27,7 @@ pub(crate) mod adopt;
 pub(crate) mod auth;
 pub(crate) mod client;
 mod follow;
+mod image;
 pub(crate) mod listener;
 pub(crate) mod wire;
 
@@ -220,10 +221,10 @@ impl Handoff {
             .max_message_bytes
             .saturating_sub(MESSAGE_OVERHEAD)
             .max(1);
-        let (image, positions) = session.image(budget);
+        let (snapshot, positions) = session.snapshot(budget);
         let push = SessionPush {
             from: self.router.uid().to_owned(),
-            session: image,
+            session: image::session_image(&snapshot),
         };
         let body = match serde_json::to_vec(&push) {
             Ok(body) => Bytes::from(body),

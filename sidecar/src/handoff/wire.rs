@@ -7,15 +7,13 @@
 //! decode). Unknown fields are refused, so a peer speaking a different version fails loudly
 //! instead of half-applying a message.
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
-use crate::stream::StoredReply;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::RequestKey;
-use crate::session::journal::Journal;
 
 /// `POST /v1/sessions`: a session handed to the receiver, which answers 200 once it holds it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,13 +34,27 @@ pub(crate) struct SessionImage {
     /// The negotiated protocol version, e.g. `2025-11-25`.
     pub(crate) version: String,
     /// The journal the receiver rebuilds the upstream session from (`migration: Replay`).
-    pub(crate) journal: Journal,
+    pub(crate) journal: JournalImage,
     /// Retry records: request id → body digest and the stream carrying its response.
     pub(crate) requests: Vec<RequestImage>,
     /// Every stream the session keeps (live ones, completed ones and tombstones).
     pub(crate) streams: Vec<StreamImage>,
     /// The upstream's answer to a standalone `GET` when it offers none (replayed to clients).
     pub(crate) standalone_unsupported: Option<ReplyImage>,
+}
+
+/// The session journal: what rebuilds the upstream session on the receiver.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct JournalImage {
+    /// The `initialize` request as sent upstream.
+    pub(crate) initialize: Value,
+    /// Whether `notifications/initialized` was sent.
+    pub(crate) initialized: bool,
+    /// The params of the last `logging/setLevel`.
+    pub(crate) log_level: Option<Value>,
+    /// The params of each `resources/subscribe` in force, by URI.
+    pub(crate) subscriptions: BTreeMap<String, Value>,
 }
 
 /// One retry record (DESIGN.md §3.2, idempotent retries).
@@ -147,49 +159,6 @@ pub(crate) struct CancelPush {
     pub(crate) notification: serde_json::Value,
 }
 
-impl From<&StoredReply> for ReplyImage {
-    fn from(r: &StoredReply) -> Self {
-        Self {
-            status: r.status.as_u16(),
-            headers: headers_to(&r.headers),
-            body: String::from_utf8_lossy(&r.body).into_owned(),
-        }
-    }
-}
-
-impl ReplyImage {
-    /// The stored reply this image describes.
-    ///
-    /// # Errors
-    /// When the status is not a valid HTTP status.
-    pub(crate) fn to_reply(&self) -> Result<StoredReply, http::status::InvalidStatusCode> {
-        Ok(StoredReply {
-            status: StatusCode::from_u16(self.status)?,
-            headers: headers_from(&self.headers),
-            body: Bytes::from(self.body.clone()),
-        })
-    }
-}
-
-/// Headers as `(name, value)` text pairs (values that are not visible ASCII are left out).
-pub(crate) fn headers_to(headers: &HeaderMap) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
-        .collect()
-}
-
-/// Headers from `(name, value)` text pairs (invalid pairs are left out).
-pub(crate) fn headers_from(pairs: &[(String, String)]) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    for (n, v) in pairs {
-        if let (Ok(n), Ok(v)) = (HeaderName::try_from(n.as_str()), HeaderValue::try_from(v)) {
-            headers.append(n, v);
-        }
-    }
-    headers
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,7 +171,12 @@ mod tests {
             session: SessionImage {
                 id: "id".into(),
                 version: "2025-11-25".into(),
-                journal: Journal::new(json!({"jsonrpc":"2.0","id":1,"method":"initialize"})),
+                journal: JournalImage {
+                    initialize: json!({"jsonrpc":"2.0","id":1,"method":"initialize"}),
+                    initialized: false,
+                    log_level: None,
+                    subscriptions: BTreeMap::new(),
+                },
                 requests: vec![RequestImage {
                     id: RequestKey::of(&json!(7)),
                     digest: "00".into(),

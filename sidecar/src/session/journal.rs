@@ -17,8 +17,7 @@ use crate::mcp::jsonrpc::Message;
 pub(crate) const MAX_SUBSCRIPTIONS: usize = 1024;
 
 /// What rebuilds one upstream session.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Journal {
     initialize: Value,
     initialized: bool,
@@ -35,6 +34,32 @@ impl Journal {
             log_level: None,
             subscriptions: BTreeMap::new(),
         }
+    }
+
+    /// A journal from its parts, as [`Journal::parts`] gave them (on another pod).
+    pub(crate) fn from_parts(
+        initialize: Value,
+        initialized: bool,
+        log_level: Option<Value>,
+        subscriptions: BTreeMap<String, Value>,
+    ) -> Self {
+        Self {
+            initialize,
+            initialized,
+            log_level,
+            subscriptions,
+        }
+    }
+
+    /// The parts: the `initialize` request, whether `notifications/initialized` was sent, the
+    /// last `logging/setLevel` params and the subscriptions' params by URI.
+    pub(crate) fn parts(&self) -> (&Value, bool, Option<&Value>, &BTreeMap<String, Value>) {
+        (
+            &self.initialize,
+            self.initialized,
+            self.log_level.as_ref(),
+            &self.subscriptions,
+        )
     }
 
     /// The `initialize` request.

@@ -1,39 +1,41 @@
-//! Sessions held by this pod and the registry that finds them by client session id.
+//! A client session held by this pod (`docs/design/architecture.md#sessions`).
 //!
 //! A [`Session`] maps the client's session id (minted by the sidecar) to the upstream's session
-//! id, and holds the session's streams, the records that de-duplicate retried requests
-//! (DESIGN.md §3.2), the standalone GET stream and the time of the last activity (for
+//! id, and holds the session's streams, the records that de-duplicate retried requests, the
+//! standalone GET stream, the journal and the time of the last activity (for
 //! `session.idleTimeout`). Memory per session is bounded: at most [`MAX_STREAMS`] streams (the
-//! oldest completed ones are forgotten first) and [`MAX_REQUEST_RECORDS`] request records.
+//! oldest completed ones are forgotten first) and [`MAX_REQUEST_RECORDS`] retry records. The
+//! pod's sessions are found in the [`Registry`].
 
+mod bounded;
 pub(crate) mod journal;
+mod registry;
+
+pub(crate) use registry::{Registry, TooManySessions};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use serde_json::Value;
 use tether_crds::ProtocolVersion;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::handoff::wire::{KindImage, ReplyImage, RequestImage, SessionImage, StreamImage};
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::{Message, RequestKey};
-use crate::mcp::rejection::NotFound;
 use crate::session::journal::Journal;
 use crate::stream::StoredReply;
 use crate::stream::buffer::{BufferLimits, Evictions, PodBudget};
-use crate::stream::{Stream, StreamKind};
+use crate::stream::{Stream, StreamKind, StreamSnapshot};
+use bounded::Bounded;
 
 /// Most streams (live or tombstones) one session keeps.
 pub(crate) const MAX_STREAMS: usize = 4096;
 /// Most request records one session keeps for retry de-duplication.
 pub(crate) const MAX_REQUEST_RECORDS: usize = 16384;
-/// Most ended sessions remembered for 404 reasons.
-const ENDED_LOG: usize = 16384;
 
 /// The session's standalone GET stream (spec T-09).
 #[derive(Clone, Debug)]
@@ -52,12 +54,41 @@ struct RequestRecord {
     stream: StreamKey,
 }
 
+/// One retry record, as a [`SessionSnapshot`] carries it: a request id, the SHA-256 of the
+/// POST body that carried it, and the stream carrying its response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RetryRecord {
+    /// The JSON-RPC request id.
+    pub(crate) id: RequestKey,
+    /// SHA-256 of the POST body.
+    pub(crate) digest: [u8; 32],
+    /// The stream carrying its response.
+    pub(crate) stream: StreamKey,
+}
+
+/// A copy of a session's state for another pod (a handoff): everything a pod needs to serve a
+/// session it did not create.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct SessionSnapshot {
+    /// The client session id.
+    pub(crate) id: String,
+    /// The negotiated protocol version.
+    pub(crate) version: ProtocolVersion,
+    /// The journal the upstream session is rebuilt from (`migration: Replay`).
+    pub(crate) journal: Journal,
+    /// Retry records, oldest first.
+    pub(crate) records: Vec<RetryRecord>,
+    /// Every stream the session keeps (live ones, completed ones and tombstones), oldest first.
+    pub(crate) streams: Vec<StreamSnapshot>,
+    /// The upstream's answer to a standalone `GET` when it offers none (replayed to clients).
+    pub(crate) standalone_unsupported: Option<StoredReply>,
+}
+
 #[derive(Debug)]
 struct State {
     streams: HashMap<StreamKey, Arc<Stream>>,
     stream_order: VecDeque<StreamKey>,
-    requests: HashMap<RequestKey, RequestRecord>,
-    request_order: VecDeque<RequestKey>,
+    requests: Bounded<RequestKey, RequestRecord>,
     standalone: Standalone,
     last_activity: Instant,
     busy: u32,
@@ -130,10 +161,10 @@ pub(crate) struct Session {
     version: ProtocolVersion,
     cancel: CancellationToken,
     state: Mutex<State>,
-    /// Serialises opening the upstream standalone GET stream.
-    pub(crate) standalone_open: tokio::sync::Mutex<()>,
-    /// Serialises rebuilding the upstream session from the journal.
-    pub(crate) rebuilding: tokio::sync::Mutex<()>,
+    /// Serialises opening the upstream standalone GET stream ([`Session::open_standalone_once`]).
+    standalone_open: tokio::sync::Mutex<()>,
+    /// Serialises rebuilding the upstream session from the journal ([`Session::rebuild_once`]).
+    rebuilding: tokio::sync::Mutex<()>,
     /// The session came from a peer: its upstream session is rebuilt before first use.
     needs_rebuild: AtomicBool,
     /// It came with a standalone stream open at the sender: the rebuild opens one here too.
@@ -160,8 +191,7 @@ impl Session {
             state: Mutex::new(State {
                 streams: HashMap::new(),
                 stream_order: VecDeque::new(),
-                requests: HashMap::new(),
-                request_order: VecDeque::new(),
+                requests: Bounded::new(MAX_REQUEST_RECORDS),
                 standalone: Standalone::None,
                 last_activity: Instant::now(),
                 busy: 0,
@@ -179,101 +209,88 @@ impl Session {
         })
     }
 
-    /// A session handed over by pod `from` (`docs/design/handoff.md`): its streams, retry records and
-    /// journal as imaged there; incomplete streams keep following `from`. Its upstream session
-    /// is rebuilt from the journal before first use ([`Session::needs_rebuild`]).
-    ///
-    /// # Errors
-    /// A message when the image names an unknown protocol version.
-    pub(crate) fn restore(
-        image: &SessionImage,
+    /// A session handed over by pod `from` (`docs/design/handoff.md`): its streams, retry
+    /// records and journal as they were there; incomplete streams keep following `from`. Its
+    /// upstream session is rebuilt from the journal before first use
+    /// ([`Session::needs_rebuild`]); when a standalone stream was open at `from`, the rebuild
+    /// opens one here too ([`Session::take_reopen_standalone`]).
+    pub(crate) fn from_parts(
+        snapshot: SessionSnapshot,
         digest: String,
         from: &str,
         limits: BufferLimits,
         budget: &PodBudget,
-    ) -> Result<Arc<Self>, String> {
-        let version = ProtocolVersion::parse(&image.version)
-            .filter(|v| !v.is_stateless())
-            .ok_or_else(|| format!("unknown sessionful version {:?}", image.version))?;
-        let session = Self::new(
-            image.id.clone(),
-            digest,
-            None,
+    ) -> Arc<Self> {
+        let SessionSnapshot {
+            id,
             version,
-            image.journal.clone(),
-        );
+            journal,
+            records,
+            streams,
+            standalone_unsupported,
+        } = snapshot;
+        let session = Self::new(id, digest, None, version, journal);
         session.needs_rebuild.store(true, Ordering::Relaxed);
-        let standalone_open = image
-            .streams
+        let standalone_open = streams
             .iter()
-            .any(|s| s.kind == KindImage::Standalone && !s.complete);
+            .any(|s| s.kind == StreamKind::Standalone && !s.complete);
         session
             .reopen_standalone
             .store(standalone_open, Ordering::Relaxed);
-        {
-            let mut st = session.state.lock();
-            if let Some(Ok(reply)) = image
-                .standalone_unsupported
-                .as_ref()
-                .map(ReplyImage::to_reply)
-            {
-                st.standalone = Standalone::Unsupported(reply);
-            }
+        if let Some(reply) = standalone_unsupported {
+            session.state.lock().standalone = Standalone::Unsupported(reply);
         }
-        session.import_streams(&image.streams, &image.requests, from, limits, budget);
-        Ok(session)
+        session.import(&streams, &records, from, limits, budget);
+        session
     }
 
     /// Applies streams and retry records sent by pod `from`: known streams take the new
-    /// events and state, unknown ones are created. Returns how many events were new.
-    pub(crate) fn import_streams(
+    /// events and state, unknown ones are created; records of known request ids are kept.
+    /// Returns how many events were new.
+    pub(crate) fn import(
         &self,
-        streams: &[StreamImage],
-        requests: &[RequestImage],
+        streams: &[StreamSnapshot],
+        records: &[RetryRecord],
         from: &str,
         limits: BufferLimits,
         budget: &PodBudget,
     ) -> usize {
         let mut added = 0;
         let mut st = self.state.lock();
-        for image in streams {
-            match st.streams.get(&image.key) {
-                Some(stream) => added += stream.apply(image),
+        for snapshot in streams {
+            match st.streams.get(&snapshot.key) {
+                Some(stream) => added += stream.apply(snapshot),
                 None => {
-                    let stream = Stream::restore(
-                        image,
+                    let stream = Stream::from_snapshot(
+                        snapshot,
                         limits,
                         budget.clone(),
                         self.cancel.child_token(),
                         from,
                     );
-                    added += image.events.len();
+                    added += snapshot.events.len();
                     Self::insert_stream(&mut st, &stream);
                 }
             }
         }
-        for r in requests {
-            let mut digest = [0u8; 32];
-            if hex::decode_to_slice(&r.digest, &mut digest).is_ok()
-                && !st.requests.contains_key(&r.id)
-            {
+        for r in records {
+            if !st.requests.contains(&r.id) {
                 st.requests.insert(
                     r.id.clone(),
                     RequestRecord {
-                        digest,
+                        digest: r.digest,
                         stream: r.stream.clone(),
                     },
                 );
-                st.request_order.push_back(r.id.clone());
             }
         }
         added
     }
 
-    /// The session as a handoff image, with at most `max_bytes` of event data in all (each
-    /// stream gets at least its oldest unsent event). Returns the image and, per stream, the
-    /// sequence the receiver will be at (the follower sends the rest).
-    pub(crate) fn image(&self, max_bytes: usize) -> (SessionImage, HashMap<StreamKey, u64>) {
+    /// A copy of the session with at most `max_bytes` of event data in all (each stream gets
+    /// at least its oldest unsent event). Returns the copy and, per stream, the sequence the
+    /// receiver will be at (the follower sends the rest).
+    pub(crate) fn snapshot(&self, max_bytes: usize) -> (SessionSnapshot, HashMap<StreamKey, u64>) {
         let st = self.state.lock();
         let mut budget = max_bytes;
         let mut positions = HashMap::with_capacity(st.streams.len());
@@ -282,48 +299,56 @@ impl Session {
             let Some(stream) = st.streams.get(key) else {
                 continue;
             };
-            let (image, at) = stream.image(0, budget);
-            let size: usize = image.events.iter().map(|e| e.data.len()).sum();
+            let (snapshot, at) = stream.snapshot(0, budget);
+            let size: usize = snapshot.events.iter().map(|e| e.data.len()).sum();
             budget = budget.saturating_sub(size);
             positions.insert(key.clone(), at);
-            streams.push(image);
+            streams.push(snapshot);
         }
-        let requests = Self::request_images(&st, None);
-        let image = SessionImage {
+        let snapshot = SessionSnapshot {
             id: self.id.clone(),
-            version: self.version.as_str().to_owned(),
+            version: self.version,
             journal: st.journal.clone(),
-            requests,
+            records: Self::records(&st, None),
             streams,
             standalone_unsupported: match &st.standalone {
-                Standalone::Unsupported(reply) => Some(ReplyImage::from(reply)),
+                Standalone::Unsupported(reply) => Some(reply.clone()),
                 _ => None,
             },
         };
-        (image, positions)
+        (snapshot, positions)
     }
 
-    /// Retry records of the streams in `only` (every record with `None`).
-    fn request_images(st: &State, only: Option<&[StreamKey]>) -> Vec<RequestImage> {
-        st.request_order
+    /// Retry records of the streams in `only` (every record with `None`), oldest first.
+    fn records(st: &State, only: Option<&[StreamKey]>) -> Vec<RetryRecord> {
+        st.requests
             .iter()
-            .filter_map(|id| {
-                let rec = st.requests.get(id)?;
-                if only.is_some_and(|keys| !keys.contains(&rec.stream)) {
-                    return None;
-                }
-                Some(RequestImage {
-                    id: id.clone(),
-                    digest: hex::encode(rec.digest),
-                    stream: rec.stream.clone(),
-                })
+            .filter(|(_, rec)| only.is_none_or(|keys| keys.contains(&rec.stream)))
+            .map(|(id, rec)| RetryRecord {
+                id: id.clone(),
+                digest: rec.digest,
+                stream: rec.stream.clone(),
             })
             .collect()
     }
 
     /// Retry records of the streams `keys` (new streams sent in a tail message).
-    pub(crate) fn requests_of(&self, keys: &[StreamKey]) -> Vec<RequestImage> {
-        Self::request_images(&self.state.lock(), Some(keys))
+    pub(crate) fn records_of(&self, keys: &[StreamKey]) -> Vec<RetryRecord> {
+        Self::records(&self.state.lock(), Some(keys))
+    }
+
+    /// Runs `work` (a rebuild of the upstream session from the journal) while no other rebuild
+    /// of this session runs; callers check again inside whether one is still needed.
+    pub(crate) async fn rebuild_once<F: Future>(&self, work: F) -> F::Output {
+        let _one_at_a_time = self.rebuilding.lock().await;
+        work.await
+    }
+
+    /// Runs `work` (opening the upstream standalone GET stream) while no other opening of this
+    /// session's runs; callers check again inside whether the stream is still missing.
+    pub(crate) async fn open_standalone_once<F: Future>(&self, work: F) -> F::Output {
+        let _opening = self.standalone_open.lock().await;
+        work.await
     }
 
     /// Whether the upstream session must be rebuilt from the journal before first use (the
@@ -481,12 +506,6 @@ impl Session {
                         stream: stream.key().clone(),
                     },
                 );
-                st.request_order.push_back(id.clone());
-            }
-            while st.request_order.len() > MAX_REQUEST_RECORDS {
-                if let Some(old) = st.request_order.pop_front() {
-                    st.requests.remove(&old);
-                }
             }
         }
         verdict
@@ -677,166 +696,6 @@ impl Drop for BusyGuard {
     }
 }
 
-/// Why a new session could not be registered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("this pod holds its maximum of {0} sessions")]
-pub(crate) struct TooManySessions(pub usize);
-
-/// A bounded map that forgets its oldest entries first.
-#[derive(Debug)]
-struct BoundedLog<V> {
-    entries: HashMap<String, V>,
-    order: VecDeque<String>,
-}
-
-impl<V> Default for BoundedLog<V> {
-    fn default() -> Self {
-        Self {
-            entries: HashMap::new(),
-            order: VecDeque::new(),
-        }
-    }
-}
-
-impl<V> BoundedLog<V> {
-    fn insert(&mut self, key: String, value: V) {
-        if self.entries.insert(key.clone(), value).is_none() {
-            self.order.push_back(key);
-        }
-        while self.order.len() > ENDED_LOG {
-            if let Some(old) = self.order.pop_front() {
-                self.entries.remove(&old);
-            }
-        }
-    }
-}
-
-/// The sessions this pod holds, by client session id.
-#[derive(Debug)]
-pub(crate) struct Registry {
-    sessions: RwLock<HashMap<String, Arc<Session>>>,
-    /// Why sessions ended, by id digest.
-    ended: Mutex<BoundedLog<NotFound>>,
-    /// Where handed-off sessions went: client session id → UID of the new holder.
-    moved: Mutex<BoundedLog<String>>,
-    /// Handed-off sessions whose streams are still forwarded to the new holder, by id.
-    departed: Mutex<HashMap<String, Arc<Session>>>,
-    max_sessions: usize,
-}
-
-impl Registry {
-    /// An empty registry holding at most `max_sessions`.
-    pub(crate) fn new(max_sessions: usize) -> Self {
-        Self {
-            sessions: RwLock::new(HashMap::new()),
-            ended: Mutex::new(BoundedLog::default()),
-            moved: Mutex::new(BoundedLog::default()),
-            departed: Mutex::new(HashMap::new()),
-            max_sessions,
-        }
-    }
-
-    /// Whether another session fits.
-    pub(crate) fn has_room(&self) -> bool {
-        self.sessions.read().len() < self.max_sessions
-    }
-
-    /// Registers a session.
-    ///
-    /// # Errors
-    /// [`TooManySessions`] when the pod is full.
-    pub(crate) fn insert(&self, session: Arc<Session>) -> Result<(), TooManySessions> {
-        let mut map = self.sessions.write();
-        if map.len() >= self.max_sessions {
-            return Err(TooManySessions(self.max_sessions));
-        }
-        map.insert(session.id.clone(), session);
-        Ok(())
-    }
-
-    /// The session with client id `id`.
-    pub(crate) fn get(&self, id: &str) -> Option<Arc<Session>> {
-        self.sessions.read().get(id).cloned()
-    }
-
-    /// Removes a session, remembering why (for the 404 reason of later requests).
-    pub(crate) fn remove(&self, session: &Session, reason: NotFound) -> bool {
-        let removed = self.sessions.write().remove(&session.id).is_some();
-        if removed {
-            self.ended.lock().insert(session.digest.clone(), reason);
-        }
-        removed
-    }
-
-    /// Forgets a session a peer (`to`) acknowledged; requests for it are sent there. It stays
-    /// *departed* (its streams still forwarded) until [`Registry::forget_departed`].
-    pub(crate) fn mark_moved(&self, session: &Arc<Session>, to: &str) {
-        self.sessions.write().remove(&session.id);
-        self.moved.lock().insert(session.id.clone(), to.to_owned());
-        self.departed
-            .lock()
-            .insert(session.id.clone(), Arc::clone(session));
-    }
-
-    /// A departed session (handed off, streams still forwarded) with client id `id`.
-    pub(crate) fn departed(&self, id: &str) -> Option<Arc<Session>> {
-        self.departed.lock().get(id).cloned()
-    }
-
-    /// Departed sessions.
-    pub(crate) fn departed_count(&self) -> usize {
-        self.departed.lock().len()
-    }
-
-    /// Every departed session.
-    pub(crate) fn all_departed(&self) -> Vec<Arc<Session>> {
-        self.departed.lock().values().cloned().collect()
-    }
-
-    /// The streams of a departed session are all forwarded: forget it.
-    pub(crate) fn forget_departed(&self, id: &str) {
-        self.departed.lock().remove(id);
-    }
-
-    /// The UID of the peer a session was handed to, if it was handed off from here.
-    pub(crate) fn moved_to(&self, id: &str) -> Option<String> {
-        self.moved.lock().entries.get(id).cloned()
-    }
-
-    /// Registers a session handed over by a peer; a session already held is kept (a repeated
-    /// push is acknowledged again). Returns whether it was new.
-    ///
-    /// # Errors
-    /// [`TooManySessions`] when the pod is full.
-    pub(crate) fn adopt(&self, session: Arc<Session>) -> Result<bool, TooManySessions> {
-        let mut map = self.sessions.write();
-        if map.contains_key(&session.id) {
-            return Ok(false);
-        }
-        if map.len() >= self.max_sessions {
-            return Err(TooManySessions(self.max_sessions));
-        }
-        map.insert(session.id.clone(), session);
-        drop(map);
-        Ok(true)
-    }
-
-    /// Why a genuine id with this digest is not held: how it ended, or [`NotFound::Unknown`].
-    pub(crate) fn why_missing(&self, digest: &str) -> NotFound {
-        self.ended
-            .lock()
-            .entries
-            .get(digest)
-            .copied()
-            .unwrap_or(NotFound::Unknown)
-    }
-
-    /// A snapshot of every session.
-    pub(crate) fn all(&self) -> Vec<Arc<Session>> {
-        self.sessions.read().values().cloned().collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -916,18 +775,6 @@ mod tests {
     }
 
     #[test]
-    fn the_registry_remembers_why_sessions_ended() {
-        let r = Registry::new(1);
-        let s = session();
-        r.insert(Arc::clone(&s)).unwrap();
-        assert_eq!(r.insert(session()), Err(TooManySessions(1)));
-        assert!(r.remove(&s, NotFound::Deleted));
-        assert!(r.get("id").is_none());
-        assert_eq!(r.why_missing("digest"), NotFound::Deleted);
-        assert_eq!(r.why_missing("other"), NotFound::Unknown);
-    }
-
-    #[test]
     fn ending_a_session_completes_its_streams() {
         let s = session();
         let st = stream(&s, &[key(1)]);
@@ -944,62 +791,6 @@ mod tests {
             "the pending request got an error event"
         );
         assert!(st.cancel_token().is_cancelled());
-    }
-
-    #[test]
-    fn an_imaged_session_is_restored_with_its_streams_and_retry_records() {
-        let s = session();
-        let ids = [key(1)];
-        let st = stream(&s, &ids);
-        s.claim(&ids, [7; 32], &st);
-        st.append(None, bytes::Bytes::from_static(b"{}"), Instant::now());
-        let (image, positions) = s.image(1 << 20);
-        assert_eq!(positions.get(st.key()), Some(&1));
-        let copy = Session::restore(
-            &image,
-            "digest".into(),
-            "pod-a",
-            BufferLimits {
-                max_events: 8,
-                max_bytes: 1024,
-                ttl: Duration::from_secs(60),
-            },
-            &PodBudget::new(u64::MAX),
-        )
-        .unwrap();
-        assert!(copy.needs_rebuild());
-        assert_eq!(copy.version(), s.version());
-        assert_eq!(copy.journal(), s.journal());
-        // A retried POST at the new holder attaches to the copied stream: no second dispatch.
-        let retry = stream(&copy, &ids);
-        match copy.claim(&ids, [7; 32], &retry) {
-            Dedupe::Retry(found) => {
-                assert_eq!(found.key(), st.key());
-                assert_eq!(found.following().as_deref(), Some("pod-a"));
-            }
-            v => panic!("expected a retry, got {v:?}"),
-        }
-        assert!(matches!(
-            copy.claim(&ids, [8; 32], &retry),
-            Dedupe::Conflict
-        ));
-        let mut bad = image.clone();
-        bad.version = "2026-07-28".into();
-        assert!(
-            Session::restore(
-                &bad,
-                "d".into(),
-                "pod-a",
-                BufferLimits {
-                    max_events: 8,
-                    max_bytes: 1024,
-                    ttl: Duration::from_secs(60),
-                },
-                &PodBudget::new(u64::MAX)
-            )
-            .is_err(),
-            "a stateless version has no session"
-        );
     }
 
     #[tokio::test]

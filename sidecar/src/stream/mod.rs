@@ -7,26 +7,24 @@
 //! A new reader takes the stream over: the previous connection ends cleanly (never 409, T-09).
 
 pub(crate) mod buffer;
+mod feed;
 mod stored;
 
+pub(crate) use feed::{Feed, FeedItem};
 pub(crate) use stored::StoredReply;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::HeaderMap;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::handoff::wire::{
-    EventImage, KindImage, ReplyImage, StreamImage, headers_from, headers_to,
-};
-use crate::mcp::cursor::{EventId, StreamKey};
+use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::CODE_INTERNAL;
 use crate::mcp::jsonrpc::{RequestKey, error_response, response_id};
-use crate::mcp::sse;
 use crate::stream::buffer::{BufferLimits, Evictions, PodBudget, ReplayError, StreamBuffer};
 
 /// Sequence numbers skipped when a followed stream's writer dies: more than it can have
@@ -97,6 +95,41 @@ struct State {
     moved_retry: Option<Duration>,
 }
 
+/// A copy of a stream's state for another pod (a handoff): what it carries, where its
+/// numbering and its answer stand, and (some of) its buffered events.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct StreamSnapshot {
+    /// The stream key (the first part of its event ids).
+    pub(crate) key: StreamKey,
+    /// What it carries.
+    pub(crate) kind: StreamKind,
+    /// Requests still waiting for their response.
+    pub(crate) pending: Vec<RequestKey>,
+    /// No more events will come, and every event is in this copy or in an earlier one.
+    pub(crate) complete: bool,
+    /// The upstream's non-SSE answer to the POST, when it gave one.
+    pub(crate) stored: Option<StoredReply>,
+    /// The end-to-end headers of the upstream's SSE answer, when it gave one.
+    pub(crate) sse: Option<HeaderMap>,
+    /// Sequence of the newest event or reserved (priming) number.
+    pub(crate) last_seq: u64,
+    /// Events at or below this sequence were evicted.
+    pub(crate) evicted_through: u64,
+    /// Buffered events after the receiver's position, oldest first.
+    pub(crate) events: Vec<SnapshotEvent>,
+}
+
+/// One buffered event of a [`StreamSnapshot`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SnapshotEvent {
+    /// Sequence number on its stream (the event id is `<key>-<seq>`).
+    pub(crate) seq: u64,
+    /// The SSE `event:` field, if any.
+    pub(crate) event: Option<String>,
+    /// The SSE `data:` payload (a JSON-RPC message).
+    pub(crate) data: Bytes,
+}
+
 /// One stream: buffer, completion state and reader hand-over.
 #[derive(Debug)]
 pub(crate) struct Stream {
@@ -123,31 +156,26 @@ impl Stream {
         Self::build(StreamKey::random(), kind, pending, buffer, cancel, None)
     }
 
-    /// A stream rebuilt from a handoff image (`docs/design/handoff.md`), written by pod `following`
-    /// until the image says it is complete.
-    pub(crate) fn restore(
-        image: &StreamImage,
+    /// A copy of a stream another pod holds (a handoff, `docs/design/handoff.md`), written by
+    /// pod `following` until `snapshot` says it is complete.
+    pub(crate) fn from_snapshot(
+        snapshot: &StreamSnapshot,
         limits: BufferLimits,
         budget: PodBudget,
         cancel: CancellationToken,
         following: &str,
     ) -> Arc<Self> {
-        let kind = match image.kind {
-            KindImage::Post => StreamKind::Post,
-            KindImage::Batch => StreamKind::Batch,
-            KindImage::Standalone => StreamKind::Standalone,
-        };
         let buffer = StreamBuffer::new(limits, budget);
         let following = Some(following.to_owned());
         let stream = Self::build(
-            image.key.clone(),
-            kind,
+            snapshot.key.clone(),
+            snapshot.kind,
             Vec::new(),
             buffer,
             cancel,
             following,
         );
-        stream.apply(image);
+        stream.apply(snapshot);
         stream
     }
 
@@ -183,27 +211,31 @@ impl Stream {
     /// Applies what the writing pod sent: new events (numbered by it), its numbering, the
     /// pending requests, its answer's head, and completion (which ends the following).
     /// Returns how many events were new.
-    pub(crate) fn apply(&self, image: &StreamImage) -> usize {
+    pub(crate) fn apply(&self, snapshot: &StreamSnapshot) -> usize {
         let now = Instant::now();
         let mut st = self.state.lock();
         let mut added = 0;
-        st.buffer.follow(0, image.evicted_through);
-        for ev in &image.events {
-            let data = Bytes::from(ev.data.clone());
-            if st.buffer.put(ev.seq, ev.event.clone(), data, now).is_some() {
+        st.buffer.follow(0, snapshot.evicted_through);
+        for ev in &snapshot.events {
+            if st
+                .buffer
+                .put(ev.seq, ev.event.clone(), ev.data.clone(), now)
+                .is_some()
+            {
                 added += 1;
             }
         }
-        st.buffer.follow(image.last_seq, image.evicted_through);
+        st.buffer
+            .follow(snapshot.last_seq, snapshot.evicted_through);
         if !st.complete {
-            st.pending.clone_from(&image.pending);
-            if let Some(stored) = image.stored.as_ref().and_then(|r| r.to_reply().ok()) {
-                st.stored = Some(stored);
+            st.pending.clone_from(&snapshot.pending);
+            if let Some(stored) = &snapshot.stored {
+                st.stored = Some(stored.clone());
             }
-            if let Some(sse) = &image.sse {
-                st.sse = Some(headers_from(sse));
+            if let Some(sse) = &snapshot.sse {
+                st.sse = Some(sse.clone());
             }
-            if image.complete {
+            if snapshot.complete {
                 st.complete = true;
                 st.following = None;
             }
@@ -217,10 +249,10 @@ impl Stream {
         added
     }
 
-    /// The stream as a handoff image with the events after `after` (its receiver's position),
-    /// at most `max_bytes` of event data (at least one event). Returns the image and the
-    /// sequence the receiver will be at once it applied it.
-    pub(crate) fn image(&self, after: u64, max_bytes: usize) -> (StreamImage, u64) {
+    /// A copy of the stream with the events after `after` (its receiver's position), at most
+    /// `max_bytes` of event data (at least one event). Returns the copy and the sequence the
+    /// receiver will be at once it applied it.
+    pub(crate) fn snapshot(&self, after: u64, max_bytes: usize) -> (StreamSnapshot, u64) {
         let st = self.state.lock();
         let mut events = Vec::new();
         let mut bytes = 0;
@@ -239,10 +271,10 @@ impl Stream {
             }
             bytes += size;
             position = ev.seq;
-            events.push(EventImage {
+            events.push(SnapshotEvent {
                 seq: ev.seq,
                 event: ev.event.clone(),
-                data: String::from_utf8_lossy(&ev.data).into_owned(),
+                data: ev.data.clone(),
             });
         }
         let last_seq = if truncated {
@@ -250,22 +282,18 @@ impl Stream {
         } else {
             st.buffer.last_seq()
         };
-        let image = StreamImage {
+        let snapshot = StreamSnapshot {
             key: self.key.clone(),
-            kind: match self.kind {
-                StreamKind::Post => KindImage::Post,
-                StreamKind::Batch => KindImage::Batch,
-                StreamKind::Standalone => KindImage::Standalone,
-            },
+            kind: self.kind,
             pending: st.pending.clone(),
             complete: st.complete && !truncated,
-            stored: st.stored.as_ref().map(ReplyImage::from),
-            sse: st.sse.as_ref().map(headers_to),
+            stored: st.stored.clone(),
+            sse: st.sse.clone(),
             last_seq,
             evicted_through: st.buffer.evicted_through(),
             events,
         };
-        (image, last_seq)
+        (snapshot, last_seq)
     }
 
     /// The pod still writing this stream, while it is handed off and incomplete.
@@ -508,160 +536,6 @@ impl Stream {
             other => other.map(|_| ()),
         }
     }
-
-    /// Attaches a new reader.
-    ///
-    /// - `take_over`: earlier readers end cleanly (a new GET for the same stream, spec T-09);
-    ///   otherwise the reader joins them (a retried POST while its first connection lives).
-    /// - `priming`: send a priming event first (negotiated ≥ 2025-11-25, spec R-05): with id
-    ///   `<key>-0` for a reader from the start, or a reserved sequence number (unique in the
-    ///   session, R-01) for a reader at the stream's end. A reader with events to catch up on
-    ///   gets them at once instead, each with its id.
-    pub(crate) fn attach(
-        self: &Arc<Self>,
-        start: Start,
-        take_over: bool,
-        priming: bool,
-        keep_alive: Duration,
-    ) -> Feed {
-        let mut st = self.state.lock();
-        if take_over {
-            st.reader_gen += 1;
-        }
-        st.readers += 1;
-        let after = match start {
-            Start::After(seq) => seq,
-            Start::Undelivered => st.delivered,
-        };
-        let generation = st.reader_gen;
-        // The priming id must not let a resuming client skip anything: sequence 0 is the
-        // position before the first event; at the stream's end a reserved number is unique
-        // and newer than every event. A reader with events to catch up on gets no priming event
-        // (the events carry ids at once).
-        let prime_at = match after {
-            _ if !priming => None,
-            a if a > 0 && st.following.is_some() => None,
-            0 => Some(0),
-            a if a == st.buffer.last_seq() => Some(st.buffer.reserve()),
-            _ => None,
-        };
-        let prelude = prime_at.map(|seq| {
-            let id = EventId {
-                stream: self.key.clone(),
-                seq,
-            };
-            sse::priming(&id, None)
-        });
-        drop(st);
-        if take_over {
-            // Wake earlier readers so they notice the take-over.
-            self.changed.send_replace(());
-        }
-        Feed {
-            stream: Arc::clone(self),
-            after,
-            generation,
-            rx: self.changed.subscribe(),
-            keep_alive,
-            prelude,
-            closing: false,
-        }
-    }
-}
-
-/// The next thing to write to a client connection.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum FeedItem {
-    /// SSE bytes (events, a priming event or a keep-alive comment).
-    Data(Bytes),
-    /// The stream is over, or another connection took it over: end the response cleanly.
-    End,
-    /// Events this reader had not been sent were evicted (a reader slower than the buffer):
-    /// abort the connection so the client resumes and learns `cursor_evicted`, rather than
-    /// silently skipping them.
-    Lost,
-}
-
-/// A client connection's view of a [`Stream`]. Dropping it detaches the reader.
-#[derive(Debug)]
-pub(crate) struct Feed {
-    stream: Arc<Stream>,
-    after: u64,
-    generation: u64,
-    rx: watch::Receiver<()>,
-    keep_alive: Duration,
-    prelude: Option<Bytes>,
-    /// The `retry:` of a moved session was sent; the connection ends next.
-    closing: bool,
-}
-
-impl Feed {
-    /// Waits for the next item: buffered events after the reader's position (batched into one
-    /// chunk), else a keep-alive comment after `keep_alive` of silence, or the end.
-    pub(crate) async fn next(&mut self) -> FeedItem {
-        if let Some(prelude) = self.prelude.take() {
-            return FeedItem::Data(prelude);
-        }
-        loop {
-            self.rx.borrow_and_update();
-            match self.poll_buffer() {
-                Some(item) => return item,
-                None => {
-                    tokio::select! {
-                        changed = self.rx.changed() => {
-                            if changed.is_err() {
-                                return FeedItem::End;
-                            }
-                        }
-                        () = tokio::time::sleep(self.keep_alive) => {
-                            return FeedItem::Data(Bytes::from_static(sse::KEEP_ALIVE));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn poll_buffer(&mut self) -> Option<FeedItem> {
-        let mut st = self.stream.state.lock();
-        if st.reader_gen != self.generation {
-            return Some(FeedItem::End);
-        }
-        if self.closing {
-            return Some(FeedItem::End);
-        }
-        let events = match st.buffer.events_after(self.after) {
-            Ok(events) => events,
-            Err(ReplayError::Ahead { .. }) if st.following.is_some() => return None,
-            Err(_) => return Some(FeedItem::Lost),
-        };
-        let mut out = BytesMut::new();
-        let mut last = self.after;
-        for ev in events {
-            let id = EventId {
-                stream: self.stream.key.clone(),
-                seq: ev.seq,
-            };
-            sse::put_event(&mut out, &id, ev.event.as_deref(), &ev.data);
-            last = ev.seq;
-        }
-        if last > self.after {
-            self.after = last;
-            st.delivered = st.delivered.max(last);
-            return Some(FeedItem::Data(out.freeze()));
-        }
-        if let Some(hint) = st.moved_retry.filter(|_| !st.complete) {
-            self.closing = true;
-            return Some(FeedItem::Data(sse::retry(hint)));
-        }
-        st.complete.then_some(FeedItem::End)
-    }
-}
-
-impl Drop for Feed {
-    fn drop(&mut self) {
-        self.stream.state.lock().readers -= 1;
-    }
 }
 
 #[cfg(test)]
@@ -832,10 +706,10 @@ mod tests {
         assert_eq!(feed.next().await, FeedItem::Lost);
     }
 
-    /// A copy of a stream from its image, following pod `pod-a`.
-    fn copy_of(image: &StreamImage) -> Arc<Stream> {
-        Stream::restore(
-            image,
+    /// A copy of a stream from its snapshot, following pod `pod-a`.
+    fn copy_of(snapshot: &StreamSnapshot) -> Arc<Stream> {
+        Stream::from_snapshot(
+            snapshot,
             limits(),
             PodBudget::new(u64::MAX),
             CancellationToken::new(),
@@ -849,7 +723,7 @@ mod tests {
         let now = Instant::now();
         writer.append(None, progress(1), now);
         writer.append(None, progress(2), now);
-        let (image, at) = writer.image(0, 1 << 20);
+        let (image, at) = writer.snapshot(0, 1 << 20);
         assert_eq!((image.events.len(), at, image.complete), (2, 2, false));
         let copy = copy_of(&image);
         assert_eq!(copy.key(), writer.key());
@@ -858,7 +732,7 @@ mod tests {
         writer.append(None, progress(3), now);
         assert_eq!(copy.check_cursor(3), Ok(()));
         let mut feed = copy.attach(Start::After(3), true, true, Duration::from_secs(10));
-        let (tail, at) = writer.image(at, 1 << 20);
+        let (tail, at) = writer.snapshot(at, 1 << 20);
         assert_eq!(copy.apply(&tail), 1);
         assert_eq!(at, 3);
         writer.append(
@@ -866,7 +740,7 @@ mod tests {
             Bytes::from(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
             now,
         );
-        let (tail, _) = writer.image(at, 1 << 20);
+        let (tail, _) = writer.snapshot(at, 1 << 20);
         assert!(tail.complete);
         assert_eq!(copy.apply(&tail), 1);
         let got = text(feed.next().await);
@@ -887,10 +761,10 @@ mod tests {
         }
         writer.complete();
         let one = progress(1).len();
-        let (first, at) = writer.image(0, 2 * one);
+        let (first, at) = writer.snapshot(0, 2 * one);
         assert_eq!((first.events.len(), at, first.complete), (2, 2, false));
         let copy = copy_of(&first);
-        let (rest, at) = writer.image(at, 1 << 20);
+        let (rest, at) = writer.snapshot(at, 1 << 20);
         assert_eq!((rest.events.len(), at, rest.complete), (3, 5, true));
         copy.apply(&rest);
         assert!(copy.is_complete());
@@ -913,7 +787,7 @@ mod tests {
     #[tokio::test]
     async fn a_followed_stream_whose_writer_died_fails_its_requests() {
         let writer = post_stream(&[9]);
-        let (image, _) = writer.image(0, 1 << 20);
+        let (image, _) = writer.snapshot(0, 1 << 20);
         let copy = copy_of(&image);
         copy.abandon_following();
         assert!(copy.is_complete());
