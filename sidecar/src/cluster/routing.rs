@@ -317,13 +317,18 @@ impl Router {
         }
     }
 
-    /// [`route`] with this pod's identity, the current view and the peers now down.
-    pub(crate) fn route(&self, draining: bool, target: Target<'_>, hop: &Hop) -> Route {
-        let me = Me {
+    /// This pod as routing sees it, `draining` or not.
+    pub(crate) fn me(&self, draining: bool) -> Me<'_> {
+        Me {
             uid: &self.uid,
             home: self.home,
             draining,
-        };
+        }
+    }
+
+    /// [`route`] with this pod's identity, the current view and the peers now down.
+    pub(crate) fn route(&self, draining: bool, target: Target<'_>, hop: &Hop) -> Route {
+        let me = self.me(draining);
         let now = std::time::Instant::now();
         route(&self.view(), &me, target, hop, &|uid| {
             self.health.down(uid, now)

@@ -14,12 +14,16 @@
 //!   is skipped and the next candidate tried.
 //! - Every response, errors included, carries the CORS headers (field report 16).
 
+mod forward;
+mod respond;
+
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use forward::{Failure, Forwarding, Next, World, failed_answer, is_connect_error};
 use http::{HeaderValue, Method, StatusCode, header};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
@@ -27,8 +31,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{ErrorSource, ErrorType};
 
 use crate::broker::{Broker, Here};
-use crate::cluster::membership::Peer;
-use crate::cluster::peer_health::{Down, PEER_PROBE_PATH};
+use crate::cluster::peer_health::PEER_PROBE_PATH;
 use crate::cluster::routing::{
     ForwardKind, Hop, Route, Router, TETHER_HOP, TETHER_HOP_MAC, TETHER_VISITED, Target,
 };
@@ -36,17 +39,13 @@ use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::mcp::headers::{LAST_EVENT_ID, MCP_SESSION_ID};
 use crate::mcp::jsonrpc::Envelope;
 use crate::mcp::origin::{OriginCheck, add_response_headers};
-use crate::mcp::rejection::{NotFound, Rejection};
+use crate::mcp::rejection::Rejection;
 use crate::metrics::{RequestLabels, VersionLabel};
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{EnterGuard, Entry};
-use crate::stream::FeedItem;
 
 /// How long connecting to a peer sidecar may take before the next candidate is tried.
 pub(crate) const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Most peers a forward tries to connect to before it gives up (each failure marks the peer
-/// down, so later requests skip it without trying).
-pub(crate) const MAX_CONNECT_ATTEMPTS: usize = 3;
 /// How long a request for a session being handed off waits for the handoff to end before it
 /// gets 503 + `Retry-After`.
 pub(crate) const MOVE_WAIT: Duration = Duration::from_secs(5);
@@ -111,56 +110,6 @@ impl McpProxy {
         tokio::time::timeout(self.body_timeout, read)
             .await
             .unwrap_or(Err(Rejection::RequestTimeout))
-    }
-}
-
-/// A request on its way to a peer sidecar.
-#[derive(Debug)]
-pub(crate) struct Forwarding {
-    /// The peer it goes to.
-    peer: Peer,
-    /// Why.
-    kind: ForwardKind,
-    /// Where it has been before this pod (the hop headers it arrived with).
-    hop: Hop,
-    /// Its session id, if any (part of the hop MAC and the ring key).
-    session_id: Option<String>,
-    /// The session's home token, for re-routing after a connect failure.
-    target_home: Option<crate::mcp::session_id::HomeToken>,
-    /// Peers that could not be reached, skipped by the re-route.
-    unreachable: Vec<String>,
-    /// The answer when no candidate is left after connect failures.
-    fallback: Option<Rejection>,
-    /// The request was sent back to this pod's own listener after every candidate failed.
-    to_self: bool,
-}
-
-impl Forwarding {
-    fn new(
-        peer: Peer,
-        kind: ForwardKind,
-        hop: Hop,
-        session_id: Option<String>,
-        target_home: Option<crate::mcp::session_id::HomeToken>,
-    ) -> Self {
-        Self {
-            peer,
-            kind,
-            hop,
-            session_id,
-            target_home,
-            unreachable: Vec::new(),
-            fallback: None,
-            to_self: false,
-        }
-    }
-
-    /// The hop state with the peers found unreachable counted as visited, so neither this pod
-    /// nor the next one tries them again.
-    fn hop_so_far(&self) -> Hop {
-        let mut hop = self.hop.clone();
-        hop.visited.extend(self.unreachable.iter().cloned());
-        hop
     }
 }
 
@@ -325,20 +274,11 @@ impl ProxyHttp for McpProxy {
         mut e: Box<pingora::Error>,
     ) -> Box<pingora::Error> {
         if let Some(f) = ctx.forward.as_mut() {
-            self.broker
-                .metrics()
-                .forward(f.kind.label(), "connect_error");
-            tracing::warn!(peer = %f.peer.name, address = %f.peer.address, error = %e, "peer unreachable; trying the next candidate");
-            let cause = if e.etype() == &ErrorType::ConnectRefused {
-                Down::Refused
-            } else {
-                Down::Unresponsive
+            let failure = Failure::Connect {
+                refused: e.etype() == &ErrorType::ConnectRefused,
             };
-            if self.reroute(f, cause) {
-                e.set_retry(true);
-            } else {
-                e.set_retry(false);
-            }
+            let retry = self.after_failure(f, failure, &e);
+            e.set_retry(retry);
         }
         e
     }
@@ -434,26 +374,16 @@ impl ProxyHttp for McpProxy {
             ErrorType::ReadTimedout | ErrorType::WriteTimedout
         );
         match ctx.forward.as_mut() {
-            // A forward to a peer sidecar that broke before the peer answered is sent again,
-            // even a POST: the holder de-duplicates a retried request by its JSON-RPC id and
-            // body, so it never runs twice. On a reused connection the peer merely closed an
-            // idle one: the same peer gets a fresh connection. Otherwise the peer is stopping
-            // (it accepted the connection, then reset it): it is marked down like a refused
-            // connect and the next candidate is tried. A peer that timed out may still be
-            // running the request and is not retried.
-            Some(f) if replayable && unanswered && !timed_out => {
-                if client_reused {
-                    e.set_retry(true);
-                } else {
-                    self.broker
-                        .metrics()
-                        .forward(f.kind.label(), "connect_error");
-                    tracing::warn!(peer = %f.peer.name, error = %e, "peer broke the exchange; trying the next candidate");
-                    let rerouted = self.reroute(f, Down::Refused);
-                    e.set_retry(rerouted);
-                }
+            Some(f) => {
+                let failure = Failure::Broken {
+                    replayable,
+                    answered: !unanswered,
+                    timed_out,
+                    reused_connection: client_reused,
+                };
+                let retry = self.after_failure(f, failure, &e);
+                e.set_retry(retry);
             }
-            Some(_) => e.set_retry(false),
             None if !session.req_header().method.is_idempotent() || !replayable => {
                 e.set_retry(false);
             }
@@ -475,17 +405,12 @@ impl ProxyHttp for McpProxy {
             };
         }
         let fallback = ctx.forward.as_mut().and_then(|f| f.fallback.take());
-        let rejection = fallback.unwrap_or_else(|| match e.etype() {
-            ErrorType::HTTPStatus(413) => {
-                Rejection::PayloadTooLarge(self.policy.load().max_body_bytes)
-            }
-            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
-                Rejection::UpstreamTimeout
-            }
-            // The peer sidecar broke the exchange (it is stopping): the session lives on
-            // elsewhere, so the client retries rather than blaming the MCP server.
-            _ if ctx.forward.is_some() => Rejection::PeerUnavailable,
-            _ => Rejection::UpstreamUnavailable,
+        let rejection = fallback.unwrap_or_else(|| {
+            failed_answer(
+                e.etype(),
+                ctx.forward.is_some(),
+                self.policy.load().max_body_bytes,
+            )
         });
         self.broker.count_rejection(&rejection);
         let code = rejection.status().as_u16();
@@ -507,7 +432,7 @@ impl ProxyHttp for McpProxy {
         // Connect failures were counted when they happened (`fail_to_connect`).
         let outcome = match e {
             None => Some("ok"),
-            Some(e) if is_connect_error(e) => None,
+            Some(e) if is_connect_error(e.etype()) => None,
             Some(e) if e.esource() == &ErrorSource::Downstream => Some("client_closed"),
             Some(_) => Some("error"),
         };
@@ -584,6 +509,42 @@ impl McpProxy {
         }
     }
 
+    /// Carries out [`forward::after_failure`] for `f` after `failure` (`error`): counts and
+    /// logs a peer given up on, marks it down, and returns whether pingora tries again (the
+    /// same peer, or the next candidate now in `f.peer`).
+    fn after_failure(&self, f: &mut Forwarding, failure: Failure, error: &pingora::Error) -> bool {
+        let (kind, name, address) = (f.kind, f.peer.name.clone(), f.peer.address);
+        let now = Instant::now();
+        let health = self.router.health();
+        let view = self.router.view();
+        let own = self.router.own_peer();
+        let nonce = placement_nonce();
+        let down = |uid: &str| health.down(uid, now);
+        let world = World {
+            view: &view,
+            me: self.router.me(self.broker.is_draining()),
+            down: &down,
+            own: &own,
+            nonce: &nonce,
+        };
+        let decision = forward::after_failure(f, failure, &world);
+        if decision.rerouted {
+            self.broker.metrics().forward(kind.label(), "connect_error");
+            match failure {
+                Failure::Connect { .. } => {
+                    tracing::warn!(peer = %name, %address, %error, "peer unreachable; trying the next candidate");
+                }
+                Failure::Broken { .. } => {
+                    tracing::warn!(peer = %name, %error, "peer broke the exchange; trying the next candidate");
+                }
+            }
+        }
+        if let Some((uid, cause)) = &decision.mark_down {
+            health.mark_down(uid, *cause, now);
+        }
+        decision.next != Next::GiveUp
+    }
+
     /// Enters session `id` when it is held here (`ctx.entered`), waiting out a handoff under
     /// way; returns its home and, when it was handed off from here, the new holder's UID.
     async fn enter(
@@ -612,79 +573,6 @@ impl McpProxy {
             }
         }
     }
-
-    /// Picks the next candidate after `f.peer` could not be reached; `false` (with
-    /// `f.fallback` set) when none is left.
-    fn reroute(&self, f: &mut Forwarding, cause: Down) -> bool {
-        let failed_self = f.peer.uid == self.router.uid();
-        if !failed_self {
-            self.router
-                .health()
-                .mark_down(&f.peer.uid, cause, std::time::Instant::now());
-        }
-        f.unreachable.push(f.peer.uid.clone());
-        let next = if failed_self || f.unreachable.len() >= MAX_CONNECT_ATTEMPTS {
-            None
-        } else {
-            let hop = f.hop_so_far();
-            let nonce;
-            let target = match (f.session_id.as_deref(), f.target_home) {
-                (Some(id), Some(home)) => Target::Session {
-                    id,
-                    home,
-                    held: false,
-                },
-                _ => {
-                    nonce = placement_nonce();
-                    Target::Placement { nonce: &nonce }
-                }
-            };
-            match self.router.route(self.broker.is_draining(), target, &hop) {
-                Route::Forward { peer, kind } => Some((peer, kind)),
-                Route::Unavailable => {
-                    f.fallback = Some(Rejection::PeerUnavailable);
-                    return false;
-                }
-                Route::Local | Route::NotFound(_) => None,
-            }
-        };
-        match next {
-            Some((peer, kind)) => {
-                f.peer = peer;
-                f.kind = kind;
-                true
-            }
-            None if !failed_self && !f.to_self => {
-                // Nobody left to ask: this pod answers after all, through its own listener,
-                // where the body can be read (an `initialize` with a stale session id starts a
-                // new session; a draining pod serves a new session itself). The hop headers
-                // name the peers to skip.
-                f.peer = self.router.own_peer();
-                f.kind = ForwardKind::Fallback;
-                f.to_self = true;
-                true
-            }
-            None => {
-                f.fallback = Some(match f.session_id {
-                    Some(_) => Rejection::SessionNotFound(NotFound::NoHolder),
-                    None => Rejection::PeerUnavailable,
-                });
-                false
-            }
-        }
-    }
-}
-
-/// Whether `e` means the peer could not be connected to.
-fn is_connect_error(e: &pingora::Error) -> bool {
-    matches!(
-        e.etype(),
-        ErrorType::ConnectTimedout
-            | ErrorType::ConnectRefused
-            | ErrorType::ConnectError
-            | ErrorType::ConnectNoRoute
-            | ErrorType::TLSHandshakeFailure
-    )
 }
 
 /// A random string that spreads placements over routable peers.
@@ -702,65 +590,13 @@ fn method_label(method: &http::Method) -> &'static str {
     }
 }
 
-/// Writes `reply` with the CORS headers of the request. `Ok(true)` tells pingora the response
-/// is complete; an error (the client went away, or a reader fell behind evicted events) drops
-/// the connection without a clean end, so the client resumes.
+/// Writes `reply` with the CORS headers of the request (see [`respond::write`]); from now on
+/// the request needs no other answer.
 async fn respond(
     session: &mut Session,
     ctx: &mut RequestCtx,
     reply: Reply,
 ) -> pingora::Result<bool> {
     ctx.answered = true;
-    let Reply {
-        status,
-        mut headers,
-        body,
-    } = reply;
-    add_response_headers(&mut headers, &ctx.origin);
-    let mut head = ResponseHeader::build(status, Some(headers.len() + 1))?;
-    for (name, value) in &headers {
-        head.append_header(name.clone(), value.clone())?;
-    }
-    match body {
-        ReplyBody::Empty => {
-            if status != StatusCode::NO_CONTENT && status != StatusCode::NOT_MODIFIED {
-                head.insert_header(header::CONTENT_LENGTH, HeaderValue::from_static("0"))?;
-            }
-            session.write_response_header(Box::new(head), true).await?;
-        }
-        ReplyBody::Full(bytes) => {
-            head.insert_header(header::CONTENT_LENGTH, bytes.len())?;
-            session.write_response_header(Box::new(head), false).await?;
-            session.write_response_body(Some(bytes), true).await?;
-        }
-        ReplyBody::Sse(mut feed) => {
-            // Chunked, so the connection stays reusable after a clean end.
-            head.insert_header(
-                header::TRANSFER_ENCODING,
-                HeaderValue::from_static("chunked"),
-            )?;
-            session.write_response_header(Box::new(head), false).await?;
-            loop {
-                match feed.next().await {
-                    FeedItem::Data(bytes) => {
-                        session.write_response_body(Some(bytes), false).await?
-                    }
-                    FeedItem::End => {
-                        session.write_response_body(None, true).await?;
-                        break;
-                    }
-                    FeedItem::Lost => {
-                        tracing::debug!(
-                            "reader fell behind evicted events; dropping the connection"
-                        );
-                        return Err(pingora::Error::explain(
-                            ErrorType::WriteError,
-                            "events for this reader were evicted",
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    Ok(true)
+    respond::write(session, &ctx.origin, reply).await
 }
