@@ -25,6 +25,7 @@ mod broker;
 mod cluster;
 mod config;
 mod handoff;
+mod lifecycle;
 mod mcp;
 pub mod metrics;
 mod ops;

@@ -22,7 +22,6 @@ use crate::mcp::admission::Admitted;
 use crate::mcp::cursor::EventId;
 use crate::mcp::headers::forwarded_request_headers;
 use crate::mcp::rejection::{NotFound, Rejection};
-use crate::metrics::ResumeLabels;
 use crate::reply::Reply;
 use crate::session::{EnterGuard, Session, Standalone};
 use crate::stream::buffer::ReplayError;
@@ -37,7 +36,8 @@ impl Broker {
     ) -> Result<Reply, Rejection> {
         let session = self.entered_session(call, entered.as_ref())?;
         let _busy = session.busy();
-        self.count_version(call.version.unwrap_or(session.version()));
+        self.metrics
+            .protocol_version(call.version.unwrap_or(session.version()));
         match &call.last_event_id {
             Some(_)
                 if self
@@ -62,13 +62,7 @@ impl Broker {
     fn resume(&self, session: &Session, cursor: &str) -> Result<Option<Reply>, Rejection> {
         let started = Instant::now();
         let miss = |reason: &'static str, rejection: Rejection| {
-            self.metrics
-                .resumes
-                .get_or_create(&ResumeLabels {
-                    result: "miss",
-                    reason,
-                })
-                .inc();
+            self.metrics.resume_miss(reason);
             rejection
         };
         let id =
@@ -94,20 +88,9 @@ impl Broker {
         } else {
             (stream, id.seq)
         };
-        self.metrics
-            .resumes
-            .get_or_create(&ResumeLabels {
-                result: "hit",
-                reason: "none",
-            })
-            .inc();
-        self.metrics
-            .replayed_events
-            .inc_by(stream.last_seq().saturating_sub(from));
         let reply = Reply::sse(self.feed(session, &stream, Start::After(from), true));
         self.metrics
-            .resume_seconds
-            .observe(started.elapsed().as_secs_f64());
+            .resume_hit(stream.last_seq().saturating_sub(from), started.elapsed());
         Ok(Some(reply.with_session_id(session.id())))
     }
 

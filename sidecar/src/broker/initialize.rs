@@ -107,8 +107,7 @@ impl Broker {
             self.abandon_upstream(upstream_id, &call.headers).await;
             return Err(Rejection::TooManySessions);
         }
-        self.metrics.sessions.inc();
-        self.metrics.sessions_created.inc();
+        self.metrics.session_created();
         tracing::info!(session = session.digest(), %version, "session created");
         if !sse {
             return Ok(Reply::from(stored).with_session_id(&id));
@@ -116,8 +115,9 @@ impl Broker {
         let stream = self.new_stream(&session, StreamKind::Post, Vec::new());
         let now = Instant::now();
         for (event, data) in messages {
-            stream.append(event, data, now);
-            self.metrics.events_buffered.inc();
+            let evicted = stream.append(event, data, now);
+            self.metrics.event_buffered();
+            self.metrics.evictions(&evicted);
         }
         stream.complete();
         session.register_stream(&stream);

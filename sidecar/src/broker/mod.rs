@@ -32,7 +32,7 @@ use tether_crds::ProtocolVersion;
 use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::rejection::{NotFound, Rejection, VersionMismatch};
-use crate::metrics::{Metrics, Reason, RejectionLabels};
+use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::secret::Secret;
 use crate::session::{EnterGuard, Registry, Session};
@@ -93,7 +93,6 @@ pub(crate) struct Broker {
     budget: PodBudget,
     metrics: Arc<Metrics>,
     last_cap_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
-    draining: std::sync::atomic::AtomicBool,
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
     rebuild_slots: tokio::sync::Semaphore,
@@ -118,7 +117,6 @@ impl Broker {
             budget,
             metrics,
             last_cap_enforcement: parking_lot::Mutex::new(None),
-            draining: std::sync::atomic::AtomicBool::new(false),
             resume_budget: cfg
                 .resume_budget
                 .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),
@@ -156,59 +154,14 @@ impl Broker {
             _ => Err(Rejection::MethodNotAllowed),
         };
         result.unwrap_or_else(|rejection| {
-            self.count_rejection(&rejection);
+            self.metrics.rejection(&rejection);
             rejection.into()
         })
-    }
-
-    /// The metrics the broker updates.
-    pub(crate) fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// The shared handle of the metrics (for the membership sink).
-    pub(crate) fn metrics_arc(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
-    /// The upstream client.
-    pub(crate) fn upstream(&self) -> &Upstream {
-        &self.upstream
     }
 
     /// Sessions with a request in flight (being handled, or a POST waiting for its response).
     pub(crate) fn in_flight(&self) -> usize {
         self.registry.all().iter().filter(|s| s.in_flight()).count()
-    }
-
-    /// Marks the pod draining: `/readyz` fails from now on.
-    pub(crate) fn start_draining(&self) {
-        self.draining
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether the pod is draining.
-    pub(crate) fn is_draining(&self) -> bool {
-        self.draining.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Counts a rejection in `tether_rejections_total` (and `tether_not_found_total`).
-    pub(crate) fn count_rejection(&self, rejection: &Rejection) {
-        self.metrics
-            .rejections
-            .get_or_create(&RejectionLabels {
-                status: rejection.status().as_u16(),
-                reason: rejection.reason(),
-            })
-            .inc();
-        if let Rejection::SessionNotFound(why) = rejection {
-            self.metrics
-                .not_found
-                .get_or_create(&Reason {
-                    reason: why.label(),
-                })
-                .inc();
-        }
     }
 
     /// Where session `id` lives: its home token and where it stands on this pod.
@@ -233,8 +186,7 @@ impl Broker {
     /// requests are sent there.
     pub(crate) fn mark_moved(&self, session: &Arc<Session>, to: &str) {
         self.registry.mark_moved(session, to);
-        self.metrics.sessions.dec();
-        self.metrics.handoffs_sent.inc();
+        self.metrics.session_handed_off();
     }
 
     /// Sessions handed off whose streams are still forwarded to their new holder.
@@ -256,6 +208,12 @@ impl Broker {
     /// The buffer bounds of new streams.
     pub(crate) fn buffer_limits(&self) -> BufferLimits {
         self.cfg().buffer
+    }
+
+    /// The pod's activity: woken whenever what it has in flight may have shrunk (see
+    /// [`Registry::activity`]).
+    pub(crate) fn activity(&self) -> &tokio::sync::Notify {
+        self.registry.activity()
     }
 
     /// The pod-wide byte budget every stream buffer counts against.
@@ -335,13 +293,7 @@ impl Broker {
             return;
         }
         session.end(&StoredReply::from(&Rejection::SessionNotFound(reason)));
-        self.metrics.sessions.dec();
-        self.metrics
-            .sessions_ended
-            .get_or_create(&Reason {
-                reason: reason.label(),
-            })
-            .inc();
+        self.metrics.session_ended(reason);
         tracing::info!(
             session = session.digest(),
             reason = reason.label(),

@@ -177,7 +177,7 @@ impl Broker {
             };
             match resumed {
                 Resumed::Body(b) => {
-                    self.metrics.upstream_resumes.inc();
+                    self.metrics.upstream_resumed();
                     body = Some(b);
                 }
                 Resumed::Failed => {}
@@ -245,8 +245,8 @@ impl Broker {
                 Bytes::from(data),
                 Instant::now(),
             );
-            self.metrics.events_buffered.inc();
-            self.metrics.record_evictions(&appended);
+            self.metrics.event_buffered();
+            self.metrics.evictions(&appended);
             if self.budget.over() {
                 self.enforce_pod_cap_soon();
             }
@@ -326,7 +326,7 @@ impl Broker {
     /// Reports a failure before any answer: as the POST's reply (single request) or as error
     /// events (batch member).
     fn fail(&self, stream: &Stream, ids: &[RequestKey], rejection: Rejection) {
-        self.count_rejection(&rejection);
+        self.metrics.rejection(&rejection);
         if stream.kind() == StreamKind::Batch {
             self.fail_stream(stream, ids, rejection.reason());
         } else {

@@ -110,8 +110,7 @@ impl Broker {
         if !self.registry.adopt(Arc::clone(&session))? {
             return Ok(false);
         }
-        self.metrics.sessions.inc();
-        self.metrics.handoffs_received.inc();
+        self.metrics.session_adopted();
         let broker = Arc::clone(self);
         tokio::spawn(async move {
             let _slot = broker.rebuild_slots.acquire().await;
@@ -185,7 +184,7 @@ impl Broker {
             Ok(id) => {
                 session.set_upstream_id(id);
                 session.rebuilt();
-                self.metrics.sessions_rebuilt.inc();
+                self.metrics.session_rebuilt();
                 tracing::info!(
                     session = session.digest(),
                     "upstream session rebuilt from the journal"

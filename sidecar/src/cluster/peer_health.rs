@@ -32,7 +32,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::cluster::membership::MembershipSink;
-use crate::metrics::{Metrics, Reason};
+use crate::metrics::Metrics;
 
 /// How long a failed peer is skipped after its last failure.
 pub(crate) const DOWN_HOLD: Duration = Duration::from_secs(3);
@@ -108,6 +108,10 @@ pub(crate) struct Prober {
     metrics: Arc<Metrics>,
     own_uid: String,
     client: Client<HttpConnector, Empty<Bytes>>,
+    /// Time between rounds ([`PROBE_INTERVAL`]).
+    interval: Duration,
+    /// Bound of one probe ([`PROBE_TIMEOUT`]).
+    timeout: Duration,
 }
 
 impl Prober {
@@ -130,6 +134,18 @@ impl Prober {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build(connector),
+            interval: PROBE_INTERVAL,
+            timeout: PROBE_TIMEOUT,
+        }
+    }
+
+    /// The same prober on shorter clocks (tests).
+    #[cfg(test)]
+    fn with_timing(self, interval: Duration, timeout: Duration) -> Self {
+        Self {
+            interval,
+            timeout,
+            ..self
         }
     }
 
@@ -138,7 +154,7 @@ impl Prober {
         let Ok(uri) = format!("http://{addr}{PEER_PROBE_PATH}").parse::<http::Uri>() else {
             return Some(Down::Unresponsive);
         };
-        match tokio::time::timeout(PROBE_TIMEOUT, self.client.get(uri)).await {
+        match tokio::time::timeout(self.timeout, self.client.get(uri)).await {
             Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => None,
             Ok(Err(e)) if refused(&e) => Some(Down::Refused),
             _ => Some(Down::Unresponsive),
@@ -150,7 +166,7 @@ impl Prober {
 impl BackgroundService for Prober {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut failures: HashMap<String, u32> = HashMap::new();
-        let mut tick = tokio::time::interval(PROBE_INTERVAL);
+        let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -198,10 +214,7 @@ impl BackgroundService for Prober {
                     Down::Refused => "refused",
                     Down::Unresponsive => "unresponsive",
                 };
-                self.metrics
-                    .peers_down
-                    .get_or_create(&Reason { reason })
-                    .set(n);
+                self.metrics.peers_down(reason, n);
             }
         }
     }
@@ -296,10 +309,13 @@ mod tests {
                 },
                 Arc::clone(&metrics),
             );
-            let prober = Prober::new(Arc::clone(&health), sink, Arc::clone(&metrics), "me".into());
+            // Shorter clocks than in production, in the same proportions.
+            let (interval, timeout) = (Duration::from_millis(50), Duration::from_millis(250));
+            let prober = Prober::new(Arc::clone(&health), sink, Arc::clone(&metrics), "me".into())
+                .with_timing(interval, timeout);
             let (stop, shutdown) = tokio::sync::watch::channel(false);
             let task = tokio::spawn(async move { prober.start(shutdown).await });
-            tokio::time::sleep(PROBE_INTERVAL * (FAILURES_TO_MARK_DOWN + 1)).await;
+            tokio::time::sleep((interval + timeout) * (FAILURES_TO_MARK_DOWN + 1)).await;
             assert_eq!(health.down(uid, Instant::now()), expected, "{uid}");
             stop.send(true).unwrap();
             task.await.unwrap();

@@ -28,7 +28,7 @@ use tether_crds::{McpEndpointSpec, parse_manifest};
 use crate::broker::{Broker, BrokerConfig};
 use crate::config::ConfigSource;
 use crate::mcp::admission::AdmissionPolicy;
-use crate::metrics::ResultLabel;
+use crate::metrics::Metrics;
 
 /// What one check of the endpoint file found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,22 +75,25 @@ pub(crate) struct Reloader {
     source: ConfigSource,
     admission: Arc<ArcSwap<AdmissionPolicy>>,
     broker: Arc<Broker>,
+    metrics: Arc<Metrics>,
     state: Mutex<State>,
 }
 
 impl Reloader {
     /// A reloader of `source`'s file that updates `admission` (read by the proxy per request)
-    /// and `broker`.
+    /// and `broker`, counting outcomes in `metrics`.
     pub(crate) fn new(
         source: ConfigSource,
         admission: Arc<ArcSwap<AdmissionPolicy>>,
         broker: Arc<Broker>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         let newest = source.started_with.clone();
         Self {
             source,
             admission,
             broker,
+            metrics,
             state: Mutex::new(State { last: None, newest }),
         }
     }
@@ -138,20 +141,14 @@ impl Reloader {
     /// [`Reloader::check`], then logs and counts the outcome.
     pub(crate) fn poll(&self) {
         let outcome = self.check();
-        let metrics = self.broker.metrics();
         if let Some(result) = outcome.result() {
-            metrics
-                .config_reloads
-                .get_or_create(&ResultLabel { result })
-                .inc();
+            self.metrics.config_reload(result);
         }
         let path = self.source.path.display();
         match outcome {
             Reload::Unchanged => {}
             Reload::Applied { restart_pending } => {
-                metrics
-                    .config_restart_pending
-                    .set(i64::from(!restart_pending.is_empty()));
+                self.metrics.restart_pending(!restart_pending.is_empty());
                 tracing::info!(file = %path, "endpoint file reloaded: origins, protocol versions, buffer bounds and idle timeout in force");
                 if !restart_pending.is_empty() {
                     tracing::warn!(file = %path, fields = ?restart_pending, "endpoint file changes settings that take effect when the pod restarts; the running ones stay");
@@ -192,9 +189,17 @@ mod tests {
         let file = dir.path().join("endpoint.yaml");
         write(&file, "  origins: {allow: [\"https://a.example\"]}\n");
         let cfg = Config::load(&test_cli(dir.path(), &[])).unwrap();
-        let broker = crate::server::broker(&cfg);
+        let metrics = Arc::new(Metrics::new());
+        let upstream =
+            crate::upstream::Upstream::new(cfg.upstream.clone(), cfg.broker.upstream_body_timeout);
+        let broker = crate::server::broker(&cfg, upstream, Arc::clone(&metrics));
         let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));
-        let reloader = Reloader::new(cfg.source.clone(), Arc::clone(&admission), broker.clone());
+        let reloader = Reloader::new(
+            cfg.source.clone(),
+            Arc::clone(&admission),
+            broker.clone(),
+            metrics,
+        );
 
         // The file as the sidecar started with it.
         assert_eq!(reloader.check(), Reload::Unchanged);

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::image;
 use crate::broker::Broker;
 use crate::handoff::wire::{CancelPush, SessionPush, TailPush};
+use crate::lifecycle::Lifecycle;
 use crate::session::TooManySessions;
 
 /// Why a pushed session or tail was not taken.
@@ -37,12 +38,16 @@ pub(crate) enum AdoptError {
 ///
 /// # Errors
 /// [`AdoptError`]: forged id, unusable image, draining, full.
-pub(crate) fn adopt(broker: &Arc<Broker>, push: &SessionPush) -> Result<(), AdoptError> {
+pub(crate) fn adopt(
+    broker: &Arc<Broker>,
+    lifecycle: &Lifecycle,
+    push: &SessionPush,
+) -> Result<(), AdoptError> {
     let pushed = &push.session;
     if !broker.is_genuine(&pushed.id) {
         return Err(AdoptError::Forged);
     }
-    if broker.is_draining() {
+    if lifecycle.is_draining() {
         return Err(AdoptError::Draining);
     }
     let digest = broker.log_digest(&pushed.id);

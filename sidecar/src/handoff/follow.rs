@@ -77,14 +77,10 @@ pub(super) async fn follow(
             };
             if !send(handoff, addr, Bytes::from(body)).await {
                 tracing::warn!(session = session.digest(), peer = %target.name, "tail forwarding stopped");
-                handoff.broker.metrics().handoff_failed("tail");
+                handoff.metrics.handoff_failed("tail");
                 return;
             }
-            handoff
-                .broker
-                .metrics()
-                .tail_events_forwarded
-                .inc_by(events as u64);
+            handoff.metrics.tail_events_forwarded(events as u64);
             sent.extend(next);
         }
         if more {

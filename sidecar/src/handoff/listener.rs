@@ -26,6 +26,7 @@ use super::adopt::{self, AdoptError};
 use super::auth;
 use super::wire::{CancelPush, SessionPush, TailPush};
 use crate::broker::Broker;
+use crate::lifecycle::Lifecycle;
 use crate::secret::Secret;
 
 /// Path of session pushes.
@@ -47,17 +48,24 @@ type Refusal = (StatusCode, &'static str, String);
 /// The peer HTTP application.
 pub(crate) struct PeerListener {
     broker: Arc<Broker>,
+    lifecycle: Arc<Lifecycle>,
     secret: Secret,
     max_message_bytes: usize,
     slots: Arc<Semaphore>,
 }
 
 impl PeerListener {
-    /// A listener adopting into `broker`, checking MACs with `secret`, refusing bodies over
-    /// `max_message_bytes`.
-    pub(crate) fn new(broker: Arc<Broker>, secret: Secret, max_message_bytes: usize) -> Self {
+    /// A listener adopting into `broker` (unless `lifecycle` says this pod drains), checking
+    /// MACs with `secret`, refusing bodies over `max_message_bytes`.
+    pub(crate) fn new(
+        broker: Arc<Broker>,
+        lifecycle: Arc<Lifecycle>,
+        secret: Secret,
+        max_message_bytes: usize,
+    ) -> Self {
         Self {
             broker,
+            lifecycle,
             secret,
             max_message_bytes,
             slots: Arc::new(Semaphore::new(MAX_CONCURRENT)),
@@ -140,7 +148,9 @@ impl PeerListener {
     }
 
     fn adopt(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        match parse::<SessionPush>(from, body).map(|push| adopt::adopt(&self.broker, &push)) {
+        match parse::<SessionPush>(from, body)
+            .map(|push| adopt::adopt(&self.broker, &self.lifecycle, &push))
+        {
             Ok(Ok(())) => ok(),
             Ok(Err(e)) => adopt_error(&e),
             Err(refusal) => refuse(refusal),

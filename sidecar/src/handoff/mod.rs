@@ -45,7 +45,9 @@ use crate::broker::{Broker, CancelRelay, Here};
 use crate::cluster::membership::{Peer, PeerState};
 use crate::cluster::peer_health::Down;
 use crate::cluster::routing::Router;
+use crate::lifecycle::Lifecycle;
 use crate::mcp::jsonrpc::RequestKey;
+use crate::metrics::Metrics;
 use crate::session::Session;
 use client::{PeerClient, SendError};
 use wire::{CancelPush, SessionPush};
@@ -127,6 +129,8 @@ impl CancelRelay for Relay {
 pub(crate) struct Handoff {
     broker: Arc<Broker>,
     router: Router,
+    lifecycle: Arc<Lifecycle>,
+    metrics: Arc<Metrics>,
     client: PeerClient,
     peer_port: u16,
     max_message_bytes: usize,
@@ -141,6 +145,8 @@ impl Handoff {
     pub(crate) fn new(
         broker: Arc<Broker>,
         router: Router,
+        lifecycle: Arc<Lifecycle>,
+        metrics: Arc<Metrics>,
         peer_port: u16,
         max_message_bytes: usize,
         enabled: bool,
@@ -149,6 +155,8 @@ impl Handoff {
         Arc::new(Self {
             broker,
             router,
+            lifecycle,
+            metrics,
             client,
             peer_port,
             max_message_bytes,
@@ -205,7 +213,7 @@ impl Handoff {
     ) -> Result<String, MoveError> {
         let candidates = self.candidates(session.id());
         if candidates.is_empty() {
-            self.broker.metrics().handoff_failed("no_target");
+            self.metrics.handoff_failed("no_target");
             return Err(MoveError::NoTarget);
         }
         let _slot = self.moves.acquire().await;
@@ -213,10 +221,7 @@ impl Handoff {
             return Err(MoveError::Busy);
         }
         let started = Instant::now();
-        let entered_by = started + ENTERING_WAIT;
-        while session.entering() > 0 && Instant::now() < entered_by {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        session.all_entered(ENTERING_WAIT).await;
         let budget = self
             .max_message_bytes
             .saturating_sub(MESSAGE_OVERHEAD)
@@ -242,7 +247,7 @@ impl Handoff {
                 }
                 Err(e) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, error = %e, "handoff to peer failed");
-                    self.broker.metrics().handoff_failed(e.label());
+                    self.metrics.handoff_failed(e.label());
                     last = Some(e);
                 }
             }
@@ -289,10 +294,7 @@ impl Handoff {
     ) {
         session.finish_move(Some(target.uid.clone()));
         self.broker.mark_moved(session, &target.uid);
-        self.broker
-            .metrics()
-            .handoff_seconds
-            .observe(started.elapsed().as_secs_f64());
+        self.metrics.handoff_took(started.elapsed());
         tracing::info!(session = session.digest(), to = %target.name, "session handed off");
         if session.primes() {
             for stream in session.streams() {
@@ -373,7 +375,7 @@ impl Handoff {
                 cut += pending.len() as u64;
             }
         }
-        self.broker.metrics().requests_cut.inc_by(cut);
+        self.metrics.requests_cut(cut);
         cut
     }
 
@@ -388,7 +390,7 @@ impl Handoff {
                 && self.router.health().down(uid, now) != Some(Down::Refused)
         };
         adopt::abandon_orphans(&self.broker, &alive);
-        if !self.enabled || self.broker.is_draining() {
+        if !self.enabled || self.lifecycle.is_draining() {
             return;
         }
         let mut tasks = Vec::new();

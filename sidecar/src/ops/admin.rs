@@ -19,22 +19,37 @@ use http::{Method, Response, StatusCode, header};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
-use crate::broker::Broker;
+use crate::lifecycle::Lifecycle;
+use crate::metrics::Metrics;
 use crate::ops::drain::Drain;
+use crate::upstream::Upstream;
 
 /// How long `/readyz` waits for a TCP connection to the upstream.
 pub(crate) const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The admin HTTP application.
 pub(crate) struct Admin {
-    broker: Arc<Broker>,
+    upstream: Upstream,
     drain: Arc<Drain>,
+    lifecycle: Arc<Lifecycle>,
+    metrics: Arc<Metrics>,
 }
 
 impl Admin {
-    /// Admin endpoints for `broker`, draining with `drain`.
-    pub(crate) fn new(broker: Arc<Broker>, drain: Arc<Drain>) -> Self {
-        Self { broker, drain }
+    /// Admin endpoints of a pod whose MCP server is `upstream`, draining with `drain`, ready
+    /// unless `lifecycle` drains, serving `metrics`.
+    pub(crate) fn new(
+        upstream: Upstream,
+        drain: Arc<Drain>,
+        lifecycle: Arc<Lifecycle>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            upstream,
+            drain,
+            lifecycle,
+            metrics,
+        }
     }
 
     async fn drain(&self) -> Response<Vec<u8>> {
@@ -78,13 +93,13 @@ impl ServeHttp for Admin {
         }
         match req.uri.path() {
             "/healthz" => text(StatusCode::OK, "text/plain", "ok\n"),
-            "/readyz" if self.broker.is_draining() => text(
+            "/readyz" if self.lifecycle.is_draining() => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "text/plain",
                 "not ready: draining\n",
             ),
             "/readyz" => {
-                if self.broker.upstream().reachable(READY_PROBE_TIMEOUT).await {
+                if self.upstream.reachable(READY_PROBE_TIMEOUT).await {
                     text(StatusCode::OK, "text/plain", "ready\n")
                 } else {
                     text(
@@ -97,7 +112,7 @@ impl ServeHttp for Admin {
             "/metrics" => text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                self.broker.metrics().encode(),
+                self.metrics.encode(),
             ),
             _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
         }

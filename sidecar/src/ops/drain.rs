@@ -19,9 +19,9 @@ use tokio::sync::OnceCell;
 
 use crate::broker::Broker;
 use crate::handoff::Handoff;
+use crate::lifecycle::Lifecycle;
+use crate::metrics::Metrics;
 
-/// How often the in-flight count is checked while draining.
-const POLL: Duration = Duration::from_millis(50);
 /// How long the errors of requests cut at the deadline may take to reach new holders.
 const CUT_FLUSH: Duration = Duration::from_secs(1);
 
@@ -46,17 +46,28 @@ pub(crate) struct DrainOutcome {
 pub(crate) struct Drain {
     broker: Arc<Broker>,
     handoff: Arc<Handoff>,
+    lifecycle: Arc<Lifecycle>,
+    metrics: Arc<Metrics>,
     deadline: Duration,
     outcome: OnceCell<DrainOutcome>,
 }
 
 impl Drain {
     /// The drain of `broker`'s pod, handing sessions off with `handoff`, bounded by `deadline`
-    /// (`spec.drain.timeout`).
-    pub(crate) fn new(broker: Arc<Broker>, handoff: Arc<Handoff>, deadline: Duration) -> Arc<Self> {
+    /// (`spec.drain.timeout`); it marks `lifecycle` draining and records its duration in
+    /// `metrics`.
+    pub(crate) fn new(
+        broker: Arc<Broker>,
+        handoff: Arc<Handoff>,
+        lifecycle: Arc<Lifecycle>,
+        metrics: Arc<Metrics>,
+        deadline: Duration,
+    ) -> Arc<Self> {
         Arc::new(Self {
             broker,
             handoff,
+            lifecycle,
+            metrics,
             deadline,
             outcome: OnceCell::new(),
         })
@@ -68,7 +79,7 @@ impl Drain {
     }
 
     async fn drain(&self) -> DrainOutcome {
-        self.broker.start_draining();
+        self.lifecycle.start_draining();
         let started = Instant::now();
         let deadline = started + self.deadline;
         tracing::info!(deadline = ?self.deadline, handoff = self.handoff.enabled(), "draining: no new sessions");
@@ -83,17 +94,14 @@ impl Drain {
                 || self.handoff.following() > 0
                 || (keep_serving && !self.broker.sessions().is_empty())
         };
-        while busy() && Instant::now() < deadline {
-            tokio::time::sleep(POLL).await;
-        }
+        self.wait_until(deadline, || !busy()).await;
         let in_flight = self.broker.in_flight() + self.handoff.following();
         let mut cut = 0;
         if in_flight > 0 {
             cut = self.handoff.cut();
             let flushed_by = Instant::now() + CUT_FLUSH;
-            while self.handoff.following() > 0 && Instant::now() < flushed_by {
-                tokio::time::sleep(POLL).await;
-            }
+            self.wait_until(flushed_by, || self.handoff.following() == 0)
+                .await;
         }
         let outcome = DrainOutcome {
             drained: in_flight == 0,
@@ -103,10 +111,7 @@ impl Drain {
             cut,
             elapsed: started.elapsed(),
         };
-        self.broker
-            .metrics()
-            .drain_seconds
-            .observe(outcome.elapsed.as_secs_f64());
+        self.metrics.drain_took(outcome.elapsed);
         if outcome.drained {
             tracing::info!(after = ?outcome.elapsed, "drained");
         } else {
@@ -117,5 +122,22 @@ impl Drain {
             );
         }
         outcome
+    }
+
+    /// Waits until `done()` holds or `until` passes, re-checking whenever the pod's activity
+    /// changes (a request ended, a stream completed, a session left).
+    async fn wait_until(&self, until: Instant, done: impl Fn() -> bool) {
+        let activity = self.broker.activity();
+        let until = tokio::time::Instant::from_std(until);
+        loop {
+            let changed = activity.notified();
+            if done() || tokio::time::Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(until) => return,
+            }
+        }
     }
 }

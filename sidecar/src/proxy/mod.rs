@@ -35,12 +35,13 @@ use crate::cluster::peer_health::PEER_PROBE_PATH;
 use crate::cluster::routing::{
     ForwardKind, Hop, Route, Router, TETHER_HOP, TETHER_HOP_MAC, TETHER_VISITED, Target,
 };
+use crate::lifecycle::Lifecycle;
 use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::mcp::headers::{LAST_EVENT_ID, MCP_SESSION_ID};
 use crate::mcp::jsonrpc::Envelope;
 use crate::mcp::origin::{OriginCheck, add_response_headers};
 use crate::mcp::rejection::Rejection;
-use crate::metrics::{RequestLabels, VersionLabel};
+use crate::metrics::Metrics;
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{EnterGuard, Entry};
 
@@ -53,43 +54,30 @@ pub(crate) const MOVE_WAIT: Duration = Duration::from_secs(5);
 /// keep-alive timeout, so a pooled connection is never stale).
 pub(crate) const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The MCP endpoint service.
+/// The MCP endpoint service: the pingora callbacks of the MCP listener.
 pub(crate) struct McpProxy {
-    broker: Arc<Broker>,
-    router: Router,
-    policy: Arc<ArcSwap<AdmissionPolicy>>,
-    upstream_addr: String,
-    upstream_path: String,
-    body_timeout: Duration,
-    peer_read_timeout: Duration,
+    /// Serves sessionful requests held here.
+    pub(crate) broker: Arc<Broker>,
+    /// Where requests of sessions held elsewhere go.
+    pub(crate) router: Router,
+    /// Admission; read per request, so a reload ([`crate::config::reload`]) applies to the next.
+    pub(crate) policy: Arc<ArcSwap<AdmissionPolicy>>,
+    /// Whether this pod drains.
+    pub(crate) lifecycle: Arc<Lifecycle>,
+    /// Requests, rejections and forwards are counted here.
+    pub(crate) metrics: Arc<Metrics>,
+    /// The upstream's `host:port` (stateless requests are proxied there).
+    pub(crate) upstream_addr: String,
+    /// The MCP path at the upstream.
+    pub(crate) upstream_path: String,
+    /// How long a request body may take to arrive (slow clients get 408).
+    pub(crate) body_timeout: Duration,
+    /// Bounds each read from a peer a request was forwarded to: it exceeds the peer's own
+    /// upstream deadline and keep-alive interval, so only a peer that stopped answering hits it.
+    pub(crate) peer_read_timeout: Duration,
 }
 
 impl McpProxy {
-    /// `upstream_addr` is `host:port`, `upstream_path` the MCP path there; `body_timeout` bounds
-    /// how long a request body may take to arrive (slow clients get 408); `peer_read_timeout`
-    /// bounds each read from a peer a request was forwarded to (it must exceed the peer's own
-    /// upstream deadline and keep-alive interval, so only a peer that stopped answering hits it).
-    /// `policy` is read per request, so a reload ([`crate::config::reload`]) applies to the next one.
-    pub(crate) fn new(
-        broker: Arc<Broker>,
-        router: Router,
-        policy: Arc<ArcSwap<AdmissionPolicy>>,
-        upstream_addr: String,
-        upstream_path: String,
-        body_timeout: Duration,
-        peer_read_timeout: Duration,
-    ) -> Self {
-        Self {
-            broker,
-            router,
-            policy,
-            upstream_addr,
-            upstream_path,
-            body_timeout,
-            peer_read_timeout,
-        }
-    }
-
     /// Reads the whole request body, at most `max_body_bytes` within `body_timeout`.
     async fn read_body(&self, session: &mut Session) -> Result<Bytes, Rejection> {
         let limit = self.policy.load().max_body_bytes;
@@ -173,13 +161,9 @@ impl ProxyHttp for McpProxy {
             };
             return respond(session, ctx, reply).await;
         }
-        let metrics = self.broker.metrics();
         let admitted = match self.policy.load_full().admit(&method, &path, &headers) {
             Err(refused) => {
-                if refused.rejection == Rejection::OriginForbidden {
-                    metrics.origin_rejections.inc();
-                }
-                self.broker.count_rejection(&refused.rejection);
+                self.metrics.rejection(&refused.rejection);
                 ctx.origin = refused.origin;
                 return respond(session, ctx, refused.rejection.into()).await;
             }
@@ -206,32 +190,21 @@ impl ProxyHttp for McpProxy {
                 Some(rejection)
             }
             Err(rejection) => {
-                self.broker.count_rejection(&rejection);
+                self.metrics.rejection(&rejection);
                 return respond(session, ctx, rejection.into()).await;
             }
         };
-        metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                method: method_label(&admitted.method),
-                era: admitted.era.label(),
-            })
-            .inc();
+        self.metrics.request(&admitted.method, admitted.era);
         if admitted.era == Era::Stateless {
             if let Some(v) = admitted.version {
-                metrics
-                    .protocol_versions
-                    .get_or_create(&VersionLabel {
-                        version: v.as_str(),
-                    })
-                    .inc();
+                self.metrics.protocol_version(v);
             }
             return Ok(false);
         }
         let body = match self.read_body(session).await {
             Ok(body) => body,
             Err(rejection) => {
-                self.broker.count_rejection(&rejection);
+                self.metrics.rejection(&rejection);
                 session.set_keepalive(None);
                 return respond(session, ctx, rejection.into()).await;
             }
@@ -239,7 +212,7 @@ impl ProxyHttp for McpProxy {
         if let Some(rejection) = miss
             && !Envelope::parse(&body).is_ok_and(|e| e.is_initialize())
         {
-            self.broker.count_rejection(&rejection);
+            self.metrics.rejection(&rejection);
             return respond(session, ctx, rejection.into()).await;
         }
         let reply = self.broker.handle(admitted, body, ctx.entered.take()).await;
@@ -412,7 +385,7 @@ impl ProxyHttp for McpProxy {
                 self.policy.load().max_body_bytes,
             )
         });
-        self.broker.count_rejection(&rejection);
+        self.metrics.rejection(&rejection);
         let code = rejection.status().as_u16();
         let _ = respond(session, ctx, rejection.into()).await;
         FailToProxy {
@@ -428,7 +401,6 @@ impl ProxyHttp for McpProxy {
         ctx: &mut RequestCtx,
     ) {
         let Some(f) = &ctx.forward else { return };
-        let metrics = self.broker.metrics();
         // Connect failures were counted when they happened (`fail_to_connect`).
         let outcome = match e {
             None => Some("ok"),
@@ -437,14 +409,9 @@ impl ProxyHttp for McpProxy {
             Some(_) => Some("error"),
         };
         if let Some(outcome) = outcome {
-            metrics.forward(f.kind.label(), outcome);
+            self.metrics.forward(f.kind.label(), outcome);
         }
-        metrics
-            .forward_hops
-            .get_or_create(&crate::metrics::HopLabel {
-                hop: f.hop.count.saturating_add(1),
-            })
-            .inc();
+        self.metrics.forward_hop(f.hop.count.saturating_add(1));
     }
 
     fn suppress_error_log(
@@ -498,7 +465,10 @@ impl McpProxy {
                 (Target::Placement { nonce: &nonce }, None)
             }
         };
-        match self.router.route(self.broker.is_draining(), target, &hop) {
+        match self
+            .router
+            .route(self.lifecycle.is_draining(), target, &hop)
+        {
             Route::Local => Ok(None),
             Route::NotFound(reason) => Err(Rejection::SessionNotFound(reason)),
             Route::Unavailable => Err(Rejection::PeerUnavailable),
@@ -522,14 +492,14 @@ impl McpProxy {
         let down = |uid: &str| health.down(uid, now);
         let world = World {
             view: &view,
-            me: self.router.me(self.broker.is_draining()),
+            me: self.router.me(self.lifecycle.is_draining()),
             down: &down,
             own: &own,
             nonce: &nonce,
         };
         let decision = forward::after_failure(f, failure, &world);
         if decision.rerouted {
-            self.broker.metrics().forward(kind.label(), "connect_error");
+            self.metrics.forward(kind.label(), "connect_error");
             match failure {
                 Failure::Connect { .. } => {
                     tracing::warn!(peer = %name, %address, %error, "peer unreachable; trying the next candidate");
@@ -579,15 +549,6 @@ impl McpProxy {
 fn placement_nonce() -> String {
     let bytes: [u8; 8] = rand::random();
     hex::encode(bytes)
-}
-
-fn method_label(method: &http::Method) -> &'static str {
-    match *method {
-        http::Method::GET => "GET",
-        http::Method::POST => "POST",
-        http::Method::DELETE => "DELETE",
-        _ => "OTHER",
-    }
 }
 
 /// Writes `reply` with the CORS headers of the request (see [`respond::write`]); from now on

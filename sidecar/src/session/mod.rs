@@ -100,6 +100,9 @@ struct State {
     handoff: HandoffState,
     /// Woken on every change of every stream (the handoff follower), new streams included.
     observer: Option<Arc<Notify>>,
+    /// The pod's activity (the registry's): woken when a request of this session ends or one
+    /// of its streams completes.
+    activity: Option<Arc<Notify>>,
 }
 
 /// Where a session is in a handoff (DESIGN.md §3.4 step 2).
@@ -138,7 +141,18 @@ impl EnterGuard {
 
 impl Drop for EnterGuard {
     fn drop(&mut self) {
-        self.0.state.lock().entering -= 1;
+        let observer = {
+            let mut st = self.0.state.lock();
+            st.entering -= 1;
+            if st.entering > 0 {
+                return;
+            }
+            st.observer.clone()
+        };
+        self.0.entered.notify_waiters();
+        if let Some(observer) = observer {
+            observer.notify_one();
+        }
     }
 }
 
@@ -171,6 +185,8 @@ pub(crate) struct Session {
     reopen_standalone: AtomicBool,
     /// Woken when a handoff ends (acknowledged or refused).
     handoff_settled: Notify,
+    /// Woken when the last request admitted and not yet registered is ([`EnterGuard`]).
+    entered: Notify,
 }
 
 impl Session {
@@ -200,12 +216,14 @@ impl Session {
                 entering: 0,
                 handoff: HandoffState::Held,
                 observer: None,
+                activity: None,
             }),
             standalone_open: tokio::sync::Mutex::new(()),
             rebuilding: tokio::sync::Mutex::new(()),
             needs_rebuild: AtomicBool::new(false),
             reopen_standalone: AtomicBool::new(false),
             handoff_settled: Notify::new(),
+            entered: Notify::new(),
         })
     }
 
@@ -405,6 +423,21 @@ impl Session {
         self.handoff_settled.notify_waiters();
     }
 
+    /// Waits until every request admitted into the session registered its stream (a move
+    /// images the session only then), at most `bound`; returns whether they all did.
+    pub(crate) async fn all_entered(&self, bound: Duration) -> bool {
+        let wait = async {
+            loop {
+                let entered = self.entered.notified();
+                if self.state.lock().entering == 0 {
+                    return;
+                }
+                entered.await;
+            }
+        };
+        tokio::time::timeout(bound, wait).await.is_ok()
+    }
+
     /// Waits until a handoff under way ends, at most `bound`; returns whether it did.
     pub(crate) async fn settled(&self, bound: Duration) -> bool {
         let wait = async {
@@ -417,6 +450,16 @@ impl Session {
             }
         };
         tokio::time::timeout(bound, wait).await.is_ok()
+    }
+
+    /// Wakes every waiter of `activity` when a request of the session ends or one of its
+    /// streams, present and future, completes.
+    pub(crate) fn report_to(&self, activity: &Arc<Notify>) {
+        let mut st = self.state.lock();
+        st.activity = Some(Arc::clone(activity));
+        for stream in st.streams.values() {
+            stream.report_to(activity);
+        }
     }
 
     /// Wakes `observer` on every change of every stream, present and future.
@@ -552,6 +595,9 @@ impl Session {
     fn insert_stream(st: &mut State, stream: &Arc<Stream>) {
         if let Some(observer) = &st.observer {
             stream.observe(observer);
+        }
+        if let Some(activity) = &st.activity {
+            stream.report_to(activity);
         }
         st.streams.insert(stream.key().clone(), Arc::clone(stream));
         st.stream_order.push_back(stream.key().clone());
@@ -690,9 +736,15 @@ pub(crate) struct BusyGuard(Arc<Session>);
 
 impl Drop for BusyGuard {
     fn drop(&mut self) {
-        let mut st = self.0.state.lock();
-        st.busy -= 1;
-        st.last_activity = Instant::now();
+        let activity = {
+            let mut st = self.0.state.lock();
+            st.busy -= 1;
+            st.last_activity = Instant::now();
+            st.activity.clone()
+        };
+        if let Some(activity) = activity {
+            activity.notify_waiters();
+        }
     }
 }
 
@@ -793,7 +845,59 @@ mod tests {
         assert!(st.cancel_token().is_cancelled());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
+    async fn a_mover_waits_for_admitted_requests_to_register() {
+        let s = session();
+        assert!(
+            s.all_entered(Duration::from_secs(2)).await,
+            "nothing admitted"
+        );
+        let Entry::Entered(guard) = s.enter() else {
+            panic!("a held session admits requests")
+        };
+        assert!(
+            !s.all_entered(Duration::from_secs(2)).await,
+            "a request admitted and not registered holds the mover until the bound"
+        );
+        let waiter = {
+            let s = Arc::clone(&s);
+            tokio::spawn(async move { s.all_entered(Duration::from_secs(60)).await })
+        };
+        tokio::task::yield_now().await;
+        drop(guard);
+        assert!(waiter.await.unwrap(), "woken when the last one registers");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pods_activity_wakes_when_a_request_ends_or_a_stream_completes() {
+        let registry = Registry::new(4);
+        let s = session();
+        registry.insert(Arc::clone(&s)).unwrap();
+        let woken = || {
+            let wait = registry.activity().notified();
+            async move {
+                tokio::time::timeout(Duration::from_secs(1), wait)
+                    .await
+                    .is_ok()
+            }
+        };
+        let busy = s.busy();
+        let ended = woken();
+        drop(busy);
+        assert!(ended.await, "a request ended");
+        let st = stream(&s, &[key(1)]);
+        s.claim(&[key(1)], [0; 32], &st);
+        let completed = woken();
+        st.complete();
+        assert!(completed.await, "a stream completed");
+        let quiet = woken();
+        assert!(!quiet.await, "nothing happened");
+        let left = woken();
+        registry.remove(&s, crate::mcp::rejection::NotFound::Deleted);
+        assert!(left.await, "a session left");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_move_waits_for_entered_requests_and_holds_new_ones() {
         let s = session();
         let Entry::Entered(guard) = s.enter() else {

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
 
 use super::Session;
 use super::bounded::Bounded;
@@ -30,6 +31,10 @@ pub(crate) struct Registry {
     /// Handed-off sessions whose streams are still forwarded to the new holder, by id.
     departed: Mutex<HashMap<String, Arc<Session>>>,
     max_sessions: usize,
+    /// Woken (all waiters) whenever what the pod has in flight may have shrunk: a request
+    /// ended, a stream completed, a session left or a departed one was forgotten. A drain waits
+    /// on it instead of polling.
+    activity: Arc<Notify>,
 }
 
 impl Registry {
@@ -41,7 +46,14 @@ impl Registry {
             moved: Mutex::new(Bounded::new(ENDED_LOG)),
             departed: Mutex::new(HashMap::new()),
             max_sessions,
+            activity: Arc::new(Notify::new()),
         }
+    }
+
+    /// The pod's activity: woken whenever a request ends, a stream completes, a session leaves
+    /// or a departed session is forgotten.
+    pub(crate) fn activity(&self) -> &Notify {
+        &self.activity
     }
 
     /// Whether another session fits.
@@ -54,6 +66,7 @@ impl Registry {
     /// # Errors
     /// [`TooManySessions`] when the pod is full.
     pub(crate) fn insert(&self, session: Arc<Session>) -> Result<(), TooManySessions> {
+        session.report_to(&self.activity);
         let mut map = self.sessions.write();
         if map.len() >= self.max_sessions {
             return Err(TooManySessions(self.max_sessions));
@@ -72,6 +85,7 @@ impl Registry {
         let removed = self.sessions.write().remove(&session.id).is_some();
         if removed {
             self.ended.lock().insert(session.digest.clone(), reason);
+            self.activity.notify_waiters();
         }
         removed
     }
@@ -84,6 +98,7 @@ impl Registry {
         self.departed
             .lock()
             .insert(session.id.clone(), Arc::clone(session));
+        self.activity.notify_waiters();
     }
 
     /// A departed session (handed off, streams still forwarded) with client id `id`.
@@ -104,6 +119,7 @@ impl Registry {
     /// The streams of a departed session are all forwarded: forget it.
     pub(crate) fn forget_departed(&self, id: &str) {
         self.departed.lock().remove(id);
+        self.activity.notify_waiters();
     }
 
     /// The UID of the peer a session was handed to, if it was handed off from here.
@@ -117,6 +133,7 @@ impl Registry {
     /// # Errors
     /// [`TooManySessions`] when the pod is full.
     pub(crate) fn adopt(&self, session: Arc<Session>) -> Result<bool, TooManySessions> {
+        session.report_to(&self.activity);
         let mut map = self.sessions.write();
         if map.contains_key(&session.id) {
             return Ok(false);

@@ -13,7 +13,7 @@ mod stored;
 pub(crate) use feed::{Feed, FeedItem};
 pub(crate) use stored::StoredReply;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -140,6 +140,8 @@ pub(crate) struct Stream {
     changed: watch::Sender<()>,
     /// Woken on every change, for the handoff follower of a moved session.
     observer: Mutex<Option<Arc<Notify>>>,
+    /// Woken (all waiters) when the stream completes: the pod's activity, which a drain waits on.
+    activity: OnceLock<Arc<Notify>>,
 }
 
 impl Stream {
@@ -205,6 +207,7 @@ impl Stream {
             }),
             changed: watch::channel(()).0,
             observer: Mutex::new(None),
+            activity: OnceLock::new(),
         })
     }
 
@@ -244,7 +247,7 @@ impl Stream {
         drop(st);
         self.touch();
         if complete {
-            self.cancel.cancel();
+            self.finished();
         }
         added
     }
@@ -379,7 +382,7 @@ impl Stream {
         drop(st);
         self.touch();
         if completed {
-            self.cancel.cancel();
+            self.finished();
         }
         evictions
     }
@@ -388,7 +391,21 @@ impl Stream {
     pub(crate) fn complete(&self) {
         self.state.lock().complete = true;
         self.touch();
+        self.finished();
+    }
+
+    /// The stream is complete: its upstream task stops, and whoever waits on the pod's
+    /// activity re-checks what is still in flight.
+    fn finished(&self) {
         self.cancel.cancel();
+        if let Some(activity) = self.activity.get() {
+            activity.notify_waiters();
+        }
+    }
+
+    /// Wakes every waiter of `activity` when this stream completes.
+    pub(crate) fn report_to(&self, activity: &Arc<Notify>) {
+        let _ = self.activity.set(Arc::clone(activity));
     }
 
     /// Ends requests `ids` that are still pending with a JSON-RPC error event each (code
@@ -643,7 +660,7 @@ mod tests {
         assert!(s.is_active(), "the other reader is still attached");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn keep_alive_comments_on_idle_streams() {
         let s = post_stream(&[1]);
         let mut feed = s.attach(Start::After(0), true, true, Duration::from_millis(10));

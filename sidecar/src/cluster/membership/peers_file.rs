@@ -258,7 +258,7 @@ mod tests {
         assert!(err("uid: a").contains("invalid peers file"));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn rereads_on_change_and_keeps_the_last_good_membership() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("peers.yaml");
