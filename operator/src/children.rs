@@ -15,7 +15,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -24,9 +24,9 @@ use crate::build::Plan;
 use crate::build::config::{self, HMAC_KEY_BYTES};
 use crate::build::network::covering_pdb;
 use crate::build::rbac;
-use crate::controller::{Error, apply_params};
 use crate::diff::covers;
-use crate::names::Names;
+use crate::error::Error;
+use crate::names::{FIELD_MANAGER, Names};
 use crate::validate::Target;
 
 /// Applies `plan`; returns what it wrote (`Kind/name`, deletions as `Kind/name (deleted)`) and
@@ -94,6 +94,11 @@ pub async fn write(
         .await?;
     written.push(format!("Deployment/{name}"));
     Ok((written, true))
+}
+
+/// Server-side apply with the operator's field manager, forced (it owns these fields).
+pub(crate) fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
 }
 
 /// The note of the `Applied` Event: what was written and what happens next.

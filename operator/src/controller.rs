@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, Event};
@@ -27,7 +27,8 @@ use serde_json::{Value, json};
 use tether_crds::{McpEndpoint, McpEndpointStatus};
 
 use crate::build::{Defaults, plan};
-use crate::children;
+use crate::children::{self, apply_params};
+use crate::error::Error;
 use crate::names::{FIELD_MANAGER, FINALIZER, Names};
 use crate::status::{Outcome, PodCounts, conditions};
 use crate::validate::validate;
@@ -81,35 +82,6 @@ impl Context {
         };
         if let Err(error) = self.recorder.publish(&event, &ep.object_ref(&())).await {
             tracing::warn!(%error, reason, "cannot publish an Event");
-        }
-    }
-}
-
-/// Reconcile failures (API errors); conflicts are reported in the status instead.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The API server refused or failed a request.
-    #[error("API request failed: {0}")]
-    Kube(#[from] kube::Error),
-    /// The endpoint has no name or namespace.
-    #[error("the McpEndpoint has no name or namespace")]
-    Unnamed,
-    /// Adding or removing the finalizer, or the step it guards, failed.
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<finalizer::Error<Error>>),
-    /// An object did not serialize to JSON (not expected).
-    #[error("serialization: {0}")]
-    Json(#[from] serde_json::Error),
-}
-
-impl Error {
-    /// A short label for metrics (`reconcile_failures_total{reason}`).
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Kube(_) => "api",
-            Error::Unnamed => "unnamed",
-            Error::Finalizer(_) => "finalizer",
-            Error::Json(_) => "json",
         }
     }
 }
@@ -177,11 +149,6 @@ async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
             .await;
     }
     Ok(Action::requeue(RECHECK))
-}
-
-/// Server-side apply with the operator's field manager, forced (it owns these fields).
-pub(crate) fn apply_params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
 }
 
 /// Pod counts from the Deployment's status. While the Deployment controller has not seen the

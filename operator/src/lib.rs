@@ -28,6 +28,7 @@ pub mod build;
 pub mod children;
 pub mod controller;
 pub mod diff;
+pub mod error;
 pub mod leader;
 pub mod metrics;
 pub mod names;

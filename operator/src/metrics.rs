@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `tether_operator_reconciles_total` | `result` (`ok`, `error`) | reconciles run |
 //! | `tether_operator_reconcile_seconds` | | duration of a reconcile, in seconds |
-//! | `tether_operator_reconcile_failures_total` | `reason` ([`crate::controller::Error::metric_label`]) | reconciles that failed |
+//! | `tether_operator_reconcile_failures_total` | `reason` ([`crate::error::Error::metric_label`]) | reconciles that failed |
 
 use std::time::Duration;
 
