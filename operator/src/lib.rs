@@ -29,6 +29,8 @@ pub mod children;
 pub mod controller;
 pub mod diff;
 pub mod error;
+#[cfg(test)]
+mod fixtures;
 pub mod leader;
 pub mod metrics;
 pub mod names;

@@ -108,7 +108,7 @@ pub fn injected_by(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::fixtures::{self, DEPLOYMENT};
+    use crate::fixtures::{self, DEPLOYMENT};
 
     #[test]
     fn an_injected_deployment_names_its_endpoint() {

@@ -230,7 +230,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::build::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
+    use crate::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
 
     fn reason(ep: &McpEndpoint, d: &Deployment) -> Option<&'static str> {
         validate(ep, &fixtures::names(ep), d)
@@ -256,7 +256,7 @@ mod tests {
         let ep = fixtures::endpoint(MINIMAL_ENDPOINT);
         let server = |extra: serde_json::Value| {
             let mut c = json!({"name": "server", "image": "s", "ports": [{"containerPort": 3000}]});
-            crate::build::fixtures::merge(&mut c, extra);
+            crate::fixtures::merge(&mut c, extra);
             c
         };
         let clash =

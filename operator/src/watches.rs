@@ -101,7 +101,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::build::fixtures::{self, DEPLOYMENT};
+    use crate::fixtures::{self, DEPLOYMENT};
     use crate::names::INJECTED_ANNOTATION;
 
     fn endpoint(namespace: &str, name: &str, target: &str) -> Arc<McpEndpoint> {

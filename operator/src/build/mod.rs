@@ -121,14 +121,11 @@ pub(crate) fn child_meta(names: &Names, name: String, owner: &OwnerReference) ->
 }
 
 #[cfg(test)]
-pub(crate) mod fixtures;
-
-#[cfg(test)]
 mod tests {
     use serde_json::json;
 
-    use super::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
     use super::*;
+    use crate::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
     use crate::validate::validate;
 
     fn plan_for(ep: &McpEndpoint, deployment: &k8s_openapi::api::apps::v1::Deployment) -> Plan {

@@ -124,7 +124,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::build::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
+    use crate::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
     use crate::validate::validate;
 
     fn budget(name: &str, selector: serde_json::Value) -> PodDisruptionBudget {

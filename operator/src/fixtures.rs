@@ -1,4 +1,5 @@
-//! Small YAML fixtures for the builder and validation tests.
+//! Small YAML fixtures for the crate's unit tests (an endpoint, its target Deployment, their
+//! names and owner reference).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
