@@ -20,13 +20,13 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::build::Plan;
-use crate::build::config::{self, HMAC_KEY_BYTES};
-use crate::build::network::covering_pdb;
-use crate::build::rbac;
 use crate::diff::covers;
 use crate::error::Error;
 use crate::names::{FIELD_MANAGER, Names};
+use crate::plan::Plan;
+use crate::plan::config::{self, HMAC_KEY_BYTES};
+use crate::plan::network::covering_pdb;
+use crate::plan::rbac;
 use crate::validate::Target;
 
 /// Applies `plan`; returns what it wrote (`Kind/name`, deletions as `Kind/name (deleted)`) and

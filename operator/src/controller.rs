@@ -1,5 +1,5 @@
 //! The reconcile of one `McpEndpoint`: validate → build → apply → status (the pure steps are
-//! [`crate::validate`], [`crate::build`] and [`crate::status`]; this module talks to the API
+//! [`crate::validate`], [`crate::plan`] and [`crate::status`]; this module talks to the API
 //! server).
 //!
 //! - A finalizer ([`FINALIZER`]) is added first; on deletion the injection is removed (a
@@ -26,10 +26,10 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tether_crds::{McpEndpoint, McpEndpointStatus};
 
-use crate::build::{Defaults, plan};
 use crate::children::{self, apply_params};
 use crate::error::Error;
 use crate::names::{FIELD_MANAGER, FINALIZER, Names};
+use crate::plan::{Defaults, plan};
 use crate::status::{Outcome, PodCounts, conditions};
 use crate::validate::validate;
 

@@ -8,7 +8,7 @@
 //! - [`validate`]: the endpoint and its target Deployment, with the conflicts that become
 //!   `Degraded` (a missing target, a container name clash, a user `preStop`, a port clash, an
 //!   invalid spec);
-//! - [`build`]: the objects a reconcile applies (sidecar injection, ConfigMap, Secret, Services,
+//! - [`plan`]: the objects a reconcile applies (sidecar injection, ConfigMap, Secret, Services,
 //!   RBAC, PodDisruptionBudget), each holding only the fields the operator owns;
 //! - [`diff`]: whether a live object already holds what would be applied (a no-op reconcile
 //!   writes nothing);
@@ -24,7 +24,6 @@
 
 pub mod access;
 pub mod admin;
-pub mod build;
 pub mod children;
 pub mod controller;
 pub mod diff;
@@ -34,6 +33,7 @@ mod fixtures;
 pub mod leader;
 pub mod metrics;
 pub mod names;
+pub mod plan;
 pub mod status;
 pub mod validate;
 pub mod watches;

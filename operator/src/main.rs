@@ -16,9 +16,9 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use tether_crds::McpEndpoint;
 use tether_operator::admin::AdminState;
-use tether_operator::build::Defaults;
 use tether_operator::controller::Context;
 use tether_operator::leader::Election;
+use tether_operator::plan::Defaults;
 
 /// tether's operator.
 #[derive(Debug, Parser)]

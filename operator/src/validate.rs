@@ -180,7 +180,7 @@ fn check_pre_stop(ep: &McpEndpoint, container: &Container) -> Result<(), Conflic
         .as_ref()
         .and_then(|l| l.pre_stop.as_ref());
     let ours = pre_stop.and_then(|h| h.http_get.as_ref()).is_some_and(|g| {
-        g.path.as_deref() == Some(crate::build::DRAIN_PATH)
+        g.path.as_deref() == Some(crate::plan::DRAIN_PATH)
             && g.port
                 == k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(
                     ep.spec.admin.port,
@@ -192,7 +192,7 @@ fn check_pre_stop(ep: &McpEndpoint, container: &Container) -> Result<(), Conflic
             format!(
                 "container {:?} already has a preStop hook; tether needs it to wait for the drain (httpGet {} on port {}): move your hook's work elsewhere or remove it",
                 container.name,
-                crate::build::DRAIN_PATH,
+                crate::plan::DRAIN_PATH,
                 ep.spec.admin.port
             ),
         ));
