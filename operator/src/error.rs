@@ -1,6 +1,5 @@
-//! The crate's one error type: what makes a reconcile fail and retry
-//! ([`crate::controller::error_policy`]). A conflict is no error: the status reports it
-//! (`docs/design/operator.md`).
+//! The crate's one error type: what makes a reconcile fail and retry after a back-off. A
+//! conflict is no error: the status reports it (`docs/design/operator.md`).
 
 use kube::runtime::finalizer;
 

@@ -28,6 +28,8 @@ pub const SECRET_DIR: &str = "/etc/tether-secret";
 pub const CONFIG_KEY: &str = "endpoint.yaml";
 /// Key of the HMAC key in the Secret.
 pub const SECRET_KEY: &str = "secret";
+/// Path of the sidecar's drain endpoint on its admin port (the injected `preStop` hooks call it).
+pub const DRAIN_PATH: &str = "/drain";
 /// Longest name of a Service (an RFC 1035 label).
 pub const MAX_SERVICE_NAME: usize = 63;
 

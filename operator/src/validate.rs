@@ -1,5 +1,5 @@
-//! Step 1 of the reconcile pipeline (validate → build → apply → status): checks an endpoint and
-//! its target Deployment for what the operator must not paper over. Each failure is a
+//! The validation step of the reconcile (`docs/design/operator.md`): pure checks of an endpoint
+//! and its target Deployment for what the operator must not paper over. Each failure is a
 //! [`Conflict`] whose `reason` becomes the `Degraded` condition's reason and the Event's; nothing
 //! of the user's is ever overwritten to make a conflict go away.
 
@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use tether_crds::{McpEndpoint, validate_spec};
 
-use crate::names::{INJECTED_ANNOTATION, MAX_SERVICE_NAME, Names, SIDECAR_CONTAINER};
+use crate::names::{DRAIN_PATH, INJECTED_ANNOTATION, MAX_SERVICE_NAME, Names, SIDECAR_CONTAINER};
 
 /// Why an endpoint cannot be reconciled as asked.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -31,7 +31,7 @@ impl Conflict {
     }
 }
 
-/// What the build step needs from a valid target.
+/// What the plan needs from a valid target.
 #[derive(Clone, Debug)]
 pub struct Target<'a> {
     /// The Deployment.
@@ -45,6 +45,18 @@ pub struct Target<'a> {
     /// Name of the container running the MCP server (it gets the `preStop` that waits for the
     /// drain).
     pub upstream_container: String,
+}
+
+impl Target<'_> {
+    /// The ServiceAccount the pod template names when it is one of the user's: neither unset,
+    /// nor `default`, nor the sidecar's dedicated one ([`Names::sidecar_rbac`]). The operator
+    /// never replaces it; without one the pods get the dedicated ServiceAccount.
+    pub fn users_service_account(&self, names: &Names) -> Option<&str> {
+        self.pod
+            .service_account_name
+            .as_deref()
+            .filter(|n| !n.is_empty() && *n != "default" && *n != names.sidecar_rbac())
+    }
 }
 
 /// Checks `ep` (its spec, the names of its children) and its target `deployment`.
@@ -180,7 +192,7 @@ fn check_pre_stop(ep: &McpEndpoint, container: &Container) -> Result<(), Conflic
         .as_ref()
         .and_then(|l| l.pre_stop.as_ref());
     let ours = pre_stop.and_then(|h| h.http_get.as_ref()).is_some_and(|g| {
-        g.path.as_deref() == Some(crate::plan::DRAIN_PATH)
+        g.path.as_deref() == Some(DRAIN_PATH)
             && g.port
                 == k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(
                     ep.spec.admin.port,
@@ -191,9 +203,7 @@ fn check_pre_stop(ep: &McpEndpoint, container: &Container) -> Result<(), Conflic
             "PreStopConflict",
             format!(
                 "container {:?} already has a preStop hook; tether needs it to wait for the drain (httpGet {} on port {}): move your hook's work elsewhere or remove it",
-                container.name,
-                crate::plan::DRAIN_PATH,
-                ep.spec.admin.port
+                container.name, DRAIN_PATH, ep.spec.admin.port
             ),
         ));
     }

@@ -1,18 +1,21 @@
-//! Step 2 of the reconcile pipeline: pure builders of everything the operator applies for one
-//! endpoint (DESIGN.md §4). Each builder returns an object holding only the fields the operator
-//! owns (rust-notes §2.2: typed structs with defaults would make server-side apply claim fields
-//! the user set); none talks to the API server.
+//! The pure planning step of the reconcile (`docs/design/operator.md`): [`plan`] builds the
+//! children the operator wants for one endpoint, each holding only the fields the operator owns
+//! (a typed object with defaults would make server-side apply claim fields the user set), and
+//! [`Plan::steps`] sets them against the live objects, deletions included. Nothing here talks
+//! to the API server.
 //!
 //! - [`inject`]: the Deployment apply body (native sidecar, volumes, `preStop`, grace period,
 //!   ServiceAccount when the pods name none);
 //! - [`config`]: the config ConfigMap (the manifest the sidecars read) and the HMAC Secret;
 //! - [`network`]: the client Service, the headless peer Service, the PodDisruptionBudget;
-//! - [`rbac`]: the sidecar's Role, RoleBinding and, when needed, ServiceAccount.
+//! - [`rbac`]: the sidecar's Role, RoleBinding and, when needed, ServiceAccount;
+//! - `steps`: the plan against the live objects, with the retirements.
 
 pub mod config;
 pub mod inject;
 pub mod network;
 pub mod rbac;
+pub(crate) mod steps;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceRequirements, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -24,8 +27,6 @@ use tether_crds::McpEndpoint;
 use crate::names::Names;
 use crate::validate::Target;
 
-/// Path of the sidecar's drain endpoint on its admin port (the `preStop` hooks call it).
-pub const DRAIN_PATH: &str = "/drain";
 /// Seconds added to `spec.drain.timeout` for `terminationGracePeriodSeconds`: the sidecar's
 /// exit after the drain and the kubelet's own delays.
 pub const GRACE_MARGIN_SECS: i64 = 15;

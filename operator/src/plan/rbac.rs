@@ -18,18 +18,13 @@ pub fn service_account(
     target: &Target<'_>,
     owner: &OwnerReference,
 ) -> Option<ServiceAccount> {
-    let named = target
-        .pod
-        .service_account_name
-        .as_deref()
-        .filter(|n| !n.is_empty() && *n != "default");
-    match named {
-        Some(n) if n != names.sidecar_rbac() => None,
-        _ => Some(ServiceAccount {
+    target
+        .users_service_account(names)
+        .is_none()
+        .then(|| ServiceAccount {
             metadata: child_meta(names, names.sidecar_rbac(), owner),
             ..ServiceAccount::default()
-        }),
-    }
+        })
 }
 
 /// Read access to the namespace's Pods.
