@@ -28,18 +28,18 @@ use crate::validate::{Target, validate};
 /// conflict the user resolved; a target created later wakes it at once, [`crate::watches`]).
 pub const RECHECK: Duration = Duration::from_secs(30);
 /// Wait before retrying a reconcile that failed on an API error.
-pub const ERROR_BACKOFF: Duration = Duration::from_secs(15);
+pub(crate) const ERROR_BACKOFF: Duration = Duration::from_secs(15);
 
 /// What every reconcile shares.
 pub struct Context {
     /// The API client.
-    pub client: Client,
+    pub(crate) client: Client,
     /// Defaults for what specs leave out.
-    pub defaults: Defaults,
+    pub(crate) defaults: Defaults,
     /// Reconciles by result, duration, failures.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Publishes Events on endpoints (`events.k8s.io/v1`).
-    pub recorder: Recorder,
+    pub(crate) recorder: Recorder,
 }
 
 impl Context {
@@ -103,7 +103,7 @@ async fn run_finalizer(ep: Arc<McpEndpoint>, ctx: &Context) -> Result<Action, Er
 }
 
 /// Backs off after a failed reconcile (never a hot loop).
-pub fn error_policy(_ep: Arc<McpEndpoint>, error: &Error, _ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(_ep: Arc<McpEndpoint>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(%error, reason = error.metric_label(), "reconcile failed; retrying");
     Action::requeue(ERROR_BACKOFF)
 }

@@ -15,7 +15,7 @@ use serde_json::Value;
 pub const ATOMIC: &[&str] = &["subjects"];
 
 /// Whether `live` contains `desired`: every field of `desired` is in `live` with an equal value.
-pub fn covers(live: &Value, desired: &Value) -> bool {
+pub(crate) fn covers(live: &Value, desired: &Value) -> bool {
     match (live, desired) {
         (_, Value::Null) => true,
         (Value::Object(l), Value::Object(d)) => d.iter().all(|(k, dv)| {

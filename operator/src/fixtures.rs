@@ -8,7 +8,7 @@ use tether_crds::McpEndpoint;
 use crate::names::Names;
 
 /// The minimal endpoint: only its target.
-pub const MINIMAL_ENDPOINT: &str = r#"
+pub(crate) const MINIMAL_ENDPOINT: &str = r#"
 apiVersion: mcp.tether.dev/v1alpha1
 kind: McpEndpoint
 metadata: {name: weather, namespace: tools, uid: 6f1c2a9e-0000-4000-8000-000000000001}
@@ -17,7 +17,7 @@ spec:
 "#;
 
 /// The example server's Deployment: one container serving MCP on 3000.
-pub const DEPLOYMENT: &str = r#"
+pub(crate) const DEPLOYMENT: &str = r#"
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: weather, namespace: tools}
@@ -35,29 +35,29 @@ spec:
 "#;
 
 /// Parses an endpoint fixture.
-pub fn endpoint(yaml: &str) -> McpEndpoint {
+pub(crate) fn endpoint(yaml: &str) -> McpEndpoint {
     yaml_serde::from_str(yaml).expect("an McpEndpoint fixture")
 }
 
 /// Parses a Deployment fixture.
-pub fn deployment(yaml: &str) -> Deployment {
+pub(crate) fn deployment(yaml: &str) -> Deployment {
     yaml_serde::from_str(yaml).expect("a Deployment fixture")
 }
 
 /// [`DEPLOYMENT`] with `edit` applied to its JSON form.
-pub fn deployment_with(edit: impl FnOnce(&mut serde_json::Value)) -> Deployment {
+pub(crate) fn deployment_with(edit: impl FnOnce(&mut serde_json::Value)) -> Deployment {
     let mut value = serde_json::to_value(deployment(DEPLOYMENT)).expect("to JSON");
     edit(&mut value);
     serde_json::from_value(value).expect("still a Deployment")
 }
 
 /// The names of `ep`.
-pub fn names(ep: &McpEndpoint) -> Names {
+pub(crate) fn names(ep: &McpEndpoint) -> Names {
     Names::of(ep).expect("fixtures have a name and namespace")
 }
 
 /// An owner reference to `ep`.
-pub fn owner(ep: &McpEndpoint) -> OwnerReference {
+pub(crate) fn owner(ep: &McpEndpoint) -> OwnerReference {
     OwnerReference {
         api_version: tether_crds::API_VERSION.to_owned(),
         kind: tether_crds::KIND.to_owned(),
@@ -69,7 +69,7 @@ pub fn owner(ep: &McpEndpoint) -> OwnerReference {
 }
 
 /// Merges JSON `patch` into `into` (objects key by key, anything else replaced).
-pub fn merge(into: &mut serde_json::Value, patch: serde_json::Value) {
+pub(crate) fn merge(into: &mut serde_json::Value, patch: serde_json::Value) {
     match (into, patch) {
         (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
             for (k, v) in b {

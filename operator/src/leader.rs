@@ -15,7 +15,7 @@ use crate::names::FIELD_MANAGER;
 /// Seconds a lease stays valid after its last renewal.
 pub const LEASE_SECONDS: u64 = 15;
 /// Seconds before expiry the holder renews.
-pub const RENEW_GRACE_SECONDS: u64 = 5;
+pub(crate) const RENEW_GRACE_SECONDS: u64 = 5;
 
 /// Where the lease lives and who this replica is.
 #[derive(Clone, Debug)]

@@ -23,6 +23,6 @@ pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod plan;
-pub mod status;
+pub(crate) mod status;
 pub mod validate;
 pub mod watches;

@@ -16,16 +16,16 @@ use prometheus_client::registry::Registry;
 
 /// Label of a reconcile's result.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
+pub(crate) struct ResultLabel {
     /// `ok` or `error`.
-    pub result: &'static str,
+    pub(crate) result: &'static str,
 }
 
 /// Label of a failure's reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
+pub(crate) struct ReasonLabel {
     /// The error's metric label.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 /// The operator's metrics and their registry.

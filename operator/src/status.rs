@@ -18,15 +18,15 @@ use crate::validate::Conflict;
 
 /// The target's pods as the reconcile counted them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PodCounts {
+pub(crate) struct PodCounts {
     /// Pods of the target Deployment.
-    pub total: i32,
+    pub(crate) total: i32,
     /// Pods of the current pod template (`updatedReplicas`).
-    pub updated: i32,
+    pub(crate) updated: i32,
     /// Pods whose sidecar is ready (they take new sessions).
-    pub ready: i32,
+    pub(crate) ready: i32,
     /// Pods being deleted (their sidecars hand sessions off).
-    pub draining: i32,
+    pub(crate) draining: i32,
 }
 
 impl PodCounts {
@@ -51,7 +51,7 @@ impl PodCounts {
 
 /// What one reconcile found.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Everything applied; `pods` of the target.
     Applied(PodCounts),
     /// The target Deployment does not exist.
@@ -62,7 +62,7 @@ pub enum Outcome {
 
 /// The conditions for `outcome` at `generation`, keeping the `lastTransitionTime` of `previous`
 /// conditions whose status is unchanged; `now` stamps the others.
-pub fn conditions(
+pub(crate) fn conditions(
     outcome: &Outcome,
     generation: Option<i64>,
     previous: &[Condition],
@@ -97,10 +97,10 @@ pub fn conditions(
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Update {
     /// The new status.
-    pub status: McpEndpointStatus,
+    pub(crate) status: McpEndpointStatus,
     /// The `Degraded` condition, when it just turned `True` (an Event repeats its reason and
     /// message).
-    pub degraded: Option<Condition>,
+    pub(crate) degraded: Option<Condition>,
 }
 
 /// The status `outcome` gives `ep` at `now`; `None` when it equals the stored one (nothing to

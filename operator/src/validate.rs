@@ -35,13 +35,13 @@ impl Conflict {
 #[derive(Clone, Debug)]
 pub struct Target<'a> {
     /// The Deployment.
-    pub deployment: &'a Deployment,
+    pub(crate) deployment: &'a Deployment,
     /// Its pod template's spec.
-    pub pod: &'a PodSpec,
+    pub(crate) pod: &'a PodSpec,
     /// The Deployment's selector in label-selector syntax (the sidecar's `--pod-selector`).
     pub selector: String,
     /// The selector's `matchLabels` (Service and PodDisruptionBudget selectors).
-    pub match_labels: std::collections::BTreeMap<String, String>,
+    pub(crate) match_labels: std::collections::BTreeMap<String, String>,
     /// Name of the container running the MCP server (it gets the `preStop` that waits for the
     /// drain).
     pub upstream_container: String,
@@ -51,7 +51,7 @@ impl Target<'_> {
     /// The ServiceAccount the pod template names when it is one of the user's: neither unset,
     /// nor `default`, nor the sidecar's dedicated one ([`Names::sidecar_rbac`]). The operator
     /// never replaces it; without one the pods get the dedicated ServiceAccount.
-    pub fn users_service_account(&self, names: &Names) -> Option<&str> {
+    pub(crate) fn users_service_account(&self, names: &Names) -> Option<&str> {
         self.pod
             .service_account_name
             .as_deref()
@@ -216,7 +216,7 @@ fn init_containers(pod: &PodSpec) -> impl Iterator<Item = &Container> {
 
 /// `selector` in label-selector syntax: `k=v`, `k in (a,b)`, `k notin (a)`, `k`, `!k`, joined
 /// by commas, in a stable order.
-pub fn render_selector(selector: &LabelSelector) -> String {
+pub(crate) fn render_selector(selector: &LabelSelector) -> String {
     let mut parts: Vec<String> = selector
         .match_labels
         .iter()

@@ -66,7 +66,7 @@ pub async fn run(
 
 /// The endpoints a change of `deployment` concerns: the one its pod template's annotation names
 /// ([`injected_by`]) and those of `endpoints` in its namespace whose `targetRef` names it.
-pub fn endpoints_of(
+pub(crate) fn endpoints_of(
     deployment: &Deployment,
     endpoints: &[Arc<McpEndpoint>],
 ) -> Vec<ObjectRef<McpEndpoint>> {

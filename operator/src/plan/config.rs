@@ -15,7 +15,7 @@ use super::child_meta;
 use crate::names::{CONFIG_KEY, Names, SECRET_KEY};
 
 /// Bytes of a new HMAC key.
-pub const HMAC_KEY_BYTES: usize = 32;
+pub(crate) const HMAC_KEY_BYTES: usize = 32;
 
 /// The endpoint manifest the sidecars read.
 pub fn manifest(ep: &McpEndpoint, names: &Names) -> String {
@@ -32,7 +32,7 @@ pub fn manifest(ep: &McpEndpoint, names: &Names) -> String {
 }
 
 /// The config ConfigMap.
-pub fn config_map(ep: &McpEndpoint, names: &Names, owner: &OwnerReference) -> ConfigMap {
+pub(crate) fn config_map(ep: &McpEndpoint, names: &Names, owner: &OwnerReference) -> ConfigMap {
     ConfigMap {
         metadata: child_meta(names, names.config(), owner),
         data: Some([(CONFIG_KEY.to_owned(), manifest(ep, names))].into()),

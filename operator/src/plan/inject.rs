@@ -37,7 +37,7 @@ pub const SIDECAR_USER: i64 = 65532;
 
 /// The Deployment apply body for `ep` on `target`; `own_service_account` when the pods get the
 /// sidecar's dedicated ServiceAccount.
-pub fn deployment(
+pub(crate) fn deployment(
     ep: &McpEndpoint,
     names: &Names,
     target: &Target<'_>,
@@ -78,7 +78,7 @@ pub fn deployment(
 }
 
 /// `terminationGracePeriodSeconds`: `drain.timeout` + margin, or the template's when larger.
-pub fn grace_period(ep: &McpEndpoint, target: &Target<'_>) -> i64 {
+pub(crate) fn grace_period(ep: &McpEndpoint, target: &Target<'_>) -> i64 {
     let drain = std::time::Duration::from(ep.spec.drain.timeout)
         .as_secs_f64()
         .ceil() as i64;

@@ -13,8 +13,8 @@
 
 pub mod config;
 pub mod inject;
-pub mod network;
-pub mod rbac;
+pub(crate) mod network;
+pub(crate) mod rbac;
 pub(crate) mod steps;
 
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceRequirements, Service, ServiceAccount};
@@ -29,7 +29,7 @@ use crate::validate::Target;
 
 /// Seconds added to `spec.drain.timeout` for `terminationGracePeriodSeconds`: the sidecar's
 /// exit after the drain and the kubelet's own delays.
-pub const GRACE_MARGIN_SECS: i64 = 15;
+pub(crate) const GRACE_MARGIN_SECS: i64 = 15;
 
 /// Operator-wide defaults for what an endpoint's spec leaves out.
 #[derive(Clone, Debug)]
@@ -72,13 +72,13 @@ pub struct Plan {
     /// Client Service, then headless peer Service.
     pub services: [Service; 2],
     /// The sidecar's ServiceAccount, when the pod template names none.
-    pub service_account: Option<ServiceAccount>,
+    pub(crate) service_account: Option<ServiceAccount>,
     /// The sidecar's Role (read Pods).
     pub role: Role,
     /// Binds the Role to the pods' ServiceAccount.
-    pub role_binding: RoleBinding,
+    pub(crate) role_binding: RoleBinding,
     /// At most one pod of the endpoint disrupted at a time.
-    pub pdb: PodDisruptionBudget,
+    pub(crate) pdb: PodDisruptionBudget,
 }
 
 /// Builds the [`Plan`] for `ep` on its validated `target`; `owner` is the endpoint's controller

@@ -42,7 +42,7 @@ fn service(
 }
 
 /// The Service clients use: the sidecars' MCP port on ready pods.
-pub fn client_service(
+pub(crate) fn client_service(
     ep: &McpEndpoint,
     names: &Names,
     target: &Target<'_>,
@@ -58,7 +58,7 @@ pub fn client_service(
 
 /// The headless Service of every pod, ready or not (`publishNotReadyAddresses`): peers find a
 /// draining pod through it.
-pub fn peer_service(
+pub(crate) fn peer_service(
     ep: &McpEndpoint,
     names: &Names,
     target: &Target<'_>,
@@ -79,7 +79,11 @@ pub fn peer_service(
 
 /// At most one pod disrupted at a time, so a voluntary eviction never drains two pods' sessions
 /// onto each other at once.
-pub fn pdb(names: &Names, target: &Target<'_>, owner: &OwnerReference) -> PodDisruptionBudget {
+pub(crate) fn pdb(
+    names: &Names,
+    target: &Target<'_>,
+    owner: &OwnerReference,
+) -> PodDisruptionBudget {
     PodDisruptionBudget {
         metadata: child_meta(names, names.pdb(), owner),
         spec: Some(PodDisruptionBudgetSpec {
@@ -99,7 +103,7 @@ pub fn pdb(names: &Names, target: &Target<'_>, owner: &OwnerReference) -> PodDis
 /// cover (node drains stall), so the operator then adds none of its own. Per `policy/v1`, a
 /// budget without a selector selects nothing and one with an empty selector every pod of the
 /// namespace; a selector that does not parse is taken to select nothing.
-pub fn covering_pdb<'a>(
+pub(crate) fn covering_pdb<'a>(
     existing: &'a [PodDisruptionBudget],
     names: &Names,
     target: &Target<'_>,

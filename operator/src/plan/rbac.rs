@@ -13,7 +13,7 @@ use crate::names::Names;
 use crate::validate::Target;
 
 /// The dedicated ServiceAccount, when the pods name none (or name the one we created).
-pub fn service_account(
+pub(crate) fn service_account(
     names: &Names,
     target: &Target<'_>,
     owner: &OwnerReference,
@@ -28,7 +28,7 @@ pub fn service_account(
 }
 
 /// Read access to the namespace's Pods.
-pub fn role(names: &Names, owner: &OwnerReference) -> Role {
+pub(crate) fn role(names: &Names, owner: &OwnerReference) -> Role {
     Role {
         metadata: child_meta(names, names.sidecar_rbac(), owner),
         rules: Some(vec![PolicyRule {
@@ -41,7 +41,7 @@ pub fn role(names: &Names, owner: &OwnerReference) -> Role {
 }
 
 /// Binds [`role`] to ServiceAccount `subject` of the namespace.
-pub fn role_binding(names: &Names, owner: &OwnerReference, subject: &str) -> RoleBinding {
+pub(crate) fn role_binding(names: &Names, owner: &OwnerReference, subject: &str) -> RoleBinding {
     RoleBinding {
         metadata: child_meta(names, names.sidecar_rbac(), owner),
         role_ref: RoleRef {
@@ -60,7 +60,7 @@ pub fn role_binding(names: &Names, owner: &OwnerReference, subject: &str) -> Rol
 
 /// Adds ServiceAccount `account` of the namespace to `binding`'s subjects (ours, while pods
 /// still run with it after the user named their own).
-pub fn also_bind(binding: &mut RoleBinding, account: &str) {
+pub(crate) fn also_bind(binding: &mut RoleBinding, account: &str) {
     let namespace = binding.metadata.namespace.clone();
     binding.subjects.get_or_insert_with(Vec::new).push(Subject {
         kind: "ServiceAccount".to_owned(),
