@@ -1,7 +1,7 @@
-//! Writing what the plan decided, with generic operations only (`docs/design/operator.md`):
-//! ensure (server-side apply, field manager [`FIELD_MANAGER`], forced, sent only when the live
-//! object lacks something: [`covers`]), create once, delete a retired child (UID precondition),
-//! and the unconditional applies of a status and of an empty body.
+//! Writing what the plan decided, with generic operations only: ensure (server-side apply,
+//! field manager [`FIELD_MANAGER`], forced, sent only when the live object lacks something:
+//! [`covers`]), create once, delete a retired child (UID precondition), and the unconditional
+//! applies of a status and of an empty body (`docs/design/operator.md`).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};

@@ -1,8 +1,5 @@
-//! The reconcile of one `McpEndpoint`: dereference → validate → plan → apply → status
-//! (`docs/design/operator.md`), under a finalizer ([`FINALIZER`]) whose cleanup removes the
-//! injection, with Events and the error policy. A conflict or a missing target is no error:
-//! `Degraded` says why and the endpoint is looked at again after [`RECHECK`]; API errors go to
-//! [`error_policy`], which backs off.
+//! The reconcile of one `McpEndpoint`: dereference → validate → plan → apply → status under a
+//! finalizer ([`FINALIZER`]), with Events and the error policy (`docs/design/operator.md`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
-//! Reading what a reconcile acts on, before it writes anything: the target Deployment first (a
-//! missing or invalid target needs nothing more), then [`Live`], the endpoint's children and
-//! what decides their retirement. Each object is read once (`docs/design/operator.md`).
+//! Reading what a reconcile acts on, each object once and before anything is written: the
+//! target Deployment, then [`Live`], the endpoint's children and what decides their retirement
+//! (`docs/design/operator.md`).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};

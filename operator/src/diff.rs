@@ -1,6 +1,6 @@
 //! Whether a live object already holds every field the operator would apply, so a reconcile
-//! with nothing to change writes nothing (rust-notes §2.9: identical applies are invisible in
-//! object state, yet they are writes).
+//! with nothing to change writes nothing: identical server-side applies change nothing visible
+//! in the object, yet they are writes (`docs/design/operator.md`).
 //!
 //! [`covers`] compares the JSON of a live object with the JSON of a desired one: fields the
 //! API server added (defaults, status, other managers' fields) are ignored; lists whose items all

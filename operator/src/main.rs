@@ -1,4 +1,4 @@
-//! `tether-operator`: the control plane of tether (DESIGN.md §4).
+//! `tether-operator`: the control plane of tether (`docs/design/operator.md`).
 //!
 //! - `tether-operator run`: the controller. It reconciles every `McpEndpoint` of the cluster
 //!   ([`tether_operator::controller`]) and is woken when one of its children or an injected

@@ -6,7 +6,8 @@
 
 use tether_crds::McpEndpoint;
 
-/// The field manager of every server-side apply the operator sends (rust-notes §2.2).
+/// The field manager of every server-side apply the operator sends: one stable name, so the
+/// API server knows which fields the operator owns.
 pub(crate) const FIELD_MANAGER: &str = "tether-operator";
 pub use tether_crds::SIDECAR_CONTAINER;
 /// Label on every child the operator creates, with [`FIELD_MANAGER`] as its value.

@@ -1,14 +1,6 @@
-//! The status step of the reconcile (`docs/design/operator.md`): the endpoint's status from
-//! what the reconcile saw, written only when it changed.
-//!
-//! Three condition types, each with `observedGeneration`; a condition whose
-//! `status` did not flip keeps its `lastTransitionTime` (only reason and message move):
-//!
-//! | condition | `True` when | reasons |
-//! |---|---|---|
-//! | `Ready` | the target's pods all run a ready sidecar of the current pod template | `AllPodsReady`; `False`: the conflict's reason, `TargetNotFound`, `RollingOut`, `PodsNotReady`, `NoPods` |
-//! | `Progressing` | pods of an older template remain (a change of a pod setting — ports, paths, upstream, migration, drain, sidecar — or any other rollout) | `RollingOut`; `False`: `Complete` (data-plane changes need no rollout: the sidecars reload them) |
-//! | `Degraded` | the operator cannot do what the spec asks | the conflict's reason, `TargetNotFound`; `False`: `AsExpected` |
+//! The status step of the reconcile: the `Ready`, `Progressing` and `Degraded` conditions and
+//! the pod counts from what the reconcile saw, and whether they changed
+//! (`docs/design/operator.md`, "Status").
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};

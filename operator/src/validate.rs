@@ -1,7 +1,7 @@
-//! The validation step of the reconcile (`docs/design/operator.md`): pure checks of an endpoint
-//! and its target Deployment for what the operator must not paper over. Each failure is a
-//! [`Conflict`] whose `reason` becomes the `Degraded` condition's reason and the Event's; nothing
-//! of the user's is ever overwritten to make a conflict go away.
+//! The validation step of the reconcile: pure checks of an endpoint and its target Deployment
+//! for what the operator must not paper over. Each failure is a [`Conflict`] whose `reason`
+//! becomes the `Degraded` condition's and the Event's; nothing of the user's is ever
+//! overwritten to make a conflict go away (`docs/design/operator.md`).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec};

@@ -1,13 +1,5 @@
-//! Running the controller: what it watches and which endpoint each change wakes.
-//!
-//! - `McpEndpoint`s themselves;
-//! - the children the operator labels as its own (`app.kubernetes.io/managed-by`), through
-//!   their owner reference: an edit or a deletion of one is repaired at once;
-//! - Deployments, through [`endpoints_of`]: an edit of an injected Deployment (our sidecar
-//!   removed, say) wakes the endpoint its annotation names, and a Deployment created after the
-//!   endpoint that targets it wakes that endpoint at once instead of at its next [`RECHECK`].
-//!
-//! [`RECHECK`]: crate::controller::RECHECK
+//! Running the controller: what it watches and which endpoint each change wakes
+//! (`docs/design/operator.md`, "What wakes a reconcile").
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,24 +1,7 @@
-//! The sidecar injection: the server-side apply body for the target Deployment.
-//!
-//! It holds only what the operator owns in the pod template, so applying it merges with the
-//! user's fields (containers and volumes are list-maps keyed by name), and applying an empty body
-//! with the same field manager removes exactly this (the finalizer's cleanup):
-//!
-//! - `initContainers[tether-sidecar]`: the sidecar as a native sidecar (`restartPolicy: Always`),
-//!   configured through environment variables (downward API for the pod's IP, UID, namespace
-//!   and its pod-settings annotation), readiness on `/readyz`, liveness on `/healthz`, `preStop httpGet /drain`;
-//! - `containers[<MCP server>].lifecycle.preStop`: `httpGet /drain` on the sidecar's admin port,
-//!   so the MCP server keeps serving until its sessions are handed off (rust-notes §2.6: the app
-//!   gets SIGTERM when termination starts, the native sidecar only after the app exited);
-//! - the config and Secret volumes;
-//! - `terminationGracePeriodSeconds` ≥ `drain.timeout` + [`GRACE_MARGIN_SECS`] (a larger value
-//!   the user set is kept);
-//! - `serviceAccountName` (and the deprecated `serviceAccount`, which the API server copies back,
-//!   rust-notes §2.9) only when the pods name no ServiceAccount;
-//! - the template annotations naming the endpoint and holding its pod settings
-//!   ([`tether_crds::PodSettings`]: ports, paths, upstream, migration, drain, sidecar), so a
-//!   change the sidecars cannot reload rolls the pods while a data-plane change (origins,
-//!   protocol versions, buffer, idle timeout) only rewrites the ConfigMap.
+//! The sidecar injection: the server-side apply body for the target Deployment, holding only
+//! what the operator owns in the pod template (listed in `docs/design/operator.md`), so it
+//! merges with the user's fields and an empty apply with the same field manager removes exactly
+//! it.
 
 use serde_json::{Value, json};
 use tether_crds::{

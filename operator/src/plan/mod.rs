@@ -62,7 +62,8 @@ impl Defaults {
     }
 }
 
-/// Everything one reconcile applies.
+/// The children the operator wants for one endpoint, whatever is live ([`Plan::steps`] sets
+/// them against the live objects).
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// Server-side apply body for the target Deployment.
@@ -77,7 +78,8 @@ pub struct Plan {
     pub role: Role,
     /// Binds the Role to the pods' ServiceAccount.
     pub(crate) role_binding: RoleBinding,
-    /// At most one pod of the endpoint disrupted at a time.
+    /// At most one pod of the endpoint disrupted at a time (unless a budget of the user's
+    /// covers the pods).
     pub(crate) pdb: PodDisruptionBudget,
 }
 
@@ -251,7 +253,8 @@ mod tests {
             (subject.name.as_str(), subject.namespace.as_deref()),
             ("weather-sa", Some("tools"))
         );
-        // None named: a dedicated one, set in the template (both fields, rust-notes §2.9).
+        // None named: a dedicated one, set in the template (both fields: the API server copies
+        // `serviceAccountName` back from `serviceAccount`).
         let p = plan_for(&ep, &fixtures::deployment(DEPLOYMENT));
         let sa = p.service_account.expect("a dedicated ServiceAccount");
         assert_eq!(sa.metadata.name.as_deref(), Some("weather-tether-sidecar"));

@@ -1,11 +1,6 @@
 //! The [`Plan`] set against the [`Live`] objects: every write and deletion of one reconcile, in
-//! the order they are sent. The retirements are decided here:
-//!
-//! - our PodDisruptionBudget, when one of the user's selects the same pods ([`covering_pdb`]: the
-//!   eviction API refuses pods that two budgets cover);
-//! - our dedicated ServiceAccount, once the pods name one of the user's and no pod runs with ours
-//!   any more; until then the RoleBinding binds both, so the sidecars of old pods keep their Pod
-//!   watch through the rollout.
+//! the order they are sent, with the retirements of our PodDisruptionBudget and of our dedicated
+//! ServiceAccount (`docs/design/operator.md`, "Plan").
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
