@@ -44,8 +44,8 @@ pub fn markdown() -> String {
          `1h30m`; the API server stores defaults in seconds, so `600s` is `10m`); sizes are bytes. \
          The *admission* column lists what the API server rejects when an object is created or \
          updated: schema bounds and the messages of the CEL rules (`x-kubernetes-validations`). \
-         Which fields a running sidecar reloads and which roll the pods is explained in the \
-         README, section \"Changing an endpoint\".\n",
+         Which fields a running sidecar reloads and which roll the pods is explained in \
+         [Changing an endpoint](../guide/upgrade.md#changing-an-endpoint).\n",
         group = crd.spec.group,
         ver = version.name,
         kind = crd.spec.names.kind,
