@@ -13,8 +13,8 @@
 //!   ([`PodSettings`]);
 //! - [`manifest`]: loading a YAML manifest, rejecting unknown fields and invalid values with a
 //!   message that names the field;
-//! - [`reference`]: the configuration reference (`docs/reference/crd.md`) generated from the CRD's
-//!   schema.
+//! - [`reference`](mod@reference): the configuration reference (`docs/reference/crd.md`)
+//!   generated from the CRD's schema.
 
 pub mod manifest;
 pub mod origin;

@@ -1,5 +1,5 @@
 //! The reconcile of one `McpEndpoint`: dereference → validate → plan → apply → status under a
-//! finalizer ([`FINALIZER`]), with Events and the error policy (`docs/design/operator.md`).
+//! finalizer (`mcp.tether.dev/injection`), with Events and the error policy (`docs/design/operator.md`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,7 +77,7 @@ impl Context {
 /// Reconciles `ep` (kube-runtime `Controller` callback).
 ///
 /// # Errors
-/// [`Error`] on an API failure; the controller retries after [`error_policy`]'s delay.
+/// [`Error`] on an API failure; the controller retries after the error policy's delay.
 pub async fn reconcile(ep: Arc<McpEndpoint>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let result = run_finalizer(ep, &ctx).await;

@@ -2,7 +2,7 @@
 //! with nothing to change writes nothing: identical server-side applies change nothing visible
 //! in the object, yet they are writes (`docs/design/operator.md`).
 //!
-//! [`covers`] compares the JSON of a live object with the JSON of a desired one: fields the
+//! `covers` compares the JSON of a live object with the JSON of a desired one: fields the
 //! API server added (defaults, status, other managers' fields) are ignored; lists whose items all
 //! carry a `name` are matched by name (containers, env, volumes, ports, ownerReferences), other
 //! lists — and the [`ATOMIC`] ones, whose items are named but which an apply replaces whole —

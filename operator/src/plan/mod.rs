@@ -1,14 +1,14 @@
 //! The pure planning step of the reconcile (`docs/design/operator.md`): [`plan`] builds the
 //! children the operator wants for one endpoint, each holding only the fields the operator owns
 //! (a typed object with defaults would make server-side apply claim fields the user set), and
-//! [`Plan::steps`] sets them against the live objects, deletions included. Nothing here talks
+//! `Plan::steps` sets them against the live objects, deletions included. Nothing here talks
 //! to the API server.
 //!
 //! - [`inject`]: the Deployment apply body (native sidecar, volumes, `preStop`, grace period,
 //!   ServiceAccount when the pods name none);
 //! - [`config`]: the config ConfigMap (the manifest the sidecars read) and the HMAC Secret;
-//! - [`network`]: the client Service, the headless peer Service, the PodDisruptionBudget;
-//! - [`rbac`]: the sidecar's Role, RoleBinding and, when needed, ServiceAccount;
+//! - `network`: the client Service, the headless peer Service, the PodDisruptionBudget;
+//! - `rbac`: the sidecar's Role, RoleBinding and, when needed, ServiceAccount;
 //! - `steps`: the plan against the live objects, with the retirements.
 
 pub mod config;
@@ -62,7 +62,7 @@ impl Defaults {
     }
 }
 
-/// The children the operator wants for one endpoint, whatever is live ([`Plan::steps`] sets
+/// The children the operator wants for one endpoint, whatever is live (`Plan::steps` sets
 /// them against the live objects).
 #[derive(Clone, Debug)]
 pub struct Plan {
