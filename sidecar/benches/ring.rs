@@ -1,4 +1,4 @@
-//! Ring lookup cost (issue #3): `owner` and `ranked` of a session id over 3, 50 and 500 pods.
+//! Ring lookup cost: `owner` and `ranked` of a session id over 3, 50 and 500 pods.
 //!
 //! `cargo bench -p tether-sidecar --bench ring` (or `make bench`).
 

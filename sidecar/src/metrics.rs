@@ -1,4 +1,5 @@
-//! Prometheus metrics of the sidecar (DESIGN.md §3.5), served on the admin port at `/metrics`.
+//! Prometheus metrics of the sidecar (`docs/reference/metrics.md`), served on the admin port at
+//! `/metrics`.
 //!
 //! Every name starts with `tether_`. Labels never carry a session id: only reasons, methods,
 //! eras and protocol versions, each from a small fixed set.

@@ -61,8 +61,8 @@ impl Reply {
         }
     }
 
-    /// A 200 SSE reply reading `feed`, with the headers proxies need to stream it
-    /// (`Cache-Control: no-cache`, `X-Accel-Buffering: no`; field report 14).
+    /// A 200 SSE reply reading `feed`, with the headers proxies need to stream it (`Cache-Control:
+    /// no-cache`, `X-Accel-Buffering: no`; `fr14_sse_headers_and_each_event_flushed_at_once`).
     pub(crate) fn sse(feed: Feed) -> Self {
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -81,8 +81,9 @@ impl Reply {
         }
     }
 
-    /// Adds the upstream's end-to-end headers that the reply does not set itself (field report
-    /// 15: `WWW-Authenticate`, `Mcp-Param-*`… pass through on SSE replies too).
+    /// Adds the upstream's end-to-end headers that the reply does not set itself
+    /// (`WWW-Authenticate`, `Mcp-Param-*`… pass through on SSE replies too;
+    /// `fr15_end_to_end_headers_pass_through`).
     pub(crate) fn with_upstream_headers(mut self, upstream: &HeaderMap) -> Self {
         for name in upstream.keys() {
             if !self.headers.contains_key(name) {

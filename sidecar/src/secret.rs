@@ -1,9 +1,11 @@
 //! The endpoint's shared secret and the keyed MACs derived from it.
 //!
 //! Every sidecar of an endpoint reads the same secret (the operator's HMAC Secret in Kubernetes,
-//! `--secret-file` locally). It keys the session-id MAC (DESIGN.md §3.1 step 3) and the digests
-//! that stand for session ids in logs (§3.5), and the MAC of forwarded hops (§3.1 step 4). Each use has its own domain-separation label, so a
-//! value computed for one purpose is never valid for another.
+//! `--secret-file` locally). It keys the session-id MAC (`docs/design/architecture.md#sessions`)
+//! and the digests that stand for session ids in logs
+//! (`docs/design/architecture.md#observability`), and the MAC of forwarded hops
+//! (`docs/design/routing.md#forwarding`). Each use has its own domain-separation label, so a value
+//! computed for one purpose is never valid for another.
 
 use std::path::Path;
 
@@ -104,7 +106,7 @@ impl Secret {
     }
 
     /// A short keyed digest of `value` for logs and debugging: 12 hex characters. It identifies a
-    /// session across log lines without revealing its id (DESIGN.md §3.5).
+    /// session across log lines without revealing its id.
     pub(crate) fn log_digest(&self, value: &str) -> String {
         hex::encode(&self.mac(DOMAIN_LOG_DIGEST, value.as_bytes())[..6])
     }

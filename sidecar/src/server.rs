@@ -43,8 +43,9 @@ const SHUTDOWN_TIMEOUT_SECS: u64 = 5;
 /// Added to the peer's own deadlines to bound each read from a peer.
 const PEER_READ_MARGIN: Duration = Duration::from_secs(10);
 
-/// How often adopted sessions are checked against `owner(S)` (DESIGN.md §3.4 step 5) and
-/// followed streams against their writer's liveness.
+/// How often adopted sessions are checked against `owner(S)`
+/// (`docs/design/handoff.md#adopted-sessions-follow-the-owner`) and followed streams against their
+/// writer's liveness.
 pub(crate) const REBALANCE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A task run every `interval` until shutdown (the sweeper, the rebalancer).

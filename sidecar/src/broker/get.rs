@@ -1,5 +1,5 @@
-//! GET within a session: resumes and the standalone stream (DESIGN.md §3.2; spec,
-//! T-09, T-10).
+//! GET within a session: resumes and the standalone stream
+//! (`docs/design/architecture.md#streams-and-the-replay-buffer`; spec, T-09, T-10).
 //!
 //! - With `Last-Event-ID`: the cursor must name a stream of this session. Events strictly after
 //!   it are replayed, then the stream continues live if it is still open. A malformed cursor,

@@ -1,12 +1,13 @@
 //! `initialize`: create the upstream session and mint the client's session id
-//! (DESIGN.md §3.1 step 3; spec S-01, S-02, I-01, I-02).
+//! (`docs/design/architecture.md#sessions`; spec S-01, S-02, I-01, I-02).
 //!
 //! The request is forwarded without any session header, even when the client sent a stale one
-//! (field report 15). The upstream's answer is read whole (it is one message, possibly preceded
-//! by log notifications), the negotiated version is checked against `spec.protocolVersions`, and
-//! the reply keeps the upstream's content type: JSON passes through unchanged, SSE is re-served
-//! from a stream buffer with the sidecar's event ids. The reply carries the sidecar-minted
-//! `Mcp-Session-Id`; the upstream's id never reaches the client.
+//! (`fr15_an_initialize_with_a_stale_session_id_starts_a_new_session`). The upstream's answer is
+//! read whole (it is one message, possibly preceded by log notifications), the negotiated version
+//! is checked against `spec.protocolVersions`, and the reply keeps the upstream's content type:
+//! JSON passes through unchanged, SSE is re-served from a stream buffer with the sidecar's event
+//! ids. The reply carries the sidecar-minted `Mcp-Session-Id`; the upstream's id never reaches the
+//! client.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,4 +1,5 @@
-//! POST within a session: requests, notifications and retries (DESIGN.md §3.1, §3.2).
+//! POST within a session: requests, notifications and retries
+//! (`docs/design/architecture.md#request-path`).
 //!
 //! - A body with requests gets a stream: the upstream call runs in its own task, and the client
 //!   is served from the stream's buffer (SSE) or gets the upstream's JSON answer unchanged.

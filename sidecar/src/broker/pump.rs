@@ -39,9 +39,10 @@ struct UpstreamCursor {
 }
 
 impl UpstreamCursor {
-    /// Records the id of a message event; `false` when that message was seen before (sent again
-    /// on resume). Priming events are not recorded: rmcp gives the standalone stream's priming
-    /// event the id of the first message to come (rmcp issue #791).
+    /// Records the id of a message event; `false` when that message was seen before (sent again on
+    /// resume). Priming events are not recorded: rmcp gives the standalone stream's priming event
+    /// the id of the first message to come
+    /// (https://github.com/modelcontextprotocol/rust-sdk/issues/791).
     fn first_time(&mut self, id: &str) -> bool {
         if self.recent.iter().any(|r| r == id) {
             return false;

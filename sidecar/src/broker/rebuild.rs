@@ -1,5 +1,5 @@
 //! Rebuilding a session whose upstream session was lost (the MCP server restarted), from the
-//! journal (`session.migration: Replay`, DESIGN.md §3.4 step 4).
+//! journal (`session.migration: Replay`, `docs/design/architecture.md#sessions`).
 //!
 //! When the upstream answers 404 for a session the sidecar still holds, the sidecar replays the
 //! journal on the upstream (`initialize`, `notifications/initialized`, the last
@@ -177,8 +177,8 @@ impl Broker {
     }
 
     /// Rebuilds `session`'s upstream session from its journal now (the caller runs it in
-    /// [`Session::rebuild_once`]); a failure ends the session (404 from then on). Returns whether it
-    /// goes on.
+    /// [`Session::rebuild_once`]); a failure ends the session (404 from then on). Returns whether
+    /// it goes on.
     pub(super) async fn rebuild_now(self: &Arc<Self>, session: &Arc<Session>) -> bool {
         match self.rebuild(session).await {
             Ok(id) => {

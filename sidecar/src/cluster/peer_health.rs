@@ -1,5 +1,5 @@
-//! Which peers failed to answer lately, so routing skips them (DESIGN.md §3.1 step 4: "the next
-//! pod not visited yet").
+//! Which peers failed to answer lately, so routing skips them (`docs/design/routing.md#forwarding`:
+//! "the next pod not visited yet").
 //!
 //! Two signals mark a peer down for [`DOWN_HOLD`], with a [`Down`] cause:
 //! - a forward that cannot connect to it: [`Down::Refused`] when the connection is refused (no

@@ -1,5 +1,5 @@
 //! The session ring: rendezvous (highest-random-weight, HRW) hashing of session ids over pod
-//! UIDs (DESIGN.md §3.1 step 5).
+//! UIDs (`docs/design/routing.md#the-session-ring-hash-contract-v1`).
 //!
 //! # Hash contract, version 1
 //! This is a wire contract: every sidecar version of a rollout must compute the same owners, so

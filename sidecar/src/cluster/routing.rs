@@ -1,4 +1,4 @@
-//! Placement and routing between sidecars (DESIGN.md §3.1 steps 3–4).
+//! Placement and routing between sidecars (`docs/design/routing.md#placement-and-routing`).
 //!
 //! [`route`] decides, from the current membership [`View`], what this pod does with a request:
 //!
@@ -13,17 +13,17 @@
 //! | home alive in membership but unresponsive (failed probes, connect timeouts), or no candidate left but one skipped as unresponsive | 503 + `Retry-After` |
 //!
 //! A forward carries its hop count and the UIDs it visited in `Tether-Hop` / `Tether-Visited`,
-//! signed with `Tether-Hop-Mac` (HMAC of the endpoint secret), so only peers can send them. At
-//! most [`MAX_WALK_HOPS`] hops are taken to find a holder; a request that would need a third ends
-//! with 404 `hop_limit`. A holder that handed the session off forwards it to the new holder
+//! signed with `Tether-Hop-Mac` (HMAC of the endpoint secret), so only peers can send them. At most
+//! [`MAX_WALK_HOPS`] hops are taken to find a holder; a request that would need a third ends with
+//! 404 `hop_limit`. A holder that handed the session off forwards it to the new holder
 //! ([`ForwardKind::Moved`]) even when that pod was visited (it was asked before it held the
-//! session), within [`MAX_HOPS`] hops in all; when it cannot ([`Router::moved_to`]: the new
-//! holder does not answer → 503, left membership → 404 `no_holder`, no hops left → 404
-//! `hop_limit`) it never answers from its own registry, which no longer holds the session.
-//! Together with the visited list this bounds every request even when sidecars disagree on
-//! membership (§3.3). Peers that [`PeerHealth`] marks down (refused connections, failed
-//! probes) are skipped like visited ones. Forged session ids never get here: they are answered
-//! 404 at the entry.
+//! session), within [`MAX_HOPS`] hops in all; when it cannot ([`Router::moved_to`]: the new holder
+//! does not answer → 503, left membership → 404 `no_holder`, no hops left → 404 `hop_limit`) it
+//! never answers from its own registry, which no longer holds the session. Together with the
+//! visited list this bounds every request even when sidecars disagree on membership
+//! (`docs/design/routing.md#membership`). Peers that [`PeerHealth`] marks down (refused
+//! connections, failed probes) are skipped like visited ones. Forged session ids never get here:
+//! they are answered 404 at the entry.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -761,9 +761,9 @@ mod tests {
     }
 
     proptest! {
-        /// Membership disagreement (DESIGN.md §3.3): every pod has its own view of five pods;
-        /// following the forwards from any entry always ends (at a holder, a local 404 or a
-        /// routing 404) within two hops and never visits a pod twice.
+        /// Membership disagreement (`docs/design/routing.md#membership`): every pod has its own
+        /// view of five pods; following the forwards from any entry always ends (at a holder, a
+        /// local 404 or a routing 404) within two hops and never visits a pod twice.
         #[test]
         fn disagreeing_views_never_loop(
             views in proptest::collection::vec(proptest::collection::vec(any_state(), 5), 5),

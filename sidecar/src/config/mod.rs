@@ -195,8 +195,8 @@ impl Config {
     }
 }
 
-/// What reloading the endpoint file needs ([`crate::config::reload`]): the file, the spec the sidecar
-/// started with (its pod settings stay in force) and the flags.
+/// What reloading the endpoint file needs ([`crate::config::reload`]): the file, the spec the
+/// sidecar started with (its pod settings stay in force) and the flags.
 #[derive(Clone, Debug)]
 pub struct ConfigSource {
     /// The endpoint file (`--endpoint`; in Kubernetes the operator's ConfigMap).

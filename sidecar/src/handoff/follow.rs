@@ -1,6 +1,6 @@
-//! Forwarding the tail of a handed-off session (DESIGN.md §3.4 step 3): every event its
-//! still-running requests produce here, and the end of each stream, is sent to the new holder
-//! (`POST /v1/tail`) as soon as it happens, until every stream is complete and sent.
+//! Forwarding the tail of a handed-off session (`docs/design/handoff.md#moving-one-session`, step
+//! 5): every event its still-running requests produce here, and the end of each stream, is sent to
+//! the new holder (`POST /v1/tail`) as soon as it happens, until every stream is complete and sent.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Session handoff between sidecars (DESIGN.md §3.4, `docs/design/handoff.md`).
+//! Session handoff between sidecars (`docs/design/handoff.md`).
 //!
 //! A session leaves this pod when the pod drains (steps 1–2) or when it was adopted here and
 //! `owner(S)` is now another routable pod (step 5, "adopted sessions follow the owner"). Moving
@@ -64,9 +64,9 @@ pub(crate) const ENTERING_WAIT: Duration = Duration::from_secs(2);
 /// moved (each stream draws its own, so the clients of a draining pod do not all reconnect in
 /// the same millisecond).
 pub(crate) const MOVED_RETRY_HINT: std::ops::Range<u64> = 100..500;
-/// Most sessions one rebalancing round (DESIGN.md §3.4 step 5, every second) moves: following
-/// the owner is never urgent, so it is paced and does not pile onto the work of a drain that
-/// starts when the same pod joins.
+/// Most sessions one rebalancing round (`docs/design/handoff.md#adopted-sessions-follow-the-owner`,
+/// every second) moves: following the owner is never urgent, so it is paced and does not pile onto
+/// the work of a drain that starts when the same pod joins.
 pub(crate) const REBALANCE_PER_ROUND: usize = 32;
 /// Room kept in a message for everything but event data, in bytes.
 const MESSAGE_OVERHEAD: usize = 256 * 1024;
@@ -379,9 +379,11 @@ impl Handoff {
         cut
     }
 
-    /// DESIGN.md §3.4 step 5: sessions adopted here whose home is gone move to `owner(S)` when
-    /// that is another routable pod, at most [`REBALANCE_PER_ROUND`] per call (the rest in the
-    /// next rounds). Also ends followed streams whose writer died.
+    /// Adopted sessions follow the owner
+    /// (`docs/design/handoff.md#adopted-sessions-follow-the-owner`): sessions adopted here whose
+    /// home is gone move to `owner(S)` when that is another routable pod, at most
+    /// [`REBALANCE_PER_ROUND`] per call (the rest in the next rounds). Also ends followed streams
+    /// whose writer died.
     pub(crate) async fn rebalance(self: &Arc<Self>) {
         let view = self.router.view();
         let now = Instant::now();

@@ -25,7 +25,8 @@ pub(crate) struct SessionPush {
     pub(crate) session: SessionImage,
 }
 
-/// Everything a pod needs to serve a session it did not create (DESIGN.md §3.4 step 2).
+/// Everything a pod needs to serve a session it did not create
+/// (`docs/design/handoff.md#post-v1sessions`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct SessionImage {
@@ -57,7 +58,7 @@ pub(crate) struct JournalImage {
     pub(crate) subscriptions: BTreeMap<String, Value>,
 }
 
-/// One retry record (DESIGN.md §3.2, idempotent retries).
+/// One retry record (`docs/design/architecture.md#vocabulary`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct RequestImage {

@@ -1,5 +1,5 @@
-//! Admission: the checks every request passes before it reaches a session (DESIGN.md §3.1
-//! step 1), in this order:
+//! Admission: the checks every request passes before it reaches a session
+//! (`docs/design/architecture.md#request-path`), in this order:
 //!
 //! 1. path is `spec.listen.path` (404 otherwise);
 //! 2. `Origin` against the allowlist (403; spec O-01, O-02);
@@ -26,7 +26,7 @@ use crate::mcp::rejection::{Rejection, VersionMismatch};
 /// Longest `Mcp-Session-Id` accepted, in bytes. Ids we mint have 55.
 pub(crate) const MAX_SESSION_ID_LEN: usize = 256;
 
-/// The protocol family of a request (DESIGN.md §1 "era").
+/// The protocol family of a request (`docs/design/architecture.md#vocabulary`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Era {
     /// 2025-03-26, 2025-06-18, 2025-11-25: sessions, resumable streams.
@@ -270,7 +270,7 @@ fn check_media_types(method: &Method, era: Era, headers: &HeaderMap) -> Result<(
                 return Err(Rejection::UnsupportedMediaType);
             }
         }
-        // T-04; `*/*` and `text/*` also admit SSE (documented choice, field report 17).
+        // T-04; `*/*` and `text/*` also admit SSE (a documented choice: such clients are common).
         Method::GET
             if era == Era::Sessionful
                 && !(has("text/event-stream") || has("text/*") || has("*/*")) =>

@@ -1,4 +1,5 @@
-//! SSE event ids (`<stream-key>-<seq>`) and `Last-Event-ID` cursors (DESIGN.md §3.2).
+//! SSE event ids (`<stream-key>-<seq>`) and `Last-Event-ID` cursors
+//! (`docs/design/architecture.md#streams-and-the-replay-buffer`).
 //!
 //! The sidecar assigns every event it sends an id made of the stream's random key and the
 //! event's sequence number on that stream (from 1, strictly increasing). Ids are therefore unique

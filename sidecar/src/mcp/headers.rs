@@ -1,9 +1,9 @@
 //! Header names of MCP Streamable HTTP and the rules for passing headers through.
 //!
-//! End-to-end headers pass unchanged in both directions (field report 15); hop-by-hop headers
-//! (RFC 9110 §7.6.1) and the ones the sidecar rewrites (`Host`, `Content-Length`,
-//! `Mcp-Session-Id`, `Last-Event-ID`, `Accept-Encoding`) do not, nor do tether's own hop headers
-//! (`Tether-*`, between sidecars only).
+//! End-to-end headers pass unchanged in both directions (`fr15_end_to_end_headers_pass_through`);
+//! hop-by-hop headers (RFC 9110 §7.6.1) and the ones the sidecar rewrites (`Host`,
+//! `Content-Length`, `Mcp-Session-Id`, `Last-Event-ID`, `Accept-Encoding`) do not, nor do tether's
+//! own hop headers (`Tether-*`, between sidecars only).
 
 use http::HeaderName;
 use http::header::{self, HeaderMap};

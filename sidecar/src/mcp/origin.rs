@@ -1,4 +1,5 @@
-//! The `Origin` allowlist and CORS (spec O-01, O-02; field reports 16 and 24).
+//! The `Origin` allowlist and CORS (spec O-01, O-02; `fr16_preflight_allows_the_mcp_headers`,
+//! `o02_fr24_bad_origin_is_403_and_listed_or_missing_origins_pass`).
 //!
 //! Every request is checked, on every hop: an `Origin` that is present and not listed gets 403; a
 //! missing `Origin` is admitted only when `spec.origins.allowMissing` is true. Origins compare as
@@ -62,7 +63,8 @@ impl OriginPolicy {
     }
 }
 
-/// Adds the CORS response headers every reply carries (field report 16.3: errors too).
+/// Adds the CORS response headers every reply carries (errors too:
+/// `o02_fr24_bad_origin_is_403_and_listed_or_missing_origins_pass`).
 pub(crate) fn add_response_headers(headers: &mut HeaderMap, check: &OriginCheck) {
     headers.insert(
         header::ACCESS_CONTROL_EXPOSE_HEADERS,

@@ -30,8 +30,9 @@ pub(crate) enum NotFound {
     Expired,
     /// The upstream no longer knows the session.
     UpstreamGone,
-    /// The session's home is gone and no pod of the ranked walk holds it (DESIGN.md §3.1
-    /// step 4), or the pods that could hold it are unreachable.
+    /// The session's home is gone and no pod of the ranked walk holds it
+    /// (`docs/design/routing.md#placement-and-routing`), or the pods that could hold it are
+    /// unreachable.
     NoHolder,
     /// The request reached the hop limit (2) before finding the session's holder.
     HopLimit,
@@ -382,12 +383,139 @@ mod tests {
         all
     }
 
+    /// When each rejection happens, with its spec checklist id: the last column of the status
+    /// code reference.
+    fn when(r: &Rejection) -> &'static str {
+        use Rejection::*;
+        match r {
+            SessionRequired => "a request other than `initialize` without `Mcp-Session-Id` (S-04)",
+            MalformedSessionId => "`Mcp-Session-Id` outside visible ASCII 0x21–0x7E (S-02)",
+            UnsupportedVersion(_) => {
+                "`MCP-Protocol-Version` unknown or not in `protocolVersions` (P-03), unless it is \
+                 the session's own negotiated version (a reload that removes a version leaves its \
+                 sessions working); `data.supported` lists them"
+            }
+            UnsupportedNegotiatedVersion(_) => {
+                "the MCP server negotiated a version not in `protocolVersions` (I-02)"
+            }
+            MissingMcpMethod => "a 2026-07-28 POST without `Mcp-Method` (P-05)",
+            MalformedHeader(_) => "a header value that is not text, or repeated",
+            ParseError(_) => "body is not JSON (-32700)",
+            InvalidRequest(_) => "body is not JSON-RPC 2.0 (-32600)",
+            BatchNotAllowed => "a batch in a session that did not negotiate 2025-03-26 (B-02)",
+            InitializeInBatch => "`initialize` inside a batch (B-01)",
+            RequestIdReused => "a request id reused in the session with another body (S-09)",
+            MalformedCursor => "`Last-Event-ID` is not an id this endpoint issues",
+            UnknownCursor => {
+                "`Last-Event-ID` names a stream of another session, or one never issued (R-03)"
+            }
+            CursorEvicted => "events after `Last-Event-ID` were evicted from the buffer",
+            ForgedHop => {
+                "`Tether-Hop` headers without a valid peer MAC (only sidecars of the endpoint may \
+                 send them)"
+            }
+            OriginForbidden => {
+                "`Origin` not allowed, or missing while `allowMissing` is false (O-01, O-02)"
+            }
+            SessionNotFound(_) => {
+                "unknown, forged, deleted, expired or upstream-lost session, or no pod holds it \
+                 (home gone, hop limit reached) (S-05); re-initialize (S-06)"
+            }
+            PathNotFound => "a path other than `listen.path`",
+            MethodNotFound(_) => {
+                "`Mcp-Method: initialize` with `MCP-Protocol-Version: 2026-07-28` (-32601, P-04; \
+                 the version has no handshake)"
+            }
+            MethodNotAllowed => "a method other than GET, POST, DELETE, OPTIONS (with `Allow`)",
+            NotAcceptable(_) => {
+                "POST `Accept` lacks `application/json` or `text/event-stream` (T-03); GET \
+                 `Accept` lacks `text/event-stream`, `text/*` or `*/*` (T-04)"
+            }
+            RequestTimeout => "the body did not arrive within `--request-timeout`",
+            PayloadTooLarge(_) => "body larger than `--max-request-bytes`",
+            UnsupportedMediaType => "POST `Content-Type` is not `application/json`",
+            ResumeBudget => {
+                "more resumes (`GET` + `Last-Event-ID`) reached this pod in a second than \
+                 `--resume-budget` allows (a reconnect storm); retry after `Retry-After`"
+            }
+            UpstreamUnavailable => "the MCP server cannot be reached (with `Retry-After: 1`)",
+            PeerUnavailable => {
+                "the pod holding the session accepts connections but does not answer (frozen, \
+                 overloaded), or a request without a session found no pod to take it (with \
+                 `Retry-After: 1`)"
+            }
+            TooManySessions => "the pod holds `--max-sessions` sessions (with `Retry-After: 1`)",
+            UpstreamTimeout => {
+                "the MCP server did not answer within `--upstream-timeout` (with `Retry-After: 1`)"
+            }
+        }
+    }
+
+    /// `docs/reference/status-codes.md`: every rejection by status, with its reason and when it
+    /// happens, and what the sidecar passes through.
+    fn status_codes_reference() -> String {
+        let mut rows: Vec<(u16, String)> = every_rejection()
+            .iter()
+            .map(|r| {
+                let row = format!(
+                    "| {} | `{}` | {} |",
+                    r.status().as_u16(),
+                    r.reason(),
+                    when(r)
+                );
+                (r.status().as_u16(), row)
+            })
+            .collect();
+        rows.sort_by_key(|(status, _)| *status);
+        let table: Vec<String> = rows.into_iter().map(|(_, row)| row).collect();
+        format!(
+            "# Status codes\n\n\
+             <!-- Generated from the sidecar's rejection catalogue (sidecar/src/mcp/rejection.rs); \
+             do not edit. Regenerate with: make references -->\n\n\
+             Errors the sidecar produces itself are JSON-RPC error bodies without an id\n\
+             (`{{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{{\"code\":…,\"message\":…,\
+             \"data\":{{\"reason\":…}}}}}}`), carry the CORS headers and never carry \
+             `Mcp-Session-Id`. `data.reason` is also the `reason` label of \
+             `tether_rejections_total` ([metrics.md](metrics.md)); the spec ids (S-04, R-03…) are \
+             listed in [spec-checklist.md](spec-checklist.md).\n\n\
+             | status | reason | when (spec id) |\n|---|---|---|\n{}\n\n\
+             Everything else is the MCP server's own answer, passed through unchanged: 200 with \
+             JSON or SSE, 202 (empty) for notifications (T-05), the server's 405 for a GET when it \
+             offers no standalone stream (T-09), DELETE's 2xx. CORS preflights (`OPTIONS`) are \
+             answered 204 from the allowlist.\n\n\
+             Choices the spec leaves open:\n\n\
+             - an unknown or evicted `Last-Event-ID` is 400, never an empty 200 and never another \
+             stream's events;\n\
+             - a GET with `Accept: */*` or `text/*` is served like `text/event-stream`;\n\
+             - a plain GET (no `Last-Event-ID`) of the standalone stream starts after the last \
+             event written to any connection; a client that wants everything resumes with its \
+             last event id;\n\
+             - a retried POST replays its stream from the start (or returns the stored JSON \
+             answer);\n\
+             - priming events (id + empty data) only for sessions that negotiated 2025-11-25 or \
+             later (R-05), and only where they cannot make a resuming client skip anything: at \
+             the start of a stream (`<key>-0`) or at its end (a fresh number); a resume with \
+             events to catch up on gets them at once instead;\n\
+             - a request without `MCP-Protocol-Version` counts as its session's negotiated \
+             version, and as 2025-03-26 outside a session (P-02).\n",
+            table.join("\n")
+        )
+    }
+
     #[test]
-    fn the_readme_documents_every_status_code() {
-        let readme = include_str!("../../../README.md");
+    fn the_status_codes_reference_documents_every_rejection() {
+        let reference = status_codes_reference();
         for r in every_rejection() {
             let row = format!("| {} | `{}` |", r.status().as_u16(), r.reason());
-            assert!(readme.contains(&row), "README lacks the row {row}");
+            assert!(
+                reference.contains(&row),
+                "the reference lacks the row {row}"
+            );
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let path = "docs/reference/status-codes.md";
+        if let Err(e) = tether_crds::reference::check_generated(&root, path, &reference) {
+            panic!("{e}");
         }
     }
 

@@ -1,4 +1,4 @@
-//! Client session ids minted by the sidecar (DESIGN.md §3.1 step 3).
+//! Client session ids minted by the sidecar (`docs/design/architecture.md#sessions`).
 //!
 //! Wire format: `base64url(version ‖ 128 random bits ‖ home token ‖ MAC)` without padding, 55
 //! characters of `[A-Za-z0-9_-]` (visible ASCII, spec S-02).

@@ -35,7 +35,8 @@ pub(crate) fn put_event(out: &mut BytesMut, id: &EventId, event: Option<&str>, d
 
 /// The priming event: the stream's current position as id and an empty `data` field, with an
 /// optional `retry` hint in milliseconds (spec ). Only for clients that negotiated
-/// 2025-11-25 or later: older clients JSON-parse the empty data and fail (field report 20).
+/// 2025-11-25 or later: older clients JSON-parse the empty data and fail
+/// (`r05_fr20_priming_only_for_2025_11_25`).
 pub(crate) fn priming(id: &EventId, retry: Option<Duration>) -> Bytes {
     let mut out = BytesMut::with_capacity(64);
     out.put_slice(b"id: ");

@@ -1,15 +1,16 @@
 //! The admin listener (`spec.admin.port`): `/healthz`, `/readyz`, `/metrics`, `/drain`
-//! (DESIGN.md §3.5).
+//! (`docs/design/architecture.md#lifecycle`).
 //!
 //! - `GET /healthz` → 200 while the process serves;
 //! - `GET /readyz` → 200 when the upstream MCP server accepts connections, else 503 (the pod
 //!   gets no new clients while its server is down or while it drains);
 //! - `GET /metrics` → Prometheus text format;
 //! - `POST /drain` (or `GET`, as a `preStop httpGet` sends) → drains the pod
-//!   ([`crate::ops::drain`]: sessions handed to peers, requests in flight finished) and answers when
-//!   done: 200 `{"drained":true,"inFlight":0,"handedOff":N,"notMoved":N,"cut":0,"elapsedMs":N}`,
-//!   or 503 with `"drained":false` when `spec.drain.timeout` passed first (`cut` requests ended
-//!   with a JSON-RPC error). Idempotent: every call waits for the same drain.
+//!   ([`crate::ops::drain`]: sessions handed to peers, requests in flight finished) and answers
+//!   when done: 200
+//!   `{"drained":true,"inFlight":0,"handedOff":N,"notMoved":N,"cut":0,"elapsedMs":N}`, or 503 with
+//!   `"drained":false` when `spec.drain.timeout` passed first (`cut` requests ended with a JSON-RPC
+//!   error). Idempotent: every call waits for the same drain.
 
 use std::sync::Arc;
 use std::time::Duration;

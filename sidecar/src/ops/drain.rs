@@ -1,9 +1,9 @@
-//! Drain (DESIGN.md §3.4 steps 1, 2 and 6): the pod stops taking new sessions, hands its
+//! Drain (`docs/design/handoff.md#when-a-pod-drains`): the pod stops taking new sessions, hands its
 //! sessions to peers, lets the requests in flight finish, within `spec.drain.timeout`.
 //!
 //! Triggered by the admin `/drain` endpoint (a `preStop httpGet` waits on it), by the own Pod's
-//! deletion timestamp (Kubernetes membership) and by SIGTERM ([`crate::ops::shutdown`]). A drain runs
-//! once: every trigger, concurrent or later, waits for the same [`DrainOutcome`].
+//! deletion timestamp (Kubernetes membership) and by SIGTERM ([`crate::ops::shutdown`]). A drain
+//! runs once: every trigger, concurrent or later, waits for the same [`DrainOutcome`].
 //!
 //! 1. The pod is marked draining: `/readyz` answers 503, new sessions go to routable peers.
 //! 2. Every session held here is handed off ([`Handoff::move_all`]); with `migration: Pin` or

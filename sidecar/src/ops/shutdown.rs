@@ -1,11 +1,10 @@
 //! Graceful shutdown on SIGTERM: requests in flight finish before pingora stops.
 //!
-//! pingora closes its listeners the moment it acts on SIGTERM and then waits a fixed grace
-//! period (rust-notes §2.6–2.7). This watch takes SIGTERM first: it marks the sidecar draining
-//! (`/readyz` answers 503, so no new client is sent here), keeps serving, and hands pingora its
-//! terminate signal only once no request is in flight — at once for an idle sidecar — or when
-//! `spec.drain.timeout` has passed. SIGINT stops at once. (Handing sessions to peers comes with
-//! the drain milestone.) The drain itself is [`crate::ops::drain`], shared with the admin `/drain`.
+//! pingora closes its listeners the moment it acts on SIGTERM and then gives its services a
+//! fixed grace period. This watch takes SIGTERM first: it runs the pod's drain
+//! ([`crate::ops::drain`], shared with the admin `/drain`) while the listeners keep serving, and
+//! hands pingora its terminate signal only once the drain is over — at once for an idle sidecar
+//! — or when `spec.drain.timeout` has passed. SIGINT stops at once.
 
 use std::sync::Arc;
 

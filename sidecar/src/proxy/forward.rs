@@ -1,5 +1,5 @@
 //! Forwarding decisions, as plain functions of what happened and what membership says
-//! (`docs/design/routing.md#when-a-forward-fails`): what a request on its way to a peer sidecar
+//! (`docs/design/routing.md#forwarding`): what a request on its way to a peer sidecar
 //! does after a connection failed or broke ([`after_failure`]: the same peer again, the next
 //! candidate, this pod's own listener, or an answer), and which error a failed exchange is
 //! answered with ([`failed_answer`]). The pingora callbacks in [`super`] only gather the facts

@@ -7,12 +7,13 @@
 //! - Stateless requests (2026-07-28) take pingora's proxy path to the upstream unchanged, except
 //!   that `Mcp-Session-Id` and `Last-Event-ID` are dropped (spec S-10, R-08). A client
 //!   disconnect aborts the upstream exchange, which is the cancellation (spec L-05).
-//! - Requests for a session held by another pod, and requests without a session on a draining
-//!   pod, are forwarded to the peer [`crate::cluster::routing`] picks, through pingora's proxy path: the
+//! - Requests for a session held by another pod, and requests without a session on a draining pod,
+//!   are forwarded to the peer [`crate::cluster::routing`] picks, through pingora's proxy path: the
 //!   client's headers and the peer's status, headers and body pass unchanged (SSE chunks are
-//!   written as they arrive), with the signed hop headers added. A peer that cannot be reached
-//!   is skipped and the next candidate tried.
-//! - Every response, errors included, carries the CORS headers (field report 16).
+//!   written as they arrive), with the signed hop headers added. A peer that cannot be reached is
+//!   skipped and the next candidate tried.
+//! - Every response, errors included, carries the CORS headers
+//!   (`o02_fr24_bad_origin_is_403_and_listed_or_missing_origins_pass`).
 
 mod forward;
 mod respond;
@@ -178,8 +179,9 @@ impl ProxyHttp for McpProxy {
             Ok(Admission::Request(admitted)) => admitted,
         };
         ctx.origin = admitted.origin.clone();
-        // A POST for a session nobody holds may still be an `initialize` that kept an old
-        // session id (field report 15): the body decides, so the 404 waits for it.
+        // A POST for a session nobody holds may still be an `initialize` that kept an old session
+        // id (`fr15_an_initialize_with_a_stale_session_id_starts_a_new_session`): the body decides,
+        // so the 404 waits for it.
         let miss = match self.route(&admitted, ctx).await {
             Ok(None) => None,
             Ok(Some(forwarding)) => {

@@ -1,5 +1,5 @@
 //! The session journal: the session-scoped requests needed to rebuild an upstream session
-//! (DESIGN.md §1 "journal", §3.4 step 4, `session.migration: Replay`).
+//! (`docs/design/architecture.md#vocabulary`, `session.migration: Replay`).
 //!
 //! It keeps the `initialize` request as sent upstream, whether `notifications/initialized` was
 //! sent, the last `logging/setLevel` and the current `resources/subscribe` set (an

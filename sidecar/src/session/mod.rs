@@ -105,7 +105,7 @@ struct State {
     activity: Option<Arc<Notify>>,
 }
 
-/// Where a session is in a handoff (DESIGN.md §3.4 step 2).
+/// Where a session is in a handoff (`docs/design/handoff.md#moving-one-session`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum HandoffState {
     /// Served here.
@@ -156,7 +156,8 @@ impl Drop for EnterGuard {
     }
 }
 
-/// What a POST's request ids mean for a session (retry de-duplication, DESIGN.md §3.2).
+/// What a POST's request ids mean for a session (retry de-duplication,
+/// `docs/design/architecture.md#streams-and-the-replay-buffer`).
 #[derive(Debug)]
 pub(crate) enum Dedupe {
     /// New ids: dispatch upstream.

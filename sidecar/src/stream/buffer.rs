@@ -1,4 +1,4 @@
-//! The per-stream replay buffer (DESIGN.md §3.2).
+//! The per-stream replay buffer (`docs/design/architecture.md#streams-and-the-replay-buffer`).
 //!
 //! A [`StreamBuffer`] holds the newest events of one stream, bounded by `buffer.maxEvents`
 //! (events), `buffer.maxBytes` (bytes of event data) and `buffer.ttl`, plus a pod-wide byte cap
@@ -172,8 +172,8 @@ impl StreamBuffer {
     }
 
     /// Stores an event that another pod numbered `seq` (the tail of a handed-off stream,
-    /// `docs/design/handoff.md`); numbers up to `seq` that carry no event stay gaps, as reserved ones do.
-    /// Events at or below the last sequence are already here and ignored (`None`).
+    /// `docs/design/handoff.md`); numbers up to `seq` that carry no event stay gaps, as reserved
+    /// ones do. Events at or below the last sequence are already here and ignored (`None`).
     pub(crate) fn put(
         &mut self,
         seq: u64,

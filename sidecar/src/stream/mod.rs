@@ -1,4 +1,5 @@
-//! One SSE stream of a session and the client connections that read it (DESIGN.md §3.2).
+//! One SSE stream of a session and the client connections that read it
+//! (`docs/design/architecture.md#streams-and-the-replay-buffer`).
 //!
 //! A [`Stream`] is written by the upstream task that owns it (a POST's response, or the
 //! standalone GET stream) and read by at most one client connection at a time through a

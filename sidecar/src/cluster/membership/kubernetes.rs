@@ -104,7 +104,8 @@ pub(crate) struct KubernetesPods {
     label_selector: String,
     listen_port: u16,
     client: Option<Client>,
-    /// This pod's UID: its deletion timestamp starts the drain (DESIGN.md §3.4).
+    /// This pod's UID: its deletion timestamp starts the drain
+    /// (`docs/design/handoff.md#when-a-pod-drains`).
     own_uid: Option<String>,
 }
 

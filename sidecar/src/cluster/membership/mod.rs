@@ -1,4 +1,5 @@
-//! Membership: which pods serve the endpoint, and in which state (DESIGN.md §3.3).
+//! Membership: which pods serve the endpoint, and in which state
+//! (`docs/design/routing.md#membership`).
 //!
 //! A [`Membership`] source (the static [`peers_file`], or the [`kubernetes`] Pod watch)
 //! publishes a [`Snapshot`] of every pod it knows — `uid, name, address, routable | draining |
@@ -26,7 +27,8 @@ use crate::cluster::ring::{HrwRing, SessionRing};
 use crate::mcp::session_id::HomeToken;
 use crate::metrics::Metrics;
 
-/// The state of a pod as membership sees it (DESIGN.md §1).
+/// The state of a pod as membership sees it (`docs/design/architecture.md#vocabulary`: routable,
+/// draining).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PeerState {
@@ -75,7 +77,7 @@ pub struct Peer {
 }
 
 /// Every pod a source knows, **oldest first**: the revision of the youngest routable pod is the
-/// newest revision (DESIGN.md §3.1 step 4, the preferred set).
+/// newest revision (the preferred set, `docs/design/routing.md#placement-and-routing`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// The pods, oldest first; at most one entry per UID.
@@ -273,7 +275,7 @@ impl MembershipSink {
     }
 
     /// Records that this pod is being deleted (its deletion timestamp is set): the sidecar
-    /// drains (DESIGN.md §3.4). Idempotent.
+    /// drains (`docs/design/handoff.md#when-a-pod-drains`). Idempotent.
     pub(crate) fn mark_terminating(&self) {
         self.terminating
             .send_if_modified(|t| !std::mem::replace(t, true));
