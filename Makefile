@@ -7,7 +7,7 @@ CARGO ?= cargo
 # command -> Debian/Ubuntu package providing it
 SYSTEM_DEPS := cmake:cmake cc:gcc c++:g++ pkg-config:pkg-config
 
-.PHONY: all deps build test lint cargo-test demo bench crds images clean
+.PHONY: all deps build test lint cargo-test demo bench crds references images clean
 
 all: test
 
@@ -65,6 +65,12 @@ crds: deps
 	$(CARGO) run -q -p tether-operator -- crd > crds/mcpendpoints.mcp.tether.dev.yaml
 	TETHER_BLESS=1 $(CARGO) test -q -p tether-crds --test crd the_charts_crd_template_matches_the_types
 	TETHER_BLESS=1 $(CARGO) test -q -p tether-crds --test reference
+
+## references: regenerate every generated reference (a test fails while one is stale): what
+## `crds` writes, and docs/reference/sidecar-flags.md and status-codes.md from the sidecar's
+## command line and rejection catalogue.
+references: crds
+	TETHER_BLESS=1 $(CARGO) test -q -p tether-sidecar --lib -- the_flags_reference the_status_codes_reference
 
 ## images: the container images of the operator, the sidecar and the example server (needs a
 ## Docker engine with BuildKit; docs/dev/images.md). Tags: $(IMAGE_REPO)/<name>:$(IMAGE_TAG);

@@ -1,8 +1,8 @@
 //! `tether-crds`: the `McpEndpoint` custom resource (`mcp.tether.dev/v1alpha1`).
 //!
-//! This crate holds the one configuration schema of tether (DESIGN.md §2): the operator
-//! reconciles `McpEndpoint` objects and the sidecar reads the same spec, from a ConfigMap file
-//! in Kubernetes or from a manifest file locally ([`load_manifest`]).
+//! This crate holds the one configuration schema of tether: the operator reconciles
+//! `McpEndpoint` objects and the sidecar reads the same spec, from a ConfigMap file in
+//! Kubernetes or from a manifest file locally ([`load_manifest`]).
 //!
 //! - [`spec`]: the serde + schemars types with their documented defaults and CEL rules;
 //! - [`schema`]: schema pieces schemars does not produce for Kubernetes (list-map conditions);
@@ -13,8 +13,8 @@
 //!   ([`PodSettings`]);
 //! - [`manifest`]: loading a YAML manifest, rejecting unknown fields and invalid values with a
 //!   message that names the field;
-//! - [`reference`]: the configuration reference (`docs/reference/crd.md`) generated from the CRD's
-//!   schema.
+//! - [`reference`](mod@reference): the configuration reference (`docs/reference/crd.md`)
+//!   generated from the CRD's schema.
 
 pub mod manifest;
 pub mod origin;
@@ -73,7 +73,7 @@ pub const CHART_CRD_TEMPLATE: &str = "charts/tether/templates/crd.yaml";
 /// The Helm chart's CRD template ([`CHART_CRD_TEMPLATE`]): [`crd_yaml`] with the annotation
 /// `helm.sh/resource-policy: keep` (`helm uninstall` leaves the CRD, and with it every
 /// McpEndpoint), rendered only when the value `crds.install` is true. Helm never upgrades a
-/// chart's `crds/` folder (rust-notes §2.1), hence a template; `make crds` writes it and a test
+/// chart's `crds/` folder, hence a template; `make crds` writes it and a test
 /// fails when it differs.
 ///
 /// # Errors

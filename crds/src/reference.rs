@@ -17,8 +17,37 @@ use crate::McpEndpoint;
 /// Path of the generated document, relative to the workspace root.
 pub const REFERENCE_FILE: &str = "docs/reference/crd.md";
 
-/// The command that regenerates [`REFERENCE_FILE`].
-pub const REGENERATE: &str = "make crds";
+/// The command that regenerates [`REFERENCE_FILE`] and every other generated reference.
+pub const REGENERATE: &str = "make references";
+
+/// Checks that the generated file at `path` (under the workspace root `root`) holds exactly
+/// `current`; with `TETHER_BLESS=1` in the environment it writes `current` there instead. Used
+/// by the tests of every generated reference (this crate's, the sidecar's flags and status
+/// codes).
+///
+/// # Errors
+/// A message naming the file, the first line that differs and [`REGENERATE`].
+pub fn check_generated(root: &std::path::Path, path: &str, current: &str) -> Result<(), String> {
+    let full = root.join(path);
+    if std::env::var("TETHER_BLESS").is_ok_and(|v| v == "1") {
+        return std::fs::write(&full, current)
+            .map_err(|e| format!("cannot write {}: {e}", full.display()));
+    }
+    let committed = std::fs::read_to_string(&full).unwrap_or_default();
+    if committed == current {
+        return Ok(());
+    }
+    let line = committed
+        .lines()
+        .zip(current.lines())
+        .position(|(a, b)| a != b)
+        .unwrap_or_else(|| committed.lines().count().min(current.lines().count()))
+        + 1;
+    Err(format!(
+        "{path} differs from what the code generates (first difference at line {line}): \
+         regenerate it with `{REGENERATE}` and commit it"
+    ))
+}
 
 /// The configuration reference as Markdown: the content of [`REFERENCE_FILE`].
 pub fn markdown() -> String {
@@ -44,8 +73,8 @@ pub fn markdown() -> String {
          `1h30m`; the API server stores defaults in seconds, so `600s` is `10m`); sizes are bytes. \
          The *admission* column lists what the API server rejects when an object is created or \
          updated: schema bounds and the messages of the CEL rules (`x-kubernetes-validations`). \
-         Which fields a running sidecar reloads and which roll the pods is explained in the \
-         README, section \"Changing an endpoint\".\n",
+         Which fields a running sidecar reloads and which roll the pods is explained in \
+         [Changing an endpoint](../guide/upgrade.md#changing-an-endpoint).\n",
         group = crd.spec.group,
         ver = version.name,
         kind = crd.spec.names.kind,

@@ -1,4 +1,4 @@
-//! Schema pieces that schemars does not produce for Kubernetes on its own (rust-notes §2.1).
+//! Schema pieces that schemars does not produce for Kubernetes on its own.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use schemars::{Schema, SchemaGenerator};

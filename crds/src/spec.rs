@@ -81,15 +81,15 @@ pub struct McpEndpointSpec {
     /// pods.
     #[serde(default)]
     pub admin: AdminSpec,
-    /// The sidecars' internal peer listener (session handoff, DESIGN.md §3.4). Changing it
-    /// rolls the pods.
+    /// The sidecars' internal peer listener, over which a draining pod hands its sessions to
+    /// the pods that stay. Changing it rolls the pods.
     #[serde(default)]
     pub peer: PeerSpec,
-    /// The `Origin` allowlist (DNS-rebinding defence, spec O-01/O-02). Running sidecars reload
-    /// it without a restart.
+    /// The `Origin` allowlist, a defence against DNS rebinding: a request from a browser origin
+    /// not listed gets 403. Running sidecars reload it without a restart.
     #[serde(default)]
     pub origins: OriginsSpec,
-    /// MCP protocol versions clients may use (`MCP-Protocol-Version`, spec P-03). A request
+    /// MCP protocol versions clients may use (the `MCP-Protocol-Version` header). A request
     /// naming any other version gets 400. Default: every version tether supports. Running
     /// sidecars reload it without a restart (sessions keep their negotiated version).
     #[serde(default = "default_protocol_versions")]
@@ -100,15 +100,17 @@ pub struct McpEndpointSpec {
     #[x_kube(validation = Rule::new("self.all(v, self.exists_one(w, w == v))").message("spec.protocolVersions: duplicate version"))]
     #[schemars(length(max = 8), inner(length(max = 16)))]
     pub protocol_versions: Vec<String>,
-    /// Per-stream SSE replay buffer bounds (DESIGN.md §3.2). Running sidecars reload them
-    /// without a restart; new bounds apply to streams opened after the reload.
+    /// Bounds of each SSE stream's replay buffer, from which a client resuming with
+    /// `Last-Event-ID` gets the events it missed. Running sidecars reload them without a
+    /// restart; new bounds apply to streams opened after the reload.
     #[serde(default)]
     pub buffer: BufferSpec,
     /// Session lifetime and migration policy. Running sidecars reload `idleTimeout`; changing
     /// `migration` rolls the pods.
     #[serde(default)]
     pub session: SessionSpec,
-    /// Drain policy during rollouts (DESIGN.md §3.4). Changing it rolls the pods.
+    /// Drain policy during rollouts: how long a terminating pod may take to hand its sessions
+    /// off and finish its requests. Changing it rolls the pods.
     #[serde(default)]
     pub drain: DrainSpec,
     /// The sidecar container the operator injects. Changing it rolls the pods.
@@ -220,7 +222,7 @@ pub struct PeerSpec {
     pub port: u16,
 }
 
-/// The `Origin` allowlist (spec O-01/O-02).
+/// The `Origin` allowlist.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OriginsSpec {
@@ -263,7 +265,7 @@ pub struct BufferSpec {
 #[serde(rename_all = "camelCase")]
 pub struct SessionSpec {
     /// A session without any request or attached stream for this long is ended (later requests
-    /// get 404, spec S-05). Default `30m`.
+    /// get 404). Default `30m`.
     #[serde(default = "default_idle_timeout")]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("spec.session.idleTimeout must be a positive duration such as \"30m\""))]
     pub idle_timeout: Duration,
@@ -272,7 +274,7 @@ pub struct SessionSpec {
     pub migration: Migration,
 }
 
-/// How a session moves off a draining pod (DESIGN.md §3.4 step 4).
+/// How a session moves off a draining pod.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum Migration {
     /// Hand the session to a peer, which rebuilds the upstream session from the journal.
@@ -292,7 +294,7 @@ pub struct DrainSpec {
     pub timeout: Duration,
 }
 
-/// The MCP protocol versions tether knows, oldest first (spec `mcp-spec.md` version keys V1–V4).
+/// The MCP protocol versions tether knows, oldest first (version keys V1–V4).
 ///
 /// 2024-11-05 (HTTP+SSE) is not served by the sidecar.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

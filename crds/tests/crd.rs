@@ -1,7 +1,8 @@
 //! The committed CustomResourceDefinition against the Rust types: the file in `crds/` is
-//! current, its schema is structural (rust-notes §2.1), and its CEL rules reject at admission
-//! exactly what [`validate_spec`] rejects in the operator and the sidecar (evaluated client-side
-//! with kube's `cel` feature, as the apiserver would after defaulting).
+//! current, its schema is structural (as the API server requires of a CRD: every node typed, no
+//! `$ref`, no types under `anyOf`/`oneOf`), and its CEL rules reject at admission exactly what
+//! [`validate_spec`] rejects in the operator and the sidecar (evaluated client-side with kube's
+//! `cel` feature, as the apiserver would after defaulting).
 
 use std::path::Path;
 

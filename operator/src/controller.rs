@@ -1,53 +1,42 @@
-//! The reconcile of one `McpEndpoint`: validate → build → apply → status (the pure steps are
-//! [`crate::validate`], [`crate::build`] and [`crate::status`]; this module talks to the API
-//! server).
-//!
-//! - A finalizer ([`FINALIZER`]) is added first; on deletion the injection is removed (a
-//!   server-side apply of an empty Deployment body with our field manager drops exactly the
-//!   fields we own; the children go with their owner reference) before it is released.
-//! - The children are written by [`children::write`]: each read first and applied
-//!   (server-side apply, field manager [`FIELD_MANAGER`], forced: the operator owns these fields)
-//!   only when the live object lacks something, so a reconcile with nothing to change writes
-//!   nothing; the HMAC Secret is created when missing and never written again.
-//! - The status is written only when it changed.
-//! - A conflict or a missing target is no error: `Degraded` says why and the endpoint is looked
-//!   at again after [`RECHECK`]. API errors go to [`error_policy`], which backs off.
+//! The reconcile of one `McpEndpoint`: dereference → validate → plan → apply → status under a
+//! finalizer (`mcp.tether.dev/injection`), with Events and the error policy (`docs/design/operator.md`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{self, Event};
 use kube::{Client, Resource, ResourceExt};
-use serde_json::{Value, json};
-use tether_crds::{McpEndpoint, McpEndpointStatus};
+use tether_crds::McpEndpoint;
 
-use crate::build::{Defaults, plan};
-use crate::children;
+use crate::apply::{self, Written};
+use crate::dereference;
+use crate::error::Error;
 use crate::names::{FIELD_MANAGER, FINALIZER, Names};
-use crate::status::{Outcome, PodCounts, conditions};
-use crate::validate::validate;
+use crate::plan::{Defaults, plan};
+use crate::status::{self, Outcome, PodCounts};
+use crate::validate::{Target, validate};
 
 /// How often an endpoint is looked at again without any change (pods becoming ready, a
 /// conflict the user resolved; a target created later wakes it at once, [`crate::watches`]).
 pub const RECHECK: Duration = Duration::from_secs(30);
 /// Wait before retrying a reconcile that failed on an API error.
-pub const ERROR_BACKOFF: Duration = Duration::from_secs(15);
+pub(crate) const ERROR_BACKOFF: Duration = Duration::from_secs(15);
 
 /// What every reconcile shares.
 pub struct Context {
     /// The API client.
-    pub client: Client,
+    pub(crate) client: Client,
     /// Defaults for what specs leave out.
-    pub defaults: Defaults,
+    pub(crate) defaults: Defaults,
     /// Reconciles by result, duration, failures.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Publishes Events on endpoints (`events.k8s.io/v1`).
-    pub recorder: Recorder,
+    pub(crate) recorder: Recorder,
 }
 
 impl Context {
@@ -85,39 +74,10 @@ impl Context {
     }
 }
 
-/// Reconcile failures (API errors); conflicts are reported in the status instead.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The API server refused or failed a request.
-    #[error("API request failed: {0}")]
-    Kube(#[from] kube::Error),
-    /// The endpoint has no name or namespace.
-    #[error("the McpEndpoint has no name or namespace")]
-    Unnamed,
-    /// Adding or removing the finalizer, or the step it guards, failed.
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<finalizer::Error<Error>>),
-    /// An object did not serialize to JSON (not expected).
-    #[error("serialization: {0}")]
-    Json(#[from] serde_json::Error),
-}
-
-impl Error {
-    /// A short label for metrics (`reconcile_failures_total{reason}`).
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Kube(_) => "api",
-            Error::Unnamed => "unnamed",
-            Error::Finalizer(_) => "finalizer",
-            Error::Json(_) => "json",
-        }
-    }
-}
-
 /// Reconciles `ep` (kube-runtime `Controller` callback).
 ///
 /// # Errors
-/// [`Error`] on an API failure; the controller retries after [`error_policy`]'s delay.
+/// [`Error`] on an API failure; the controller retries after the error policy's delay.
 pub async fn reconcile(ep: Arc<McpEndpoint>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let result = run_finalizer(ep, &ctx).await;
@@ -131,7 +91,7 @@ async fn run_finalizer(ep: Arc<McpEndpoint>, ctx: &Context) -> Result<Action, Er
     let api: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &namespace);
     finalizer::finalizer(&api, FINALIZER, ep, |event| async {
         match event {
-            Event::Apply(ep) => apply(&ep, ctx).await,
+            Event::Apply(ep) => converge(&ep, ctx).await,
             Event::Cleanup(ep) => cleanup(&ep, ctx).await,
         }
     })
@@ -140,124 +100,80 @@ async fn run_finalizer(ep: Arc<McpEndpoint>, ctx: &Context) -> Result<Action, Er
 }
 
 /// Backs off after a failed reconcile (never a hot loop).
-pub fn error_policy(_ep: Arc<McpEndpoint>, error: &Error, _ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(_ep: Arc<McpEndpoint>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(%error, reason = error.metric_label(), "reconcile failed; retrying");
     Action::requeue(ERROR_BACKOFF)
 }
 
-async fn apply(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
+/// The pipeline for a live endpoint: dereference → validate → plan → apply → status.
+async fn converge(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     let names = Names::of(ep).ok_or(Error::Unnamed)?;
-    let client = &ctx.client;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &names.namespace);
     let target_name = &ep.spec.target_ref.name;
-    let outcome = match deployments.get_opt(target_name).await? {
+    let outcome = match dereference::target(&ctx.client, &names, target_name).await? {
         None => Outcome::TargetNotFound(target_name.clone()),
         Some(deployment) => match validate(ep, &names, &deployment) {
             Err(conflict) => Outcome::Conflict(conflict),
-            Ok(target) => {
-                let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
-                let plan = plan(ep, &names, &target, &ctx.defaults, &owner);
-                let (written, rolled) =
-                    children::write(client, &names, &owner, &target, &plan).await?;
-                if !written.is_empty() {
-                    ctx.event(
-                        ep,
-                        EventType::Normal,
-                        "Applied",
-                        children::applied_note(&written, rolled),
-                    )
-                    .await;
-                }
-                Outcome::Applied(pod_counts(&deployment, rolled))
-            }
+            Ok(target) => Outcome::Applied(inject(ep, &names, &target, ctx).await?),
         },
     };
-    if let Some(degraded) = write_status(ep, &names, &outcome, client).await? {
-        ctx.event(ep, EventType::Warning, &degraded.reason, degraded.message)
-            .await;
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    if let Some(update) = status::update(ep, &outcome, &now) {
+        let endpoints: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        apply::status(&endpoints, &names.endpoint, &update.status).await?;
+        if let Some(degraded) = update.degraded {
+            ctx.event(ep, EventType::Warning, &degraded.reason, degraded.message)
+                .await;
+        }
     }
     Ok(Action::requeue(RECHECK))
 }
 
-/// Server-side apply with the operator's field manager, forced (it owns these fields).
-pub(crate) fn apply_params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
-}
-
-/// Pod counts from the Deployment's status. While the Deployment controller has not seen the
-/// newest template (`observedGeneration` behind `generation`, or the template was just changed)
-/// no pod is current yet.
-fn pod_counts(deployment: &Deployment, rolled: bool) -> PodCounts {
-    let status = deployment.status.clone().unwrap_or_default();
-    let behind = status.observed_generation < deployment.metadata.generation;
-    PodCounts {
-        total: status.replicas.unwrap_or(0),
-        updated: if rolled || behind {
-            0
-        } else {
-            status.updated_replicas.unwrap_or(0)
-        },
-        ready: status.ready_replicas.unwrap_or(0),
-        draining: status.terminating_replicas.unwrap_or(0),
-    }
-}
-
-/// Writes the status for `outcome` when it differs from the stored one; returns the `Degraded`
-/// condition when it turned `True` (an Event repeats its reason and message).
-async fn write_status(
+/// Brings the children of `ep` on its valid `target` to the plan; returns the target's pods.
+async fn inject(
     ep: &McpEndpoint,
     names: &Names,
-    outcome: &Outcome,
-    client: &Client,
-) -> Result<Option<Condition>, Error> {
-    let previous = ep.status.clone().unwrap_or_default();
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let counts = match outcome {
-        Outcome::Applied(p) => Some(*p),
-        _ => None,
-    };
-    let status = McpEndpointStatus {
-        observed_generation: ep.metadata.generation,
-        conditions: conditions(outcome, ep.metadata.generation, &previous.conditions, &now),
-        pods: counts.map(|p| p.total),
-        routable: counts.map(|p| p.ready),
-        draining: counts.map(|p| p.draining),
-    };
-    let degraded = |s: &McpEndpointStatus| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == "Degraded" && c.status == "True")
-            .cloned()
-    };
-    let degraded_now = degraded(&status).filter(|_| degraded(&previous).is_none());
-    if status == previous {
-        return Ok(None);
+    target: &Target<'_>,
+    ctx: &Context,
+) -> Result<PodCounts, Error> {
+    let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
+    let live = dereference::children(&ctx.client, names, &owner, target).await?;
+    let steps = plan(ep, names, target, &ctx.defaults, &owner).steps(
+        names,
+        &owner,
+        target,
+        &live,
+        rand::random,
+    );
+    let written = apply::steps(&ctx.client, names, &steps).await?;
+    if !written.objects.is_empty() {
+        let note = applied_note(&written);
+        ctx.event(ep, EventType::Normal, "Applied", note).await;
     }
-    let api: Api<McpEndpoint> = Api::namespaced(client.clone(), &names.namespace);
-    let body = json!({
-        "apiVersion": tether_crds::API_VERSION,
-        "kind": tether_crds::KIND,
-        "status": status,
-    });
-    api.patch_status(&names.endpoint, &apply_params(), &Patch::Apply(&body))
-        .await?;
-    Ok(degraded_now)
+    Ok(PodCounts::of(target.deployment, written.rolled))
+}
+
+/// The note of the `Applied` Event: what was written and what happens next.
+fn applied_note(written: &Written) -> String {
+    let list = written.objects.join(", ");
+    if written.rolled {
+        format!("applied {list}; the pod template changed, so the pods are replaced")
+    } else if written.objects.iter().any(|w| w.starts_with("ConfigMap/")) {
+        format!("applied {list}; running sidecars reload the configuration without a restart")
+    } else {
+        format!("applied {list}")
+    }
 }
 
 /// Removes the injection from the target (its owned children go with the owner reference).
 async fn cleanup(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     let names = Names::of(ep).ok_or(Error::Unnamed)?;
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let target = &ep.spec.target_ref.name;
-    if deployments.get_opt(target).await?.is_some() {
-        let empty: Value = json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": target, "namespace": names.namespace},
-        });
-        deployments
-            .patch(target, &apply_params(), &Patch::Apply(&empty))
-            .await?;
+    if dereference::target(&ctx.client, &names, target)
+        .await?
+        .is_some()
+    {
+        let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
+        apply::release(&deployments, &names.namespace, target).await?;
         let note = format!("removed the sidecar from Deployment {target:?}; its pods roll");
         ctx.event(ep, EventType::Normal, "InjectionRemoved", note)
             .await;

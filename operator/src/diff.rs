@@ -1,8 +1,8 @@
 //! Whether a live object already holds every field the operator would apply, so a reconcile
-//! with nothing to change writes nothing (rust-notes §2.9: identical applies are invisible in
-//! object state, yet they are writes).
+//! with nothing to change writes nothing: identical server-side applies change nothing visible
+//! in the object, yet they are writes (`docs/design/operator.md`).
 //!
-//! [`covers`] compares the JSON of a live object with the JSON of a desired one: fields the
+//! `covers` compares the JSON of a live object with the JSON of a desired one: fields the
 //! API server added (defaults, status, other managers' fields) are ignored; lists whose items all
 //! carry a `name` are matched by name (containers, env, volumes, ports, ownerReferences), other
 //! lists — and the [`ATOMIC`] ones, whose items are named but which an apply replaces whole —
@@ -15,7 +15,7 @@ use serde_json::Value;
 pub const ATOMIC: &[&str] = &["subjects"];
 
 /// Whether `live` contains `desired`: every field of `desired` is in `live` with an equal value.
-pub fn covers(live: &Value, desired: &Value) -> bool {
+pub(crate) fn covers(live: &Value, desired: &Value) -> bool {
     match (live, desired) {
         (_, Value::Null) => true,
         (Value::Object(l), Value::Object(d)) => d.iter().all(|(k, dv)| {

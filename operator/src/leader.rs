@@ -1,10 +1,7 @@
-//! Leader election for running more than one replica (rust-notes §2.4): a
-//! `coordination.k8s.io/v1` Lease held through kube-lease-manager (server-side apply with the
-//! operator's field manager). Only the holder runs the controller; a replica that loses the lease
-//! stops reconciling and exits, so Kubernetes restarts it as a candidate. One replica (the
-//! default) needs none: every reconcile is idempotent.
-//!
-//! RBAC: `coordination.k8s.io` `leases`: `get`, `create`, `patch` in the lease's namespace.
+//! Leader election for running more than one replica: a `coordination.k8s.io/v1` Lease held
+//! through kube-lease-manager; only the holder runs the controller, and a replica that loses
+//! the lease exits (`docs/design/operator.md`). RBAC: `leases: get, create, patch` in the
+//! lease's namespace.
 
 use kube::Client;
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
@@ -15,7 +12,7 @@ use crate::names::FIELD_MANAGER;
 /// Seconds a lease stays valid after its last renewal.
 pub const LEASE_SECONDS: u64 = 15;
 /// Seconds before expiry the holder renews.
-pub const RENEW_GRACE_SECONDS: u64 = 5;
+pub(crate) const RENEW_GRACE_SECONDS: u64 = 5;
 
 /// Where the lease lives and who this replica is.
 #[derive(Clone, Debug)]

@@ -1,4 +1,4 @@
-//! `tether-operator`: the control plane of tether (DESIGN.md §4).
+//! `tether-operator`: the control plane of tether (`docs/design/operator.md`).
 //!
 //! - `tether-operator run`: the controller. It reconciles every `McpEndpoint` of the cluster
 //!   ([`tether_operator::controller`]) and is woken when one of its children or an injected
@@ -16,9 +16,9 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use tether_crds::McpEndpoint;
 use tether_operator::admin::AdminState;
-use tether_operator::build::Defaults;
 use tether_operator::controller::Context;
 use tether_operator::leader::Election;
+use tether_operator::plan::Defaults;
 
 /// tether's operator.
 #[derive(Debug, Parser)]

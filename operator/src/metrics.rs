@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `tether_operator_reconciles_total` | `result` (`ok`, `error`) | reconciles run |
 //! | `tether_operator_reconcile_seconds` | | duration of a reconcile, in seconds |
-//! | `tether_operator_reconcile_failures_total` | `reason` ([`crate::controller::Error::metric_label`]) | reconciles that failed |
+//! | `tether_operator_reconcile_failures_total` | `reason` ([`crate::error::Error::metric_label`]) | reconciles that failed |
 
 use std::time::Duration;
 
@@ -16,16 +16,16 @@ use prometheus_client::registry::Registry;
 
 /// Label of a reconcile's result.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
+pub(crate) struct ResultLabel {
     /// `ok` or `error`.
-    pub result: &'static str,
+    pub(crate) result: &'static str,
 }
 
 /// Label of a failure's reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
+pub(crate) struct ReasonLabel {
     /// The error's metric label.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 /// The operator's metrics and their registry.

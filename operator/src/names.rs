@@ -6,30 +6,33 @@
 
 use tether_crds::McpEndpoint;
 
-/// The field manager of every server-side apply the operator sends (rust-notes §2.2).
-pub const FIELD_MANAGER: &str = "tether-operator";
+/// The field manager of every server-side apply the operator sends: one stable name, so the
+/// API server knows which fields the operator owns.
+pub(crate) const FIELD_MANAGER: &str = "tether-operator";
 pub use tether_crds::SIDECAR_CONTAINER;
 /// Label on every child the operator creates, with [`FIELD_MANAGER`] as its value.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Pod-template annotation naming the endpoint whose sidecar is injected; a `tether-sidecar`
 /// container without it is the user's, and a clash.
 pub const INJECTED_ANNOTATION: &str = "mcp.tether.dev/endpoint";
 /// Finalizer that removes the injection when the endpoint is deleted.
-pub const FINALIZER: &str = "mcp.tether.dev/injection";
+pub(crate) const FINALIZER: &str = "mcp.tether.dev/injection";
 /// Volume (and mount) of the config ConfigMap in the pod.
-pub const CONFIG_VOLUME: &str = "tether-config";
+pub(crate) const CONFIG_VOLUME: &str = "tether-config";
 /// Volume (and mount) of the HMAC Secret in the pod.
-pub const SECRET_VOLUME: &str = "tether-secret";
+pub(crate) const SECRET_VOLUME: &str = "tether-secret";
 /// Mount path of the config volume; the sidecar reads `endpoint.yaml` there.
-pub const CONFIG_DIR: &str = "/etc/tether";
+pub(crate) const CONFIG_DIR: &str = "/etc/tether";
 /// Mount path of the Secret volume; the sidecar reads `secret` there.
-pub const SECRET_DIR: &str = "/etc/tether-secret";
+pub(crate) const SECRET_DIR: &str = "/etc/tether-secret";
 /// Key of the endpoint manifest in the ConfigMap.
 pub const CONFIG_KEY: &str = "endpoint.yaml";
 /// Key of the HMAC key in the Secret.
 pub const SECRET_KEY: &str = "secret";
+/// Path of the sidecar's drain endpoint on its admin port (the injected `preStop` hooks call it).
+pub(crate) const DRAIN_PATH: &str = "/drain";
 /// Longest name of a Service (an RFC 1035 label).
-pub const MAX_SERVICE_NAME: usize = 63;
+pub(crate) const MAX_SERVICE_NAME: usize = 63;
 
 /// The names of one endpoint's children.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,27 +58,27 @@ impl Names {
     }
 
     /// The client Service (routable pods, the MCP port).
-    pub fn client_service(&self) -> String {
+    pub(crate) fn client_service(&self) -> String {
         format!("{}-mcp", self.endpoint)
     }
 
     /// The headless peer Service (every pod, ready or not).
-    pub fn peer_service(&self) -> String {
+    pub(crate) fn peer_service(&self) -> String {
         format!("{}-peers", self.endpoint)
     }
 
     /// The sidecar's Role, RoleBinding and (when the pods name none) ServiceAccount.
-    pub fn sidecar_rbac(&self) -> String {
+    pub(crate) fn sidecar_rbac(&self) -> String {
         format!("{}-tether-sidecar", self.endpoint)
     }
 
     /// The PodDisruptionBudget.
-    pub fn pdb(&self) -> String {
+    pub(crate) fn pdb(&self) -> String {
         format!("{}-tether", self.endpoint)
     }
 
     /// Labels on every child: `app.kubernetes.io/managed-by`, `part-of`, `instance`.
-    pub fn labels(&self) -> std::collections::BTreeMap<String, String> {
+    pub(crate) fn labels(&self) -> std::collections::BTreeMap<String, String> {
         [
             (MANAGED_BY_LABEL, FIELD_MANAGER),
             ("app.kubernetes.io/part-of", "tether"),
@@ -89,7 +92,7 @@ impl Names {
 
 /// The endpoint whose sidecar a Deployment's pod template carries (its [`INJECTED_ANNOTATION`]),
 /// for waking that endpoint's reconcile when someone edits the Deployment; `None` for the others.
-pub fn injected_by(
+pub(crate) fn injected_by(
     deployment: &k8s_openapi::api::apps::v1::Deployment,
 ) -> Option<kube::runtime::reflector::ObjectRef<McpEndpoint>> {
     let endpoint = deployment
@@ -108,7 +111,7 @@ pub fn injected_by(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::fixtures::{self, DEPLOYMENT};
+    use crate::fixtures::{self, DEPLOYMENT};
 
     #[test]
     fn an_injected_deployment_names_its_endpoint() {

@@ -1,34 +1,49 @@
-//! Step 4 of the reconcile pipeline: the endpoint's status from what the reconcile saw.
-//!
-//! Three condition types (rust-notes §2.3), each with `observedGeneration`; a condition whose
-//! `status` did not flip keeps its `lastTransitionTime` (only reason and message move):
-//!
-//! | condition | `True` when | reasons |
-//! |---|---|---|
-//! | `Ready` | the target's pods all run a ready sidecar of the current pod template | `AllPodsReady`; `False`: the conflict's reason, `TargetNotFound`, `RollingOut`, `PodsNotReady`, `NoPods` |
-//! | `Progressing` | pods of an older template remain (a change of a pod setting — ports, paths, upstream, migration, drain, sidecar — or any other rollout) | `RollingOut`; `False`: `Complete` (data-plane changes need no rollout: the sidecars reload them) |
-//! | `Degraded` | the operator cannot do what the spec asks | the conflict's reason, `TargetNotFound`; `False`: `AsExpected` |
+//! The status step of the reconcile: the `Ready`, `Progressing` and `Degraded` conditions and
+//! the pod counts from what the reconcile saw, and whether they changed
+//! (`docs/design/operator.md`, "Status").
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use tether_crds::{McpEndpoint, McpEndpointStatus};
 
 use crate::validate::Conflict;
 
 /// The target's pods as the reconcile counted them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PodCounts {
+pub(crate) struct PodCounts {
     /// Pods of the target Deployment.
-    pub total: i32,
+    pub(crate) total: i32,
     /// Pods of the current pod template (`updatedReplicas`).
-    pub updated: i32,
+    pub(crate) updated: i32,
     /// Pods whose sidecar is ready (they take new sessions).
-    pub ready: i32,
+    pub(crate) ready: i32,
     /// Pods being deleted (their sidecars hand sessions off).
-    pub draining: i32,
+    pub(crate) draining: i32,
+}
+
+impl PodCounts {
+    /// The counts in `deployment`'s status. While the Deployment controller has not seen the
+    /// newest template (`observedGeneration` behind `generation`, or the reconcile just changed
+    /// it: `rolled`) no pod is current yet.
+    pub(crate) fn of(deployment: &Deployment, rolled: bool) -> Self {
+        let status = deployment.status.clone().unwrap_or_default();
+        let behind = status.observed_generation < deployment.metadata.generation;
+        Self {
+            total: status.replicas.unwrap_or(0),
+            updated: if rolled || behind {
+                0
+            } else {
+                status.updated_replicas.unwrap_or(0)
+            },
+            ready: status.ready_replicas.unwrap_or(0),
+            draining: status.terminating_replicas.unwrap_or(0),
+        }
+    }
 }
 
 /// What one reconcile found.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Everything applied; `pods` of the target.
     Applied(PodCounts),
     /// The target Deployment does not exist.
@@ -39,7 +54,7 @@ pub enum Outcome {
 
 /// The conditions for `outcome` at `generation`, keeping the `lastTransitionTime` of `previous`
 /// conditions whose status is unchanged; `now` stamps the others.
-pub fn conditions(
+pub(crate) fn conditions(
     outcome: &Outcome,
     generation: Option<i64>,
     previous: &[Condition],
@@ -68,6 +83,47 @@ pub fn conditions(
         }
     })
     .collect()
+}
+
+/// A status to write.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Update {
+    /// The new status.
+    pub(crate) status: McpEndpointStatus,
+    /// The `Degraded` condition, when it just turned `True` (an Event repeats its reason and
+    /// message).
+    pub(crate) degraded: Option<Condition>,
+}
+
+/// The status `outcome` gives `ep` at `now`; `None` when it equals the stored one (nothing to
+/// write).
+pub(crate) fn update(ep: &McpEndpoint, outcome: &Outcome, now: &Time) -> Option<Update> {
+    let previous = ep.status.clone().unwrap_or_default();
+    let generation = ep.metadata.generation;
+    let counts = match outcome {
+        Outcome::Applied(p) => Some(*p),
+        _ => None,
+    };
+    let status = McpEndpointStatus {
+        observed_generation: generation,
+        conditions: conditions(outcome, generation, &previous.conditions, now),
+        pods: counts.map(|p| p.total),
+        routable: counts.map(|p| p.ready),
+        draining: counts.map(|p| p.draining),
+    };
+    if status == previous {
+        return None;
+    }
+    let degraded = |s: &McpEndpointStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+            .cloned()
+    };
+    Some(Update {
+        degraded: degraded(&status).filter(|_| degraded(&previous).is_none()),
+        status,
+    })
 }
 
 type Judgement = (bool, &'static str, String);

@@ -1,14 +1,14 @@
-//! Step 1 of the reconcile pipeline (validate → build → apply → status): checks an endpoint and
-//! its target Deployment for what the operator must not paper over. Each failure is a
-//! [`Conflict`] whose `reason` becomes the `Degraded` condition's reason and the Event's; nothing
-//! of the user's is ever overwritten to make a conflict go away.
+//! The validation step of the reconcile: pure checks of an endpoint and its target Deployment
+//! for what the operator must not paper over. Each failure is a [`Conflict`] whose `reason`
+//! becomes the `Degraded` condition's and the Event's; nothing of the user's is ever
+//! overwritten to make a conflict go away (`docs/design/operator.md`).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use tether_crds::{McpEndpoint, validate_spec};
 
-use crate::names::{INJECTED_ANNOTATION, MAX_SERVICE_NAME, Names, SIDECAR_CONTAINER};
+use crate::names::{DRAIN_PATH, INJECTED_ANNOTATION, MAX_SERVICE_NAME, Names, SIDECAR_CONTAINER};
 
 /// Why an endpoint cannot be reconciled as asked.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -31,20 +31,32 @@ impl Conflict {
     }
 }
 
-/// What the build step needs from a valid target.
+/// What the plan needs from a valid target.
 #[derive(Clone, Debug)]
 pub struct Target<'a> {
     /// The Deployment.
-    pub deployment: &'a Deployment,
+    pub(crate) deployment: &'a Deployment,
     /// Its pod template's spec.
-    pub pod: &'a PodSpec,
+    pub(crate) pod: &'a PodSpec,
     /// The Deployment's selector in label-selector syntax (the sidecar's `--pod-selector`).
     pub selector: String,
     /// The selector's `matchLabels` (Service and PodDisruptionBudget selectors).
-    pub match_labels: std::collections::BTreeMap<String, String>,
+    pub(crate) match_labels: std::collections::BTreeMap<String, String>,
     /// Name of the container running the MCP server (it gets the `preStop` that waits for the
     /// drain).
     pub upstream_container: String,
+}
+
+impl Target<'_> {
+    /// The ServiceAccount the pod template names when it is one of the user's: neither unset,
+    /// nor `default`, nor the sidecar's dedicated one ([`Names::sidecar_rbac`]). The operator
+    /// never replaces it; without one the pods get the dedicated ServiceAccount.
+    pub(crate) fn users_service_account(&self, names: &Names) -> Option<&str> {
+        self.pod
+            .service_account_name
+            .as_deref()
+            .filter(|n| !n.is_empty() && *n != "default" && *n != names.sidecar_rbac())
+    }
 }
 
 /// Checks `ep` (its spec, the names of its children) and its target `deployment`.
@@ -180,7 +192,7 @@ fn check_pre_stop(ep: &McpEndpoint, container: &Container) -> Result<(), Conflic
         .as_ref()
         .and_then(|l| l.pre_stop.as_ref());
     let ours = pre_stop.and_then(|h| h.http_get.as_ref()).is_some_and(|g| {
-        g.path.as_deref() == Some(crate::build::DRAIN_PATH)
+        g.path.as_deref() == Some(DRAIN_PATH)
             && g.port
                 == k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(
                     ep.spec.admin.port,
@@ -191,9 +203,7 @@ fn check_pre_stop(ep: &McpEndpoint, container: &Container) -> Result<(), Conflic
             "PreStopConflict",
             format!(
                 "container {:?} already has a preStop hook; tether needs it to wait for the drain (httpGet {} on port {}): move your hook's work elsewhere or remove it",
-                container.name,
-                crate::build::DRAIN_PATH,
-                ep.spec.admin.port
+                container.name, DRAIN_PATH, ep.spec.admin.port
             ),
         ));
     }
@@ -206,7 +216,7 @@ fn init_containers(pod: &PodSpec) -> impl Iterator<Item = &Container> {
 
 /// `selector` in label-selector syntax: `k=v`, `k in (a,b)`, `k notin (a)`, `k`, `!k`, joined
 /// by commas, in a stable order.
-pub fn render_selector(selector: &LabelSelector) -> String {
+pub(crate) fn render_selector(selector: &LabelSelector) -> String {
     let mut parts: Vec<String> = selector
         .match_labels
         .iter()
@@ -230,7 +240,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::build::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
+    use crate::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
 
     fn reason(ep: &McpEndpoint, d: &Deployment) -> Option<&'static str> {
         validate(ep, &fixtures::names(ep), d)
@@ -256,7 +266,7 @@ mod tests {
         let ep = fixtures::endpoint(MINIMAL_ENDPOINT);
         let server = |extra: serde_json::Value| {
             let mut c = json!({"name": "server", "image": "s", "ports": [{"containerPort": 3000}]});
-            crate::build::fixtures::merge(&mut c, extra);
+            crate::fixtures::merge(&mut c, extra);
             c
         };
         let clash =

@@ -1,13 +1,5 @@
-//! Running the controller: what it watches and which endpoint each change wakes.
-//!
-//! - `McpEndpoint`s themselves;
-//! - the children the operator labels as its own (`app.kubernetes.io/managed-by`), through
-//!   their owner reference: an edit or a deletion of one is repaired at once;
-//! - Deployments, through [`endpoints_of`]: an edit of an injected Deployment (our sidecar
-//!   removed, say) wakes the endpoint its annotation names, and a Deployment created after the
-//!   endpoint that targets it wakes that endpoint at once instead of at its next [`RECHECK`].
-//!
-//! [`RECHECK`]: crate::controller::RECHECK
+//! Running the controller: what it watches and which endpoint each change wakes
+//! (`docs/design/operator.md`, "What wakes a reconcile").
 
 use std::future::Future;
 use std::sync::Arc;
@@ -66,7 +58,7 @@ pub async fn run(
 
 /// The endpoints a change of `deployment` concerns: the one its pod template's annotation names
 /// ([`injected_by`]) and those of `endpoints` in its namespace whose `targetRef` names it.
-pub fn endpoints_of(
+pub(crate) fn endpoints_of(
     deployment: &Deployment,
     endpoints: &[Arc<McpEndpoint>],
 ) -> Vec<ObjectRef<McpEndpoint>> {
@@ -101,7 +93,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::build::fixtures::{self, DEPLOYMENT};
+    use crate::fixtures::{self, DEPLOYMENT};
     use crate::names::INJECTED_ANNOTATION;
 
     fn endpoint(namespace: &str, name: &str, target: &str) -> Arc<McpEndpoint> {

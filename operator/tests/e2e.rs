@@ -28,9 +28,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::{Value, json};
 use tether_crds::McpEndpoint;
-use tether_operator::build::Defaults;
 use tether_operator::controller::Context;
 use tether_operator::names::{INJECTED_ANNOTATION, SIDECAR_CONTAINER};
+use tether_operator::plan::Defaults;
 use tether_operator::watches;
 
 /// Field manager of everything the test applies (the operator's is `tether-operator`).

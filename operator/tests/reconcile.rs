@@ -12,8 +12,8 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 use support::{Shared, Write, api_with, client_of, paths};
 use tether_crds::McpEndpoint;
-use tether_operator::build::Defaults;
 use tether_operator::controller::{Context, RECHECK, reconcile};
+use tether_operator::plan::Defaults;
 
 const NS: &str = "tools";
 const EP_PATH: &str = "/apis/mcp.tether.dev/v1alpha1/namespaces/tools/mcpendpoints/weather";

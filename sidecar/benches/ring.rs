@@ -1,10 +1,10 @@
-//! Ring lookup cost (issue #3): `owner` and `ranked` of a session id over 3, 50 and 500 pods.
+//! Ring lookup cost: `owner` and `ranked` of a session id over 3, 50 and 500 pods.
 //!
 //! `cargo bench -p tether-sidecar --bench ring` (or `make bench`).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
-use tether_sidecar::ring::{HrwRing, SessionRing};
+use tether_sidecar::{HrwRing, SessionRing};
 
 fn lookups(c: &mut Criterion) {
     let id = "AbJ2v0mYx3yq9Yx0mYq9Yx0mYq9Yx0mYq9Yx0mYq9Yx0mYq9Yx0mYq9";

@@ -1,43 +1,45 @@
-//! `tether-sidecar`: the per-pod data plane of tether (DESIGN.md §3).
+//! `tether-sidecar`: the per-pod data plane of tether, a pingora server in front of one MCP
+//! server (the upstream) that owns its clients' sessions, buffers their streams and hands them to
+//! a peer when the pod drains (`docs/design/architecture.md`).
 //!
-//! A pingora server in front of one MCP server (the upstream) that speaks MCP Streamable HTTP.
-//! It admits requests ([`admission`]), mints the client's session ids ([`session_id`]) and maps
-//! them to upstream sessions ([`session`]), runs every upstream call in its own task and serves
-//! clients from bounded replay buffers ([`stream`], [`buffer`]), so a client that disconnects
-//! resumes with `GET` + `Last-Event-ID` ([`cursor`]) and misses nothing.
+//! The floors, from the wire up (each may use the ones below it, never one above):
 //!
-//! Module map: [`proxy`] (pingora glue) → [`admission`] → [`broker`] (initialize, POST, GET,
-//! DELETE, upstream pumps, sweeps) → [`session`] / [`stream`] / [`buffer`]; [`upstream`] is the
-//! HTTP client to the MCP server; [`admin`] and [`metrics`] are observability; [`config`] and
-//! [`cli`] the start-up, [`reload`] the endpoint file's later changes; [`server`] assembles it
-//! all.
+//! - [`mcp`]: the protocol rules, pure: admission, Origin, JSON-RPC envelopes, the rejection
+//!   catalogue, session ids, event ids, header rules, SSE framing;
+//! - [`stream`] and [`session`]: the state a pod holds — streams with their replay buffers and
+//!   stored replies; sessions with their retry records and journal, and the registry;
+//! - [`cluster`]: membership, the session ring, routing between sidecars, peer health;
+//! - [`upstream`], [`metrics`], [`secret`], [`reply`]: the MCP server client, the Prometheus
+//!   metrics, the endpoint secret, what a client is answered;
+//! - [`broker`]: what the sidecar does with a sessionful request (initialize, POST, GET,
+//!   DELETE, upstream pumps, rebuilds, sweeps);
+//! - [`handoff`]: moving sessions between sidecars, and the peer protocol it speaks;
+//! - [`proxy`]: the pingora callbacks of the MCP listener, with forwarding decisions as plain
+//!   functions;
+//! - [`ops`]: the admin listener, the drain, signals; [`config`]: flags, the endpoint file and
+//!   its reloads; [`server`] assembles it all.
+//!
+//! The binary (`main.rs`) and the tests use the small face re-exported here.
 
-pub mod admin;
-pub mod admission;
-pub mod broker;
-pub mod buffer;
-pub mod cli;
-pub mod config;
-pub mod cursor;
-pub mod drain;
-pub mod handoff;
-pub mod headers;
-pub mod journal;
-pub mod jsonrpc;
-pub mod membership;
+mod broker;
+mod cluster;
+mod config;
+mod handoff;
+mod lifecycle;
+mod mcp;
 pub mod metrics;
-pub mod origin;
-pub mod peer_health;
-pub mod proxy;
-pub mod reload;
-pub mod reply;
-pub mod ring;
-pub mod routing;
-pub mod secret;
-pub mod server;
-pub mod session;
-pub mod session_id;
-pub mod shutdown;
-pub mod sse;
-pub mod stream;
-pub mod upstream;
+mod ops;
+mod proxy;
+mod reply;
+mod secret;
+mod server;
+mod session;
+mod stream;
+mod upstream;
+
+pub use cluster::membership::kubernetes::peer_of;
+pub use cluster::membership::{Peer, PeerState};
+pub use cluster::ring::{HrwRing, SessionRing};
+pub use config::cli::{Cli, LogFormat};
+pub use config::{Config, ConfigError, ConfigSource, MembershipConfig};
+pub use server::run;

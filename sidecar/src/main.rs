@@ -4,13 +4,13 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tether_sidecar::cli::{Cli, LogFormat};
-use tether_sidecar::config::Config;
+use tether_sidecar::{Cli, Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 /// The log filter: `RUST_LOG` (default `info`). pingora's own debug logs print request headers,
-/// session ids among them (DESIGN.md §3.5: never in logs), so a debug or trace level leaves
-/// `pingora_proxy` and `pingora_core` at `info` unless `RUST_LOG` sets a level for them itself.
+/// session ids among them (which never appear in tether's logs,
+/// `docs/design/architecture.md#observability`), so a debug or trace level leaves `pingora_proxy`
+/// and `pingora_core` at `info` unless `RUST_LOG` sets a level for them itself.
 fn log_directives(rust_log: Option<String>) -> String {
     let mut directives = rust_log.unwrap_or_else(|| "info".into());
     let lower = directives.to_ascii_lowercase();
@@ -41,7 +41,7 @@ fn main() -> ExitCode {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
-    let Err(e) = Config::load(&cli).and_then(tether_sidecar::server::run);
+    let Err(e) = Config::load(&cli).and_then(tether_sidecar::run);
     tracing::error!("cannot start: {e}");
     ExitCode::from(2)
 }

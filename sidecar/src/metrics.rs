@@ -1,16 +1,23 @@
-//! Prometheus metrics of the sidecar (DESIGN.md §3.5), served on the admin port at `/metrics`.
+//! Prometheus metrics of the sidecar (`docs/reference/metrics.md`), served on the admin port at
+//! `/metrics`.
 //!
 //! Every name starts with `tether_`. Labels never carry a session id: only reasons, methods,
 //! eras and protocol versions, each from a small fixed set.
 
+use std::time::Duration;
+
+use http::Method;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tether_crds::ProtocolVersion;
 
-use crate::buffer::Evictions;
+use crate::mcp::admission::Era;
+use crate::mcp::rejection::{NotFound, Rejection};
+use crate::stream::buffer::Evictions;
 
 /// A `reason` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -374,13 +381,195 @@ impl Metrics {
         Self { registry, ..m }
     }
 
+    /// Counts a rejection in `tether_rejections_total{status, reason}`, a 404 for a session id
+    /// also in `tether_not_found_total{reason}`, and a refused `Origin` in
+    /// `tether_origin_rejections_total`.
+    pub(crate) fn rejection(&self, rejection: &Rejection) {
+        self.rejections
+            .get_or_create(&RejectionLabels {
+                status: rejection.status().as_u16(),
+                reason: rejection.reason(),
+            })
+            .inc();
+        match rejection {
+            Rejection::SessionNotFound(why) => {
+                self.not_found
+                    .get_or_create(&Reason {
+                        reason: why.label(),
+                    })
+                    .inc();
+            }
+            Rejection::OriginForbidden => {
+                self.origin_rejections.inc();
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts an admitted request in `tether_requests_total{method, era}`.
+    pub(crate) fn request(&self, method: &Method, era: Era) {
+        let method = match *method {
+            Method::GET => "GET",
+            Method::POST => "POST",
+            Method::DELETE => "DELETE",
+            _ => "OTHER",
+        };
+        self.requests
+            .get_or_create(&RequestLabels {
+                method,
+                era: era.label(),
+            })
+            .inc();
+    }
+
+    /// Counts a request in `tether_protocol_version_requests_total{version}` by the protocol
+    /// version in effect for it.
+    pub(crate) fn protocol_version(&self, version: ProtocolVersion) {
+        self.protocol_versions
+            .get_or_create(&VersionLabel {
+                version: version.as_str(),
+            })
+            .inc();
+    }
+
+    /// A session created here: `tether_sessions` up, `tether_sessions_created_total`.
+    pub(crate) fn session_created(&self) {
+        self.sessions.inc();
+        self.sessions_created.inc();
+    }
+
+    /// A session adopted from a peer: `tether_sessions` up, `tether_handoffs_received_total`.
+    pub(crate) fn session_adopted(&self) {
+        self.sessions.inc();
+        self.handoffs_received.inc();
+    }
+
+    /// A session handed to a peer that acknowledged it: `tether_sessions` down,
+    /// `tether_handoffs_sent_total`.
+    pub(crate) fn session_handed_off(&self) {
+        self.sessions.dec();
+        self.handoffs_sent.inc();
+    }
+
+    /// A session ended here: `tether_sessions` down, `tether_sessions_ended_total{reason}`.
+    pub(crate) fn session_ended(&self, reason: NotFound) {
+        self.sessions.dec();
+        self.sessions_ended
+            .get_or_create(&Reason {
+                reason: reason.label(),
+            })
+            .inc();
+    }
+
+    /// An upstream session rebuilt from its journal (`tether_sessions_rebuilt_total`).
+    pub(crate) fn session_rebuilt(&self) {
+        self.sessions_rebuilt.inc();
+    }
+
+    /// An event received from the upstream and buffered (`tether_events_buffered_total`).
+    pub(crate) fn event_buffered(&self) {
+        self.events_buffered.inc();
+    }
+
+    /// The stream, event and byte gauges (`tether_streams`, `tether_buffer_events`,
+    /// `tether_buffer_bytes`), as the sweep counted them.
+    pub(crate) fn buffered(&self, streams: usize, events: usize, bytes: u64) {
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.streams.set(gauge(streams as u64));
+        self.buffer_events.set(gauge(events as u64));
+        self.buffer_bytes.set(gauge(bytes));
+    }
+
+    /// A resume served from the buffer: `tether_resumes_total{result="hit"}`, the events it
+    /// replays (`tether_replayed_events_total`) and the time to its response headers
+    /// (`tether_resume_seconds`).
+    pub(crate) fn resume_hit(&self, replayed: u64, took: Duration) {
+        self.resumes
+            .get_or_create(&ResumeLabels {
+                result: "hit",
+                reason: "none",
+            })
+            .inc();
+        self.replayed_events.inc_by(replayed);
+        self.resume_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A resume refused: `tether_resumes_total{result="miss", reason}` (`malformed`,
+    /// `unknown_stream`, `ahead`, `evicted`).
+    pub(crate) fn resume_miss(&self, reason: &'static str) {
+        self.resumes
+            .get_or_create(&ResumeLabels {
+                result: "miss",
+                reason,
+            })
+            .inc();
+    }
+
+    /// A retried request attached to its existing stream (`tether_requests_deduplicated_total`).
+    pub(crate) fn request_deduplicated(&self) {
+        self.requests_deduplicated.inc();
+    }
+
+    /// An upstream SSE stream resumed after an early close (`tether_upstream_resumes_total`).
+    pub(crate) fn upstream_resumed(&self) {
+        self.upstream_resumes.inc();
+    }
+
+    /// A forwarded request by the hop number it left with (`tether_forward_hops_total{hop}`).
+    pub(crate) fn forward_hop(&self, hop: u8) {
+        self.forward_hops.get_or_create(&HopLabel { hop }).inc();
+    }
+
+    /// The number of peers down now for `cause` (`tether_peers_down{reason}`: `refused`,
+    /// `unresponsive`).
+    pub(crate) fn peers_down(&self, cause: &'static str, peers: i64) {
+        self.peers_down
+            .get_or_create(&Reason { reason: cause })
+            .set(peers);
+    }
+
+    /// How long a drain took (`tether_drain_seconds`).
+    pub(crate) fn drain_took(&self, took: Duration) {
+        self.drain_seconds.observe(took.as_secs_f64());
+    }
+
+    /// How long a handoff took until the peer acknowledged it (`tether_handoff_seconds`).
+    pub(crate) fn handoff_took(&self, took: Duration) {
+        self.handoff_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Events of handed-off streams forwarded to their new holder
+    /// (`tether_tail_events_forwarded_total`).
+    pub(crate) fn tail_events_forwarded(&self, events: u64) {
+        self.tail_events_forwarded.inc_by(events);
+    }
+
+    /// Requests ended with an error at the drain deadline (`tether_requests_cut_total`).
+    pub(crate) fn requests_cut(&self, requests: u64) {
+        self.requests_cut.inc_by(requests);
+    }
+
+    /// A change of the endpoint file seen, by `result` (`tether_config_reloads_total{result}`:
+    /// `applied`, `invalid`, `unreadable`).
+    pub(crate) fn config_reload(&self, result: &'static str) {
+        self.config_reloads
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Whether pod settings of the endpoint file wait for a restart
+    /// (`tether_config_restart_pending`, 1 or 0).
+    pub(crate) fn restart_pending(&self, pending: bool) {
+        self.config_restart_pending.set(i64::from(pending));
+    }
+
     /// Counts a failed handoff attempt.
     pub fn handoff_failed(&self, reason: &'static str) {
         self.handoffs_failed.get_or_create(&Reason { reason }).inc();
     }
 
-    /// Counts evictions by reason.
-    pub fn record_evictions(&self, e: &Evictions) {
+    /// Counts evicted events by reason (`tether_buffer_evictions_total{reason}`).
+    pub(crate) fn evictions(&self, e: &Evictions) {
         for (reason, n) in [
             ("count", e.count),
             ("bytes", e.bytes),
@@ -460,7 +649,7 @@ mod tests {
         m.not_found
             .get_or_create(&Reason { reason: "forged" })
             .inc();
-        m.record_evictions(&Evictions {
+        m.evictions(&Evictions {
             ttl: 2,
             ..Evictions::default()
         });

@@ -1,9 +1,11 @@
 //! The endpoint's shared secret and the keyed MACs derived from it.
 //!
 //! Every sidecar of an endpoint reads the same secret (the operator's HMAC Secret in Kubernetes,
-//! `--secret-file` locally). It keys the session-id MAC (DESIGN.md §3.1 step 3) and the digests
-//! that stand for session ids in logs (§3.5), and the MAC of forwarded hops (§3.1 step 4). Each use has its own domain-separation label, so a
-//! value computed for one purpose is never valid for another.
+//! `--secret-file` locally). It keys the session-id MAC (`docs/design/architecture.md#sessions`)
+//! and the digests that stand for session ids in logs
+//! (`docs/design/architecture.md#observability`), and the MAC of forwarded hops
+//! (`docs/design/routing.md#forwarding`). Each use has its own domain-separation label, so a value
+//! computed for one purpose is never valid for another.
 
 use std::path::Path;
 
@@ -11,16 +13,16 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 /// Shortest secret accepted, in bytes (128 bits).
-pub const MIN_SECRET_BYTES: usize = 16;
+pub(crate) const MIN_SECRET_BYTES: usize = 16;
 
 /// Domain label of session-id MACs.
-pub const DOMAIN_SESSION_ID: &[u8] = b"tether/session-id/v1";
+pub(crate) const DOMAIN_SESSION_ID: &[u8] = b"tether/session-id/v1";
 /// Domain label of peer hop MACs (`Tether-Hop-Mac`).
-pub const DOMAIN_HOP: &[u8] = b"tether/hop/v1";
+pub(crate) const DOMAIN_HOP: &[u8] = b"tether/hop/v1";
 /// Domain label of peer-protocol message MACs (`Tether-Peer-Mac`, `docs/design/handoff.md`).
-pub const DOMAIN_PEER: &[u8] = b"tether/peer/v1";
+pub(crate) const DOMAIN_PEER: &[u8] = b"tether/peer/v1";
 /// Domain label of log digests.
-pub const DOMAIN_LOG_DIGEST: &[u8] = b"tether/log-digest/v1";
+pub(crate) const DOMAIN_LOG_DIGEST: &[u8] = b"tether/log-digest/v1";
 
 /// Why the secret could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +47,7 @@ pub enum SecretError {
 
 /// The endpoint's shared secret (at least [`MIN_SECRET_BYTES`] bytes).
 #[derive(Clone)]
-pub struct Secret {
+pub(crate) struct Secret {
     bytes: Vec<u8>,
 }
 
@@ -61,7 +63,7 @@ impl Secret {
     ///
     /// # Errors
     /// [`SecretError`] when the file cannot be read or holds fewer than 16 bytes.
-    pub fn from_file(path: &Path) -> Result<Self, SecretError> {
+    pub(crate) fn from_file(path: &Path) -> Result<Self, SecretError> {
         let raw = std::fs::read(path).map_err(|source| SecretError::Read {
             path: path.display().to_string(),
             source,
@@ -78,14 +80,15 @@ impl Secret {
 
     /// A secret from raw bytes (tests and tools). Shorter inputs are accepted here; use
     /// [`Secret::from_file`] for configuration.
-    pub fn from_bytes(bytes: impl Into<Vec<u8>>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn from_bytes(bytes: impl Into<Vec<u8>>) -> Self {
         Self {
             bytes: bytes.into(),
         }
     }
 
     /// HMAC-SHA256 over `domain` (length-prefixed) followed by `message`: 32 bytes.
-    pub fn mac(&self, domain: &[u8], message: &[u8]) -> [u8; 32] {
+    pub(crate) fn mac(&self, domain: &[u8], message: &[u8]) -> [u8; 32] {
         let mut mac = self.keyed(domain);
         mac.update(message);
         mac.finalize().into_bytes().into()
@@ -93,7 +96,7 @@ impl Secret {
 
     /// Checks in constant time that `tag` equals the leftmost `tag.len()` bytes of
     /// [`Secret::mac`]. Tags shorter than 16 bytes are refused.
-    pub fn verify(&self, domain: &[u8], message: &[u8], tag: &[u8]) -> bool {
+    pub(crate) fn verify(&self, domain: &[u8], message: &[u8], tag: &[u8]) -> bool {
         if tag.len() < 16 {
             return false;
         }
@@ -103,8 +106,8 @@ impl Secret {
     }
 
     /// A short keyed digest of `value` for logs and debugging: 12 hex characters. It identifies a
-    /// session across log lines without revealing its id (DESIGN.md §3.5).
-    pub fn log_digest(&self, value: &str) -> String {
+    /// session across log lines without revealing its id.
+    pub(crate) fn log_digest(&self, value: &str) -> String {
         hex::encode(&self.mac(DOMAIN_LOG_DIGEST, value.as_bytes())[..6])
     }
 

@@ -12,28 +12,29 @@ use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{BackgroundService, background_service};
 use pingora::services::listening::Service;
 
-use crate::admin::Admin;
 use crate::broker::Broker;
-use crate::buffer::PodBudget;
+use crate::cluster::membership::kubernetes::KubernetesPods;
+use crate::cluster::membership::peers_file::PeersFile;
+use crate::cluster::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
+use crate::cluster::peer_health::{PeerHealth, Prober};
+use crate::cluster::routing::Router;
+use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigError, MembershipConfig};
-use crate::drain::Drain;
 use crate::handoff::Handoff;
 use crate::handoff::listener::PeerListener;
-use crate::membership::kubernetes::KubernetesPods;
-use crate::membership::peers_file::PeersFile;
-use crate::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
+use crate::lifecycle::Lifecycle;
+use crate::mcp::session_id::{HomeToken, IdMinter};
 use crate::metrics::Metrics;
-use crate::peer_health::{PeerHealth, Prober};
+use crate::ops::admin::Admin;
+use crate::ops::drain::Drain;
+use crate::ops::shutdown::DrainOnTerm;
 use crate::proxy::McpProxy;
-use crate::reload::Reloader;
-use crate::routing::Router;
 use crate::session::Registry;
-use crate::session_id::{HomeToken, IdMinter};
-use crate::shutdown::DrainOnTerm;
+use crate::stream::buffer::PodBudget;
 use crate::upstream::Upstream;
 
 /// How often idle sessions and expired events are swept.
-pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Seconds pingora waits after its listeners close, then gives runtimes to stop. Requests in
 /// flight have already finished by then ([`DrainOnTerm`]); what remains are idle keep-alive
 /// connections and standalone GET streams, which clients reopen.
@@ -42,9 +43,10 @@ const SHUTDOWN_TIMEOUT_SECS: u64 = 5;
 /// Added to the peer's own deadlines to bound each read from a peer.
 const PEER_READ_MARGIN: Duration = Duration::from_secs(10);
 
-/// How often adopted sessions are checked against `owner(S)` (DESIGN.md §3.4 step 5) and
-/// followed streams against their writer's liveness.
-pub const REBALANCE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often adopted sessions are checked against `owner(S)`
+/// (`docs/design/handoff.md#adopted-sessions-follow-the-owner`) and followed streams against their
+/// writer's liveness.
+pub(crate) const REBALANCE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A task run every `interval` until shutdown (the sweeper, the rebalancer).
 struct Periodic<F> {
@@ -134,17 +136,17 @@ fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
     }
 }
 
-/// Builds the broker from the configuration.
-pub fn broker(cfg: &Config) -> Arc<Broker> {
-    let upstream_timeout = cfg.broker.upstream_body_timeout;
+/// Builds the broker from the configuration, with its client of the upstream and the pod's
+/// metrics.
+pub(crate) fn broker(cfg: &Config, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Broker> {
     Broker::new(
         cfg.broker.clone(),
         IdMinter::new(cfg.secret.clone(), HomeToken::for_pod(&cfg.pod_uid)),
         cfg.secret.clone(),
-        Upstream::new(cfg.upstream.clone(), upstream_timeout),
+        upstream,
         Registry::new(cfg.max_sessions),
         PodBudget::new(cfg.pod_buffer_bytes),
-        Arc::new(Metrics::new()),
+        metrics,
     )
 }
 
@@ -173,14 +175,17 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let broker = broker(&cfg);
+    let metrics = Arc::new(Metrics::new());
+    let lifecycle = Arc::new(Lifecycle::default());
+    let upstream = Upstream::new(cfg.upstream.clone(), cfg.broker.upstream_body_timeout);
+    let broker = broker(&cfg, upstream.clone(), Arc::clone(&metrics));
     let authority = cfg
         .upstream
         .authority()
         .map(|a| a.as_str().to_owned())
         .unwrap_or_default();
     let (initial, source) = membership(&cfg);
-    let sink = MembershipSink::new(initial, Arc::clone(broker.metrics_arc()));
+    let sink = MembershipSink::new(initial, Arc::clone(&metrics));
     let health = PeerHealth::new();
     let router = Router::new(
         sink.clone(),
@@ -196,6 +201,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     let handoff = Handoff::new(
         Arc::clone(&broker),
         router.clone(),
+        Arc::clone(&lifecycle),
+        Arc::clone(&metrics),
         cfg.peer_addr.port(),
         cfg.peer_max_message_bytes,
         cfg.handoff,
@@ -206,23 +213,33 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         cfg.source.clone(),
         Arc::clone(&admission),
         Arc::clone(&broker),
+        Arc::clone(&metrics),
     );
-    let proxy = McpProxy::new(
-        Arc::clone(&broker),
+    let proxy = McpProxy {
+        broker: Arc::clone(&broker),
         router,
-        admission,
-        authority,
-        cfg.upstream.path().to_owned(),
-        cfg.request_timeout,
+        policy: admission,
+        lifecycle: Arc::clone(&lifecycle),
+        metrics: Arc::clone(&metrics),
+        upstream_addr: authority,
+        upstream_path: cfg.upstream.path().to_owned(),
+        body_timeout: cfg.request_timeout,
         peer_read_timeout,
-    );
+    };
     let mut mcp = pingora::proxy::http_proxy_service_with_name(&server.configuration, proxy, "mcp");
     mcp.add_tcp(&cfg.listen_addr.to_string());
-    let drain = Drain::new(Arc::clone(&broker), Arc::clone(&handoff), cfg.drain_timeout);
+    let drain = Drain::new(
+        Arc::clone(&broker),
+        Arc::clone(&handoff),
+        Arc::clone(&lifecycle),
+        Arc::clone(&metrics),
+        cfg.drain_timeout,
+    );
     let mut peer = Service::new(
         "peer".to_owned(),
         PeerListener::new(
             Arc::clone(&broker),
+            Arc::clone(&lifecycle),
             cfg.secret.clone(),
             cfg.peer_max_message_bytes,
         ),
@@ -230,7 +247,12 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     peer.add_tcp(&cfg.peer_addr.to_string());
     let mut admin = Service::new(
         "admin".to_owned(),
-        Admin::new(Arc::clone(&broker), Arc::clone(&drain)),
+        Admin::new(
+            upstream,
+            Arc::clone(&drain),
+            lifecycle,
+            Arc::clone(&metrics),
+        ),
     );
     admin.add_tcp(&cfg.admin_addr.to_string());
     let sweeper = {
@@ -279,12 +301,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     ));
     if let Some(source) = source {
         let name = source.name();
-        let prober = Prober::new(
-            health,
-            sink.clone(),
-            Arc::clone(broker.metrics_arc()),
-            cfg.pod_uid.clone(),
-        );
+        let prober = Prober::new(health, sink.clone(), metrics, cfg.pod_uid.clone());
         server.add_service(background_service("peer-prober", prober));
         server.add_service(background_service(name, MembershipService { source, sink }));
     }

@@ -17,14 +17,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use sse_stream::{Sse, SseStream};
 
-use crate::headers::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+use crate::mcp::headers::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 
 /// How long connecting to the upstream may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why an upstream exchange failed before a response arrived.
 #[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
+pub(crate) enum UpstreamError {
     /// No connection could be made: the request certainly did not reach the MCP server.
     #[error("upstream refused the connection: {0}")]
     Refused(String),
@@ -38,7 +38,7 @@ pub enum UpstreamError {
 
 /// Why a complete upstream body could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     /// Larger than the limit, in bytes.
     #[error("upstream body larger than {0} bytes")]
     TooLarge(usize),
@@ -52,7 +52,7 @@ pub enum BodyError {
 
 /// The upstream MCP endpoint and a pooled client for it.
 #[derive(Clone, Debug)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     client: Client<HttpConnector, Full<Bytes>>,
     uri: Uri,
     header_timeout: Duration,
@@ -60,19 +60,19 @@ pub struct Upstream {
 
 /// An upstream exchange: which session, which extra headers.
 #[derive(Debug, Default)]
-pub struct Exchange<'a> {
+pub(crate) struct Exchange<'a> {
     /// The upstream's session id (`None` for `initialize` or a sessionless upstream).
-    pub upstream_session: Option<&'a str>,
-    /// End-to-end headers to send (already filtered, see [`crate::headers`]).
-    pub headers: HeaderMap,
+    pub(crate) upstream_session: Option<&'a str>,
+    /// End-to-end headers to send (already filtered, see [`crate::mcp::headers`]).
+    pub(crate) headers: HeaderMap,
     /// `Last-Event-ID` to resume an upstream stream (spec R-04, SEP-1699).
-    pub last_event_id: Option<&'a str>,
+    pub(crate) last_event_id: Option<&'a str>,
 }
 
 impl Upstream {
     /// A client for the MCP endpoint at `uri` (`http://host:port/path`). `header_timeout` bounds
     /// the wait for response headers.
-    pub fn new(uri: Uri, header_timeout: Duration) -> Self {
+    pub(crate) fn new(uri: Uri, header_timeout: Duration) -> Self {
         let client = http_client(CONNECT_TIMEOUT, Duration::from_secs(60));
         Self {
             client,
@@ -81,16 +81,11 @@ impl Upstream {
         }
     }
 
-    /// The upstream endpoint.
-    pub fn uri(&self) -> &Uri {
-        &self.uri
-    }
-
     /// Sends one request and waits for the response headers.
     ///
     /// # Errors
     /// [`UpstreamError`] when the upstream cannot be reached or does not answer in time.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         method: Method,
         exchange: Exchange<'_>,
@@ -122,7 +117,7 @@ impl Upstream {
     }
 
     /// Whether a TCP connection to the upstream can be opened within `within` (readiness).
-    pub async fn reachable(&self, within: Duration) -> bool {
+    pub(crate) async fn reachable(&self, within: Duration) -> bool {
         let Some(authority) = self.uri.authority() else {
             return false;
         };
@@ -135,7 +130,7 @@ impl Upstream {
 
 /// A pooled HTTP/1 client (no Nagle delay) whose connects give up after `connect_timeout` and
 /// whose idle pooled connections close after `pool_idle`.
-pub fn http_client(
+pub(crate) fn http_client(
     connect_timeout: Duration,
     pool_idle: Duration,
 ) -> Client<HttpConnector, Full<Bytes>> {
@@ -149,7 +144,7 @@ pub fn http_client(
 
 /// Headers for a request the sidecar makes on its own (GET resume, DELETE): the negotiated
 /// `MCP-Protocol-Version` and, for GET, `Accept: text/event-stream`.
-pub fn own_headers(version: &str, sse: bool) -> HeaderMap {
+pub(crate) fn own_headers(version: &str, sse: bool) -> HeaderMap {
     let mut h = HeaderMap::new();
     if let Ok(v) = HeaderValue::from_str(version) {
         h.insert(MCP_PROTOCOL_VERSION, v);
@@ -166,7 +161,7 @@ pub fn own_headers(version: &str, sse: bool) -> HeaderMap {
 /// Headers for a JSON-RPC POST the sidecar makes on its own (journal replay, a relayed
 /// cancellation): `Accept` for JSON and SSE, `Content-Type: application/json`, and
 /// `MCP-Protocol-Version` when `version` is given.
-pub fn post_headers(version: Option<&str>) -> HeaderMap {
+pub(crate) fn post_headers(version: Option<&str>) -> HeaderMap {
     let mut h = HeaderMap::new();
     h.insert(
         header::ACCEPT,
@@ -183,12 +178,12 @@ pub fn post_headers(version: Option<&str>) -> HeaderMap {
 }
 
 /// Whether a response is an SSE stream.
-pub fn is_sse(resp: &Response<Incoming>) -> bool {
+pub(crate) fn is_sse(resp: &Response<Incoming>) -> bool {
     content_type_is(resp.headers(), "text/event-stream")
 }
 
 /// Whether the `Content-Type` essence is `essence` (case-insensitive).
-pub fn content_type_is(headers: &HeaderMap, essence: &str) -> bool {
+pub(crate) fn content_type_is(headers: &HeaderMap, essence: &str) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -200,7 +195,11 @@ pub fn content_type_is(headers: &HeaderMap, essence: &str) -> bool {
 ///
 /// # Errors
 /// [`BodyError`] when it is too large, too slow or broken.
-pub async fn read_body(body: Incoming, limit: usize, within: Duration) -> Result<Bytes, BodyError> {
+pub(crate) async fn read_body(
+    body: Incoming,
+    limit: usize,
+    within: Duration,
+) -> Result<Bytes, BodyError> {
     let collect = Limited::new(body, limit).collect();
     match tokio::time::timeout(within, collect).await {
         Err(_) => Err(BodyError::Timeout(within)),
@@ -217,7 +216,7 @@ pub async fn read_body(body: Incoming, limit: usize, within: Duration) -> Result
 
 /// Decodes an SSE body into events (raw blocks: `id`, `event`, `data`, `retry`; comments
 /// dropped; an incomplete last block discarded).
-pub fn events<B>(body: B) -> impl futures::Stream<Item = Result<Sse, sse_stream::Error>>
+pub(crate) fn events<B>(body: B) -> impl futures::Stream<Item = Result<Sse, sse_stream::Error>>
 where
     B: hyper::body::Body,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -226,7 +225,7 @@ where
 }
 
 /// Whether an upstream status means the upstream no longer knows the session (spec S-05).
-pub fn session_gone(status: StatusCode) -> bool {
+pub(crate) fn session_gone(status: StatusCode) -> bool {
     status == StatusCode::NOT_FOUND
 }
 

@@ -11,9 +11,10 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 use super::Broker;
-use crate::admission::Admitted;
-use crate::headers::forwarded_request_headers;
-use crate::reply::{NotFound, Rejection, Reply};
+use crate::mcp::admission::Admitted;
+use crate::mcp::headers::forwarded_request_headers;
+use crate::mcp::rejection::{NotFound, Rejection};
+use crate::reply::Reply;
 use crate::session::EnterGuard;
 use crate::upstream::Exchange;
 

@@ -1,5 +1,5 @@
-//! GET within a session: resumes and the standalone stream (DESIGN.md §3.2; spec,
-//! T-09, T-10).
+//! GET within a session: resumes and the standalone stream
+//! (`docs/design/architecture.md#streams-and-the-replay-buffer`; spec, T-09, T-10).
 //!
 //! - With `Last-Event-ID`: the cursor must name a stream of this session. Events strictly after
 //!   it are replayed, then the stream continues live if it is still open. A malformed cursor,
@@ -18,13 +18,13 @@ use http::{HeaderValue, Method, StatusCode, header};
 
 use super::Broker;
 use super::rebuild::Sent;
-use crate::admission::Admitted;
-use crate::buffer::ReplayError;
-use crate::cursor::EventId;
-use crate::headers::forwarded_request_headers;
-use crate::metrics::ResumeLabels;
-use crate::reply::{NotFound, Rejection, Reply};
+use crate::mcp::admission::Admitted;
+use crate::mcp::cursor::EventId;
+use crate::mcp::headers::forwarded_request_headers;
+use crate::mcp::rejection::{NotFound, Rejection};
+use crate::reply::Reply;
 use crate::session::{EnterGuard, Session, Standalone};
+use crate::stream::buffer::ReplayError;
 use crate::stream::{Start, Stream, StreamKind};
 use crate::upstream::is_sse;
 
@@ -36,7 +36,8 @@ impl Broker {
     ) -> Result<Reply, Rejection> {
         let session = self.entered_session(call, entered.as_ref())?;
         let _busy = session.busy();
-        self.count_version(call.version.unwrap_or(session.version()));
+        self.metrics
+            .protocol_version(call.version.unwrap_or(session.version()));
         match &call.last_event_id {
             Some(_)
                 if self
@@ -61,13 +62,7 @@ impl Broker {
     fn resume(&self, session: &Session, cursor: &str) -> Result<Option<Reply>, Rejection> {
         let started = Instant::now();
         let miss = |reason: &'static str, rejection: Rejection| {
-            self.metrics
-                .resumes
-                .get_or_create(&ResumeLabels {
-                    result: "miss",
-                    reason,
-                })
-                .inc();
+            self.metrics.resume_miss(reason);
             rejection
         };
         let id =
@@ -93,20 +88,9 @@ impl Broker {
         } else {
             (stream, id.seq)
         };
-        self.metrics
-            .resumes
-            .get_or_create(&ResumeLabels {
-                result: "hit",
-                reason: "none",
-            })
-            .inc();
-        self.metrics
-            .replayed_events
-            .inc_by(stream.last_seq().saturating_sub(from));
         let reply = Reply::sse(self.feed(session, &stream, Start::After(from), true));
         self.metrics
-            .resume_seconds
-            .observe(started.elapsed().as_secs_f64());
+            .resume_hit(stream.last_seq().saturating_sub(from), started.elapsed());
         Ok(Some(reply.with_session_id(session.id())))
     }
 
@@ -153,7 +137,17 @@ impl Broker {
         if !self.ensure_upstream(session).await {
             return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
         }
-        let _opening = session.standalone_open.lock().await;
+        session
+            .open_standalone_once(self.open_standalone_now(request_headers, session))
+            .await
+    }
+
+    /// [`Broker::open_standalone`] inside [`Session::open_standalone_once`].
+    async fn open_standalone_now(
+        self: &Arc<Self>,
+        request_headers: &http::HeaderMap,
+        session: &Arc<Session>,
+    ) -> Result<Result<Arc<Stream>, Reply>, Rejection> {
         match session.standalone() {
             Standalone::Open(stream) => return Ok(Ok(stream)),
             Standalone::Unsupported(stored) => return Ok(Err(stored.into())),

@@ -1,12 +1,13 @@
 //! `initialize`: create the upstream session and mint the client's session id
-//! (DESIGN.md §3.1 step 3; spec S-01, S-02, I-01, I-02).
+//! (`docs/design/architecture.md#sessions`; spec S-01, S-02, I-01, I-02).
 //!
 //! The request is forwarded without any session header, even when the client sent a stale one
-//! (field report 15). The upstream's answer is read whole (it is one message, possibly preceded
-//! by log notifications), the negotiated version is checked against `spec.protocolVersions`, and
-//! the reply keeps the upstream's content type: JSON passes through unchanged, SSE is re-served
-//! from a stream buffer with the sidecar's event ids. The reply carries the sidecar-minted
-//! `Mcp-Session-Id`; the upstream's id never reaches the client.
+//! (`fr15_an_initialize_with_a_stale_session_id_starts_a_new_session`). The upstream's answer is
+//! read whole (it is one message, possibly preceded by log notifications), the negotiated version
+//! is checked against `spec.protocolVersions`, and the reply keeps the upstream's content type:
+//! JSON passes through unchanged, SSE is re-served from a stream buffer with the sidecar's event
+//! ids. The reply carries the sidecar-minted `Mcp-Session-Id`; the upstream's id never reaches the
+//! client.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,12 +20,13 @@ use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
 use super::Broker;
-use crate::admission::Admitted;
-use crate::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID, forwarded_request_headers};
-use crate::journal::Journal;
-use crate::jsonrpc::{RequestKey, response_id};
-use crate::reply::{Rejection, Reply, VersionMismatch};
+use crate::mcp::admission::Admitted;
+use crate::mcp::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID, forwarded_request_headers};
+use crate::mcp::jsonrpc::{RequestKey, response_id};
+use crate::mcp::rejection::{Rejection, VersionMismatch};
+use crate::reply::Reply;
 use crate::session::Session;
+use crate::session::journal::Journal;
 use crate::stream::{Start, StreamKind};
 use crate::upstream::{Exchange, events, is_sse};
 
@@ -106,8 +108,7 @@ impl Broker {
             self.abandon_upstream(upstream_id, &call.headers).await;
             return Err(Rejection::TooManySessions);
         }
-        self.metrics.sessions.inc();
-        self.metrics.sessions_created.inc();
+        self.metrics.session_created();
         tracing::info!(session = session.digest(), %version, "session created");
         if !sse {
             return Ok(Reply::from(stored).with_session_id(&id));
@@ -115,8 +116,9 @@ impl Broker {
         let stream = self.new_stream(&session, StreamKind::Post, Vec::new());
         let now = Instant::now();
         for (event, data) in messages {
-            stream.append(event, data, now);
-            self.metrics.events_buffered.inc();
+            let evicted = stream.append(event, data, now);
+            self.metrics.event_buffered();
+            self.metrics.evictions(&evicted);
         }
         stream.complete();
         session.register_stream(&stream);

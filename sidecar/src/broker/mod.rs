@@ -11,7 +11,7 @@
 //!
 //! Handlers return `Result<Reply, Rejection>`; [`Broker::handle`] counts and renders rejections.
 
-mod adopt;
+mod cancel;
 mod delete;
 mod get;
 mod initialize;
@@ -20,6 +20,8 @@ mod pump;
 mod rebuild;
 mod sweep;
 
+pub(crate) use cancel::CancelRelay;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,19 +29,19 @@ use bytes::Bytes;
 use http::Method;
 use tether_crds::ProtocolVersion;
 
-use crate::admission::Admitted;
-use crate::buffer::{BufferLimits, PodBudget};
-use crate::jsonrpc::RequestKey;
-use crate::metrics::{Metrics, Reason, RejectionLabels};
-use crate::reply::{NotFound, Rejection, Reply, StoredReply, VersionMismatch};
+use crate::mcp::admission::Admitted;
+use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::rejection::{NotFound, Rejection, VersionMismatch};
+use crate::metrics::Metrics;
+use crate::reply::Reply;
 use crate::secret::Secret;
 use crate::session::{EnterGuard, Registry, Session};
-
-pub use adopt::{AdoptError, CancelRelay};
+use crate::stream::StoredReply;
+use crate::stream::buffer::{BufferLimits, PodBudget};
 
 /// Where a genuine session id stands on this pod ([`Broker::locate`]).
 #[derive(Debug)]
-pub enum Here {
+pub(crate) enum Here {
     /// Held here.
     Held(Arc<Session>),
     /// Handed off from here to the peer with this UID.
@@ -47,42 +49,42 @@ pub enum Here {
     /// Not held here.
     Absent,
 }
-use crate::session_id::{HomeToken, IdMinter};
+use crate::mcp::session_id::{HomeToken, IdMinter};
 use crate::stream::{Feed, Start, Stream, StreamKind};
 use crate::upstream::{Exchange, Upstream, own_headers};
 
 /// Settings of the broker, from the endpoint spec and flags.
 #[derive(Clone, Debug)]
-pub struct BrokerConfig {
+pub(crate) struct BrokerConfig {
     /// `spec.protocolVersions`.
-    pub versions: Vec<ProtocolVersion>,
+    pub(crate) versions: Vec<ProtocolVersion>,
     /// `spec.buffer`.
-    pub buffer: BufferLimits,
+    pub(crate) buffer: BufferLimits,
     /// `spec.session.idleTimeout`.
-    pub idle_timeout: Duration,
-    /// When a reload ([`crate::reload`]) installed these settings (`None`: at start-up); no
+    pub(crate) idle_timeout: Duration,
+    /// When a reload ([`crate::config::reload`]) installed these settings (`None`: at start-up); no
     /// session expires before `idle_timeout` has passed since.
-    pub reloaded_at: Option<std::time::Instant>,
+    pub(crate) reloaded_at: Option<std::time::Instant>,
     /// Interval of `: keep-alive` comments on idle client streams.
-    pub keep_alive: Duration,
+    pub(crate) keep_alive: Duration,
     /// Largest complete upstream body read (JSON responses), in bytes.
-    pub max_upstream_body_bytes: usize,
+    pub(crate) max_upstream_body_bytes: usize,
     /// How long a complete upstream body may take to arrive.
-    pub upstream_body_timeout: Duration,
+    pub(crate) upstream_body_timeout: Duration,
     /// Wait before resuming an upstream stream that closed early without a `retry` hint.
-    pub upstream_retry: Duration,
+    pub(crate) upstream_retry: Duration,
     /// Consecutive failed upstream resumes before a stream is given up.
-    pub upstream_resume_attempts: u32,
+    pub(crate) upstream_resume_attempts: u32,
     /// `spec.session.migration`: whether a session whose upstream session was lost is rebuilt
     /// from its journal (`Replay`) or ended (`Pin`).
-    pub migration: tether_crds::Migration,
+    pub(crate) migration: tether_crds::Migration,
     /// Most resumes served per second (burst as many); `None`: no limit (`--resume-budget`).
-    pub resume_budget: Option<std::num::NonZeroU32>,
+    pub(crate) resume_budget: Option<std::num::NonZeroU32>,
 }
 
 /// The session broker of one pod.
 #[derive(Debug)]
-pub struct Broker {
+pub(crate) struct Broker {
     cfg: arc_swap::ArcSwap<BrokerConfig>,
     minter: IdMinter,
     secret: Secret,
@@ -91,7 +93,6 @@ pub struct Broker {
     budget: PodBudget,
     metrics: Arc<Metrics>,
     last_cap_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
-    draining: std::sync::atomic::AtomicBool,
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
     rebuild_slots: tokio::sync::Semaphore,
@@ -99,7 +100,7 @@ pub struct Broker {
 
 impl Broker {
     /// A broker with no session yet.
-    pub fn new(
+    pub(crate) fn new(
         cfg: BrokerConfig,
         minter: IdMinter,
         secret: Secret,
@@ -116,13 +117,12 @@ impl Broker {
             budget,
             metrics,
             last_cap_enforcement: parking_lot::Mutex::new(None),
-            draining: std::sync::atomic::AtomicBool::new(false),
             resume_budget: cfg
                 .resume_budget
                 .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),
             cfg: arc_swap::ArcSwap::from_pointee(cfg),
             cancel_relay: std::sync::OnceLock::new(),
-            rebuild_slots: tokio::sync::Semaphore::new(adopt::BACKGROUND_REBUILDS),
+            rebuild_slots: tokio::sync::Semaphore::new(rebuild::BACKGROUND_REBUILDS),
         })
     }
 
@@ -132,16 +132,16 @@ impl Broker {
         self.cfg.load()
     }
 
-    /// Replaces the settings (a reload of the endpoint file, [`crate::reload`]). Protocol
+    /// Replaces the settings (a reload of the endpoint file, [`crate::config::reload`]). Protocol
     /// versions and the idle timeout apply at once; buffer bounds apply to streams opened from
     /// now on (open streams keep theirs); the resume budget stays the one given at start.
-    pub fn reconfigure(&self, cfg: BrokerConfig) {
+    pub(crate) fn reconfigure(&self, cfg: BrokerConfig) {
         self.cfg.store(Arc::new(cfg));
     }
 
     /// Serves an admitted sessionful request with its complete body; `entered` is the session
     /// the request entered here ([`Session::enter`]), released once its stream is registered.
-    pub async fn handle(
+    pub(crate) async fn handle(
         self: &Arc<Self>,
         call: Admitted,
         body: Bytes,
@@ -154,66 +154,21 @@ impl Broker {
             _ => Err(Rejection::MethodNotAllowed),
         };
         result.unwrap_or_else(|rejection| {
-            self.count_rejection(&rejection);
+            self.metrics.rejection(&rejection);
             rejection.into()
         })
     }
 
-    /// The metrics the broker updates.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// The shared handle of the metrics (for the membership sink).
-    pub fn metrics_arc(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
-    /// The upstream client.
-    pub fn upstream(&self) -> &Upstream {
-        &self.upstream
-    }
-
     /// Sessions with a request in flight (being handled, or a POST waiting for its response).
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.registry.all().iter().filter(|s| s.in_flight()).count()
-    }
-
-    /// Marks the pod draining: `/readyz` fails from now on.
-    pub fn start_draining(&self) {
-        self.draining
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether the pod is draining.
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Counts a rejection in `tether_rejections_total` (and `tether_not_found_total`).
-    pub fn count_rejection(&self, rejection: &Rejection) {
-        self.metrics
-            .rejections
-            .get_or_create(&RejectionLabels {
-                status: rejection.status().as_u16(),
-                reason: rejection.reason(),
-            })
-            .inc();
-        if let Rejection::SessionNotFound(why) = rejection {
-            self.metrics
-                .not_found
-                .get_or_create(&Reason {
-                    reason: why.label(),
-                })
-                .inc();
-        }
     }
 
     /// Where session `id` lives: its home token and where it stands on this pod.
     ///
     /// # Errors
     /// [`NotFound::Forged`] for an id that fails the MAC (answered 404 at once, no hop).
-    pub fn locate(&self, id: &str) -> Result<(HomeToken, Here), NotFound> {
+    pub(crate) fn locate(&self, id: &str) -> Result<(HomeToken, Here), NotFound> {
         let home = self.minter.verify(id).map_err(|_| NotFound::Forged)?;
         let here = match self.registry.get(id) {
             Some(session) => Here::Held(session),
@@ -223,37 +178,67 @@ impl Broker {
     }
 
     /// Every session held here.
-    pub fn sessions(&self) -> Vec<Arc<Session>> {
+    pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
         self.registry.all()
     }
 
     /// Records that peer `to` acknowledged `session`: it leaves this pod's registry and its
     /// requests are sent there.
-    pub fn mark_moved(&self, session: &Arc<Session>, to: &str) {
+    pub(crate) fn mark_moved(&self, session: &Arc<Session>, to: &str) {
         self.registry.mark_moved(session, to);
-        self.metrics.sessions.dec();
-        self.metrics.handoffs_sent.inc();
+        self.metrics.session_handed_off();
     }
 
     /// Sessions handed off whose streams are still forwarded to their new holder.
-    pub fn departed(&self) -> Vec<Arc<Session>> {
+    pub(crate) fn departed(&self) -> Vec<Arc<Session>> {
         self.registry.all_departed()
     }
 
     /// How many handed-off sessions still have streams forwarded.
-    pub fn departed_count(&self) -> usize {
+    pub(crate) fn departed_count(&self) -> usize {
         self.registry.departed_count()
     }
 
     /// A handed-off session's streams are all forwarded: forget it and end its upstream session.
-    pub async fn release_departed(&self, session: &Session) {
+    pub(crate) async fn release_departed(&self, session: &Session) {
         self.registry.forget_departed(session.id());
         self.delete_upstream(session).await;
     }
 
     /// The buffer bounds of new streams.
-    pub fn buffer_limits(&self) -> BufferLimits {
+    pub(crate) fn buffer_limits(&self) -> BufferLimits {
         self.cfg().buffer
+    }
+
+    /// The pod's activity: woken whenever what it has in flight may have shrunk (see
+    /// [`Registry::activity`]).
+    pub(crate) fn activity(&self) -> &tokio::sync::Notify {
+        self.registry.activity()
+    }
+
+    /// The pod-wide byte budget every stream buffer counts against.
+    pub(crate) fn budget(&self) -> &PodBudget {
+        &self.budget
+    }
+
+    /// Whether `id` is a session id of this endpoint (its MAC verifies).
+    pub(crate) fn is_genuine(&self, id: &str) -> bool {
+        self.minter.verify(id).is_ok()
+    }
+
+    /// The keyed digest that stands for session id `id` in logs.
+    pub(crate) fn log_digest(&self, id: &str) -> String {
+        self.secret.log_digest(id)
+    }
+
+    /// The session with client id `id` held here.
+    pub(crate) fn held(&self, id: &str) -> Option<Arc<Session>> {
+        self.registry.get(id)
+    }
+
+    /// The session with client id `id` handed off from here whose streams are still forwarded.
+    pub(crate) fn departed_session(&self, id: &str) -> Option<Arc<Session>> {
+        self.registry.departed(id)
     }
 
     /// The session a client id names: 404 at once for a forged id (no lookup), or for a genuine
@@ -308,13 +293,7 @@ impl Broker {
             return;
         }
         session.end(&StoredReply::from(&Rejection::SessionNotFound(reason)));
-        self.metrics.sessions.dec();
-        self.metrics
-            .sessions_ended
-            .get_or_create(&Reason {
-                reason: reason.label(),
-            })
-            .inc();
+        self.metrics.session_ended(reason);
         tracing::info!(
             session = session.digest(),
             reason = reason.label(),
@@ -364,7 +343,7 @@ impl Broker {
 
     /// Ends, in the background, an upstream session opened by a request that must not have
     /// one (a 2026-07-28 request the upstream answered with `Mcp-Session-Id`, spec S-10).
-    pub fn abandon_upstream_session(self: &Arc<Self>, upstream_id: String) {
+    pub(crate) fn abandon_upstream_session(self: &Arc<Self>, upstream_id: String) {
         self.metrics.upstream_error("stateless_session_opened");
         let broker = Arc::clone(self);
         tokio::spawn(async move {

@@ -1,4 +1,5 @@
-//! POST within a session: requests, notifications and retries (DESIGN.md §3.1, §3.2).
+//! POST within a session: requests, notifications and retries
+//! (`docs/design/architecture.md#request-path`).
 //!
 //! - A body with requests gets a stream: the upstream call runs in its own task, and the client
 //!   is served from the stream's buffer (SSE) or gets the upstream's JSON answer unchanged.
@@ -20,12 +21,13 @@ use tether_crds::ProtocolVersion;
 
 use super::Broker;
 use super::rebuild::Sent;
-use crate::admission::Admitted;
-use crate::headers::forwarded_request_headers;
-use crate::jsonrpc::{Envelope, EnvelopeError, Message, RequestKey};
-use crate::metrics::VersionLabel;
-use crate::reply::{NotFound, Rejection, Reply, StoredReply};
+use crate::mcp::admission::Admitted;
+use crate::mcp::headers::forwarded_request_headers;
+use crate::mcp::jsonrpc::{Envelope, EnvelopeError, Message, RequestKey};
+use crate::mcp::rejection::{NotFound, Rejection};
+use crate::reply::Reply;
 use crate::session::{Dedupe, EnterGuard, Session};
+use crate::stream::StoredReply;
 use crate::stream::{Head, Start, Stream, StreamKind};
 
 impl Broker {
@@ -41,7 +43,8 @@ impl Broker {
         })?;
         if envelope.is_initialize() {
             let id = envelope.request_ids().remove(0);
-            self.count_version(call.version.unwrap_or(ProtocolVersion::V2025_03_26));
+            self.metrics
+                .protocol_version(call.version.unwrap_or(ProtocolVersion::V2025_03_26));
             let request = envelope.messages.into_iter().next().map(|(_, v)| v);
             return self.initialize(call, request.unwrap_or_default(), id).await;
         }
@@ -53,7 +56,8 @@ impl Broker {
         for (message, raw) in &envelope.messages {
             session.record(message, raw);
         }
-        self.count_version(call.version.unwrap_or(session.version()));
+        self.metrics
+            .protocol_version(call.version.unwrap_or(session.version()));
         // Batching follows the negotiated version, whatever the header claims (B-01/B-02).
         if envelope.batch && session.version() != ProtocolVersion::V2025_03_26 {
             return Err(Rejection::BatchNotAllowed);
@@ -76,7 +80,7 @@ impl Broker {
         match claimed {
             Dedupe::Conflict => Err(Rejection::RequestIdReused),
             Dedupe::Retry(existing) => {
-                self.metrics.requests_deduplicated.inc();
+                self.metrics.request_deduplicated();
                 self.serve_post(&session, &existing).await
             }
             Dedupe::New => {
@@ -226,14 +230,5 @@ impl Broker {
             }
         }
         while requests.join_next().await.is_some() {}
-    }
-
-    pub(super) fn count_version(&self, version: ProtocolVersion) {
-        self.metrics
-            .protocol_versions
-            .get_or_create(&VersionLabel {
-                version: version.as_str(),
-            })
-            .inc();
     }
 }

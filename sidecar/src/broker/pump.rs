@@ -19,10 +19,11 @@ use hyper::body::Incoming;
 
 use super::Broker;
 use super::rebuild::Sent;
-use crate::headers::MCP_PROTOCOL_VERSION;
-use crate::jsonrpc::RequestKey;
-use crate::reply::{NotFound, Rejection, StoredReply};
+use crate::mcp::headers::MCP_PROTOCOL_VERSION;
+use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::rejection::{NotFound, Rejection};
 use crate::session::Session;
+use crate::stream::StoredReply;
 use crate::stream::{Stream, StreamKind};
 use crate::upstream::{UpstreamError, events, is_sse, read_body};
 
@@ -38,9 +39,10 @@ struct UpstreamCursor {
 }
 
 impl UpstreamCursor {
-    /// Records the id of a message event; `false` when that message was seen before (sent again
-    /// on resume). Priming events are not recorded: rmcp gives the standalone stream's priming
-    /// event the id of the first message to come (rmcp issue #791).
+    /// Records the id of a message event; `false` when that message was seen before (sent again on
+    /// resume). Priming events are not recorded: rmcp gives the standalone stream's priming event
+    /// the id of the first message to come
+    /// (https://github.com/modelcontextprotocol/rust-sdk/issues/791).
     fn first_time(&mut self, id: &str) -> bool {
         if self.recent.iter().any(|r| r == id) {
             return false;
@@ -106,7 +108,9 @@ impl Broker {
             }
         };
         if resp.status() == StatusCode::OK && is_sse(&resp) {
-            stream.mark_sse(crate::headers::forwarded_response_headers(resp.headers()));
+            stream.mark_sse(crate::mcp::headers::forwarded_response_headers(
+                resp.headers(),
+            ));
             let origin = session.upstream_id();
             self.pump(&session, &stream, resp.into_body(), &ids, headers, origin)
                 .await;
@@ -174,7 +178,7 @@ impl Broker {
             };
             match resumed {
                 Resumed::Body(b) => {
-                    self.metrics.upstream_resumes.inc();
+                    self.metrics.upstream_resumed();
                     body = Some(b);
                 }
                 Resumed::Failed => {}
@@ -242,8 +246,8 @@ impl Broker {
                 Bytes::from(data),
                 Instant::now(),
             );
-            self.metrics.events_buffered.inc();
-            self.metrics.record_evictions(&appended.evictions);
+            self.metrics.event_buffered();
+            self.metrics.evictions(&appended);
             if self.budget.over() {
                 self.enforce_pod_cap_soon();
             }
@@ -323,7 +327,7 @@ impl Broker {
     /// Reports a failure before any answer: as the POST's reply (single request) or as error
     /// events (batch member).
     fn fail(&self, stream: &Stream, ids: &[RequestKey], rejection: Rejection) {
-        self.count_rejection(&rejection);
+        self.metrics.rejection(&rejection);
         if stream.kind() == StreamKind::Batch {
             self.fail_stream(stream, ids, rejection.reason());
         } else {
@@ -349,7 +353,7 @@ impl Broker {
         resp: http::Response<Incoming>,
     ) -> Result<StoredReply, Rejection> {
         let status = resp.status();
-        let headers = crate::headers::forwarded_response_headers(resp.headers());
+        let headers = crate::mcp::headers::forwarded_response_headers(resp.headers());
         let (max_bytes, timeout) = {
             let cfg = self.cfg();
             (cfg.max_upstream_body_bytes, cfg.upstream_body_timeout)

@@ -1,5 +1,5 @@
 //! Rebuilding a session whose upstream session was lost (the MCP server restarted), from the
-//! journal (`session.migration: Replay`, DESIGN.md §3.4 step 4).
+//! journal (`session.migration: Replay`, `docs/design/architecture.md#sessions`).
 //!
 //! When the upstream answers 404 for a session the sidecar still holds, the sidecar replays the
 //! journal on the upstream (`initialize`, `notifications/initialized`, the last
@@ -18,11 +18,14 @@ use tether_crds::Migration;
 
 use super::Broker;
 use super::initialize::{Messages, negotiated_version, sse_messages};
-use crate::headers::MCP_SESSION_ID;
-use crate::jsonrpc::RequestKey;
-use crate::reply::NotFound;
-use crate::session::Session;
-use crate::upstream::{Exchange, UpstreamError, is_sse, post_headers, session_gone};
+use crate::mcp::headers::MCP_SESSION_ID;
+use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::rejection::NotFound;
+use crate::session::{Session, TooManySessions};
+use crate::upstream::{Exchange, UpstreamError, is_sse, own_headers, post_headers, session_gone};
+
+/// Adopted sessions rebuilt in the background at the same time.
+pub(super) const BACKGROUND_REBUILDS: usize = 8;
 
 /// Why a rebuild failed.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +95,62 @@ impl Broker {
         }
     }
 
+    /// Registers a session handed over by a peer (`docs/design/handoff.md`) and starts
+    /// rebuilding its upstream session in the background, a few at a time (a drain hands over
+    /// hundreds of sessions at once); a request for the session rebuilds it at once if it comes
+    /// first. Returns whether the session was new (a repeated push of a session already held is
+    /// acknowledged again without change).
+    ///
+    /// # Errors
+    /// [`TooManySessions`] when the pod is full.
+    pub(crate) fn adopt_session(
+        self: &Arc<Self>,
+        session: Arc<Session>,
+    ) -> Result<bool, TooManySessions> {
+        if !self.registry.adopt(Arc::clone(&session))? {
+            return Ok(false);
+        }
+        self.metrics.session_adopted();
+        let broker = Arc::clone(self);
+        tokio::spawn(async move {
+            let _slot = broker.rebuild_slots.acquire().await;
+            broker.ensure_upstream(&session).await;
+        });
+        Ok(true)
+    }
+
+    /// Rebuilds the upstream session of an adopted session from its journal, once; returns
+    /// whether the session can be used (a failed rebuild ends it: later requests get 404).
+    pub(super) async fn ensure_upstream(self: &Arc<Self>, session: &Arc<Session>) -> bool {
+        if !session.needs_rebuild() {
+            return !session.is_ended();
+        }
+        session
+            .rebuild_once(async {
+                if !session.needs_rebuild() || session.is_ended() {
+                    return !session.is_ended();
+                }
+                if !self.rebuild_now(session).await {
+                    return false;
+                }
+                // A standalone stream open at the sender goes on there until its calls finish;
+                // this pod opens its own before any request of the session reaches the
+                // upstream, so server messages of calls made here are buffered for the
+                // client's next GET.
+                if session.take_reopen_standalone() {
+                    let headers = own_headers(session.version().as_str(), true);
+                    if let Err(e) = Arc::clone(self)
+                        .open_standalone_boxed(headers, Arc::clone(session))
+                        .await
+                    {
+                        tracing::debug!(session = session.digest(), error = ?e, "cannot open the standalone stream");
+                    }
+                }
+                true
+            })
+            .await
+    }
+
     /// Recovers `session` after the upstream said it does not know upstream session `lost`.
     /// Returns whether the session goes on (with a rebuilt upstream session); otherwise it has
     /// been ended and later requests get 404.
@@ -104,25 +163,28 @@ impl Broker {
             self.end_session(session, NotFound::UpstreamGone);
             return false;
         }
-        let _one_at_a_time = session.rebuilding.lock().await;
-        if session.is_ended() {
-            return false; // a rebuild failed meanwhile
-        }
-        if session.upstream_id().as_deref() != lost {
-            return true; // another request rebuilt it meanwhile
-        }
-        self.rebuild_now(session).await
+        session
+            .rebuild_once(async {
+                if session.is_ended() {
+                    return false; // a rebuild failed meanwhile
+                }
+                if session.upstream_id().as_deref() != lost {
+                    return true; // another request rebuilt it meanwhile
+                }
+                self.rebuild_now(session).await
+            })
+            .await
     }
 
-    /// Rebuilds `session`'s upstream session from its journal now (the caller holds
-    /// `session.rebuilding`); a failure ends the session (404 from then on). Returns whether it
-    /// goes on.
+    /// Rebuilds `session`'s upstream session from its journal now (the caller runs it in
+    /// [`Session::rebuild_once`]); a failure ends the session (404 from then on). Returns whether
+    /// it goes on.
     pub(super) async fn rebuild_now(self: &Arc<Self>, session: &Arc<Session>) -> bool {
         match self.rebuild(session).await {
             Ok(id) => {
                 session.set_upstream_id(id);
                 session.rebuilt();
-                self.metrics.sessions_rebuilt.inc();
+                self.metrics.session_rebuilt();
                 tracing::info!(
                     session = session.digest(),
                     "upstream session rebuilt from the journal"

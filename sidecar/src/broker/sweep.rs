@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Broker;
-use crate::reply::NotFound;
+use crate::mcp::rejection::NotFound;
 
 impl Broker {
     /// Evicts expired events, ends idle sessions (later requests get 404, reason `expired`;
     /// the upstream is told with DELETE) and refreshes the stream and buffer gauges.
-    pub fn sweep(self: &Arc<Self>, now: Instant) {
-        let (mut streams, mut events, mut bytes) = (0i64, 0i64, 0i64);
+    pub(crate) fn sweep(self: &Arc<Self>, now: Instant) {
+        let (mut streams, mut events, mut bytes) = (0usize, 0usize, 0u64);
         let cfg = self.cfg();
         // A reload that shortened the timeout gives every session the new timeout from the
         // reload on, so sessions do not all expire in the next sweep.
@@ -21,20 +21,18 @@ impl Broker {
         let expire = since_reload >= cfg.idle_timeout;
         for session in self.registry.all() {
             let evicted = session.evict_expired(now);
-            self.metrics.record_evictions(&evicted);
+            self.metrics.evictions(&evicted);
             if expire && session.is_idle(now, cfg.idle_timeout) {
                 self.end_session(&session, NotFound::Expired);
                 continue;
             }
             let (s, e, b) = session.buffered();
-            streams += s as i64;
-            events += e as i64;
-            bytes += i64::try_from(b).unwrap_or(i64::MAX);
+            streams += s;
+            events += e;
+            bytes += b;
         }
         self.enforce_pod_cap();
-        self.metrics.streams.set(streams);
-        self.metrics.buffer_events.set(events);
-        self.metrics.buffer_bytes.set(bytes);
+        self.metrics.buffered(streams, events, bytes);
     }
 
     /// [`Broker::enforce_pod_cap`] from the data path, at most every 50 ms.
@@ -54,7 +52,7 @@ impl Broker {
     /// Keeps the pod under its buffer byte cap: when over, the buffers of complete streams that
     /// nobody reads are emptied, oldest first (they become tombstones; a later resume into them
     /// gets `cursor_evicted`). Live streams only evict their own oldest events as they grow.
-    pub fn enforce_pod_cap(&self) {
+    pub(crate) fn enforce_pod_cap(&self) {
         if !self.budget.over() {
             return;
         }
@@ -74,7 +72,7 @@ impl Broker {
             }
             evicted += stream.evict_if_idle();
         }
-        self.metrics.record_evictions(&crate::buffer::Evictions {
+        self.metrics.evictions(&crate::stream::buffer::Evictions {
             pod_cap: evicted,
             ..Default::default()
         });

@@ -17,17 +17,17 @@ use sha2::{Digest, Sha256};
 use crate::secret::{DOMAIN_PEER, Secret};
 
 /// The sender's pod UID.
-pub const TETHER_PEER: HeaderName = HeaderName::from_static("tether-peer");
+pub(crate) const TETHER_PEER: HeaderName = HeaderName::from_static("tether-peer");
 /// Unix time of the message, in milliseconds.
-pub const TETHER_PEER_TIME: HeaderName = HeaderName::from_static("tether-peer-time");
+pub(crate) const TETHER_PEER_TIME: HeaderName = HeaderName::from_static("tether-peer-time");
 /// The message MAC.
-pub const TETHER_PEER_MAC: HeaderName = HeaderName::from_static("tether-peer-mac");
+pub(crate) const TETHER_PEER_MAC: HeaderName = HeaderName::from_static("tether-peer-mac");
 /// Largest accepted distance between the message time and the receiver's clock.
-pub const MAX_SKEW: Duration = Duration::from_secs(60);
+pub(crate) const MAX_SKEW: Duration = Duration::from_secs(60);
 
 /// Why a message was refused (answered 401).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AuthError {
+pub(crate) enum AuthError {
     /// A header is missing or malformed.
     #[error("missing or malformed {0} header")]
     Header(&'static str),
@@ -52,7 +52,12 @@ fn message(path: &str, uid: &str, time: u64, body: &[u8]) -> Vec<u8> {
 }
 
 /// The three authentication headers of a message from pod `uid` to `path` with `body`.
-pub fn sign(secret: &Secret, path: &str, uid: &str, body: &[u8]) -> [(HeaderName, HeaderValue); 3] {
+pub(crate) fn sign(
+    secret: &Secret,
+    path: &str,
+    uid: &str,
+    body: &[u8],
+) -> [(HeaderName, HeaderValue); 3] {
     let time = now_ms();
     let mac = URL_SAFE_NO_PAD.encode(secret.mac(DOMAIN_PEER, &message(path, uid, time, body)));
     let value =
@@ -70,7 +75,7 @@ pub fn sign(secret: &Secret, path: &str, uid: &str, body: &[u8]) -> [(HeaderName
 /// # Errors
 /// [`AuthError`] when a header is missing, the time is off by more than [`MAX_SKEW`], or the
 /// MAC does not verify.
-pub fn verify(
+pub(crate) fn verify(
     secret: &Secret,
     path: &str,
     headers: &HeaderMap,

@@ -14,15 +14,15 @@ use crate::secret::Secret;
 use crate::upstream::http_client;
 
 /// How long connecting to a peer may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a peer may take to answer one message.
-pub const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest error body kept for logs, in bytes.
 const ERROR_BODY: usize = 512;
 
 /// Why a message was not acknowledged.
 #[derive(Debug, thiserror::Error)]
-pub enum SendError {
+pub(crate) enum SendError {
     /// No connection, a timeout or a broken exchange: worth retrying.
     #[error("peer unreachable: {0}")]
     Unreachable(String),
@@ -38,7 +38,7 @@ pub enum SendError {
 
 impl SendError {
     /// Whether trying the same peer again may help (unreachable, or busy: 429/503).
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         match self {
             Self::Unreachable(_) => true,
             Self::Refused { status, .. } => {
@@ -49,7 +49,7 @@ impl SendError {
     }
 
     /// Metric label.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Self::Unreachable(_) => "unreachable",
             Self::Refused { .. } => "refused",
@@ -59,7 +59,7 @@ impl SendError {
 
 /// A client of peers' listeners, signing as pod `uid`.
 #[derive(Clone, Debug)]
-pub struct PeerClient {
+pub(crate) struct PeerClient {
     http: Client<HttpConnector, Full<Bytes>>,
     secret: Secret,
     uid: String,
@@ -67,21 +67,21 @@ pub struct PeerClient {
 
 impl PeerClient {
     /// A client signing with `secret` as pod `uid`.
-    pub fn new(secret: Secret, uid: String) -> Self {
+    pub(crate) fn new(secret: Secret, uid: String) -> Self {
         let http = http_client(CONNECT_TIMEOUT, Duration::from_secs(20));
         Self { http, secret, uid }
-    }
-
-    /// The UID messages are signed as.
-    pub fn uid(&self) -> &str {
-        &self.uid
     }
 
     /// POSTs `body` (JSON) to `path` on the peer listener at `addr`; `Ok` on 2xx.
     ///
     /// # Errors
     /// [`SendError`].
-    pub async fn post(&self, addr: SocketAddr, path: &str, body: Bytes) -> Result<(), SendError> {
+    pub(crate) async fn post(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        body: Bytes,
+    ) -> Result<(), SendError> {
         let mut req = Request::builder()
             .method(Method::POST)
             .uri(format!("http://{addr}{path}"))

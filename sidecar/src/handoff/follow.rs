@@ -1,6 +1,6 @@
-//! Forwarding the tail of a handed-off session (DESIGN.md §3.4 step 3): every event its
-//! still-running requests produce here, and the end of each stream, is sent to the new holder
-//! (`POST /v1/tail`) as soon as it happens, until every stream is complete and sent.
+//! Forwarding the tail of a handed-off session (`docs/design/handoff.md#moving-one-session`, step
+//! 5): every event its still-running requests produce here, and the end of each stream, is sent to
+//! the new holder (`POST /v1/tail`) as soon as it happens, until every stream is complete and sent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+use super::image;
 use super::listener::TAIL_PATH;
 use super::wire::TailPush;
 use super::{BACKOFF, Handoff, MESSAGE_OVERHEAD};
-use crate::cursor::StreamKey;
-use crate::membership::Peer;
+use crate::cluster::membership::Peer;
+use crate::mcp::cursor::StreamKey;
 use crate::session::{Session, Standalone};
 use crate::stream::{Stream, StreamKind};
 
@@ -46,14 +47,14 @@ pub(super) async fn follow(
     let mut sent: HashMap<StreamKey, Sent> = HashMap::new();
     for stream in session.streams() {
         if let Some(&position) = positions.get(stream.key()) {
-            let (image, _) = stream.image(position, 0);
+            let (snapshot, _) = stream.snapshot(position, 0);
             sent.insert(
                 stream.key().clone(),
                 Sent {
                     position,
-                    pending: image.pending.len(),
-                    head: image.sse.is_some() || image.stored.is_some(),
-                    done: image.complete && position >= image.last_seq,
+                    pending: snapshot.pending.len(),
+                    head: snapshot.sse.is_some() || snapshot.stored.is_some(),
+                    done: snapshot.complete && position >= snapshot.last_seq,
                 },
             );
         }
@@ -76,14 +77,10 @@ pub(super) async fn follow(
             };
             if !send(handoff, addr, Bytes::from(body)).await {
                 tracing::warn!(session = session.digest(), peer = %target.name, "tail forwarding stopped");
-                handoff.broker.metrics().handoff_failed("tail");
+                handoff.metrics.handoff_failed("tail");
                 return;
             }
-            handoff
-                .broker
-                .metrics()
-                .tail_events_forwarded
-                .inc_by(events as u64);
+            handoff.metrics.tail_events_forwarded(events as u64);
             sent.extend(next);
         }
         if more {
@@ -139,24 +136,24 @@ fn delta(
             more = true;
             break;
         }
-        let (image, position) = stream.image(before.position, left);
+        let (snapshot, position) = stream.snapshot(before.position, left);
         let now = Sent {
             position,
-            pending: image.pending.len(),
-            head: image.sse.is_some() || image.stored.is_some(),
-            done: image.complete,
+            pending: snapshot.pending.len(),
+            head: snapshot.sse.is_some() || snapshot.stored.is_some(),
+            done: snapshot.complete,
         };
-        if now == before && image.events.is_empty() && sent.contains_key(stream.key()) {
+        if now == before && snapshot.events.is_empty() && sent.contains_key(stream.key()) {
             continue;
         }
-        let size: usize = image.events.iter().map(|e| e.data.len()).sum();
+        let size: usize = snapshot.events.iter().map(|e| e.data.len()).sum();
         left = left.saturating_sub(size.max(1));
         more |= position < stream.last_seq();
         if !sent.contains_key(stream.key()) {
             new_keys.push(stream.key().clone());
         }
         next.push((stream.key().clone(), now));
-        streams.push(image);
+        streams.push(image::stream_image(&snapshot));
     }
     let push = TailPush {
         from: handoff.router.uid().to_owned(),
@@ -164,7 +161,7 @@ fn delta(
         requests: if new_keys.is_empty() {
             Vec::new()
         } else {
-            session.requests_of(&new_keys)
+            image::request_images(&session.records_of(&new_keys))
         },
         streams,
     };

@@ -22,21 +22,23 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use tokio::sync::Semaphore;
 
+use super::adopt::{self, AdoptError};
 use super::auth;
 use super::wire::{CancelPush, SessionPush, TailPush};
-use crate::broker::{AdoptError, Broker};
+use crate::broker::Broker;
+use crate::lifecycle::Lifecycle;
 use crate::secret::Secret;
 
 /// Path of session pushes.
-pub const SESSIONS_PATH: &str = "/v1/sessions";
+pub(crate) const SESSIONS_PATH: &str = "/v1/sessions";
 /// Path of tail messages.
-pub const TAIL_PATH: &str = "/v1/tail";
+pub(crate) const TAIL_PATH: &str = "/v1/tail";
 /// Path of relayed cancellations.
-pub const CANCEL_PATH: &str = "/v1/cancel";
+pub(crate) const CANCEL_PATH: &str = "/v1/cancel";
 /// Messages handled at the same time; more wait.
-pub const MAX_CONCURRENT: usize = 64;
+pub(crate) const MAX_CONCURRENT: usize = 64;
 /// How long a message waits for a slot before 503.
-pub const QUEUE_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const QUEUE_WAIT: Duration = Duration::from_secs(5);
 /// How long a message body may take to arrive.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -44,19 +46,26 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 type Refusal = (StatusCode, &'static str, String);
 
 /// The peer HTTP application.
-pub struct PeerListener {
+pub(crate) struct PeerListener {
     broker: Arc<Broker>,
+    lifecycle: Arc<Lifecycle>,
     secret: Secret,
     max_message_bytes: usize,
     slots: Arc<Semaphore>,
 }
 
 impl PeerListener {
-    /// A listener adopting into `broker`, checking MACs with `secret`, refusing bodies over
-    /// `max_message_bytes`.
-    pub fn new(broker: Arc<Broker>, secret: Secret, max_message_bytes: usize) -> Self {
+    /// A listener adopting into `broker` (unless `lifecycle` says this pod drains), checking
+    /// MACs with `secret`, refusing bodies over `max_message_bytes`.
+    pub(crate) fn new(
+        broker: Arc<Broker>,
+        lifecycle: Arc<Lifecycle>,
+        secret: Secret,
+        max_message_bytes: usize,
+    ) -> Self {
         Self {
             broker,
+            lifecycle,
             secret,
             max_message_bytes,
             slots: Arc::new(Semaphore::new(MAX_CONCURRENT)),
@@ -132,14 +141,16 @@ impl PeerListener {
             Ok(push) => push,
             Err(refusal) => return refuse(refusal),
         };
-        match self.broker.cancel_here(&push).await {
+        match adopt::cancel_here(&self.broker, &push).await {
             Ok(()) => ok(),
             Err(e) => adopt_error(&e),
         }
     }
 
     fn adopt(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        match parse::<SessionPush>(from, body).map(|push| self.broker.adopt(&push)) {
+        match parse::<SessionPush>(from, body)
+            .map(|push| adopt::adopt(&self.broker, &self.lifecycle, &push))
+        {
             Ok(Ok(())) => ok(),
             Ok(Err(e)) => adopt_error(&e),
             Err(refusal) => refuse(refusal),
@@ -147,7 +158,7 @@ impl PeerListener {
     }
 
     fn tail(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        match parse::<TailPush>(from, body).map(|tail| self.broker.apply_tail(&tail)) {
+        match parse::<TailPush>(from, body).map(|tail| adopt::apply_tail(&self.broker, &tail)) {
             Ok(Ok(_)) => ok(),
             Ok(Err(e)) => adopt_error(&e),
             Err(refusal) => refuse(refusal),

@@ -1,4 +1,4 @@
-//! Session handoff between sidecars (DESIGN.md §3.4, `docs/design/handoff.md`).
+//! Session handoff between sidecars (`docs/design/handoff.md`).
 //!
 //! A session leaves this pod when the pod drains (steps 1–2) or when it was adopted here and
 //! `owner(S)` is now another routable pod (step 5, "adopted sessions follow the owner"). Moving
@@ -23,11 +23,13 @@
 //! With `migration: Pin` or `--handoff false` nothing moves: sessions stay until the drain
 //! deadline. [`Handoff::cut`] ends requests still running at the deadline with a JSON-RPC error.
 
-pub mod auth;
-pub mod client;
+pub(crate) mod adopt;
+pub(crate) mod auth;
+pub(crate) mod client;
 mod follow;
-pub mod listener;
-pub mod wire;
+mod image;
+pub(crate) mod listener;
+pub(crate) mod wire;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -40,36 +42,38 @@ use tokio::sync::Semaphore;
 use serde_json::Value;
 
 use crate::broker::{Broker, CancelRelay, Here};
-use crate::jsonrpc::RequestKey;
-use crate::membership::{Peer, PeerState};
-use crate::peer_health::Down;
-use crate::routing::Router;
+use crate::cluster::membership::{Peer, PeerState};
+use crate::cluster::peer_health::Down;
+use crate::cluster::routing::Router;
+use crate::lifecycle::Lifecycle;
+use crate::mcp::jsonrpc::RequestKey;
+use crate::metrics::Metrics;
 use crate::session::Session;
 use client::{PeerClient, SendError};
 use wire::{CancelPush, SessionPush};
 
 /// Sessions pushed at the same time.
-pub const MAX_PARALLEL_MOVES: usize = 8;
+pub(crate) const MAX_PARALLEL_MOVES: usize = 8;
 /// Candidates tried for one session (the owner, then the next routable pods of `ranked(S)`).
-pub const MAX_CANDIDATES: usize = 3;
+pub(crate) const MAX_CANDIDATES: usize = 3;
 /// Waits between attempts at one candidate.
-pub const BACKOFF: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(250)];
+pub(crate) const BACKOFF: [Duration; 2] = [Duration::from_millis(50), Duration::from_millis(250)];
 /// How long a move waits for requests admitted before it to register their streams.
-pub const ENTERING_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const ENTERING_WAIT: Duration = Duration::from_secs(2);
 /// The range of the `retry:` hint given to clients whose stream closes because their session
 /// moved (each stream draws its own, so the clients of a draining pod do not all reconnect in
 /// the same millisecond).
-pub const MOVED_RETRY_HINT: std::ops::Range<u64> = 100..500;
-/// Most sessions one rebalancing round (DESIGN.md §3.4 step 5, every second) moves: following
-/// the owner is never urgent, so it is paced and does not pile onto the work of a drain that
-/// starts when the same pod joins.
-pub const REBALANCE_PER_ROUND: usize = 32;
+pub(crate) const MOVED_RETRY_HINT: std::ops::Range<u64> = 100..500;
+/// Most sessions one rebalancing round (`docs/design/handoff.md#adopted-sessions-follow-the-owner`,
+/// every second) moves: following the owner is never urgent, so it is paced and does not pile onto
+/// the work of a drain that starts when the same pod joins.
+pub(crate) const REBALANCE_PER_ROUND: usize = 32;
 /// Room kept in a message for everything but event data, in bytes.
 const MESSAGE_OVERHEAD: usize = 256 * 1024;
 
 /// Why a session did not move.
 #[derive(Debug, thiserror::Error)]
-pub enum MoveError {
+pub(crate) enum MoveError {
     /// A move of this session is already under way or done.
     #[error("the session is already being moved")]
     Busy,
@@ -122,9 +126,11 @@ impl CancelRelay for Relay {
 }
 
 /// The handoff machinery of one pod.
-pub struct Handoff {
+pub(crate) struct Handoff {
     broker: Arc<Broker>,
     router: Router,
+    lifecycle: Arc<Lifecycle>,
+    metrics: Arc<Metrics>,
     client: PeerClient,
     peer_port: u16,
     max_message_bytes: usize,
@@ -136,9 +142,11 @@ impl Handoff {
     /// The handoff of `broker`'s pod: targets from `router`'s membership, messages to peers'
     /// listeners on `peer_port` of at most `max_message_bytes`; `enabled` false never moves a
     /// session (`--handoff false`, `migration: Pin`) but still adopts.
-    pub fn new(
+    pub(crate) fn new(
         broker: Arc<Broker>,
         router: Router,
+        lifecycle: Arc<Lifecycle>,
+        metrics: Arc<Metrics>,
         peer_port: u16,
         max_message_bytes: usize,
         enabled: bool,
@@ -147,6 +155,8 @@ impl Handoff {
         Arc::new(Self {
             broker,
             router,
+            lifecycle,
+            metrics,
             client,
             peer_port,
             max_message_bytes,
@@ -157,13 +167,13 @@ impl Handoff {
 
     /// Installs this handoff as `broker`'s relay of cancellations for requests still running on
     /// the pod a session came from (`POST /v1/cancel`).
-    pub fn relay_cancellations(self: &Arc<Self>) {
+    pub(crate) fn relay_cancellations(self: &Arc<Self>) {
         self.broker
             .set_cancel_relay(Arc::new(Relay(Arc::downgrade(self))));
     }
 
     /// Whether sessions are moved at all.
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.enabled
     }
 
@@ -197,13 +207,13 @@ impl Handoff {
     ///
     /// # Errors
     /// [`MoveError`]; the session then stays here, served as before.
-    pub async fn move_session(
+    pub(crate) async fn move_session(
         self: &Arc<Self>,
         session: Arc<Session>,
     ) -> Result<String, MoveError> {
         let candidates = self.candidates(session.id());
         if candidates.is_empty() {
-            self.broker.metrics().handoff_failed("no_target");
+            self.metrics.handoff_failed("no_target");
             return Err(MoveError::NoTarget);
         }
         let _slot = self.moves.acquire().await;
@@ -211,18 +221,15 @@ impl Handoff {
             return Err(MoveError::Busy);
         }
         let started = Instant::now();
-        let entered_by = started + ENTERING_WAIT;
-        while session.entering() > 0 && Instant::now() < entered_by {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        session.all_entered(ENTERING_WAIT).await;
         let budget = self
             .max_message_bytes
             .saturating_sub(MESSAGE_OVERHEAD)
             .max(1);
-        let (image, positions) = session.image(budget);
+        let (snapshot, positions) = session.snapshot(budget);
         let push = SessionPush {
             from: self.router.uid().to_owned(),
-            session: image,
+            session: image::session_image(&snapshot),
         };
         let body = match serde_json::to_vec(&push) {
             Ok(body) => Bytes::from(body),
@@ -240,7 +247,7 @@ impl Handoff {
                 }
                 Err(e) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, error = %e, "handoff to peer failed");
-                    self.broker.metrics().handoff_failed(e.label());
+                    self.metrics.handoff_failed(e.label());
                     last = Some(e);
                 }
             }
@@ -282,15 +289,12 @@ impl Handoff {
         self: &Arc<Self>,
         session: &Arc<Session>,
         target: &Peer,
-        positions: HashMap<crate::cursor::StreamKey, u64>,
+        positions: HashMap<crate::mcp::cursor::StreamKey, u64>,
         started: Instant,
     ) {
         session.finish_move(Some(target.uid.clone()));
         self.broker.mark_moved(session, &target.uid);
-        self.broker
-            .metrics()
-            .handoff_seconds
-            .observe(started.elapsed().as_secs_f64());
+        self.metrics.handoff_took(started.elapsed());
         tracing::info!(session = session.digest(), to = %target.name, "session handed off");
         if session.primes() {
             for stream in session.streams() {
@@ -309,7 +313,7 @@ impl Handoff {
 
     /// Moves every session held here, in parallel (bounded), until none is left, none can move,
     /// or `deadline`. Returns how many moved and how many could not.
-    pub async fn move_all(self: &Arc<Self>, deadline: Instant) -> (usize, usize) {
+    pub(crate) async fn move_all(self: &Arc<Self>, deadline: Instant) -> (usize, usize) {
         let (mut moved, mut failed) = (0, 0);
         if !self.enabled {
             return (moved, failed);
@@ -344,13 +348,13 @@ impl Handoff {
     }
 
     /// Sessions handed off whose streams are still being forwarded.
-    pub fn following(&self) -> usize {
+    pub(crate) fn following(&self) -> usize {
         self.broker.departed_count()
     }
 
     /// Ends every request still running here (held or handed-off sessions) with a JSON-RPC
     /// error (`data.reason` = `drain_deadline`); returns how many.
-    pub fn cut(&self) -> u64 {
+    pub(crate) fn cut(&self) -> u64 {
         let mut cut = 0;
         for session in self
             .broker
@@ -371,22 +375,24 @@ impl Handoff {
                 cut += pending.len() as u64;
             }
         }
-        self.broker.metrics().requests_cut.inc_by(cut);
+        self.metrics.requests_cut(cut);
         cut
     }
 
-    /// DESIGN.md §3.4 step 5: sessions adopted here whose home is gone move to `owner(S)` when
-    /// that is another routable pod, at most [`REBALANCE_PER_ROUND`] per call (the rest in the
-    /// next rounds). Also ends followed streams whose writer died.
-    pub async fn rebalance(self: &Arc<Self>) {
+    /// Adopted sessions follow the owner
+    /// (`docs/design/handoff.md#adopted-sessions-follow-the-owner`): sessions adopted here whose
+    /// home is gone move to `owner(S)` when that is another routable pod, at most
+    /// [`REBALANCE_PER_ROUND`] per call (the rest in the next rounds). Also ends followed streams
+    /// whose writer died.
+    pub(crate) async fn rebalance(self: &Arc<Self>) {
         let view = self.router.view();
         let now = Instant::now();
         let alive = |uid: &str| {
             view.peer(uid).is_some_and(|p| p.state.is_alive())
                 && self.router.health().down(uid, now) != Some(Down::Refused)
         };
-        self.broker.abandon_orphans(&alive);
-        if !self.enabled || self.broker.is_draining() {
+        adopt::abandon_orphans(&self.broker, &alive);
+        if !self.enabled || self.lifecycle.is_draining() {
             return;
         }
         let mut tasks = Vec::new();

@@ -7,63 +7,73 @@
 //! decode). Unknown fields are refused, so a peer speaking a different version fails loudly
 //! instead of half-applying a message.
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use crate::reply::StoredReply;
-
-use crate::cursor::StreamKey;
-use crate::journal::Journal;
-use crate::jsonrpc::RequestKey;
-
-/// The protocol version this sidecar speaks (the `/v1/` of every path).
-pub const VERSION: u32 = 1;
+use crate::mcp::cursor::StreamKey;
+use crate::mcp::jsonrpc::RequestKey;
 
 /// `POST /v1/sessions`: a session handed to the receiver, which answers 200 once it holds it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct SessionPush {
+pub(crate) struct SessionPush {
     /// UID of the sending pod (the holder until the receiver acknowledges).
-    pub from: String,
+    pub(crate) from: String,
     /// The session.
-    pub session: SessionImage,
+    pub(crate) session: SessionImage,
 }
 
-/// Everything a pod needs to serve a session it did not create (DESIGN.md §3.4 step 2).
+/// Everything a pod needs to serve a session it did not create
+/// (`docs/design/handoff.md#post-v1sessions`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct SessionImage {
+pub(crate) struct SessionImage {
     /// The client session id (MAC-checked by the receiver).
-    pub id: String,
+    pub(crate) id: String,
     /// The negotiated protocol version, e.g. `2025-11-25`.
-    pub version: String,
+    pub(crate) version: String,
     /// The journal the receiver rebuilds the upstream session from (`migration: Replay`).
-    pub journal: Journal,
+    pub(crate) journal: JournalImage,
     /// Retry records: request id → body digest and the stream carrying its response.
-    pub requests: Vec<RequestImage>,
+    pub(crate) requests: Vec<RequestImage>,
     /// Every stream the session keeps (live ones, completed ones and tombstones).
-    pub streams: Vec<StreamImage>,
+    pub(crate) streams: Vec<StreamImage>,
     /// The upstream's answer to a standalone `GET` when it offers none (replayed to clients).
-    pub standalone_unsupported: Option<ReplyImage>,
+    pub(crate) standalone_unsupported: Option<ReplyImage>,
 }
 
-/// One retry record (DESIGN.md §3.2, idempotent retries).
+/// The session journal: what rebuilds the upstream session on the receiver.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RequestImage {
+pub(crate) struct JournalImage {
+    /// The `initialize` request as sent upstream.
+    pub(crate) initialize: Value,
+    /// Whether `notifications/initialized` was sent.
+    pub(crate) initialized: bool,
+    /// The params of the last `logging/setLevel`.
+    pub(crate) log_level: Option<Value>,
+    /// The params of each `resources/subscribe` in force, by URI.
+    pub(crate) subscriptions: BTreeMap<String, Value>,
+}
+
+/// One retry record (`docs/design/architecture.md#vocabulary`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RequestImage {
     /// The JSON-RPC request id.
-    pub id: RequestKey,
+    pub(crate) id: RequestKey,
     /// Hex SHA-256 of the POST body that carried it.
-    pub digest: String,
+    pub(crate) digest: String,
     /// The stream carrying its response.
-    pub stream: StreamKey,
+    pub(crate) stream: StreamKey,
 }
 
 /// What a stream carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub enum KindImage {
+pub(crate) enum KindImage {
     /// The response stream of a POST with one request.
     Post,
     /// The response stream of a 2025-03-26 batch.
@@ -75,122 +85,79 @@ pub enum KindImage {
 /// One stream: its state and (some of) its buffered events.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct StreamImage {
+pub(crate) struct StreamImage {
     /// The stream key (the first part of its event ids).
-    pub key: StreamKey,
+    pub(crate) key: StreamKey,
     /// What it carries.
-    pub kind: KindImage,
+    pub(crate) kind: KindImage,
     /// Requests still waiting for their response.
-    pub pending: Vec<RequestKey>,
+    pub(crate) pending: Vec<RequestKey>,
     /// No more events will come, and every event is in this message or was sent before.
-    pub complete: bool,
+    pub(crate) complete: bool,
     /// The upstream's non-SSE answer to the POST, when it gave one.
-    pub stored: Option<ReplyImage>,
+    pub(crate) stored: Option<ReplyImage>,
     /// The end-to-end headers of the upstream's SSE answer, when it gave one.
-    pub sse: Option<Vec<(String, String)>>,
+    pub(crate) sse: Option<Vec<(String, String)>>,
     /// Sequence of the newest event or reserved (priming) number at the sender.
-    pub last_seq: u64,
+    pub(crate) last_seq: u64,
     /// Events at or below this sequence were evicted at the sender.
-    pub evicted_through: u64,
+    pub(crate) evicted_through: u64,
     /// Buffered events after the receiver's position, oldest first.
-    pub events: Vec<EventImage>,
+    pub(crate) events: Vec<EventImage>,
 }
 
 /// One buffered SSE event.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct EventImage {
+pub(crate) struct EventImage {
     /// Sequence number on its stream (the event id is `<key>-<seq>`).
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// The SSE `event:` field, if any.
-    pub event: Option<String>,
+    pub(crate) event: Option<String>,
     /// The SSE `data:` payload (a JSON-RPC message).
-    pub data: String,
+    pub(crate) data: String,
 }
 
 /// An upstream's non-SSE answer (status, replayable headers, body as text).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ReplyImage {
+pub(crate) struct ReplyImage {
     /// HTTP status.
-    pub status: u16,
+    pub(crate) status: u16,
     /// Replayable end-to-end headers.
-    pub headers: Vec<(String, String)>,
+    pub(crate) headers: Vec<(String, String)>,
     /// Body (JSON text or empty).
-    pub body: String,
+    pub(crate) body: String,
 }
 
 /// `POST /v1/tail`: what happened on streams of a handed-off session since the last message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct TailPush {
+pub(crate) struct TailPush {
     /// UID of the sending pod.
-    pub from: String,
+    pub(crate) from: String,
     /// The client session id.
-    pub session: String,
+    pub(crate) session: String,
     /// Streams with new events or a new state; a stream the receiver does not know yet is
     /// created from its image.
-    pub streams: Vec<StreamImage>,
+    pub(crate) streams: Vec<StreamImage>,
     /// Retry records of streams the receiver does not know yet.
-    pub requests: Vec<RequestImage>,
+    pub(crate) requests: Vec<RequestImage>,
 }
 
 /// `POST /v1/cancel`: a client cancelled (spec L-02) a request that still runs at the pod that
 /// handed the session off; that pod sends the notification to its upstream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct CancelPush {
+pub(crate) struct CancelPush {
     /// UID of the sending pod (the new holder).
-    pub from: String,
+    pub(crate) from: String,
     /// The client session id.
-    pub session: String,
+    pub(crate) session: String,
     /// The cancelled request.
-    pub request: RequestKey,
+    pub(crate) request: RequestKey,
     /// The client's `notifications/cancelled` message.
-    pub notification: serde_json::Value,
-}
-
-impl From<&StoredReply> for ReplyImage {
-    fn from(r: &StoredReply) -> Self {
-        Self {
-            status: r.status.as_u16(),
-            headers: headers_to(&r.headers),
-            body: String::from_utf8_lossy(&r.body).into_owned(),
-        }
-    }
-}
-
-impl ReplyImage {
-    /// The stored reply this image describes.
-    ///
-    /// # Errors
-    /// When the status is not a valid HTTP status.
-    pub fn to_reply(&self) -> Result<StoredReply, http::status::InvalidStatusCode> {
-        Ok(StoredReply {
-            status: StatusCode::from_u16(self.status)?,
-            headers: headers_from(&self.headers),
-            body: Bytes::from(self.body.clone()),
-        })
-    }
-}
-
-/// Headers as `(name, value)` text pairs (values that are not visible ASCII are left out).
-pub fn headers_to(headers: &HeaderMap) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
-        .collect()
-}
-
-/// Headers from `(name, value)` text pairs (invalid pairs are left out).
-pub fn headers_from(pairs: &[(String, String)]) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    for (n, v) in pairs {
-        if let (Ok(n), Ok(v)) = (HeaderName::try_from(n.as_str()), HeaderValue::try_from(v)) {
-            headers.append(n, v);
-        }
-    }
-    headers
+    pub(crate) notification: serde_json::Value,
 }
 
 #[cfg(test)]
@@ -205,7 +172,12 @@ mod tests {
             session: SessionImage {
                 id: "id".into(),
                 version: "2025-11-25".into(),
-                journal: Journal::new(json!({"jsonrpc":"2.0","id":1,"method":"initialize"})),
+                journal: JournalImage {
+                    initialize: json!({"jsonrpc":"2.0","id":1,"method":"initialize"}),
+                    initialized: false,
+                    log_level: None,
+                    subscriptions: BTreeMap::new(),
+                },
                 requests: vec![RequestImage {
                     id: RequestKey::of(&json!(7)),
                     digest: "00".into(),
@@ -234,7 +206,7 @@ mod tests {
         let mut v: Value = serde_json::from_str(&text).unwrap();
         v["session"]["extra"] = json!(1);
         assert!(serde_json::from_value::<SessionPush>(v).is_err());
-        let bad_key = text.replace(push.session.streams[0].key.as_str(), "NOT-A-KEY");
+        let bad_key = text.replace(&push.session.streams[0].key.to_string(), "NOT-A-KEY");
         assert!(serde_json::from_str::<SessionPush>(&bad_key).is_err());
     }
 }

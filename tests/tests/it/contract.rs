@@ -13,11 +13,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::Value;
 use tether_crds::McpEndpoint;
-use tether_operator::build::{Defaults, plan};
 use tether_operator::names::{CONFIG_KEY, Names, SECRET_KEY, SIDECAR_CONTAINER};
+use tether_operator::plan::{Defaults, plan};
 use tether_operator::validate::validate;
-use tether_sidecar::cli::Cli;
-use tether_sidecar::config::{Config, MembershipConfig};
+use tether_sidecar::Cli;
+use tether_sidecar::{Config, MembershipConfig};
 use tether_tests::repo::read;
 
 const NAMESPACE: &str = "tools";
@@ -123,7 +123,7 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
     assert_eq!(cli.endpoint, Path::new(&config_dir).join(CONFIG_KEY));
     assert_eq!(cli.secret_file, Path::new(&secret_dir).join(SECRET_KEY));
     let manifest = plan.config_map.data.as_ref().unwrap()[CONFIG_KEY].clone();
-    let secret = tether_operator::build::config::secret(&names, &owner, &[7; 32]);
+    let secret = tether_operator::plan::config::secret(&names, &owner, &[7; 32]);
     assert!(secret.data.unwrap().contains_key(SECRET_KEY));
 
     // With those files in place the sidecar starts with the endpoint's settings and watches
@@ -145,7 +145,7 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
     moved.spec.listen.port += 1;
     moved.spec.drain.timeout = "17s".parse().unwrap();
     let names_moved = Names::of(&moved).unwrap();
-    let newer = tether_operator::build::config::manifest(&moved, &names_moved);
+    let newer = tether_operator::plan::config::manifest(&moved, &names_moved);
     std::fs::write(&local.endpoint, newer).unwrap();
     let restarted = Config::load(&local).unwrap();
     assert_eq!(
@@ -224,7 +224,7 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
         "status": {"podIP": POD_IP},
     }))
     .unwrap();
-    let peer = tether_sidecar::membership::kubernetes::peer_of(&pod, 1).unwrap();
+    let peer = tether_sidecar::peer_of(&pod, 1).unwrap();
     assert_eq!(peer.address, cfg.listen_addr);
     assert_eq!(peer.peer_port, Some(cfg.peer_addr.port()));
 

@@ -177,7 +177,7 @@ fn sidecar_image_runs_the_sidecar_as_the_injected_container_does() {
         std::slice::from_ref(&binary),
         "the sidecar package's binaries"
     );
-    let user = u32::try_from(tether_operator::build::inject::SIDECAR_USER).unwrap();
+    let user = u32::try_from(tether_operator::plan::inject::SIDECAR_USER).unwrap();
     let ports = [
         tether_crds::ListenSpec::default().port,
         tether_crds::AdminSpec::default().port,

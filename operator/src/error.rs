@@ -1,0 +1,34 @@
+//! The crate's one error type: what makes a reconcile fail and retry after a back-off. A
+//! conflict is no error: the status reports it (`docs/design/operator.md`).
+
+use kube::runtime::finalizer;
+
+/// Reconcile failures (API errors); conflicts are reported in the status instead.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a request.
+    #[error("API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The endpoint has no name or namespace.
+    #[error("the McpEndpoint has no name or namespace")]
+    Unnamed,
+    /// Adding or removing the finalizer, or the step it guards, failed (boxed: the finalizer's
+    /// error holds this type).
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+    /// An object did not serialize to JSON (not expected).
+    #[error("serialization: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// A short label for metrics (`reconcile_failures_total{reason}`).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "api",
+            Error::Unnamed => "unnamed",
+            Error::Finalizer(_) => "finalizer",
+            Error::Json(_) => "json",
+        }
+    }
+}

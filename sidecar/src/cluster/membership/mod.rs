@@ -1,0 +1,406 @@
+//! Membership: which pods serve the endpoint, and in which state
+//! (`docs/design/routing.md#membership`).
+//!
+//! A [`Membership`] source (the static [`peers_file`], or the [`kubernetes`] Pod watch)
+//! publishes a [`Snapshot`] of every pod it knows — `uid, name, address, routable | draining |
+//! gone, revision` — into a [`MembershipSink`]. The sink builds the routing [`View`] (the
+//! session ring over live pods plus a home-token index) and swaps it in atomically; the request
+//! path reads the current view with one `ArcSwap::load`, without a lock.
+//!
+//! Membership is eventually consistent between sidecars: correctness never depends on two
+//! sidecars seeing the same snapshot at the same instant (the hop limit and the holder's
+//! authority take care of disagreement, see [`crate::cluster::routing`]).
+
+pub(crate) mod kubernetes;
+pub(crate) mod peers_file;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::ring::{HrwRing, SessionRing};
+use crate::mcp::session_id::HomeToken;
+use crate::metrics::Metrics;
+
+/// The state of a pod as membership sees it (`docs/design/architecture.md#vocabulary`: routable,
+/// draining).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PeerState {
+    /// Ready and not terminating: may receive new sessions and handoffs.
+    Routable,
+    /// Still serving but terminating (or not ready): keeps its sessions, gets no new ones.
+    Draining,
+    /// Not serving: requests for its sessions go to the ring owner.
+    Gone,
+}
+
+impl PeerState {
+    /// The metric label of the state.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Routable => "routable",
+            Self::Draining => "draining",
+            Self::Gone => "gone",
+        }
+    }
+
+    /// Whether the pod still serves requests (routable or draining).
+    pub(crate) fn is_alive(self) -> bool {
+        self != Self::Gone
+    }
+}
+
+/// One pod of the endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// The pod's UID (Kubernetes `metadata.uid`): its identity on the ring and in session ids.
+    pub uid: String,
+    /// The pod's name, for logs.
+    pub name: String,
+    /// The pod's MCP listener, `pod IP:spec.listen.port`; forwarded requests go here. In
+    /// Kubernetes the port is the pod's own (its sidecar container's `mcp` port), so pods of
+    /// both sides of a rollout that changes `spec.listen.port` reach each other.
+    pub address: SocketAddr,
+    /// The pod's peer (handoff) port when it is known to be its own (Kubernetes: the sidecar
+    /// container's `tether-peer` port); `None`: this pod's `spec.peer.port`.
+    pub peer_port: Option<u16>,
+    /// Its state.
+    pub state: PeerState,
+    /// The pod's revision (Kubernetes `pod-template-hash`), empty when unknown.
+    pub revision: String,
+}
+
+/// Every pod a source knows, **oldest first**: the revision of the youngest routable pod is the
+/// newest revision (the preferred set, `docs/design/routing.md#placement-and-routing`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The pods, oldest first; at most one entry per UID.
+    pub peers: Vec<Peer>,
+}
+
+impl Snapshot {
+    /// The newest revision: that of the youngest routable pod, if any.
+    pub(crate) fn newest_revision(&self) -> Option<&str> {
+        self.peers
+            .iter()
+            .rev()
+            .find(|p| p.state == PeerState::Routable)
+            .map(|p| p.revision.as_str())
+    }
+}
+
+/// A source of membership snapshots.
+#[async_trait]
+pub(crate) trait Membership: Send + Sync {
+    /// The source's name for logs and the `tether_membership_changes_total` label.
+    fn name(&self) -> &'static str;
+
+    /// Runs until `shutdown` fires, publishing every changed snapshot into `sink`. A source
+    /// that cannot read its input keeps the last good snapshot and logs why.
+    async fn run(&self, sink: MembershipSink, shutdown: ShutdownWatch);
+}
+
+/// The routing view built from one [`Snapshot`]: immutable, swapped as a whole.
+#[derive(Debug)]
+pub(crate) struct View {
+    snapshot: Snapshot,
+    by_home: HashMap<HomeToken, usize>,
+    /// Ring over routable + draining pods: the `ranked(S)` walk of a session whose home is gone.
+    alive: HrwRing,
+    /// Ring over the preferred set (routable pods of the newest revision, or all routable pods):
+    /// `owner(S)`.
+    preferred: HrwRing,
+    /// Per pod index: whether it is in the preferred set.
+    in_preferred: Vec<bool>,
+    routable: Vec<usize>,
+}
+
+impl View {
+    /// Builds the view of `snapshot`.
+    pub(crate) fn new(snapshot: Snapshot) -> Self {
+        let peers = &snapshot.peers;
+        let by_home = peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (HomeToken::for_pod(&p.uid), i))
+            .collect();
+        let alive_idx: Vec<usize> = (0..peers.len())
+            .filter(|&i| peers[i].state.is_alive())
+            .collect();
+        let routable: Vec<usize> = (0..peers.len())
+            .filter(|&i| peers[i].state == PeerState::Routable)
+            .collect();
+        let newest = snapshot.newest_revision();
+        let mut preferred_idx: Vec<usize> = routable
+            .iter()
+            .copied()
+            .filter(|&i| Some(peers[i].revision.as_str()) == newest)
+            .collect();
+        if preferred_idx.is_empty() {
+            preferred_idx.clone_from(&routable);
+        }
+        let alive = HrwRing::new(alive_idx.iter().map(|&i| (peers[i].uid.as_str(), i)));
+        let preferred = HrwRing::new(preferred_idx.iter().map(|&i| (peers[i].uid.as_str(), i)));
+        let mut in_preferred = vec![false; peers.len()];
+        for &i in &preferred_idx {
+            in_preferred[i] = true;
+        }
+        Self {
+            in_preferred,
+            by_home,
+            alive,
+            preferred,
+            routable,
+            snapshot,
+        }
+    }
+
+    /// The snapshot this view was built from.
+    pub(crate) fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    /// The pod whose home token is `home`, if membership knows it (in any state).
+    pub(crate) fn home(&self, home: &HomeToken) -> Option<&Peer> {
+        self.by_home.get(home).map(|&i| &self.snapshot.peers[i])
+    }
+
+    /// The pod with this UID, if known.
+    pub(crate) fn peer(&self, uid: &str) -> Option<&Peer> {
+        self.snapshot.peers.iter().find(|p| p.uid == uid)
+    }
+
+    /// `owner(S)`: the HRW winner of `key` over the preferred set; `None` with no routable pod.
+    pub(crate) fn owner(&self, key: &str) -> Option<&Peer> {
+        self.preferred.owner(key).map(|i| &self.snapshot.peers[i])
+    }
+
+    /// `ranked(S)`: every routable or draining pod, in `key`'s HRW preference order.
+    pub(crate) fn ranked(&self, key: &str) -> impl Iterator<Item = &Peer> {
+        self.alive
+            .ranked(key)
+            .into_iter()
+            .map(|i| &self.snapshot.peers[i])
+    }
+
+    /// The order in which a session whose home is gone is looked for: the preferred set in
+    /// `key`'s HRW order (adopted sessions live on `owner(S)`, and the runner-up is the owner
+    /// from before the last join, still holding S until it moves), then the other routable or
+    /// draining pods in `ranked(S)` order.
+    pub(crate) fn walk(&self, key: &str) -> impl Iterator<Item = &Peer> {
+        let preferred = self.preferred.ranked(key);
+        let rest = self
+            .alive
+            .ranked(key)
+            .into_iter()
+            .filter(|&i| !self.in_preferred[i]);
+        preferred
+            .into_iter()
+            .chain(rest)
+            .map(|i| &self.snapshot.peers[i])
+    }
+
+    /// Routable pods, oldest first.
+    pub(crate) fn routable(&self) -> impl Iterator<Item = &Peer> {
+        self.routable.iter().map(|&i| &self.snapshot.peers[i])
+    }
+
+    /// Pods per state, for the ring-size gauge.
+    pub(crate) fn count(&self, state: PeerState) -> usize {
+        self.snapshot
+            .peers
+            .iter()
+            .filter(|p| p.state == state)
+            .count()
+    }
+}
+
+/// Where sources publish, and where the request path reads the current [`View`].
+#[derive(Clone)]
+pub(crate) struct MembershipSink {
+    view: Arc<ArcSwap<View>>,
+    metrics: Arc<Metrics>,
+    terminating: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl std::fmt::Debug for MembershipSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MembershipSink")
+            .field("peers", &self.view.load().snapshot.peers.len())
+            .finish()
+    }
+}
+
+impl MembershipSink {
+    /// A sink whose initial view is `initial` (for a pod without peers: itself alone).
+    pub(crate) fn new(initial: Snapshot, metrics: Arc<Metrics>) -> Self {
+        let sink = Self {
+            view: Arc::new(ArcSwap::from_pointee(View::new(initial))),
+            metrics,
+            terminating: Arc::new(tokio::sync::watch::channel(false).0),
+        };
+        sink.update_gauges(&sink.view.load());
+        sink
+    }
+
+    /// The current view (lock-free).
+    pub(crate) fn view(&self) -> Arc<View> {
+        self.view.load_full()
+    }
+
+    /// Publishes `snapshot` from `source`; does nothing when it equals the current one.
+    /// Returns whether the view changed.
+    pub(crate) fn publish(&self, source: &'static str, snapshot: Snapshot) -> bool {
+        if self.view.load().snapshot == snapshot {
+            return false;
+        }
+        let view = Arc::new(View::new(snapshot));
+        self.update_gauges(&view);
+        tracing::info!(
+            source,
+            routable = view.count(PeerState::Routable),
+            draining = view.count(PeerState::Draining),
+            gone = view.count(PeerState::Gone),
+            "membership changed"
+        );
+        self.view.store(view);
+        self.metrics.membership_change(source);
+        true
+    }
+
+    /// Records that this pod is being deleted (its deletion timestamp is set): the sidecar
+    /// drains (`docs/design/handoff.md#when-a-pod-drains`). Idempotent.
+    pub(crate) fn mark_terminating(&self) {
+        self.terminating
+            .send_if_modified(|t| !std::mem::replace(t, true));
+    }
+
+    /// Turns `true` once this pod is being deleted.
+    pub(crate) fn terminating(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.terminating.subscribe()
+    }
+
+    fn update_gauges(&self, view: &View) {
+        for state in [PeerState::Routable, PeerState::Draining, PeerState::Gone] {
+            self.metrics.set_ring_size(state.label(), view.count(state));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn peer(uid: &str, state: PeerState, revision: &str) -> Peer {
+        Peer {
+            uid: uid.into(),
+            name: format!("pod-{uid}"),
+            address: "127.0.0.1:8080".parse().unwrap(),
+            peer_port: None,
+            state,
+            revision: revision.into(),
+        }
+    }
+
+    #[test]
+    fn the_preferred_set_is_the_newest_revision() {
+        let snap = Snapshot {
+            peers: vec![
+                peer("a", PeerState::Routable, "v1"),
+                peer("b", PeerState::Routable, "v1"),
+                peer("c", PeerState::Routable, "v2"),
+                peer("d", PeerState::Draining, "v2"),
+            ],
+        };
+        let view = View::new(snap);
+        for i in 0..200 {
+            let key = format!("session-{i}");
+            assert_eq!(view.owner(&key).unwrap().uid, "c", "v2 is the newest");
+            let ranked: Vec<_> = view.ranked(&key).map(|p| p.uid.as_str()).collect();
+            assert_eq!(ranked.len(), 4, "ranked covers routable and draining pods");
+        }
+    }
+
+    #[test]
+    fn gone_pods_are_off_the_ring_but_their_home_is_known() {
+        let snap = Snapshot {
+            peers: vec![
+                peer("a", PeerState::Gone, "v1"),
+                peer("b", PeerState::Routable, "v1"),
+            ],
+        };
+        let view = View::new(snap);
+        assert_eq!(
+            view.home(&HomeToken::for_pod("a")).unwrap().state,
+            PeerState::Gone
+        );
+        assert!(view.home(&HomeToken::for_pod("zz")).is_none());
+        assert!(view.ranked("k").all(|p| p.uid == "b"));
+        assert_eq!(view.owner("k").unwrap().uid, "b");
+    }
+
+    #[test]
+    fn no_routable_pod_means_no_owner() {
+        let view = View::new(Snapshot {
+            peers: vec![peer("a", PeerState::Draining, "v1")],
+        });
+        assert!(view.owner("k").is_none());
+        assert_eq!(view.ranked("k").count(), 1);
+    }
+
+    #[test]
+    fn publishing_an_equal_snapshot_changes_nothing() {
+        let metrics = Arc::new(Metrics::new());
+        let snap = Snapshot {
+            peers: vec![peer("a", PeerState::Routable, "v1")],
+        };
+        let sink = MembershipSink::new(snap.clone(), Arc::clone(&metrics));
+        assert!(!sink.publish("test", snap.clone()));
+        let mut next = snap;
+        next.peers[0].state = PeerState::Draining;
+        assert!(sink.publish("test", next));
+        assert_eq!(sink.view().count(PeerState::Draining), 1);
+        assert!(
+            metrics
+                .encode()
+                .contains("tether_membership_changes_total{source=\"test\"} 1")
+        );
+    }
+
+    #[test]
+    fn the_walk_visits_the_preferred_set_first() {
+        let view = View::new(Snapshot {
+            peers: vec![
+                peer("b", PeerState::Draining, "v1"),
+                peer("c", PeerState::Routable, "v1"),
+                peer("d", PeerState::Routable, "v2"),
+                peer("e", PeerState::Routable, "v2"),
+            ],
+        });
+        for n in 0..200 {
+            let key = format!("session-{n}");
+            let walk: Vec<&str> = view.walk(&key).map(|p| p.uid.as_str()).collect();
+            assert_eq!(walk.len(), 4, "{walk:?}");
+            let (new, old) = walk.split_at(2);
+            assert!(new.iter().all(|u| ["d", "e"].contains(u)), "{walk:?}");
+            assert!(old.iter().all(|u| ["b", "c"].contains(u)), "{walk:?}");
+            assert_eq!(Some(new[0]), view.owner(&key).map(|p| p.uid.as_str()));
+            let ranked: Vec<&str> = view.ranked(&key).map(|p| p.uid.as_str()).collect();
+            let old_in_rank: Vec<&str> = ranked
+                .into_iter()
+                .filter(|u| ["b", "c"].contains(u))
+                .collect();
+            assert_eq!(
+                old,
+                old_in_rank.as_slice(),
+                "the rest keeps ranked(S) order"
+            );
+        }
+    }
+}

@@ -1,0 +1,805 @@
+//! Placement and routing between sidecars (`docs/design/routing.md#placement-and-routing`).
+//!
+//! [`route`] decides, from the current membership [`View`], what this pod does with a request:
+//!
+//! | request | decision |
+//! |---|---|
+//! | session held here, or homed here | [`Route::Local`] (the holder's answer is authoritative; an id homed here but not held gets the broker's 404) |
+//! | home routable, not visited | forward to the home ([`ForwardKind::Home`]) |
+//! | home draining, at the entry | forward to `owner(S)`, where the home hands its sessions ([`ForwardKind::Walk`]); the owner, if it does not hold the session, forwards to the home |
+//! | home gone or unknown | forward to `owner(S)` over the preferred set, else the next pod not visited yet of the preferred set in HRW order, then of `ranked(S)` ([`View::walk`], [`ForwardKind::Walk`]); none left → 404 `no_holder` |
+//! | no session id (`initialize`, stateless), this pod routable | [`Route::Local`] |
+//! | no session id, this pod draining | forward to a routable peer of the newest revision ([`ForwardKind::Placement`]); none → local |
+//! | home alive in membership but unresponsive (failed probes, connect timeouts), or no candidate left but one skipped as unresponsive | 503 + `Retry-After` |
+//!
+//! A forward carries its hop count and the UIDs it visited in `Tether-Hop` / `Tether-Visited`,
+//! signed with `Tether-Hop-Mac` (HMAC of the endpoint secret), so only peers can send them. At most
+//! [`MAX_WALK_HOPS`] hops are taken to find a holder; a request that would need a third ends with
+//! 404 `hop_limit`. A holder that handed the session off forwards it to the new holder
+//! ([`ForwardKind::Moved`]) even when that pod was visited (it was asked before it held the
+//! session), within [`MAX_HOPS`] hops in all; when it cannot ([`Router::moved_to`]: the new holder
+//! does not answer → 503, left membership → 404 `no_holder`, no hops left → 404 `hop_limit`) it
+//! never answers from its own registry, which no longer holds the session. Together with the
+//! visited list this bounds every request even when sidecars disagree on membership
+//! (`docs/design/routing.md#membership`). Peers that [`PeerHealth`] marks down (refused
+//! connections, failed probes) are skipped like visited ones. Forged session ids never get here:
+//! they are answered 404 at the entry.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use std::sync::Arc;
+
+use crate::cluster::membership::{MembershipSink, Peer, PeerState, View};
+use crate::cluster::peer_health::{Down, PeerHealth};
+use crate::mcp::rejection::{NotFound, Rejection};
+use crate::mcp::session_id::HomeToken;
+use crate::secret::{DOMAIN_HOP, Secret};
+
+/// Most hops a request takes between sidecars looking for the session's holder.
+pub(crate) const MAX_WALK_HOPS: u8 = 2;
+/// Most hops in all: the walk plus one "moved" forward from a holder that handed the session off.
+pub(crate) const MAX_HOPS: u8 = 3;
+/// The hop number of a forwarded request (`1` or `2`).
+pub(crate) const TETHER_HOP: HeaderName = HeaderName::from_static("tether-hop");
+/// Comma-separated UIDs of the pods a forwarded request already visited.
+pub(crate) const TETHER_VISITED: HeaderName = HeaderName::from_static("tether-visited");
+/// base64url (no padding) of the first 16 bytes of HMAC-SHA256 over
+/// `"{hop}\n{visited}\n{session id}"`, domain `tether/hop/v1`.
+pub(crate) const TETHER_HOP_MAC: HeaderName = HeaderName::from_static("tether-hop-mac");
+const MAC_LEN: usize = 16;
+
+/// Where a request has been: its hop count and the pods it visited.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Hop {
+    /// Hops taken so far (0 at the entry pod).
+    pub(crate) count: u8,
+    /// UIDs of the pods that forwarded it, in order.
+    pub(crate) visited: Vec<String>,
+}
+
+impl Hop {
+    /// Reads the hop headers of a request for `session_id` (`None` without a session).
+    /// A request without them is at its entry pod (hop 0).
+    ///
+    /// # Errors
+    /// [`Rejection::ForgedHop`] when the headers are malformed, exceed [`MAX_HOPS`], or their
+    /// MAC does not verify.
+    pub(crate) fn read(
+        headers: &HeaderMap,
+        secret: &Secret,
+        session_id: Option<&str>,
+    ) -> Result<Self, Rejection> {
+        let (Some(count), visited, mac) = (
+            headers.get(&TETHER_HOP),
+            headers.get(&TETHER_VISITED),
+            headers.get(&TETHER_HOP_MAC),
+        ) else {
+            if headers.contains_key(&TETHER_VISITED) || headers.contains_key(&TETHER_HOP_MAC) {
+                return Err(Rejection::ForgedHop);
+            }
+            return Ok(Self::default());
+        };
+        let count: u8 = count
+            .to_str()
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .filter(|c| (1..=MAX_HOPS).contains(c))
+            .ok_or(Rejection::ForgedHop)?;
+        let visited = visited
+            .and_then(|v| v.to_str().ok())
+            .ok_or(Rejection::ForgedHop)?;
+        let mac = mac
+            .and_then(|m| m.to_str().ok())
+            .and_then(|m| URL_SAFE_NO_PAD.decode(m).ok())
+            .filter(|m| m.len() == MAC_LEN)
+            .ok_or(Rejection::ForgedHop)?;
+        if !secret.verify(DOMAIN_HOP, &message(count, visited, session_id), &mac) {
+            return Err(Rejection::ForgedHop);
+        }
+        Ok(Self {
+            count,
+            visited: visited
+                .split(',')
+                .filter(|u| !u.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        })
+    }
+
+    /// The hop state a request leaves this pod (`uid`) with.
+    pub(crate) fn next(&self, uid: &str) -> Self {
+        let mut visited = self.visited.clone();
+        visited.push(uid.to_owned());
+        Self {
+            count: self.count.saturating_add(1),
+            visited,
+        }
+    }
+
+    /// Whether the request already visited `uid`.
+    pub(crate) fn visited(&self, uid: &str) -> bool {
+        self.visited.iter().any(|v| v == uid)
+    }
+
+    /// The signed headers of this hop state, to set on the forwarded request.
+    pub(crate) fn headers(
+        &self,
+        secret: &Secret,
+        session_id: Option<&str>,
+    ) -> [(HeaderName, HeaderValue); 3] {
+        let visited = self.visited.join(",");
+        let mac = secret.mac(DOMAIN_HOP, &message(self.count, &visited, session_id));
+        let mac = URL_SAFE_NO_PAD.encode(&mac[..MAC_LEN]);
+        // UIDs are visible ASCII (checked by the membership sources); base64url and digits are.
+        let value =
+            |s: String| HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static(""));
+        [
+            (TETHER_HOP, value(self.count.to_string())),
+            (TETHER_VISITED, value(visited)),
+            (TETHER_HOP_MAC, value(mac)),
+        ]
+    }
+}
+
+fn message(count: u8, visited: &str, session_id: Option<&str>) -> Vec<u8> {
+    format!("{count}\n{visited}\n{}", session_id.unwrap_or("")).into_bytes()
+}
+
+/// Why a request is forwarded (the `kind` label of `tether_forwards_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ForwardKind {
+    /// To the session's live home.
+    Home,
+    /// The home is gone: to `owner(S)` or the next pod of `ranked(S)`.
+    Walk,
+    /// A request without a session, placed on a routable peer because this pod drains.
+    Placement,
+    /// Back to this pod's own listener after every candidate failed, so it answers itself.
+    Fallback,
+    /// The session was handed off from here: to its new holder.
+    Moved,
+}
+
+impl ForwardKind {
+    /// Metric label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Home => "home",
+            Self::Walk => "walk",
+            Self::Placement => "placement",
+            Self::Fallback => "fallback",
+            Self::Moved => "moved",
+        }
+    }
+}
+
+/// What this pod does with a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Serve it here.
+    Local,
+    /// Proxy it to `peer`.
+    Forward {
+        /// The pod to forward to.
+        peer: Peer,
+        /// Why.
+        kind: ForwardKind,
+    },
+    /// No pod can hold the session: 404 with this reason.
+    NotFound(NotFound),
+    /// The session's home, or a walk candidate skipped when no other is left, is alive in
+    /// membership but does not answer: 503 + `Retry-After` (the session may survive a stall; a
+    /// 404 would make the client drop it).
+    Unavailable,
+}
+
+/// This pod, as routing sees it.
+#[derive(Clone, Debug)]
+pub(crate) struct Me<'a> {
+    /// The pod's UID.
+    pub(crate) uid: &'a str,
+    /// Its home token.
+    pub(crate) home: HomeToken,
+    /// Whether it drains (then it places no new session on itself).
+    pub(crate) draining: bool,
+}
+
+/// The request being routed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Target<'a> {
+    /// A request carrying a genuine session id (its MAC verified).
+    Session {
+        /// The client session id (the ring key).
+        id: &'a str,
+        /// The home token from the id.
+        home: HomeToken,
+        /// Whether this pod holds the session.
+        held: bool,
+    },
+    /// A request without a session id; `nonce` (random per request) spreads placements.
+    Placement {
+        /// Any random string.
+        nonce: &'a str,
+    },
+}
+
+/// One pod's routing context: who it is, the membership it sees and the hop secret.
+#[derive(Clone, Debug)]
+pub(crate) struct Router {
+    sink: MembershipSink,
+    health: Arc<PeerHealth>,
+    address: std::net::SocketAddr,
+    uid: String,
+    home: HomeToken,
+    secret: Secret,
+}
+
+impl Router {
+    /// The router of pod `uid` (its MCP listener on `address`), reading membership from `sink`
+    /// and skipping the peers `health` marks down.
+    pub(crate) fn new(
+        sink: MembershipSink,
+        health: Arc<PeerHealth>,
+        address: std::net::SocketAddr,
+        uid: String,
+        secret: Secret,
+    ) -> Self {
+        Self {
+            sink,
+            health,
+            address,
+            home: HomeToken::for_pod(&uid),
+            uid,
+            secret,
+        }
+    }
+
+    /// This pod's UID.
+    pub(crate) fn uid(&self) -> &str {
+        &self.uid
+    }
+
+    /// This pod as a forward target: its own MCP listener.
+    pub(crate) fn own_peer(&self) -> Peer {
+        Peer {
+            uid: self.uid.clone(),
+            name: self.uid.clone(),
+            address: self.address,
+            peer_port: None,
+            state: PeerState::Routable,
+            revision: String::new(),
+        }
+    }
+
+    /// The endpoint secret (keys the hop MAC).
+    pub(crate) fn secret(&self) -> &Secret {
+        &self.secret
+    }
+
+    /// The current membership view (lock-free).
+    pub(crate) fn view(&self) -> Arc<View> {
+        self.sink.view()
+    }
+
+    /// The health of peers (forwards that cannot connect mark a peer down here).
+    pub(crate) fn health(&self) -> &PeerHealth {
+        &self.health
+    }
+
+    /// Where a session handed off from here to pod `uid` goes: that pod, when membership knows
+    /// it alive and the hop budget allows. A holder marked down because a connection to it was
+    /// refused or broken is still asked (a client leaving a forwarded exchange marks it so too):
+    /// only it can answer for the session, and the hop budget bounds the retries.
+    ///
+    /// # Errors
+    /// The answer when it cannot go there — never this pod's own lookup, which would call a
+    /// session it handed off unknown: 404 `hop_limit` when the hop budget is spent; 503 +
+    /// `Retry-After` when the new holder is alive but does not answer in time (the session may
+    /// survive: an adopter stalled by load); 404 `no_holder` when the new holder left
+    /// membership (the session went with it).
+    pub(crate) fn moved_to(&self, uid: &str, hop: &Hop) -> Result<Peer, Rejection> {
+        let now = std::time::Instant::now();
+        if hop.count >= MAX_HOPS {
+            return Err(Rejection::SessionNotFound(NotFound::HopLimit));
+        }
+        match self
+            .view()
+            .peer(uid)
+            .filter(|p| p.state.is_alive() && p.uid != self.uid)
+        {
+            None => Err(Rejection::SessionNotFound(NotFound::NoHolder)),
+            Some(_) if self.health.down(uid, now) == Some(Down::Unresponsive) => {
+                Err(Rejection::PeerUnavailable)
+            }
+            Some(p) => Ok(p.clone()),
+        }
+    }
+
+    /// This pod as routing sees it, `draining` or not.
+    pub(crate) fn me(&self, draining: bool) -> Me<'_> {
+        Me {
+            uid: &self.uid,
+            home: self.home,
+            draining,
+        }
+    }
+
+    /// [`route`] with this pod's identity, the current view and the peers now down.
+    pub(crate) fn route(&self, draining: bool, target: Target<'_>, hop: &Hop) -> Route {
+        let me = self.me(draining);
+        let now = std::time::Instant::now();
+        route(&self.view(), &me, target, hop, &|uid| {
+            self.health.down(uid, now)
+        })
+    }
+}
+
+/// Decides where a request goes (module docs); `hop` is where it has been, and peers `down`
+/// reports down are skipped like visited ones — except an unresponsive live home, which is
+/// [`Route::Unavailable`]. A request this pod sent back to itself (the last visited pod is this
+/// one) is never forwarded again.
+pub(crate) fn route(
+    view: &View,
+    me: &Me<'_>,
+    target: Target<'_>,
+    hop: &Hop,
+    down: &dyn Fn(&str) -> Option<Down>,
+) -> Route {
+    let skip = |p: &Peer| p.uid == me.uid || hop.visited(&p.uid) || down(&p.uid).is_some();
+    let returned = hop.visited.last().is_some_and(|u| u == me.uid);
+    let can_hop = hop.count < MAX_WALK_HOPS;
+    let forward = |peer: &Peer, kind| {
+        if can_hop {
+            Route::Forward {
+                peer: peer.clone(),
+                kind,
+            }
+        } else {
+            Route::NotFound(NotFound::HopLimit)
+        }
+    };
+    match target {
+        Target::Session { held: true, .. } => Route::Local,
+        Target::Session { home, .. } if home == me.home => Route::Local,
+        Target::Session { .. } if returned => Route::NotFound(NotFound::NoHolder),
+        Target::Session { id, home, .. } => {
+            if let Some(h) = view.home(&home).filter(|h| h.state.is_alive()) {
+                // A draining home hands its sessions to `owner(S)`: the entry asks the owner
+                // first, so requests of a moved session stop passing through the pod that is
+                // about to stop (their streams would break when it does). An owner that does
+                // not hold the session (yet) asks the home.
+                if h.state == PeerState::Draining
+                    && hop.count == 0
+                    && let Some(o) = view.owner(id).filter(|o| !skip(o) && o.uid != h.uid)
+                {
+                    return forward(o, ForwardKind::Walk);
+                }
+                match down(&h.uid) {
+                    Some(Down::Unresponsive) => return Route::Unavailable,
+                    None if !skip(h) => return forward(h, ForwardKind::Home),
+                    _ => {}
+                }
+            }
+            let next = view
+                .owner(id)
+                .filter(|p| !skip(p))
+                .or_else(|| view.walk(id).find(|p| !skip(p)));
+            // A candidate skipped only because it does not answer in time may be the holder
+            // (an adopter stalled by load): the session may survive, so 503, never 404.
+            let stalled = || {
+                view.walk(id).any(|p| {
+                    p.uid != me.uid
+                        && !hop.visited(&p.uid)
+                        && down(&p.uid) == Some(Down::Unresponsive)
+                })
+            };
+            match next {
+                Some(p) => forward(p, ForwardKind::Walk),
+                None if stalled() => Route::Unavailable,
+                None => Route::NotFound(NotFound::NoHolder),
+            }
+        }
+        Target::Placement { nonce } => {
+            let state = if me.draining {
+                PeerState::Draining
+            } else {
+                view.peer(me.uid).map_or(PeerState::Routable, |p| p.state)
+            };
+            if state == PeerState::Routable || !can_hop || returned {
+                return Route::Local;
+            }
+            let next = view
+                .owner(nonce)
+                .filter(|p| !skip(p))
+                .or_else(|| view.routable().find(|p| !skip(p)));
+            match next {
+                Some(p) => forward(p, ForwardKind::Placement),
+                None => Route::Local,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::membership::Snapshot;
+    use proptest::prelude::*;
+
+    fn peer(uid: &str, state: PeerState) -> Peer {
+        Peer {
+            uid: uid.into(),
+            name: uid.into(),
+            address: "127.0.0.1:8080".parse().unwrap(),
+            peer_port: None,
+            state,
+            revision: "v1".into(),
+        }
+    }
+
+    fn view(peers: &[(&str, PeerState)]) -> View {
+        View::new(Snapshot {
+            peers: peers.iter().map(|(u, s)| peer(u, *s)).collect(),
+        })
+    }
+
+    fn me(uid: &str) -> Me<'_> {
+        Me {
+            uid,
+            home: HomeToken::for_pod(uid),
+            draining: false,
+        }
+    }
+
+    fn session(id: &str, home: &str, held: bool) -> Target<'static> {
+        Target::Session {
+            id: Box::leak(id.to_owned().into_boxed_str()),
+            home: HomeToken::for_pod(home),
+            held,
+        }
+    }
+
+    fn forwarded_to(r: &Route) -> Option<(&str, ForwardKind)> {
+        match r {
+            Route::Forward { peer, kind } => Some((peer.uid.as_str(), *kind)),
+            _ => None,
+        }
+    }
+
+    const R: PeerState = PeerState::Routable;
+    const D: PeerState = PeerState::Draining;
+    const G: PeerState = PeerState::Gone;
+
+    #[test]
+    fn a_session_moved_from_here_is_never_answered_here() {
+        let snapshot = Snapshot {
+            peers: [("a", R), ("b", R), ("c", G)]
+                .iter()
+                .map(|(u, st)| peer(u, *st))
+                .collect(),
+        };
+        let health = PeerHealth::new();
+        let router = Router::new(
+            MembershipSink::new(snapshot, Arc::default()),
+            Arc::clone(&health),
+            "127.0.0.1:8080".parse().unwrap(),
+            "a".into(),
+            Secret::from_bytes(*b"0123456789abcdef"),
+        );
+        let fresh = Hop::default();
+        assert_eq!(router.moved_to("b", &fresh).unwrap().uid, "b");
+        // The new holder gone from membership: the session went with it.
+        assert_eq!(
+            router.moved_to("c", &fresh).unwrap_err(),
+            Rejection::SessionNotFound(NotFound::NoHolder)
+        );
+        // Out of the hop budget.
+        let spent = Hop {
+            count: MAX_HOPS,
+            visited: vec![],
+        };
+        assert_eq!(
+            router.moved_to("b", &spent).unwrap_err(),
+            Rejection::SessionNotFound(NotFound::HopLimit)
+        );
+        // Refused or broken connections: still asked, it alone holds the session.
+        health.mark_down("b", Down::Refused, std::time::Instant::now());
+        assert_eq!(router.moved_to("b", &fresh).unwrap().uid, "b");
+        // Alive but not answering (an adopter stalled by load): 503, the session may survive.
+        health.mark_down("b", Down::Unresponsive, std::time::Instant::now());
+        assert_eq!(
+            router.moved_to("b", &fresh).unwrap_err(),
+            Rejection::PeerUnavailable
+        );
+    }
+
+    #[test]
+    fn held_or_homed_here_is_local() {
+        let v = view(&[("a", R), ("b", R)]);
+        let h = Hop::default();
+        assert_eq!(
+            route(&v, &me("a"), session("s", "b", true), &h, &|_| None),
+            Route::Local
+        );
+        assert_eq!(
+            route(&v, &me("a"), session("s", "a", false), &h, &|_| None),
+            Route::Local
+        );
+    }
+
+    #[test]
+    fn a_live_home_gets_the_request_even_when_draining() {
+        let h = Hop::default();
+        for state in [R, D] {
+            let v = view(&[("a", R), ("b", state)]);
+            let r = route(&v, &me("a"), session("s", "b", false), &h, &|_| None);
+            assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Home)));
+        }
+    }
+
+    #[test]
+    fn a_draining_home_is_asked_through_the_owner_it_hands_its_sessions_to() {
+        let v = view(&[("a", R), ("b", D), ("c", R)]);
+        let mut via_owner = 0;
+        for i in 0..50 {
+            let id = format!("sess-{i}");
+            let owner = v.owner(&id).unwrap().uid.clone();
+            let at_entry = route(
+                &v,
+                &me("a"),
+                session(&id, "b", false),
+                &Hop::default(),
+                &|_| None,
+            );
+            if owner == "c" {
+                via_owner += 1;
+                assert_eq!(forwarded_to(&at_entry), Some(("c", ForwardKind::Walk)));
+                // The owner does not hold it (yet): it asks the home.
+                let at_owner = route(
+                    &v,
+                    &me("c"),
+                    session(&id, "b", false),
+                    &Hop::default().next("a"),
+                    &|_| None,
+                );
+                assert_eq!(forwarded_to(&at_owner), Some(("b", ForwardKind::Home)));
+            } else {
+                assert_eq!(forwarded_to(&at_entry), Some(("b", ForwardKind::Home)));
+            }
+        }
+        assert!(via_owner > 10, "{via_owner}");
+    }
+
+    #[test]
+    fn a_gone_home_sends_the_request_to_the_owner_then_down_the_ranking() {
+        let v = view(&[("a", R), ("b", G), ("c", R), ("d", R)]);
+        for i in 0..50 {
+            let id = format!("sess-{i}");
+            let owner = v.owner(&id).unwrap().uid.clone();
+            let entry = if owner == "a" { "c" } else { "a" };
+            let r = route(
+                &v,
+                &me(entry),
+                session(&id, "b", false),
+                &Hop::default(),
+                &|_| None,
+            );
+            assert_eq!(forwarded_to(&r), Some((owner.as_str(), ForwardKind::Walk)));
+            // At the owner, which does not hold it: the next ranked pod not visited.
+            let hop = Hop::default().next(entry);
+            let r = route(&v, &me(&owner), session(&id, "b", false), &hop, &|_| None);
+            let expected = v
+                .ranked(&id)
+                .find(|p| p.uid != owner && p.uid != entry)
+                .map(|p| p.uid.clone());
+            assert_eq!(forwarded_to(&r).map(|(u, _)| u.to_owned()), expected);
+        }
+    }
+
+    #[test]
+    fn the_hop_limit_ends_in_404() {
+        let v = view(&[("a", R), ("b", R), ("c", R)]);
+        let hop = Hop::default().next("x").next("y");
+        assert_eq!(
+            route(&v, &me("a"), session("s", "b", false), &hop, &|_| None),
+            Route::NotFound(NotFound::HopLimit)
+        );
+        // Nothing left to visit: no holder.
+        let lonely = view(&[("a", R), ("b", G)]);
+        assert_eq!(
+            route(
+                &lonely,
+                &me("a"),
+                session("s", "b", false),
+                &Hop::default(),
+                &|_| None
+            ),
+            Route::NotFound(NotFound::NoHolder)
+        );
+    }
+
+    #[test]
+    fn a_down_home_is_skipped_like_a_visited_one() {
+        let v = view(&[("a", R), ("b", R), ("c", R)]);
+        let at_a = |down: &dyn Fn(&str) -> Option<Down>, home: &str, id: &str| {
+            route(
+                &v,
+                &me("a"),
+                session(id, home, false),
+                &Hop::default(),
+                down,
+            )
+        };
+        let refused = |uid: &str| (uid == "b").then_some(Down::Refused);
+        // Not to the dead home: the walk goes on to c.
+        assert_eq!(
+            forwarded_to(&at_a(&refused, "b", "s")),
+            Some(("c", ForwardKind::Walk))
+        );
+        let all_refused = |uid: &str| (uid != "a").then_some(Down::Refused);
+        assert_eq!(
+            at_a(&all_refused, "b", "s"),
+            Route::NotFound(NotFound::NoHolder)
+        );
+        // A stalled home keeps its sessions: retry later, never 404.
+        let stalled = |uid: &str| (uid == "b").then_some(Down::Unresponsive);
+        assert_eq!(at_a(&stalled, "b", "s"), Route::Unavailable);
+        // An unresponsive walk candidate is skipped (home "z" is unknown: gone).
+        let stalled_c = |uid: &str| (uid == "c").then_some(Down::Unresponsive);
+        for i in 0..20 {
+            let r = at_a(&stalled_c, "z", &format!("k{i}"));
+            assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Walk)));
+        }
+        // Every candidate left stalled (an adopter slowed down by load may hold it): 503.
+        let stalled_all = |uid: &str| (uid != "a").then_some(Down::Unresponsive);
+        assert_eq!(at_a(&stalled_all, "z", "s"), Route::Unavailable);
+        // One stalled and one refused: the stalled one may still hold it.
+        let mixed = |uid: &str| match uid {
+            "b" => Some(Down::Refused),
+            "c" => Some(Down::Unresponsive),
+            _ => None,
+        };
+        assert_eq!(at_a(&mixed, "z", "s"), Route::Unavailable);
+    }
+
+    #[test]
+    fn a_request_sent_back_to_this_pod_is_answered_here() {
+        let v = view(&[("a", D), ("b", R), ("c", R)]);
+        let back = Hop::default().next("a");
+        assert_eq!(
+            route(&v, &me("a"), session("s", "b", false), &back, &|_| None),
+            Route::NotFound(NotFound::NoHolder)
+        );
+        assert_eq!(
+            route(
+                &v,
+                &me("a"),
+                Target::Placement { nonce: "n" },
+                &back,
+                &|_| None
+            ),
+            Route::Local
+        );
+    }
+
+    #[test]
+    fn placement_stays_local_unless_this_pod_drains() {
+        let v = view(&[("a", R), ("b", R), ("c", D)]);
+        let h = Hop::default();
+        assert_eq!(
+            route(&v, &me("a"), Target::Placement { nonce: "n" }, &h, &|_| {
+                None
+            }),
+            Route::Local
+        );
+        let mut draining = me("a");
+        draining.draining = true;
+        let r = route(&v, &draining, Target::Placement { nonce: "n" }, &h, &|_| {
+            None
+        });
+        assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Placement)));
+        // Marked draining by membership, and never onto a draining peer.
+        let r = route(&v, &me("c"), Target::Placement { nonce: "n" }, &h, &|_| {
+            None
+        });
+        assert!(matches!(forwarded_to(&r), Some(("a" | "b", _))));
+        // No routable peer: served here rather than refused.
+        let alone = view(&[("a", D)]);
+        assert_eq!(
+            route(
+                &alone,
+                &me("a"),
+                Target::Placement { nonce: "n" },
+                &h,
+                &|_| None
+            ),
+            Route::Local
+        );
+    }
+
+    #[test]
+    fn hop_headers_round_trip_and_reject_forgery() {
+        let secret = Secret::from_bytes(b"0123456789abcdef0123".to_vec());
+        let hop = Hop::default().next("pod-a");
+        let mut headers = HeaderMap::new();
+        for (n, v) in hop.headers(&secret, Some("sid")) {
+            headers.insert(n, v);
+        }
+        assert_eq!(Hop::read(&headers, &secret, Some("sid")), Ok(hop));
+        // Bound to the session id, the secret and the values.
+        assert_eq!(
+            Hop::read(&headers, &secret, Some("other")),
+            Err(Rejection::ForgedHop)
+        );
+        let other = Secret::from_bytes(b"fedcba9876543210fedc".to_vec());
+        assert_eq!(
+            Hop::read(&headers, &other, Some("sid")),
+            Err(Rejection::ForgedHop)
+        );
+        let mut tampered = headers.clone();
+        tampered.insert(TETHER_VISITED, HeaderValue::from_static(""));
+        assert_eq!(
+            Hop::read(&tampered, &secret, Some("sid")),
+            Err(Rejection::ForgedHop)
+        );
+        let mut partial = HeaderMap::new();
+        partial.insert(TETHER_VISITED, HeaderValue::from_static("x"));
+        assert_eq!(
+            Hop::read(&partial, &secret, None),
+            Err(Rejection::ForgedHop)
+        );
+        assert_eq!(
+            Hop::read(&HeaderMap::new(), &secret, None),
+            Ok(Hop::default())
+        );
+    }
+
+    fn any_state() -> impl Strategy<Value = PeerState> {
+        prop_oneof![Just(R), Just(D), Just(G)]
+    }
+
+    proptest! {
+        /// Membership disagreement (`docs/design/routing.md#membership`): every pod has its own
+        /// view of five pods; following the forwards from any entry always ends (at a holder, a
+        /// local 404 or a routing 404) within two hops and never visits a pod twice.
+        #[test]
+        fn disagreeing_views_never_loop(
+            views in proptest::collection::vec(proptest::collection::vec(any_state(), 5), 5),
+            known in proptest::collection::vec(proptest::collection::vec(any::<bool>(), 5), 5),
+            home in 0usize..6,
+            holder in proptest::option::of(0usize..5),
+            entry in 0usize..5,
+            id in "[a-z0-9]{8}",
+        ) {
+            let uid = |i: usize| format!("pod-{i}");
+            let views: Vec<View> = (0..5)
+                .map(|p| View::new(Snapshot {
+                    peers: (0..5)
+                        .filter(|&q| q == p || known[p][q])
+                        .map(|q| peer(&uid(q), views[p][q]))
+                        .collect(),
+                }))
+                .collect();
+            let home_uid = uid(home); // pod-5 exists in no view
+            let mut at = entry;
+            let mut hop = Hop::default();
+            let mut seen = vec![entry];
+            loop {
+                let target = session(&id, &home_uid, holder == Some(at));
+                match route(&views[at], &me(&uid(at)), target, &hop, &|_| None) {
+                    Route::Local | Route::NotFound(_) | Route::Unavailable => break,
+                    Route::Forward { peer, .. } => {
+                        let next: usize = peer.uid[4..].parse().unwrap();
+                        prop_assert!(!seen.contains(&next), "visited {next} twice: {seen:?}");
+                        hop = hop.next(&uid(at));
+                        prop_assert!(hop.count <= MAX_WALK_HOPS);
+                        seen.push(next);
+                        at = next;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Command-line interface of `tether-sidecar` (every flag also reads an environment variable,
+//! which is how the operator configures the sidecar container).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// tether's per-pod sidecar: sticky MCP sessions, resumable SSE streams.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "tether-sidecar", version, about)]
+pub struct Cli {
+    /// McpEndpoint manifest (YAML) with the endpoint's spec.
+    #[arg(long, env = "TETHER_ENDPOINT", value_name = "FILE")]
+    pub endpoint: PathBuf,
+    /// This pod's IP; the MCP listener (spec.listen.port) and the admin listener
+    /// (spec.admin.port) bind to it.
+    #[arg(long, env = "POD_IP", value_name = "IP")]
+    pub pod_ip: IpAddr,
+    /// This pod's UID: identifies the pod in session ids (the session's home).
+    #[arg(long, env = "POD_UID", value_name = "UID")]
+    pub pod_uid: String,
+    /// File holding the endpoint's shared secret (at least 16 bytes), which keys session-id MACs.
+    #[arg(long, env = "TETHER_SECRET_FILE", value_name = "FILE")]
+    pub secret_file: PathBuf,
+    /// Static membership: a YAML list of the endpoint's pods (uid, name, address, state,
+    /// revision; the format is in `docs/design/routing.md#membership`), polled every 200 ms and
+    /// applied once two reads agree. Without it (and without `--pod-selector`) the sidecar is
+    /// the endpoint's only pod.
+    #[arg(
+        long,
+        env = "TETHER_PEERS_FILE",
+        value_name = "FILE",
+        conflicts_with = "pod_selector"
+    )]
+    pub peers_file: Option<PathBuf>,
+    /// Kubernetes membership: watch the Pods of `--namespace` matching this label selector
+    /// (e.g. `app=weather`); the operator sets it.
+    #[arg(long, env = "TETHER_POD_SELECTOR", value_name = "SELECTOR")]
+    pub pod_selector: Option<String>,
+    /// Namespace of the pods to watch with `--pod-selector` (the downward API's
+    /// `metadata.namespace`).
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        value_name = "NAMESPACE",
+        default_value = "default"
+    )]
+    pub namespace: String,
+    /// Upstream MCP endpoint, `http://host:port[/path]` or `host:port`. Default:
+    /// `http://127.0.0.1:<spec.upstream.port><spec.upstream.path>`.
+    #[arg(long, env = "TETHER_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+    /// Interval of `: keep-alive` comments on idle SSE streams.
+    #[arg(long, env = "TETHER_KEEP_ALIVE", value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub keep_alive: Duration,
+    /// Most sessions this pod holds; further `initialize` requests get 503 `too_many_sessions` +
+    /// `Retry-After`.
+    #[arg(
+        long,
+        env = "TETHER_MAX_SESSIONS",
+        value_name = "N",
+        default_value_t = 10_000
+    )]
+    pub max_sessions: usize,
+    /// Largest request body, in bytes (413 beyond).
+    #[arg(long, env = "TETHER_MAX_REQUEST_BYTES", value_name = "BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_request_bytes: usize,
+    /// How long a request body may take to arrive (408 beyond; slow-loris defence).
+    #[arg(long, env = "TETHER_REQUEST_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Pod-wide cap of buffered event data, in bytes, shared by every stream.
+    #[arg(long, env = "TETHER_POD_BUFFER_BYTES", value_name = "BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub pod_buffer_bytes: u64,
+    /// How long the upstream may take to send response headers (504 beyond).
+    #[arg(long, env = "TETHER_UPSTREAM_TIMEOUT", value_name = "DURATION", default_value = "300s", value_parser = parse_duration)]
+    pub upstream_timeout: Duration,
+    /// Wait before resuming an upstream SSE stream closed early without a `retry` hint.
+    #[arg(long, env = "TETHER_UPSTREAM_RETRY", value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub upstream_retry: Duration,
+    /// Worker threads of the MCP listener.
+    #[arg(long, env = "TETHER_THREADS", value_name = "N", default_value_t = 2)]
+    pub threads: usize,
+    /// Hand sessions to peers when draining (`docs/design/handoff.md`). `false` keeps
+    /// them on the draining pod until it stops (the baseline the rolling-upgrade demo compares
+    /// against); `spec.session.migration: Pin` does the same per endpoint.
+    #[arg(long, env = "TETHER_HANDOFF", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub handoff: bool,
+    /// Most resumes (`GET` + `Last-Event-ID`) this pod serves per second, with a burst of as
+    /// many; more get 429 + `Retry-After` (a reconnect storm after a pod stops is spread out).
+    /// 0 = no limit.
+    #[arg(
+        long,
+        env = "TETHER_RESUME_BUDGET",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub resume_budget: u32,
+    /// Largest peer-protocol message (a pushed session or a tail batch), in bytes; larger
+    /// buffers travel in several messages.
+    #[arg(long, env = "TETHER_PEER_MAX_MESSAGE_BYTES", value_name = "BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub peer_max_message_bytes: usize,
+    /// This pod's pod settings (ports, paths, upstream, migration, drain) as the JSON of the
+    /// `mcp.tether.dev/pod-settings` annotation, which the operator passes through the downward
+    /// API; they override the endpoint file's, so a sidecar restarted in an old pod during a
+    /// rollout keeps the settings its pod was made for.
+    #[arg(long, env = "TETHER_POD_SETTINGS", value_name = "JSON")]
+    pub pod_settings: Option<String>,
+    /// How often the endpoint file is checked for changes. Origins, protocol versions, buffer
+    /// bounds and the idle timeout are reloaded in place; other fields need a restart
+    /// (`tether_crds::reload`).
+    #[arg(long, env = "TETHER_CONFIG_POLL", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub config_poll: Duration,
+    /// Log format, `text` or `json`. The level comes from `RUST_LOG` (default `info`); at
+    /// `debug` or `trace` pingora's own targets stay at `info` unless `RUST_LOG` names them,
+    /// since they print request headers, session ids among them.
+    #[arg(
+        long,
+        env = "TETHER_LOG_FORMAT",
+        value_name = "FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// Parses a positive Kubernetes-style duration (`500ms`, `15s`, `5m`, `1h30m`).
+///
+/// # Errors
+/// A message for malformed, negative or zero durations.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d: tether_crds::Duration = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a duration like 15s or 5m: {e}"))?;
+    if d.is_negative() || Duration::from(d).is_zero() {
+        return Err(format!("{s:?} must be a positive duration"));
+    }
+    Ok(d.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("15").is_err());
+    }
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    /// `docs/reference/sidecar-flags.md`: every flag with its environment variable, default
+    /// and help, as clap knows them.
+    fn flags_reference() -> String {
+        use clap::CommandFactory;
+        let command = Cli::command();
+        let mut out = String::from(
+            "# `tether-sidecar` flags\n\n\
+             <!-- Generated from the sidecar's command line (sidecar/src/config/cli.rs); do not \
+             edit. Regenerate with: make references -->\n\n\
+             The operator configures the injected sidecar through the environment variables; run \
+             by hand, the flags are the same. Durations are Kubernetes durations (`500ms`, `15s`, \
+             `5m`, `1h30m`); sizes are bytes. The endpoint itself (ports, paths, Origins, \
+             protocol versions, buffer bounds, timeouts) comes from the `--endpoint` file, an \
+             `McpEndpoint` manifest ([crd.md](crd.md)).\n\n\
+             | flag | environment | default | meaning |\n|---|---|---|---|\n",
+        );
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if ["help", "version"].contains(&long) {
+                continue;
+            }
+            let value = arg
+                .get_value_names()
+                .and_then(|names| names.first())
+                .map(|n| format!(" {n}"))
+                .unwrap_or_default();
+            let env = arg
+                .get_env()
+                .map(|e| format!("`{}`", e.to_string_lossy()))
+                .unwrap_or_default();
+            let defaults: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|d| format!("`{}`", d.to_string_lossy()))
+                .collect();
+            let default = match (arg.is_required_set(), defaults.is_empty()) {
+                (true, _) => "required".to_owned(),
+                (false, true) => "none".to_owned(),
+                (false, false) => defaults.join(", "),
+            };
+            let help = arg
+                .get_long_help()
+                .or_else(|| arg.get_help())
+                .map(|h| {
+                    h.to_string()
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "| `--{long}{value}` | {env} | {default} | {help} |\n"
+            ));
+        }
+        out
+    }
+
+    #[test]
+    fn the_flags_reference_is_generated_from_the_cli() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let path = "docs/reference/sidecar-flags.md";
+        if let Err(e) = tether_crds::reference::check_generated(&root, path, &flags_reference()) {
+            panic!("{e}");
+        }
+    }
+}

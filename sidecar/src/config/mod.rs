@@ -1,0 +1,368 @@
+//! The sidecar's runtime configuration: the endpoint manifest plus flags, checked once at
+//! start-up. Anything wrong is a [`ConfigError`] naming the manifest field or the flag.
+
+pub(crate) mod cli;
+pub(crate) mod reload;
+
+use std::net::SocketAddr;
+
+use http::Uri;
+use tether_crds::{McpEndpointSpec, PodSettings, ProtocolVersion, load_manifest, validate_spec};
+
+use crate::broker::BrokerConfig;
+use crate::cluster::membership::Snapshot;
+use crate::cluster::membership::peers_file::{self, valid_uid};
+use crate::config::cli::Cli;
+use crate::mcp::admission::AdmissionPolicy;
+use crate::mcp::origin::OriginPolicy;
+use crate::secret::{Secret, SecretError};
+use crate::stream::buffer::BufferLimits;
+
+/// Consecutive failed upstream stream resumes before a stream is given up.
+pub(crate) const UPSTREAM_RESUME_ATTEMPTS: u32 = 5;
+
+/// Why the sidecar cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The McpEndpoint manifest is unreadable or invalid.
+    #[error(transparent)]
+    Manifest(#[from] tether_crds::ManifestError),
+    /// The secret file is unreadable or too short.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    /// `--upstream` is not `http://host:port[/path]` or `host:port`.
+    #[error("--upstream {0:?}: expected http://host:port[/path] or host:port")]
+    Upstream(String),
+    /// A listener address cannot be bound (in use, or not an address of this host).
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A flag has an unusable value.
+    #[error("{flag}: {message}")]
+    Flag {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Where the sidecar learns about its peers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MembershipConfig {
+    /// No peers: this pod is the endpoint.
+    Alone,
+    /// A static peers file and the membership read from it at start-up.
+    PeersFile(std::path::PathBuf, Snapshot),
+    /// A Kubernetes Pod watch.
+    Kubernetes {
+        /// Namespace of the pods.
+        namespace: String,
+        /// Label selector of the endpoint's pods.
+        selector: String,
+    },
+}
+
+/// Everything the sidecar needs to run.
+#[derive(Debug)]
+pub struct Config {
+    /// Endpoint name (`metadata.name`), for logs.
+    pub(crate) endpoint: String,
+    /// Where the MCP listener binds.
+    pub listen_addr: SocketAddr,
+    /// Where the admin listener binds.
+    pub admin_addr: SocketAddr,
+    /// Where the peer (handoff) listener binds; peers' listeners use the same port.
+    pub peer_addr: SocketAddr,
+    /// Whether draining hands sessions to peers (`--handoff` and `spec.session.migration`).
+    pub(crate) handoff: bool,
+    /// Largest peer-protocol message, in bytes.
+    pub(crate) peer_max_message_bytes: usize,
+    /// The upstream MCP endpoint.
+    pub(crate) upstream: Uri,
+    /// Admission settings.
+    pub(crate) admission: AdmissionPolicy,
+    /// Broker settings.
+    pub(crate) broker: BrokerConfig,
+    /// The endpoint secret.
+    pub(crate) secret: Secret,
+    /// This pod's UID.
+    pub(crate) pod_uid: String,
+    /// Most sessions held.
+    pub(crate) max_sessions: usize,
+    /// Pod-wide buffer cap, in bytes.
+    pub(crate) pod_buffer_bytes: u64,
+    /// Request body deadline.
+    pub(crate) request_timeout: std::time::Duration,
+    /// `spec.drain.timeout`: the grace period of a shutdown.
+    pub(crate) drain_timeout: std::time::Duration,
+    /// Listener threads.
+    pub(crate) threads: usize,
+    /// The membership source.
+    pub membership: MembershipConfig,
+    /// How often the endpoint file is checked for changes (`--config-poll`).
+    pub(crate) config_poll: std::time::Duration,
+    /// What a reload of the endpoint file needs.
+    pub source: ConfigSource,
+}
+
+impl Config {
+    /// Loads the manifest and secret and combines them with the flags.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the field or flag at fault.
+    pub fn load(cli: &Cli) -> Result<Self, ConfigError> {
+        let endpoint = load_manifest(&cli.endpoint)?;
+        let secret = Secret::from_file(&cli.secret_file)?;
+        let spec = &match &cli.pod_settings {
+            None => endpoint.spec.clone(),
+            Some(json) => own_pod_settings(&endpoint.spec, json)?,
+        };
+        let upstream = match &cli.upstream {
+            Some(u) => parse_upstream(u, &spec.upstream.path)?,
+            None => format!(
+                "http://127.0.0.1:{}{}",
+                spec.upstream.port, spec.upstream.path
+            )
+            .parse()
+            .map_err(|_| ConfigError::Upstream(spec.upstream.path.clone()))?,
+        };
+        for (flag, value) in [
+            ("--max-sessions", cli.max_sessions),
+            ("--max-request-bytes", cli.max_request_bytes),
+            ("--threads", cli.threads),
+            ("--peer-max-message-bytes", cli.peer_max_message_bytes),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Flag {
+                    flag,
+                    message: "must be at least 1".into(),
+                });
+            }
+        }
+        if !valid_uid(&cli.pod_uid) {
+            return Err(ConfigError::Flag {
+                flag: "--pod-uid",
+                message: "must be non-empty visible ASCII without ','".into(),
+            });
+        }
+        let membership = match (&cli.peers_file, &cli.pod_selector) {
+            (Some(path), _) => MembershipConfig::PeersFile(
+                path.clone(),
+                peers_file::load(path).map_err(|e| ConfigError::Flag {
+                    flag: "--peers-file",
+                    message: e.to_string(),
+                })?,
+            ),
+            (None, Some(selector)) => MembershipConfig::Kubernetes {
+                namespace: cli.namespace.clone(),
+                selector: selector.clone(),
+            },
+            (None, None) => MembershipConfig::Alone,
+        };
+        let source = ConfigSource {
+            path: cli.endpoint.clone(),
+            started_with: spec.clone(),
+            cli: cli.clone(),
+        };
+        Ok(Self {
+            endpoint: endpoint.metadata.name.clone().unwrap_or_default(),
+            listen_addr: SocketAddr::new(cli.pod_ip, spec.listen.port),
+            admin_addr: SocketAddr::new(cli.pod_ip, spec.admin.port),
+            peer_addr: SocketAddr::new(cli.pod_ip, spec.peer.port),
+            handoff: cli.handoff && spec.session.migration == tether_crds::Migration::Replay,
+            peer_max_message_bytes: cli.peer_max_message_bytes,
+            upstream,
+            admission: source.admission(spec),
+            broker: source.broker(spec),
+            secret,
+            pod_uid: cli.pod_uid.clone(),
+            max_sessions: cli.max_sessions,
+            pod_buffer_bytes: cli.pod_buffer_bytes,
+            request_timeout: cli.request_timeout,
+            drain_timeout: spec.drain.timeout.into(),
+            threads: cli.threads,
+            membership,
+            config_poll: cli.config_poll,
+            source,
+        })
+    }
+}
+
+/// What reloading the endpoint file needs ([`crate::config::reload`]): the file, the spec the
+/// sidecar started with (its pod settings stay in force) and the flags.
+#[derive(Clone, Debug)]
+pub struct ConfigSource {
+    /// The endpoint file (`--endpoint`; in Kubernetes the operator's ConfigMap).
+    pub(crate) path: std::path::PathBuf,
+    /// The spec read at start-up.
+    pub started_with: McpEndpointSpec,
+    cli: Cli,
+}
+
+impl ConfigSource {
+    /// Admission settings for `spec` under these flags.
+    pub(crate) fn admission(&self, spec: &McpEndpointSpec) -> AdmissionPolicy {
+        AdmissionPolicy {
+            path: spec.listen.path.clone(),
+            origins: OriginPolicy::new(&spec.origins.allow, spec.origins.allow_missing),
+            versions: versions(spec),
+            max_body_bytes: self.cli.max_request_bytes,
+        }
+    }
+
+    /// Broker settings for `spec` under these flags.
+    pub(crate) fn broker(&self, spec: &McpEndpointSpec) -> BrokerConfig {
+        broker_config(spec, &self.cli)
+    }
+}
+
+/// `spec` with the pod settings of `--pod-settings` (the pod's annotation).
+fn own_pod_settings(spec: &McpEndpointSpec, json: &str) -> Result<McpEndpointSpec, ConfigError> {
+    let flag = |message: String| ConfigError::Flag {
+        flag: "--pod-settings",
+        message,
+    };
+    let settings = PodSettings::parse(json).map_err(|e| flag(e.to_string()))?;
+    let spec = spec.with_pod_settings(&settings);
+    let errors = validate_spec(&spec);
+    if !errors.is_empty() {
+        let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        return Err(flag(messages.join("; ")));
+    }
+    Ok(spec)
+}
+
+fn versions(spec: &McpEndpointSpec) -> Vec<ProtocolVersion> {
+    spec.protocol_versions
+        .iter()
+        .filter_map(|v| ProtocolVersion::parse(v))
+        .collect()
+}
+
+fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
+    BrokerConfig {
+        versions: versions(spec),
+        buffer: BufferLimits {
+            max_events: spec.buffer.max_events as usize,
+            max_bytes: spec.buffer.max_bytes,
+            ttl: spec.buffer.ttl.into(),
+        },
+        idle_timeout: spec.session.idle_timeout.into(),
+        reloaded_at: None,
+        keep_alive: cli.keep_alive,
+        max_upstream_body_bytes: usize::try_from(spec.buffer.max_bytes)
+            .unwrap_or(usize::MAX)
+            .max(cli.max_request_bytes),
+        upstream_body_timeout: cli.upstream_timeout,
+        upstream_retry: cli.upstream_retry,
+        upstream_resume_attempts: UPSTREAM_RESUME_ATTEMPTS,
+        migration: spec.session.migration,
+        resume_budget: std::num::NonZeroU32::new(cli.resume_budget),
+    }
+}
+
+/// Parses `--upstream`: `http://host:port[/path]` or `host:port` (path from the spec).
+fn parse_upstream(value: &str, default_path: &str) -> Result<Uri, ConfigError> {
+    let err = || ConfigError::Upstream(value.to_owned());
+    let with_scheme = if value.contains("://") {
+        value.to_owned()
+    } else {
+        format!("http://{value}")
+    };
+    let uri: Uri = with_scheme.parse().map_err(|_| err())?;
+    if uri.scheme_str() != Some("http") || uri.port_u16().is_none() || uri.host().is_none() {
+        return Err(err());
+    }
+    let path = match uri.path() {
+        "" | "/" if !value.ends_with('/') => default_path,
+        p => p,
+    };
+    format!(
+        "http://{}{}",
+        uri.authority().map(|a| a.as_str()).unwrap_or_default(),
+        path
+    )
+    .parse()
+    .map_err(|_| err())
+}
+
+/// A test pod's flags: the endpoint file `dir/endpoint.yaml` (written by the test), a secret
+/// written to `dir/secret`, pod IP 127.0.0.1, UID `pod-a`, then `extra`.
+#[cfg(test)]
+pub(crate) fn test_cli(dir: &std::path::Path, extra: &[&str]) -> Cli {
+    use clap::Parser;
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
+    let (endpoint, secret) = (dir.join("endpoint.yaml"), secret);
+    let mut args = vec![
+        "tether-sidecar".to_owned(),
+        format!("--endpoint={}", endpoint.display()),
+        format!("--secret-file={}", secret.display()),
+        "--pod-ip=127.0.0.1".to_owned(),
+        "--pod-uid=pod-a".to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    Cli::try_parse_from(args).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_flag_forms() {
+        assert_eq!(
+            parse_upstream("127.0.0.1:3000", "/mcp").unwrap(),
+            "http://127.0.0.1:3000/mcp"
+        );
+        assert_eq!(
+            parse_upstream("http://127.0.0.2:4000/other", "/mcp").unwrap(),
+            "http://127.0.0.2:4000/other"
+        );
+        assert_eq!(
+            parse_upstream("http://localhost:4000", "/mcp").unwrap(),
+            "http://localhost:4000/mcp"
+        );
+        for bad in ["https://x:1/mcp", "nohost", "http://x/mcp", "ftp://x:1"] {
+            assert!(parse_upstream(bad, "/mcp").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pod_settings_override_the_file_and_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("endpoint.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: w}\nspec:\n  targetRef: {kind: Deployment, name: w}\n",
+        )
+        .unwrap();
+        let load =
+            |settings: &str| Config::load(&test_cli(dir.path(), &["--pod-settings", settings]));
+        let mut own = tether_crds::parse_manifest(&std::fs::read_to_string(&file).unwrap())
+            .unwrap()
+            .spec;
+        own.listen.port = 8181;
+        own.drain.timeout = "7s".parse().unwrap();
+        let cfg = load(&own.pod_settings().annotation()).unwrap();
+        assert_eq!(cfg.listen_addr.port(), 8181);
+        assert_eq!(cfg.drain_timeout, std::time::Duration::from_secs(7));
+        assert_eq!(cfg.source.started_with.pod_settings(), own.pod_settings());
+        for bad in ["{not json", "{\"listen\": 1}"] {
+            let err = load(bad).unwrap_err().to_string();
+            assert!(err.starts_with("--pod-settings: "), "{err}");
+        }
+        own.admin.port = own.listen.port;
+        let err = load(&own.pod_settings().annotation())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("spec.admin.port"), "{err}");
+    }
+}

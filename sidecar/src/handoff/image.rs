@@ -1,0 +1,301 @@
+//! Sessions and streams as handoff images (`docs/design/handoff.md`): the conversions between
+//! the state a pod holds ([`SessionSnapshot`], [`StreamSnapshot`]) and the messages of the peer
+//! protocol ([`super::wire`]). It is the only module that knows both, so a new version of the
+//! peer protocol changes `handoff/` only.
+//!
+//! Event data travels as text (SSE `data:` is UTF-8 by definition); retry-record digests as
+//! hex; headers as `(name, value)` text pairs. What cannot be decoded (an invalid status or
+//! digest, a header that is not visible ASCII) is left out, as a sender of an older version
+//! could not have produced it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use tether_crds::ProtocolVersion;
+
+use super::wire::{
+    EventImage, JournalImage, KindImage, ReplyImage, RequestImage, SessionImage, StreamImage,
+};
+use crate::session::journal::Journal;
+use crate::session::{RetryRecord, Session, SessionSnapshot};
+use crate::stream::buffer::{BufferLimits, PodBudget};
+use crate::stream::{SnapshotEvent, StoredReply, StreamKind, StreamSnapshot};
+
+/// The image of a session snapshot (the body of `POST /v1/sessions`).
+pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
+    let (initialize, initialized, log_level, subscriptions) = snapshot.journal.parts();
+    SessionImage {
+        id: snapshot.id.clone(),
+        version: snapshot.version.as_str().to_owned(),
+        journal: JournalImage {
+            initialize: initialize.clone(),
+            initialized,
+            log_level: log_level.cloned(),
+            subscriptions: subscriptions.clone(),
+        },
+        requests: request_images(&snapshot.records),
+        streams: snapshot.streams.iter().map(stream_image).collect(),
+        standalone_unsupported: snapshot.standalone_unsupported.as_ref().map(reply_image),
+    }
+}
+
+/// The image of a stream snapshot.
+pub(crate) fn stream_image(snapshot: &StreamSnapshot) -> StreamImage {
+    StreamImage {
+        key: snapshot.key.clone(),
+        kind: match snapshot.kind {
+            StreamKind::Post => KindImage::Post,
+            StreamKind::Batch => KindImage::Batch,
+            StreamKind::Standalone => KindImage::Standalone,
+        },
+        pending: snapshot.pending.clone(),
+        complete: snapshot.complete,
+        stored: snapshot.stored.as_ref().map(reply_image),
+        sse: snapshot.sse.as_ref().map(headers_to),
+        last_seq: snapshot.last_seq,
+        evicted_through: snapshot.evicted_through,
+        events: snapshot
+            .events
+            .iter()
+            .map(|ev| EventImage {
+                seq: ev.seq,
+                event: ev.event.clone(),
+                data: String::from_utf8_lossy(&ev.data).into_owned(),
+            })
+            .collect(),
+    }
+}
+
+/// The images of retry records.
+pub(crate) fn request_images(records: &[RetryRecord]) -> Vec<RequestImage> {
+    records
+        .iter()
+        .map(|r| RequestImage {
+            id: r.id.clone(),
+            digest: hex::encode(r.digest),
+            stream: r.stream.clone(),
+        })
+        .collect()
+}
+
+/// The session an image describes, handed over by pod `from` (see [`Session::from_parts`]).
+///
+/// # Errors
+/// A message when the image names an unknown or stateless protocol version.
+pub(crate) fn restore_session(
+    image: &SessionImage,
+    digest: String,
+    from: &str,
+    limits: BufferLimits,
+    budget: &PodBudget,
+) -> Result<Arc<Session>, String> {
+    let version = ProtocolVersion::parse(&image.version)
+        .filter(|v| !v.is_stateless())
+        .ok_or_else(|| format!("unknown sessionful version {:?}", image.version))?;
+    let journal = &image.journal;
+    let snapshot = SessionSnapshot {
+        id: image.id.clone(),
+        version,
+        journal: Journal::from_parts(
+            journal.initialize.clone(),
+            journal.initialized,
+            journal.log_level.clone(),
+            journal.subscriptions.clone(),
+        ),
+        records: records(&image.requests),
+        streams: image.streams.iter().map(stream_snapshot).collect(),
+        standalone_unsupported: image.standalone_unsupported.as_ref().and_then(stored_reply),
+    };
+    Ok(Session::from_parts(snapshot, digest, from, limits, budget))
+}
+
+/// Applies the streams and retry records of a tail message from pod `from` to `session`;
+/// returns how many events were new (see [`Session::import`]).
+pub(crate) fn import(
+    session: &Session,
+    streams: &[StreamImage],
+    requests: &[RequestImage],
+    from: &str,
+    limits: BufferLimits,
+    budget: &PodBudget,
+) -> usize {
+    let streams: Vec<StreamSnapshot> = streams.iter().map(stream_snapshot).collect();
+    session.import(&streams, &records(requests), from, limits, budget)
+}
+
+/// The stream snapshot an image describes.
+fn stream_snapshot(image: &StreamImage) -> StreamSnapshot {
+    StreamSnapshot {
+        key: image.key.clone(),
+        kind: match image.kind {
+            KindImage::Post => StreamKind::Post,
+            KindImage::Batch => StreamKind::Batch,
+            KindImage::Standalone => StreamKind::Standalone,
+        },
+        pending: image.pending.clone(),
+        complete: image.complete,
+        stored: image.stored.as_ref().and_then(stored_reply),
+        sse: image.sse.as_deref().map(headers_from),
+        last_seq: image.last_seq,
+        evicted_through: image.evicted_through,
+        events: image
+            .events
+            .iter()
+            .map(|ev| SnapshotEvent {
+                seq: ev.seq,
+                event: ev.event.clone(),
+                data: Bytes::from(ev.data.clone()),
+            })
+            .collect(),
+    }
+}
+
+/// Retry records from their images; one whose digest is not 32 bytes of hex is left out.
+fn records(images: &[RequestImage]) -> Vec<RetryRecord> {
+    images
+        .iter()
+        .filter_map(|r| {
+            let mut digest = [0u8; 32];
+            hex::decode_to_slice(&r.digest, &mut digest).ok()?;
+            Some(RetryRecord {
+                id: r.id.clone(),
+                digest,
+                stream: r.stream.clone(),
+            })
+        })
+        .collect()
+}
+
+fn reply_image(reply: &StoredReply) -> ReplyImage {
+    ReplyImage {
+        status: reply.status.as_u16(),
+        headers: headers_to(&reply.headers),
+        body: String::from_utf8_lossy(&reply.body).into_owned(),
+    }
+}
+
+/// The stored reply an image describes; `None` when its status is not a valid HTTP status.
+fn stored_reply(image: &ReplyImage) -> Option<StoredReply> {
+    Some(StoredReply {
+        status: StatusCode::from_u16(image.status).ok()?,
+        headers: headers_from(&image.headers),
+        body: Bytes::from(image.body.clone()),
+    })
+}
+
+/// Headers as `(name, value)` text pairs (values that are not visible ASCII are left out).
+fn headers_to(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect()
+}
+
+/// Headers from `(name, value)` text pairs (invalid pairs are left out).
+fn headers_from(pairs: &[(String, String)]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (n, v) in pairs {
+        if let (Ok(n), Ok(v)) = (HeaderName::try_from(n.as_str()), HeaderValue::try_from(v)) {
+            headers.append(n, v);
+        }
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use serde_json::Value;
+
+    use super::*;
+    use crate::mcp::jsonrpc::RequestKey;
+    use crate::session::{Dedupe, Session};
+    use crate::stream::Stream;
+
+    fn session() -> Arc<Session> {
+        Session::new(
+            "id".into(),
+            "digest".into(),
+            None,
+            ProtocolVersion::V2025_06_18,
+            Journal::new(Value::Null),
+        )
+    }
+
+    fn stream(s: &Session, ids: &[RequestKey]) -> Arc<Stream> {
+        Stream::new(
+            StreamKind::Post,
+            ids.to_vec(),
+            BufferLimits {
+                max_events: 8,
+                max_bytes: 1024,
+                ttl: Duration::from_secs(60),
+            },
+            PodBudget::new(u64::MAX),
+            s.child_token(),
+        )
+    }
+
+    fn key(i: i64) -> RequestKey {
+        RequestKey::of(&Value::from(i))
+    }
+
+    #[test]
+    fn an_imaged_session_is_restored_with_its_streams_and_retry_records() {
+        let s = session();
+        let ids = [key(1)];
+        let st = stream(&s, &ids);
+        s.claim(&ids, [7; 32], &st);
+        st.append(None, bytes::Bytes::from_static(b"{}"), Instant::now());
+        let (snapshot, positions) = s.snapshot(1 << 20);
+        let image = session_image(&snapshot);
+        assert_eq!(positions.get(st.key()), Some(&1));
+        let copy = restore_session(
+            &image,
+            "digest".into(),
+            "pod-a",
+            BufferLimits {
+                max_events: 8,
+                max_bytes: 1024,
+                ttl: Duration::from_secs(60),
+            },
+            &PodBudget::new(u64::MAX),
+        )
+        .unwrap();
+        assert!(copy.needs_rebuild());
+        assert_eq!(copy.version(), s.version());
+        assert_eq!(copy.journal(), s.journal());
+        // A retried POST at the new holder attaches to the copied stream: no second dispatch.
+        let retry = stream(&copy, &ids);
+        match copy.claim(&ids, [7; 32], &retry) {
+            Dedupe::Retry(found) => {
+                assert_eq!(found.key(), st.key());
+                assert_eq!(found.following().as_deref(), Some("pod-a"));
+            }
+            v => panic!("expected a retry, got {v:?}"),
+        }
+        assert!(matches!(
+            copy.claim(&ids, [8; 32], &retry),
+            Dedupe::Conflict
+        ));
+        let mut bad = image.clone();
+        bad.version = "2026-07-28".into();
+        assert!(
+            restore_session(
+                &bad,
+                "d".into(),
+                "pod-a",
+                BufferLimits {
+                    max_events: 8,
+                    max_bytes: 1024,
+                    ttl: Duration::from_secs(60),
+                },
+                &PodBudget::new(u64::MAX)
+            )
+            .is_err(),
+            "a stateless version has no session"
+        );
+    }
+}

@@ -1,0 +1,359 @@
+//! JSON-RPC 2.0 envelopes as MCP carries them over Streamable HTTP.
+//!
+//! The sidecar never interprets tool calls; it needs only the envelope: whether a POST holds
+//! requests (→ a response stream) or only notifications/responses (→ 202, spec T-05), their ids
+//! (retry de-duplication, cancellation), `initialize`, and which upstream event answers which
+//! request. Batches are parsed here; whether they are allowed depends on the version (B-01/B-02).
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// A JSON-RPC id as a map key: its JSON text, so `1` and `"1"` stay distinct.
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub(crate) struct RequestKey(String);
+
+impl RequestKey {
+    /// The key of a JSON id value (string or number). Integral numbers written as floats
+    /// (`7.0`, `1e2`, `-0`) are the same id as the integer, as servers answer with it.
+    pub(crate) fn of(id: &Value) -> Self {
+        if let Some(f) = id.as_f64().filter(|_| id.is_f64())
+            && f.fract() == 0.0
+            && f.abs() < 9.0e15
+        {
+            return Self((f as i64).to_string());
+        }
+        Self(id.to_string())
+    }
+
+    /// The id as JSON text, ready to embed in a message.
+    pub(crate) fn as_json(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One message of a POST body.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Message {
+    /// A request: has `method` and a non-null `id`.
+    Request {
+        /// Its id.
+        id: RequestKey,
+        /// Its method, e.g. `tools/call`.
+        method: String,
+    },
+    /// A notification: `method` without `id`.
+    Notification {
+        /// Its method, e.g. `notifications/cancelled`.
+        method: String,
+        /// Its params (`null` when absent).
+        params: Value,
+    },
+    /// A response or error to a server-initiated request.
+    Response,
+}
+
+/// A parsed POST body.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Envelope {
+    /// Whether the body was a JSON array (a batch).
+    pub(crate) batch: bool,
+    /// The messages with their own JSON text (each forwarded on its own for batches).
+    pub(crate) messages: Vec<(Message, Value)>,
+    /// SHA-256 of the body's canonical JSON (keys sorted, no whitespace), for retry detection.
+    pub(crate) digest: [u8; 32],
+}
+
+/// Why a body is not an acceptable JSON-RPC envelope.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EnvelopeError {
+    /// Not JSON at all (JSON-RPC -32700).
+    #[error("parse error: {0}")]
+    Parse(String),
+    /// JSON, but not a JSON-RPC 2.0 message (JSON-RPC -32600).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}
+
+impl Envelope {
+    /// Parses a POST body.
+    ///
+    /// # Errors
+    /// [`EnvelopeError`] when the body is not one JSON-RPC 2.0 message or a non-empty array of
+    /// them, or when a batch repeats a request id.
+    pub(crate) fn parse(body: &[u8]) -> Result<Self, EnvelopeError> {
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| EnvelopeError::Parse(e.to_string()))?;
+        let mut hasher = Sha256::new();
+        hash_canonical(&value, &mut hasher);
+        let digest: [u8; 32] = hasher.finalize().into();
+        let (batch, items) = match value {
+            Value::Array(items) if items.is_empty() => {
+                return Err(EnvelopeError::Invalid("empty batch".into()));
+            }
+            Value::Array(items) => (true, items),
+            other => (false, vec![other]),
+        };
+        let mut messages = Vec::with_capacity(items.len());
+        for item in items {
+            let message = classify(&item)?;
+            if let Message::Request { id, .. } = &message
+                && messages
+                    .iter()
+                    .any(|(m, _)| matches!(m, Message::Request { id: other, .. } if other == id))
+            {
+                return Err(EnvelopeError::Invalid(format!(
+                    "request id {} repeats within the batch",
+                    id.as_json()
+                )));
+            }
+            messages.push((message, item));
+        }
+        Ok(Self {
+            batch,
+            messages,
+            digest,
+        })
+    }
+
+    /// The request ids of the body, in order.
+    pub(crate) fn request_ids(&self) -> Vec<RequestKey> {
+        self.messages
+            .iter()
+            .filter_map(|(m, _)| match m {
+                Message::Request { id, .. } => Some(id.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether the body is a single `initialize` request.
+    pub(crate) fn is_initialize(&self) -> bool {
+        !self.batch
+            && matches!(&self.messages[0].0, Message::Request { method, .. } if method == "initialize")
+    }
+
+    /// Whether any message is `initialize` (which must not be batched).
+    pub(crate) fn contains_initialize(&self) -> bool {
+        self.messages
+            .iter()
+            .any(|(m, _)| matches!(m, Message::Request { method, .. } if method == "initialize"))
+    }
+}
+
+/// Feeds `value` to `hasher` as canonical JSON: object keys sorted, no whitespace. (serde_json's
+/// map keeps insertion order when any crate enables `preserve_order`, so sorting is explicit.)
+fn hash_canonical(value: &Value, hasher: &mut Sha256) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            hasher.update(b"{");
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    hasher.update(b",");
+                }
+                hasher.update(Value::from(key.as_str()).to_string().as_bytes());
+                hasher.update(b":");
+                hash_canonical(&map[key], hasher);
+            }
+            hasher.update(b"}");
+        }
+        Value::Array(items) => {
+            hasher.update(b"[");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    hasher.update(b",");
+                }
+                hash_canonical(item, hasher);
+            }
+            hasher.update(b"]");
+        }
+        scalar => hasher.update(scalar.to_string().as_bytes()),
+    }
+}
+
+fn classify(item: &Value) -> Result<Message, EnvelopeError> {
+    let Value::Object(obj) = item else {
+        return Err(EnvelopeError::Invalid(
+            "a message must be a JSON object".into(),
+        ));
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(EnvelopeError::Invalid("\"jsonrpc\" must be \"2.0\"".into()));
+    }
+    let id = obj.get("id");
+    match obj.get("method") {
+        Some(Value::String(method)) => match id {
+            None => Ok(Message::Notification {
+                method: method.clone(),
+                params: obj.get("params").cloned().unwrap_or(Value::Null),
+            }),
+            Some(id @ (Value::String(_) | Value::Number(_))) => Ok(Message::Request {
+                id: RequestKey::of(id),
+                method: method.clone(),
+            }),
+            Some(_) => Err(EnvelopeError::Invalid(
+                "a request id must be a string or a number".into(),
+            )),
+        },
+        Some(_) => Err(EnvelopeError::Invalid("\"method\" must be a string".into())),
+        None if obj.contains_key("result") || obj.contains_key("error") => Ok(Message::Response),
+        None => Err(EnvelopeError::Invalid(
+            "a message needs \"method\", \"result\" or \"error\"".into(),
+        )),
+    }
+}
+
+/// Fields of a server message that tell whether it answers a request.
+#[derive(Deserialize)]
+struct Probe {
+    id: Option<Value>,
+    method: Option<IgnoredAny>,
+    result: Option<IgnoredAny>,
+    error: Option<IgnoredAny>,
+}
+
+/// The id of the request a server message answers, when it is a response or error.
+pub(crate) fn response_id(data: &[u8]) -> Option<RequestKey> {
+    let probe: Probe = serde_json::from_slice(data).ok()?;
+    if probe.method.is_some() || (probe.result.is_none() && probe.error.is_none()) {
+        return None;
+    }
+    match probe.id? {
+        id @ (Value::String(_) | Value::Number(_)) => Some(RequestKey::of(&id)),
+        _ => None,
+    }
+}
+
+/// A JSON-RPC error response for request `id` (JSON text), as one line of JSON.
+pub(crate) fn error_response(id: &RequestKey, code: i64, message: &str, reason: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":{code},"message":{},"data":{{"reason":{}}}}}}}"#,
+        id.as_json(),
+        Value::from(message),
+        Value::from(reason)
+    )
+}
+
+/// JSON-RPC error code used for transport-level rejections (implementation-defined range).
+pub(crate) const CODE_TRANSPORT: i64 = -32000;
+/// JSON-RPC error code for an unknown session, as the TypeScript SDK uses.
+pub(crate) const CODE_SESSION_NOT_FOUND: i64 = -32001;
+/// JSON-RPC parse error.
+pub(crate) const CODE_PARSE_ERROR: i64 = -32700;
+/// JSON-RPC invalid request.
+pub(crate) const CODE_INVALID_REQUEST: i64 = -32600;
+/// JSON-RPC method not found.
+pub(crate) const CODE_METHOD_NOT_FOUND: i64 = -32601;
+/// JSON-RPC invalid params (used for an unsupported negotiated version, spec I-02).
+pub(crate) const CODE_INVALID_PARAMS: i64 = -32602;
+/// JSON-RPC internal error (used when the upstream fails a request).
+pub(crate) const CODE_INTERNAL: i64 = -32603;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_messages() {
+        let e = Envelope::parse(br#"{"jsonrpc":"2.0","id":1,"method":"initialize"}"#).unwrap();
+        assert!(e.is_initialize());
+        assert_eq!(e.request_ids(), vec![RequestKey::of(&Value::from(1))]);
+        let e =
+            Envelope::parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
+        assert!(e.request_ids().is_empty());
+        let e = Envelope::parse(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#).unwrap();
+        assert_eq!(e.messages[0].0, Message::Response);
+    }
+
+    #[test]
+    fn integral_float_ids_equal_the_integer() {
+        let int = RequestKey::of(&Value::from(100));
+        for text in ["1e2", "100.0", "1.0e2"] {
+            let v: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(RequestKey::of(&v), int, "{text}");
+        }
+        let v: Value = serde_json::from_str("-0").unwrap();
+        assert_eq!(RequestKey::of(&v), RequestKey::of(&Value::from(0)));
+        let v: Value = serde_json::from_str("1.5").unwrap();
+        assert_eq!(RequestKey::of(&v).as_json(), "1.5");
+    }
+
+    #[test]
+    fn ids_keep_their_type() {
+        assert_ne!(
+            RequestKey::of(&Value::from(1)),
+            RequestKey::of(&Value::from("1"))
+        );
+    }
+
+    #[test]
+    fn rejects_bad_envelopes() {
+        for (body, parse_error) in [
+            (&b"{"[..], true),
+            (b"\xff", true),
+            (b"[]", false),
+            (b"3", false),
+            (br#"{"id":1,"method":"x"}"#, false),
+            (br#"{"jsonrpc":"2.0","id":null,"method":"x"}"#, false),
+            (br#"{"jsonrpc":"2.0","id":1}"#, false),
+            (
+                br#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","id":1,"method":"b"}]"#,
+                false,
+            ),
+        ] {
+            let err = Envelope::parse(body).unwrap_err();
+            assert_eq!(matches!(err, EnvelopeError::Parse(_)), parse_error, "{err}");
+        }
+    }
+
+    #[test]
+    fn digest_ignores_key_order_and_whitespace() {
+        let a = Envelope::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":1,"b":2}}"#)
+            .unwrap();
+        let b = Envelope::parse(
+            br#"{ "params": {"b":2, "a":1}, "method":"x", "id":1, "jsonrpc":"2.0" }"#,
+        )
+        .unwrap();
+        let c =
+            Envelope::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":2}}"#).unwrap();
+        assert_eq!(a.digest, b.digest);
+        assert_ne!(a.digest, c.digest);
+    }
+
+    #[test]
+    fn finds_responses() {
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
+            Some(RequestKey::of(&Value::from(7)))
+        );
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","id":"x","error":{"code":1,"message":"m"}}"#),
+            Some(RequestKey::of(&Value::from("x")))
+        );
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#),
+            None
+        );
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage"}"#),
+            None
+        );
+        assert_eq!(response_id(b"not json"), None);
+    }
+
+    #[test]
+    fn error_responses_are_valid_json() {
+        let id = RequestKey::of(&Value::from("a\"b"));
+        let text = error_response(&id, -32603, "lost \"it\"", "upstream_lost");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["id"], "a\"b");
+        assert_eq!(v["error"]["code"], -32603);
+        assert_eq!(v["error"]["data"]["reason"], "upstream_lost");
+    }
+}

@@ -1,0 +1,17 @@
+//! The rules of MCP Streamable HTTP the sidecar applies, as pure functions and types: no state,
+//! no I/O (`docs/design/architecture.md#layers`).
+//!
+//! - [`admission`]: the checks every request passes, with [`origin`] (the allowlist and CORS);
+//! - [`jsonrpc`]: envelopes, request ids, error codes;
+//! - [`rejection`]: the catalogue of errors the sidecar answers itself;
+//! - [`session_id`]: the client session ids the sidecar mints; [`cursor`]: event ids;
+//! - [`headers`]: header names and what passes through; [`sse`]: SSE framing.
+
+pub(crate) mod admission;
+pub(crate) mod cursor;
+pub(crate) mod headers;
+pub(crate) mod jsonrpc;
+pub(crate) mod origin;
+pub(crate) mod rejection;
+pub(crate) mod session_id;
+pub(crate) mod sse;

@@ -1,0 +1,536 @@
+//! The catalogue of errors the sidecar answers itself: [`Rejection`].
+//!
+//! Every error the sidecar produces itself is a [`Rejection`]: one place fixes its HTTP status
+//! (per the spec checklist ids noted on each variant), its JSON-RPC error code, its message and
+//! the `reason` label used in metrics. Error bodies are JSON-RPC errors without an id
+//! (`"id": null`), which the spec allows for transport errors (T-05, O-02). No error reply ever
+//! carries `Mcp-Session-Id` (`rejection_bodies_are_json_rpc_errors_without_id`).
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::json;
+use tether_crds::ProtocolVersion;
+
+use super::jsonrpc::{
+    CODE_INTERNAL, CODE_INVALID_PARAMS, CODE_INVALID_REQUEST, CODE_METHOD_NOT_FOUND,
+    CODE_PARSE_ERROR, CODE_SESSION_NOT_FOUND, CODE_TRANSPORT,
+};
+
+/// Why a session id is answered 404 (spec S-05); the `reason` label of
+/// `tether_not_found_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum NotFound {
+    /// The id fails the MAC: forged, or minted for another endpoint.
+    Forged,
+    /// A genuine id this pod does not hold (never created here, or lost in a restart).
+    Unknown,
+    /// The session was ended by `DELETE`.
+    Deleted,
+    /// The session ended after `session.idleTimeout` without activity.
+    Expired,
+    /// The upstream no longer knows the session.
+    UpstreamGone,
+    /// The session's home is gone and no pod of the ranked walk holds it
+    /// (`docs/design/routing.md#placement-and-routing`), or the pods that could hold it are
+    /// unreachable.
+    NoHolder,
+    /// The request reached the hop limit (2) before finding the session's holder.
+    HopLimit,
+}
+
+impl NotFound {
+    /// Metric label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            NotFound::Forged => "forged",
+            NotFound::Unknown => "unknown",
+            NotFound::Deleted => "deleted",
+            NotFound::Expired => "expired",
+            NotFound::UpstreamGone => "upstream_gone",
+            NotFound::NoHolder => "no_holder",
+            NotFound::HopLimit => "hop_limit",
+        }
+    }
+}
+
+/// A protocol version the endpoint does not serve, with the ones it does (spec I-02 error data).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct VersionMismatch {
+    /// The version asked for or negotiated (at most 64 characters of it).
+    pub(crate) requested: String,
+    /// `spec.protocolVersions`.
+    pub(crate) supported: Vec<ProtocolVersion>,
+}
+
+impl VersionMismatch {
+    /// A mismatch for `requested` (truncated to 64 characters).
+    pub(crate) fn new(requested: &str, supported: &[ProtocolVersion]) -> Self {
+        Self {
+            requested: requested.chars().take(64).collect(),
+            supported: supported.to_vec(),
+        }
+    }
+}
+
+/// An error answered by the sidecar itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Rejection {
+    /// 404: the session does not exist (S-05); clients re-initialize (S-06).
+    SessionNotFound(NotFound),
+    /// 404: a path other than `spec.listen.path`.
+    PathNotFound,
+    /// 404 with JSON-RPC -32601: a method the request's protocol version does not have
+    /// (`initialize` in 2026-07-28, spec P-04).
+    MethodNotFound(&'static str),
+    /// 403: `Origin` not in the allowlist, or missing while `allowMissing` is false (O-01/O-02).
+    OriginForbidden,
+    /// 400: `MCP-Protocol-Version` unknown or not in `spec.protocolVersions` (P-03).
+    UnsupportedVersion(VersionMismatch),
+    /// 400: the negotiated version is not in `spec.protocolVersions` (I-02).
+    UnsupportedNegotiatedVersion(VersionMismatch),
+    /// 406: `Accept` lacks what the method needs (T-03 POST, T-04 GET).
+    NotAcceptable(&'static str),
+    /// 415: a POST body that is not `application/json`.
+    UnsupportedMediaType,
+    /// 405: a method other than GET, POST, DELETE, OPTIONS.
+    MethodNotAllowed,
+    /// 400: `Mcp-Session-Id` with characters outside 0x21–0x7E (S-02).
+    MalformedSessionId,
+    /// 400: a request other than `initialize` without `Mcp-Session-Id` (S-04).
+    SessionRequired,
+    /// 400: a 2026-07-28 POST without `Mcp-Method` (spec P-05).
+    MissingMcpMethod,
+    /// 400: a header value that is not visible ASCII / UTF-8.
+    MalformedHeader(&'static str),
+    /// 413: body larger than the limit.
+    PayloadTooLarge(usize),
+    /// 408: the body did not arrive in time (slow client).
+    RequestTimeout,
+    /// 400: body is not JSON (-32700).
+    ParseError(String),
+    /// 400: body is not a JSON-RPC 2.0 message (-32600).
+    InvalidRequest(String),
+    /// 400: a batch where the version forbids it (B-02).
+    BatchNotAllowed,
+    /// 400: `initialize` inside a batch (B-01).
+    InitializeInBatch,
+    /// 400: a request id reused in the session with a different body (S-09).
+    RequestIdReused,
+    /// 400: `Last-Event-ID` is not an id this endpoint issues.
+    MalformedCursor,
+    /// 400: `Last-Event-ID` names a stream of another session, or one never issued (R-03).
+    UnknownCursor,
+    /// 400: events after `Last-Event-ID` were evicted (documented `cursor_evicted` policy).
+    CursorEvicted,
+    /// 503: the pod holds `--max-sessions` sessions.
+    TooManySessions,
+    /// 502: the upstream cannot be reached or broke the exchange.
+    UpstreamUnavailable,
+    /// 504: the upstream did not answer in time.
+    UpstreamTimeout,
+    /// 403: `Tether-Hop` headers whose peer MAC does not verify (not sent by a sidecar of this
+    /// endpoint).
+    ForgedHop,
+    /// 503: the pod holding the session is alive in membership but does not answer (its health
+    /// probes fail), or a request without a session found no pod to take it.
+    PeerUnavailable,
+    /// 429: more resumes than `--resume-budget` per second arrived at this pod (a reconnect
+    /// storm); the client retries after `Retry-After`.
+    ResumeBudget,
+}
+
+impl Rejection {
+    /// HTTP status.
+    pub(crate) fn status(&self) -> StatusCode {
+        use Rejection::*;
+        match self {
+            SessionNotFound(_) | PathNotFound | MethodNotFound(_) => StatusCode::NOT_FOUND,
+            OriginForbidden | ForgedHop => StatusCode::FORBIDDEN,
+            NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
+            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            TooManySessions | PeerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ResumeBudget => StatusCode::TOO_MANY_REQUESTS,
+            UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+            UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            UnsupportedVersion(_)
+            | UnsupportedNegotiatedVersion(_)
+            | MalformedSessionId
+            | SessionRequired
+            | MissingMcpMethod
+            | MalformedHeader(_)
+            | ParseError(_)
+            | InvalidRequest(_)
+            | BatchNotAllowed
+            | InitializeInBatch
+            | RequestIdReused
+            | MalformedCursor
+            | UnknownCursor
+            | CursorEvicted => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// Stable label for metrics and the `data.reason` field of the error body.
+    pub(crate) fn reason(&self) -> &'static str {
+        use Rejection::*;
+        match self {
+            SessionNotFound(_) => "session_not_found",
+            PathNotFound => "path_not_found",
+            MethodNotFound(_) => "method_not_found",
+            OriginForbidden => "origin_forbidden",
+            UnsupportedVersion(_) => "unsupported_protocol_version",
+            UnsupportedNegotiatedVersion(_) => "unsupported_negotiated_version",
+            NotAcceptable(_) => "not_acceptable",
+            UnsupportedMediaType => "unsupported_media_type",
+            MethodNotAllowed => "method_not_allowed",
+            MalformedSessionId => "malformed_session_id",
+            SessionRequired => "session_required",
+            MissingMcpMethod => "missing_mcp_method",
+            MalformedHeader(_) => "malformed_header",
+            PayloadTooLarge(_) => "payload_too_large",
+            RequestTimeout => "request_timeout",
+            ParseError(_) => "parse_error",
+            InvalidRequest(_) => "invalid_request",
+            BatchNotAllowed => "batch_not_allowed",
+            InitializeInBatch => "initialize_in_batch",
+            RequestIdReused => "request_id_reused",
+            MalformedCursor => "malformed_cursor",
+            UnknownCursor => "unknown_cursor",
+            CursorEvicted => "cursor_evicted",
+            TooManySessions => "too_many_sessions",
+            UpstreamUnavailable => "upstream_unavailable",
+            UpstreamTimeout => "upstream_timeout",
+            ForgedHop => "forged_hop",
+            PeerUnavailable => "peer_unavailable",
+            ResumeBudget => "resume_budget",
+        }
+    }
+
+    fn code(&self) -> i64 {
+        use Rejection::*;
+        match self {
+            SessionNotFound(_) => CODE_SESSION_NOT_FOUND,
+            MethodNotFound(_) => CODE_METHOD_NOT_FOUND,
+            ParseError(_) => CODE_PARSE_ERROR,
+            InvalidRequest(_) | BatchNotAllowed | InitializeInBatch | RequestIdReused => {
+                CODE_INVALID_REQUEST
+            }
+            UnsupportedNegotiatedVersion(_) => CODE_INVALID_PARAMS,
+            UpstreamUnavailable | UpstreamTimeout | PeerUnavailable => CODE_INTERNAL,
+            _ => CODE_TRANSPORT,
+        }
+    }
+
+    fn message(&self) -> String {
+        use Rejection::*;
+        match self {
+            SessionNotFound(_) => "Session not found: start a new session with initialize".into(),
+            PathNotFound => {
+                "Not found: this endpoint serves MCP on its configured path only".into()
+            }
+            MethodNotFound(m) => format!(
+                "Method not found: {m} is not part of protocol version 2026-07-28 (stateless)"
+            ),
+            OriginForbidden => "Forbidden: Origin not allowed".into(),
+            UnsupportedVersion(v) => {
+                format!("Unsupported MCP-Protocol-Version: {}", v.requested)
+            }
+            UnsupportedNegotiatedVersion(v) => format!(
+                "Unsupported protocol version negotiated by the server: {}",
+                v.requested
+            ),
+            NotAcceptable(what) => format!("Not Acceptable: {what}"),
+            UnsupportedMediaType => {
+                "Unsupported Media Type: Content-Type must be application/json".into()
+            }
+            MethodNotAllowed => "Method Not Allowed: use GET, POST or DELETE".into(),
+            MalformedSessionId => {
+                "Bad Request: Mcp-Session-Id must be visible ASCII (0x21-0x7E)".into()
+            }
+            SessionRequired => "Bad Request: Mcp-Session-Id header is required".into(),
+            MissingMcpMethod => {
+                "Bad Request: Mcp-Method header is required in protocol version 2026-07-28".into()
+            }
+            MalformedHeader(name) => format!("Bad Request: malformed {name} header"),
+            PayloadTooLarge(limit) => format!("Payload Too Large: body exceeds {limit} bytes"),
+            RequestTimeout => "Request Timeout: the body did not arrive in time".into(),
+            ParseError(e) => format!("Parse error: {e}"),
+            InvalidRequest(e) => format!("Invalid Request: {e}"),
+            BatchNotAllowed => {
+                "Invalid Request: JSON-RPC batches are allowed only in protocol version 2025-03-26"
+                    .into()
+            }
+            InitializeInBatch => "Invalid Request: initialize must not be part of a batch".into(),
+            RequestIdReused => {
+                "Invalid Request: request id already used in this session with another body".into()
+            }
+            MalformedCursor => {
+                "Bad Request: Last-Event-ID is not an event id issued by this endpoint".into()
+            }
+            UnknownCursor => {
+                "Bad Request: Last-Event-ID does not name a stream of this session".into()
+            }
+            CursorEvicted => {
+                "Bad Request: cursor_evicted: events after Last-Event-ID are no longer buffered"
+                    .into()
+            }
+            TooManySessions => "Service Unavailable: too many sessions on this pod".into(),
+            UpstreamUnavailable => "Bad Gateway: the MCP server is unavailable".into(),
+            UpstreamTimeout => "Gateway Timeout: the MCP server did not answer in time".into(),
+            ForgedHop => "Forbidden: Tether-Hop headers not signed by a peer sidecar".into(),
+            PeerUnavailable => {
+                "Service Unavailable: no routable pod could take this request; retry".into()
+            }
+            ResumeBudget => {
+                "Too Many Requests: this pod's resume budget is spent; retry after Retry-After"
+                    .into()
+            }
+        }
+    }
+
+    /// The JSON-RPC error body (no `id`); `data.reason` is [`Rejection::reason`], and version
+    /// errors add `data.requested` and `data.supported` (spec I-02).
+    pub(crate) fn body(&self) -> Bytes {
+        let mut data = json!({"reason": self.reason()});
+        if let Rejection::UnsupportedVersion(v) | Rejection::UnsupportedNegotiatedVersion(v) = self
+        {
+            data["requested"] = json!(v.requested);
+            data["supported"] = json!(v.supported.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+        }
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {"code": self.code(), "message": self.message(), "data": data}
+        });
+        Bytes::from(body.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One of each rejection; the match makes the compiler flag a variant missing here.
+    fn every_rejection() -> Vec<Rejection> {
+        use Rejection::*;
+        let v = || VersionMismatch::new("x", &[ProtocolVersion::V2025_06_18]);
+        let all = vec![
+            SessionNotFound(NotFound::Unknown),
+            PathNotFound,
+            MethodNotFound("initialize"),
+            OriginForbidden,
+            UnsupportedVersion(v()),
+            UnsupportedNegotiatedVersion(v()),
+            NotAcceptable("x"),
+            UnsupportedMediaType,
+            MethodNotAllowed,
+            MalformedSessionId,
+            SessionRequired,
+            MissingMcpMethod,
+            MalformedHeader("x"),
+            PayloadTooLarge(1),
+            RequestTimeout,
+            ParseError("x".into()),
+            InvalidRequest("x".into()),
+            BatchNotAllowed,
+            InitializeInBatch,
+            RequestIdReused,
+            MalformedCursor,
+            UnknownCursor,
+            CursorEvicted,
+            TooManySessions,
+            UpstreamUnavailable,
+            UpstreamTimeout,
+            ForgedHop,
+            PeerUnavailable,
+            ResumeBudget,
+        ];
+        for r in &all {
+            match r {
+                SessionNotFound(_)
+                | PathNotFound
+                | MethodNotFound(_)
+                | OriginForbidden
+                | UnsupportedVersion(_)
+                | UnsupportedNegotiatedVersion(_)
+                | NotAcceptable(_)
+                | UnsupportedMediaType
+                | MethodNotAllowed
+                | MalformedSessionId
+                | MissingMcpMethod
+                | SessionRequired
+                | MalformedHeader(_)
+                | PayloadTooLarge(_)
+                | RequestTimeout
+                | ParseError(_)
+                | InvalidRequest(_)
+                | BatchNotAllowed
+                | InitializeInBatch
+                | RequestIdReused
+                | MalformedCursor
+                | UnknownCursor
+                | CursorEvicted
+                | TooManySessions
+                | UpstreamUnavailable
+                | UpstreamTimeout
+                | ForgedHop
+                | PeerUnavailable
+                | ResumeBudget => {}
+            }
+        }
+        all
+    }
+
+    /// When each rejection happens, with its spec checklist id: the last column of the status
+    /// code reference.
+    fn when(r: &Rejection) -> &'static str {
+        use Rejection::*;
+        match r {
+            SessionRequired => "a request other than `initialize` without `Mcp-Session-Id` (S-04)",
+            MalformedSessionId => "`Mcp-Session-Id` outside visible ASCII 0x21–0x7E (S-02)",
+            UnsupportedVersion(_) => {
+                "`MCP-Protocol-Version` unknown or not in `protocolVersions` (P-03), unless it is \
+                 the session's own negotiated version (a reload that removes a version leaves its \
+                 sessions working); `data.supported` lists them"
+            }
+            UnsupportedNegotiatedVersion(_) => {
+                "the MCP server negotiated a version not in `protocolVersions` (I-02)"
+            }
+            MissingMcpMethod => "a 2026-07-28 POST without `Mcp-Method` (P-05)",
+            MalformedHeader(_) => "a header value that is not text, or repeated",
+            ParseError(_) => "body is not JSON (-32700)",
+            InvalidRequest(_) => "body is not JSON-RPC 2.0 (-32600)",
+            BatchNotAllowed => "a batch in a session that did not negotiate 2025-03-26 (B-02)",
+            InitializeInBatch => "`initialize` inside a batch (B-01)",
+            RequestIdReused => "a request id reused in the session with another body (S-09)",
+            MalformedCursor => "`Last-Event-ID` is not an id this endpoint issues",
+            UnknownCursor => {
+                "`Last-Event-ID` names a stream of another session, or one never issued (R-03)"
+            }
+            CursorEvicted => "events after `Last-Event-ID` were evicted from the buffer",
+            ForgedHop => {
+                "`Tether-Hop` headers without a valid peer MAC (only sidecars of the endpoint may \
+                 send them)"
+            }
+            OriginForbidden => {
+                "`Origin` not allowed, or missing while `allowMissing` is false (O-01, O-02)"
+            }
+            SessionNotFound(_) => {
+                "unknown, forged, deleted, expired or upstream-lost session, or no pod holds it \
+                 (home gone, hop limit reached) (S-05); re-initialize (S-06)"
+            }
+            PathNotFound => "a path other than `listen.path`",
+            MethodNotFound(_) => {
+                "`Mcp-Method: initialize` with `MCP-Protocol-Version: 2026-07-28` (-32601, P-04; \
+                 the version has no handshake)"
+            }
+            MethodNotAllowed => "a method other than GET, POST, DELETE, OPTIONS (with `Allow`)",
+            NotAcceptable(_) => {
+                "POST `Accept` lacks `application/json` or `text/event-stream` (T-03); GET \
+                 `Accept` lacks `text/event-stream`, `text/*` or `*/*` (T-04)"
+            }
+            RequestTimeout => "the body did not arrive within `--request-timeout`",
+            PayloadTooLarge(_) => "body larger than `--max-request-bytes`",
+            UnsupportedMediaType => "POST `Content-Type` is not `application/json`",
+            ResumeBudget => {
+                "more resumes (`GET` + `Last-Event-ID`) reached this pod in a second than \
+                 `--resume-budget` allows (a reconnect storm); retry after `Retry-After`"
+            }
+            UpstreamUnavailable => "the MCP server cannot be reached (with `Retry-After: 1`)",
+            PeerUnavailable => {
+                "the pod holding the session accepts connections but does not answer (frozen, \
+                 overloaded), or a request without a session found no pod to take it (with \
+                 `Retry-After: 1`)"
+            }
+            TooManySessions => "the pod holds `--max-sessions` sessions (with `Retry-After: 1`)",
+            UpstreamTimeout => {
+                "the MCP server did not answer within `--upstream-timeout` (with `Retry-After: 1`)"
+            }
+        }
+    }
+
+    /// `docs/reference/status-codes.md`: every rejection by status, with its reason and when it
+    /// happens, and what the sidecar passes through.
+    fn status_codes_reference() -> String {
+        let mut rows: Vec<(u16, String)> = every_rejection()
+            .iter()
+            .map(|r| {
+                let row = format!(
+                    "| {} | `{}` | {} |",
+                    r.status().as_u16(),
+                    r.reason(),
+                    when(r)
+                );
+                (r.status().as_u16(), row)
+            })
+            .collect();
+        rows.sort_by_key(|(status, _)| *status);
+        let table: Vec<String> = rows.into_iter().map(|(_, row)| row).collect();
+        format!(
+            "# Status codes\n\n\
+             <!-- Generated from the sidecar's rejection catalogue (sidecar/src/mcp/rejection.rs); \
+             do not edit. Regenerate with: make references -->\n\n\
+             Errors the sidecar produces itself are JSON-RPC error bodies without an id\n\
+             (`{{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{{\"code\":…,\"message\":…,\
+             \"data\":{{\"reason\":…}}}}}}`), carry the CORS headers and never carry \
+             `Mcp-Session-Id`. `data.reason` is also the `reason` label of \
+             `tether_rejections_total` ([metrics.md](metrics.md)); the spec ids (S-04, R-03…) are \
+             listed in [spec-checklist.md](spec-checklist.md).\n\n\
+             | status | reason | when (spec id) |\n|---|---|---|\n{}\n\n\
+             Everything else is the MCP server's own answer, passed through unchanged: 200 with \
+             JSON or SSE, 202 (empty) for notifications (T-05), the server's 405 for a GET when it \
+             offers no standalone stream (T-09), DELETE's 2xx. CORS preflights (`OPTIONS`) are \
+             answered 204 from the allowlist.\n\n\
+             Choices the spec leaves open:\n\n\
+             - an unknown or evicted `Last-Event-ID` is 400, never an empty 200 and never another \
+             stream's events;\n\
+             - a GET with `Accept: */*` or `text/*` is served like `text/event-stream`;\n\
+             - a plain GET (no `Last-Event-ID`) of the standalone stream starts after the last \
+             event written to any connection; a client that wants everything resumes with its \
+             last event id;\n\
+             - a retried POST replays its stream from the start (or returns the stored JSON \
+             answer);\n\
+             - priming events (id + empty data) only for sessions that negotiated 2025-11-25 or \
+             later (R-05), and only where they cannot make a resuming client skip anything: at \
+             the start of a stream (`<key>-0`) or at its end (a fresh number); a resume with \
+             events to catch up on gets them at once instead;\n\
+             - a request without `MCP-Protocol-Version` counts as its session's negotiated \
+             version, and as 2025-03-26 outside a session (P-02).\n",
+            table.join("\n")
+        )
+    }
+
+    #[test]
+    fn the_status_codes_reference_documents_every_rejection() {
+        let reference = status_codes_reference();
+        for r in every_rejection() {
+            let row = format!("| {} | `{}` |", r.status().as_u16(), r.reason());
+            assert!(
+                reference.contains(&row),
+                "the reference lacks the row {row}"
+            );
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let path = "docs/reference/status-codes.md";
+        if let Err(e) = tether_crds::reference::check_generated(&root, path, &reference) {
+            panic!("{e}");
+        }
+    }
+
+    #[test]
+    fn rejection_bodies_are_json_rpc_errors_without_id() {
+        for r in [
+            Rejection::SessionNotFound(NotFound::Forged),
+            Rejection::OriginForbidden,
+            Rejection::CursorEvicted,
+            Rejection::ParseError("x".into()),
+        ] {
+            let v: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
+            assert_eq!(v["jsonrpc"], "2.0");
+            assert!(v["id"].is_null());
+            assert_eq!(v["error"]["data"]["reason"], r.reason());
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Server-Sent Events framing for the client side of the sidecar (WHATWG HTML §9.2).
+//!
+//! Upstream SSE is decoded by the `sse-stream` crate (see [`crate::upstream`]); this module only
+//! writes frames: events with the sidecar's ids, the priming event (spec R-05), the `retry`
+//! hint and `: keep-alive` comments.
+
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::mcp::cursor::EventId;
+
+/// The comment sent on idle streams so proxies and clients see the connection is alive.
+pub(crate) const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+
+/// Appends one event frame: `id`, optional `event`, then one `data:` line per line of `data`.
+///
+/// `data` is LF-joined text as the SSE parser delivers it; CR and CRLF never occur in it.
+pub(crate) fn put_event(out: &mut BytesMut, id: &EventId, event: Option<&str>, data: &[u8]) {
+    out.put_slice(b"id: ");
+    out.put_slice(id.to_string().as_bytes());
+    out.put_u8(b'\n');
+    if let Some(event) = event {
+        out.put_slice(b"event: ");
+        out.put_slice(event.as_bytes());
+        out.put_u8(b'\n');
+    }
+    for line in data.split(|&b| b == b'\n') {
+        out.put_slice(b"data: ");
+        out.put_slice(line);
+        out.put_u8(b'\n');
+    }
+    out.put_u8(b'\n');
+}
+
+/// The priming event: the stream's current position as id and an empty `data` field, with an
+/// optional `retry` hint in milliseconds (spec ). Only for clients that negotiated
+/// 2025-11-25 or later: older clients JSON-parse the empty data and fail
+/// (`r05_fr20_priming_only_for_2025_11_25`).
+pub(crate) fn priming(id: &EventId, retry: Option<Duration>) -> Bytes {
+    let mut out = BytesMut::with_capacity(64);
+    out.put_slice(b"id: ");
+    out.put_slice(id.to_string().as_bytes());
+    out.put_u8(b'\n');
+    if let Some(retry) = retry {
+        out.put_slice(format!("retry: {}\n", retry.as_millis()).as_bytes());
+    }
+    out.put_slice(b"data:\n\n");
+    out.freeze()
+}
+
+/// A frame with only a `retry` hint, in milliseconds (spec R-07): it sets the client's reconnect
+/// delay and dispatches no event.
+pub(crate) fn retry(hint: Duration) -> Bytes {
+    Bytes::from(format!("retry: {}\n\n", hint.as_millis()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcp::cursor::StreamKey;
+
+    #[test]
+    fn multi_line_data_becomes_several_data_lines() {
+        let id = EventId {
+            stream: StreamKey::random(),
+            seq: 3,
+        };
+        let mut out = BytesMut::new();
+        put_event(&mut out, &id, Some("message"), b"{\"a\":\n1}");
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        assert_eq!(
+            text,
+            format!("id: {id}\nevent: message\ndata: {{\"a\":\ndata: 1}}\n\n")
+        );
+    }
+
+    #[test]
+    fn r05_priming_has_an_id_and_empty_data() {
+        let id = EventId {
+            stream: StreamKey::random(),
+            seq: 0,
+        };
+        let text =
+            String::from_utf8(priming(&id, Some(Duration::from_millis(1500))).to_vec()).unwrap();
+        assert_eq!(text, format!("id: {id}\nretry: 1500\ndata:\n\n"));
+    }
+}

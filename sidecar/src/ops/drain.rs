@@ -1,0 +1,143 @@
+//! Drain (`docs/design/handoff.md#when-a-pod-drains`): the pod stops taking new sessions, hands its
+//! sessions to peers, lets the requests in flight finish, within `spec.drain.timeout`.
+//!
+//! Triggered by the admin `/drain` endpoint (a `preStop httpGet` waits on it), by the own Pod's
+//! deletion timestamp (Kubernetes membership) and by SIGTERM ([`crate::ops::shutdown`]). A drain
+//! runs once: every trigger, concurrent or later, waits for the same [`DrainOutcome`].
+//!
+//! 1. The pod is marked draining: `/readyz` answers 503, new sessions go to routable peers.
+//! 2. Every session held here is handed off ([`Handoff::move_all`]); with `migration: Pin` or
+//!    `--handoff false` none is, and the pod serves its sessions until the deadline.
+//! 3. The drain ends when no request runs here any more and every handed-off stream's tail was
+//!    forwarded, or at the deadline: requests still running then end with a JSON-RPC error
+//!    ([`Handoff::cut`]), forwarded to the new holder like any other event.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::OnceCell;
+
+use crate::broker::Broker;
+use crate::handoff::Handoff;
+use crate::lifecycle::Lifecycle;
+use crate::metrics::Metrics;
+
+/// How long the errors of requests cut at the deadline may take to reach new holders.
+const CUT_FLUSH: Duration = Duration::from_secs(1);
+
+/// How a drain ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DrainOutcome {
+    /// Whether every request in flight finished before the deadline.
+    pub(crate) drained: bool,
+    /// Sessions still with a request in flight when the drain ended (0 when `drained`).
+    pub(crate) in_flight: usize,
+    /// Sessions handed to a peer.
+    pub(crate) handed_off: usize,
+    /// Sessions no peer took (they stay until the pod stops).
+    pub(crate) not_moved: usize,
+    /// Requests ended with a JSON-RPC error at the deadline.
+    pub(crate) cut: u64,
+    /// How long the drain took.
+    pub(crate) elapsed: Duration,
+}
+
+/// The pod's drain: started once, awaited by every trigger.
+pub(crate) struct Drain {
+    broker: Arc<Broker>,
+    handoff: Arc<Handoff>,
+    lifecycle: Arc<Lifecycle>,
+    metrics: Arc<Metrics>,
+    deadline: Duration,
+    outcome: OnceCell<DrainOutcome>,
+}
+
+impl Drain {
+    /// The drain of `broker`'s pod, handing sessions off with `handoff`, bounded by `deadline`
+    /// (`spec.drain.timeout`); it marks `lifecycle` draining and records its duration in
+    /// `metrics`.
+    pub(crate) fn new(
+        broker: Arc<Broker>,
+        handoff: Arc<Handoff>,
+        lifecycle: Arc<Lifecycle>,
+        metrics: Arc<Metrics>,
+        deadline: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            broker,
+            handoff,
+            lifecycle,
+            metrics,
+            deadline,
+            outcome: OnceCell::new(),
+        })
+    }
+
+    /// Drains the pod (the first call) or waits for the drain under way; returns its outcome.
+    pub(crate) async fn run(&self) -> DrainOutcome {
+        *self.outcome.get_or_init(|| self.drain()).await
+    }
+
+    async fn drain(&self) -> DrainOutcome {
+        self.lifecycle.start_draining();
+        let started = Instant::now();
+        let deadline = started + self.deadline;
+        tracing::info!(deadline = ?self.deadline, handoff = self.handoff.enabled(), "draining: no new sessions");
+        let (handed_off, not_moved) = self.handoff.move_all(deadline).await;
+        if handed_off + not_moved > 0 {
+            tracing::info!(handed_off, not_moved, "sessions handed off");
+        }
+        // Sessions that stay (Pin, no handoff, no peer) are served until the deadline.
+        let keep_serving = !self.handoff.enabled() || not_moved > 0;
+        let busy = || {
+            self.broker.in_flight() > 0
+                || self.handoff.following() > 0
+                || (keep_serving && !self.broker.sessions().is_empty())
+        };
+        self.wait_until(deadline, || !busy()).await;
+        let in_flight = self.broker.in_flight() + self.handoff.following();
+        let mut cut = 0;
+        if in_flight > 0 {
+            cut = self.handoff.cut();
+            let flushed_by = Instant::now() + CUT_FLUSH;
+            self.wait_until(flushed_by, || self.handoff.following() == 0)
+                .await;
+        }
+        let outcome = DrainOutcome {
+            drained: in_flight == 0,
+            in_flight,
+            handed_off,
+            not_moved,
+            cut,
+            elapsed: started.elapsed(),
+        };
+        self.metrics.drain_took(outcome.elapsed);
+        if outcome.drained {
+            tracing::info!(after = ?outcome.elapsed, "drained");
+        } else {
+            tracing::warn!(
+                in_flight = outcome.in_flight,
+                cut = outcome.cut,
+                "drain deadline reached with requests in flight; they ended with an error"
+            );
+        }
+        outcome
+    }
+
+    /// Waits until `done()` holds or `until` passes, re-checking whenever the pod's activity
+    /// changes (a request ended, a stream completed, a session left).
+    async fn wait_until(&self, until: Instant, done: impl Fn() -> bool) {
+        let activity = self.broker.activity();
+        let until = tokio::time::Instant::from_std(until);
+        loop {
+            let changed = activity.notified();
+            if done() || tokio::time::Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(until) => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Running the pod: the admin listener ([`admin`]), the drain ([`drain`]) and the signals that
+//! stop the process ([`shutdown`]) (`docs/design/architecture.md#lifecycle`).
+
+pub(crate) mod admin;
+pub(crate) mod drain;
+pub(crate) mod shutdown;

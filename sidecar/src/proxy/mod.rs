@@ -1,0 +1,565 @@
+//! The pingora side of the data plane: a [`ProxyHttp`] whose `request_filter` admits every
+//! request and serves sessionful ones through the [`Broker`].
+//!
+//! - Sessionful requests (2025-03-26 … 2025-11-25) are answered by the sidecar itself: the body
+//!   is read (bounded in size and time), the broker produces a [`Reply`], and SSE replies are
+//!   written event by event from the stream buffer, each chunk flushed at once.
+//! - Stateless requests (2026-07-28) take pingora's proxy path to the upstream unchanged, except
+//!   that `Mcp-Session-Id` and `Last-Event-ID` are dropped (spec S-10, R-08). A client
+//!   disconnect aborts the upstream exchange, which is the cancellation (spec L-05).
+//! - Requests for a session held by another pod, and requests without a session on a draining pod,
+//!   are forwarded to the peer [`crate::cluster::routing`] picks, through pingora's proxy path: the
+//!   client's headers and the peer's status, headers and body pass unchanged (SSE chunks are
+//!   written as they arrive), with the signed hop headers added. A peer that cannot be reached is
+//!   skipped and the next candidate tried.
+//! - Every response, errors included, carries the CORS headers
+//!   (`o02_fr24_bad_origin_is_403_and_listed_or_missing_origins_pass`).
+
+mod forward;
+mod respond;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use forward::{Failure, Forwarding, Next, World, failed_answer, is_connect_error};
+use http::{HeaderValue, Method, StatusCode, header};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::HttpPeer;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{ErrorSource, ErrorType};
+
+use crate::broker::{Broker, Here};
+use crate::cluster::peer_health::PEER_PROBE_PATH;
+use crate::cluster::routing::{
+    ForwardKind, Hop, Route, Router, TETHER_HOP, TETHER_HOP_MAC, TETHER_VISITED, Target,
+};
+use crate::lifecycle::Lifecycle;
+use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
+use crate::mcp::headers::{LAST_EVENT_ID, MCP_SESSION_ID};
+use crate::mcp::jsonrpc::Envelope;
+use crate::mcp::origin::{OriginCheck, add_response_headers};
+use crate::mcp::rejection::Rejection;
+use crate::metrics::Metrics;
+use crate::reply::{Reply, ReplyBody};
+use crate::session::{EnterGuard, Entry};
+
+/// How long connecting to a peer sidecar may take before the next candidate is tried.
+pub(crate) const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a request for a session being handed off waits for the handoff to end before it
+/// gets 503 + `Retry-After`.
+pub(crate) const MOVE_WAIT: Duration = Duration::from_secs(5);
+/// Idle pooled connections to peers are closed after this long (shorter than a peer's own
+/// keep-alive timeout, so a pooled connection is never stale).
+pub(crate) const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The MCP endpoint service: the pingora callbacks of the MCP listener.
+pub(crate) struct McpProxy {
+    /// Serves sessionful requests held here.
+    pub(crate) broker: Arc<Broker>,
+    /// Where requests of sessions held elsewhere go.
+    pub(crate) router: Router,
+    /// Admission; read per request, so a reload ([`crate::config::reload`]) applies to the next.
+    pub(crate) policy: Arc<ArcSwap<AdmissionPolicy>>,
+    /// Whether this pod drains.
+    pub(crate) lifecycle: Arc<Lifecycle>,
+    /// Requests, rejections and forwards are counted here.
+    pub(crate) metrics: Arc<Metrics>,
+    /// The upstream's `host:port` (stateless requests are proxied there).
+    pub(crate) upstream_addr: String,
+    /// The MCP path at the upstream.
+    pub(crate) upstream_path: String,
+    /// How long a request body may take to arrive (slow clients get 408).
+    pub(crate) body_timeout: Duration,
+    /// Bounds each read from a peer a request was forwarded to: it exceeds the peer's own
+    /// upstream deadline and keep-alive interval, so only a peer that stopped answering hits it.
+    pub(crate) peer_read_timeout: Duration,
+}
+
+impl McpProxy {
+    /// Reads the whole request body, at most `max_body_bytes` within `body_timeout`.
+    async fn read_body(&self, session: &mut Session) -> Result<Bytes, Rejection> {
+        let limit = self.policy.load().max_body_bytes;
+        let read = async {
+            let mut body = BytesMut::new();
+            while let Some(chunk) = session
+                .read_request_body()
+                .await
+                .map_err(|_| Rejection::InvalidRequest("the request body broke off".into()))?
+            {
+                if body.len() + chunk.len() > limit {
+                    return Err(Rejection::PayloadTooLarge(limit));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(body.freeze())
+        };
+        tokio::time::timeout(self.body_timeout, read)
+            .await
+            .unwrap_or(Err(Rejection::RequestTimeout))
+    }
+}
+
+/// Per-request state.
+#[derive(Debug)]
+pub(crate) struct RequestCtx {
+    origin: OriginCheck,
+    body_bytes: usize,
+    /// The response was already (partly) written by us; errors need no further answer.
+    answered: bool,
+    /// Set when the request is forwarded to a peer.
+    forward: Option<Forwarding>,
+    /// The session held here that the request entered (released once its stream is
+    /// registered, so a handoff never images a session halfway through a request).
+    entered: Option<EnterGuard>,
+}
+
+#[async_trait]
+impl ProxyHttp for McpProxy {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx {
+            origin: OriginCheck::Missing,
+            body_bytes: 0,
+            answered: false,
+            forward: None,
+            entered: None,
+        }
+    }
+
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        // Serve HTTP/1.1 pipelined requests in order instead of dropping them (RFC 9112 §9.3.2).
+        session.set_pipelining_enabled(true);
+        Ok(())
+    }
+
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<bool> {
+        let req = session.req_header();
+        let (method, path, headers) = (
+            req.method.clone(),
+            req.uri.path().to_owned(),
+            req.headers.clone(),
+        );
+        if method == Method::GET && path == PEER_PROBE_PATH {
+            // Peers' liveness probe (`peer_health`): answered here, on the port they forward to.
+            let mut headers = http::HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            let reply = Reply {
+                status: StatusCode::OK,
+                headers,
+                body: ReplyBody::Full(Bytes::from_static(b"ok\n")),
+            };
+            return respond(session, ctx, reply).await;
+        }
+        let admitted = match self.policy.load_full().admit(&method, &path, &headers) {
+            Err(refused) => {
+                self.metrics.rejection(&refused.rejection);
+                ctx.origin = refused.origin;
+                return respond(session, ctx, refused.rejection.into()).await;
+            }
+            Ok(Admission::Preflight(headers)) => {
+                let reply = Reply {
+                    status: StatusCode::NO_CONTENT,
+                    headers,
+                    body: ReplyBody::Empty,
+                };
+                return respond(session, ctx, reply).await;
+            }
+            Ok(Admission::Request(admitted)) => admitted,
+        };
+        ctx.origin = admitted.origin.clone();
+        // A POST for a session nobody holds may still be an `initialize` that kept an old session
+        // id (`fr15_an_initialize_with_a_stale_session_id_starts_a_new_session`): the body decides,
+        // so the 404 waits for it.
+        let miss = match self.route(&admitted, ctx).await {
+            Ok(None) => None,
+            Ok(Some(forwarding)) => {
+                ctx.forward = Some(forwarding);
+                return Ok(false);
+            }
+            Err(rejection @ Rejection::SessionNotFound(_)) if admitted.method == Method::POST => {
+                Some(rejection)
+            }
+            Err(rejection) => {
+                self.metrics.rejection(&rejection);
+                return respond(session, ctx, rejection.into()).await;
+            }
+        };
+        self.metrics.request(&admitted.method, admitted.era);
+        if admitted.era == Era::Stateless {
+            if let Some(v) = admitted.version {
+                self.metrics.protocol_version(v);
+            }
+            return Ok(false);
+        }
+        let body = match self.read_body(session).await {
+            Ok(body) => body,
+            Err(rejection) => {
+                self.metrics.rejection(&rejection);
+                session.set_keepalive(None);
+                return respond(session, ctx, rejection.into()).await;
+            }
+        };
+        if let Some(rejection) = miss
+            && !Envelope::parse(&body).is_ok_and(|e| e.is_initialize())
+        {
+            self.metrics.rejection(&rejection);
+            return respond(session, ctx, rejection.into()).await;
+        }
+        let reply = self.broker.handle(admitted, body, ctx.entered.take()).await;
+        respond(session, ctx, reply).await
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Box<HttpPeer>> {
+        if let Some(f) = &ctx.forward {
+            let mut peer = HttpPeer::new(f.peer.address, false, String::new());
+            peer.options.connection_timeout = Some(PEER_CONNECT_TIMEOUT);
+            peer.options.idle_timeout = Some(PEER_IDLE_TIMEOUT);
+            peer.options.read_timeout = Some(self.peer_read_timeout);
+            peer.options.write_timeout = Some(self.peer_read_timeout);
+            return Ok(Box::new(peer));
+        }
+        Ok(Box::new(HttpPeer::new(
+            self.upstream_addr.as_str(),
+            false,
+            String::new(),
+        )))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<pingora::Error>,
+    ) -> Box<pingora::Error> {
+        if let Some(f) = ctx.forward.as_mut() {
+            let failure = Failure::Connect {
+                refused: e.etype() == &ErrorType::ConnectRefused,
+            };
+            let retry = self.after_failure(f, failure, &e);
+            e.set_retry(retry);
+        }
+        e
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        for name in [TETHER_HOP, TETHER_VISITED, TETHER_HOP_MAC] {
+            upstream_request.remove_header(&name);
+        }
+        if let Some(f) = &ctx.forward {
+            let next = f.hop_so_far().next(self.router.uid());
+            for (name, value) in next.headers(self.router.secret(), f.session_id.as_deref()) {
+                upstream_request.insert_header(name, value)?;
+            }
+            return Ok(());
+        }
+        upstream_request.remove_header(&MCP_SESSION_ID);
+        upstream_request.remove_header(&LAST_EVENT_ID);
+        let path_and_query = match upstream_request.uri.query() {
+            Some(q) => format!("{}?{q}", self.upstream_path),
+            None => self.upstream_path.clone(),
+        };
+        let uri = path_and_query
+            .parse()
+            .map_err(|_| pingora::Error::explain(ErrorType::InvalidHTTPHeader, "upstream path"))?;
+        upstream_request.set_uri(uri);
+        upstream_request.insert_header(header::HOST, self.upstream_addr.as_str())?;
+        Ok(())
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        ctx.body_bytes += body.as_ref().map_or(0, Bytes::len);
+        if ctx.body_bytes > self.policy.load().max_body_bytes {
+            return Err(pingora::Error::explain(
+                ErrorType::HTTPStatus(413),
+                "request body too large",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        if ctx.forward.is_some() {
+            // The peer's answer is authoritative and already carries the CORS headers.
+            return Ok(());
+        }
+        // Stateless traffic never carries a session id (spec S-10); one the upstream opened
+        // anyway is ended.
+        if let Some(id) = upstream_response
+            .headers
+            .get(&MCP_SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+        {
+            self.broker.abandon_upstream_session(id.to_owned());
+        }
+        upstream_response.remove_header(&MCP_SESSION_ID);
+        let mut cors = http::HeaderMap::new();
+        add_response_headers(&mut cors, &ctx.origin);
+        for (name, value) in &cors {
+            upstream_response.insert_header(name.clone(), value.clone())?;
+        }
+        Ok(())
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<pingora::Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<pingora::Error> {
+        let mut e = e.more_context(format!("peer: {peer}"));
+        let replayable = !session.as_ref().retry_buffer_truncated();
+        let unanswered = session.response_written().is_none();
+        let timed_out = matches!(
+            e.etype(),
+            ErrorType::ReadTimedout | ErrorType::WriteTimedout
+        );
+        match ctx.forward.as_mut() {
+            Some(f) => {
+                let failure = Failure::Broken {
+                    replayable,
+                    answered: !unanswered,
+                    timed_out,
+                    reused_connection: client_reused,
+                };
+                let retry = self.after_failure(f, failure, &e);
+                e.set_retry(retry);
+            }
+            None if !session.req_header().method.is_idempotent() || !replayable => {
+                e.set_retry(false);
+            }
+            None => e.retry.decide_reuse(client_reused),
+        }
+        e
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &pingora::Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        if ctx.answered || session.response_written().is_some() {
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
+        let fallback = ctx.forward.as_mut().and_then(|f| f.fallback.take());
+        let rejection = fallback.unwrap_or_else(|| {
+            failed_answer(
+                e.etype(),
+                ctx.forward.is_some(),
+                self.policy.load().max_body_bytes,
+            )
+        });
+        self.metrics.rejection(&rejection);
+        let code = rejection.status().as_u16();
+        let _ = respond(session, ctx, rejection.into()).await;
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(
+        &self,
+        _session: &mut Session,
+        e: Option<&pingora::Error>,
+        ctx: &mut RequestCtx,
+    ) {
+        let Some(f) = &ctx.forward else { return };
+        // Connect failures were counted when they happened (`fail_to_connect`).
+        let outcome = match e {
+            None => Some("ok"),
+            Some(e) if is_connect_error(e.etype()) => None,
+            Some(e) if e.esource() == &ErrorSource::Downstream => Some("client_closed"),
+            Some(_) => Some("error"),
+        };
+        if let Some(outcome) = outcome {
+            self.metrics.forward(f.kind.label(), outcome);
+        }
+        self.metrics.forward_hop(f.hop.count.saturating_add(1));
+    }
+
+    fn suppress_error_log(
+        &self,
+        _session: &Session,
+        ctx: &RequestCtx,
+        error: &pingora::Error,
+    ) -> bool {
+        // Errors after we answered are client disconnects or lost readers, logged at debug; so
+        // are clients leaving a forwarded exchange.
+        ctx.answered || (ctx.forward.is_some() && error.esource() == &ErrorSource::Downstream)
+    }
+}
+
+impl McpProxy {
+    /// Routes an admitted request: `None` to serve it here (a session held here is entered,
+    /// `ctx.entered`), a [`Forwarding`] to proxy it to a peer, or the 404/403/503 that ends it.
+    async fn route(
+        &self,
+        admitted: &Admitted,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Forwarding>, Rejection> {
+        let session_id = match admitted.era {
+            Era::Stateless => None,
+            _ => admitted.session_id.clone(),
+        };
+        let hop = Hop::read(
+            &admitted.headers,
+            self.router.secret(),
+            session_id.as_deref(),
+        )?;
+        let nonce;
+        let (target, home) = match session_id.as_deref() {
+            Some(id) => {
+                let (home, moved) = self.enter(id, ctx).await?;
+                if let Some(uid) = moved {
+                    let peer = self.router.moved_to(&uid, &hop)?;
+                    return Ok(Some(Forwarding::new(
+                        peer,
+                        ForwardKind::Moved,
+                        hop,
+                        session_id,
+                        Some(home),
+                    )));
+                }
+                let held = ctx.entered.is_some();
+                (Target::Session { id, home, held }, Some(home))
+            }
+            None => {
+                nonce = placement_nonce();
+                (Target::Placement { nonce: &nonce }, None)
+            }
+        };
+        match self
+            .router
+            .route(self.lifecycle.is_draining(), target, &hop)
+        {
+            Route::Local => Ok(None),
+            Route::NotFound(reason) => Err(Rejection::SessionNotFound(reason)),
+            Route::Unavailable => Err(Rejection::PeerUnavailable),
+            Route::Forward { peer, kind } => {
+                tracing::debug!(peer = %peer.name, kind = kind.label(), hop = hop.count + 1, "forwarding");
+                Ok(Some(Forwarding::new(peer, kind, hop, session_id, home)))
+            }
+        }
+    }
+
+    /// Carries out [`forward::after_failure`] for `f` after `failure` (`error`): counts and
+    /// logs a peer given up on, marks it down, and returns whether pingora tries again (the
+    /// same peer, or the next candidate now in `f.peer`).
+    fn after_failure(&self, f: &mut Forwarding, failure: Failure, error: &pingora::Error) -> bool {
+        let (kind, name, address) = (f.kind, f.peer.name.clone(), f.peer.address);
+        let now = Instant::now();
+        let health = self.router.health();
+        let view = self.router.view();
+        let own = self.router.own_peer();
+        let nonce = placement_nonce();
+        let down = |uid: &str| health.down(uid, now);
+        let world = World {
+            view: &view,
+            me: self.router.me(self.lifecycle.is_draining()),
+            down: &down,
+            own: &own,
+            nonce: &nonce,
+        };
+        let decision = forward::after_failure(f, failure, &world);
+        if decision.rerouted {
+            self.metrics.forward(kind.label(), "connect_error");
+            match failure {
+                Failure::Connect { .. } => {
+                    tracing::warn!(peer = %name, %address, %error, "peer unreachable; trying the next candidate");
+                }
+                Failure::Broken { .. } => {
+                    tracing::warn!(peer = %name, %error, "peer broke the exchange; trying the next candidate");
+                }
+            }
+        }
+        if let Some((uid, cause)) = &decision.mark_down {
+            health.mark_down(uid, *cause, now);
+        }
+        decision.next != Next::GiveUp
+    }
+
+    /// Enters session `id` when it is held here (`ctx.entered`), waiting out a handoff under
+    /// way; returns its home and, when it was handed off from here, the new holder's UID.
+    async fn enter(
+        &self,
+        id: &str,
+        ctx: &mut RequestCtx,
+    ) -> Result<(crate::mcp::session_id::HomeToken, Option<String>), Rejection> {
+        loop {
+            let (home, here) = self.broker.locate(id).map_err(Rejection::SessionNotFound)?;
+            let session = match here {
+                Here::Held(session) => session,
+                Here::Moved(uid) => return Ok((home, Some(uid))),
+                Here::Absent => return Ok((home, None)),
+            };
+            match session.enter() {
+                Entry::Entered(guard) => {
+                    ctx.entered = Some(guard);
+                    return Ok((home, None));
+                }
+                Entry::Moved(uid) => return Ok((home, Some(uid))),
+                Entry::Moving => {
+                    if !session.settled(MOVE_WAIT).await {
+                        return Err(Rejection::PeerUnavailable);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A random string that spreads placements over routable peers.
+fn placement_nonce() -> String {
+    let bytes: [u8; 8] = rand::random();
+    hex::encode(bytes)
+}
+
+/// Writes `reply` with the CORS headers of the request (see [`respond::write`]); from now on
+/// the request needs no other answer.
+async fn respond(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    reply: Reply,
+) -> pingora::Result<bool> {
+    ctx.answered = true;
+    respond::write(session, &ctx.origin, reply).await
+}

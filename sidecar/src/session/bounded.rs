@@ -1,0 +1,93 @@
+//! A map that keeps at most a fixed number of entries and forgets the oldest first: the bound
+//! of every per-session and per-pod record (retry records, ended and moved sessions).
+
+use std::borrow::Borrow;
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+
+/// At most `cap` entries; inserting one more forgets the oldest.
+#[derive(Debug)]
+pub(crate) struct Bounded<K, V> {
+    entries: HashMap<K, V>,
+    /// Keys, oldest first; exactly the keys of `entries`.
+    order: VecDeque<K>,
+    cap: usize,
+}
+
+impl<K: Eq + Hash + Clone, V> Bounded<K, V> {
+    /// An empty map holding at most `cap` entries.
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            cap,
+        }
+    }
+
+    /// Sets `key` to `value`. A new key is the newest entry; a known one keeps its place.
+    pub(crate) fn insert(&mut self, key: K, value: V) {
+        if self.entries.insert(key.clone(), value).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > self.cap {
+            if let Some(old) = self.order.pop_front() {
+                self.entries.remove(&old);
+            }
+        }
+    }
+
+    /// The value of `key`.
+    pub(crate) fn get<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.entries.get(key)
+    }
+
+    /// Whether `key` is held.
+    pub(crate) fn contains(&self, key: &K) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    /// Forgets `key`.
+    pub(crate) fn remove(&mut self, key: &K) {
+        if self.entries.remove(key).is_some()
+            && let Some(at) = self.order.iter().position(|k| k == key)
+        {
+            self.order.remove(at);
+        }
+    }
+
+    /// Every entry, oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.order
+            .iter()
+            .filter_map(|k| self.entries.get(k).map(|v| (k, v)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_entries_are_forgotten_first() {
+        let mut b = Bounded::new(2);
+        b.insert("a", 1);
+        b.insert("b", 2);
+        b.insert("a", 3);
+        assert_eq!(b.get("a"), Some(&3), "a known key takes the new value");
+        b.insert("c", 4);
+        assert!(!b.contains(&"a"), "the oldest goes first");
+        assert_eq!(b.iter().collect::<Vec<_>>(), [(&"b", &2), (&"c", &4)]);
+        b.remove(&"b");
+        b.insert("d", 5);
+        b.insert("e", 6);
+        assert_eq!(
+            b.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            ["d", "e"],
+            "a removed key no longer counts"
+        );
+    }
+}

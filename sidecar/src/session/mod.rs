@@ -1,0 +1,936 @@
+//! A client session held by this pod (`docs/design/architecture.md#sessions`).
+//!
+//! A [`Session`] maps the client's session id (minted by the sidecar) to the upstream's session
+//! id, and holds the session's streams, the records that de-duplicate retried requests, the
+//! standalone GET stream, the journal and the time of the last activity (for
+//! `session.idleTimeout`). Memory per session is bounded: at most [`MAX_STREAMS`] streams (the
+//! oldest completed ones are forgotten first) and [`MAX_REQUEST_RECORDS`] retry records. The
+//! pod's sessions are found in the [`Registry`].
+
+mod bounded;
+pub(crate) mod journal;
+mod registry;
+
+pub(crate) use registry::{Registry, TooManySessions};
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::Value;
+use tether_crds::ProtocolVersion;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::cursor::StreamKey;
+use crate::mcp::jsonrpc::{Message, RequestKey};
+use crate::session::journal::Journal;
+use crate::stream::StoredReply;
+use crate::stream::buffer::{BufferLimits, Evictions, PodBudget};
+use crate::stream::{Stream, StreamKind, StreamSnapshot};
+use bounded::Bounded;
+
+/// Most streams (live or tombstones) one session keeps.
+pub(crate) const MAX_STREAMS: usize = 4096;
+/// Most request records one session keeps for retry de-duplication.
+pub(crate) const MAX_REQUEST_RECORDS: usize = 16384;
+
+/// The session's standalone GET stream (spec T-09).
+#[derive(Clone, Debug)]
+pub(crate) enum Standalone {
+    /// Not opened upstream yet.
+    None,
+    /// Open: every client GET without `Last-Event-ID` reads this stream.
+    Open(Arc<Stream>),
+    /// The upstream offers none; its answer (405) is replayed to every GET.
+    Unsupported(StoredReply),
+}
+
+#[derive(Debug)]
+struct RequestRecord {
+    digest: [u8; 32],
+    stream: StreamKey,
+}
+
+/// One retry record, as a [`SessionSnapshot`] carries it: a request id, the SHA-256 of the
+/// POST body that carried it, and the stream carrying its response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RetryRecord {
+    /// The JSON-RPC request id.
+    pub(crate) id: RequestKey,
+    /// SHA-256 of the POST body.
+    pub(crate) digest: [u8; 32],
+    /// The stream carrying its response.
+    pub(crate) stream: StreamKey,
+}
+
+/// A copy of a session's state for another pod (a handoff): everything a pod needs to serve a
+/// session it did not create.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct SessionSnapshot {
+    /// The client session id.
+    pub(crate) id: String,
+    /// The negotiated protocol version.
+    pub(crate) version: ProtocolVersion,
+    /// The journal the upstream session is rebuilt from (`migration: Replay`).
+    pub(crate) journal: Journal,
+    /// Retry records, oldest first.
+    pub(crate) records: Vec<RetryRecord>,
+    /// Every stream the session keeps (live ones, completed ones and tombstones), oldest first.
+    pub(crate) streams: Vec<StreamSnapshot>,
+    /// The upstream's answer to a standalone `GET` when it offers none (replayed to clients).
+    pub(crate) standalone_unsupported: Option<StoredReply>,
+}
+
+#[derive(Debug)]
+struct State {
+    streams: HashMap<StreamKey, Arc<Stream>>,
+    stream_order: VecDeque<StreamKey>,
+    requests: Bounded<RequestKey, RequestRecord>,
+    standalone: Standalone,
+    last_activity: Instant,
+    busy: u32,
+    upstream_id: Option<String>,
+    journal: Journal,
+    /// Requests admitted to this session that have not registered their stream yet.
+    entering: u32,
+    /// Where the session is in a handoff.
+    handoff: HandoffState,
+    /// Woken on every change of every stream (the handoff follower), new streams included.
+    observer: Option<Arc<Notify>>,
+    /// The pod's activity (the registry's): woken when a request of this session ends or one
+    /// of its streams completes.
+    activity: Option<Arc<Notify>>,
+}
+
+/// Where a session is in a handoff (`docs/design/handoff.md#moving-one-session`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum HandoffState {
+    /// Served here.
+    Held,
+    /// Being pushed to a peer: new requests wait until the peer acknowledged or refused.
+    Moving,
+    /// The peer with this UID acknowledged it: requests go there.
+    Moved(String),
+}
+
+/// What a request finds when it enters a session held here ([`Session::enter`]).
+#[derive(Debug)]
+pub(crate) enum Entry {
+    /// Served here; keep the guard until the request registered its stream.
+    Entered(EnterGuard),
+    /// Being handed off: wait ([`Session::settled`]) and ask again.
+    Moving,
+    /// Handed to the peer with this UID.
+    Moved(String),
+}
+
+/// Counts a request between admission and the registration of its stream, so a handoff never
+/// snapshots a session halfway through a request. Dropping it ends the count.
+#[derive(Debug)]
+pub(crate) struct EnterGuard(Arc<Session>);
+
+impl EnterGuard {
+    /// The session entered.
+    pub(crate) fn session(&self) -> &Arc<Session> {
+        &self.0
+    }
+}
+
+impl Drop for EnterGuard {
+    fn drop(&mut self) {
+        let observer = {
+            let mut st = self.0.state.lock();
+            st.entering -= 1;
+            if st.entering > 0 {
+                return;
+            }
+            st.observer.clone()
+        };
+        self.0.entered.notify_waiters();
+        if let Some(observer) = observer {
+            observer.notify_one();
+        }
+    }
+}
+
+/// What a POST's request ids mean for a session (retry de-duplication,
+/// `docs/design/architecture.md#streams-and-the-replay-buffer`).
+#[derive(Debug)]
+pub(crate) enum Dedupe {
+    /// New ids: dispatch upstream.
+    New,
+    /// The same ids with the same body: a retry; attach to the existing stream.
+    Retry(Arc<Stream>),
+    /// A known id with a different body, or ids spread over several POSTs: 400 (spec S-09).
+    Conflict,
+}
+
+/// One client session held by this pod.
+#[derive(Debug)]
+pub(crate) struct Session {
+    id: String,
+    digest: String,
+    version: ProtocolVersion,
+    cancel: CancellationToken,
+    state: Mutex<State>,
+    /// Serialises opening the upstream standalone GET stream ([`Session::open_standalone_once`]).
+    standalone_open: tokio::sync::Mutex<()>,
+    /// Serialises rebuilding the upstream session from the journal ([`Session::rebuild_once`]).
+    rebuilding: tokio::sync::Mutex<()>,
+    /// The session came from a peer: its upstream session is rebuilt before first use.
+    needs_rebuild: AtomicBool,
+    /// It came with a standalone stream open at the sender: the rebuild opens one here too.
+    reopen_standalone: AtomicBool,
+    /// Woken when a handoff ends (acknowledged or refused).
+    handoff_settled: Notify,
+    /// Woken when the last request admitted and not yet registered is ([`EnterGuard`]).
+    entered: Notify,
+}
+
+impl Session {
+    /// A new session. `digest` is the id's keyed digest, used in logs instead of the id;
+    /// `journal` starts with the `initialize` request sent upstream.
+    pub(crate) fn new(
+        id: String,
+        digest: String,
+        upstream_id: Option<String>,
+        version: ProtocolVersion,
+        journal: Journal,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            digest,
+            version,
+            cancel: CancellationToken::new(),
+            state: Mutex::new(State {
+                streams: HashMap::new(),
+                stream_order: VecDeque::new(),
+                requests: Bounded::new(MAX_REQUEST_RECORDS),
+                standalone: Standalone::None,
+                last_activity: Instant::now(),
+                busy: 0,
+                upstream_id,
+                journal,
+                entering: 0,
+                handoff: HandoffState::Held,
+                observer: None,
+                activity: None,
+            }),
+            standalone_open: tokio::sync::Mutex::new(()),
+            rebuilding: tokio::sync::Mutex::new(()),
+            needs_rebuild: AtomicBool::new(false),
+            reopen_standalone: AtomicBool::new(false),
+            handoff_settled: Notify::new(),
+            entered: Notify::new(),
+        })
+    }
+
+    /// A session handed over by pod `from` (`docs/design/handoff.md`): its streams, retry
+    /// records and journal as they were there; incomplete streams keep following `from`. Its
+    /// upstream session is rebuilt from the journal before first use
+    /// ([`Session::needs_rebuild`]); when a standalone stream was open at `from`, the rebuild
+    /// opens one here too ([`Session::take_reopen_standalone`]).
+    pub(crate) fn from_parts(
+        snapshot: SessionSnapshot,
+        digest: String,
+        from: &str,
+        limits: BufferLimits,
+        budget: &PodBudget,
+    ) -> Arc<Self> {
+        let SessionSnapshot {
+            id,
+            version,
+            journal,
+            records,
+            streams,
+            standalone_unsupported,
+        } = snapshot;
+        let session = Self::new(id, digest, None, version, journal);
+        session.needs_rebuild.store(true, Ordering::Relaxed);
+        let standalone_open = streams
+            .iter()
+            .any(|s| s.kind == StreamKind::Standalone && !s.complete);
+        session
+            .reopen_standalone
+            .store(standalone_open, Ordering::Relaxed);
+        if let Some(reply) = standalone_unsupported {
+            session.state.lock().standalone = Standalone::Unsupported(reply);
+        }
+        session.import(&streams, &records, from, limits, budget);
+        session
+    }
+
+    /// Applies streams and retry records sent by pod `from`: known streams take the new
+    /// events and state, unknown ones are created; records of known request ids are kept.
+    /// Returns how many events were new.
+    pub(crate) fn import(
+        &self,
+        streams: &[StreamSnapshot],
+        records: &[RetryRecord],
+        from: &str,
+        limits: BufferLimits,
+        budget: &PodBudget,
+    ) -> usize {
+        let mut added = 0;
+        let mut st = self.state.lock();
+        for snapshot in streams {
+            match st.streams.get(&snapshot.key) {
+                Some(stream) => added += stream.apply(snapshot),
+                None => {
+                    let stream = Stream::from_snapshot(
+                        snapshot,
+                        limits,
+                        budget.clone(),
+                        self.cancel.child_token(),
+                        from,
+                    );
+                    added += snapshot.events.len();
+                    Self::insert_stream(&mut st, &stream);
+                }
+            }
+        }
+        for r in records {
+            if !st.requests.contains(&r.id) {
+                st.requests.insert(
+                    r.id.clone(),
+                    RequestRecord {
+                        digest: r.digest,
+                        stream: r.stream.clone(),
+                    },
+                );
+            }
+        }
+        added
+    }
+
+    /// A copy of the session with at most `max_bytes` of event data in all (each stream gets
+    /// at least its oldest unsent event). Returns the copy and, per stream, the sequence the
+    /// receiver will be at (the follower sends the rest).
+    pub(crate) fn snapshot(&self, max_bytes: usize) -> (SessionSnapshot, HashMap<StreamKey, u64>) {
+        let st = self.state.lock();
+        let mut budget = max_bytes;
+        let mut positions = HashMap::with_capacity(st.streams.len());
+        let mut streams = Vec::with_capacity(st.streams.len());
+        for key in &st.stream_order {
+            let Some(stream) = st.streams.get(key) else {
+                continue;
+            };
+            let (snapshot, at) = stream.snapshot(0, budget);
+            let size: usize = snapshot.events.iter().map(|e| e.data.len()).sum();
+            budget = budget.saturating_sub(size);
+            positions.insert(key.clone(), at);
+            streams.push(snapshot);
+        }
+        let snapshot = SessionSnapshot {
+            id: self.id.clone(),
+            version: self.version,
+            journal: st.journal.clone(),
+            records: Self::records(&st, None),
+            streams,
+            standalone_unsupported: match &st.standalone {
+                Standalone::Unsupported(reply) => Some(reply.clone()),
+                _ => None,
+            },
+        };
+        (snapshot, positions)
+    }
+
+    /// Retry records of the streams in `only` (every record with `None`), oldest first.
+    fn records(st: &State, only: Option<&[StreamKey]>) -> Vec<RetryRecord> {
+        st.requests
+            .iter()
+            .filter(|(_, rec)| only.is_none_or(|keys| keys.contains(&rec.stream)))
+            .map(|(id, rec)| RetryRecord {
+                id: id.clone(),
+                digest: rec.digest,
+                stream: rec.stream.clone(),
+            })
+            .collect()
+    }
+
+    /// Retry records of the streams `keys` (new streams sent in a tail message).
+    pub(crate) fn records_of(&self, keys: &[StreamKey]) -> Vec<RetryRecord> {
+        Self::records(&self.state.lock(), Some(keys))
+    }
+
+    /// Runs `work` (a rebuild of the upstream session from the journal) while no other rebuild
+    /// of this session runs; callers check again inside whether one is still needed.
+    pub(crate) async fn rebuild_once<F: Future>(&self, work: F) -> F::Output {
+        let _one_at_a_time = self.rebuilding.lock().await;
+        work.await
+    }
+
+    /// Runs `work` (opening the upstream standalone GET stream) while no other opening of this
+    /// session's runs; callers check again inside whether the stream is still missing.
+    pub(crate) async fn open_standalone_once<F: Future>(&self, work: F) -> F::Output {
+        let _opening = self.standalone_open.lock().await;
+        work.await
+    }
+
+    /// Whether the upstream session must be rebuilt from the journal before first use (the
+    /// session came from a peer).
+    pub(crate) fn needs_rebuild(&self) -> bool {
+        self.needs_rebuild.load(Ordering::Relaxed)
+    }
+
+    /// Records that the upstream session was rebuilt.
+    pub(crate) fn rebuilt(&self) {
+        self.needs_rebuild.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether the rebuilt upstream session needs a standalone stream at once (the sender had
+    /// one open); `true` only once.
+    pub(crate) fn take_reopen_standalone(&self) -> bool {
+        self.reopen_standalone.swap(false, Ordering::Relaxed)
+    }
+
+    /// Admits a request into the session, unless a handoff is moving or moved it.
+    pub(crate) fn enter(self: &Arc<Self>) -> Entry {
+        let mut st = self.state.lock();
+        match &st.handoff {
+            HandoffState::Held => {
+                st.entering += 1;
+                Entry::Entered(EnterGuard(Arc::clone(self)))
+            }
+            HandoffState::Moving => Entry::Moving,
+            HandoffState::Moved(to) => Entry::Moved(to.clone()),
+        }
+    }
+
+    /// Starts a handoff; `false` when one is under way or done.
+    pub(crate) fn begin_move(&self) -> bool {
+        let mut st = self.state.lock();
+        if st.handoff != HandoffState::Held {
+            return false;
+        }
+        st.handoff = HandoffState::Moving;
+        true
+    }
+
+    /// Requests admitted and not registered yet.
+    pub(crate) fn entering(&self) -> u32 {
+        self.state.lock().entering
+    }
+
+    /// Ends a handoff: acknowledged by `to`, or refused everywhere (`None`: served here again).
+    pub(crate) fn finish_move(&self, to: Option<String>) {
+        self.state.lock().handoff = match to {
+            Some(uid) => HandoffState::Moved(uid),
+            None => HandoffState::Held,
+        };
+        self.handoff_settled.notify_waiters();
+    }
+
+    /// Waits until every request admitted into the session registered its stream (a move
+    /// images the session only then), at most `bound`; returns whether they all did.
+    pub(crate) async fn all_entered(&self, bound: Duration) -> bool {
+        let wait = async {
+            loop {
+                let entered = self.entered.notified();
+                if self.state.lock().entering == 0 {
+                    return;
+                }
+                entered.await;
+            }
+        };
+        tokio::time::timeout(bound, wait).await.is_ok()
+    }
+
+    /// Waits until a handoff under way ends, at most `bound`; returns whether it did.
+    pub(crate) async fn settled(&self, bound: Duration) -> bool {
+        let wait = async {
+            loop {
+                let notified = self.handoff_settled.notified();
+                if self.state.lock().handoff != HandoffState::Moving {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(bound, wait).await.is_ok()
+    }
+
+    /// Wakes every waiter of `activity` when a request of the session ends or one of its
+    /// streams, present and future, completes.
+    pub(crate) fn report_to(&self, activity: &Arc<Notify>) {
+        let mut st = self.state.lock();
+        st.activity = Some(Arc::clone(activity));
+        for stream in st.streams.values() {
+            stream.report_to(activity);
+        }
+    }
+
+    /// Wakes `observer` on every change of every stream, present and future.
+    pub(crate) fn observe(&self, observer: &Arc<Notify>) {
+        let mut st = self.state.lock();
+        st.observer = Some(Arc::clone(observer));
+        for stream in st.streams.values() {
+            stream.observe(observer);
+        }
+    }
+
+    /// The client session id (never log it; use [`Session::digest`]).
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The keyed digest that stands for the id in logs.
+    pub(crate) fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The upstream's session id (it changes when the session is rebuilt).
+    pub(crate) fn upstream_id(&self) -> Option<String> {
+        self.state.lock().upstream_id.clone()
+    }
+
+    /// Switches to a rebuilt upstream session.
+    pub(crate) fn set_upstream_id(&self, id: Option<String>) {
+        self.state.lock().upstream_id = id;
+    }
+
+    /// Records a client message in the journal if it belongs there.
+    pub(crate) fn record(&self, message: &Message, raw: &Value) {
+        self.state.lock().journal.record(message, raw);
+    }
+
+    /// A copy of the journal.
+    pub(crate) fn journal(&self) -> Journal {
+        self.state.lock().journal.clone()
+    }
+
+    /// The negotiated protocol version.
+    pub(crate) fn version(&self) -> ProtocolVersion {
+        self.version
+    }
+
+    /// Whether clients of this session get priming events (negotiated ≥ 2025-11-25, R-05).
+    pub(crate) fn primes(&self) -> bool {
+        self.version >= ProtocolVersion::V2025_11_25
+    }
+
+    /// A child token for a new stream's upstream task; cancelled when the session ends.
+    pub(crate) fn child_token(&self) -> CancellationToken {
+        self.cancel.child_token()
+    }
+
+    /// Whether the session has ended.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Marks a request being handled; the session is not idle while the guard lives.
+    pub(crate) fn busy(self: &Arc<Self>) -> BusyGuard {
+        let mut st = self.state.lock();
+        st.busy += 1;
+        st.last_activity = Instant::now();
+        BusyGuard(Arc::clone(self))
+    }
+
+    /// Classifies the request ids of a POST against the session's records and, when they are
+    /// new, registers `stream` for them, atomically (concurrent retries dispatch once).
+    pub(crate) fn claim(
+        &self,
+        ids: &[RequestKey],
+        digest: [u8; 32],
+        stream: &Arc<Stream>,
+    ) -> Dedupe {
+        let mut st = self.state.lock();
+        let verdict = Self::classify(&st, ids, digest);
+        if matches!(verdict, Dedupe::New) {
+            Self::insert_stream(&mut st, stream);
+            for id in ids {
+                st.requests.insert(
+                    id.clone(),
+                    RequestRecord {
+                        digest,
+                        stream: stream.key().clone(),
+                    },
+                );
+            }
+        }
+        verdict
+    }
+
+    fn classify(st: &State, ids: &[RequestKey], digest: [u8; 32]) -> Dedupe {
+        let mut found: Option<&StreamKey> = None;
+        let mut unknown = 0;
+        for id in ids {
+            match st.requests.get(id) {
+                None => unknown += 1,
+                Some(rec) if rec.digest != digest => return Dedupe::Conflict,
+                Some(rec) => match found {
+                    Some(key) if *key != rec.stream => return Dedupe::Conflict,
+                    _ => found = Some(&rec.stream),
+                },
+            }
+        }
+        match found {
+            None => Dedupe::New,
+            Some(_) if unknown > 0 => Dedupe::Conflict,
+            Some(key) => match st.streams.get(key) {
+                Some(stream) => Dedupe::Retry(Arc::clone(stream)),
+                // The stream was forgotten (over MAX_STREAMS): its events cannot be replayed.
+                None => Dedupe::Conflict,
+            },
+        }
+    }
+
+    /// Forgets a POST the upstream never received (so a retry dispatches it again).
+    pub(crate) fn unregister_post(&self, stream: &Stream, ids: &[RequestKey]) {
+        let mut st = self.state.lock();
+        st.streams.remove(stream.key());
+        for id in ids {
+            st.requests.remove(id);
+        }
+    }
+
+    /// Registers a stream that no request id leads to (the `initialize` response stream).
+    pub(crate) fn register_stream(&self, stream: &Arc<Stream>) {
+        Self::insert_stream(&mut self.state.lock(), stream);
+    }
+
+    fn insert_stream(st: &mut State, stream: &Arc<Stream>) {
+        if let Some(observer) = &st.observer {
+            stream.observe(observer);
+        }
+        if let Some(activity) = &st.activity {
+            stream.report_to(activity);
+        }
+        st.streams.insert(stream.key().clone(), Arc::clone(stream));
+        st.stream_order.push_back(stream.key().clone());
+        let mut budget = st.stream_order.len().saturating_sub(MAX_STREAMS);
+        if budget == 0 {
+            return;
+        }
+        let mut kept = VecDeque::with_capacity(st.stream_order.len());
+        while let Some(key) = st.stream_order.pop_front() {
+            let forget = budget > 0
+                && st
+                    .streams
+                    .get(&key)
+                    .is_none_or(|s| s.is_complete() && !s.is_active());
+            if forget {
+                st.streams.remove(&key);
+                budget -= 1;
+            } else {
+                kept.push_back(key);
+            }
+        }
+        st.stream_order = kept;
+    }
+
+    /// The stream with `key`, if this session has it.
+    pub(crate) fn stream(&self, key: &StreamKey) -> Option<Arc<Stream>> {
+        self.state.lock().streams.get(key).cloned()
+    }
+
+    /// The stream that carries the response to request `id`.
+    pub(crate) fn stream_of_request(&self, id: &RequestKey) -> Option<Arc<Stream>> {
+        let st = self.state.lock();
+        let rec = st.requests.get(id)?;
+        st.streams.get(&rec.stream).cloned()
+    }
+
+    /// The first standalone stream registered after stream `key` (the chain a client's
+    /// standalone GET follows across handoffs: the old holder's, then each new holder's).
+    pub(crate) fn next_standalone(&self, key: &StreamKey) -> Option<Arc<Stream>> {
+        let st = self.state.lock();
+        st.stream_order
+            .iter()
+            .skip_while(|k| *k != key)
+            .skip(1)
+            .filter_map(|k| st.streams.get(k))
+            .find(|s| s.kind() == StreamKind::Standalone)
+            .cloned()
+    }
+
+    /// The standalone stream state.
+    pub(crate) fn standalone(&self) -> Standalone {
+        self.state.lock().standalone.clone()
+    }
+
+    /// Sets the standalone stream state (an open stream is also registered for resumes).
+    pub(crate) fn set_standalone(&self, standalone: Standalone) {
+        let mut st = self.state.lock();
+        if let Standalone::Open(stream) = &standalone {
+            Self::insert_stream(&mut st, stream);
+        }
+        st.standalone = standalone;
+    }
+
+    /// Forgets the standalone stream `stream` (its upstream gave up); the next GET reopens one.
+    pub(crate) fn clear_standalone(&self, stream: &Stream) {
+        let mut st = self.state.lock();
+        if matches!(&st.standalone, Standalone::Open(s) if s.key() == stream.key()) {
+            st.standalone = Standalone::None;
+        }
+    }
+
+    /// Whether nothing happened for `idle` at `now`: no request being handled, no attached
+    /// reader, no POST waiting for its response.
+    pub(crate) fn is_idle(&self, now: Instant, idle: Duration) -> bool {
+        let st = self.state.lock();
+        st.busy == 0
+            && now.saturating_duration_since(st.last_activity) >= idle
+            && st.streams.values().all(|s| !s.is_active())
+    }
+
+    /// Whether a request of the session is being handled or a POST waits for its response.
+    pub(crate) fn in_flight(&self) -> bool {
+        let st = self.state.lock();
+        st.busy > 0
+            || st
+                .streams
+                .values()
+                .any(|s| s.kind().answers_requests() && !s.is_complete())
+    }
+
+    /// Evicts expired events of every stream.
+    pub(crate) fn evict_expired(&self, now: Instant) -> Evictions {
+        let streams = self.streams();
+        let mut total = Evictions::default();
+        for s in streams {
+            let e = s.evict_expired(now);
+            total.count += e.count;
+            total.bytes += e.bytes;
+            total.ttl += e.ttl;
+            total.pod_cap += e.pod_cap;
+        }
+        total
+    }
+
+    /// Every stream of the session.
+    pub(crate) fn streams(&self) -> Vec<Arc<Stream>> {
+        self.state.lock().streams.values().cloned().collect()
+    }
+
+    /// Streams held, and events and bytes buffered over all of them.
+    pub(crate) fn buffered(&self) -> (usize, usize, u64) {
+        let st = self.state.lock();
+        let (mut events, mut bytes) = (0, 0);
+        for s in st.streams.values() {
+            let (e, b) = s.buffered();
+            events += e;
+            bytes += b;
+        }
+        (st.streams.len(), events, bytes)
+    }
+
+    /// Ends the session: upstream tasks stop; a POST still waiting for its answer gets `gone`
+    /// (the 404 of a lost session), requests already streaming get a JSON-RPC error; readers
+    /// drain what is buffered and end.
+    pub(crate) fn end(&self, gone: &StoredReply) {
+        self.cancel.cancel();
+        for s in self.streams() {
+            s.end_with_session(gone);
+        }
+    }
+}
+
+/// Keeps a session from being idle while a request is handled.
+#[derive(Debug)]
+pub(crate) struct BusyGuard(Arc<Session>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        let activity = {
+            let mut st = self.0.state.lock();
+            st.busy -= 1;
+            st.last_activity = Instant::now();
+            st.activity.clone()
+        };
+        if let Some(activity) = activity {
+            activity.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::StreamKind;
+    use crate::stream::buffer::{BufferLimits, PodBudget};
+
+    fn session() -> Arc<Session> {
+        Session::new(
+            "id".into(),
+            "digest".into(),
+            None,
+            ProtocolVersion::V2025_06_18,
+            Journal::new(Value::Null),
+        )
+    }
+
+    fn stream(s: &Session, ids: &[RequestKey]) -> Arc<Stream> {
+        Stream::new(
+            StreamKind::Post,
+            ids.to_vec(),
+            BufferLimits {
+                max_events: 8,
+                max_bytes: 1024,
+                ttl: Duration::from_secs(60),
+            },
+            PodBudget::new(u64::MAX),
+            s.child_token(),
+        )
+    }
+
+    fn key(i: i64) -> RequestKey {
+        RequestKey::of(&Value::from(i))
+    }
+
+    #[test]
+    fn retries_attach_and_conflicts_are_refused() {
+        let s = session();
+        let ids = [key(1)];
+        let st = stream(&s, &ids);
+        assert!(matches!(s.claim(&ids, [1; 32], &st), Dedupe::New));
+        let other = stream(&s, &ids);
+        match s.claim(&ids, [1; 32], &other) {
+            Dedupe::Retry(found) => assert_eq!(found.key(), st.key()),
+            v => panic!("expected a retry, got {v:?}"),
+        }
+        assert!(matches!(s.claim(&ids, [2; 32], &other), Dedupe::Conflict));
+        assert!(matches!(
+            s.claim(&[key(1), key(2)], [1; 32], &other),
+            Dedupe::Conflict
+        ));
+        s.unregister_post(&st, &ids);
+        assert!(matches!(s.claim(&ids, [1; 32], &other), Dedupe::New));
+    }
+
+    #[test]
+    fn idle_only_without_activity() {
+        let s = session();
+        let later = Instant::now() + Duration::from_secs(10);
+        assert!(s.is_idle(later, Duration::from_secs(5)));
+        let guard = s.busy();
+        assert!(!s.is_idle(later, Duration::from_secs(5)));
+        drop(guard);
+        let st = stream(&s, &[key(1)]);
+        s.claim(&[key(1)], [0; 32], &st);
+        assert!(
+            !s.is_idle(
+                Instant::now() + Duration::from_secs(10),
+                Duration::from_secs(5)
+            ),
+            "a POST waiting for its response keeps the session"
+        );
+        st.complete();
+        assert!(s.is_idle(
+            Instant::now() + Duration::from_secs(10),
+            Duration::from_secs(5)
+        ));
+    }
+
+    #[test]
+    fn ending_a_session_completes_its_streams() {
+        let s = session();
+        let st = stream(&s, &[key(1)]);
+        s.claim(&[key(1)], [0; 32], &st);
+        st.mark_sse(http::HeaderMap::new());
+        s.end(&StoredReply {
+            status: http::StatusCode::NOT_FOUND,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::new(),
+        });
+        assert!(st.is_complete());
+        assert!(
+            st.pending().is_empty(),
+            "the pending request got an error event"
+        );
+        assert!(st.cancel_token().is_cancelled());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_mover_waits_for_admitted_requests_to_register() {
+        let s = session();
+        assert!(
+            s.all_entered(Duration::from_secs(2)).await,
+            "nothing admitted"
+        );
+        let Entry::Entered(guard) = s.enter() else {
+            panic!("a held session admits requests")
+        };
+        assert!(
+            !s.all_entered(Duration::from_secs(2)).await,
+            "a request admitted and not registered holds the mover until the bound"
+        );
+        let waiter = {
+            let s = Arc::clone(&s);
+            tokio::spawn(async move { s.all_entered(Duration::from_secs(60)).await })
+        };
+        tokio::task::yield_now().await;
+        drop(guard);
+        assert!(waiter.await.unwrap(), "woken when the last one registers");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pods_activity_wakes_when_a_request_ends_or_a_stream_completes() {
+        let registry = Registry::new(4);
+        let s = session();
+        registry.insert(Arc::clone(&s)).unwrap();
+        let woken = || {
+            let wait = registry.activity().notified();
+            async move {
+                tokio::time::timeout(Duration::from_secs(1), wait)
+                    .await
+                    .is_ok()
+            }
+        };
+        let busy = s.busy();
+        let ended = woken();
+        drop(busy);
+        assert!(ended.await, "a request ended");
+        let st = stream(&s, &[key(1)]);
+        s.claim(&[key(1)], [0; 32], &st);
+        let completed = woken();
+        st.complete();
+        assert!(completed.await, "a stream completed");
+        let quiet = woken();
+        assert!(!quiet.await, "nothing happened");
+        let left = woken();
+        registry.remove(&s, crate::mcp::rejection::NotFound::Deleted);
+        assert!(left.await, "a session left");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_move_waits_for_entered_requests_and_holds_new_ones() {
+        let s = session();
+        let Entry::Entered(guard) = s.enter() else {
+            panic!("a held session admits requests")
+        };
+        assert!(s.begin_move());
+        assert!(!s.begin_move(), "one move at a time");
+        assert_eq!(s.entering(), 1);
+        assert!(matches!(s.enter(), Entry::Moving));
+        drop(guard);
+        assert_eq!(s.entering(), 0);
+        assert!(!s.settled(Duration::from_millis(20)).await, "still moving");
+        s.finish_move(Some("pod-b".into()));
+        assert!(s.settled(Duration::from_millis(20)).await);
+        assert!(matches!(s.enter(), Entry::Moved(uid) if uid == "pod-b"));
+        let r = Registry::new(4);
+        let kept = session();
+        r.insert(Arc::clone(&kept)).unwrap();
+        r.mark_moved(&kept, "pod-c");
+        assert!(r.get("id").is_none());
+        assert_eq!(r.moved_to("id").as_deref(), Some("pod-c"));
+        assert!(
+            r.departed("id").is_some(),
+            "followed until its streams are sent"
+        );
+        r.forget_departed("id");
+        assert!(r.departed("id").is_none());
+        assert_eq!(r.adopt(session()), Ok(true));
+        assert_eq!(
+            r.adopt(session()),
+            Ok(false),
+            "a repeated push is acknowledged again"
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! The sessions this pod holds, by client session id, and what it remembers of sessions it no
+//! longer holds: why they ended (the reason of a later 404) and where handed-off ones went.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+
+use super::Session;
+use super::bounded::Bounded;
+use crate::mcp::rejection::NotFound;
+
+/// Most ended sessions remembered for 404 reasons, and most handed-off sessions remembered for
+/// forwarding.
+const ENDED_LOG: usize = 16384;
+
+/// Why a new session could not be registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("this pod holds its maximum of {0} sessions")]
+pub(crate) struct TooManySessions(pub usize);
+
+/// The sessions this pod holds, by client session id.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    sessions: RwLock<HashMap<String, Arc<Session>>>,
+    /// Why sessions ended, by id digest.
+    ended: Mutex<Bounded<String, NotFound>>,
+    /// Where handed-off sessions went: client session id → UID of the new holder.
+    moved: Mutex<Bounded<String, String>>,
+    /// Handed-off sessions whose streams are still forwarded to the new holder, by id.
+    departed: Mutex<HashMap<String, Arc<Session>>>,
+    max_sessions: usize,
+    /// Woken (all waiters) whenever what the pod has in flight may have shrunk: a request
+    /// ended, a stream completed, a session left or a departed one was forgotten. A drain waits
+    /// on it instead of polling.
+    activity: Arc<Notify>,
+}
+
+impl Registry {
+    /// An empty registry holding at most `max_sessions`.
+    pub(crate) fn new(max_sessions: usize) -> Self {
+        Self {
+            sessions: RwLock::new(HashMap::new()),
+            ended: Mutex::new(Bounded::new(ENDED_LOG)),
+            moved: Mutex::new(Bounded::new(ENDED_LOG)),
+            departed: Mutex::new(HashMap::new()),
+            max_sessions,
+            activity: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The pod's activity: woken whenever a request ends, a stream completes, a session leaves
+    /// or a departed session is forgotten.
+    pub(crate) fn activity(&self) -> &Notify {
+        &self.activity
+    }
+
+    /// Whether another session fits.
+    pub(crate) fn has_room(&self) -> bool {
+        self.sessions.read().len() < self.max_sessions
+    }
+
+    /// Registers a session.
+    ///
+    /// # Errors
+    /// [`TooManySessions`] when the pod is full.
+    pub(crate) fn insert(&self, session: Arc<Session>) -> Result<(), TooManySessions> {
+        session.report_to(&self.activity);
+        let mut map = self.sessions.write();
+        if map.len() >= self.max_sessions {
+            return Err(TooManySessions(self.max_sessions));
+        }
+        map.insert(session.id.clone(), session);
+        Ok(())
+    }
+
+    /// The session with client id `id`.
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.sessions.read().get(id).cloned()
+    }
+
+    /// Removes a session, remembering why (for the 404 reason of later requests).
+    pub(crate) fn remove(&self, session: &Session, reason: NotFound) -> bool {
+        let removed = self.sessions.write().remove(&session.id).is_some();
+        if removed {
+            self.ended.lock().insert(session.digest.clone(), reason);
+            self.activity.notify_waiters();
+        }
+        removed
+    }
+
+    /// Forgets a session a peer (`to`) acknowledged; requests for it are sent there. It stays
+    /// *departed* (its streams still forwarded) until [`Registry::forget_departed`].
+    pub(crate) fn mark_moved(&self, session: &Arc<Session>, to: &str) {
+        self.sessions.write().remove(&session.id);
+        self.moved.lock().insert(session.id.clone(), to.to_owned());
+        self.departed
+            .lock()
+            .insert(session.id.clone(), Arc::clone(session));
+        self.activity.notify_waiters();
+    }
+
+    /// A departed session (handed off, streams still forwarded) with client id `id`.
+    pub(crate) fn departed(&self, id: &str) -> Option<Arc<Session>> {
+        self.departed.lock().get(id).cloned()
+    }
+
+    /// Departed sessions.
+    pub(crate) fn departed_count(&self) -> usize {
+        self.departed.lock().len()
+    }
+
+    /// Every departed session.
+    pub(crate) fn all_departed(&self) -> Vec<Arc<Session>> {
+        self.departed.lock().values().cloned().collect()
+    }
+
+    /// The streams of a departed session are all forwarded: forget it.
+    pub(crate) fn forget_departed(&self, id: &str) {
+        self.departed.lock().remove(id);
+        self.activity.notify_waiters();
+    }
+
+    /// The UID of the peer a session was handed to, if it was handed off from here.
+    pub(crate) fn moved_to(&self, id: &str) -> Option<String> {
+        self.moved.lock().get(id).cloned()
+    }
+
+    /// Registers a session handed over by a peer; a session already held is kept (a repeated
+    /// push is acknowledged again). Returns whether it was new.
+    ///
+    /// # Errors
+    /// [`TooManySessions`] when the pod is full.
+    pub(crate) fn adopt(&self, session: Arc<Session>) -> Result<bool, TooManySessions> {
+        session.report_to(&self.activity);
+        let mut map = self.sessions.write();
+        if map.contains_key(&session.id) {
+            return Ok(false);
+        }
+        if map.len() >= self.max_sessions {
+            return Err(TooManySessions(self.max_sessions));
+        }
+        map.insert(session.id.clone(), session);
+        drop(map);
+        Ok(true)
+    }
+
+    /// Why a genuine id with this digest is not held: how it ended, or [`NotFound::Unknown`].
+    pub(crate) fn why_missing(&self, digest: &str) -> NotFound {
+        self.ended
+            .lock()
+            .get(digest)
+            .copied()
+            .unwrap_or(NotFound::Unknown)
+    }
+
+    /// A snapshot of every session.
+    pub(crate) fn all(&self) -> Vec<Arc<Session>> {
+        self.sessions.read().values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::journal::Journal;
+    use serde_json::Value;
+    use tether_crds::ProtocolVersion;
+
+    fn session() -> Arc<Session> {
+        Session::new(
+            "id".into(),
+            "digest".into(),
+            None,
+            ProtocolVersion::V2025_06_18,
+            Journal::new(Value::Null),
+        )
+    }
+
+    #[test]
+    fn the_registry_remembers_why_sessions_ended() {
+        let r = Registry::new(1);
+        let s = session();
+        r.insert(Arc::clone(&s)).unwrap();
+        assert_eq!(r.insert(session()), Err(TooManySessions(1)));
+        assert!(r.remove(&s, NotFound::Deleted));
+        assert!(r.get("id").is_none());
+        assert_eq!(r.why_missing("digest"), NotFound::Deleted);
+        assert_eq!(r.why_missing("other"), NotFound::Unknown);
+    }
+}

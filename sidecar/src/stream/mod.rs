@@ -1,0 +1,819 @@
+//! One SSE stream of a session and the client connections that read it
+//! (`docs/design/architecture.md#streams-and-the-replay-buffer`).
+//!
+//! A [`Stream`] is written by the upstream task that owns it (a POST's response, or the
+//! standalone GET stream) and read by at most one client connection at a time through a
+//! [`Feed`]. Clients are served from the [`StreamBuffer`], never straight from the upstream, so a
+//! client that disconnects and resumes with `Last-Event-ID` misses nothing (spec L-01, R-03).
+//! A new reader takes the stream over: the previous connection ends cleanly (never 409, T-09).
+
+pub(crate) mod buffer;
+mod feed;
+mod stored;
+
+pub(crate) use feed::{Feed, FeedItem};
+pub(crate) use stored::StoredReply;
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::cursor::StreamKey;
+use crate::mcp::jsonrpc::CODE_INTERNAL;
+use crate::mcp::jsonrpc::{RequestKey, error_response, response_id};
+use crate::stream::buffer::{BufferLimits, Evictions, PodBudget, ReplayError, StreamBuffer};
+
+/// Sequence numbers skipped when a followed stream's writer dies: more than it can have
+/// numbered without forwarding them.
+pub(crate) const ABANDONED_WRITER_GAP: u64 = 1 << 20;
+
+/// What a stream carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StreamKind {
+    /// The response stream of a POST with one request.
+    Post,
+    /// The response stream of a 2025-03-26 batch (answers always arrive as events).
+    Batch,
+    /// The session's standalone GET stream (server-initiated messages).
+    Standalone,
+}
+
+impl StreamKind {
+    /// Whether the stream carries responses to client requests (and completes with them).
+    pub(crate) fn answers_requests(self) -> bool {
+        matches!(self, StreamKind::Post | StreamKind::Batch)
+    }
+}
+
+/// How the upstream answered a POST.
+#[derive(Clone, Debug)]
+pub(crate) enum Head {
+    /// An SSE stream, served from the buffer; its end-to-end headers pass to the client.
+    Sse(HeaderMap),
+    /// A complete non-SSE answer (JSON, 202, an error), replayed verbatim.
+    Stored(StoredReply),
+}
+
+/// Where a new reader starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// Strictly after this sequence number (0 = from the first event).
+    After(u64),
+    /// After the last event already written to some connection: a plain `GET` without
+    /// `Last-Event-ID` gets what no client has been sent yet.
+    Undelivered,
+}
+
+#[derive(Debug)]
+struct State {
+    buffer: StreamBuffer,
+    /// Requests of the POST still waiting for their response.
+    pending: Vec<RequestKey>,
+    /// No more events will come.
+    complete: bool,
+    /// The upstream's non-SSE answer to the POST (JSON, 202 or an error), kept for retries.
+    stored: Option<StoredReply>,
+    /// The upstream answered with an SSE stream, with these end-to-end headers.
+    sse: Option<HeaderMap>,
+    /// Generation of readers; a reader that takes the stream over increments it, and readers
+    /// of older generations end.
+    reader_gen: u64,
+    /// Readers attached (of any generation).
+    readers: u32,
+    /// Highest sequence number written to some connection.
+    delivered: u64,
+    /// UID of the pod that still writes this stream (a handed-off stream whose request runs
+    /// there; its events arrive through the peer protocol). No priming number is reserved
+    /// here meanwhile, so the numbering stays the writer's.
+    following: Option<String>,
+    /// The session moved: readers get what is buffered, then `retry:` with this hint and a
+    /// clean close, and resume at the new holder (negotiated ≥ 2025-11-25, spec R-06/R-07).
+    moved_retry: Option<Duration>,
+}
+
+/// A copy of a stream's state for another pod (a handoff): what it carries, where its
+/// numbering and its answer stand, and (some of) its buffered events.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct StreamSnapshot {
+    /// The stream key (the first part of its event ids).
+    pub(crate) key: StreamKey,
+    /// What it carries.
+    pub(crate) kind: StreamKind,
+    /// Requests still waiting for their response.
+    pub(crate) pending: Vec<RequestKey>,
+    /// No more events will come, and every event is in this copy or in an earlier one.
+    pub(crate) complete: bool,
+    /// The upstream's non-SSE answer to the POST, when it gave one.
+    pub(crate) stored: Option<StoredReply>,
+    /// The end-to-end headers of the upstream's SSE answer, when it gave one.
+    pub(crate) sse: Option<HeaderMap>,
+    /// Sequence of the newest event or reserved (priming) number.
+    pub(crate) last_seq: u64,
+    /// Events at or below this sequence were evicted.
+    pub(crate) evicted_through: u64,
+    /// Buffered events after the receiver's position, oldest first.
+    pub(crate) events: Vec<SnapshotEvent>,
+}
+
+/// One buffered event of a [`StreamSnapshot`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SnapshotEvent {
+    /// Sequence number on its stream (the event id is `<key>-<seq>`).
+    pub(crate) seq: u64,
+    /// The SSE `event:` field, if any.
+    pub(crate) event: Option<String>,
+    /// The SSE `data:` payload (a JSON-RPC message).
+    pub(crate) data: Bytes,
+}
+
+/// One stream: buffer, completion state and reader hand-over.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    key: StreamKey,
+    kind: StreamKind,
+    cancel: CancellationToken,
+    state: Mutex<State>,
+    changed: watch::Sender<()>,
+    /// Woken on every change, for the handoff follower of a moved session.
+    observer: Mutex<Option<Arc<Notify>>>,
+    /// Woken (all waiters) when the stream completes: the pod's activity, which a drain waits on.
+    activity: OnceLock<Arc<Notify>>,
+}
+
+impl Stream {
+    /// A new open stream. `pending` lists the requests whose responses it will carry;
+    /// `cancel` stops its upstream task (a child of the session's token).
+    pub(crate) fn new(
+        kind: StreamKind,
+        pending: Vec<RequestKey>,
+        limits: BufferLimits,
+        budget: PodBudget,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
+        let buffer = StreamBuffer::new(limits, budget);
+        Self::build(StreamKey::random(), kind, pending, buffer, cancel, None)
+    }
+
+    /// A copy of a stream another pod holds (a handoff, `docs/design/handoff.md`), written by
+    /// pod `following` until `snapshot` says it is complete.
+    pub(crate) fn from_snapshot(
+        snapshot: &StreamSnapshot,
+        limits: BufferLimits,
+        budget: PodBudget,
+        cancel: CancellationToken,
+        following: &str,
+    ) -> Arc<Self> {
+        let buffer = StreamBuffer::new(limits, budget);
+        let following = Some(following.to_owned());
+        let stream = Self::build(
+            snapshot.key.clone(),
+            snapshot.kind,
+            Vec::new(),
+            buffer,
+            cancel,
+            following,
+        );
+        stream.apply(snapshot);
+        stream
+    }
+
+    fn build(
+        key: StreamKey,
+        kind: StreamKind,
+        pending: Vec<RequestKey>,
+        buffer: StreamBuffer,
+        cancel: CancellationToken,
+        following: Option<String>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            key,
+            kind,
+            cancel,
+            state: Mutex::new(State {
+                buffer,
+                pending,
+                complete: false,
+                stored: None,
+                sse: None,
+                reader_gen: 0,
+                readers: 0,
+                delivered: 0,
+                following,
+                moved_retry: None,
+            }),
+            changed: watch::channel(()).0,
+            observer: Mutex::new(None),
+            activity: OnceLock::new(),
+        })
+    }
+
+    /// Applies what the writing pod sent: new events (numbered by it), its numbering, the
+    /// pending requests, its answer's head, and completion (which ends the following).
+    /// Returns how many events were new.
+    pub(crate) fn apply(&self, snapshot: &StreamSnapshot) -> usize {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        let mut added = 0;
+        st.buffer.follow(0, snapshot.evicted_through);
+        for ev in &snapshot.events {
+            if st
+                .buffer
+                .put(ev.seq, ev.event.clone(), ev.data.clone(), now)
+                .is_some()
+            {
+                added += 1;
+            }
+        }
+        st.buffer
+            .follow(snapshot.last_seq, snapshot.evicted_through);
+        if !st.complete {
+            st.pending.clone_from(&snapshot.pending);
+            if let Some(stored) = &snapshot.stored {
+                st.stored = Some(stored.clone());
+            }
+            if let Some(sse) = &snapshot.sse {
+                st.sse = Some(sse.clone());
+            }
+            if snapshot.complete {
+                st.complete = true;
+                st.following = None;
+            }
+        }
+        let complete = st.complete;
+        drop(st);
+        self.touch();
+        if complete {
+            self.finished();
+        }
+        added
+    }
+
+    /// A copy of the stream with the events after `after` (its receiver's position), at most
+    /// `max_bytes` of event data (at least one event). Returns the copy and the sequence the
+    /// receiver will be at once it applied it.
+    pub(crate) fn snapshot(&self, after: u64, max_bytes: usize) -> (StreamSnapshot, u64) {
+        let st = self.state.lock();
+        let mut events = Vec::new();
+        let mut bytes = 0;
+        let mut position = after.max(st.buffer.evicted_through());
+        let retained = st
+            .buffer
+            .events_after(position)
+            .map(|it| it.collect::<Vec<_>>())
+            .unwrap_or_default();
+        let mut truncated = false;
+        for ev in retained {
+            let size = ev.data.len() + ev.event.as_ref().map_or(0, String::len);
+            if !events.is_empty() && bytes + size > max_bytes {
+                truncated = true;
+                break;
+            }
+            bytes += size;
+            position = ev.seq;
+            events.push(SnapshotEvent {
+                seq: ev.seq,
+                event: ev.event.clone(),
+                data: ev.data.clone(),
+            });
+        }
+        let last_seq = if truncated {
+            position
+        } else {
+            st.buffer.last_seq()
+        };
+        let snapshot = StreamSnapshot {
+            key: self.key.clone(),
+            kind: self.kind,
+            pending: st.pending.clone(),
+            complete: st.complete && !truncated,
+            stored: st.stored.clone(),
+            sse: st.sse.clone(),
+            last_seq,
+            evicted_through: st.buffer.evicted_through(),
+            events,
+        };
+        (snapshot, last_seq)
+    }
+
+    /// The pod still writing this stream, while it is handed off and incomplete.
+    pub(crate) fn following(&self) -> Option<String> {
+        self.state.lock().following.clone()
+    }
+
+    /// Ends a followed stream whose writer is gone (killed mid-handoff): pending requests get
+    /// a JSON-RPC error (`data.reason` = `handoff_interrupted`) so no client hangs.
+    pub(crate) fn abandon_following(&self) {
+        {
+            let mut st = self.state.lock();
+            st.following = None;
+            // The dead writer may have numbered (and sent clients) events that never arrived:
+            // the error events are numbered past any of them, so every client sees them.
+            let last = st.buffer.last_seq();
+            st.buffer.follow(last + ABANDONED_WRITER_GAP, 0);
+        }
+        let pending = self.pending();
+        self.fail_pending(
+            &pending,
+            "the pod running this request stopped before it finished",
+            "handoff_interrupted",
+        );
+        self.complete();
+    }
+
+    /// Wakes `observer` on every change from now on (the handoff follower).
+    pub(crate) fn observe(&self, observer: &Arc<Notify>) {
+        *self.observer.lock() = Some(Arc::clone(observer));
+        observer.notify_one();
+    }
+
+    /// The session moved: readers get what is buffered, then `retry:` (`hint`) and a clean close.
+    pub(crate) fn close_readers_for_move(&self, hint: Duration) {
+        self.state.lock().moved_retry = Some(hint);
+        self.touch();
+    }
+
+    /// Wakes readers and the observer.
+    fn touch(&self) {
+        self.changed.send_replace(());
+        if let Some(observer) = self.observer.lock().as_ref() {
+            observer.notify_one();
+        }
+    }
+
+    /// The stream's key (first part of its event ids).
+    pub(crate) fn key(&self) -> &StreamKey {
+        &self.key
+    }
+
+    /// What the stream carries.
+    pub(crate) fn kind(&self) -> StreamKind {
+        self.kind
+    }
+
+    /// Cancelled when the stream's upstream task must stop (cancellation, session end).
+    pub(crate) fn cancel_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Appends an event received from the upstream. A response to a pending request removes it
+    /// from the pending list; the last one completes the stream. Returns what the append
+    /// evicted.
+    pub(crate) fn append(&self, event: Option<String>, data: Bytes, now: Instant) -> Evictions {
+        let answered = response_id(&data);
+        let mut st = self.state.lock();
+        if st.complete {
+            return Evictions::default();
+        }
+        let (_, evictions) = st.buffer.push(event, data, now);
+        let mut completed = false;
+        if let Some(id) = answered
+            && let Some(pos) = st.pending.iter().position(|p| *p == id)
+        {
+            st.pending.remove(pos);
+            if st.pending.is_empty() && self.kind.answers_requests() {
+                st.complete = true;
+                completed = true;
+            }
+        }
+        drop(st);
+        self.touch();
+        if completed {
+            self.finished();
+        }
+        evictions
+    }
+
+    /// Ends the stream: readers drain what is buffered, then their connection ends cleanly.
+    pub(crate) fn complete(&self) {
+        self.state.lock().complete = true;
+        self.touch();
+        self.finished();
+    }
+
+    /// The stream is complete: its upstream task stops, and whoever waits on the pod's
+    /// activity re-checks what is still in flight.
+    fn finished(&self) {
+        self.cancel.cancel();
+        if let Some(activity) = self.activity.get() {
+            activity.notify_waiters();
+        }
+    }
+
+    /// Wakes every waiter of `activity` when this stream completes.
+    pub(crate) fn report_to(&self, activity: &Arc<Notify>) {
+        let _ = self.activity.set(Arc::clone(activity));
+    }
+
+    /// Ends requests `ids` that are still pending with a JSON-RPC error event each (code
+    /// -32603, `data.reason` = `reason`), so a client never hangs; the last one completes the
+    /// stream.
+    pub(crate) fn fail_pending(&self, ids: &[RequestKey], message: &str, reason: &str) {
+        let now = Instant::now();
+        for id in ids {
+            if self.any_pending(std::slice::from_ref(id)) {
+                let error = error_response(id, CODE_INTERNAL, message, reason);
+                self.append(None, Bytes::from(error), now);
+            }
+        }
+    }
+
+    /// Ends the stream because its session ended: a POST still waiting for its answer gets
+    /// `gone` as its reply; requests already streaming get a JSON-RPC error each.
+    pub(crate) fn end_with_session(&self, gone: &StoredReply) {
+        {
+            let mut st = self.state.lock();
+            if st.stored.is_none() && st.sse.is_none() && self.kind == StreamKind::Post {
+                st.stored = Some(gone.clone());
+            }
+        }
+        let pending = self.pending();
+        self.fail_pending(&pending, "the session ended", "session_ended");
+        self.complete();
+    }
+
+    /// Records the upstream's non-SSE answer and completes the stream.
+    pub(crate) fn store_reply(&self, reply: StoredReply) {
+        self.state.lock().stored = Some(reply);
+        self.complete();
+    }
+
+    /// Records that the upstream answered with an SSE stream carrying end-to-end `headers`
+    /// (the reply is served from the buffer, with those headers).
+    pub(crate) fn mark_sse(&self, headers: HeaderMap) {
+        self.state.lock().sse = Some(headers);
+        self.touch();
+    }
+
+    /// Waits until the upstream's answer is known.
+    pub(crate) async fn wait_head(&self) -> Head {
+        let mut rx = self.changed.subscribe();
+        loop {
+            {
+                let st = self.state.lock();
+                if let Some(stored) = &st.stored {
+                    return Head::Stored(stored.clone());
+                }
+                if let Some(headers) = &st.sse {
+                    return Head::Sse(headers.clone());
+                }
+                if st.complete {
+                    return Head::Sse(HeaderMap::new());
+                }
+            }
+            if rx.changed().await.is_err() {
+                return Head::Sse(HeaderMap::new());
+            }
+        }
+    }
+
+    /// Forgets pending request `id` (the client cancelled it, spec L-02); completes the stream
+    /// when nothing else is pending. Returns whether the request was pending here.
+    pub(crate) fn cancel_request(&self, id: &RequestKey) -> bool {
+        let mut st = self.state.lock();
+        let Some(pos) = st.pending.iter().position(|p| p == id) else {
+            return false;
+        };
+        st.pending.remove(pos);
+        let now_complete = st.pending.is_empty();
+        drop(st);
+        if now_complete {
+            self.complete();
+        }
+        true
+    }
+
+    /// Requests still waiting for their response.
+    pub(crate) fn pending(&self) -> Vec<RequestKey> {
+        self.state.lock().pending.clone()
+    }
+
+    /// Whether any of `ids` is still waiting for its response.
+    pub(crate) fn any_pending(&self, ids: &[RequestKey]) -> bool {
+        self.state.lock().pending.iter().any(|p| ids.contains(p))
+    }
+
+    /// Whether no more events will come.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.state.lock().complete
+    }
+
+    /// Whether the stream keeps its session alive: a reader is attached, or a POST is still
+    /// waiting for its response.
+    pub(crate) fn is_active(&self) -> bool {
+        let st = self.state.lock();
+        st.readers > 0 || (self.kind.answers_requests() && !st.complete)
+    }
+
+    /// Sequence of the newest event.
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.state.lock().buffer.last_seq()
+    }
+
+    /// Events and bytes currently buffered.
+    pub(crate) fn buffered(&self) -> (usize, u64) {
+        let st = self.state.lock();
+        (st.buffer.len(), st.buffer.bytes())
+    }
+
+    /// Evicts every buffered event of a complete stream nobody reads (pod over its byte cap);
+    /// returns how many. Live or read streams are left alone.
+    pub(crate) fn evict_if_idle(&self) -> u64 {
+        let mut st = self.state.lock();
+        if st.complete && st.readers == 0 {
+            st.buffer.evict_all()
+        } else {
+            0
+        }
+    }
+
+    /// When the oldest buffered event was received.
+    pub(crate) fn oldest(&self) -> Option<Instant> {
+        self.state.lock().buffer.oldest()
+    }
+
+    /// Evicts events older than the buffer TTL.
+    pub(crate) fn evict_expired(&self, now: Instant) -> Evictions {
+        self.state.lock().buffer.evict_expired(now)
+    }
+
+    /// Checks that a reader can start after `seq` without skipping an evicted event.
+    ///
+    /// # Errors
+    /// [`ReplayError`] when `seq` is ahead of the stream or events after it were evicted.
+    pub(crate) fn check_cursor(&self, seq: u64) -> Result<(), ReplayError> {
+        let st = self.state.lock();
+        match st.buffer.events_after(seq) {
+            // A followed stream's writer may have sent the client an event that is still on
+            // its way here: the reader waits for it.
+            Err(ReplayError::Ahead { .. }) if st.following.is_some() => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn limits() -> BufferLimits {
+        BufferLimits {
+            max_events: 100,
+            max_bytes: 1 << 20,
+            ttl: Duration::from_secs(60),
+        }
+    }
+
+    fn post_stream(ids: &[i64]) -> Arc<Stream> {
+        Stream::new(
+            StreamKind::Post,
+            ids.iter()
+                .map(|i| RequestKey::of(&Value::from(*i)))
+                .collect(),
+            limits(),
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+        )
+    }
+
+    fn progress(n: u64) -> Bytes {
+        Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progress":{n}}}}}"#
+        ))
+    }
+
+    fn text(item: FeedItem) -> String {
+        match item {
+            FeedItem::Data(b) => String::from_utf8(b.to_vec()).unwrap(),
+            other => panic!("expected data, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn l01_events_are_buffered_without_a_reader_and_replayed_after_the_cursor() {
+        let s = post_stream(&[5]);
+        let now = Instant::now();
+        for n in 1..=3 {
+            s.append(None, progress(n), now);
+        }
+        let mut feed = s.attach(Start::After(1), true, false, Duration::from_secs(10));
+        let got = text(feed.next().await);
+        assert!(!got.contains(&format!("id: {}-1\n", s.key())));
+        assert!(got.contains(&format!("id: {}-2\n", s.key())));
+        assert!(got.contains(&format!("id: {}-3\n", s.key())));
+        s.append(
+            None,
+            Bytes::from(r#"{"jsonrpc":"2.0","id":5,"result":{}}"#),
+            now,
+        );
+        assert!(
+            s.is_complete(),
+            "the last pending response completes the stream"
+        );
+        assert!(text(feed.next().await).contains("\"id\":5"));
+        assert_eq!(feed.next().await, FeedItem::End);
+        assert!(
+            s.cancel_token().is_cancelled(),
+            "the upstream task is told to stop"
+        );
+    }
+
+    #[tokio::test]
+    async fn t09_a_new_reader_takes_over_and_the_old_one_ends_cleanly() {
+        let s = Stream::new(
+            StreamKind::Standalone,
+            vec![],
+            limits(),
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+        );
+        let mut old = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        s.append(None, progress(1), Instant::now());
+        assert!(text(old.next().await).contains("-1\n"));
+        let mut new = s.attach(Start::Undelivered, true, false, Duration::from_secs(10));
+        assert_eq!(old.next().await, FeedItem::End);
+        s.append(None, progress(2), Instant::now());
+        let got = text(new.next().await);
+        assert!(got.contains("-2\n") && !got.contains("-1\n"), "{got}");
+        drop(old);
+        assert!(
+            s.is_active(),
+            "the old reader's drop must not detach the new one"
+        );
+        drop(new);
+        assert!(!s.is_active());
+    }
+
+    #[tokio::test]
+    async fn a_joining_reader_does_not_end_the_first() {
+        let s = post_stream(&[1]);
+        let mut first = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        let mut retry = s.attach(Start::After(0), false, false, Duration::from_secs(10));
+        s.append(None, progress(1), Instant::now());
+        assert!(text(first.next().await).contains("-1\n"));
+        assert!(text(retry.next().await).contains("-1\n"));
+        drop(first);
+        assert!(s.is_active(), "the other reader is still attached");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keep_alive_comments_on_idle_streams() {
+        let s = post_stream(&[1]);
+        let mut feed = s.attach(Start::After(0), true, true, Duration::from_millis(10));
+        let priming = text(feed.next().await);
+        assert_eq!(priming, format!("id: {}-0\ndata:\n\n", s.key()));
+        assert_eq!(text(feed.next().await), ": keep-alive\n\n");
+    }
+
+    #[tokio::test]
+    async fn r05_no_priming_ahead_of_events_still_to_send() {
+        let s = post_stream(&[1]);
+        s.append(None, progress(1), Instant::now());
+        s.append(None, progress(2), Instant::now());
+        let mut catching_up = s.attach(Start::After(1), true, true, Duration::from_secs(10));
+        let first = text(catching_up.next().await);
+        assert!(
+            first.starts_with(&format!("id: {}-2\ndata: {{", s.key())),
+            "{first}"
+        );
+        let mut at_end = s.attach(Start::After(2), true, true, Duration::from_secs(10));
+        assert_eq!(
+            text(at_end.next().await),
+            format!("id: {}-3\ndata:\n\n", s.key())
+        );
+        let mut from_start = s.attach(Start::After(0), false, true, Duration::from_secs(10));
+        assert_eq!(
+            text(from_start.next().await),
+            format!("id: {}-0\ndata:\n\n", s.key())
+        );
+    }
+
+    #[tokio::test]
+    async fn l02_cancelling_the_last_pending_request_completes_the_stream() {
+        let s = post_stream(&[1, 2]);
+        assert!(s.cancel_request(&RequestKey::of(&Value::from(1))));
+        assert!(!s.is_complete());
+        assert!(!s.cancel_request(&RequestKey::of(&Value::from(9))));
+        assert!(s.cancel_request(&RequestKey::of(&Value::from(2))));
+        assert!(s.is_complete());
+        let mut feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        assert_eq!(feed.next().await, FeedItem::End);
+    }
+
+    #[tokio::test]
+    async fn a_reader_behind_evicted_events_is_told_so() {
+        let s = Stream::new(
+            StreamKind::Post,
+            vec![],
+            BufferLimits {
+                max_events: 2,
+                ..limits()
+            },
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+        );
+        let mut feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        for n in 1..=3 {
+            s.append(None, progress(n), Instant::now());
+        }
+        assert_eq!(feed.next().await, FeedItem::Lost);
+    }
+
+    /// A copy of a stream from its snapshot, following pod `pod-a`.
+    fn copy_of(snapshot: &StreamSnapshot) -> Arc<Stream> {
+        Stream::from_snapshot(
+            snapshot,
+            limits(),
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+            "pod-a",
+        )
+    }
+
+    #[tokio::test]
+    async fn a_handed_off_stream_follows_its_writer_and_serves_resumes() {
+        let writer = post_stream(&[7]);
+        let now = Instant::now();
+        writer.append(None, progress(1), now);
+        writer.append(None, progress(2), now);
+        let (image, at) = writer.snapshot(0, 1 << 20);
+        assert_eq!((image.events.len(), at, image.complete), (2, 2, false));
+        let copy = copy_of(&image);
+        assert_eq!(copy.key(), writer.key());
+        assert_eq!(copy.following().as_deref(), Some("pod-a"));
+        // The client saw event 3 from the writer before the tail arrived: its resume waits.
+        writer.append(None, progress(3), now);
+        assert_eq!(copy.check_cursor(3), Ok(()));
+        let mut feed = copy.attach(Start::After(3), true, true, Duration::from_secs(10));
+        let (tail, at) = writer.snapshot(at, 1 << 20);
+        assert_eq!(copy.apply(&tail), 1);
+        assert_eq!(at, 3);
+        writer.append(
+            None,
+            Bytes::from(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
+            now,
+        );
+        let (tail, _) = writer.snapshot(at, 1 << 20);
+        assert!(tail.complete);
+        assert_eq!(copy.apply(&tail), 1);
+        let got = text(feed.next().await);
+        assert!(
+            got.starts_with(&format!("id: {}-4\n", copy.key())) && got.contains("\"id\":7"),
+            "{got}"
+        );
+        assert_eq!(feed.next().await, FeedItem::End);
+        assert_eq!(copy.following(), None, "complete: no longer following");
+        assert_eq!(copy.check_cursor(9), Err(ReplayError::Ahead { last: 4 }));
+    }
+
+    #[tokio::test]
+    async fn images_are_bounded_and_the_rest_follows() {
+        let writer = post_stream(&[1]);
+        for n in 1..=5 {
+            writer.append(None, progress(n), Instant::now());
+        }
+        writer.complete();
+        let one = progress(1).len();
+        let (first, at) = writer.snapshot(0, 2 * one);
+        assert_eq!((first.events.len(), at, first.complete), (2, 2, false));
+        let copy = copy_of(&first);
+        let (rest, at) = writer.snapshot(at, 1 << 20);
+        assert_eq!((rest.events.len(), at, rest.complete), (3, 5, true));
+        copy.apply(&rest);
+        assert!(copy.is_complete());
+        let mut feed = copy.attach(Start::After(0), true, false, Duration::from_secs(10));
+        let got = text(feed.next().await);
+        assert_eq!(got.matches("id: ").count(), 5, "{got}");
+    }
+
+    #[tokio::test]
+    async fn r07_readers_of_a_moved_session_get_retry_and_a_clean_close() {
+        let s = post_stream(&[1]);
+        s.append(None, progress(1), Instant::now());
+        let mut feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        s.close_readers_for_move(Duration::from_millis(100));
+        assert!(text(feed.next().await).contains("-1\n"));
+        assert_eq!(text(feed.next().await), "retry: 100\n\n");
+        assert_eq!(feed.next().await, FeedItem::End);
+    }
+
+    #[tokio::test]
+    async fn a_followed_stream_whose_writer_died_fails_its_requests() {
+        let writer = post_stream(&[9]);
+        let (image, _) = writer.snapshot(0, 1 << 20);
+        let copy = copy_of(&image);
+        copy.abandon_following();
+        assert!(copy.is_complete());
+        let mut feed = copy.attach(Start::After(0), true, false, Duration::from_secs(10));
+        let got = text(feed.next().await);
+        assert!(
+            got.contains("handoff_interrupted") && got.contains("\"id\":9"),
+            "{got}"
+        );
+    }
+}
