@@ -25,6 +25,15 @@ async fn assert_lost(client: &tether_tests::client::McpClient, session: &Session
     assert_404(client.get(session, None).await.unwrap()).await;
 }
 
+/// A pod under `Pin`: sessions are not rebuilt, so a restarted MCP server loses them all.
+async fn pinned_pod() -> Pod {
+    let spec = PodSpec {
+        migration: "Pin".into(),
+        ..PodSpec::default()
+    };
+    Pod::start(spec).await.unwrap()
+}
+
 async fn assert_404(resp: http::Response<hyper::body::Incoming>) {
     expect_lost_session(resp).await.unwrap();
 }
@@ -138,13 +147,7 @@ async fn fr6_header_less_requests_fail_fast_with_400() {
 
 #[tokio::test]
 async fn fr4_a_404_storm_reinitializes_cleanly() {
-    // `Pin`: sessions are not rebuilt, so a restarted MCP server loses them all.
-    let mut pod = Pod::start(PodSpec {
-        migration: "Pin".into(),
-        ..PodSpec::default()
-    })
-    .await
-    .unwrap();
+    let mut pod = pinned_pod().await;
     let client = pod.client();
     let mut sessions = Vec::new();
     for _ in 0..100 {
@@ -557,12 +560,7 @@ async fn t09_the_get_stream_carries_on_after_a_rebuild() {
 
 #[tokio::test]
 async fn s05_pin_every_request_of_a_lost_session_gets_404() {
-    let mut pod = Pod::start(PodSpec {
-        migration: "Pin".into(),
-        ..PodSpec::default()
-    })
-    .await
-    .unwrap();
+    let mut pod = pinned_pod().await;
     let client = pod.client();
     let session = client.initialize("2025-11-25").await.unwrap();
     pod.restart_server().await.unwrap();
