@@ -92,3 +92,27 @@ impl Metrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_metrics_doc_lists_every_operator_metric_with_its_type() {
+        use tether_tests::repo::{assert_documented, documented_metrics, exposed_families};
+        let m = Metrics::default();
+        // One failed reconcile gives every family a sample.
+        m.observe(Err("api"), Duration::from_millis(1));
+        let families = exposed_families(&m.encode());
+        assert_eq!(
+            families.len(),
+            3,
+            "a family has no sample here: give each new one a sample"
+        );
+        assert_documented(
+            "the operator's",
+            &families,
+            &documented_metrics(Some("Operator")),
+        );
+    }
+}

@@ -4,20 +4,21 @@
 //!
 //! The floors, from the wire up (each may use the ones below it, never one above):
 //!
-//! - [`mcp`]: the protocol rules, pure: admission, Origin, JSON-RPC envelopes, the rejection
+//! - `mcp/`: the protocol rules, pure: admission, Origin, JSON-RPC envelopes, the rejection
 //!   catalogue, session ids, event ids, header rules, SSE framing;
-//! - [`stream`] and [`session`]: the state a pod holds — streams with their replay buffers and
+//! - `stream/` and `session/`: the state a pod holds — streams with their replay buffers and
 //!   stored replies; sessions with their retry records and journal, and the registry;
-//! - [`cluster`]: membership, the session ring, routing between sidecars, peer health;
-//! - [`upstream`], [`metrics`], [`secret`], [`reply`]: the MCP server client, the Prometheus
-//!   metrics, the endpoint secret, what a client is answered;
-//! - [`broker`]: what the sidecar does with a sessionful request (initialize, POST, GET,
+//! - `cluster/`: membership, the session ring, routing between sidecars, peer health;
+//! - `upstream.rs`, `metrics.rs`, `lifecycle.rs`, `secret.rs`, `reply.rs`: the MCP server client,
+//!   the Prometheus metrics, the pod's serving/draining state, the endpoint secret, what a client
+//!   is answered;
+//! - `broker/`: what the sidecar does with a sessionful request (initialize, POST, GET,
 //!   DELETE, upstream pumps, rebuilds, sweeps);
-//! - [`handoff`]: moving sessions between sidecars, and the peer protocol it speaks;
-//! - [`proxy`]: the pingora callbacks of the MCP listener, with forwarding decisions as plain
+//! - `handoff/`: moving sessions between sidecars, and the peer protocol it speaks;
+//! - `proxy/`: the pingora callbacks of the MCP listener, with forwarding decisions as plain
 //!   functions;
-//! - [`ops`]: the admin listener, the drain, signals; [`config`]: flags, the endpoint file and
-//!   its reloads; [`server`] assembles it all.
+//! - `ops/`: the admin listener, the drain, signals; `config/`: flags, the endpoint file and
+//!   its reloads; `server.rs` assembles it all.
 //!
 //! The binary (`main.rs`) and the tests use the small face re-exported here.
 
@@ -27,7 +28,7 @@ mod config;
 mod handoff;
 mod lifecycle;
 mod mcp;
-pub mod metrics;
+mod metrics;
 mod ops;
 mod proxy;
 mod reply;

@@ -21,159 +21,159 @@ use crate::stream::buffer::Evictions;
 
 /// A `reason` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct Reason {
+struct Reason {
     /// The reason.
-    pub reason: &'static str,
+    reason: &'static str,
 }
 
 /// Labels of `tether_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+struct RequestLabels {
     /// HTTP method.
-    pub method: &'static str,
+    method: &'static str,
     /// `sessionful` (2025-03-26 … 2025-11-25) or `stateless` (2026-07-28).
-    pub era: &'static str,
+    era: &'static str,
 }
 
 /// Labels of `tether_rejections_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RejectionLabels {
+struct RejectionLabels {
     /// HTTP status.
-    pub status: u16,
+    status: u16,
     /// Rejection reason (see the README's status code table).
-    pub reason: &'static str,
+    reason: &'static str,
 }
 
 /// Labels of `tether_resumes_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResumeLabels {
+struct ResumeLabels {
     /// `hit` or `miss`.
-    pub result: &'static str,
+    result: &'static str,
     /// Why a resume missed (`none` for hits).
-    pub reason: &'static str,
+    reason: &'static str,
 }
 
 /// Labels of `tether_protocol_version_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct VersionLabel {
+struct VersionLabel {
     /// The protocol version in effect for the request.
-    pub version: &'static str,
+    version: &'static str,
 }
 
 /// Labels of `tether_membership_changes_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabel {
+struct SourceLabel {
     /// The membership source (`peers_file`, `kubernetes`).
-    pub source: &'static str,
+    source: &'static str,
 }
 
 /// Labels of `tether_ring_pods`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabel {
+struct StateLabel {
     /// `routable`, `draining` or `gone`.
-    pub state: &'static str,
+    state: &'static str,
 }
 
 /// Labels of `tether_forwards_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ForwardLabels {
+struct ForwardLabels {
     /// `home` (to the session's home), `walk` (the ranked walk of a gone home), `placement`
     /// (an `initialize` or stateless request of a draining pod).
-    pub kind: &'static str,
+    kind: &'static str,
     /// `ok` (the peer answered), `connect_error` (the next candidate was tried),
     /// `client_closed` (the client left mid-exchange), `error` (the peer broke it off).
-    pub outcome: &'static str,
+    outcome: &'static str,
 }
 
 /// Labels of `tether_config_reloads_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
+struct ResultLabel {
     /// The result.
-    pub result: &'static str,
+    result: &'static str,
 }
 
 /// Labels of `tether_forward_hops_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HopLabel {
+struct HopLabel {
     /// The hop number of the forwarded request (1 or 2).
-    pub hop: u8,
+    hop: u8,
 }
 
 /// The sidecar's metrics.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     /// Requests admitted to the MCP endpoint, by method and era.
-    pub requests: Family<RequestLabels, Counter>,
+    requests: Family<RequestLabels, Counter>,
     /// Requests answered with an error by the sidecar itself, by status and reason.
-    pub rejections: Family<RejectionLabels, Counter>,
+    rejections: Family<RejectionLabels, Counter>,
     /// 404s for a session id, by reason (forged, unknown, deleted, expired, upstream_gone).
-    pub not_found: Family<Reason, Counter>,
+    not_found: Family<Reason, Counter>,
     /// Requests refused for their `Origin`.
-    pub origin_rejections: Counter,
+    origin_rejections: Counter,
     /// Requests by the protocol version in effect.
-    pub protocol_versions: Family<VersionLabel, Counter>,
+    protocol_versions: Family<VersionLabel, Counter>,
     /// Sessions held now.
-    pub sessions: Gauge,
+    sessions: Gauge,
     /// Sessions created.
-    pub sessions_created: Counter,
+    sessions_created: Counter,
     /// Sessions ended, by reason (deleted, expired, upstream_gone).
-    pub sessions_ended: Family<Reason, Counter>,
+    sessions_ended: Family<Reason, Counter>,
     /// Streams held now (live and tombstones).
-    pub streams: Gauge,
+    streams: Gauge,
     /// Events buffered now.
-    pub buffer_events: Gauge,
+    buffer_events: Gauge,
     /// Bytes of event data buffered now.
-    pub buffer_bytes: Gauge,
+    buffer_bytes: Gauge,
     /// Events received from the upstream and buffered.
-    pub events_buffered: Counter,
+    events_buffered: Counter,
     /// Buffered events evicted, by reason (count, bytes, ttl, pod_cap).
-    pub evictions: Family<Reason, Counter>,
+    evictions: Family<Reason, Counter>,
     /// Resumes with `Last-Event-ID`, by result and miss reason.
-    pub resumes: Family<ResumeLabels, Counter>,
+    resumes: Family<ResumeLabels, Counter>,
     /// Events replayed to resuming clients.
-    pub replayed_events: Counter,
+    replayed_events: Counter,
     /// Retried requests attached to their existing stream instead of dispatched again.
-    pub requests_deduplicated: Counter,
+    requests_deduplicated: Counter,
     /// Upstream SSE streams resumed by the sidecar after an early close (SEP-1699 polling).
-    pub upstream_resumes: Counter,
+    upstream_resumes: Counter,
     /// Upstream failures, by kind.
-    pub upstream_errors: Family<Reason, Counter>,
+    upstream_errors: Family<Reason, Counter>,
     /// Sessions whose upstream session was rebuilt from the journal.
-    pub sessions_rebuilt: Counter,
+    sessions_rebuilt: Counter,
     /// Time from a resume request to its response headers, in seconds.
-    pub resume_seconds: Histogram,
+    resume_seconds: Histogram,
     /// Membership changes applied, by source.
-    pub membership_changes: Family<SourceLabel, Counter>,
+    membership_changes: Family<SourceLabel, Counter>,
     /// Pods in the current membership, by state.
-    pub ring_pods: Family<StateLabel, Gauge>,
+    ring_pods: Family<StateLabel, Gauge>,
     /// Requests forwarded to a peer, by kind and outcome.
-    pub forwards: Family<ForwardLabels, Counter>,
+    forwards: Family<ForwardLabels, Counter>,
     /// Forwarded requests by the hop number they left with.
-    pub forward_hops: Family<HopLabel, Counter>,
+    forward_hops: Family<HopLabel, Counter>,
     /// Peers the health probes currently find down, by cause (`refused`, `unresponsive`).
-    pub peers_down: Family<Reason, Gauge>,
+    peers_down: Family<Reason, Gauge>,
     /// Time from the start of a drain to its end (all requests done, or the deadline), in
     /// seconds.
-    pub drain_seconds: Histogram,
+    drain_seconds: Histogram,
     /// Sessions handed to a peer and acknowledged by it.
-    pub handoffs_sent: Counter,
+    handoffs_sent: Counter,
     /// Sessions adopted from a peer.
-    pub handoffs_received: Counter,
+    handoffs_received: Counter,
     /// Handoff attempts that failed, by reason (`unreachable`, `refused`, `no_target`,
     /// `tail`): a session whose every candidate failed stays here.
-    pub handoffs_failed: Family<Reason, Counter>,
+    handoffs_failed: Family<Reason, Counter>,
     /// Time from the start of a session's handoff to the peer's acknowledgement, in seconds.
-    pub handoff_seconds: Histogram,
+    handoff_seconds: Histogram,
     /// Events of handed-off streams forwarded to their new holder after the push.
-    pub tail_events_forwarded: Counter,
+    tail_events_forwarded: Counter,
     /// Requests still running at the drain deadline, ended with a JSON-RPC error.
-    pub requests_cut: Counter,
+    requests_cut: Counter,
     /// Changes of the endpoint file seen, by result (`applied`, `invalid`, `unreadable`).
-    pub config_reloads: Family<ResultLabel, Counter>,
+    config_reloads: Family<ResultLabel, Counter>,
     /// 1 while the endpoint file asks for pod settings other than the running ones (they take
     /// effect when the pod restarts), else 0.
-    pub config_restart_pending: Gauge,
+    config_restart_pending: Gauge,
 }
 
 impl Default for Metrics {
@@ -184,7 +184,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Creates and registers every metric.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("tether");
         let m = Self {
             requests: Family::default(),
@@ -564,7 +564,7 @@ impl Metrics {
     }
 
     /// Counts a failed handoff attempt.
-    pub fn handoff_failed(&self, reason: &'static str) {
+    pub(crate) fn handoff_failed(&self, reason: &'static str) {
         self.handoffs_failed.get_or_create(&Reason { reason }).inc();
     }
 
@@ -583,33 +583,33 @@ impl Metrics {
     }
 
     /// Counts an upstream failure.
-    pub fn upstream_error(&self, reason: &'static str) {
+    pub(crate) fn upstream_error(&self, reason: &'static str) {
         self.upstream_errors.get_or_create(&Reason { reason }).inc();
     }
 
     /// Counts a membership change published by `source`.
-    pub fn membership_change(&self, source: &'static str) {
+    pub(crate) fn membership_change(&self, source: &'static str) {
         self.membership_changes
             .get_or_create(&SourceLabel { source })
             .inc();
     }
 
     /// Sets the number of pods in `state`.
-    pub fn set_ring_size(&self, state: &'static str, pods: usize) {
+    pub(crate) fn set_ring_size(&self, state: &'static str, pods: usize) {
         self.ring_pods
             .get_or_create(&StateLabel { state })
             .set(i64::try_from(pods).unwrap_or(i64::MAX));
     }
 
     /// Counts a forward of `kind` that ended with `outcome`.
-    pub fn forward(&self, kind: &'static str, outcome: &'static str) {
+    pub(crate) fn forward(&self, kind: &'static str, outcome: &'static str) {
         self.forwards
             .get_or_create(&ForwardLabels { kind, outcome })
             .inc();
     }
 
     /// The metrics in the Prometheus text format.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -626,14 +626,13 @@ mod tests {
         // Each metric field needs a `register` call; count both in this file's source.
         let source = include_str!("metrics.rs");
         let source = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
-        let fields = source
+        let start = source.find("pub(crate) struct Metrics {").unwrap();
+        let block = &source[start..start + source[start..].find("\n}").unwrap()];
+        let fields = block
             .lines()
             .map(str::trim_start)
             .filter(|l| {
-                l.starts_with("pub ") && !l.starts_with("pub fn") && !l.starts_with("pub struct")
-            })
-            .filter(|l| {
-                ["Family<", "Counter,", "Gauge,", "Histogram,"]
+                [": Family<", ": Counter,", ": Gauge,", ": Histogram,"]
                     .iter()
                     .any(|t| l.contains(t))
             })
@@ -641,6 +640,42 @@ mod tests {
         let registrations = source.matches("r.register(").count();
         assert_eq!(fields, 34);
         assert_eq!(registrations, fields, "a metric field is not registered");
+    }
+
+    #[test]
+    fn the_metrics_doc_lists_every_sidecar_metric_with_its_type() {
+        use tether_tests::repo::{assert_documented, documented_metrics, exposed_families};
+        let m = Metrics::new();
+        // A labelled family prints nothing until it has a sample: one in each, through the
+        // recording methods the sidecar uses.
+        m.request(&Method::POST, Era::Sessionful);
+        m.rejection(&Rejection::SessionNotFound(NotFound::Forged));
+        m.protocol_version(ProtocolVersion::V2025_11_25);
+        m.session_ended(NotFound::Deleted);
+        m.evictions(&Evictions {
+            ttl: 1,
+            ..Evictions::default()
+        });
+        m.resume_hit(1, Duration::from_millis(1));
+        m.upstream_error("x");
+        m.membership_change("kubernetes");
+        m.set_ring_size("routable", 1);
+        m.forward("home", "ok");
+        m.forward_hop(1);
+        m.peers_down("refused", 1);
+        m.handoff_failed("x");
+        m.config_reload("applied");
+        let families = exposed_families(&m.encode());
+        assert_eq!(
+            families.len(),
+            34,
+            "a family has no sample here: record one of each new labelled family"
+        );
+        assert_documented(
+            "the sidecar's",
+            &families,
+            &documented_metrics(Some("Sidecar")),
+        );
     }
 
     #[test]

@@ -267,7 +267,7 @@ impl McpClient {
     }
 
     /// This client, sending a request answered 429 or 503 with `Retry-After` again after the
-    /// wait it names (at most [`RETRY_AFTER_CAP`], [`RETRY_AFTER_ATTEMPTS`] times), as a
+    /// wait it names (at most `RETRY_AFTER_CAP`, `RETRY_AFTER_ATTEMPTS` times), as a
     /// well-behaved MCP client does during a rollout.
     pub fn honouring_retry_after(mut self) -> Self {
         self.honour_retry_after = true;

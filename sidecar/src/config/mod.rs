@@ -195,7 +195,7 @@ impl Config {
     }
 }
 
-/// What reloading the endpoint file needs ([`crate::config::reload`]): the file, the spec the
+/// What reloading the endpoint file needs (`config/reload.rs`): the file, the spec the
 /// sidecar started with (its pod settings stay in force) and the flags.
 #[derive(Clone, Debug)]
 pub struct ConfigSource {

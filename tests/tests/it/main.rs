@@ -1,7 +1,7 @@
 //! The multi-process integration tests of tether, in one binary: real `tether-sidecar` and
 //! `tether-example-server` processes on 127.0.0.0/8 driven by the `tether-tests` harness, plus
-//! the checks that need the sidecar's own types (the operator ↔ sidecar contract, the metrics
-//! reference). One module per area; `docs/dev/testing.md` says how to run one of them.
+//! the check that needs the sidecar's own types (the operator ↔ sidecar contract). One module
+//! per area; `docs/dev/testing.md` says how to run one of them.
 
 mod admission;
 mod bad_input;
@@ -9,7 +9,6 @@ mod contract;
 mod drain;
 mod faults;
 mod handoff;
-mod metrics;
 mod real_client;
 mod rollout;
 mod routing;

@@ -5,3 +5,4 @@
 mod chart;
 mod docs;
 mod images;
+mod layers;

@@ -1,0 +1,203 @@
+//! The layers of the code keep their rules (`docs/design/architecture.md#layers`,
+//! `docs/design/operator.md`): which top-level module of a crate may import which, and no
+//! import circles. Read from the sources: every `crate::<module>` path outside comments and
+//! outside the `#[cfg(test)]` module at the end of a file (tests may assemble whatever they
+//! test).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use tether_tests::repo::root;
+
+/// Top-level module → the top-level modules its production code names (`crate::x`).
+type Imports = BTreeMap<String, BTreeSet<String>>;
+
+/// The imports between the top-level modules of the crate whose sources are in `src` (a path
+/// from the workspace root), and which files name `crate::<path>` for each `path` in `watch`.
+fn imports(src: &str, watch: &[&str]) -> (Imports, BTreeMap<String, BTreeSet<String>>) {
+    let dir = root().join(src);
+    let mut graph = Imports::new();
+    let mut users: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut files = Vec::new();
+    collect(&dir, &mut files);
+    for file in files {
+        let rel = file
+            .strip_prefix(&dir)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let top = rel
+            .split('/')
+            .next()
+            .unwrap()
+            .trim_end_matches(".rs")
+            .to_owned();
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let production = text
+            .find("\n#[cfg(test)]\nmod tests")
+            .map_or(text.as_str(), |at| &text[..at]);
+        let entry = graph.entry(top.clone()).or_default();
+        for line in production.lines() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            for (at, _) in code.match_indices("crate::") {
+                let path: String = code[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                    .collect();
+                let module = path.split("::").next().unwrap_or_default().to_owned();
+                if !module.is_empty() && module != top {
+                    entry.insert(module);
+                }
+                for w in watch {
+                    if path.starts_with(w) && !rel.starts_with(w.split("::").next().unwrap()) {
+                        users
+                            .entry((*w).to_owned())
+                            .or_default()
+                            .insert(rel.clone());
+                    }
+                }
+            }
+        }
+    }
+    (graph, users)
+}
+
+fn collect(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            collect(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// A circle of imports, if there is one.
+fn circle(graph: &Imports) -> Option<Vec<String>> {
+    fn visit(
+        graph: &Imports,
+        node: &str,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut found = path[at..].to_vec();
+            found.push(node.to_owned());
+            return Some(found);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(found) = visit(graph, next, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|n| visit(graph, n, &mut Vec::new(), &mut done))
+}
+
+/// Fails naming every module of `graph` that imports one it may not.
+fn check(graph: &Imports, may_import: &[(&str, &[&str])]) {
+    let mut broken = Vec::new();
+    for (module, allowed) in may_import {
+        for used in graph.get(*module).into_iter().flatten() {
+            if !allowed.contains(&used.as_str()) {
+                broken.push(format!("{module} imports {used}"));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "layer rules broken: {broken:?}");
+}
+
+#[test]
+fn sidecar_layers_keep_their_rules() {
+    let (graph, users) = imports("sidecar/src", &["handoff::wire", "handoff::image"]);
+    assert!(
+        graph.contains_key("session") && graph.contains_key("mcp"),
+        "the sidecar's folders moved: {:?}",
+        graph.keys()
+    );
+    check(
+        &graph,
+        &[
+            // The protocol rules are pure: nothing but the secret (session-id MACs).
+            ("mcp", &["secret"]),
+            // State never reaches up.
+            ("stream", &["mcp"]),
+            ("session", &["mcp", "stream"]),
+            // Membership and routing know no state and no broker.
+            ("cluster", &["mcp", "metrics", "secret"]),
+        ],
+    );
+    let broker = graph.get("broker").cloned().unwrap_or_default();
+    for above in ["handoff", "proxy", "ops", "config", "server", "cluster"] {
+        assert!(
+            !broker.contains(above),
+            "broker/ imports {above}: the broker knows nothing of peers"
+        );
+    }
+    assert!(
+        users.is_empty(),
+        "the peer protocol's wire format is used outside handoff/: {users:?}"
+    );
+    assert_eq!(circle(&graph), None, "an import circle in the sidecar");
+}
+
+#[test]
+fn operator_modules_form_no_circle_and_the_pure_steps_stay_pure() {
+    let (graph, _) = imports("operator/src", &[]);
+    assert!(graph.contains_key("plan"), "the operator's modules moved");
+    assert_eq!(circle(&graph), None, "an import circle in the operator");
+    for pure in [
+        "operator/src/plan",
+        "operator/src/validate.rs",
+        "operator/src/status.rs",
+        "operator/src/diff.rs",
+    ] {
+        let path = root().join(pure);
+        let mut files = Vec::new();
+        if path.is_dir() {
+            collect(&path, &mut files);
+        } else {
+            files.push(path);
+        }
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for api in ["kube::Client", "Api<", "Api::", ".await"] {
+                assert!(
+                    !text.contains(api),
+                    "{} uses {api}: the pure steps of the reconcile talk to no API server",
+                    file.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_circle_is_found() {
+    let mut graph = Imports::new();
+    graph.entry("a".into()).or_default().insert("b".into());
+    graph.entry("b".into()).or_default().insert("c".into());
+    assert_eq!(circle(&graph), None);
+    graph.entry("c".into()).or_default().insert("a".into());
+    assert_eq!(
+        circle(&graph),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+}
