@@ -426,18 +426,8 @@ pub(crate) fn route(
 mod tests {
     use super::*;
     use crate::cluster::membership::Snapshot;
+    use crate::cluster::membership::fixtures::peer;
     use proptest::prelude::*;
-
-    fn peer(uid: &str, state: PeerState) -> Peer {
-        Peer {
-            uid: uid.into(),
-            name: uid.into(),
-            address: "127.0.0.1:8080".parse().unwrap(),
-            peer_port: None,
-            state,
-            revision: "v1".into(),
-        }
-    }
 
     fn view(peers: &[(&str, PeerState)]) -> View {
         View::new(Snapshot {

@@ -205,42 +205,11 @@ fn headers_from(pairs: &[(String, String)]) -> HeaderMap {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
-
-    use serde_json::Value;
+    use std::time::Instant;
 
     use super::*;
-    use crate::mcp::jsonrpc::RequestKey;
-    use crate::session::{Dedupe, Session};
-    use crate::stream::Stream;
-
-    fn session() -> Arc<Session> {
-        Session::new(
-            "id".into(),
-            "digest".into(),
-            None,
-            ProtocolVersion::V2025_06_18,
-            Journal::new(Value::Null),
-        )
-    }
-
-    fn stream(s: &Session, ids: &[RequestKey]) -> Arc<Stream> {
-        Stream::new(
-            StreamKind::Post,
-            ids.to_vec(),
-            BufferLimits {
-                max_events: 8,
-                max_bytes: 1024,
-                ttl: Duration::from_secs(60),
-            },
-            PodBudget::new(u64::MAX),
-            s.child_token(),
-        )
-    }
-
-    fn key(i: i64) -> RequestKey {
-        RequestKey::of(&Value::from(i))
-    }
+    use crate::session::Dedupe;
+    use crate::session::fixtures::{key, limits, session, stream};
 
     #[test]
     fn an_imaged_session_is_restored_with_its_streams_and_retry_records() {
@@ -256,11 +225,7 @@ mod tests {
             &image,
             "digest".into(),
             "pod-a",
-            BufferLimits {
-                max_events: 8,
-                max_bytes: 1024,
-                ttl: Duration::from_secs(60),
-            },
+            limits(),
             &PodBudget::new(u64::MAX),
         )
         .unwrap();
@@ -287,11 +252,7 @@ mod tests {
                 &bad,
                 "d".into(),
                 "pod-a",
-                BufferLimits {
-                    max_events: 8,
-                    max_bytes: 1024,
-                    ttl: Duration::from_secs(60),
-                },
+                limits(),
                 &PodBudget::new(u64::MAX)
             )
             .is_err(),

@@ -271,22 +271,12 @@ pub(crate) fn is_connect_error(error: &ErrorType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::membership::fixtures::peer;
     use crate::cluster::membership::{PeerState, Snapshot};
 
     const R: PeerState = PeerState::Routable;
     const D: PeerState = PeerState::Draining;
     const G: PeerState = PeerState::Gone;
-
-    fn peer(uid: &str, state: PeerState) -> Peer {
-        Peer {
-            uid: uid.into(),
-            name: uid.into(),
-            address: "127.0.0.1:8080".parse().unwrap(),
-            peer_port: None,
-            state,
-            revision: "v1".into(),
-        }
-    }
 
     fn refused() -> Failure {
         Failure::Connect { refused: true }

@@ -8,6 +8,8 @@
 //! pod's sessions are found in the [`Registry`].
 
 mod bounded;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub(crate) mod journal;
 mod registry;
 
@@ -751,37 +753,8 @@ impl Drop for BusyGuard {
 
 #[cfg(test)]
 mod tests {
+    use super::fixtures::{key, session, stream};
     use super::*;
-    use crate::stream::StreamKind;
-    use crate::stream::buffer::{BufferLimits, PodBudget};
-
-    fn session() -> Arc<Session> {
-        Session::new(
-            "id".into(),
-            "digest".into(),
-            None,
-            ProtocolVersion::V2025_06_18,
-            Journal::new(Value::Null),
-        )
-    }
-
-    fn stream(s: &Session, ids: &[RequestKey]) -> Arc<Stream> {
-        Stream::new(
-            StreamKind::Post,
-            ids.to_vec(),
-            BufferLimits {
-                max_events: 8,
-                max_bytes: 1024,
-                ttl: Duration::from_secs(60),
-            },
-            PodBudget::new(u64::MAX),
-            s.child_token(),
-        )
-    }
-
-    fn key(i: i64) -> RequestKey {
-        RequestKey::of(&Value::from(i))
-    }
 
     #[test]
     fn retries_attach_and_conflicts_are_refused() {

@@ -164,19 +164,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::journal::Journal;
-    use serde_json::Value;
-    use tether_crds::ProtocolVersion;
-
-    fn session() -> Arc<Session> {
-        Session::new(
-            "id".into(),
-            "digest".into(),
-            None,
-            ProtocolVersion::V2025_06_18,
-            Journal::new(Value::Null),
-        )
-    }
+    use crate::session::fixtures::session;
 
     #[test]
     fn the_registry_remembers_why_sessions_ended() {

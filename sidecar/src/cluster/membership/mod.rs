@@ -293,6 +293,24 @@ impl MembershipSink {
     }
 }
 
+/// Pods for unit tests of the crate (`#[cfg(test)]`).
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::{Peer, PeerState};
+
+    /// Pod `uid` (named after its UID, revision `v1`) on `127.0.0.1:8080`, in `state`.
+    pub(crate) fn peer(uid: &str, state: PeerState) -> Peer {
+        Peer {
+            uid: uid.into(),
+            name: uid.into(),
+            address: "127.0.0.1:8080".parse().unwrap(),
+            peer_port: None,
+            state,
+            revision: "v1".into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
