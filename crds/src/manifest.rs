@@ -115,7 +115,8 @@ mod tests {
     use super::*;
     use crate::spec::Migration;
 
-    /// The manifest issue #2 pins: tests and outside checks use exactly this shape.
+    /// A full `weather` manifest, in the shape of the docs' example endpoint (which also sets
+    /// `peer`).
     pub(crate) const WEATHER: &str = r#"
 apiVersion: mcp.tether.dev/v1alpha1
 kind: McpEndpoint

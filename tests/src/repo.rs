@@ -22,6 +22,50 @@ pub fn read(path: impl AsRef<Path>) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The files below `dir` (a path from the workspace root; `""` for the whole repository) whose
+/// names end with one of `extensions` (`"rs"`, `"md"`), as paths from the workspace root, sorted.
+/// Build output (`target/`) and hidden folders (`.git/`) are left out.
+///
+/// # Panics
+/// When a folder cannot be read.
+pub fn files(dir: &str, extensions: &[&str]) -> Vec<String> {
+    fn walk(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .path();
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if path.is_dir() {
+                if !name.starts_with('.') && name != "target" {
+                    walk(&path, extensions, out);
+                }
+            } else if extensions.iter().any(|e| name.ends_with(&format!(".{e}"))) {
+                out.push(path);
+            }
+        }
+    }
+    let root = root();
+    let start = root.join(dir);
+    let mut found = Vec::new();
+    if start.is_file() {
+        found.push(start);
+    } else {
+        walk(&start, extensions, &mut found);
+    }
+    let mut out: Vec<String> = found
+        .iter()
+        .map(|p| {
+            p.strip_prefix(&root)
+                .unwrap_or(p)
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// The metric families of a Prometheus text exposition, from its `# TYPE` lines: the name as
 /// exposed (counters with `_total`) → its type (`counter`, `gauge`, `histogram`).
 ///
@@ -155,5 +199,17 @@ mod tests {
     #[test]
     fn the_root_holds_the_workspace_manifest() {
         assert!(read("Cargo.toml").contains("[workspace]"));
+    }
+
+    #[test]
+    fn files_are_found_by_extension_outside_build_output() {
+        let all = files("", &["md"]);
+        assert!(all.contains(&"README.md".to_owned()), "{all:?}");
+        assert!(
+            all.iter()
+                .all(|f| !f.starts_with("target/") && f.ends_with(".md"))
+        );
+        assert_eq!(files("tests/src/repo.rs", &["rs"]), ["tests/src/repo.rs"]);
+        assert!(files("tests/src", &["rs"]).contains(&"tests/src/repo.rs".to_owned()));
     }
 }

@@ -5,9 +5,8 @@
 //! test).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
-use tether_tests::repo::root;
+use tether_tests::repo::{files, read};
 
 /// Top-level module → the top-level modules its production code names (`crate::x`).
 type Imports = BTreeMap<String, BTreeSet<String>>;
@@ -15,17 +14,14 @@ type Imports = BTreeMap<String, BTreeSet<String>>;
 /// The imports between the top-level modules of the crate whose sources are in `src` (a path
 /// from the workspace root), and which files name `crate::<path>` for each `path` in `watch`.
 fn imports(src: &str, watch: &[&str]) -> (Imports, BTreeMap<String, BTreeSet<String>>) {
-    let dir = root().join(src);
     let mut graph = Imports::new();
     let mut users: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut files = Vec::new();
-    collect(&dir, &mut files);
-    for file in files {
+    for file in files(src, &["rs"]) {
         let rel = file
-            .strip_prefix(&dir)
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+            .strip_prefix(src)
+            .unwrap_or(&file)
+            .trim_start_matches('/')
+            .to_owned();
         let top = rel
             .split('/')
             .next()
@@ -35,7 +31,7 @@ fn imports(src: &str, watch: &[&str]) -> (Imports, BTreeMap<String, BTreeSet<Str
         if top == "lib" || top == "main" {
             continue;
         }
-        let text = std::fs::read_to_string(&file).unwrap();
+        let text = read(&file);
         let production = text
             .find("\n#[cfg(test)]\nmod tests")
             .map_or(text.as_str(), |at| &text[..at]);
@@ -66,17 +62,6 @@ fn imports(src: &str, watch: &[&str]) -> (Imports, BTreeMap<String, BTreeSet<Str
         }
     }
     (graph, users)
-}
-
-fn collect(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            collect(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// A circle of imports, if there is one.
@@ -169,20 +154,12 @@ fn operator_modules_form_no_circle_and_the_pure_steps_stay_pure() {
         "operator/src/status.rs",
         "operator/src/diff.rs",
     ] {
-        let path = root().join(pure);
-        let mut files = Vec::new();
-        if path.is_dir() {
-            collect(&path, &mut files);
-        } else {
-            files.push(path);
-        }
-        for file in files {
-            let text = std::fs::read_to_string(&file).unwrap();
+        for file in files(pure, &["rs"]) {
+            let text = read(&file);
             for api in ["kube::Client", "Api<", "Api::", ".await"] {
                 assert!(
                     !text.contains(api),
-                    "{} uses {api}: the pure steps of the reconcile talk to no API server",
-                    file.display()
+                    "{file} uses {api}: the pure steps of the reconcile talk to no API server"
                 );
             }
         }
