@@ -115,8 +115,8 @@ mod tests {
     use super::*;
     use crate::spec::Migration;
 
-    /// A full `weather` manifest, in the shape of the docs' example endpoint (which also sets
-    /// `peer`).
+    /// A full `weather` manifest, in the shape the docs show (`docs/guide/local.md#one-pod`,
+    /// which also sets `peer`).
     pub(crate) const WEATHER: &str = r#"
 apiVersion: mcp.tether.dev/v1alpha1
 kind: McpEndpoint

@@ -40,7 +40,7 @@ struct RequestLabels {
 struct RejectionLabels {
     /// HTTP status.
     status: u16,
-    /// Rejection reason (see the README's status code table).
+    /// Rejection reason (`docs/reference/status-codes.md`).
     reason: &'static str,
 }
 

@@ -2,31 +2,12 @@
 //!
 //! [`KubernetesPods`] runs a kube-runtime [`watcher`] on the Pods of one namespace that match a
 //! label selector (the endpoint's pod selector, e.g. `app=weather`) and, after every change,
-//! publishes a [`Snapshot`] of them into the [`MembershipSink`]. Each pod becomes a [`Peer`]
-//! (see [`peer_of`]):
-//!
-//! | Peer field | from the Pod                                                          |
-//! |------------|-----------------------------------------------------------------------|
-//! | `uid`      | `metadata.uid`                                                        |
-//! | `name`     | `metadata.name`                                                       |
-//! | `address`  | `status.podIP` + the `mcp` port of its `tether-sidecar` container, else this pod's listen port; **no podIP: pod omitted** |
-//! | `peer_port`| the `tether-peer` port of its `tether-sidecar` container, else none (this pod's) |
-//! | `revision` | label `pod-template-hash` (empty when absent)                         |
-//! | `state`    | the first rule that matches, top to bottom (see [`state_of`]):        |
-//!
-//! | Pod                                                        | state      |
-//! |------------------------------------------------------------|------------|
-//! | `status.phase` is `Succeeded` or `Failed`                  | `gone`     |
-//! | `metadata.deletionTimestamp` set (terminating)             | `draining` |
-//! | condition `Ready` is `"True"`                              | `routable` |
-//! | anything else (starting, or not ready, e.g. while draining)| `draining` |
-//!
-//! The snapshot lists pods **oldest first** by `metadata.creationTimestamp` (ties by name, then
-//! UID), so the youngest routable pod's revision is the newest revision. A deleted pod leaves the
-//! snapshot. Before the watcher's first complete list the sink keeps its initial view; every
-//! relist (`Init` … `InitDone`, after a restart or a `410 Gone`) replaces the whole set.
-//! Watch errors are logged as warnings and keep the last good membership while the watcher
-//! retries with kube-runtime's default backoff (0.8 s doubling to 30 s, jittered).
+//! publishes a [`Snapshot`] of them, oldest first, into the [`MembershipSink`]. How a Pod becomes
+//! a [`Peer`] ([`peer_of`], [`state_of`]), how watch errors keep the last good view, and the Role
+//! the sidecar's service account needs: `docs/design/routing.md#kubernetes-pod-watch` and
+//! `docs/design/routing.md#the-sidecars-role`. Before the watcher's first complete list the sink
+//! keeps its initial view; every relist (`Init` … `InitDone`, after a restart or a `410 Gone`)
+//! replaces the whole set.
 //!
 //! # Runtime
 //! The [`kube::Client`] is created inside [`Membership::run`] (with [`Client::try_default`]:
@@ -34,35 +15,6 @@
 //! the pingora background service that runs the source, never before pingora starts its
 //! runtimes. A client that cannot be created is logged as an error and retried with the same
 //! backoff until shutdown.
-//!
-//! # RBAC
-//! The sidecar's service account needs to read Pods in its own namespace:
-//!
-//! ```yaml
-//! apiVersion: rbac.authorization.k8s.io/v1
-//! kind: Role
-//! metadata:
-//!   name: tether-sidecar
-//!   namespace: <the endpoint's namespace>
-//! rules:
-//!   - apiGroups: [""]
-//!     resources: ["pods"]
-//!     verbs: ["get", "list", "watch"]
-//! ---
-//! apiVersion: rbac.authorization.k8s.io/v1
-//! kind: RoleBinding
-//! metadata:
-//!   name: tether-sidecar
-//!   namespace: <the endpoint's namespace>
-//! roleRef:
-//!   apiGroup: rbac.authorization.k8s.io
-//!   kind: Role
-//!   name: tether-sidecar
-//! subjects:
-//!   - kind: ServiceAccount
-//!     name: <the pod's service account>
-//!     namespace: <the endpoint's namespace>
-//! ```
 //!
 //! # Configuration expected from the operator
 //! - the namespace, from the downward API:
