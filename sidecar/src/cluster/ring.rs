@@ -1,23 +1,7 @@
 //! The session ring: rendezvous (highest-random-weight, HRW) hashing of session ids over pod
-//! UIDs (`docs/design/routing.md#the-session-ring-hash-contract-v1`).
-//!
-//! # Hash contract, version 1
-//! This is a wire contract: every sidecar version of a rollout must compute the same owners, so
-//! it never changes without a new version label. Golden vectors in the tests pin it.
-//!
-//! ```text
-//! h_pod(uid) = u64_be(SHA-256("tether/ring/v1/pod\0" ‖ uid)[0..8])
-//! h_key(id)  = u64_be(SHA-256("tether/ring/v1/key\0" ‖ id)[0..8])
-//! score      = mix(h_key XOR h_pod)
-//! mix(z)     = z ^= z >> 30; z *= 0xbf58476d1ce4e5b9;          (SplitMix64 finaliser,
-//!              z ^= z >> 27; z *= 0x94d049bb133111eb;           wrapping multiplication)
-//!              z ^= z >> 31
-//! ```
-//! `ranked(id)` orders pods by descending score (ties, which need a 64-bit collision, by
-//! ascending UID bytes); `owner(id)` is the first of them. `uid` and `id` are UTF-8 bytes.
-//!
-//! HRW moves exactly the minimal set on a change: a join takes from every pod only the ids the
-//! new pod wins; a leave gives away only the leaver's ids. A lookup hashes the key once and
+//! UIDs. It is a wire contract between the sidecar versions of a rollout, written down in
+//! `docs/design/routing.md#the-session-ring-hash-contract-v1` and pinned by the golden vectors
+//! of the tests: it never changes without a new version label. A lookup hashes the key once and
 //! scores every pod: O(n), no allocation for [`SessionRing::owner`].
 
 use sha2::{Digest, Sha256};

@@ -1,29 +1,10 @@
-//! Placement and routing between sidecars (`docs/design/routing.md#placement-and-routing`).
-//!
-//! [`route`] decides, from the current membership [`View`], what this pod does with a request:
-//!
-//! | request | decision |
-//! |---|---|
-//! | session held here, or homed here | [`Route::Local`] (the holder's answer is authoritative; an id homed here but not held gets the broker's 404) |
-//! | home routable, not visited | forward to the home ([`ForwardKind::Home`]) |
-//! | home draining, at the entry | forward to `owner(S)`, where the home hands its sessions ([`ForwardKind::Walk`]); the owner, if it does not hold the session, forwards to the home |
-//! | home gone or unknown | forward to `owner(S)` over the preferred set, else the next pod not visited yet of the preferred set in HRW order, then of `ranked(S)` ([`View::walk`], [`ForwardKind::Walk`]); none left → 404 `no_holder` |
-//! | no session id (`initialize`, stateless), this pod routable | [`Route::Local`] |
-//! | no session id, this pod draining | forward to a routable peer of the newest revision ([`ForwardKind::Placement`]); none → local |
-//! | home alive in membership but unresponsive (failed probes, connect timeouts), or no candidate left but one skipped as unresponsive | 503 + `Retry-After` |
-//!
-//! A forward carries its hop count and the UIDs it visited in `Tether-Hop` / `Tether-Visited`,
-//! signed with `Tether-Hop-Mac` (HMAC of the endpoint secret), so only peers can send them. At most
-//! [`MAX_WALK_HOPS`] hops are taken to find a holder; a request that would need a third ends with
-//! 404 `hop_limit`. A holder that handed the session off forwards it to the new holder
-//! ([`ForwardKind::Moved`]) even when that pod was visited (it was asked before it held the
-//! session), within [`MAX_HOPS`] hops in all; when it cannot ([`Router::moved_to`]: the new holder
-//! does not answer → 503, left membership → 404 `no_holder`, no hops left → 404 `hop_limit`) it
-//! never answers from its own registry, which no longer holds the session. Together with the
-//! visited list this bounds every request even when sidecars disagree on membership
-//! (`docs/design/routing.md#membership`). Peers that [`PeerHealth`] marks down (refused
-//! connections, failed probes) are skipped like visited ones. Forged session ids never get here:
-//! they are answered 404 at the entry.
+//! Placement and routing between sidecars: [`route`] decides, from the current membership
+//! [`View`], whether this pod serves a request ([`Route::Local`]) or forwards it, and to whom
+//! ([`ForwardKind`]). The decision table, the hop headers and their limits ([`MAX_WALK_HOPS`],
+//! [`MAX_HOPS`], the extra hop of a handed-off session, [`Router::moved_to`]) and why
+//! disagreeing views cannot loop a request: `docs/design/routing.md#placement-and-routing`.
+//! Peers that [`PeerHealth`] marks down are skipped like visited ones; forged session ids never
+//! get here (404 at the entry).
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

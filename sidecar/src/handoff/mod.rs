@@ -1,27 +1,9 @@
-//! Session handoff between sidecars (`docs/design/handoff.md`).
-//!
-//! A session leaves this pod when the pod drains (steps 1–2) or when it was adopted here and
-//! `owner(S)` is now another routable pod (step 5, "adopted sessions follow the owner"). Moving
-//! session S:
-//!
-//! 1. S is marked *moving*: new requests for S wait; requests already admitted register their
-//!    streams first ([`Session::enter`]).
-//! 2. The target is `owner(S)` over the preferred set (routable pods of the newest revision, so
-//!    a session moves once per rollout), then the next routable pods of `ranked(S)`. The session
-//!    image (record, journal, retry records, every stream with its buffered events, numbering and
-//!    tombstones) is pushed to `POST /v1/sessions` on the target's peer listener; a target that
-//!    fails is retried with backoff, then the next candidate is tried.
-//! 3. Once the target acknowledged, S is *moved*: requests are forwarded there ([`crate::proxy`]).
-//!    Requests still running here go on; a [`follow`] task forwards every new event and the end
-//!    of each stream to the target (`POST /v1/tail`), so the target can serve resumes; the
-//!    standalone GET stream goes on here until those requests are done, then ends. Clients
-//!    that negotiated ≥ 2025-11-25 and read a stream here get `retry:` and a clean close and
-//!    resume at the target (spec ); older clients keep streaming from here.
-//! 4. The target rebuilds the upstream session from the journal before serving S
-//!    ([`crate::broker`], `migration: Replay`).
-//!
-//! With `migration: Pin` or `--handoff false` nothing moves: sessions stay until the drain
-//! deadline. [`Handoff::cut`] ends requests still running at the deadline with a JSON-RPC error.
+//! Session handoff between sidecars: moving a session to its new holder when this pod drains,
+//! or when a session adopted here follows `owner(S)` to another routable pod; following the
+//! streams still running here ([`follow`]); and, with `migration: Pin` or `--handoff false`,
+//! keeping sessions until [`Handoff::cut`] ends what still runs at the drain deadline. The steps
+//! (moving, acknowledged, moved; the tail; the rebuild at the target) and the peer protocol:
+//! `docs/design/handoff.md#moving-one-session`.
 
 pub(crate) mod adopt;
 pub(crate) mod auth;

@@ -1,22 +1,7 @@
-//! The static membership source: a YAML peers file (`--peers-file`), re-read when it changes.
-//!
-//! Used by the tests and the local demo, and anywhere pods are not Kubernetes pods. The file is a
-//! YAML list of pods, **oldest first** (the last routable pod's revision is the newest):
-//!
-//! ```yaml
-//! - uid: 0b7e4c0e-pod-a          # required, unique: the pod's identity on the ring
-//!   name: pod-a                  # optional, for logs (default: the uid)
-//!   address: 127.0.0.2:8080      # required: the pod's MCP listener (ip:port)
-//!   state: routable              # routable | draining | gone (default routable)
-//!   revision: v1                 # optional (default "")
-//! ```
-//!
-//! The file is polled every [`POLL_INTERVAL`] and compared by content, so atomic renames,
-//! in-place rewrites and Kubernetes ConfigMap symlink swaps are all seen. New content is applied
-//! once two reads in a row agree, so a half-written file (a writer that truncates, then writes)
-//! is not applied. A file that cannot be read or parsed, or lists no pod, keeps the last good
-//! membership; the error is logged once per distinct error. Writers should still replace the
-//! file atomically (write a temporary file, then rename).
+//! The static membership source: a YAML peers file (`--peers-file`), polled every
+//! [`POLL_INTERVAL`] and applied once two reads in a row agree; a file that cannot be read or
+//! parsed, or lists no pod, keeps the last good membership (the error logged once per distinct
+//! error). The format and the rules: `docs/design/routing.md#static-peers-file`.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
