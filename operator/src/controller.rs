@@ -8,7 +8,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::finalizer::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use tether_crds::McpEndpoint;
@@ -16,6 +16,7 @@ use tether_crds::McpEndpoint;
 use crate::apply::{self, Written};
 use crate::dereference;
 use crate::error::Error;
+use crate::events::Events;
 use crate::names::{FIELD_MANAGER, FINALIZER, Names};
 use crate::plan::{Defaults, plan};
 use crate::status::{self, Outcome, PodCounts};
@@ -36,7 +37,7 @@ pub struct Context {
     /// Reconciles by result, duration, failures.
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Publishes Events on endpoints (`events.k8s.io/v1`).
-    pub(crate) recorder: Recorder,
+    pub(crate) events: Events,
 }
 
 impl Context {
@@ -52,7 +53,7 @@ impl Context {
             instance,
         };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Events::new(client.clone(), reporter),
             client,
             defaults,
             metrics,
@@ -61,14 +62,8 @@ impl Context {
 
     /// Publishes an Event on `ep` (`reason` PascalCase); a failure is logged, never fatal.
     async fn event(&self, ep: &McpEndpoint, type_: EventType, reason: &str, note: String) {
-        let event = KubeEvent {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: "Reconcile".to_owned(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&event, &ep.object_ref(&())).await {
+        let regarding = ep.object_ref(&());
+        if let Err(error) = self.events.publish(&regarding, type_, reason, &note).await {
             tracing::warn!(%error, reason, "cannot publish an Event");
         }
     }
