@@ -5,7 +5,8 @@
 //! Kubernetes or from a manifest file locally ([`load_manifest`]).
 //!
 //! - [`spec`]: the serde + schemars types with their documented defaults and CEL rules;
-//! - [`schema`]: schema pieces schemars does not produce for Kubernetes (list-map conditions);
+//! - [`schema`]: schema pieces schemars does not produce for Kubernetes (list-map conditions,
+//!   only the `format`s the API server recognises);
 //! - [`crd_yaml`]: the CustomResourceDefinition as committed in `crds/` (`make crds`);
 //! - [`origin`]: the syntax of web origins (allowlist entries and `Origin` headers);
 //! - [`validate`]: checks that the schema cannot express (ports, paths, Origins, versions);

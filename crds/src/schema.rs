@@ -1,7 +1,10 @@
-//! Schema pieces that schemars does not produce for Kubernetes on its own.
+//! Schema pieces that schemars does not produce for Kubernetes on its own: list-map conditions,
+//! and only the `format`s the API server recognises.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use schemars::transform::transform_subschemas;
 use schemars::{Schema, SchemaGenerator};
+use serde_json::Value;
 
 /// The schema of `status.conditions`: a list of `metav1.Condition` that server-side apply merges
 /// by `type` (`x-kubernetes-list-type: map`, keys `[type]`) instead of replacing it whole.
@@ -13,4 +16,178 @@ pub fn conditions(generator: &mut SchemaGenerator) -> Schema {
         serde_json::json!(["type"]),
     );
     schema
+}
+
+/// The string formats every supported Kubernetes version (1.29 on) validates in a CRD schema,
+/// spelled without dashes as the API server compares them (`date-time` is `datetime`). The
+/// `k8s-short-name` and `k8s-long-name` of 1.34 are left out: older servers ignore them.
+const STRING_FORMATS: &[&str] = &[
+    "bsonobjectid",
+    "uri",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "cidr",
+    "mac",
+    "uuid",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+    "isbn",
+    "isbn10",
+    "isbn13",
+    "creditcard",
+    "ssn",
+    "hexcolor",
+    "rgbcolor",
+    "byte",
+    "password",
+    "date",
+    "duration",
+    "datetime",
+    "quantity",
+];
+
+/// Whether the API server recognises `format` on a schema of `type_` (none: a string), as its
+/// CRD validation does (Kubernetes 1.34 warns about any other): `int32`, `int64` on integers,
+/// `float`, `double` on numbers, [`STRING_FORMATS`] on strings, nothing on other types.
+pub fn recognized_format(type_: Option<&str>, format: &str) -> bool {
+    match type_ {
+        Some("integer") => matches!(format, "int32" | "int64"),
+        Some("number") => matches!(format, "float" | "double"),
+        None | Some("string") => STRING_FORMATS.contains(&format.replace('-', "").as_str()),
+        Some(_) => false,
+    }
+}
+
+/// The bounds an integer `format` of schemars stands for, as far as they are narrower than the
+/// API server's own integers (int64): `uint16` is 0 to 65535, `uint32` 0 to 4294967295,
+/// `uint64` and `uint` (usize) at least 0, `int8` −128 to 127; `(None, None)` for any other.
+fn integer_bounds(format: &str) -> (Option<i64>, Option<i64>) {
+    let (signed, bits) = match (format.strip_prefix("uint"), format.strip_prefix("int")) {
+        (Some(bits), _) => (false, bits),
+        (None, Some(bits)) => (true, bits),
+        (None, None) => return (None, None),
+    };
+    // `uint` and `int` are usize and isize: 64 bits.
+    match (signed, bits.parse::<u32>().unwrap_or(64)) {
+        (false, bits @ ..63) => (Some(0), Some((1 << bits) - 1)),
+        (false, _) => (Some(0), None),
+        (true, bits @ 1..64) => (Some(-(1 << (bits - 1))), Some((1 << (bits - 1)) - 1)),
+        (true, _) => (None, None),
+    }
+}
+
+/// A schemars transform, on `schema` and every schema below it: removes each `format` the API
+/// server does not recognise ([`recognized_format`]); for the integer formats schemars gives
+/// Rust's integers (`uint16`, `uint32`, `uint64`, …) it first sets the `minimum` and `maximum`
+/// they stood for, unless the schema already has a narrower one.
+pub(crate) fn kubernetes_formats(schema: &mut Schema) {
+    transform_subschemas(&mut kubernetes_formats, schema);
+    let Some(format) = schema
+        .get("format")
+        .and_then(|f| f.as_str())
+        .map(str::to_owned)
+    else {
+        return;
+    };
+    // An `Option`'s schema is still `[type, "null"]` here: kube's `AddNullable` runs later.
+    let type_ = match schema.get("type") {
+        Some(Value::String(type_)) => Some(type_.as_str()),
+        Some(Value::Array(types)) => types
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| *t != "null"),
+        _ => None,
+    };
+    if recognized_format(type_, &format) {
+        return;
+    }
+    if type_ == Some("integer") {
+        let (low, high) = integer_bounds(&format);
+        let number = |key: &str, schema: &Schema| schema.get(key).and_then(|v| v.as_f64());
+        if let Some(low) = low
+            && number("minimum", schema).is_none_or(|m| m < low as f64)
+        {
+            schema.insert("minimum".to_owned(), low.into());
+        }
+        if let Some(high) = high
+            && number("maximum", schema).is_none_or(|m| m > high as f64)
+        {
+            schema.insert("maximum".to_owned(), high.into());
+        }
+    }
+    schema.remove("format");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn transformed(value: Value) -> Value {
+        let mut schema = Schema::try_from(value).unwrap();
+        kubernetes_formats(&mut schema);
+        schema.to_value()
+    }
+
+    #[test]
+    fn the_api_servers_formats_are_recognised_and_no_other() {
+        for (type_, format) in [
+            (Some("integer"), "int32"),
+            (Some("integer"), "int64"),
+            (Some("number"), "double"),
+            (Some("string"), "date-time"),
+            (Some("string"), "byte"),
+            (None, "uri"),
+        ] {
+            assert!(recognized_format(type_, format), "{type_:?} {format}");
+        }
+        for (type_, format) in [
+            (Some("integer"), "uint16"),
+            (Some("integer"), "uint64"),
+            (Some("integer"), "int"),
+            (Some("integer"), "double"),
+            (Some("string"), "ip"),
+            (Some("string"), "int32"),
+            (Some("array"), "cidr"),
+            (Some("object"), "date"),
+        ] {
+            assert!(!recognized_format(type_, format), "{type_:?} {format}");
+        }
+    }
+
+    #[test]
+    fn unsigned_formats_become_bounds_and_recognised_ones_stay() {
+        let schema = json!({"type": "object", "properties": {
+            "port": {"type": "integer", "format": "uint16", "minimum": 0, "maximum": 65535},
+            "events": {"type": "integer", "format": "uint32", "minimum": 0},
+            "bytes": {"type": "integer", "format": "uint64", "minimum": 0},
+            "strict": {"type": "integer", "format": "uint32", "minimum": 1, "maximum": 10},
+            "tiny": {"type": "integer", "format": "int8"},
+            "gen": {"type": "integer", "format": "int64"},
+            "pods": {"type": ["integer", "null"], "format": "int32"},
+            "big": {"type": ["integer", "null"], "format": "uint64"},
+            "at": {"type": "string", "format": "date-time"},
+            "ips": {"type": "array", "items": {"type": "string", "format": "ip"}},
+            "sizes": {"type": "object", "additionalProperties": {"type": "integer", "format": "uint"}},
+        }});
+        assert_eq!(
+            transformed(schema)["properties"],
+            json!({
+                "port": {"type": "integer", "minimum": 0, "maximum": 65535},
+                "events": {"type": "integer", "minimum": 0, "maximum": 4_294_967_295_i64},
+                "bytes": {"type": "integer", "minimum": 0},
+                "strict": {"type": "integer", "minimum": 1, "maximum": 10},
+                "tiny": {"type": "integer", "minimum": -128, "maximum": 127},
+                "gen": {"type": "integer", "format": "int64"},
+                "pods": {"type": ["integer", "null"], "format": "int32"},
+                "big": {"type": ["integer", "null"], "minimum": 0},
+                "at": {"type": "string", "format": "date-time"},
+                "ips": {"type": "array", "items": {"type": "string"}},
+                "sizes": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+            })
+        );
+    }
 }

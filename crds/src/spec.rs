@@ -65,6 +65,7 @@ use serde::{Deserialize, Serialize};
     "self.peer.port != self.listen.port && self.peer.port != self.admin.port"
 ).message("spec.peer.port must differ from spec.listen.port and spec.admin.port").field_path(".peer.port"))]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::kubernetes_formats)]
 pub struct McpEndpointSpec {
     /// The workload whose pods serve this endpoint. Only `kind: Deployment` is supported.
     /// Immutable: point an endpoint at another workload by creating a new McpEndpoint.
@@ -135,6 +136,7 @@ pub struct SidecarSpec {
 /// Observed state of an endpoint, written by the operator.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::kubernetes_formats)]
 pub struct McpEndpointStatus {
     /// The `metadata.generation` the conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,6 +1,7 @@
 //! The committed CustomResourceDefinition against the Rust types: the file in `crds/` is
 //! current, its schema is structural (as the API server requires of a CRD: every node typed, no
-//! `$ref`, no types under `anyOf`/`oneOf`), and its CEL rules reject at admission exactly what
+//! `$ref`, no types under `anyOf`/`oneOf`) and holds only `format`s the API server recognises
+//! (Kubernetes 1.34 warns about any other), and its CEL rules reject at admission exactly what
 //! [`validate_spec`] rejects in the operator and the sidecar (evaluated client-side with kube's
 //! `cel` feature, as the apiserver would after defaulting).
 
@@ -9,6 +10,7 @@ use std::path::Path;
 use kube::CustomResourceExt;
 use kube::core::cel::{ErrorKind, validate_cel, validate_cel_update};
 use serde_json::{Value, json};
+use tether_crds::schema::recognized_format;
 use tether_crds::{
     CHART_CRD_TEMPLATE, CRD_FILE, McpEndpoint, crd_helm_template, crd_yaml, validate_spec,
 };
@@ -64,7 +66,7 @@ fn the_charts_crd_template_matches_the_types() {
 }
 
 #[test]
-fn the_schema_is_structural() {
+fn the_schema_is_structural_and_holds_only_formats_the_api_server_recognises() {
     let crd = McpEndpoint::crd();
     let schema = crd.spec.versions[0]
         .schema
@@ -76,7 +78,7 @@ fn the_schema_is_structural() {
     lint(&schema, "openAPIV3Schema", false, &mut problems);
     assert!(
         problems.is_empty(),
-        "non-structural schema nodes:\n{}",
+        "schema nodes a Kubernetes 1.34 API server refuses or warns about:\n{}",
         problems.join("\n")
     );
 }
@@ -90,6 +92,12 @@ fn the_lint_finds_non_structural_nodes() {
     lint(&referenced, "y", false, &mut problems);
     let typed_branch = json!({"anyOf": [{"type": "string"}, {"type": "integer"}]});
     lint(&typed_branch, "z", false, &mut problems);
+    let formats = json!({"type": "object", "properties": {
+        "port": {"type": "integer", "format": "uint16"},
+        "at": {"type": "string", "format": "date-time"},
+        "ids": {"type": "array", "items": {"type": "string", "format": "ip"}},
+    }});
+    lint(&formats, "f", false, &mut problems);
     assert_eq!(
         problems,
         [
@@ -99,13 +107,16 @@ fn the_lint_finds_non_structural_nodes() {
             "z: no type",
             "z.anyOf[0]: a type inside anyOf",
             "z.anyOf[1]: a type inside anyOf",
+            "f.properties.ids.items: format \"ip\", which the API server does not recognise",
+            "f.properties.port: format \"uint16\", which the API server does not recognise",
         ]
     );
 }
 
 /// Collects the nodes of `node` that a structural schema forbids: a node without `type` (unless
 /// `x-kubernetes-preserve-unknown-fields` or `x-kubernetes-int-or-string`), `$ref`, and a type
-/// inside `anyOf`/`oneOf`/`allOf`/`not` (except the int-or-string pattern).
+/// inside `anyOf`/`oneOf`/`allOf`/`not` (except the int-or-string pattern); and those with a
+/// `format` the API server does not recognise for their type (1.34 warns about each).
 fn lint(node: &Value, path: &str, in_branch: bool, problems: &mut Vec<String>) {
     let Some(obj) = node.as_object() else {
         problems.push(format!("{path}: not an object"));
@@ -124,6 +135,14 @@ fn lint(node: &Value, path: &str, in_branch: bool, problems: &mut Vec<String>) {
     }
     if obj.contains_key("$ref") {
         problems.push(format!("{path}: $ref"));
+    }
+    if let Some(format) = obj.get("format").and_then(Value::as_str) {
+        let type_ = obj.get("type").and_then(Value::as_str);
+        if !recognized_format(type_, format) {
+            problems.push(format!(
+                "{path}: format {format:?}, which the API server does not recognise"
+            ));
+        }
     }
     if let Some(props) = obj.get("properties").and_then(Value::as_object) {
         for (name, child) in props {
