@@ -3,9 +3,10 @@
 //! directives are stripped; every `.Values` path a template reads exists in values.yaml; every
 //! `include` names a template of `_helpers.tpl`; the RBAC rules are exactly the operator's
 //! (`tether_operator::access`); every environment variable the operator's Deployment sets is a
-//! flag of `tether-operator run`; files read with `.Files.Get` exist. The CRD template is checked
-//! against the types in `crds/tests/crd.rs`. With `helm` on PATH, `helm lint` and
-//! `helm template` run too; without it the test says it skipped them.
+//! flag of `tether-operator run`; files read with `.Files.Get` exist; the CRD is rendered only
+//! with `crds.install`. The CRD template is checked against the types in `crds/tests/crd.rs`.
+//! With `helm` on PATH, `helm lint` and `helm template` (with and without `crds.install`) run
+//! too; without it the test says it skipped them.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -221,6 +222,30 @@ fn the_operators_environment_is_its_flags() {
 }
 
 #[test]
+fn the_crd_is_rendered_only_with_crds_install() {
+    // Default on; `crds.install=false` is how a release installs over a CRD another release or
+    // `kubectl` left (docs/guide/install.md#a-crd-left-by-an-earlier-release).
+    let values: Value = yaml_serde::from_str(&read(chart().join("values.yaml"))).unwrap();
+    assert_eq!(values["crds"]["install"], Value::Bool(true));
+    let mut with_crd = Vec::new();
+    for (name, text) in templates() {
+        if documents(&name, &text)
+            .iter()
+            .any(|d| d["kind"] == "CustomResourceDefinition")
+        {
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(
+                (lines.first(), lines.last()),
+                (Some(&"{{- if .Values.crds.install }}"), Some(&"{{- end }}")),
+                "{name}: the CRD must be rendered only with crds.install"
+            );
+            with_crd.push(name);
+        }
+    }
+    assert_eq!(with_crd, ["crd.yaml"]);
+}
+
+#[test]
 fn helm_lint_and_template_when_helm_is_installed() {
     let Ok(version) = Command::new("helm").arg("version").output() else {
         eprintln!("skipped: helm is not on PATH; `helm lint` and `helm template` did not run");
@@ -244,6 +269,22 @@ fn helm_lint_and_template_when_helm_is_installed() {
             out.status.success(),
             "helm {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The CRD with the default values, none with `crds.install=false`.
+    for (set, crds) in [("crds.install=true", 1), ("crds.install=false", 0)] {
+        let out = Command::new("helm")
+            .args(["template", "t", chart.to_str().unwrap(), "--set", set])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "helm template --set {set}");
+        let rendered = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            rendered
+                .matches("\nkind: CustomResourceDefinition\n")
+                .count(),
+            crds,
+            "helm template --set {set}"
         );
     }
     let refused = Command::new("helm")
