@@ -1,7 +1,9 @@
-//! Writing what the plan decided, with generic operations only: ensure (server-side apply,
-//! field manager [`FIELD_MANAGER`], forced, sent only when the live object lacks something:
-//! [`covers`]), create once, delete a retired child (UID precondition), and the unconditional
-//! applies of a status and of an empty body (`docs/design/operator.md`).
+//! Writing what the plan decided, with generic operations only: ensure (server-side apply with
+//! the endpoint's field manager, [`Names::field_manager`], sent only when the live object lacks
+//! something: [`covers`]; forced on the endpoint's own children, never on the user's
+//! Deployment, where a conflict is reported instead), create once, delete a retired child (UID
+//! precondition), and the unconditional applies of a status and of an empty body
+//! (`docs/design/operator.md`).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -12,8 +14,9 @@ use serde_json::json;
 
 use crate::diff::covers;
 use crate::error::Error;
-use crate::names::{FIELD_MANAGER, Names};
+use crate::names::{LEGACY_FIELD_MANAGER, Names};
 use crate::plan::steps::{Ensure, Retire, Step, Steps};
+use crate::validate::Conflict;
 
 /// What [`steps`] wrote.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,6 +25,9 @@ pub(crate) struct Written {
     pub objects: Vec<String>,
     /// Whether the pod template changed (the pods roll).
     pub rolled: bool,
+    /// Why the injection was not applied: fields of the Deployment that another field manager
+    /// manages and tether would change (`FieldConflict`).
+    pub refused: Option<Conflict>,
 }
 
 /// Sends `steps` in order, in the endpoint's namespace.
@@ -37,34 +43,105 @@ pub(crate) async fn steps(
     let ns = &names.namespace;
     let mut objects = Vec::new();
     let w = &mut objects;
-    ensure(&Api::namespaced(client.clone(), ns), &steps.config_map, w).await?;
+    let ours = Manager::forced(names);
+    ensure(&Api::namespaced(client.clone(), ns), &steps.config_map, &ours, w).await?;
     if let Some(secret) = &steps.secret {
         create(&Api::namespaced(client.clone(), ns), secret, w).await?;
     }
     for service in &steps.services {
-        ensure(&Api::namespaced(client.clone(), ns), service, w).await?;
+        ensure(&Api::namespaced(client.clone(), ns), service, &ours, w).await?;
     }
-    step(
-        &Api::namespaced(client.clone(), ns),
-        &steps.service_account,
-        w,
-    )
-    .await?;
-    ensure(&Api::namespaced(client.clone(), ns), &steps.role, w).await?;
-    ensure(&Api::namespaced(client.clone(), ns), &steps.role_binding, w).await?;
-    step(&Api::namespaced(client.clone(), ns), &steps.pdb, w).await?;
+    let accounts = Api::namespaced(client.clone(), ns);
+    step(&accounts, &steps.service_account, &ours, w).await?;
+    ensure(&Api::namespaced(client.clone(), ns), &steps.role, &ours, w).await?;
+    let bindings = Api::namespaced(client.clone(), ns);
+    ensure(&bindings, &steps.role_binding, &ours, w).await?;
+    step(&Api::namespaced(client.clone(), ns), &steps.pdb, &ours, w).await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let rolled = ensure(&deployments, &steps.injection, w).await?;
-    Ok(Written { objects, rolled })
+    let injection = inject(&deployments, names, &steps.injection, w).await?;
+    Ok(Written {
+        objects,
+        rolled: injection.as_ref().is_ok_and(|rolled| *rolled),
+        refused: injection.err(),
+    })
 }
 
-/// Server-side applies the status `status` of the `K` named `name`.
+/// Applies the injection without force; returns whether the pod template changed (the
+/// Deployment's `metadata.generation` moved), or the conflict that kept it from writing. Fields the operator's field manager from before each endpoint had its own
+/// still manages are taken over (force) when they are the only conflict, and that manager's
+/// remaining fields are released after the first successful apply.
+async fn inject(
+    api: &Api<Deployment>,
+    names: &Names,
+    injection: &Ensure<'_, Deployment, serde_json::Value>,
+    written: &mut Vec<String>,
+) -> Result<Result<bool, Conflict>, Error> {
+    let gentle = Manager::gentle(names);
+    let answer = match ensure(api, injection, &gentle, written).await {
+        Ok(answer) => answer,
+        Err(Error::Kube(kube::Error::Api(status))) if status.code == 409 => {
+            let conflicts = field_conflicts(&status);
+            if conflicts.is_empty() || conflicts.iter().any(|(_, m)| m != LEGACY_FIELD_MANAGER) {
+                return Ok(Err(field_conflict(&conflicts, &status.message)));
+            }
+            ensure(api, injection, &Manager::forced(names), written).await?
+        }
+        Err(other) => return Err(other),
+    };
+    let generation = |d: Option<&Deployment>| d.and_then(|d| d.metadata.generation);
+    let rolled = answer.is_some() && generation(answer.as_ref()) != generation(injection.live);
+    let legacy = injection.live.is_some_and(|live| {
+        live.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|m| m.manager.as_deref() == Some(LEGACY_FIELD_MANAGER))
+    });
+    if legacy && let Some(name) = injection.live.and_then(|l| l.metadata.name.as_deref()) {
+        release(api, &names.namespace, name, LEGACY_FIELD_MANAGER).await?;
+    }
+    Ok(Ok(rolled))
+}
+
+/// `(field, manager)` of each cause of a server-side apply conflict (`409`, causes of reason
+/// `FieldManagerConflict`, whose message reads `conflict with "<manager>" …`).
+fn field_conflicts(status: &kube::core::Status) -> Vec<(String, String)> {
+    let causes = status.details.iter().flat_map(|d| d.causes.iter());
+    causes
+        .filter(|c| c.reason == "FieldManagerConflict")
+        .map(|c| {
+            let manager = c.message.split('"').nth(1).unwrap_or_default();
+            (c.field.clone(), manager.to_owned())
+        })
+        .collect()
+}
+
+/// The `FieldConflict` for `conflicts` (the API server's `message` when it named none).
+fn field_conflict(conflicts: &[(String, String)], message: &str) -> Conflict {
+    let fields: Vec<String> = conflicts
+        .iter()
+        .map(|(field, manager)| format!("{field} (managed by {manager:?})"))
+        .collect();
+    let listed = if fields.is_empty() {
+        message.to_owned()
+    } else {
+        fields.join(", ")
+    };
+    Conflict::new(
+        "FieldConflict",
+        format!(
+            "tether must set fields of the Deployment that another field manager manages, and never takes a field over: {listed}. Set the value tether needs in your manifest or remove the field there (docs/guide/troubleshooting.md#fieldconflict)"
+        ),
+    )
+}
+
+/// Server-side applies the status `status` of the endpoint `names` (a `K`).
 ///
 /// # Errors
 /// [`Error::Kube`] when the request fails.
 pub(crate) async fn status<K>(
     api: &Api<K>,
-    name: &str,
+    names: &Names,
     status: &impl Serialize,
 ) -> Result<(), Error>
 where
@@ -75,17 +152,24 @@ where
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(name, &apply_params(), &Patch::Apply(&body))
+    let manager = Manager::forced(names);
+    api.patch_status(&names.endpoint, &manager.0, &Patch::Apply(&body))
         .await?;
     Ok(())
 }
 
-/// Server-side applies an empty body to the `K` named `name` of `namespace`: the API server
-/// drops every field the operator's field manager owns there, and nothing else.
+/// Server-side applies an empty body to the `K` named `name` of `namespace` with field manager
+/// `manager`: the API server drops every field that manager alone manages there, and nothing
+/// else.
 ///
 /// # Errors
 /// [`Error::Kube`] when the request fails.
-pub(crate) async fn release<K>(api: &Api<K>, namespace: &str, name: &str) -> Result<(), Error>
+pub(crate) async fn release<K>(
+    api: &Api<K>,
+    namespace: &str,
+    name: &str,
+    manager: &str,
+) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
 {
@@ -94,23 +178,34 @@ where
         "kind": K::kind(&()),
         "metadata": {"name": name, "namespace": namespace},
     });
-    api.patch(name, &apply_params(), &Patch::Apply(&empty))
+    api.patch(name, &PatchParams::apply(manager), &Patch::Apply(&empty))
         .await?;
     Ok(())
 }
 
-/// Server-side apply with the operator's field manager, forced (it owns these fields).
-fn apply_params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
+/// The field manager and force of an apply.
+struct Manager(PatchParams);
+
+impl Manager {
+    /// The endpoint's manager, forced: for the endpoint's own children and status.
+    fn forced(names: &Names) -> Self {
+        Self(PatchParams::apply(&names.field_manager()).force())
+    }
+
+    /// The endpoint's manager, not forced: for the user's Deployment.
+    fn gentle(names: &Names) -> Self {
+        Self(PatchParams::apply(&names.field_manager()))
+    }
 }
 
 /// Server-side applies `ensure.desired` unless its live object already holds all of it; returns
-/// whether it wrote (and adds `Kind/name` to `written`).
+/// the object as the API server answered, when it wrote (and adds `Kind/name` to `written`).
 async fn ensure<K, B>(
     api: &Api<K>,
     ensure: &Ensure<'_, K, B>,
+    manager: &Manager,
     written: &mut Vec<String>,
-) -> Result<bool, Error>
+) -> Result<Option<K>, Error>
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
     B: Serialize,
@@ -123,21 +218,25 @@ where
     if let Some(live) = ensure.live
         && covers(&serde_json::to_value(live)?, &body)
     {
-        return Ok(false);
+        return Ok(None);
     }
-    api.patch(&name, &apply_params(), &Patch::Apply(&body))
-        .await?;
+    let answer = api.patch(&name, &manager.0, &Patch::Apply(&body)).await?;
     written.push(format!("{}/{name}", K::kind(&())));
-    Ok(true)
+    Ok(Some(answer))
 }
 
 /// Ensures or deletes as `step` says.
-async fn step<K>(api: &Api<K>, step: &Step<'_, K>, written: &mut Vec<String>) -> Result<(), Error>
+async fn step<K>(
+    api: &Api<K>,
+    step: &Step<'_, K>,
+    manager: &Manager,
+    written: &mut Vec<String>,
+) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
 {
     match step {
-        Step::Ensure(e) => ensure(api, e, written).await.map(drop),
+        Step::Ensure(e) => ensure(api, e, manager, written).await.map(drop),
         Step::Retire(r) => delete(api, r, written).await,
         Step::Leave => Ok(()),
     }
@@ -177,4 +276,53 @@ where
     tracing::info!(%object, reason = retire.reason(), "deleted a child the endpoint no longer needs");
     written.push(format!("{object} (deleted)"));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_conflict_names_each_field_and_its_manager() {
+        let status: kube::core::Status = serde_json::from_value(json!({
+            "status": "Failure", "code": 409, "reason": "Conflict",
+            "message": "Apply failed with 2 conflicts: conflict with \"helm\" using apps/v1: .spec.template.spec.terminationGracePeriodSeconds\nconflict with \"kubectl\": .spec.template.spec.serviceAccountName",
+            "details": {"causes": [
+                {"reason": "FieldManagerConflict", "message": "conflict with \"helm\" using apps/v1",
+                 "field": ".spec.template.spec.terminationGracePeriodSeconds"},
+                {"reason": "FieldManagerConflict", "message": "conflict with \"kubectl\"",
+                 "field": ".spec.template.spec.serviceAccountName"},
+                {"reason": "FieldValueInvalid", "message": "x", "field": ".spec"},
+            ]},
+        }))
+        .unwrap();
+        let conflicts = field_conflicts(&status);
+        assert_eq!(
+            conflicts,
+            [
+                (
+                    ".spec.template.spec.terminationGracePeriodSeconds".to_owned(),
+                    "helm".to_owned()
+                ),
+                (
+                    ".spec.template.spec.serviceAccountName".to_owned(),
+                    "kubectl".to_owned()
+                ),
+            ]
+        );
+        let conflict = field_conflict(&conflicts, &status.message);
+        assert_eq!(conflict.reason, "FieldConflict");
+        assert!(
+            conflict.message.contains(
+                ".spec.template.spec.terminationGracePeriodSeconds (managed by \"helm\")"
+            ) && conflict.message.contains("(managed by \"kubectl\")"),
+            "{}",
+            conflict.message
+        );
+        // Without causes, the API server's own message is kept.
+        let bare = field_conflict(&[], "Apply failed with 1 conflict");
+        assert!(bare.message.contains("Apply failed with 1 conflict"));
+    }
 }

@@ -17,14 +17,16 @@ use crate::apply::{self, Written};
 use crate::dereference;
 use crate::error::Error;
 use crate::events::Events;
-use crate::names::{FIELD_MANAGER, FINALIZER, Names};
-use crate::plan::{Defaults, plan};
+use crate::names::{FINALIZER, Names, OPERATOR};
+use crate::plan::{Defaults, inject, plan};
 use crate::status::{self, Outcome, PodCounts};
 use crate::validate::{Target, validate};
 
 /// How often an endpoint is looked at again without any change (pods becoming ready, a
 /// conflict the user resolved; a target created later wakes it at once, [`crate::watches`]).
 pub const RECHECK: Duration = Duration::from_secs(30);
+/// Wait before looking again at a deleted endpoint whose pods still run its sidecar.
+pub(crate) const WAIT_RECHECK: Duration = Duration::from_secs(5);
 /// Wait before retrying a reconcile that failed on an API error.
 pub(crate) const ERROR_BACKOFF: Duration = Duration::from_secs(15);
 
@@ -49,7 +51,7 @@ impl Context {
         instance: Option<String>,
     ) -> Self {
         let reporter = Reporter {
-            controller: FIELD_MANAGER.to_owned(),
+            controller: OPERATOR.to_owned(),
             instance,
         };
         Self {
@@ -76,7 +78,10 @@ impl Context {
 pub async fn reconcile(ep: Arc<McpEndpoint>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let result = run_finalizer(ep, &ctx).await;
-    let outcome = result.as_ref().map(|_| ()).map_err(Error::metric_label);
+    let outcome = match &result {
+        Err(e) if !e.is_wait() => Err(e.metric_label()),
+        _ => Ok(()),
+    };
     ctx.metrics.observe(outcome, started.elapsed());
     result
 }
@@ -94,8 +99,12 @@ async fn run_finalizer(ep: Arc<McpEndpoint>, ctx: &Context) -> Result<Action, Er
     .map_err(|e| Error::Finalizer(Box::new(e)))
 }
 
-/// Backs off after a failed reconcile (never a hot loop).
+/// Backs off after a failed reconcile (never a hot loop); looks again soon after a wait.
 pub(crate) fn error_policy(_ep: Arc<McpEndpoint>, error: &Error, _ctx: Arc<Context>) -> Action {
+    if error.is_wait() {
+        tracing::info!(%error, "waiting");
+        return Action::requeue(WAIT_RECHECK);
+    }
     tracing::warn!(%error, reason = error.metric_label(), "reconcile failed; retrying");
     Action::requeue(ERROR_BACKOFF)
 }
@@ -108,13 +117,13 @@ async fn converge(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
         None => Outcome::TargetNotFound(target_name.clone()),
         Some(deployment) => match validate(ep, &names, &deployment) {
             Err(conflict) => Outcome::Conflict(conflict),
-            Ok(target) => Outcome::Applied(inject(ep, &names, &target, ctx).await?),
+            Ok(target) => inject(ep, &names, &target, ctx).await?,
         },
     };
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     if let Some(update) = status::update(ep, &outcome, &now) {
         let endpoints: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        apply::status(&endpoints, &names.endpoint, &update.status).await?;
+        apply::status(&endpoints, &names, &update.status).await?;
         if let Some(degraded) = update.degraded {
             ctx.event(ep, EventType::Warning, &degraded.reason, degraded.message)
                 .await;
@@ -123,28 +132,37 @@ async fn converge(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(RECHECK))
 }
 
-/// Brings the children of `ep` on its valid `target` to the plan; returns the target's pods.
+/// Brings the children of `ep` on its valid `target` to the plan; returns the target's pods,
+/// or the conflict that stopped it (a child's name taken, a field of the Deployment another
+/// manager manages).
 async fn inject(
     ep: &McpEndpoint,
     names: &Names,
     target: &Target<'_>,
     ctx: &Context,
-) -> Result<PodCounts, Error> {
+) -> Result<Outcome, Error> {
     let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
     let live = dereference::children(&ctx.client, names, &owner, target).await?;
-    let steps = plan(ep, names, target, &ctx.defaults, &owner).steps(
+    let secret = live.secret_name(names);
+    let steps = plan(ep, names, target, &ctx.defaults, &owner, &secret).steps(
         names,
         &owner,
         target,
         &live,
         rand::random,
     );
+    if let Err(conflict) = steps.check_taken(&owner) {
+        return Ok(Outcome::Conflict(conflict));
+    }
     let written = apply::steps(&ctx.client, names, &steps).await?;
     if !written.objects.is_empty() {
         let note = applied_note(&written);
         ctx.event(ep, EventType::Normal, "Applied", note).await;
     }
-    Ok(PodCounts::of(target.deployment, written.rolled))
+    Ok(match written.refused {
+        Some(conflict) => Outcome::Conflict(conflict),
+        None => Outcome::Applied(PodCounts::of(target.deployment, written.rolled)),
+    })
 }
 
 /// The note of the `Applied` Event: what was written and what happens next.
@@ -159,19 +177,28 @@ fn applied_note(written: &Written) -> String {
     }
 }
 
-/// Removes the injection from the target (its owned children go with the owner reference).
+/// Removes the injection from the target, then holds the finalizer until no pod runs the
+/// endpoint's sidecar: the children those pods use while they drain (the sidecar's Role and
+/// ServiceAccount, the ConfigMap) go with the owner reference, only once the endpoint is gone.
 async fn cleanup(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     let names = Names::of(ep).ok_or(Error::Unnamed)?;
-    let target = &ep.spec.target_ref.name;
-    if dereference::target(&ctx.client, &names, target)
-        .await?
-        .is_some()
-    {
+    let target_name = &ep.spec.target_ref.name;
+    let target = dereference::target(&ctx.client, &names, target_name).await?;
+    if let Some(deployment) = &target {
         let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        apply::release(&deployments, &names.namespace, target).await?;
-        let note = format!("removed the sidecar from Deployment {target:?}; its pods roll");
-        ctx.event(ep, EventType::Normal, "InjectionRemoved", note)
-            .await;
+        let managers = inject::releases(deployment, &names);
+        for manager in &managers {
+            apply::release(&deployments, &names.namespace, target_name, manager).await?;
+        }
+        if !managers.is_empty() {
+            let note = format!("removed the sidecar from Deployment {target_name:?}; its pods roll");
+            ctx.event(ep, EventType::Normal, "InjectionRemoved", note)
+                .await;
+        }
+    }
+    let pods = dereference::injected_pods(&ctx.client, &names, target.as_ref()).await?;
+    if pods > 0 {
+        return Err(Error::PodsStillInjected(pods));
     }
     Ok(Action::await_change())
 }

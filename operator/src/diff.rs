@@ -6,8 +6,10 @@
 //! API server added (defaults, status, other managers' fields) are ignored; lists whose items all
 //! carry a `name` are matched by name (containers, env, volumes, ports, ownerReferences), other
 //! lists — and the [`ATOMIC`] ones, whose items are named but which an apply replaces whole —
-//! must match item by item.
+//! must match item by item; values compare as the API server stores them (quantities by value,
+//! empty values as absent).
 
+use kube_quantity::ParsedQuantity;
 use serde_json::Value;
 
 /// Fields holding lists of named items that the API server treats as atomic (no list-map
@@ -15,29 +17,61 @@ use serde_json::Value;
 pub const ATOMIC: &[&str] = &["subjects"];
 
 /// Whether `live` contains `desired`: every field of `desired` is in `live` with an equal value.
+/// Values compare as the API server stores them: quantities (the values of `requests` and
+/// `limits`) by value, since it keeps them in canonical form (`0.5` as `500m`, `1024Mi` as
+/// `1Gi`); empty strings, lists and maps as absent, since it drops them.
 pub(crate) fn covers(live: &Value, desired: &Value) -> bool {
+    covers_in(live, desired, false)
+}
+
+/// [`covers`], where `quantities` says that string values are Kubernetes quantities (inside
+/// `requests` or `limits`).
+fn covers_in(live: &Value, desired: &Value, quantities: bool) -> bool {
     match (live, desired) {
         (_, Value::Null) => true,
+        (Value::Object(_) | Value::Null, Value::Object(d)) if d.is_empty() => true,
+        (_, d) if is_empty(d) => is_empty(live),
         (Value::Object(l), Value::Object(d)) => d.iter().all(|(k, dv)| {
-            dv.is_null()
-                || l.get(k).is_some_and(|lv| {
-                    if ATOMIC.contains(&k.as_str()) {
-                        same_items(lv, dv)
-                    } else {
-                        covers(lv, dv)
-                    }
-                })
+            let lv = l.get(k).unwrap_or(&Value::Null);
+            if ATOMIC.contains(&k.as_str()) {
+                same_items(lv, dv)
+            } else {
+                covers_in(lv, dv, quantities || QUANTITIES.contains(&k.as_str()))
+            }
         }),
-        (Value::Array(l), Value::Array(d)) if d.iter().all(named) && !d.is_empty() => {
-            d.iter().all(|di| {
-                l.iter()
-                    .find(|li| li.get("name") == di.get("name"))
-                    .is_some_and(|li| covers(li, di))
-            })
-        }
+        (Value::Array(l), Value::Array(d)) if d.iter().all(named) => d.iter().all(|di| {
+            l.iter()
+                .find(|li| li.get("name") == di.get("name"))
+                .is_some_and(|li| covers(li, di))
+        }),
         (Value::Array(_), Value::Array(_)) => same_items(live, desired),
         (Value::Number(l), Value::Number(d)) => l.as_f64() == d.as_f64(),
+        (Value::String(l), Value::String(d)) if quantities => same_quantity(l, d),
         (l, d) => l == d,
+    }
+}
+
+/// Maps whose values are quantities (a container's `resources`).
+const QUANTITIES: &[&str] = &["requests", "limits"];
+
+/// `null`, `""`, `[]` or `{}`: what the API server does not store. (A desired `null` is
+/// covered by anything, a desired `{}` by any map.)
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+/// Whether two quantities are equal in value (equal text when either does not parse).
+fn same_quantity(live: &str, desired: &str) -> bool {
+    let parse = |q: &str| ParsedQuantity::try_from(q).ok();
+    match (parse(live), parse(desired)) {
+        (Some(l), Some(d)) => l == d,
+        _ => live == desired,
     }
 }
 
@@ -97,7 +131,7 @@ mod tests {
             json!({"spec": {"verbs": ["list", "get"]}}),
             json!({"spec": {"n": 76}}),
             json!({"spec": {"missing": true}}),
-            json!({"other": {}}),
+            json!({"other": {"x": 1}}),
         ] {
             assert!(!covers(&live, &desired), "{desired}");
         }
@@ -105,6 +139,24 @@ mod tests {
             &live,
             &json!({"spec": {"n": 75.0, "verbs": ["get", "list"]}})
         ));
+    }
+
+    #[test]
+    fn values_compare_as_the_api_server_stores_them() {
+        let desired = json!({"resources": {"requests": {"cpu": "0.5", "memory": "1024Mi"},
+                                           "limits": {"memory": "1536Mi"}},
+                             "annotations": {}, "env": [], "name": ""});
+        let canonical = json!({"resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                             "limits": {"memory": "1536Mi"}}});
+        assert!(covers(&canonical, &desired));
+        let more = json!({"resources": {"requests": {"cpu": "501m", "memory": "1Gi"},
+                                        "limits": {"memory": "1536Mi"}}});
+        assert!(!covers(&more, &desired));
+        // Only quantities compare by value: other strings stay exact.
+        assert!(!covers(&json!({"image": "1Gi"}), &json!({"image": "1024Mi"})));
+        // An empty desired value is covered by an absent or empty one, not by a value.
+        assert!(!covers(&json!({"env": [{"name": "X"}]}), &json!({"env": []})));
+        assert!(covers(&json!({"env": []}), &json!({"env": []})));
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub enum Error {
     /// An object did not serialize to JSON (not expected).
     #[error("serialization: {0}")]
     Json(#[from] serde_json::Error),
+    /// A deleted endpoint's pods still run its sidecar: its finalizer stays (and its children
+    /// with it) until they are gone. Not a failure: the reconcile looks again soon.
+    #[error("{0} pods still run the sidecar; the endpoint's children stay until they are gone")]
+    PodsStillInjected(usize),
 }
 
 impl Error {
@@ -29,6 +33,20 @@ impl Error {
             Error::Unnamed => "unnamed",
             Error::Finalizer(_) => "finalizer",
             Error::Json(_) => "json",
+            Error::PodsStillInjected(_) => "waiting_for_pods",
+        }
+    }
+
+    /// Whether this is a wait, not a failure: [`Error::PodsStillInjected`], also inside the
+    /// finalizer's error.
+    pub fn is_wait(&self) -> bool {
+        match self {
+            Error::PodsStillInjected(_) => true,
+            Error::Finalizer(inner) => matches!(
+                inner.as_ref(),
+                finalizer::Error::CleanupFailed(e) | finalizer::Error::ApplyFailed(e) if e.is_wait()
+            ),
+            _ => false,
         }
     }
 }

@@ -7,7 +7,7 @@ use kube::Client;
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 
-use crate::names::FIELD_MANAGER;
+use crate::names::OPERATOR;
 
 /// Seconds a lease stays valid after its last renewal.
 pub const LEASE_SECONDS: u64 = 15;
@@ -23,6 +23,15 @@ pub struct Election {
     pub name: String,
     /// This replica's identity (its pod name).
     pub identity: String,
+}
+
+impl Election {
+    /// The field manager of this candidate's Lease writes, `tether-operator/<identity>`: unique
+    /// per candidate, as kube-lease-manager's lock needs (a server-side apply conflict is what
+    /// keeps a second candidate from taking a held Lease; one shared manager never conflicts).
+    pub fn field_manager(&self) -> String {
+        format!("{OPERATOR}/{}", self.identity)
+    }
 }
 
 /// Why leader election could not start.
@@ -48,7 +57,7 @@ pub async fn lead(
     let manager = LeaseManagerBuilder::new(client, &election.name)
         .with_namespace(&election.namespace)
         .with_identity(&election.identity)
-        .with_field_manager(FIELD_MANAGER)
+        .with_field_manager(election.field_manager())
         .with_duration(LEASE_SECONDS)
         .with_grace(RENEW_GRACE_SECONDS)
         .build()

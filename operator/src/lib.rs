@@ -8,8 +8,8 @@
 //! - pure steps: `plan` (the children and the steps against the live ones), `status`;
 //! - reads: `dereference` (the target and the live children, read once before any write);
 //! - checks: `validate` (the endpoint and its target Deployment, or the conflict);
-//! - ground: `names`, `diff`, `access` (the RBAC rules), `events` (publishing Events),
-//!   `metrics`, `error`.
+//! - ground: `names`, `diff`, `fields` (who manages a field), `access` (the RBAC rules),
+//!   `events` (publishing Events), `metrics`, `error`.
 
 pub mod access;
 pub mod admin;
@@ -19,6 +19,7 @@ pub(crate) mod dereference;
 pub mod diff;
 pub mod error;
 pub mod events;
+pub(crate) mod fields;
 #[cfg(test)]
 mod fixtures;
 pub mod leader;

@@ -66,6 +66,11 @@ struct RunArgs {
     /// requested, 256Mi memory limit.
     #[arg(long, env = "TETHER_SIDECAR_RESOURCES", value_name = "JSON", value_parser = parse_resources)]
     sidecar_resources: Option<ResourceRequirements>,
+    /// UID and GID of injected sidecars, or `platform` to set none and let the platform assign
+    /// one (OpenShift's `restricted-v2` rejects a fixed UID outside the namespace's range).
+    #[arg(long, env = "TETHER_SIDECAR_RUN_AS_USER", value_name = "UID|platform",
+          default_value = "65532", value_parser = parse_user)]
+    sidecar_run_as_user: RunAs,
     /// Run only while holding the Lease `--lease-name` (for 2 or more replicas).
     #[arg(long, env = "TETHER_LEADER_ELECT")]
     leader_elect: bool,
@@ -85,6 +90,23 @@ fn parse_resources(json: &str) -> Result<ResourceRequirements, String> {
     serde_json::from_str(json).map_err(|e| {
         format!("not the JSON of a ResourceRequirements ({e}); e.g. {{\"limits\":{{\"memory\":\"256Mi\"}}}}")
     })
+}
+
+/// The user injected sidecars run as (`--sidecar-run-as-user`).
+#[derive(Clone, Copy, Debug)]
+struct RunAs(Option<i64>);
+
+/// Parses `--sidecar-run-as-user`: a UID ≥ 1, or `platform`.
+fn parse_user(value: &str) -> Result<RunAs, String> {
+    if value == "platform" {
+        return Ok(RunAs(None));
+    }
+    match value.parse::<i64>() {
+        Ok(uid) if uid >= 1 => Ok(RunAs(Some(uid))),
+        _ => Err(format!(
+            "{value:?} is neither a UID ≥ 1 (the sidecar never runs as root) nor \"platform\""
+        )),
+    }
 }
 
 #[tokio::main]
@@ -138,6 +160,7 @@ async fn run(args: RunArgs) -> ExitCode {
     if let Some(resources) = args.sidecar_resources {
         defaults.sidecar_resources = resources;
     }
+    defaults.sidecar_user = args.sidecar_run_as_user.0;
     let ctx = Arc::new(Context::new(
         client.clone(),
         defaults,

@@ -6,11 +6,14 @@
 
 use tether_crds::McpEndpoint;
 
-/// The field manager of every server-side apply the operator sends: one stable name, so the
-/// API server knows which fields the operator owns.
-pub(crate) const FIELD_MANAGER: &str = "tether-operator";
+/// The operator's name: the `managed-by` label of its children, the reporting controller of
+/// its Events, and the prefix of its field managers ([`Names::field_manager`]).
+pub(crate) const OPERATOR: &str = "tether-operator";
+/// The field manager of every apply before each endpoint had its own: released from a target
+/// Deployment once the endpoint's own manager holds the injection.
+pub(crate) const LEGACY_FIELD_MANAGER: &str = OPERATOR;
 pub use tether_crds::SIDECAR_CONTAINER;
-/// Label on every child the operator creates, with [`FIELD_MANAGER`] as its value.
+/// Label on every child the operator creates, with [`OPERATOR`] as its value.
 pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Pod-template annotation naming the endpoint whose sidecar is injected; a `tether-sidecar`
 /// container without it is the user's, and a clash.
@@ -21,6 +24,10 @@ pub(crate) const FINALIZER: &str = "mcp.tether.dev/injection";
 pub(crate) const CONFIG_VOLUME: &str = "tether-config";
 /// Volume (and mount) of the HMAC Secret in the pod.
 pub(crate) const SECRET_VOLUME: &str = "tether-secret";
+/// Volume (and mount) of the sidecar's projected ServiceAccount token.
+pub(crate) const TOKEN_VOLUME: &str = "tether-token";
+/// Mount path of the token volume: where Kubernetes clients look for the in-cluster token.
+pub(crate) const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// Mount path of the config volume; the sidecar reads `endpoint.yaml` there.
 pub(crate) const CONFIG_DIR: &str = "/etc/tether";
 /// Mount path of the Secret volume; the sidecar reads `secret` there.
@@ -34,6 +41,9 @@ pub(crate) const DRAIN_PATH: &str = "/drain";
 /// Longest name of a Service (an RFC 1035 label).
 pub(crate) const MAX_SERVICE_NAME: usize = 63;
 
+/// Characters of the endpoint's UID in the name of its HMAC Secret ([`Names::secret`]).
+const SECRET_UID_CHARS: usize = 8;
+
 /// The names of one endpoint's children.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Names {
@@ -41,20 +51,46 @@ pub struct Names {
     pub endpoint: String,
     /// Its namespace.
     pub namespace: String,
+    /// Its UID (an endpoint re-created under the same name has another).
+    pub uid: String,
 }
 
 impl Names {
-    /// The names for `ep`; `None` when it has no name or namespace (not from the API server).
+    /// The names for `ep`; `None` when it has no name, namespace or UID (not from the API
+    /// server).
     pub fn of(ep: &McpEndpoint) -> Option<Self> {
         Some(Self {
             endpoint: ep.metadata.name.clone()?,
             namespace: ep.metadata.namespace.clone()?,
+            uid: ep.metadata.uid.clone()?,
         })
     }
 
-    /// The config ConfigMap (the spec the sidecars read) and the HMAC Secret.
+    /// The config ConfigMap (the spec the sidecars read).
     pub fn config(&self) -> String {
         format!("{}-tether", self.endpoint)
+    }
+
+    /// The HMAC Secret: `<endpoint>-tether-<first 8 characters of the endpoint's UID>`. The UID
+    /// makes the name new when an endpoint is deleted and re-created under the same name: a
+    /// kubelet may keep serving a cached Secret of a name it has mounted before, and pods that
+    /// read different keys reject each other's session ids and handoffs.
+    pub fn secret(&self) -> String {
+        let uid: String = self.uid.chars().take(SECRET_UID_CHARS).collect();
+        format!("{}-tether-{uid}", self.endpoint)
+    }
+
+    /// The HMAC Secret's name before it carried the UID ([`Names::config`]'s): kept while the
+    /// endpoint controls a Secret of that name, so pods running with it keep their key.
+    pub(crate) fn legacy_secret(&self) -> String {
+        self.config()
+    }
+
+    /// The field manager of the endpoint's applies, `tether-operator/<endpoint>`: one per
+    /// endpoint, so removing one endpoint's injection (an apply of nothing with its manager)
+    /// never strips what another endpoint applied to the same Deployment.
+    pub fn field_manager(&self) -> String {
+        format!("{OPERATOR}/{}", self.endpoint)
     }
 
     /// The client Service (routable pods, the MCP port).
@@ -80,7 +116,7 @@ impl Names {
     /// Labels on every child: `app.kubernetes.io/managed-by`, `part-of`, `instance`.
     pub(crate) fn labels(&self) -> std::collections::BTreeMap<String, String> {
         [
-            (MANAGED_BY_LABEL, FIELD_MANAGER),
+            (MANAGED_BY_LABEL, OPERATOR),
             ("app.kubernetes.io/part-of", "tether"),
             ("app.kubernetes.io/instance", self.endpoint.as_str()),
         ]

@@ -6,7 +6,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use tether_crds::{McpEndpoint, validate_spec};
+use tether_crds::{ADMIN_PORT_NAME, MCP_PORT_NAME, McpEndpoint, PEER_PORT_NAME, validate_spec};
 
 use crate::names::{DRAIN_PATH, INJECTED_ANNOTATION, MAX_SERVICE_NAME, Names, SIDECAR_CONTAINER};
 
@@ -16,14 +16,14 @@ use crate::names::{DRAIN_PATH, INJECTED_ANNOTATION, MAX_SERVICE_NAME, Names, SID
 pub struct Conflict {
     /// PascalCase reason (condition and Event): `InvalidSpec`, `TargetWithoutSelector`,
     /// `ContainerNameClash`, `PreStopConflict`, `PortConflict`, `UpstreamContainerNotFound`,
-    /// `NameTooLong`.
+    /// `NameInvalid`, `NameTooLong`, `NameTaken`, `FieldConflict`.
     pub reason: &'static str,
     /// What is wrong and what to do, for `kubectl describe`.
     pub message: String,
 }
 
 impl Conflict {
-    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             reason,
             message: message.into(),
@@ -72,6 +72,15 @@ pub fn validate<'a>(
     if !errors.is_empty() {
         let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
         return Err(Conflict::new("InvalidSpec", all.join("; ")));
+    }
+    if !is_dns_label(&names.endpoint) {
+        return Err(Conflict::new(
+            "NameInvalid",
+            format!(
+                "the name {:?} cannot start the Services' names (a DNS-1035 label: lowercase letters, digits and '-', starting with a letter, ending with a letter or digit, no '.'); create the McpEndpoint under such a name",
+                names.endpoint
+            ),
+        ));
     }
     for name in [names.client_service(), names.peer_service()] {
         if name.len() > MAX_SERVICE_NAME {
@@ -139,7 +148,11 @@ fn check_sidecar_name(
     Ok(())
 }
 
-/// The sidecar's ports must be free in the pod's network namespace.
+/// Names of the sidecar's container ports: no other container of the pod may use them.
+const SIDECAR_PORT_NAMES: [&str; 3] = [MCP_PORT_NAME, ADMIN_PORT_NAME, PEER_PORT_NAME];
+
+/// The sidecar's ports must be free in the pod's network namespace, and their names unused by
+/// the other containers (a duplicate port name is not rejected by the API server).
 fn check_ports(ep: &McpEndpoint, pod: &PodSpec) -> Result<(), Conflict> {
     let ours = [
         ("spec.listen.port", ep.spec.listen.port),
@@ -150,13 +163,22 @@ fn check_ports(ep: &McpEndpoint, pod: &PodSpec) -> Result<(), Conflict> {
         .containers
         .iter()
         .chain(init_containers(pod).filter(|c| c.name != SIDECAR_CONTAINER))
-        .flat_map(|c| c.ports.iter().flatten().map(move |p| (c, p.container_port)));
+        .flat_map(|c| c.ports.iter().flatten().map(move |p| (c, p)));
     for (container, port) in theirs {
-        if let Some((field, _)) = ours.iter().find(|(_, p)| i32::from(*p) == port) {
+        if let Some((field, _)) = ours.iter().find(|(_, p)| i32::from(*p) == port.container_port) {
             return Err(Conflict::new(
                 "PortConflict",
                 format!(
-                    "container {:?} declares port {port}, which {field} gives the sidecar; change one of them",
+                    "container {:?} declares port {}, which {field} gives the sidecar; change one of them",
+                    container.name, port.container_port
+                ),
+            ));
+        }
+        if let Some(name) = port.name.as_deref().filter(|n| SIDECAR_PORT_NAMES.contains(n)) {
+            return Err(Conflict::new(
+                "PortConflict",
+                format!(
+                    "container {:?} names a port {name:?}, a name tether gives a sidecar port (peers find each other's ports by name); rename that port",
                     container.name
                 ),
             ));
@@ -208,6 +230,17 @@ fn check_pre_stop(ep: &McpEndpoint, container: &Container) -> Result<(), Conflic
         ));
     }
     Ok(())
+}
+
+/// Whether `name` is a DNS-1035 label without its length limit (the length is checked on the
+/// Services' full names): `[a-z]([-a-z0-9]*[a-z0-9])?`.
+fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    bytes.first().is_some_and(u8::is_ascii_lowercase)
+        && bytes.last().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
 }
 
 fn init_containers(pod: &PodSpec) -> impl Iterator<Item = &Container> {
@@ -300,6 +333,16 @@ mod tests {
             reason(&ep, &with_containers(json!([server(port)]))),
             Some("PortConflict")
         );
+        let named = json!({"ports": [{"containerPort": 3000, "name": "mcp"}]});
+        assert_eq!(
+            reason(&ep, &with_containers(json!([server(named)]))),
+            Some("PortConflict")
+        );
+        let peer_named = fixtures::deployment_with(|d| {
+            d["spec"]["template"]["spec"]["initContainers"] =
+                json!([{"name": "proxy", "image": "p", "ports": [{"containerPort": 7000, "name": "tether-peer"}]}]);
+        });
+        assert_eq!(reason(&ep, &peer_named), Some("PortConflict"));
         let two = with_containers(json!([
             {"name": "a", "image": "a", "ports": [{"containerPort": 4000}]},
             {"name": "b", "image": "b"},
@@ -316,6 +359,15 @@ mod tests {
             reason(&invalid, &fixtures::deployment(DEPLOYMENT)),
             Some("InvalidSpec")
         );
+        for bad in ["weather.v2", "1weather", "weather-", "Weather"] {
+            let mut named = ep.clone();
+            named.metadata.name = Some(bad.to_owned());
+            assert_eq!(
+                reason(&named, &fixtures::deployment(DEPLOYMENT)),
+                Some("NameInvalid"),
+                "{bad}"
+            );
+        }
         let mut long = ep.clone();
         long.metadata.name = Some("x".repeat(60));
         assert_eq!(

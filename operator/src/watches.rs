@@ -16,7 +16,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tether_crds::McpEndpoint;
 
 use crate::controller::{Context, error_policy, reconcile};
-use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, injected_by};
+use crate::names::{MANAGED_BY_LABEL, OPERATOR, injected_by};
 
 /// Runs the controller until `shutdown` resolves, then returns once the reconciles under way
 /// have finished. `namespace` limits every watch to one namespace; `None` watches the whole
@@ -27,7 +27,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let ours = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"));
+    let ours = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={OPERATOR}"));
     let controller = Controller::new(
         scoped::<McpEndpoint>(&client, namespace),
         watcher::Config::default(),

@@ -18,7 +18,8 @@ use tether_operator::plan::Defaults;
 const NS: &str = "tools";
 const EP_PATH: &str = "/apis/mcp.tether.dev/v1alpha1/namespaces/tools/mcpendpoints/weather";
 const DEPLOY_PATH: &str = "/apis/apps/v1/namespaces/tools/deployments/weather";
-const SECRET_PATH: &str = "/api/v1/namespaces/tools/secrets/weather-tether";
+/// The HMAC Secret: its name carries the first characters of the endpoint's UID (`e-1`).
+const SECRET_PATH: &str = "/api/v1/namespaces/tools/secrets/weather-tether-e-1";
 
 fn endpoint(finalized: bool) -> Value {
     let mut ep = json!({
@@ -133,7 +134,7 @@ async fn create_adds_the_finalizer_then_applies_everything_once_and_a_no_op_writ
     let (_, writes) = reconcile_once(&api).await;
     assert_eq!(paths(&writes), [format!("PATCH {EP_PATH}")]);
     assert_eq!(writes[0].body[1]["op"], "add");
-    // 2. Everything, each apply with our field manager, forced.
+    // 2. Everything.
     let (action, writes) = reconcile_once(&api).await;
     assert_eq!(action, Action::requeue(RECHECK));
     let (type_, reason, note) = one_event(&writes);
@@ -159,9 +160,13 @@ async fn create_adds_the_finalizer_then_applies_everything_once_and_a_no_op_writ
             format!("PATCH {EP_PATH}/status"),
         ]
     );
+    // Each apply with the endpoint's field manager; forced on the endpoint's own children and
+    // status, never on the user's Deployment.
     for w in writes.iter().filter(|w| w.method == Method::PATCH) {
+        let forced = w.query.contains("force=true");
         assert!(
-            w.query.contains("fieldManager=tether-operator") && w.query.contains("force=true"),
+            w.query.contains("fieldManager=tether-operator%2Fweather")
+                && forced != (w.path == DEPLOY_PATH),
             "{w:?}"
         );
     }

@@ -40,10 +40,10 @@ pub(crate) fn config_map(ep: &McpEndpoint, names: &Names, owner: &OwnerReference
     }
 }
 
-/// The HMAC Secret with `key` (immutable once created).
+/// The HMAC Secret with `key` (immutable once created), named [`Names::secret`].
 pub fn secret(names: &Names, owner: &OwnerReference, key: &[u8]) -> Secret {
     Secret {
-        metadata: child_meta(names, names.config(), owner),
+        metadata: child_meta(names, names.secret(), owner),
         data: Some([(SECRET_KEY.to_owned(), ByteString(key.to_vec()))].into()),
         immutable: Some(true),
         type_: Some("Opaque".to_owned()),

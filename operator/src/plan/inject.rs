@@ -3,42 +3,60 @@
 //! merges with the user's fields and an empty apply with the same field manager removes exactly
 //! it.
 
+use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::{Value, json};
 use tether_crds::{
     ADMIN_PORT_NAME, MCP_PORT_NAME, McpEndpoint, PEER_PORT_NAME, POD_SETTINGS_ANNOTATION,
 };
 
 use super::{Defaults, GRACE_MARGIN_SECS};
+use crate::fields::{self, Step};
 use crate::names::{
-    CONFIG_DIR, CONFIG_KEY, CONFIG_VOLUME, DRAIN_PATH, INJECTED_ANNOTATION, Names, SECRET_DIR,
-    SECRET_KEY, SECRET_VOLUME, SIDECAR_CONTAINER,
+    CONFIG_DIR, CONFIG_KEY, CONFIG_VOLUME, DRAIN_PATH, INJECTED_ANNOTATION, LEGACY_FIELD_MANAGER,
+    Names, SECRET_DIR, SECRET_KEY, SECRET_VOLUME, SIDECAR_CONTAINER, TOKEN_DIR, TOKEN_VOLUME,
 };
 use crate::validate::Target;
 
-/// UID and GID the sidecar runs as (non-root, as the distroless `nonroot` user).
+/// UID and GID the sidecar runs as by default (non-root, as the distroless `nonroot` user).
 pub const SIDECAR_USER: i64 = 65532;
+/// `terminationGracePeriodSeconds` the API server gives a pod template that sets none.
+pub(crate) const DEFAULT_GRACE_SECS: i64 = 30;
+/// Lifetime of the sidecar's projected ServiceAccount token, in seconds (the kubelet renews
+/// it before it expires; 3,607 s is the kubelet's own choice for automounted tokens).
+const TOKEN_SECS: i64 = 3607;
 
 /// The Deployment apply body for `ep` on `target`; `own_service_account` when the pods get the
-/// sidecar's dedicated ServiceAccount.
+/// sidecar's dedicated ServiceAccount; `secret` names the HMAC Secret the pods mount.
+///
+/// Fields of the user's pod template are claimed only when no other field manager manages
+/// them ([`fields::managers`]): the grace period only when the template's is too short, the
+/// MCP server's `preStop` only when the user's manifest does not carry it. A field someone else
+/// manages and tether must change makes the apply conflict (it is never forced).
 pub(crate) fn deployment(
     ep: &McpEndpoint,
     names: &Names,
     target: &Target<'_>,
     defaults: &Defaults,
     own_service_account: bool,
+    secret: &str,
 ) -> Value {
     let mut pod_spec = json!({
         "initContainers": [sidecar(ep, target, defaults)],
-        "containers": [{
-            "name": target.upstream_container,
-            "lifecycle": {"preStop": drain_hook(ep)},
-        }],
         "volumes": [
             {"name": CONFIG_VOLUME, "configMap": {"name": names.config()}},
-            {"name": SECRET_VOLUME, "secret": {"secretName": names.config()}},
+            {"name": SECRET_VOLUME, "secret": {"secretName": secret}},
+            token_volume(),
         ],
-        "terminationGracePeriodSeconds": grace_period(ep, target),
     });
+    if let Some(seconds) = grace_period(ep, names, target) {
+        pod_spec["terminationGracePeriodSeconds"] = json!(seconds);
+    }
+    if claims_pre_stop(names, target) {
+        pod_spec["containers"] = json!([{
+            "name": target.upstream_container,
+            "lifecycle": {"preStop": drain_hook(ep)},
+        }]);
+    }
     if own_service_account {
         pod_spec["serviceAccountName"] = json!(names.sidecar_rbac());
         pod_spec["serviceAccount"] = json!(names.sidecar_rbac());
@@ -51,30 +69,129 @@ pub(crate) fn deployment(
             "namespace": names.namespace,
         },
         "spec": {"template": {
-            "metadata": {"annotations": {
-                INJECTED_ANNOTATION: names.endpoint,
-                POD_SETTINGS_ANNOTATION: ep.spec.pod_settings().annotation(),
-            }},
+            "metadata": {
+                "labels": {INJECTED_ANNOTATION: names.endpoint},
+                "annotations": {
+                    INJECTED_ANNOTATION: names.endpoint,
+                    POD_SETTINGS_ANNOTATION: ep.spec.pod_settings().annotation(),
+                },
+            },
             "spec": pod_spec,
         }},
     })
 }
 
-/// `terminationGracePeriodSeconds`: `drain.timeout` + margin, or the template's when larger.
-pub(crate) fn grace_period(ep: &McpEndpoint, target: &Target<'_>) -> i64 {
+/// Seconds the pods need to drain: `drain.timeout` (rounded up) + [`GRACE_MARGIN_SECS`].
+pub(crate) fn needed_grace(ep: &McpEndpoint) -> i64 {
     let drain = std::time::Duration::from(ep.spec.drain.timeout)
         .as_secs_f64()
         .ceil() as i64;
-    let needed = drain + GRACE_MARGIN_SECS;
-    target
-        .pod
-        .termination_grace_period_seconds
-        .map_or(needed, |theirs| theirs.max(needed))
+    drain + GRACE_MARGIN_SECS
+}
+
+/// The `terminationGracePeriodSeconds` to apply, if any. Another manager's value is left alone
+/// when it covers the drain (and conflicts when it does not); without one, the operator sets
+/// what the drain needs when the API server's default would be shorter — following
+/// `drain.timeout` down as well as up.
+pub(crate) fn grace_period(ep: &McpEndpoint, names: &Names, target: &Target<'_>) -> Option<i64> {
+    let needed = needed_grace(ep);
+    let path = fields::pod_spec_field("terminationGracePeriodSeconds");
+    let managers = fields::managers(&target.deployment.metadata, &path);
+    let others = managers.iter().any(|m| !is_ours(m, names));
+    let without_us = if others || managers.is_empty() {
+        target
+            .pod
+            .termination_grace_period_seconds
+            .unwrap_or(DEFAULT_GRACE_SECS)
+    } else {
+        DEFAULT_GRACE_SECS
+    };
+    (needed > without_us).then_some(needed)
+}
+
+/// Whether the injection carries the MCP server's drain `preStop`: not when another manager
+/// manages that hook (the user's manifest carries it, [`crate::validate`] checked it is ours) —
+/// then the operator co-owns nothing in the user's container, and renaming or removing it in
+/// the user's manifest needs nothing of the operator.
+fn claims_pre_stop(names: &Names, target: &Target<'_>) -> bool {
+    let path = [
+        Step::Field("spec"),
+        Step::Field("template"),
+        Step::Field("spec"),
+        Step::Field("containers"),
+        Step::Named(&target.upstream_container),
+        Step::Field("lifecycle"),
+        Step::Field("preStop"),
+    ];
+    fields::managers(&target.deployment.metadata, &path)
+        .iter()
+        .all(|m| is_ours(m, names))
+}
+
+/// Whether field manager `manager` is this endpoint's (or the operator's from before each
+/// endpoint had its own).
+pub(crate) fn is_ours(manager: &str, names: &Names) -> bool {
+    manager == names.field_manager() || manager == LEGACY_FIELD_MANAGER
+}
+
+/// The field managers whose fields an endpoint's removal releases from `deployment`: the
+/// endpoint's own, and the operator's from before each endpoint had its own when the pod
+/// template says this endpoint injected the sidecar (another endpoint's injection is never
+/// touched).
+pub(crate) fn releases(deployment: &Deployment, names: &Names) -> Vec<String> {
+    let managed: Vec<&str> = deployment
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.as_deref())
+        .collect();
+    let injected_here = crate::names::injected_by(deployment)
+        .is_some_and(|endpoint| endpoint.name == names.endpoint);
+    let mut managers = Vec::new();
+    if managed.contains(&names.field_manager().as_str()) {
+        managers.push(names.field_manager());
+    }
+    if injected_here && managed.contains(&LEGACY_FIELD_MANAGER) {
+        managers.push(LEGACY_FIELD_MANAGER.to_owned());
+    }
+    managers
 }
 
 /// The `preStop` hook that waits for the sidecar's drain.
 fn drain_hook(ep: &McpEndpoint) -> Value {
     json!({"httpGet": {"path": DRAIN_PATH, "port": ep.spec.admin.port}})
+}
+
+/// A ServiceAccount token, the cluster CA and the namespace, for the sidecar's own API client
+/// (the membership watch), mounted into the sidecar only: it works with
+/// `automountServiceAccountToken: false`, and the API server's automount skips a container
+/// that already mounts this path.
+fn token_volume() -> Value {
+    json!({"name": TOKEN_VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_SECS}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ]}})
+}
+
+/// The sidecar's security context: non-root, read-only, no privilege escalation, no
+/// capabilities, the runtime's default seccomp profile (Pod Security `restricted`); a fixed
+/// user and group only when the operator is configured with one (platforms such as OpenShift
+/// assign their own).
+fn security_context(defaults: &Defaults) -> Value {
+    let mut context = json!({
+        "runAsNonRoot": true,
+        "readOnlyRootFilesystem": true,
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    });
+    if let Some(user) = defaults.sidecar_user {
+        context["runAsUser"] = json!(user);
+        context["runAsGroup"] = json!(user);
+    }
+    context
 }
 
 fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value {
@@ -117,14 +234,42 @@ fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value 
         "volumeMounts": [
             {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": true},
             {"name": SECRET_VOLUME, "mountPath": SECRET_DIR, "readOnly": true},
+            {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": true},
         ],
-        "securityContext": {
-            "runAsNonRoot": true,
-            "runAsUser": SIDECAR_USER,
-            "runAsGroup": SIDECAR_USER,
-            "readOnlyRootFilesystem": true,
-            "allowPrivilegeEscalation": false,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": security_context(defaults),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::fixtures::{self, MINIMAL_ENDPOINT};
+
+    #[test]
+    fn an_endpoint_releases_its_own_manager_and_the_old_shared_one_only_where_it_injected() {
+        let names = fixtures::names(&fixtures::endpoint(MINIMAL_ENDPOINT));
+        let managed = |managers: &[&str], injected_by: Option<&str>| {
+            fixtures::deployment_with(|d| {
+                let entries: Vec<_> = managers
+                    .iter()
+                    .map(|m| json!({"manager": m, "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {}}))
+                    .collect();
+                d["metadata"]["managedFields"] = json!(entries);
+                if let Some(endpoint) = injected_by {
+                    d["spec"]["template"]["metadata"]["annotations"] =
+                        json!({INJECTED_ANNOTATION: endpoint});
+                }
+            })
+        };
+        let d = managed(&["helm", "tether-operator/weather"], Some("weather"));
+        assert_eq!(releases(&d, &names), ["tether-operator/weather"]);
+        let d = managed(&["helm", "tether-operator"], Some("weather"));
+        assert_eq!(releases(&d, &names), ["tether-operator"]);
+        // Another endpoint injected this Deployment: the old shared manager is its.
+        let d = managed(&["tether-operator", "tether-operator/other"], Some("other"));
+        assert!(releases(&d, &names).is_empty());
+        assert!(releases(&managed(&["helm"], None), &names).is_empty());
+    }
 }

@@ -38,11 +38,14 @@ pub struct Defaults {
     pub sidecar_image: String,
     /// Sidecar resources when `spec.sidecar.resources` is unset.
     pub sidecar_resources: ResourceRequirements,
+    /// UID and GID the sidecar runs as; `None` leaves them to the platform (OpenShift's
+    /// `restricted-v2` assigns a UID of the namespace's range and rejects a fixed one).
+    pub sidecar_user: Option<i64>,
 }
 
 impl Defaults {
-    /// Defaults with `image` and the documented resources (requests 50m CPU, 64Mi memory;
-    /// limit 256Mi memory).
+    /// Defaults with `image`, the documented resources (requests 50m CPU, 64Mi memory; limit
+    /// 256Mi memory) and user [`inject::SIDECAR_USER`].
     pub fn with_image(image: impl Into<String>) -> Self {
         let q = |s: &str| Quantity(s.to_owned());
         Self {
@@ -58,6 +61,7 @@ impl Defaults {
                 limits: Some([("memory".to_owned(), q("256Mi"))].into()),
                 ..ResourceRequirements::default()
             },
+            sidecar_user: Some(inject::SIDECAR_USER),
         }
     }
 }
@@ -84,13 +88,15 @@ pub struct Plan {
 }
 
 /// Builds the [`Plan`] for `ep` on its validated `target`; `owner` is the endpoint's controller
-/// owner reference.
+/// owner reference, `secret` the name of the HMAC Secret the pods mount (the endpoint's
+/// existing one, else [`Names::secret`]).
 pub fn plan(
     ep: &McpEndpoint,
     names: &Names,
     target: &Target<'_>,
     defaults: &Defaults,
     owner: &OwnerReference,
+    secret: &str,
 ) -> Plan {
     let service_account = rbac::service_account(names, target, owner);
     let subject = service_account
@@ -99,7 +105,14 @@ pub fn plan(
         .or_else(|| target.pod.service_account_name.clone())
         .unwrap_or_else(|| "default".to_owned());
     Plan {
-        injection: inject::deployment(ep, names, target, defaults, service_account.is_some()),
+        injection: inject::deployment(
+            ep,
+            names,
+            target,
+            defaults,
+            service_account.is_some(),
+            secret,
+        ),
         config_map: config::config_map(ep, names, owner),
         services: [
             network::client_service(ep, names, target, owner),
@@ -140,6 +153,7 @@ mod tests {
             &target,
             &Defaults::with_image("tether-sidecar:test"),
             &fixtures::owner(ep),
+            &names.secret(),
         )
     }
 
@@ -191,11 +205,27 @@ mod tests {
             pod["volumes"],
             json!([
                 {"name": "tether-config", "configMap": {"name": "weather-tether"}},
-                {"name": "tether-secret", "secret": {"secretName": "weather-tether"}},
+                {"name": "tether-secret", "secret": {"secretName": "weather-tether-6f1c2a9e"}},
+                {"name": "tether-token", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+                ]}},
             ])
         );
+        // The token reaches the sidecar only, where in-cluster clients look for it.
+        assert_eq!(
+            sidecar["volumeMounts"][2],
+            json!({"name": "tether-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true})
+        );
+        assert!(pod["containers"][0].get("volumeMounts").is_none());
         assert_eq!(sidecar["resources"]["requests"]["memory"], "64Mi");
-        assert_eq!(sidecar["securityContext"]["runAsNonRoot"], true);
+        let security = &sidecar["securityContext"];
+        assert_eq!(security["runAsNonRoot"], true);
+        assert_eq!(security["runAsUser"], inject::SIDECAR_USER);
+        assert_eq!(security["seccompProfile"], json!({"type": "RuntimeDefault"}));
+        assert_eq!(security["allowPrivilegeEscalation"], false);
+        assert_eq!(security["capabilities"], json!({"drop": ["ALL"]}));
         // Only fields we own: nothing of the user's container, no replicas, no selector.
         assert!(pod["containers"][0].get("image").is_none());
         assert!(p.injection["spec"].get("replicas").is_none());
@@ -206,33 +236,81 @@ mod tests {
         );
     }
 
+    /// [`DEPLOYMENT`] whose pod template sets `terminationGracePeriodSeconds` to `seconds`,
+    /// managed by `manager`.
+    fn grace_managed_by(seconds: i64, manager: &str) -> k8s_openapi::api::apps::v1::Deployment {
+        fixtures::deployment_with(|d| {
+            d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(seconds);
+            d["metadata"]["managedFields"] = json!([{"manager": manager, "operation": "Apply",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
+                    "f:terminationGracePeriodSeconds": {}}}}}}]);
+        })
+    }
+
     #[test]
-    fn the_grace_period_covers_the_drain_and_keeps_a_longer_one() {
+    fn the_grace_period_is_claimed_only_when_no_one_else_gives_the_drain_enough() {
         let ep = fixtures::endpoint(MINIMAL_ENDPOINT);
-        let grace = |d: &k8s_openapi::api::apps::v1::Deployment| {
-            plan_for(&ep, d).injection["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        let grace = |ep: &McpEndpoint, d: &k8s_openapi::api::apps::v1::Deployment| {
+            plan_for(ep, d).injection["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
                 .as_i64()
-                .unwrap()
         };
-        // drain.timeout defaults to 60s.
-        assert_eq!(
-            grace(&fixtures::deployment(DEPLOYMENT)),
-            60 + GRACE_MARGIN_SECS
-        );
-        let short = fixtures::deployment_with(|d| {
+        let needed = 60 + GRACE_MARGIN_SECS; // drain.timeout defaults to 60s
+        // Unset or defaulted (no manager): tether sets what the drain needs.
+        assert_eq!(grace(&ep, &fixtures::deployment(DEPLOYMENT)), Some(needed));
+        let defaulted = fixtures::deployment_with(|d| {
             d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(30)
         });
-        assert_eq!(grace(&short), 60 + GRACE_MARGIN_SECS);
-        let long = fixtures::deployment_with(|d| {
-            d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(600)
-        });
-        assert_eq!(grace(&long), 600);
+        assert_eq!(grace(&ep, &defaulted), Some(needed));
+        // The user's value: left alone when long enough; applied (and so a conflict) when not.
+        assert_eq!(grace(&ep, &grace_managed_by(600, "helm")), None);
+        assert_eq!(grace(&ep, &grace_managed_by(30, "helm")), Some(needed));
+        // Ours follows drain.timeout down, to the API server's default at the least.
+        let mut shorter = ep.clone();
+        shorter.spec.drain.timeout = std::time::Duration::from_secs(30).into();
+        let ours = grace_managed_by(135, "tether-operator/weather");
+        assert_eq!(grace(&shorter, &ours), Some(30 + GRACE_MARGIN_SECS));
+        let legacy = grace_managed_by(135, "tether-operator");
+        assert_eq!(grace(&shorter, &legacy), Some(30 + GRACE_MARGIN_SECS));
         let mut quick = ep.clone();
         quick.spec.drain.timeout = std::time::Duration::from_millis(4500).into();
-        let names = fixtures::names(&quick);
+        assert_eq!(inject::needed_grace(&quick), 5 + GRACE_MARGIN_SECS);
+        assert_eq!(grace(&quick, &ours), None);
+        assert_eq!(grace(&quick, &fixtures::deployment(DEPLOYMENT)), None);
+    }
+
+    #[test]
+    fn the_servers_pre_stop_is_claimed_only_when_the_users_manifest_lacks_it() {
+        let ep = fixtures::endpoint(MINIMAL_ENDPOINT);
+        let containers = |d: &k8s_openapi::api::apps::v1::Deployment| {
+            plan_for(&ep, d).injection["spec"]["template"]["spec"]["containers"].clone()
+        };
+        let hook = json!({"preStop": {"httpGet": {"path": "/drain", "port": 9901}}});
+        assert_eq!(
+            containers(&fixtures::deployment(DEPLOYMENT)),
+            json!([{"name": "server", "lifecycle": hook}])
+        );
+        let carried = fixtures::deployment_with(|d| {
+            d["spec"]["template"]["spec"]["containers"][0]["lifecycle"] = hook.clone();
+            d["metadata"]["managedFields"] = json!([{"manager": "argocd-controller",
+                "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {
+                    "f:template": {"f:spec": {"f:containers": {"k:{\"name\":\"server\"}": {
+                        "f:lifecycle": {"f:preStop": {"f:httpGet": {"f:path": {}, "f:port": {}}}}}}}}}}}]);
+        });
+        assert_eq!(containers(&carried), serde_json::Value::Null);
+    }
+
+    #[test]
+    fn a_platform_assigned_user_sets_no_uid() {
+        let ep = fixtures::endpoint(MINIMAL_ENDPOINT);
+        let names = fixtures::names(&ep);
         let d = fixtures::deployment(DEPLOYMENT);
-        let target = validate(&quick, &names, &d).unwrap();
-        assert_eq!(inject::grace_period(&quick, &target), 5 + GRACE_MARGIN_SECS);
+        let target = validate(&ep, &names, &d).unwrap();
+        let mut defaults = Defaults::with_image("s");
+        defaults.sidecar_user = None;
+        let p = plan(&ep, &names, &target, &defaults, &fixtures::owner(&ep), "k");
+        let security = &p.injection["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
+        assert!(security.get("runAsUser").is_none() && security.get("runAsGroup").is_none());
+        assert_eq!(security["runAsNonRoot"], true);
     }
 
     #[test]
@@ -298,11 +376,16 @@ mod tests {
         assert_eq!(client.metadata.name.as_deref(), Some("weather-mcp"));
         let spec = client.spec.as_ref().unwrap();
         assert_eq!(spec.selector, selector);
+        let int = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int;
         assert_eq!(spec.ports.as_ref().unwrap()[0].port, 8080);
+        assert_eq!(spec.ports.as_ref().unwrap()[0].target_port, Some(int(8080)));
         let spec = peers.spec.as_ref().unwrap();
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
         assert_eq!(spec.publish_not_ready_addresses, Some(true));
-        assert_eq!(spec.ports.as_ref().unwrap()[0].port, 9902);
+        let ports = spec.ports.as_ref().unwrap();
+        assert_eq!(ports[0].port, 9902);
+        assert_eq!(ports[0].target_port, Some(int(9902)));
+        assert_eq!(ports[1].target_port, Some(int(8080)));
         let pdb = p.pdb.spec.unwrap();
         assert_eq!(pdb.selector.unwrap().match_labels, selector);
         for labels in [&client.metadata.labels, &peers.metadata.labels] {

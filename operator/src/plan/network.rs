@@ -13,11 +13,15 @@ use super::child_meta;
 use crate::names::Names;
 use crate::validate::Target;
 
+/// A Service port `name` forwarding to the same container port number. The `targetPort` is the
+/// number, not the container port's name: the EndpointSlice controller resolves names of
+/// restartable init containers (the native sidecar) only from Kubernetes 1.33 (kubernetes PRs
+/// #127976, #128850), and a name would first match a user container's port of that name.
 fn port(name: &str, port: u16) -> ServicePort {
     ServicePort {
         name: Some(name.to_owned()),
         port: i32::from(port),
-        target_port: Some(IntOrString::String(name.to_owned())),
+        target_port: Some(IntOrString::Int(i32::from(port))),
         protocol: Some("TCP".to_owned()),
         ..ServicePort::default()
     }

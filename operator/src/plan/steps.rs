@@ -6,15 +6,15 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
 use super::config::{self, HMAC_KEY_BYTES};
 use super::network::covering_pdb;
 use super::{Plan, rbac};
-use crate::dereference::{Live, controlled_by};
+use crate::dereference::{Live, controlled_by, meta_controlled_by};
 use crate::names::Names;
-use crate::validate::Target;
+use crate::validate::{Conflict, Target};
 
 /// A child to server-side apply unless its live object already holds every field of `desired`.
 #[derive(Clone, Debug)]
@@ -70,6 +70,8 @@ pub(crate) struct Steps<'a> {
     pub config_map: Ensure<'a, ConfigMap>,
     /// The HMAC Secret, when none exists: created once, never written again.
     pub secret: Option<Secret>,
+    /// The HMAC Secret as read, if it exists (metadata only).
+    pub secret_live: Option<&'a ObjectMeta>,
     /// The client Service, then the headless peer Service.
     pub services: [Ensure<'a, Service>; 2],
     /// The sidecar's dedicated ServiceAccount.
@@ -82,6 +84,55 @@ pub(crate) struct Steps<'a> {
     pub pdb: Step<'a, PodDisruptionBudget>,
     /// The sidecar injection, on the target Deployment.
     pub injection: Ensure<'a, Deployment, serde_json::Value>,
+}
+
+impl Steps<'_> {
+    /// Checks that every live child these steps would write is the endpoint's: an object of a
+    /// child's name that someone else created, or that another owner controls, is never taken
+    /// over (nor garbage-collected with the endpoint).
+    ///
+    /// # Errors
+    /// A `NameTaken` [`Conflict`] naming the first such object.
+    pub(crate) fn check_taken(&self, owner: &OwnerReference) -> Result<(), Conflict> {
+        let [client, peers] = &self.services;
+        let mut written: Vec<(&str, Option<&ObjectMeta>)> = vec![
+            ("ConfigMap", self.config_map.live.map(|o| &o.metadata)),
+            ("Secret", self.secret_live),
+            ("Service", client.live.map(|o| &o.metadata)),
+            ("Service", peers.live.map(|o| &o.metadata)),
+            ("Role", self.role.live.map(|o| &o.metadata)),
+            ("RoleBinding", self.role_binding.live.map(|o| &o.metadata)),
+        ];
+        if let Step::Ensure(e) = &self.service_account {
+            written.push(("ServiceAccount", e.live.map(|o| &o.metadata)));
+        }
+        if let Step::Ensure(e) = &self.pdb {
+            written.push(("PodDisruptionBudget", e.live.map(|o| &o.metadata)));
+        }
+        let foreign = written
+            .into_iter()
+            .filter_map(|(kind, meta)| meta.map(|m| (kind, m)))
+            .find(|(_, meta)| !meta_controlled_by(meta, owner));
+        let Some((kind, meta)) = foreign else {
+            return Ok(());
+        };
+        let name = meta.name.as_deref().unwrap_or_default();
+        let holder = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|r| r.controller == Some(true))
+            .map_or_else(
+                || "it has no controller owner".to_owned(),
+                |r| format!("{} {:?} (uid {}) controls it", r.kind, r.name, r.uid),
+            );
+        Err(Conflict::new(
+            "NameTaken",
+            format!(
+                "{kind}/{name} exists and is not this endpoint's ({holder}); tether never takes over an object it did not create: delete or rename it, or give the McpEndpoint another name"
+            ),
+        ))
+    }
 }
 
 impl Plan {
@@ -139,7 +190,11 @@ impl Plan {
                 desired: config_map,
                 live: live.config_map.as_ref(),
             },
-            secret: (!live.secret_exists).then(|| config::secret(names, owner, &new_key())),
+            secret: live
+                .secret
+                .is_none()
+                .then(|| config::secret(names, owner, &new_key())),
+            secret_live: live.secret.as_ref(),
             services: [
                 Ensure {
                     desired: client,
@@ -194,7 +249,9 @@ mod tests {
         let owner = fixtures::owner(ep);
         let target = validate(ep, &names, deployment).expect("a valid target");
         let defaults = Defaults::with_image("tether-sidecar:test");
-        plan(ep, &names, &target, &defaults, &owner).steps(&names, &owner, &target, live, new_key)
+        let secret = live.secret_name(&names);
+        plan(ep, &names, &target, &defaults, &owner, &secret)
+            .steps(&names, &owner, &target, live, new_key)
     }
 
     /// A live object named `name`, controlled by `owner_uid`'s endpoint.
@@ -229,7 +286,7 @@ mod tests {
         assert!(std::ptr::eq(steps.injection.live.unwrap(), &deployment));
         assert!(steps.config_map.live.is_none());
         let present = Live {
-            secret_exists: true,
+            secret: Some(ObjectMeta::default()),
             ..Live::default()
         };
         let steps = steps_drawing(&ep, &deployment, &present, || {

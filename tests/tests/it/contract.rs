@@ -87,6 +87,7 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
         &target,
         &Defaults::with_image("sidecar:test"),
         &owner,
+        &names.secret(),
     );
     let pod = &plan.injection["spec"]["template"]["spec"];
     let sidecar = pod["initContainers"]
@@ -119,12 +120,46 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
         mount["mountPath"].as_str().unwrap().to_owned()
     };
     let config_dir = mount_of("configMap", &names.config());
-    let secret_dir = mount_of("secret", &names.config());
+    let secret_dir = mount_of("secret", &names.secret());
     assert_eq!(cli.endpoint, Path::new(&config_dir).join(CONFIG_KEY));
     assert_eq!(cli.secret_file, Path::new(&secret_dir).join(SECRET_KEY));
     let manifest = plan.config_map.data.as_ref().unwrap()[CONFIG_KEY].clone();
     let secret = tether_operator::plan::config::secret(&names, &owner, &[7; 32]);
+    assert_eq!(secret.metadata.name, Some(names.secret()));
     assert!(secret.data.unwrap().contains_key(SECRET_KEY));
+
+    // The membership watch's in-cluster client finds a token, the cluster CA and the namespace
+    // where Kubernetes clients look, from a volume of the sidecar's own (so it works with
+    // `automountServiceAccountToken: false`).
+    let token = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v.get("projected").is_some())
+        .expect("a projected token volume");
+    let files: Vec<&str> = token["projected"]["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| {
+            let single = s["serviceAccountToken"]["path"].as_str();
+            let items = s.as_object().unwrap().values().flat_map(|v| {
+                v["items"].as_array().into_iter().flatten().filter_map(|i| i["path"].as_str())
+            });
+            single.into_iter().chain(items)
+        })
+        .collect();
+    assert_eq!(files, ["token", "ca.crt", "namespace"]);
+    let token_mount = sidecar["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == token["name"])
+        .expect("the sidecar mounts the token");
+    assert_eq!(
+        token_mount["mountPath"],
+        "/var/run/secrets/kubernetes.io/serviceaccount"
+    );
 
     // With those files in place the sidecar starts with the endpoint's settings and watches
     // the target's pods in the endpoint's namespace.

@@ -1,0 +1,100 @@
+//! Who manages a field of a live object: the field managers whose `metadata.managedFields` sets
+//! (server-side apply's `FieldsV1` trees) hold a path. The plan reads it so that the operator
+//! claims a field of the user's Deployment only when no one else manages it
+//! (`docs/design/operator.md`, "Field ownership").
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+/// One step of a field path in `FieldsV1` terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step<'a> {
+    /// A field of an object (`f:<name>`).
+    Field(&'a str),
+    /// The item of a list keyed by `name` (`k:{"name":"<value>"}`), as containers are.
+    Named(&'a str),
+}
+
+impl Step<'_> {
+    fn key(&self) -> String {
+        match self {
+            Step::Field(name) => format!("f:{name}"),
+            Step::Named(name) => format!("k:{}", serde_json::json!({ "name": name })),
+        }
+    }
+}
+
+/// The pod template spec's field `name` of a Deployment.
+pub(crate) fn pod_spec_field(name: &str) -> [Step<'_>; 4] {
+    [
+        Step::Field("spec"),
+        Step::Field("template"),
+        Step::Field("spec"),
+        Step::Field(name),
+    ]
+}
+
+/// The managers of the main (not status) subresource whose field set holds `path` or a field
+/// under it, in the order `managedFields` lists them.
+pub(crate) fn managers<'m>(meta: &'m ObjectMeta, path: &[Step<'_>]) -> Vec<&'m str> {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| entry.subresource.as_deref().unwrap_or_default().is_empty())
+        .filter(|entry| {
+            entry
+                .fields_v1
+                .as_ref()
+                .is_some_and(|set| holds(&set.0, path))
+        })
+        .filter_map(|entry| entry.manager.as_deref())
+        .collect()
+}
+
+fn holds(set: &Value, path: &[Step<'_>]) -> bool {
+    path.iter()
+        .try_fold(set, |node, step| node.get(step.key()))
+        .is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_managers_of_a_field_are_read_from_the_managed_fields() {
+        let meta: ObjectMeta = serde_json::from_value(json!({
+            "managedFields": [
+                {"manager": "helm", "operation": "Update", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
+                     "f:terminationGracePeriodSeconds": {},
+                     "f:containers": {"k:{\"name\":\"server\"}": {".": {}, "f:image": {}}},
+                 }}}}},
+                {"manager": "tether-operator/weather", "operation": "Apply", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
+                     "f:containers": {"k:{\"name\":\"server\"}": {"f:lifecycle": {"f:preStop": {}}}},
+                 }}}}},
+                {"manager": "tether-operator/weather", "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:terminationGracePeriodSeconds": {}}}}}},
+            ],
+        }))
+        .unwrap();
+        let grace = pod_spec_field("terminationGracePeriodSeconds");
+        assert_eq!(managers(&meta, &grace), ["helm"]);
+        let server = [
+            Step::Field("spec"),
+            Step::Field("template"),
+            Step::Field("spec"),
+            Step::Field("containers"),
+            Step::Named("server"),
+        ];
+        assert_eq!(managers(&meta, &server), ["helm", "tether-operator/weather"]);
+        let pre_stop = [server.as_slice(), &[Step::Field("lifecycle"), Step::Field("preStop")]].concat();
+        assert_eq!(managers(&meta, &pre_stop), ["tether-operator/weather"]);
+        assert!(managers(&meta, &pod_spec_field("serviceAccountName")).is_empty());
+        assert!(managers(&ObjectMeta::default(), &grace).is_empty());
+    }
+}
