@@ -1,6 +1,6 @@
 //! Writing what the plan decided, with generic operations only: ensure (server-side apply with
 //! the endpoint's field manager, [`Names::field_manager`], sent only when the live object lacks
-//! something: [`covers`]; forced on the endpoint's own children, never on the user's
+//! something: `Ensure::covered`; forced on the endpoint's own children, never on the user's
 //! Deployment, where a conflict is reported instead), create once, delete a retired child (UID
 //! precondition), and the unconditional applies of a status and of an empty body
 //! (`docs/design/operator.md`).
@@ -12,7 +12,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::diff::covers;
 use crate::error::Error;
 use crate::names::{LEGACY_FIELD_MANAGER, Names};
 use crate::plan::steps::{Ensure, Retire, Step, Steps};
@@ -44,7 +43,13 @@ pub(crate) async fn steps(
     let mut objects = Vec::new();
     let w = &mut objects;
     let ours = Manager::forced(names);
-    ensure(&Api::namespaced(client.clone(), ns), &steps.config_map, &ours, w).await?;
+    ensure(
+        &Api::namespaced(client.clone(), ns),
+        &steps.config_map,
+        &ours,
+        w,
+    )
+    .await?;
     if let Some(secret) = &steps.secret {
         create(&Api::namespaced(client.clone(), ns), secret, w).await?;
     }
@@ -215,9 +220,7 @@ where
         .as_str()
         .ok_or(Error::Unnamed)?
         .to_owned();
-    if let Some(live) = ensure.live
-        && covers(&serde_json::to_value(live)?, &body)
-    {
+    if ensure.covered(&body)? {
         return Ok(None);
     }
     let answer = api.patch(&name, &manager.0, &Patch::Apply(&body)).await?;

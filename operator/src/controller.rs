@@ -191,7 +191,8 @@ async fn cleanup(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
             apply::release(&deployments, &names.namespace, target_name, manager).await?;
         }
         if !managers.is_empty() {
-            let note = format!("removed the sidecar from Deployment {target_name:?}; its pods roll");
+            let note =
+                format!("removed the sidecar from Deployment {target_name:?}; its pods roll");
             ctx.event(ep, EventType::Normal, "InjectionRemoved", note)
                 .await;
         }

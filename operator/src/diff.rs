@@ -153,9 +153,15 @@ mod tests {
                                         "limits": {"memory": "1536Mi"}}});
         assert!(!covers(&more, &desired));
         // Only quantities compare by value: other strings stay exact.
-        assert!(!covers(&json!({"image": "1Gi"}), &json!({"image": "1024Mi"})));
+        assert!(!covers(
+            &json!({"image": "1Gi"}),
+            &json!({"image": "1024Mi"})
+        ));
         // An empty desired value is covered by an absent or empty one, not by a value.
-        assert!(!covers(&json!({"env": [{"name": "X"}]}), &json!({"env": []})));
+        assert!(!covers(
+            &json!({"env": [{"name": "X"}]}),
+            &json!({"env": []})
+        ));
         assert!(covers(&json!({"env": []}), &json!({"env": []})));
     }
 

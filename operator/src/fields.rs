@@ -91,8 +91,15 @@ mod tests {
             Step::Field("containers"),
             Step::Named("server"),
         ];
-        assert_eq!(managers(&meta, &server), ["helm", "tether-operator/weather"]);
-        let pre_stop = [server.as_slice(), &[Step::Field("lifecycle"), Step::Field("preStop")]].concat();
+        assert_eq!(
+            managers(&meta, &server),
+            ["helm", "tether-operator/weather"]
+        );
+        let pre_stop = [
+            server.as_slice(),
+            &[Step::Field("lifecycle"), Step::Field("preStop")],
+        ]
+        .concat();
         assert_eq!(managers(&meta, &pre_stop), ["tether-operator/weather"]);
         assert!(managers(&meta, &pod_spec_field("serviceAccountName")).is_empty());
         assert!(managers(&ObjectMeta::default(), &grace).is_empty());

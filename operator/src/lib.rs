@@ -3,7 +3,8 @@
 //! The floors, top down; a module imports only from the floors below its own:
 //!
 //! - process: `watches` (the controller and what wakes it), `leader` (the Lease), `admin`;
-//! - reconcile: `controller` (the pipeline under a finalizer, Events, the error policy);
+//! - reconcile: `controller` (the pipeline under a finalizer, Events, the error policy),
+//!   `preview` (the same pipeline on manifests, printed instead of sent: `tether-operator plan`);
 //! - writes: `apply` (ensure, create once, delete a retired child; the status);
 //! - pure steps: `plan` (the children and the steps against the live ones), `status`;
 //! - reads: `dereference` (the target and the live children, read once before any write);
@@ -26,6 +27,7 @@ pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod plan;
+pub mod preview;
 pub(crate) mod status;
 pub mod validate;
 pub mod watches;

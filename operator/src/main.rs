@@ -5,8 +5,12 @@
 //!   Deployment changes; it stops on SIGINT/SIGTERM after the reconciles under way. The admin
 //!   listener (`--admin-addr`) serves `/healthz`, `/readyz` and `/metrics`
 //!   ([`tether_operator::admin`]).
+//! - `tether-operator plan`: prints what one reconcile of an endpoint would write, from files,
+//!   without an API server ([`tether_operator::preview`]); exit 2 when the endpoint is
+//!   `Degraded`, 1 when a file is unusable.
 //! - `tether-operator crd`: prints the `McpEndpoint` CustomResourceDefinition (`make crds`).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -19,6 +23,7 @@ use tether_operator::admin::AdminState;
 use tether_operator::controller::Context;
 use tether_operator::leader::Election;
 use tether_operator::plan::Defaults;
+use tether_operator::preview::{self, Inputs, Outcome};
 
 /// tether's operator.
 #[derive(Debug, Parser)]
@@ -32,6 +37,9 @@ struct Cli {
 enum Command {
     /// Run the controller (in-cluster config, or KUBECONFIG outside a cluster).
     Run(Box<RunArgs>),
+    /// Print what one reconcile of an McpEndpoint would write (YAML), without an API server.
+    /// Exit status 2 when the endpoint would be Degraded, 1 when a file is unusable.
+    Plan(Box<PlanArgs>),
     /// Print the McpEndpoint CustomResourceDefinition (YAML) to stdout.
     Crd,
 }
@@ -53,6 +61,25 @@ struct RunArgs {
     /// Log format; the level comes from `RUST_LOG` (default `info`).
     #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+    #[command(flatten)]
+    defaults: DefaultsArgs,
+    /// Run only while holding the Lease `--lease-name` (for 2 or more replicas).
+    #[arg(long, env = "TETHER_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "TETHER_LEASE_NAME", default_value = "tether-operator")]
+    lease_name: String,
+    /// Namespace of the Lease: the operator's own (downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// This replica's identity in the Lease: its pod name (downward API); default the host name.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+/// The operator-wide defaults of `run` and `plan`: what endpoints leave out of `spec.sidecar`.
+#[derive(Debug, Args)]
+struct DefaultsArgs {
     /// Sidecar image for endpoints whose spec.sidecar.image is unset.
     #[arg(
         long,
@@ -71,18 +98,37 @@ struct RunArgs {
     #[arg(long, env = "TETHER_SIDECAR_RUN_AS_USER", value_name = "UID|platform",
           default_value = "65532", value_parser = parse_user)]
     sidecar_run_as_user: RunAs,
-    /// Run only while holding the Lease `--lease-name` (for 2 or more replicas).
-    #[arg(long, env = "TETHER_LEADER_ELECT")]
-    leader_elect: bool,
-    /// Name of the leader-election Lease.
-    #[arg(long, env = "TETHER_LEASE_NAME", default_value = "tether-operator")]
-    lease_name: String,
-    /// Namespace of the Lease: the operator's own (downward API).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    lease_namespace: String,
-    /// This replica's identity in the Lease: its pod name (downward API); default the host name.
-    #[arg(long, env = "POD_NAME")]
-    identity: Option<String>,
+}
+
+impl DefaultsArgs {
+    /// The defaults these flags ask for.
+    fn defaults(self) -> Defaults {
+        let mut defaults = Defaults::with_image(self.sidecar_image);
+        if let Some(resources) = self.sidecar_resources {
+            defaults.sidecar_resources = resources;
+        }
+        defaults.sidecar_user = self.sidecar_run_as_user.0;
+        defaults
+    }
+}
+
+#[derive(Debug, Args)]
+struct PlanArgs {
+    /// The McpEndpoint manifest (YAML, one document). Without metadata.uid its children's owner
+    /// references show a placeholder UID.
+    #[arg(long, value_name = "FILE")]
+    endpoint: PathBuf,
+    /// Its target Deployment (YAML, one document), as written or as `kubectl get -o yaml` prints it.
+    #[arg(long, value_name = "FILE")]
+    deployment: PathBuf,
+    /// A directory of YAML manifests (or one file) of the live objects a reconcile reads: the
+    /// endpoint's ConfigMap, Secret, Services, ServiceAccount, Role, RoleBinding, the
+    /// namespace's PodDisruptionBudgets, the target's Pods. Without it nothing is live (the
+    /// endpoint's first reconcile).
+    #[arg(long, value_name = "DIR")]
+    live: Option<PathBuf>,
+    #[command(flatten)]
+    defaults: DefaultsArgs,
 }
 
 /// Parses `--sidecar-resources`.
@@ -123,6 +169,38 @@ async fn main() -> ExitCode {
             }
         },
         Command::Run(args) => run(*args).await,
+        Command::Plan(args) => plan(*args).await,
+    }
+}
+
+/// `tether-operator plan`: the preview on stdout, notes and the `Degraded` reason on stderr.
+async fn plan(args: PlanArgs) -> ExitCode {
+    let inputs = match Inputs::load(&args.endpoint, &args.deployment, args.live.as_deref()) {
+        Ok(inputs) => inputs,
+        Err(e) => {
+            eprintln!("tether-operator plan: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for note in inputs.notes() {
+        eprintln!("tether-operator plan: note: {note}");
+    }
+    match preview::preview(&inputs, &args.defaults.defaults()).await {
+        Ok(Outcome::Planned(preview)) => {
+            print!("{}", preview.to_yaml());
+            ExitCode::SUCCESS
+        }
+        Ok(Outcome::Degraded(conflict)) => {
+            eprintln!(
+                "tether-operator plan: Degraded: {}: {}; the operator would write nothing but the status",
+                conflict.reason, conflict.message
+            );
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("tether-operator plan: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -156,14 +234,9 @@ async fn run(args: RunArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let identity = args.identity.clone().unwrap_or_else(host_name);
-    let mut defaults = Defaults::with_image(args.sidecar_image);
-    if let Some(resources) = args.sidecar_resources {
-        defaults.sidecar_resources = resources;
-    }
-    defaults.sidecar_user = args.sidecar_run_as_user.0;
     let ctx = Arc::new(Context::new(
         client.clone(),
-        defaults,
+        args.defaults.defaults(),
         Arc::clone(&admin.metrics),
         Some(identity.clone()),
     ));

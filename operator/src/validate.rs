@@ -165,7 +165,10 @@ fn check_ports(ep: &McpEndpoint, pod: &PodSpec) -> Result<(), Conflict> {
         .chain(init_containers(pod).filter(|c| c.name != SIDECAR_CONTAINER))
         .flat_map(|c| c.ports.iter().flatten().map(move |p| (c, p)));
     for (container, port) in theirs {
-        if let Some((field, _)) = ours.iter().find(|(_, p)| i32::from(*p) == port.container_port) {
+        if let Some((field, _)) = ours
+            .iter()
+            .find(|(_, p)| i32::from(*p) == port.container_port)
+        {
             return Err(Conflict::new(
                 "PortConflict",
                 format!(
@@ -174,7 +177,11 @@ fn check_ports(ep: &McpEndpoint, pod: &PodSpec) -> Result<(), Conflict> {
                 ),
             ));
         }
-        if let Some(name) = port.name.as_deref().filter(|n| SIDECAR_PORT_NAMES.contains(n)) {
+        if let Some(name) = port
+            .name
+            .as_deref()
+            .filter(|n| SIDECAR_PORT_NAMES.contains(n))
+        {
             return Err(Conflict::new(
                 "PortConflict",
                 format!(
@@ -237,7 +244,9 @@ fn check_pre_stop(ep: &McpEndpoint, container: &Container) -> Result<(), Conflic
 fn is_dns_label(name: &str) -> bool {
     let bytes = name.as_bytes();
     bytes.first().is_some_and(u8::is_ascii_lowercase)
-        && bytes.last().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && bytes
+            .last()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         && bytes
             .iter()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
@@ -339,8 +348,7 @@ mod tests {
             Some("PortConflict")
         );
         let peer_named = fixtures::deployment_with(|d| {
-            d["spec"]["template"]["spec"]["initContainers"] =
-                json!([{"name": "proxy", "image": "p", "ports": [{"containerPort": 7000, "name": "tether-peer"}]}]);
+            d["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "proxy", "image": "p", "ports": [{"containerPort": 7000, "name": "tether-peer"}]}]);
         });
         assert_eq!(reason(&ep, &peer_named), Some("PortConflict"));
         let two = with_containers(json!([

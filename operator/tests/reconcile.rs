@@ -1,7 +1,7 @@
 //! The reconcile against a mock API server ([`support`]: kube-rs's `ApiServerVerifier` pattern on
 //! `tower_test::mock`, an in-memory server that records every write), so the tests count what a
 //! reconcile writes (objects and Events) on create, on a no-op, on a spec change, on delete and on
-//! a missing target.
+//! a missing target — and that `tether-operator plan` previews exactly those writes.
 
 mod support;
 
@@ -434,5 +434,113 @@ async fn a_users_budget_replaces_ours_and_a_users_service_account_retires_ours()
     assert_eq!(
         a.objects[DEPLOY_PATH]["spec"]["template"]["spec"]["serviceAccountName"],
         "app-sa"
+    );
+}
+
+/// `METHOD <resource>/<name>` of each write of `writes` to a child or the target (not the
+/// endpoint, its status or Events).
+fn child_writes(writes: &[Write]) -> Vec<String> {
+    writes
+        .iter()
+        .filter(|w| w.path != EVENTS_PATH && !w.path.starts_with(EP_PATH))
+        .map(|w| {
+            let path = match w.method {
+                Method::POST => format!(
+                    "{}/{}",
+                    w.path,
+                    w.body["metadata"]["name"].as_str().unwrap()
+                ),
+                _ => w.path.clone(),
+            };
+            let mut segments = path.rsplit('/');
+            let name = segments.next().unwrap();
+            format!("{} {}/{name}", w.method, segments.next().unwrap())
+        })
+        .collect()
+}
+
+/// The same for what `tether-operator plan` previews on the stored endpoint, target and
+/// children (each kind's resource: its lowercase plural).
+async fn previewed(api: &Shared) -> Vec<String> {
+    use tether_operator::preview::{Inputs, Outcome, Write, preview};
+    let inputs = {
+        let a = api.lock().unwrap();
+        let ep = serde_json::from_value(a.objects[EP_PATH].clone()).unwrap();
+        let deployment = serde_json::from_value(a.objects[DEPLOY_PATH].clone()).unwrap();
+        Inputs::new(ep, deployment, a.objects.values().cloned().collect()).unwrap()
+    };
+    let defaults = Defaults::with_image("tether-sidecar:test");
+    let Outcome::Planned(planned) = preview(&inputs, &defaults).await.unwrap() else {
+        panic!("Degraded");
+    };
+    planned
+        .items
+        .iter()
+        .filter_map(|i| {
+            let method = match i.write {
+                Write::Apply(_) => "PATCH",
+                Write::Create(_) => "POST",
+                Write::Delete { .. } => "DELETE",
+                Write::Unchanged => return None,
+            };
+            Some(format!("{method} {}s/{}", i.kind.to_lowercase(), i.name))
+        })
+        .collect()
+}
+
+/// Previews, then reconciles, the stored endpoint; the reconcile sent what the preview said.
+async fn reconcile_as_previewed(api: &Shared) -> Vec<String> {
+    let expected = previewed(api).await;
+    let (_, writes) = reconcile_once(api).await;
+    assert_eq!(child_writes(&writes), expected);
+    expected
+}
+
+#[tokio::test]
+async fn the_plan_preview_names_every_write_of_a_reconcile_in_order() {
+    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
+    assert_eq!(reconcile_as_previewed(&api).await.len(), 9, "every child");
+    assert_eq!(reconcile_as_previewed(&api).await, Vec::<String>::new());
+    {
+        let mut a = api.lock().unwrap();
+        a.objects.get_mut(EP_PATH).unwrap()["spec"]["buffer"] = json!({"maxEvents": 64});
+        a.objects.insert(
+            "/apis/policy/v1/namespaces/tools/poddisruptionbudgets/weather-budget".to_owned(),
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                   "metadata": {"name": "weather-budget", "namespace": NS},
+                   "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "weather"}}}}),
+        );
+    }
+    assert_eq!(
+        reconcile_as_previewed(&api).await,
+        [
+            "PATCH configmaps/weather-tether",
+            "DELETE poddisruptionbudgets/weather-tether"
+        ]
+    );
+    // The user names a ServiceAccount while a pod runs with ours, then that pod goes.
+    const POD_PATH: &str = "/api/v1/namespaces/tools/pods/weather-old";
+    {
+        let mut a = api.lock().unwrap();
+        let d = a.objects.get_mut(DEPLOY_PATH).unwrap();
+        d["spec"]["template"]["spec"]["serviceAccountName"] = json!("app-sa");
+        a.objects.insert(
+            POD_PATH.to_owned(),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "weather-old", "namespace": NS, "labels": {"app": "weather"}},
+                   "spec": {"serviceAccountName": "weather-tether-sidecar", "containers": []}}),
+        );
+    }
+    assert_eq!(
+        reconcile_as_previewed(&api).await,
+        ["PATCH rolebindings/weather-tether-sidecar"]
+    );
+    api.lock().unwrap().objects.remove(POD_PATH);
+    assert_eq!(
+        reconcile_as_previewed(&api).await,
+        [
+            "DELETE serviceaccounts/weather-tether-sidecar",
+            "PATCH rolebindings/weather-tether-sidecar"
+        ]
     );
 }

@@ -223,7 +223,10 @@ mod tests {
         let security = &sidecar["securityContext"];
         assert_eq!(security["runAsNonRoot"], true);
         assert_eq!(security["runAsUser"], inject::SIDECAR_USER);
-        assert_eq!(security["seccompProfile"], json!({"type": "RuntimeDefault"}));
+        assert_eq!(
+            security["seccompProfile"],
+            json!({"type": "RuntimeDefault"})
+        );
         assert_eq!(security["allowPrivilegeEscalation"], false);
         assert_eq!(security["capabilities"], json!({"drop": ["ALL"]}));
         // Only fields we own: nothing of the user's container, no replicas, no selector.
@@ -308,7 +311,8 @@ mod tests {
         let mut defaults = Defaults::with_image("s");
         defaults.sidecar_user = None;
         let p = plan(&ep, &names, &target, &defaults, &fixtures::owner(&ep), "k");
-        let security = &p.injection["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
+        let security =
+            &p.injection["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
         assert!(security.get("runAsUser").is_none() && security.get("runAsGroup").is_none());
         assert_eq!(security["runAsNonRoot"], true);
     }

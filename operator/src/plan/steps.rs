@@ -13,6 +13,7 @@ use super::config::{self, HMAC_KEY_BYTES};
 use super::network::covering_pdb;
 use super::{Plan, rbac};
 use crate::dereference::{Live, controlled_by, meta_controlled_by};
+use crate::diff::covers;
 use crate::names::Names;
 use crate::validate::{Conflict, Target};
 
@@ -23,6 +24,20 @@ pub(crate) struct Ensure<'a, K, B = K> {
     pub desired: B,
     /// The object as read, if it exists.
     pub live: Option<&'a K>,
+}
+
+impl<K: serde::Serialize, B> Ensure<'_, K, B> {
+    /// Whether the live object already holds every field of `body` (the JSON of `desired`):
+    /// then nothing is sent ([`covers`]).
+    ///
+    /// # Errors
+    /// When the live object does not serialize (not expected).
+    pub(crate) fn covered(&self, body: &serde_json::Value) -> Result<bool, serde_json::Error> {
+        match self.live {
+            Some(live) => Ok(covers(&serde_json::to_value(live)?, body)),
+            None => Ok(false),
+        }
+    }
 }
 
 /// A live child to delete: the endpoint is its controller owner (the only way to build one).

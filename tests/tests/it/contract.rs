@@ -144,7 +144,11 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
         .flat_map(|s| {
             let single = s["serviceAccountToken"]["path"].as_str();
             let items = s.as_object().unwrap().values().flat_map(|v| {
-                v["items"].as_array().into_iter().flatten().filter_map(|i| i["path"].as_str())
+                v["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|i| i["path"].as_str())
             });
             single.into_iter().chain(items)
         })
