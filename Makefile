@@ -7,7 +7,7 @@ CARGO ?= cargo
 # command -> Debian/Ubuntu package providing it
 SYSTEM_DEPS := cmake:cmake cc:gcc c++:g++ pkg-config:pkg-config
 
-.PHONY: all deps build test lint cargo-test demo bench crds references images clean
+.PHONY: all deps build test lint cargo-test demo bench crds references images e2e clean
 
 all: test
 
@@ -98,6 +98,43 @@ images:
 	  echo "docker build -f $$file -t $$image ."; \
 	  DOCKER_BUILDKIT=1 $(DOCKER) build -f $$file -t $$image .; \
 	done
+
+## e2e: the real-cluster tests (docs/dev/e2e.md) on one kind cluster per node image of
+## E2E_NODE_IMAGES, each created, given the images of `make images IMAGE_REPO= IMAGE_TAG=e2e`
+## (`kind load`), tested and deleted; needs docker, kind, kubectl and helm. One version:
+## `make e2e E2E_NODE_IMAGES=kindest/node:v1.34.0@sha256:…`; E2E_KEEP=1 keeps the clusters.
+KIND ?= kind
+# Kubernetes 1.29, 1.31, 1.33, 1.34: the images of kind's v0.27.0 (1.29) and v0.30.0 release notes.
+E2E_NODE_IMAGES ?= \
+  kindest/node:v1.29.14@sha256:8703bd94ee24e51b778d5556ae310c6c0fa67d761fae6379c8e0bb480e6fea29 \
+  kindest/node:v1.31.12@sha256:0f5cc49c5e73c0c2bb6e2df56e7df189240d83cf94edfa30946482eb08ec57d2 \
+  kindest/node:v1.33.4@sha256:25a6018e48dfcaee478f4a59af81157a437f15e6e140bf103f85a2e7cd0cbbf2 \
+  kindest/node:v1.34.0@sha256:7416a61b42b1662ca6ca89f02028ac133a309a2a30ba309614e8ec94d976dc5a
+E2E_TEST_THREADS ?= 3
+E2E_IMAGES := tether-operator:e2e tether-sidecar:e2e tether-example-server:e2e
+
+e2e: deps
+	@for tool in $(DOCKER) $(KIND) kubectl helm; do \
+	  command -v $$tool >/dev/null 2>&1 || { echo "error: make e2e needs $$tool, which is not installed" >&2; exit 1; }; \
+	done
+	$(MAKE) images IMAGE_REPO= IMAGE_TAG=e2e
+	$(CARGO) test -p tether-operator --test e2e --no-run
+	@failed=""; for node in $(E2E_NODE_IMAGES); do \
+	  version=$${node#*:}; version=$${version%%@*}; \
+	  cluster=tether-e2e-$$(echo $$version | tr . -); kubeconfig=$$(mktemp); \
+	  echo "== $$node: kind cluster $$cluster"; \
+	  if $(KIND) create cluster --name $$cluster --image $$node --kubeconfig $$kubeconfig --wait 180s && \
+	     $(KIND) load docker-image --name $$cluster $(E2E_IMAGES) && \
+	     TETHER_E2E_KUBECONFIG=$$kubeconfig \
+	     TETHER_E2E_OPERATOR_IMAGE=tether-operator:e2e TETHER_E2E_SIDECAR_IMAGE=tether-sidecar:e2e \
+	     TETHER_E2E_SERVER_IMAGE=tether-example-server:e2e \
+	     $(CARGO) test -p tether-operator --test e2e -- --test-threads=$(E2E_TEST_THREADS); \
+	  then echo "== $$version: passed"; else echo "== $$version: FAILED"; failed="$$failed $$version"; fi; \
+	  if [ -z "$(E2E_KEEP)" ]; then $(KIND) delete cluster --name $$cluster; rm -f $$kubeconfig; \
+	  else echo "kept: kind cluster $$cluster, kubeconfig $$kubeconfig"; fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make e2e: failed on$$failed" >&2; exit 1; fi; \
+	echo "make e2e: passed on every node image"
 
 clean:
 	$(CARGO) clean

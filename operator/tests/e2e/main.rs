@@ -1,0 +1,101 @@
+//! The end-to-end tests against a real cluster (`docs/dev/e2e.md`), run only when
+//! `TETHER_E2E_KUBECONFIG` names a kubeconfig; without it each test prints why it is skipped and
+//! passes, so `cargo test` builds and runs them everywhere.
+//!
+//! With a cluster, the first test to run installs the operator with the Helm chart
+//! (`charts/tether`, 2 replicas with leader election, the images of `TETHER_E2E_*_IMAGE`); each
+//! test then works in a fresh namespace, which is deleted at its end whatever happened. The cases:
+//!
+//! - [`traffic`]: an MCP session through `<name>-mcp` (a tool call, a cut SSE stream resumed with
+//!   `Last-Event-ID`), a rolling upgrade of the MCP server without a client-visible 404, the
+//!   client and peer Services' endpoints with their ports;
+//! - [`writes`]: what the operator writes next to others: a GitOps tool's server-side applies,
+//!   non-canonical quantities, two endpoints on one Deployment, an endpoint deleted and
+//!   re-created under its name;
+//! - [`platform`]: two operator replicas with one leader, a namespace enforcing the
+//!   `restricted` Pod Security Standard.
+//!
+//! Settings: `TETHER_E2E_OPERATOR_IMAGE`, `TETHER_E2E_SIDECAR_IMAGE` (required),
+//! `TETHER_E2E_SERVER_IMAGE` (optional, replaces the example server's image),
+//! `TETHER_E2E_TIMEOUT_SECS` (optional, default 180: the bound of each wait).
+
+mod cluster;
+mod install;
+mod platform;
+mod traffic;
+mod writes;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default bound of each wait.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// What the environment asks for.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    /// The kubeconfig whose current context is the cluster.
+    pub kubeconfig: PathBuf,
+    /// The operator's image, `repository:tag`.
+    pub operator_image: String,
+    /// The sidecar's image, `repository:tag` (the chart's `sidecar.image`).
+    pub sidecar_image: String,
+    /// Replaces the example server's image when set.
+    pub server_image: Option<String>,
+    /// Bound of each wait.
+    pub timeout: Duration,
+}
+
+impl Settings {
+    /// The settings, `None` when `TETHER_E2E_KUBECONFIG` is unset (the tests are skipped).
+    fn from_env() -> Option<Result<Self, String>> {
+        let kubeconfig = std::env::var_os("TETHER_E2E_KUBECONFIG").filter(|v| !v.is_empty())?;
+        Some(Self::with_kubeconfig(kubeconfig.into()))
+    }
+
+    /// The settings for `kubeconfig`, the others from the environment.
+    fn with_kubeconfig(kubeconfig: PathBuf) -> Result<Self, String> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let required = |name: &str, what: &str| {
+            var(name).ok_or(format!(
+                "TETHER_E2E_KUBECONFIG is set but {name} is not: name the {what} image the \
+                 cluster can run, as repository:tag (see docs/dev/e2e.md)"
+            ))
+        };
+        let timeout = match var("TETHER_E2E_TIMEOUT_SECS") {
+            None => DEFAULT_TIMEOUT,
+            Some(s) => Duration::from_secs(s.parse().map_err(|e| {
+                format!("TETHER_E2E_TIMEOUT_SECS={s:?} is not a number of seconds: {e}")
+            })?),
+        };
+        Ok(Self {
+            kubeconfig,
+            operator_image: required("TETHER_E2E_OPERATOR_IMAGE", "tether-operator")?,
+            sidecar_image: required("TETHER_E2E_SIDECAR_IMAGE", "tether-sidecar")?,
+            server_image: var("TETHER_E2E_SERVER_IMAGE"),
+            timeout,
+        })
+    }
+}
+
+/// The settings and a cluster with the operator installed; `None` (after saying so) when the
+/// tests are not enabled.
+///
+/// # Panics
+/// When the settings are wrong, the cluster cannot be reached or the chart does not install.
+pub(crate) async fn cluster() -> Option<cluster::Cluster> {
+    let Some(settings) = Settings::from_env() else {
+        eprintln!(
+            "skipped: set TETHER_E2E_KUBECONFIG=<path to a kubeconfig> to run the real-cluster \
+             tests (see docs/dev/e2e.md)"
+        );
+        return None;
+    };
+    let settings = settings.unwrap_or_else(|e| panic!("{e}"));
+    install::operator(&settings).unwrap_or_else(|e| panic!("installing the chart: {e}"));
+    Some(
+        cluster::Cluster::connect(settings)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to the cluster: {e}")),
+    )
+}

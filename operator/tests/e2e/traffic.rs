@@ -1,0 +1,345 @@
+//! MCP traffic through the endpoint's client Service `<name>-mcp`, with the harness's client
+//! (`tether_tests::client`, `call`, `load`): the test process reaches the Service through the API
+//! server's service proxy (`/api/v1/namespaces/<ns>/services/<name>-mcp:mcp/proxy/…`), which
+//! sends each request to one of the Service's endpoints, so every request depends on the
+//! Service's selector and ports. And the Services' EndpointSlices themselves.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use http::{Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Client;
+use kube::api::{Api, ListParams};
+use tether_tests::call::{self, CallPlan};
+use tether_tests::client::{McpClient, result_text};
+use tether_tests::load::{self, LoadConfig};
+
+use crate::cluster::{Cluster, EXAMPLE_PODS, Outcome};
+
+/// The protocol version the sessions ask for.
+const VERSION: &str = "2025-11-25";
+
+/// A local plain-HTTP address whose every request goes to a Service port through the API
+/// server's service proxy; stops when dropped.
+pub(crate) struct ServiceProxy {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ServiceProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Headers of one hop only, not forwarded.
+const HOP: [header::HeaderName; 4] = [
+    header::CONNECTION,
+    header::HOST,
+    header::TRANSFER_ENCODING,
+    header::CONTENT_LENGTH,
+];
+
+impl ServiceProxy {
+    /// A proxy to port `port` (its name) of Service `service` of `ns`.
+    pub async fn start(client: &Client, ns: &str, service: &str, port: &str) -> Outcome<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let prefix = format!("/api/v1/namespaces/{ns}/services/{service}:{port}/proxy");
+        let client = client.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (client, prefix) = (client.clone(), prefix.clone());
+                let forward = hyper::service::service_fn(move |req| {
+                    forward(client.clone(), prefix.clone(), req)
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), forward),
+                );
+            }
+        });
+        Ok(Self { url, task })
+    }
+}
+
+/// Sends `req` to the service proxy path under `prefix`; the answer streams back as it comes
+/// (SSE included), and dropping it closes the request upstream.
+async fn forward(
+    client: Client,
+    prefix: String,
+    req: Request<Incoming>,
+) -> Result<Response<kube::client::Body>, Infallible> {
+    let failed = |status: StatusCode, e: String| {
+        let mut resp = Response::new(kube::client::Body::from(e.into_bytes()));
+        *resp.status_mut() = status;
+        Ok(resp)
+    };
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return failed(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut upstream = Request::builder()
+        .method(parts.method)
+        .uri(format!("{prefix}{path}"));
+    for (name, value) in parts.headers.iter().filter(|(n, _)| !HOP.contains(n)) {
+        upstream = upstream.header(name, value);
+    }
+    let upstream = match upstream.body(kube::client::Body::from(body)) {
+        Ok(r) => r,
+        Err(e) => return failed(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    match client.send(upstream).await {
+        Ok(mut resp) => {
+            for name in &HOP {
+                resp.headers_mut().remove(name);
+            }
+            Ok(resp)
+        }
+        Err(e) => failed(StatusCode::BAD_GATEWAY, e.to_string()),
+    }
+}
+
+/// An MCP client of endpoint `name`'s client Service, through `proxy`.
+fn mcp_client(proxy: &ServiceProxy) -> McpClient {
+    McpClient::new(format!("{}/mcp", proxy.url)).honouring_retry_after()
+}
+
+/// Starts a proxy to endpoint `name`'s client Service.
+async fn client_service(cluster: &Cluster, ns: &str, name: &str) -> Outcome<ServiceProxy> {
+    ServiceProxy::start(&cluster.client, ns, &format!("{name}-mcp"), "mcp").await
+}
+
+/// Rolls Deployment `target` of endpoint `name` while sessions call `slow` through its client
+/// Service (cutting and resuming some streams); returns what the clients saw. Fails when the
+/// load ended before the rollout did (it would prove nothing).
+pub(crate) async fn roll_under_load(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    target: &str,
+) -> Outcome<load::Report> {
+    let proxy = client_service(cluster, ns, name).await?;
+    let client = mcp_client(&proxy);
+    let cfg = LoadConfig {
+        sessions: 12,
+        calls_per_session: 40,
+        count: 10,
+        interval_ms: 300,
+        cut_probability: 0.3,
+        max_pause_ms: 200,
+        concurrency: 12,
+        versions: vec![VERSION.to_owned()],
+    };
+    let running = tokio::spawn(async move { load::run(&client, &cfg).await });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let started = Instant::now();
+    cluster.restart(ns, target).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.wait_rolled(ns, target).await?;
+    let rolled = started.elapsed();
+    if running.is_finished() {
+        return Err(format!(
+            "the load ended before the rollout did ({rolled:?}); give it more calls"
+        )
+        .into());
+    }
+    let report = running.await?;
+    eprintln!(
+        "e2e: rollout of {target} in {rolled:?} under load:\n{}",
+        report.table()
+    );
+    Ok(report)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_through_the_client_service_calls_tools_and_resumes_a_cut_stream() {
+    let Some(cluster) = crate::cluster().await else {
+        return;
+    };
+    cluster
+        .run(&[], async |ns| {
+            let target = cluster.deploy(ns, |_| {}).await?;
+            cluster
+                .endpoint(ns, "weather", serde_json::json!({}))
+                .await?;
+            cluster.wait_ready(ns, "weather").await?;
+            let proxy = client_service(&cluster, ns, "weather").await?;
+            let client = mcp_client(&proxy);
+            let session = client.initialize(VERSION).await?;
+            let counted = client
+                .call(&session, 2, "counter", serde_json::json!({}))
+                .await?;
+            let text = counted.last().and_then(result_text);
+            if text != Some("1") {
+                return Err(format!("counter answered {counted:?}").into());
+            }
+            // Cut twice, resumed each time with GET + Last-Event-ID, through another pod maybe.
+            let plan = CallPlan {
+                cuts: vec![3, 7],
+                pause: Duration::from_millis(500),
+                ..CallPlan::steady(10, 200)
+            };
+            let out = call::slow(&client, &session, 3, "e2e-cut", &plan).await?;
+            let whole = out.lost(10) == 0 && out.duplicated == 0 && out.foreign == 0;
+            if !whole || out.resumes.len() != 2 || !out.failures.is_empty() {
+                return Err(format!("the resumed call of {target}'s endpoint: {out:?}").into());
+            }
+            eprintln!("e2e: a session called counter and slow, cut twice and resumed");
+            Ok(())
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_of_the_server_shows_clients_no_404() {
+    let Some(cluster) = crate::cluster().await else {
+        return;
+    };
+    cluster
+        .run(&[], async |ns| {
+            let target = cluster.deploy(ns, |_| {}).await?;
+            cluster
+                .endpoint(ns, "weather", serde_json::json!({}))
+                .await?;
+            cluster.wait_ready(ns, "weather").await?;
+            let report = roll_under_load(&cluster, ns, "weather", &target).await?;
+            if report.sessions == 0 || report.not_found > 0 {
+                return Err(
+                    format!("{} sessions, {} 404s", report.sessions, report.not_found).into(),
+                );
+            }
+            if report.duplicated > 0 || report.foreign > 0 {
+                return Err(format!("events duplicated or foreign:\n{}", report.table()).into());
+            }
+            Ok(())
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_and_peer_services_have_endpoints_with_ports() {
+    let Some(cluster) = crate::cluster().await else {
+        return;
+    };
+    cluster
+        .run(&[], async |ns| {
+            cluster.deploy(ns, |_| {}).await?;
+            cluster
+                .endpoint(ns, "weather", serde_json::json!({}))
+                .await?;
+            cluster.wait_ready(ns, "weather").await?;
+            let pods = cluster.pods(ns, EXAMPLE_PODS).await?.len();
+            let slices: Api<EndpointSlice> = Api::namespaced(cluster.client.clone(), ns);
+            // Both Services, with the ports the sidecar listens on (spec defaults).
+            for (service, ports) in [
+                ("weather-mcp", &[8080][..]),
+                ("weather-peers", &[9902, 8080]),
+            ] {
+                let selector = format!("kubernetes.io/service-name={service}");
+                let listed = slices
+                    .list(&ListParams::default().labels(&selector))
+                    .await?;
+                let endpoints: usize = listed.items.iter().map(|s| s.endpoints.len()).sum();
+                let mut numbers: Vec<i32> = listed
+                    .items
+                    .iter()
+                    .flat_map(|s| s.ports.iter().flatten())
+                    .filter_map(|p| p.port)
+                    .collect();
+                numbers.sort_unstable();
+                numbers.dedup();
+                let mut want = ports.to_vec();
+                want.sort_unstable();
+                if endpoints < pods || numbers != want {
+                    return Err(format!(
+                        "Service {service}: {endpoints} endpoints for {pods} pods, ports \
+                         {numbers:?} (want {want:?}); a named targetPort the EndpointSlice \
+                         controller cannot resolve leaves them out"
+                    )
+                    .into());
+                }
+            }
+            Ok(())
+        })
+        .await;
+}
+
+/// The proxy on its own, against a stand-in API server: paths and headers reach it, and an SSE
+/// answer streams back event by event (runs without a cluster).
+#[tokio::test]
+async fn the_service_proxy_forwards_requests_and_streams_answers() {
+    use bytes::Bytes;
+    use futures::channel::{mpsc, oneshot};
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+
+    let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api_url = format!("http://{}", api.local_addr().unwrap());
+    let (go_on, resume) = oneshot::channel::<()>();
+    let resume = std::sync::Mutex::new(Some(resume));
+    tokio::spawn(async move {
+        let (stream, _) = api.accept().await.unwrap();
+        let answer = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let seen = format!(
+                "{} {}",
+                req.uri(),
+                req.headers()["mcp-session-id"].to_str().unwrap()
+            );
+            let (tx, rx) = mpsc::unbounded::<Result<Frame<Bytes>, Infallible>>();
+            let resume = resume.lock().unwrap().take().unwrap();
+            tokio::spawn(async move {
+                let event = |data: &str| Ok(Frame::data(Bytes::from(format!("data: {data}\n\n"))));
+                tx.unbounded_send(event(&seen)).unwrap();
+                let _ = resume.await;
+                tx.unbounded_send(event("second")).unwrap();
+            });
+            let mut resp = Response::new(StreamBody::new(rx));
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
+            async { Ok::<_, Infallible>(resp) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), answer)
+            .await;
+    });
+    let config = kube::Config::new(api_url.parse().unwrap());
+    let client = Client::try_from(config).unwrap();
+    let proxy = ServiceProxy::start(&client, "tools", "weather-mcp", "mcp")
+        .await
+        .unwrap();
+    let http = tether_tests::client::Http::new();
+    let resp = http
+        .send(
+            http::Method::GET,
+            &format!("{}/mcp?x=1", proxy.url),
+            &[("mcp-session-id", "s-1")],
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let within = Duration::from_secs(5);
+    let first = tokio::time::timeout(within, body.frame())
+        .await
+        .expect("streamed, not buffered");
+    let first = first.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(
+        first,
+        "data: /api/v1/namespaces/tools/services/weather-mcp:mcp/proxy/mcp?x=1 s-1\n\n"
+    );
+    go_on.send(()).unwrap();
+    let second = tokio::time::timeout(within, body.frame()).await.unwrap();
+    assert_eq!(
+        second.unwrap().unwrap().into_data().unwrap(),
+        "data: second\n\n"
+    );
+}
