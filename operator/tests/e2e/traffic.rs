@@ -14,6 +14,7 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::{Api, ListParams};
+use tether_crds::MCP_PORT_NAME;
 use tether_tests::call::{self, CallPlan};
 use tether_tests::client::{McpClient, result_text};
 use tether_tests::load::{self, LoadConfig};
@@ -114,7 +115,7 @@ fn mcp_client(proxy: &ServiceProxy) -> McpClient {
 
 /// Starts a proxy to endpoint `name`'s client Service.
 async fn client_service(cluster: &Cluster, ns: &str, name: &str) -> Outcome<ServiceProxy> {
-    ServiceProxy::start(&cluster.client, ns, &format!("{name}-mcp"), "mcp").await
+    ServiceProxy::start(&cluster.client, ns, &format!("{name}-mcp"), MCP_PORT_NAME).await
 }
 
 /// Rolls Deployment `target` of endpoint `name` while sessions call `slow` through its client
