@@ -5,127 +5,16 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use http::Method;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
-use support::{Shared, Write, api_with, client_of, paths};
-use tether_crds::McpEndpoint;
-use tether_operator::controller::{Context, RECHECK, reconcile};
+use support::operator::{
+    DEPLOY_PATH, EP_PATH, EVENTS_PATH, NS, SECRET_PATH, assert_degraded_only, condition,
+    deployment, endpoint, objects, one_event, pods_rolled, reconcile_once,
+};
+use support::{Shared, Write, api_with, paths};
+use tether_operator::controller::RECHECK;
 use tether_operator::plan::Defaults;
-
-const NS: &str = "tools";
-const EP_PATH: &str = "/apis/mcp.tether.dev/v1alpha1/namespaces/tools/mcpendpoints/weather";
-const DEPLOY_PATH: &str = "/apis/apps/v1/namespaces/tools/deployments/weather";
-/// The HMAC Secret: its name carries the first characters of the endpoint's UID (`e-1`).
-const SECRET_PATH: &str = "/api/v1/namespaces/tools/secrets/weather-tether-e-1";
-
-fn endpoint(finalized: bool) -> Value {
-    let mut ep = json!({
-        "apiVersion": "mcp.tether.dev/v1alpha1",
-        "kind": "McpEndpoint",
-        "metadata": {"name": "weather", "namespace": NS, "uid": "e-1", "generation": 1},
-        "spec": {"targetRef": {"kind": "Deployment", "name": "weather"}},
-    });
-    if finalized {
-        ep["metadata"]["finalizers"] = json!(["mcp.tether.dev/injection"]);
-    }
-    ep
-}
-
-fn deployment() -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "weather", "namespace": NS, "generation": 1},
-        "spec": {
-            "selector": {"matchLabels": {"app": "weather"}},
-            "template": {
-                "metadata": {"labels": {"app": "weather"}},
-                "spec": {"containers": [{"name": "server", "image": "srv", "ports": [{"containerPort": 3000}]}]},
-            },
-        },
-        "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2},
-    })
-}
-
-/// Runs one reconcile of the stored endpoint; returns its action and the writes it sent.
-async fn reconcile_once(api: &Shared) -> (Action, Vec<Write>) {
-    let metrics = Arc::clone(&api.lock().unwrap().metrics);
-    let defaults = Defaults::with_image("tether-sidecar:test");
-    let ctx = Arc::new(Context::new(client_of(api, NS), defaults, metrics, None));
-    let stored = api.lock().unwrap().objects[EP_PATH].clone();
-    let ep: McpEndpoint = serde_json::from_value(stored).unwrap();
-    let before = api.lock().unwrap().writes.len();
-    let action = reconcile(Arc::new(ep), ctx)
-        .await
-        .expect("reconcile succeeds");
-    let a = api.lock().unwrap();
-    assert_eq!(
-        a.forbidden,
-        Vec::<String>::new(),
-        "requests outside the operator's RBAC rules"
-    );
-    (action, a.writes[before..].to_vec())
-}
-
-const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/tools/events";
-
-/// The writes that are not Events, as `METHOD path`.
-fn objects(writes: &[Write]) -> Vec<String> {
-    let others: Vec<Write> = writes
-        .iter()
-        .filter(|w| w.path != EVENTS_PATH)
-        .cloned()
-        .collect();
-    paths(&others)
-}
-
-/// The Events published, as `(type, reason, note)`.
-fn events(writes: &[Write]) -> Vec<(String, String, String)> {
-    writes
-        .iter()
-        .filter(|w| w.path == EVENTS_PATH)
-        .map(|w| {
-            let field = |k: &str| w.body[k].as_str().unwrap_or_default().to_owned();
-            (field("type"), field("reason"), field("note"))
-        })
-        .collect()
-}
-
-/// The one Event `writes` published, as `(type, reason, note)`.
-fn one_event(writes: &[Write]) -> (String, String, String) {
-    let mut published = events(writes);
-    assert_eq!(published.len(), 1, "{published:?}");
-    published.remove(0)
-}
-
-/// `writes` are the status only, `Degraded` with `reason`, and one Warning Event saying so.
-fn assert_degraded_only(writes: &[Write], reason: &str) {
-    assert_eq!(objects(writes), [format!("PATCH {EP_PATH}/status")]);
-    let (type_, why, _) = one_event(writes);
-    assert_eq!((type_.as_str(), why.as_str()), ("Warning", reason));
-    let degraded = condition(&writes[0].body["status"], "Degraded");
-    assert_eq!(
-        (degraded["status"].as_str(), degraded["reason"].as_str()),
-        (Some("True"), Some(reason))
-    );
-}
-
-/// The Deployment controller caught up with the newest pod template.
-fn pods_rolled(api: &Shared) {
-    let mut a = api.lock().unwrap();
-    let d = a.objects.get_mut(DEPLOY_PATH).unwrap();
-    d["status"]["observedGeneration"] = d["metadata"]["generation"].clone();
-}
-
-fn condition(status: &Value, type_: &str) -> Value {
-    status["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-        .cloned()
-        .unwrap_or(Value::Null)
-}
 
 #[tokio::test]
 async fn create_adds_the_finalizer_then_applies_everything_once_and_a_no_op_writes_nothing() {
@@ -165,7 +54,7 @@ async fn create_adds_the_finalizer_then_applies_everything_once_and_a_no_op_writ
     for w in writes.iter().filter(|w| w.method == Method::PATCH) {
         let forced = w.query.contains("force=true");
         assert!(
-            w.query.contains("fieldManager=tether-operator%2Fweather")
+            w.query.contains("fieldManager=tether-operator/weather")
                 && forced != (w.path == DEPLOY_PATH),
             "{w:?}"
         );
@@ -281,9 +170,15 @@ async fn a_pod_setting_change_also_rolls_the_pods_and_progressing_says_so() {
 
 #[tokio::test]
 async fn delete_removes_the_injection_then_the_finalizer() {
-    let mut ep = endpoint(true);
-    ep["metadata"]["deletionTimestamp"] = json!("2026-11-29T20:00:00Z");
-    let api = api_with(&[(EP_PATH, ep), (DEPLOY_PATH, deployment())]);
+    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
+    reconcile_once(&api).await;
+    let injected = api.lock().unwrap().objects[DEPLOY_PATH].clone();
+    assert_eq!(
+        injected["spec"]["template"]["spec"]["initContainers"][0]["name"],
+        "tether-sidecar"
+    );
+    api.lock().unwrap().objects.get_mut(EP_PATH).unwrap()["metadata"]["deletionTimestamp"] =
+        json!("2026-11-29T20:00:00Z");
     let (action, writes) = reconcile_once(&api).await;
     assert_eq!(action, Action::await_change());
     assert_eq!(
@@ -291,16 +186,28 @@ async fn delete_removes_the_injection_then_the_finalizer() {
         [format!("PATCH {DEPLOY_PATH}"), format!("PATCH {EP_PATH}")]
     );
     assert_eq!(one_event(&writes).1, "InjectionRemoved");
-    // An empty apply with our field manager: the API server drops every field we own and
-    // nothing else.
+    // An empty apply with the endpoint's field manager: the API server drops every field it
+    // owns and nothing else.
     assert_eq!(
         writes[0].body,
         json!({"apiVersion": "apps/v1", "kind": "Deployment",
                "metadata": {"name": "weather", "namespace": NS}})
     );
-    assert!(writes[0].query.contains("fieldManager=tether-operator"));
-    let finalizers = api.lock().unwrap().objects[EP_PATH]["metadata"]["finalizers"].clone();
-    assert_eq!(finalizers, json!([]));
+    assert!(
+        writes[0]
+            .query
+            .contains("fieldManager=tether-operator/weather")
+    );
+    let released = api.lock().unwrap().objects[DEPLOY_PATH].clone();
+    let pod = &released["spec"]["template"]["spec"];
+    assert!(pod.get("initContainers").is_none(), "{pod}");
+    assert_eq!(
+        pod["containers"][0]["image"], "srv",
+        "the user's container stays"
+    );
+    assert!(pod["containers"][0].get("lifecycle").is_none(), "{pod}");
+    // Its last finalizer gone, the API server deletes the endpoint.
+    assert!(!api.lock().unwrap().objects.contains_key(EP_PATH));
 }
 
 #[tokio::test]
@@ -319,10 +226,11 @@ async fn a_conflict_writes_nothing_of_the_users_and_says_why_once() {
     let mut d = deployment();
     d["spec"]["template"]["spec"]["containers"][0]["lifecycle"] =
         json!({"preStop": {"exec": {"command": ["sleep", "5"]}}});
-    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, d.clone())]);
+    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, d)]);
+    let before = api.lock().unwrap().objects[DEPLOY_PATH].clone();
     let (_, writes) = reconcile_once(&api).await;
     assert_degraded_only(&writes, "PreStopConflict");
-    assert_eq!(api.lock().unwrap().objects[DEPLOY_PATH], d);
+    assert_eq!(api.lock().unwrap().objects[DEPLOY_PATH], before);
     let (_, writes) = reconcile_once(&api).await;
     assert!(writes.is_empty(), "{:?}", paths(&writes));
 }

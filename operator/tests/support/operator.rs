@@ -1,0 +1,187 @@
+//! The operator's reconcile against the in-memory API server, as the reconcile and cluster tests
+//! run it: the endpoint and Deployment fixtures, reconciles with the writes they sent, and
+//! readers of those writes (objects, Events, conditions).
+
+use std::sync::Arc;
+
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+use tether_crds::McpEndpoint;
+use tether_operator::controller::{Context, reconcile};
+use tether_operator::error::Error;
+use tether_operator::plan::Defaults;
+
+use super::{Shared, Write, client_of, paths};
+
+/// The namespace of the fixtures.
+pub const NS: &str = "tools";
+/// The collection of endpoints.
+pub const ENDPOINTS: &str = "/apis/mcp.tether.dev/v1alpha1/namespaces/tools/mcpendpoints";
+/// The endpoint `weather`.
+pub const EP_PATH: &str = "/apis/mcp.tether.dev/v1alpha1/namespaces/tools/mcpendpoints/weather";
+/// Its target Deployment.
+pub const DEPLOY_PATH: &str = "/apis/apps/v1/namespaces/tools/deployments/weather";
+/// Its HMAC Secret.
+/// The HMAC Secret: its name carries the first characters of the endpoint's UID (`e-1`).
+pub const SECRET_PATH: &str = "/api/v1/namespaces/tools/secrets/weather-tether-e-1";
+/// Where Events are created.
+pub const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/tools/events";
+
+/// The endpoint `name` (uid `uid`) targeting the Deployment `weather`, with the operator's
+/// finalizer when `finalized`.
+pub fn endpoint_named(name: &str, uid: &str, finalized: bool) -> Value {
+    let mut ep = json!({
+        "apiVersion": "mcp.tether.dev/v1alpha1",
+        "kind": "McpEndpoint",
+        "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1},
+        "spec": {"targetRef": {"kind": "Deployment", "name": "weather"}},
+    });
+    if finalized {
+        ep["metadata"]["finalizers"] = json!(["mcp.tether.dev/injection"]);
+    }
+    ep
+}
+
+/// The endpoint `weather` (uid `e-1`).
+pub fn endpoint(finalized: bool) -> Value {
+    endpoint_named("weather", "e-1", finalized)
+}
+
+/// The Deployment `weather`: one container `server` on port 3000, two ready pods of its
+/// current template.
+pub fn deployment() -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "weather", "namespace": NS, "generation": 1},
+        "spec": {
+            "selector": {"matchLabels": {"app": "weather"}},
+            "template": {
+                "metadata": {"labels": {"app": "weather"}},
+                "spec": {"containers": [{"name": "server", "image": "srv", "ports": [{"containerPort": 3000}]}]},
+            },
+        },
+        "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2},
+    })
+}
+
+/// The operator as its controller runs it: one context, so one Event recorder, for every
+/// reconcile.
+pub struct Operator {
+    api: Shared,
+    ctx: Arc<Context>,
+}
+
+impl Operator {
+    /// The operator against `api`, with the sidecar image `tether-sidecar:test`.
+    pub fn new(api: &Shared) -> Self {
+        let metrics = Arc::clone(&api.lock().unwrap().metrics);
+        let defaults = Defaults::with_image("tether-sidecar:test");
+        let ctx = Context::new(client_of(api, NS), defaults, metrics, None);
+        Self {
+            api: Arc::clone(api),
+            ctx: Arc::new(ctx),
+        }
+    }
+
+    /// Reconciles the endpoint stored at `path` once; returns the result and the writes sent.
+    ///
+    /// # Panics
+    /// When a request was outside the operator's RBAC rules.
+    pub async fn reconcile(&self, path: &str) -> (Result<Action, Error>, Vec<Write>) {
+        let stored = self.api.lock().unwrap().objects[path].clone();
+        let ep: McpEndpoint = serde_json::from_value(stored).unwrap();
+        let before = self.api.lock().unwrap().writes.len();
+        let result = reconcile(Arc::new(ep), Arc::clone(&self.ctx)).await;
+        let a = self.api.lock().unwrap();
+        assert_eq!(
+            a.forbidden,
+            Vec::<String>::new(),
+            "requests outside the operator's RBAC rules"
+        );
+        (result, a.writes[before..].to_vec())
+    }
+}
+
+/// Runs one reconcile of the endpoint at `path` (a new operator); returns its action and the
+/// writes it sent.
+///
+/// # Panics
+/// When the reconcile fails.
+pub async fn reconcile_at(api: &Shared, path: &str) -> (Action, Vec<Write>) {
+    let (result, writes) = Operator::new(api).reconcile(path).await;
+    (result.expect("reconcile succeeds"), writes)
+}
+
+/// Runs one reconcile of the endpoint `weather`; returns its action and the writes it sent.
+///
+/// # Panics
+/// When the reconcile fails.
+pub async fn reconcile_once(api: &Shared) -> (Action, Vec<Write>) {
+    reconcile_at(api, EP_PATH).await
+}
+
+fn is_event(w: &Write) -> bool {
+    w.path.starts_with(EVENTS_PATH)
+}
+
+/// The writes that are not Events, as `METHOD path`.
+pub fn objects(writes: &[Write]) -> Vec<String> {
+    let others: Vec<Write> = writes.iter().filter(|w| !is_event(w)).cloned().collect();
+    paths(&others)
+}
+
+/// The Events published (created, or patched as a series), as `(type, reason, note)`.
+pub fn events(writes: &[Write]) -> Vec<(String, String, String)> {
+    writes
+        .iter()
+        .filter(|w| is_event(w))
+        .map(|w| {
+            let field = |k: &str| w.body[k].as_str().unwrap_or_default().to_owned();
+            (field("type"), field("reason"), field("note"))
+        })
+        .collect()
+}
+
+/// The one Event `writes` published, as `(type, reason, note)`.
+pub fn one_event(writes: &[Write]) -> (String, String, String) {
+    let mut published = events(writes);
+    assert_eq!(published.len(), 1, "{published:?}");
+    published.remove(0)
+}
+
+/// `writes` are the status of the endpoint `weather` only, `Degraded` with `reason`, and one
+/// Warning Event saying so.
+pub fn assert_degraded_only(writes: &[Write], reason: &str) {
+    assert_degraded_at(writes, EP_PATH, reason);
+}
+
+/// `writes` are the status of the endpoint at `path` only, `Degraded` with `reason`, and one
+/// Warning Event saying so.
+pub fn assert_degraded_at(writes: &[Write], path: &str, reason: &str) {
+    assert_eq!(objects(writes), [format!("PATCH {path}/status")]);
+    let (type_, why, _) = one_event(writes);
+    assert_eq!((type_.as_str(), why.as_str()), ("Warning", reason));
+    let status = writes.iter().find(|w| !is_event(w)).expect("the status");
+    let degraded = condition(&status.body["status"], "Degraded");
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some(reason)),
+        "{degraded}"
+    );
+}
+
+/// The Deployment controller caught up with the newest pod template.
+pub fn pods_rolled(api: &Shared) {
+    let mut a = api.lock().unwrap();
+    let d = a.objects.get_mut(DEPLOY_PATH).unwrap();
+    d["status"]["observedGeneration"] = d["metadata"]["generation"].clone();
+}
+
+/// The condition `type_` of `status` (`null` when there is none).
+pub fn condition(status: &Value, type_: &str) -> Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
