@@ -220,6 +220,9 @@ async fn sidecar_resources_in_another_notation_are_written_once() {
     let api = api_with(&[(EP_PATH, ep), (DEPLOY_PATH, deployment())]);
     reconcile_once(&api).await;
     reconcile_once(&api).await;
+    // The Deployment controller rolled the pods to the injected template; the status says so.
+    pods_rolled(&api);
+    reconcile_once(&api).await;
     for _ in 0..2 {
         let (_, writes) = reconcile_once(&api).await;
         assert_eq!(
