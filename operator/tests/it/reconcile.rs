@@ -1,18 +1,16 @@
-//! The reconcile against a mock API server ([`support`]: kube-rs's `ApiServerVerifier` pattern on
+//! The reconcile against a mock API server ([`crate::support`]: kube-rs's `ApiServerVerifier` pattern on
 //! `tower_test::mock`, an in-memory server that records every write), so the tests count what a
 //! reconcile writes (objects and Events) on create, on a no-op, on a spec change, on delete and on
 //! a missing target — and that `tether-operator plan` previews exactly those writes.
 
-mod support;
-
-use http::Method;
-use kube::runtime::controller::Action;
-use serde_json::{Value, json};
-use support::operator::{
+use crate::support::operator::{
     DEPLOY_PATH, EP_PATH, EVENTS_PATH, NS, SECRET_PATH, assert_degraded_only, condition,
     deployment, endpoint, objects, one_event, pods_rolled, reconcile_once,
 };
-use support::{Shared, Write, api_with, paths};
+use crate::support::{Shared, Write, api_with, paths};
+use http::Method;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
 use tether_operator::controller::RECHECK;
 use tether_operator::plan::Defaults;
 

@@ -12,8 +12,6 @@
 //! [`cluster`] does what controllers and the kubelet would; [`operator`] runs the operator's
 //! reconcile against the server.
 
-#![allow(dead_code)] // each test file uses its part
-
 mod apply;
 pub mod cluster;
 pub mod defaults;

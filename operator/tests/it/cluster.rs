@@ -1,29 +1,27 @@
 //! Scenarios of what a real cluster does to the operator, against the in-memory API server
-//! ([`support`]) with its field ownership, conflicts, defaults, validation and the behaviour of
-//! other controllers ([`support::cluster`]). Each states the behaviour the operator must have:
+//! ([`crate::support`]) with its field ownership, conflicts, defaults, validation and the behaviour of
+//! other controllers ([`crate::support::cluster`]). Each states the behaviour the operator must have:
 //! numeric Service target ports, an unforced injection under a field manager per endpoint,
 //! stable resource notation, port names, two endpoints on one Deployment, names taken or
 //! invalid, leader election with one field manager per candidate, the restricted Pod Security
 //! Standard, a Secret per endpoint uid, and deletion, Events and their notes.
 
-mod support;
-
 use std::time::Duration;
 
-use http::Method;
-use kube::runtime::controller::Action;
-use serde_json::{Value, json};
-use support::cluster::{collect_garbage, restricted_violations, service_endpoint_ports};
-use support::fields::owners;
-use support::operator::{
+use crate::support::cluster::{collect_garbage, restricted_violations, service_endpoint_ports};
+use crate::support::fields::owners;
+use crate::support::operator::{
     DEPLOY_PATH, ENDPOINTS, EP_PATH, EVENTS_PATH, NS, Operator, assert_degraded_at,
     assert_degraded_only, condition, deployment, endpoint, endpoint_named, events, objects,
     pods_rolled, reconcile_once,
 };
-use support::{
+use crate::support::{
     Shared, api_created_by, api_with, apply_as, client_holding, client_of, create_as, delete,
     paths, update_as,
 };
+use http::Method;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
 use tether_operator::leader::{Election, LEASE_SECONDS, lead};
 
 const GRACE: &str = ".spec.template.spec.terminationGracePeriodSeconds";

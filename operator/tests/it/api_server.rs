@@ -1,15 +1,13 @@
-//! The in-memory API server ([`support`]) held to what a Kubernetes API server does: apply
+//! The in-memory API server ([`crate::support`]) held to what a Kubernetes API server does: apply
 //! conflicts and forcing, shared ownership, pruning, updates taking ownership (and the defaults
 //! they add), canonical quantities, name validation, label selectors and finalizers.
 
-mod support;
-
+use crate::support::defaults::canonical_quantity;
+use crate::support::fields::owners;
+use crate::support::{api_with, apply_as, client_of, create_as, delete, update_as};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
-use support::defaults::canonical_quantity;
-use support::fields::owners;
-use support::{api_with, apply_as, client_of, create_as, delete, update_as};
 
 const CONFIG_MAPS: &str = "/api/v1/namespaces/tools/configmaps";
 const CM: &str = "/api/v1/namespaces/tools/configmaps/settings";
@@ -35,7 +33,7 @@ fn deployment(containers: &[[&str; 2]]) -> Value {
                                  "spec": {"containers": containers}}}})
 }
 
-fn stored(api: &support::Shared, path: &str) -> Value {
+fn stored(api: &crate::support::Shared, path: &str) -> Value {
     api.lock().unwrap().objects[path].clone()
 }
 
@@ -148,7 +146,7 @@ fn what_an_applier_stops_applying_goes_unless_another_manager_owns_it() {
         "{status}"
     );
     // `hooks` lets go: the hook goes whole, the `scheme: HTTP` the API server added included.
-    let server = |api: &support::Shared| {
+    let server = |api: &crate::support::Shared| {
         stored(api, DEPLOY)["spec"]["template"]["spec"]["containers"][0].clone()
     };
     assert_eq!(

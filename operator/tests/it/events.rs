@@ -1,12 +1,10 @@
-//! The operator's Events against the in-memory API server ([`support`]): what a cluster gets
+//! The operator's Events against the in-memory API server ([`crate::support`]): what a cluster gets
 //! for a note over the API server's limit, for two notes with one reason, and for a repeat.
 
-mod support;
-
+use crate::support::{Shared, api_with, client_of};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{EventType, Reporter};
 use serde_json::Value;
-use support::{Shared, api_with, client_of};
 use tether_operator::events::{Events, NOTE_LIMIT};
 
 const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/tools/events";

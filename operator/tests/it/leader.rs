@@ -1,11 +1,9 @@
-//! Leader election against the in-memory API server ([`support`]): a sole candidate creates the
+//! Leader election against the in-memory API server ([`crate::support`]): a sole candidate creates the
 //! Lease, holds it under its identity with the operator's field manager, and keeps holding it.
-
-mod support;
 
 use std::time::Duration;
 
-use support::{api_with, client_of};
+use crate::support::{api_with, client_of};
 use tether_operator::leader::{Election, LEASE_SECONDS, lead};
 
 const LEASE_PATH: &str =

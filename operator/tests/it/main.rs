@@ -1,0 +1,13 @@
+//! The operator against an in-memory API server that behaves like a Kubernetes one
+//! ([`support`]), in one test binary: that server itself (`api_server`), whole reconciles
+//! (`reconcile`), what a real cluster does to the operator (`cluster`), Events (`events`),
+//! leader election (`leader`), and the example manifests with `tether-operator plan`
+//! (`examples`). The real-cluster tests are the gated `e2e` binary.
+
+mod api_server;
+mod cluster;
+mod events;
+mod examples;
+mod leader;
+mod reconcile;
+mod support;
