@@ -63,7 +63,7 @@ pub(crate) async fn steps(
     ensure(&bindings, &steps.role_binding, &ours, w).await?;
     step(&Api::namespaced(client.clone(), ns), &steps.pdb, &ours, w).await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let injection = inject(&deployments, names, &steps.injection, w).await?;
+    let injection = inject(&deployments, names, steps, w).await?;
     Ok(Written {
         objects,
         rolled: injection.as_ref().is_ok_and(|rolled| *rolled),
@@ -78,16 +78,20 @@ pub(crate) async fn steps(
 async fn inject(
     api: &Api<Deployment>,
     names: &Names,
-    injection: &Ensure<'_, Deployment, serde_json::Value>,
+    steps: &Steps<'_>,
     written: &mut Vec<String>,
 ) -> Result<Result<bool, Conflict>, Error> {
+    let injection = &steps.injection;
     let gentle = Manager::gentle(names);
     let answer = match ensure(api, injection, &gentle, written).await {
         Ok(answer) => answer,
         Err(Error::Kube(kube::Error::Api(status))) if status.code == 409 => {
             let conflicts = field_conflicts(&status);
             if conflicts.is_empty() || conflicts.iter().any(|(_, m)| m != LEGACY_FIELD_MANAGER) {
-                return Ok(Err(field_conflict(&conflicts, &status.message)));
+                let hint = Hint {
+                    grace: steps.grace_needed,
+                };
+                return Ok(Err(field_conflict(&conflicts, &status.message, &hint)));
             }
             ensure(api, injection, &Manager::forced(names), written).await?
         }
@@ -121,11 +125,36 @@ fn field_conflicts(status: &kube::core::Status) -> Vec<(String, String)> {
         .collect()
 }
 
+/// What tether needs of the fields a conflict names, for its message.
+struct Hint {
+    /// Seconds of `terminationGracePeriodSeconds` the drain needs.
+    grace: i64,
+}
+
+impl Hint {
+    /// What tether needs of `field`, if it is one the user can set to resolve the conflict.
+    fn of(&self, field: &str) -> Option<String> {
+        match field {
+            ".spec.template.spec.terminationGracePeriodSeconds" => Some(format!(
+                "set it to at least {} (spec.drain.timeout + 15 s)",
+                self.grace
+            )),
+            ".spec.template.spec.serviceAccountName" | ".spec.template.spec.serviceAccount" => {
+                Some("remove it, or name a ServiceAccount of your own (not default)".to_owned())
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The `FieldConflict` for `conflicts` (the API server's `message` when it named none).
-fn field_conflict(conflicts: &[(String, String)], message: &str) -> Conflict {
+fn field_conflict(conflicts: &[(String, String)], message: &str, hint: &Hint) -> Conflict {
     let fields: Vec<String> = conflicts
         .iter()
-        .map(|(field, manager)| format!("{field} (managed by {manager:?})"))
+        .map(|(field, manager)| match hint.of(field) {
+            Some(need) => format!("{field} (managed by {manager:?}: {need})"),
+            None => format!("{field} (managed by {manager:?})"),
+        })
         .collect();
     let listed = if fields.is_empty() {
         message.to_owned()
@@ -135,7 +164,7 @@ fn field_conflict(conflicts: &[(String, String)], message: &str) -> Conflict {
     Conflict::new(
         "FieldConflict",
         format!(
-            "tether must set fields of the Deployment that another field manager manages, and never takes a field over: {listed}. Set the value tether needs in your manifest or remove the field there (docs/guide/troubleshooting.md#fieldconflict)"
+            "tether must set fields of the Deployment that another field manager manages, and never takes a field over: {listed}. Change them in your manifest (docs/guide/troubleshooting.md#fieldconflict)"
         ),
     )
 }
@@ -315,17 +344,18 @@ mod tests {
                 ),
             ]
         );
-        let conflict = field_conflict(&conflicts, &status.message);
+        let hint = Hint { grace: 75 };
+        let conflict = field_conflict(&conflicts, &status.message, &hint);
         assert_eq!(conflict.reason, "FieldConflict");
         assert!(
             conflict.message.contains(
-                ".spec.template.spec.terminationGracePeriodSeconds (managed by \"helm\")"
-            ) && conflict.message.contains("(managed by \"kubectl\")"),
+                ".spec.template.spec.terminationGracePeriodSeconds (managed by \"helm\": set it to at least 75"
+            ) && conflict.message.contains("(managed by \"kubectl\": remove it"),
             "{}",
             conflict.message
         );
         // Without causes, the API server's own message is kept.
-        let bare = field_conflict(&[], "Apply failed with 1 conflict");
+        let bare = field_conflict(&[], "Apply failed with 1 conflict", &hint);
         assert!(bare.message.contains("Apply failed with 1 conflict"));
     }
 }

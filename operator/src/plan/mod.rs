@@ -85,6 +85,9 @@ pub struct Plan {
     /// At most one pod of the endpoint disrupted at a time (unless a budget of the user's
     /// covers the pods).
     pub(crate) pdb: PodDisruptionBudget,
+    /// Seconds of `terminationGracePeriodSeconds` the drain needs (for the message of a
+    /// conflict over that field).
+    pub(crate) grace_needed: i64,
 }
 
 /// Builds the [`Plan`] for `ep` on its validated `target`; `owner` is the endpoint's controller
@@ -122,6 +125,7 @@ pub fn plan(
         role: rbac::role(names, owner),
         role_binding: rbac::role_binding(names, owner, &subject),
         pdb: network::pdb(names, target, owner),
+        grace_needed: inject::needed_grace(ep),
     }
 }
 

@@ -99,6 +99,8 @@ pub(crate) struct Steps<'a> {
     pub pdb: Step<'a, PodDisruptionBudget>,
     /// The sidecar injection, on the target Deployment.
     pub injection: Ensure<'a, Deployment, serde_json::Value>,
+    /// Seconds of `terminationGracePeriodSeconds` the drain needs.
+    pub grace_needed: i64,
 }
 
 impl Steps<'_> {
@@ -170,6 +172,7 @@ impl Plan {
             role,
             mut role_binding,
             pdb,
+            grace_needed,
         } = self;
         let [live_client, live_peers] = &live.services;
         let service_account = match (service_account, target.users_service_account(names)) {
@@ -234,6 +237,7 @@ impl Plan {
                 desired: injection,
                 live: Some(target.deployment),
             },
+            grace_needed,
         }
     }
 }
