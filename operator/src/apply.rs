@@ -169,7 +169,8 @@ fn field_conflict(conflicts: &[(String, String)], message: &str, hint: &Hint) ->
     )
 }
 
-/// Server-side applies the status `status` of the endpoint `names` (a `K`).
+/// Server-side applies the status `status` of the endpoint `names` (a `K`), and releases what
+/// the operator's field manager from before each endpoint had its own holds there.
 ///
 /// # Errors
 /// [`Error::Kube`] when the request fails.
@@ -187,8 +188,21 @@ where
         "status": status,
     });
     let manager = Manager::forced(names);
-    api.patch_status(&names.endpoint, &manager.0, &Patch::Apply(&body))
+    let answer = api
+        .patch_status(&names.endpoint, &manager.0, &Patch::Apply(&body))
         .await?;
+    // The operator's manager from before each endpoint had its own would keep the status
+    // fields it alone still holds (counts of an outcome that no longer has them): release it.
+    let legacy = answer.meta().managed_fields.iter().flatten().any(|m| {
+        m.manager.as_deref() == Some(LEGACY_FIELD_MANAGER)
+            && m.subresource.as_deref() == Some("status")
+    });
+    if legacy {
+        let empty = json!({"apiVersion": K::api_version(&()), "kind": K::kind(&())});
+        let params = PatchParams::apply(LEGACY_FIELD_MANAGER);
+        api.patch_status(&names.endpoint, &params, &Patch::Apply(&empty))
+            .await?;
+    }
     Ok(())
 }
 

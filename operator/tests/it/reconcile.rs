@@ -450,3 +450,36 @@ async fn the_plan_preview_names_every_write_of_a_reconcile_in_order() {
         ]
     );
 }
+
+#[tokio::test]
+async fn the_status_the_old_shared_field_manager_wrote_keeps_nothing_stale() {
+    let api = api_with(&[(EP_PATH, endpoint(true))]);
+    // An operator from before field managers per endpoint counted the pods of a target.
+    let old = json!({"apiVersion": "mcp.tether.dev/v1alpha1", "kind": "McpEndpoint",
+                     "status": {"pods": 3, "routable": 3, "draining": 0}});
+    crate::support::apply_as(
+        &api,
+        "tether-operator",
+        &format!("{EP_PATH}/status"),
+        &old,
+        true,
+    )
+    .expect("the old status");
+    // The target is gone now: the new status has no counts, and the old ones go with their
+    // manager.
+    let (_, writes) = reconcile_once(&api).await;
+    assert_eq!(
+        objects(&writes),
+        [
+            format!("PATCH {EP_PATH}/status"),
+            format!("PATCH {EP_PATH}/status")
+        ]
+    );
+    let status = api.lock().unwrap().objects[EP_PATH]["status"].clone();
+    assert_eq!(condition(&status, "Degraded")["reason"], "TargetNotFound");
+    for count in ["pods", "routable", "draining"] {
+        assert!(status.get(count).is_none(), "{status}");
+    }
+    let (_, writes) = reconcile_once(&api).await;
+    assert!(writes.is_empty(), "{:?}", paths(&writes));
+}
