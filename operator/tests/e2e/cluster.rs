@@ -58,12 +58,16 @@ impl Cluster {
         })
     }
 
-    /// Runs `scenario` in a new namespace labelled `labels` (and [`NAMESPACE_LABEL`]), then
-    /// deletes the namespace whatever happened.
+    /// Runs `scenario` (given this cluster and the namespace) in a new namespace labelled
+    /// `labels` (and [`NAMESPACE_LABEL`]), then deletes the namespace whatever happened.
     ///
     /// # Panics
     /// When the scenario fails or panics, or the namespace cannot be created or deleted.
-    pub async fn run(&self, labels: &[(&str, &str)], scenario: impl AsyncFnOnce(&str) -> Outcome) {
+    pub async fn run(
+        &self,
+        labels: &[(&str, &str)],
+        scenario: impl AsyncFnOnce(&Self, &str) -> Outcome,
+    ) {
         let ns = format!("tether-e2e-{:08x}", rand::random::<u32>());
         let labels = labels.iter().chain([&NAMESPACE_LABEL]);
         let namespace = Namespace {
@@ -79,7 +83,7 @@ impl Cluster {
             .await
             .unwrap_or_else(|e| panic!("creating namespace {ns}: {e}"));
         eprintln!("e2e: namespace {ns}");
-        let outcome = AssertUnwindSafe(scenario(&ns)).catch_unwind().await;
+        let outcome = AssertUnwindSafe(scenario(self, &ns)).catch_unwind().await;
         let cleaned = self.delete_namespace(&ns).await;
         match outcome {
             Ok(Ok(())) => {}
@@ -176,6 +180,31 @@ impl Cluster {
             )
             .await
             .map_err(|e| format!("applying McpEndpoint {name}: {e}"))?;
+        Ok(())
+    }
+
+    /// Applies endpoint `name` as [`Self::endpoint`] does, then waits until it is Ready
+    /// ([`Self::wait_ready`]).
+    pub async fn ready_endpoint(&self, ns: &str, name: &str, spec: Value) -> Outcome {
+        self.endpoint(ns, name, spec).await?;
+        self.wait_ready(ns, name).await
+    }
+
+    /// How most scenarios start: the example Deployment as it is and endpoint `name` on it (its
+    /// spec merged with `spec`), applied into `ns`, once the endpoint is Ready; returns the
+    /// Deployment's name.
+    pub async fn serve(&self, ns: &str, name: &str, spec: Value) -> Outcome<String> {
+        let target = self.deploy(ns, |_| {}).await?;
+        self.ready_endpoint(ns, name, spec).await?;
+        Ok(target)
+    }
+
+    /// Fails unless endpoint `name` is `Ready=True` now (no waiting).
+    pub async fn ensure_ready(&self, ns: &str, name: &str) -> Outcome {
+        let ready = self.condition(ns, name, "Ready").await?;
+        if ready.status != "True" {
+            return Err(format!("{name}: Ready={} ({})", ready.status, ready.reason).into());
+        }
         Ok(())
     }
 

@@ -78,12 +78,26 @@ impl Settings {
     }
 }
 
+/// Runs `scenario` as [`cluster::Cluster::run`] does, in a namespace labelled `labels` of the
+/// cluster with the operator installed; when the tests are not enabled it only says so.
+///
+/// # Panics
+/// As `cluster()` and [`cluster::Cluster::run`] do.
+pub(crate) async fn scenario(
+    labels: &[(&str, &str)],
+    scenario: impl AsyncFnOnce(&cluster::Cluster, &str) -> cluster::Outcome,
+) {
+    if let Some(cluster) = cluster().await {
+        cluster.run(labels, scenario).await;
+    }
+}
+
 /// The settings and a cluster with the operator installed; `None` (after saying so) when the
 /// tests are not enabled.
 ///
 /// # Panics
 /// When the settings are wrong, the cluster cannot be reached or the chart does not install.
-pub(crate) async fn cluster() -> Option<cluster::Cluster> {
+async fn cluster() -> Option<cluster::Cluster> {
     let Some(settings) = Settings::from_env() else {
         eprintln!(
             "skipped: set TETHER_E2E_KUBECONFIG=<path to a kubeconfig> to run the real-cluster \

@@ -68,48 +68,39 @@ impl Cluster {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_operator_replicas_elect_one_leader_and_the_other_takes_over() {
-    let Some(cluster) = crate::cluster().await else {
-        return;
-    };
-    cluster
-        .run(&[], async |_| {
-            let (pods, leader) = cluster.leader().await?;
-            for pod in &pods {
-                if cluster.logs_leading(pod).await? != (*pod == leader) {
-                    return Err(
-                        format!("pod {pod} (leader {leader}) says otherwise in its logs").into(),
-                    );
-                }
+    crate::scenario(&[], async |cluster, _| {
+        let (pods, leader) = cluster.leader().await?;
+        for pod in &pods {
+            if cluster.logs_leading(pod).await? != (*pod == leader) {
+                return Err(
+                    format!("pod {pod} (leader {leader}) says otherwise in its logs").into(),
+                );
             }
-            let pods_api: Api<Pod> = Api::namespaced(cluster.client.clone(), RELEASE_NAMESPACE);
-            pods_api.delete(&leader, &DeleteParams::default()).await?;
-            let (_, next) = cluster.leader().await?;
-            if next == leader || !cluster.logs_leading(&next).await? {
-                return Err(format!("after deleting {leader}, the Lease names {next}").into());
-            }
-            eprintln!("e2e: {leader} led, then {next}");
-            Ok(())
-        })
-        .await;
+        }
+        let pods_api: Api<Pod> = Api::namespaced(cluster.client.clone(), RELEASE_NAMESPACE);
+        pods_api.delete(&leader, &DeleteParams::default()).await?;
+        let (_, next) = cluster.leader().await?;
+        if next == leader || !cluster.logs_leading(&next).await? {
+            return Err(format!("after deleting {leader}, the Lease names {next}").into());
+        }
+        eprintln!("e2e: {leader} led, then {next}");
+        Ok(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restricted_namespace_admits_the_injected_pods() {
-    let Some(cluster) = crate::cluster().await else {
-        return;
-    };
     let restricted = [("pod-security.kubernetes.io/enforce", "restricted")];
-    cluster
-        .run(&restricted, async |ns| {
-            // The user's container meets the standard on its own; the sidecar must too.
-            cluster
-                .deploy(ns, |d| {
-                    d["spec"]["template"]["spec"]["containers"][0]["securityContext"]
-                        ["seccompProfile"] = json!({"type": "RuntimeDefault"});
-                })
-                .await?;
-            cluster.endpoint(ns, "weather", json!({})).await?;
-            cluster.wait_ready(ns, "weather").await
-        })
-        .await;
+    crate::scenario(&restricted, async |cluster, ns| {
+        // The user's container meets the standard on its own; the sidecar must too.
+        cluster
+            .deploy(ns, |d| {
+                d["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+                    ["seccompProfile"] = json!({"type": "RuntimeDefault"});
+            })
+            .await?;
+        cluster.ready_endpoint(ns, "weather", json!({})).await
+    })
+    .await;
 }

@@ -108,14 +108,13 @@ async fn forward(
     }
 }
 
-/// An MCP client of endpoint `name`'s client Service, through `proxy`.
-fn mcp_client(proxy: &ServiceProxy) -> McpClient {
-    McpClient::new(format!("{}/mcp", proxy.url)).honouring_retry_after()
-}
-
-/// Starts a proxy to endpoint `name`'s client Service.
-async fn client_service(cluster: &Cluster, ns: &str, name: &str) -> Outcome<ServiceProxy> {
-    ServiceProxy::start(&cluster.client, ns, &format!("{name}-mcp"), MCP_PORT_NAME).await
+/// An MCP client of endpoint `name`'s client Service, through the proxy returned with it (the
+/// client works while the proxy is kept).
+async fn mcp_client(cluster: &Cluster, ns: &str, name: &str) -> Outcome<(ServiceProxy, McpClient)> {
+    let service = format!("{name}-mcp");
+    let proxy = ServiceProxy::start(&cluster.client, ns, &service, MCP_PORT_NAME).await?;
+    let client = McpClient::new(format!("{}/mcp", proxy.url)).honouring_retry_after();
+    Ok((proxy, client))
 }
 
 /// Rolls Deployment `target` of endpoint `name` while sessions call `slow` through its client
@@ -127,8 +126,7 @@ pub(crate) async fn roll_under_load(
     name: &str,
     target: &str,
 ) -> Outcome<load::Report> {
-    let proxy = client_service(cluster, ns, name).await?;
-    let client = mcp_client(&proxy);
+    let (_proxy, client) = mcp_client(cluster, ns, name).await?;
     let cfg = LoadConfig {
         sessions: 12,
         calls_per_session: 40,
@@ -162,115 +160,88 @@ pub(crate) async fn roll_under_load(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_through_the_client_service_calls_tools_and_resumes_a_cut_stream() {
-    let Some(cluster) = crate::cluster().await else {
-        return;
-    };
-    cluster
-        .run(&[], async |ns| {
-            let target = cluster.deploy(ns, |_| {}).await?;
-            cluster
-                .endpoint(ns, "weather", serde_json::json!({}))
-                .await?;
-            cluster.wait_ready(ns, "weather").await?;
-            let proxy = client_service(&cluster, ns, "weather").await?;
-            let client = mcp_client(&proxy);
-            let session = client.initialize(VERSION).await?;
-            let counted = client
-                .call(&session, 2, "counter", serde_json::json!({}))
-                .await?;
-            let text = counted.last().and_then(result_text);
-            if text != Some("1") {
-                return Err(format!("counter answered {counted:?}").into());
-            }
-            // Cut twice, resumed each time with GET + Last-Event-ID, through another pod maybe.
-            let plan = CallPlan {
-                cuts: vec![3, 7],
-                pause: Duration::from_millis(500),
-                ..CallPlan::steady(10, 200)
-            };
-            let out = call::slow(&client, &session, 3, "e2e-cut", &plan).await?;
-            let whole = out.lost(10) == 0 && out.duplicated == 0 && out.foreign == 0;
-            if !whole || out.resumes.len() != 2 || !out.failures.is_empty() {
-                return Err(format!("the resumed call of {target}'s endpoint: {out:?}").into());
-            }
-            eprintln!("e2e: a session called counter and slow, cut twice and resumed");
-            Ok(())
-        })
-        .await;
+    crate::scenario(&[], async |cluster, ns| {
+        let target = cluster.serve(ns, "weather", serde_json::json!({})).await?;
+        let (_proxy, client) = mcp_client(cluster, ns, "weather").await?;
+        let session = client.initialize(VERSION).await?;
+        let counted = client
+            .call(&session, 2, "counter", serde_json::json!({}))
+            .await?;
+        let text = counted.last().and_then(result_text);
+        if text != Some("1") {
+            return Err(format!("counter answered {counted:?}").into());
+        }
+        // Cut twice, resumed each time with GET + Last-Event-ID, through another pod maybe.
+        let plan = CallPlan {
+            cuts: vec![3, 7],
+            pause: Duration::from_millis(500),
+            ..CallPlan::steady(10, 200)
+        };
+        let out = call::slow(&client, &session, 3, "e2e-cut", &plan).await?;
+        let whole = out.lost(10) == 0 && out.duplicated == 0 && out.foreign == 0;
+        if !whole || out.resumes.len() != 2 || !out.failures.is_empty() {
+            return Err(format!("the resumed call of {target}'s endpoint: {out:?}").into());
+        }
+        eprintln!("e2e: a session called counter and slow, cut twice and resumed");
+        Ok(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_upgrade_of_the_server_shows_clients_no_404() {
-    let Some(cluster) = crate::cluster().await else {
-        return;
-    };
-    cluster
-        .run(&[], async |ns| {
-            let target = cluster.deploy(ns, |_| {}).await?;
-            cluster
-                .endpoint(ns, "weather", serde_json::json!({}))
-                .await?;
-            cluster.wait_ready(ns, "weather").await?;
-            let report = roll_under_load(&cluster, ns, "weather", &target).await?;
-            if report.sessions == 0 || report.not_found > 0 {
-                return Err(
-                    format!("{} sessions, {} 404s", report.sessions, report.not_found).into(),
-                );
-            }
-            if report.duplicated > 0 || report.foreign > 0 {
-                return Err(format!("events duplicated or foreign:\n{}", report.table()).into());
-            }
-            Ok(())
-        })
-        .await;
+    crate::scenario(&[], async |cluster, ns| {
+        let target = cluster.serve(ns, "weather", serde_json::json!({})).await?;
+        let report = roll_under_load(cluster, ns, "weather", &target).await?;
+        if report.sessions == 0 || report.not_found > 0 {
+            return Err(format!("{} sessions, {} 404s", report.sessions, report.not_found).into());
+        }
+        if report.duplicated > 0 || report.foreign > 0 {
+            return Err(format!("events duplicated or foreign:\n{}", report.table()).into());
+        }
+        Ok(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_and_peer_services_have_endpoints_with_ports() {
-    let Some(cluster) = crate::cluster().await else {
-        return;
-    };
-    cluster
-        .run(&[], async |ns| {
-            cluster.deploy(ns, |_| {}).await?;
-            cluster
-                .endpoint(ns, "weather", serde_json::json!({}))
+    crate::scenario(&[], async |cluster, ns| {
+        cluster.serve(ns, "weather", serde_json::json!({})).await?;
+        let pods = cluster.pods(ns, EXAMPLE_PODS).await?.len();
+        let slices: Api<EndpointSlice> = Api::namespaced(cluster.client.clone(), ns);
+        // Both Services, with the ports the sidecar listens on (spec defaults).
+        for (service, ports) in [
+            ("weather-mcp", &[8080][..]),
+            ("weather-peers", &[9902, 8080]),
+        ] {
+            let selector = format!("kubernetes.io/service-name={service}");
+            let listed = slices
+                .list(&ListParams::default().labels(&selector))
                 .await?;
-            cluster.wait_ready(ns, "weather").await?;
-            let pods = cluster.pods(ns, EXAMPLE_PODS).await?.len();
-            let slices: Api<EndpointSlice> = Api::namespaced(cluster.client.clone(), ns);
-            // Both Services, with the ports the sidecar listens on (spec defaults).
-            for (service, ports) in [
-                ("weather-mcp", &[8080][..]),
-                ("weather-peers", &[9902, 8080]),
-            ] {
-                let selector = format!("kubernetes.io/service-name={service}");
-                let listed = slices
-                    .list(&ListParams::default().labels(&selector))
-                    .await?;
-                let endpoints: usize = listed.items.iter().map(|s| s.endpoints.len()).sum();
-                let mut numbers: Vec<i32> = listed
-                    .items
-                    .iter()
-                    .flat_map(|s| s.ports.iter().flatten())
-                    .filter_map(|p| p.port)
-                    .collect();
-                numbers.sort_unstable();
-                numbers.dedup();
-                let mut want = ports.to_vec();
-                want.sort_unstable();
-                if endpoints < pods || numbers != want {
-                    return Err(format!(
-                        "Service {service}: {endpoints} endpoints for {pods} pods, ports \
-                         {numbers:?} (want {want:?}); a named targetPort the EndpointSlice \
-                         controller cannot resolve leaves them out"
-                    )
-                    .into());
-                }
+            let endpoints: usize = listed.items.iter().map(|s| s.endpoints.len()).sum();
+            let mut numbers: Vec<i32> = listed
+                .items
+                .iter()
+                .flat_map(|s| s.ports.iter().flatten())
+                .filter_map(|p| p.port)
+                .collect();
+            numbers.sort_unstable();
+            numbers.dedup();
+            let mut want = ports.to_vec();
+            want.sort_unstable();
+            if endpoints < pods || numbers != want {
+                return Err(format!(
+                    "Service {service}: {endpoints} endpoints for {pods} pods, ports \
+                     {numbers:?} (want {want:?}); a named targetPort the EndpointSlice \
+                     controller cannot resolve leaves them out"
+                )
+                .into());
             }
-            Ok(())
-        })
-        .await;
+        }
+        Ok(())
+    })
+    .await;
 }
 
 /// The proxy on its own, against a stand-in API server: paths and headers reach it, and an SSE
