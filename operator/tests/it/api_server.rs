@@ -4,7 +4,7 @@
 
 use crate::support::defaults::canonical_quantity;
 use crate::support::fields::owners;
-use crate::support::{api_with, apply_as, client_of, create_as, delete, update_as};
+use crate::support::{Shared, api_with, apply_as, client_of, create_as, delete, update_as};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
@@ -33,8 +33,22 @@ fn deployment(containers: &[[&str; 2]]) -> Value {
                                  "spec": {"containers": containers}}}})
 }
 
-fn stored(api: &crate::support::Shared, path: &str) -> Value {
+/// `kubectl`'s server-side apply (not forced) of [`deployment`] `weather` with `containers`.
+fn apply_deployment(api: &Shared, containers: &[[&str; 2]]) -> Result<Value, Value> {
+    apply_as(api, "kubectl", DEPLOY, &deployment(containers), false)
+}
+
+fn stored(api: &Shared, path: &str) -> Value {
     api.lock().unwrap().objects[path].clone()
+}
+
+/// Asserts that the `Status` of a refused write has HTTP `code` and `reason`.
+fn assert_refused(status: &Value, code: u16, reason: &str) {
+    assert_eq!(
+        (&status["code"], &status["reason"]),
+        (&json!(code), &json!(reason)),
+        "{status}"
+    );
 }
 
 #[test]
@@ -49,10 +63,7 @@ fn an_apply_that_changes_another_managers_field_conflicts_until_forced() {
     .unwrap();
     let before = stored(&api, CM);
     let status = apply_as(&api, "kubectl", CM, &config_map(json!({"a": "2"})), false).unwrap_err();
-    assert_eq!(
-        (&status["code"], &status["reason"]),
-        (&json!(409), &json!("Conflict"))
-    );
+    assert_refused(&status, 409, "Conflict");
     assert_eq!(
         status["message"],
         "Apply failed with 1 conflict: conflict with \"helm\" using v1: .data.a"
@@ -94,16 +105,8 @@ fn appliers_of_the_same_value_share_the_field_and_a_change_then_conflicts() {
 #[test]
 fn what_an_applier_stops_applying_goes_unless_another_manager_owns_it() {
     let api = api_with(&[]);
-    let both = deployment(&[["server", "srv:1"], ["helper", "h:1"]]);
-    apply_as(&api, "kubectl", DEPLOY, &both, false).unwrap();
-    apply_as(
-        &api,
-        "kubectl",
-        DEPLOY,
-        &deployment(&[["server", "srv:1"]]),
-        false,
-    )
-    .unwrap();
+    apply_deployment(&api, &[["server", "srv:1"], ["helper", "h:1"]]).unwrap();
+    apply_deployment(&api, &[["server", "srv:1"]]).unwrap();
     let names: Vec<Value> = stored(&api, DEPLOY)["spec"]["template"]["spec"]["containers"]
         .as_array()
         .unwrap()
@@ -135,20 +138,15 @@ fn what_an_applier_stops_applying_goes_unless_another_manager_owns_it() {
             "f:lifecycle": {"f:preStop": {"f:httpGet": {"f:path": {}, "f:port": {}}}}}}}}}})
     );
     // Renaming the container leaves `server` behind with only what `hooks` owns: no image.
-    let renamed = deployment(&[["app", "srv:1"]]);
-    let status = apply_as(&api, "kubectl", DEPLOY, &renamed, false).unwrap_err();
-    assert_eq!(
-        (&status["code"], &status["reason"]),
-        (&json!(422), &json!("Invalid"))
-    );
+    let status = apply_deployment(&api, &[["app", "srv:1"]]).unwrap_err();
+    assert_refused(&status, 422, "Invalid");
     assert_eq!(
         status["details"]["causes"][0]["field"], "spec.template.spec.containers[0].image",
         "{status}"
     );
     // `hooks` lets go: the hook goes whole, the `scheme: HTTP` the API server added included.
-    let server = |api: &crate::support::Shared| {
-        stored(api, DEPLOY)["spec"]["template"]["spec"]["containers"][0].clone()
-    };
+    let server =
+        |api: &Shared| stored(api, DEPLOY)["spec"]["template"]["spec"]["containers"][0].clone();
     assert_eq!(
         server(&api)["lifecycle"]["preStop"]["httpGet"]["scheme"],
         "HTTP"
@@ -162,14 +160,7 @@ fn what_an_applier_stops_applying_goes_unless_another_manager_owns_it() {
 #[test]
 fn an_update_takes_the_fields_it_changes_and_owns_the_defaults_it_adds() {
     let api = api_with(&[]);
-    apply_as(
-        &api,
-        "kubectl",
-        DEPLOY,
-        &deployment(&[["server", "srv:1"]]),
-        false,
-    )
-    .unwrap();
+    apply_deployment(&api, &[["server", "srv:1"]]).unwrap();
     let applied = stored(&api, DEPLOY);
     assert_eq!(
         applied["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
@@ -308,10 +299,7 @@ fn a_taken_name_is_refused_and_a_deletion_waits_for_the_finalizers() {
     cm["metadata"]["finalizers"] = json!(["example.com/keep"]);
     create_as(&api, "kubectl", CONFIG_MAPS, &cm).unwrap();
     let taken = create_as(&api, "kubectl", CONFIG_MAPS, &cm).unwrap_err();
-    assert_eq!(
-        (&taken["code"], &taken["reason"]),
-        (&json!(409), &json!("AlreadyExists"))
-    );
+    assert_refused(&taken, 409, "AlreadyExists");
     delete(&api, CM).unwrap();
     let marked = stored(&api, CM);
     assert!(
