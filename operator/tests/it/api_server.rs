@@ -4,7 +4,7 @@
 
 use crate::support::defaults::canonical_quantity;
 use crate::support::fields::owners;
-use crate::support::{Shared, api_with, apply_as, client_of, create_as, delete, update_as};
+use crate::support::{Shared, api_with, apply_as, client_of, create_as, delete, stored, update_as};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
@@ -36,10 +36,6 @@ fn deployment(containers: &[[&str; 2]]) -> Value {
 /// `kubectl`'s server-side apply (not forced) of [`deployment`] `weather` with `containers`.
 fn apply_deployment(api: &Shared, containers: &[[&str; 2]]) -> Result<Value, Value> {
     apply_as(api, "kubectl", DEPLOY, &deployment(containers), false)
-}
-
-fn stored(api: &Shared, path: &str) -> Value {
-    api.lock().unwrap().objects[path].clone()
 }
 
 /// Asserts that the `Status` of a refused write has HTTP `code` and `reason`.

@@ -11,13 +11,13 @@ use std::time::Duration;
 use crate::support::cluster::{collect_garbage, restricted_violations, service_endpoint_ports};
 use crate::support::fields::owners;
 use crate::support::operator::{
-    DEPLOY_PATH, ENDPOINTS, EP_PATH, EVENTS_PATH, NS, Operator, assert_degraded_at,
-    assert_degraded_only, condition, deployment, endpoint, endpoint_named, events, objects,
-    pods_rolled, reconcile_once,
+    DEPLOY_PATH, ENDPOINTS, EP_PATH, EVENTS_PATH, NS, Operator, applied_by_kubectl,
+    assert_degraded_at, assert_degraded_only, condition, degraded, deployment, endpoint,
+    endpoint_named, events, injected, manifest, objects, pod_spec, pods_rolled, reconcile_once,
 };
 use crate::support::{
     Shared, api_created_by, api_with, apply_as, client_holding, client_of, create_as, delete,
-    paths, update_as,
+    paths, stored, update_as,
 };
 use http::Method;
 use kube::runtime::controller::Action;
@@ -28,45 +28,6 @@ const GRACE: &str = ".spec.template.spec.terminationGracePeriodSeconds";
 const SERVICE_ACCOUNT: &str = ".spec.template.spec.serviceAccountName";
 const SERVICES: &str = "/api/v1/namespaces/tools/services";
 const PODS: &str = "/api/v1/namespaces/tools/pods";
-
-/// The object stored at `path`.
-fn stored(api: &Shared, path: &str) -> Value {
-    api.lock().unwrap().objects[path].clone()
-}
-
-/// The `Degraded` condition of the endpoint stored at `path`.
-fn degraded(api: &Shared, path: &str) -> Value {
-    condition(&stored(api, path)["status"], "Degraded")
-}
-
-/// The Deployment's pod spec.
-fn pod_spec(api: &Shared) -> Value {
-    stored(api, DEPLOY_PATH)["spec"]["template"]["spec"].clone()
-}
-
-/// Whether the Deployment's pod template carries the sidecar.
-fn injected(api: &Shared) -> bool {
-    let init = pod_spec(api)["initContainers"].clone();
-    init.as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["name"] == "tether-sidecar"))
-}
-
-/// The user's manifest of the Deployment (what `kubectl apply` sends: no status).
-fn manifest() -> Value {
-    let mut d = deployment();
-    d.as_object_mut().unwrap().remove("status");
-    d
-}
-
-/// A server holding `ep` and the Deployment the user applied (`kubectl apply --server-side`)
-/// from `manifest`, its two pods ready.
-fn applied_by_kubectl(ep: Value, manifest: &Value) -> Shared {
-    let api = api_with(&[(EP_PATH, ep)]);
-    apply_as(&api, "kubectl", DEPLOY_PATH, manifest, false).expect("the user's apply");
-    let status = deployment()["status"].clone();
-    api.lock().unwrap().objects.get_mut(DEPLOY_PATH).unwrap()["status"] = status;
-    api
-}
 
 #[tokio::test]
 async fn every_service_port_reaches_the_sidecar_on_kubernetes_1_32() {

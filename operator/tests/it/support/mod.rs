@@ -941,6 +941,14 @@ fn seeded(
     api
 }
 
+/// The object stored at `path`.
+///
+/// # Panics
+/// When nothing is stored there.
+pub fn stored(api: &Shared, path: &str) -> Value {
+    api.lock().unwrap().objects[path].clone()
+}
+
 /// `METHOD path` of each write.
 pub fn paths(writes: &[Write]) -> Vec<String> {
     writes

@@ -1,6 +1,7 @@
 //! The operator's reconcile against the in-memory API server, as the reconcile and cluster tests
-//! run it: the endpoint and Deployment fixtures, reconciles with the writes they sent, and
-//! readers of those writes (objects, Events, conditions).
+//! run it: the endpoint and Deployment fixtures (the user's Deployment as applied with
+//! `kubectl`), reconciles with the writes they sent, and readers of those writes (objects,
+//! Events, conditions) and of what is stored (the pod spec, the conditions).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use tether_operator::controller::{Context, reconcile};
 use tether_operator::error::Error;
 use tether_operator::plan::Defaults;
 
-use super::{Shared, Write, client_of, paths};
+use super::{Shared, Write, api_with, apply_as, client_of, paths, stored};
 
 /// The namespace of the fixtures.
 pub const NS: &str = "tools";
@@ -184,4 +185,41 @@ pub fn condition(status: &Value, type_: &str) -> Value {
         .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
         .cloned()
         .unwrap_or(Value::Null)
+}
+
+/// The `Degraded` condition of the endpoint stored at `path`.
+pub fn degraded(api: &Shared, path: &str) -> Value {
+    condition(&stored(api, path)["status"], "Degraded")
+}
+
+/// The pod spec of the Deployment `weather`.
+pub fn pod_spec(api: &Shared) -> Value {
+    stored(api, DEPLOY_PATH)["spec"]["template"]["spec"].clone()
+}
+
+/// Whether the pod template of the Deployment `weather` carries the sidecar.
+pub fn injected(api: &Shared) -> bool {
+    let init = pod_spec(api)["initContainers"].clone();
+    init.as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["name"] == "tether-sidecar"))
+}
+
+/// The user's manifest of the Deployment `weather` (what `kubectl apply` sends: no status).
+pub fn manifest() -> Value {
+    let mut d = deployment();
+    d.as_object_mut().unwrap().remove("status");
+    d
+}
+
+/// A server holding `ep` and the Deployment the user applied (`kubectl apply --server-side`)
+/// from `manifest`, its two pods ready.
+///
+/// # Panics
+/// When the API server refuses the user's apply.
+pub fn applied_by_kubectl(ep: Value, manifest: &Value) -> Shared {
+    let api = api_with(&[(EP_PATH, ep)]);
+    apply_as(&api, "kubectl", DEPLOY_PATH, manifest, false).expect("the user's apply");
+    let status = deployment()["status"].clone();
+    api.lock().unwrap().objects.get_mut(DEPLOY_PATH).unwrap()["status"] = status;
+    api
 }
