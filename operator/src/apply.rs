@@ -71,19 +71,23 @@ pub(crate) async fn steps(
     })
 }
 
-/// Applies the injection without force; returns whether the pod template changed (the
-/// Deployment's `metadata.generation` moved), or the conflict that kept it from writing. Fields the operator's field manager from before each endpoint had its own
-/// still manages are taken over (force) when they are the only conflict, and that manager's
-/// remaining fields are released after the first successful apply.
+/// Applies the injection without force when `Steps::injection_sent`; returns whether the pod
+/// template changed (the Deployment's `metadata.generation` moved), or the conflict that kept
+/// it from writing. Fields the operator's field manager from before each endpoint had its own
+/// still manages (`Steps::legacy_manager`) are taken over (force) when they are the only
+/// conflict, and that manager is released once the endpoint's own holds the injection.
 async fn inject(
     api: &Api<Deployment>,
     names: &Names,
     steps: &Steps<'_>,
     written: &mut Vec<String>,
 ) -> Result<Result<bool, Conflict>, Error> {
-    let injection = &steps.injection;
-    let gentle = Manager::gentle(names);
-    let answer = match ensure(api, injection, &gentle, written).await {
+    let live = steps.injection.live;
+    let body = &steps.injection.desired;
+    if !steps.injection_sent(body)? {
+        return Ok(Ok(false));
+    }
+    let mut answer = match send(api, body, &Manager::gentle(names), written).await {
         Ok(answer) => answer,
         Err(Error::Kube(kube::Error::Api(status))) if status.code == 409 => {
             let conflicts = field_conflicts(&status);
@@ -93,23 +97,17 @@ async fn inject(
                 };
                 return Ok(Err(field_conflict(&conflicts, &status.message, &hint)));
             }
-            ensure(api, injection, &Manager::forced(names), written).await?
+            send(api, body, &Manager::forced(names), written).await?
         }
         Err(other) => return Err(other),
     };
-    let generation = |d: Option<&Deployment>| d.and_then(|d| d.metadata.generation);
-    let rolled = answer.is_some() && generation(answer.as_ref()) != generation(injection.live);
-    let legacy = injection.live.is_some_and(|live| {
-        live.metadata
-            .managed_fields
-            .iter()
-            .flatten()
-            .any(|m| m.manager.as_deref() == Some(LEGACY_FIELD_MANAGER))
-    });
-    if legacy && let Some(name) = injection.live.and_then(|l| l.metadata.name.as_deref()) {
-        release(api, &names.namespace, name, LEGACY_FIELD_MANAGER).await?;
+    if steps.legacy_manager
+        && let Some(name) = live.and_then(|l| l.metadata.name.as_deref())
+    {
+        answer = release(api, &names.namespace, name, LEGACY_FIELD_MANAGER).await?;
     }
-    Ok(Ok(rolled))
+    let generation = |d: Option<&Deployment>| d.and_then(|d| d.metadata.generation);
+    Ok(Ok(generation(Some(&answer)) != generation(live)))
 }
 
 /// `(field, manager)` of each cause of a server-side apply conflict (`409`, causes of reason
@@ -208,7 +206,7 @@ where
 
 /// Server-side applies an empty body to the `K` named `name` of `namespace` with field manager
 /// `manager`: the API server drops every field that manager alone manages there, and nothing
-/// else.
+/// else. Returns the object as the API server answered.
 ///
 /// # Errors
 /// [`Error::Kube`] when the request fails.
@@ -217,7 +215,7 @@ pub(crate) async fn release<K>(
     namespace: &str,
     name: &str,
     manager: &str,
-) -> Result<(), Error>
+) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
 {
@@ -226,9 +224,9 @@ where
         "kind": K::kind(&()),
         "metadata": {"name": name, "namespace": namespace},
     });
-    api.patch(name, &PatchParams::apply(manager), &Patch::Apply(&empty))
-        .await?;
-    Ok(())
+    Ok(api
+        .patch(name, &PatchParams::apply(manager), &Patch::Apply(&empty))
+        .await?)
 }
 
 /// The field manager and force of an apply.
@@ -246,29 +244,40 @@ impl Manager {
     }
 }
 
-/// Server-side applies `ensure.desired` unless its live object already holds all of it; returns
-/// the object as the API server answered, when it wrote (and adds `Kind/name` to `written`).
+/// Server-side applies `ensure.desired` unless its live object already holds all of it (and adds
+/// `Kind/name` to `written` when it wrote).
 async fn ensure<K, B>(
     api: &Api<K>,
     ensure: &Ensure<'_, K, B>,
     manager: &Manager,
     written: &mut Vec<String>,
-) -> Result<Option<K>, Error>
+) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
     B: Serialize,
 {
     let body = serde_json::to_value(&ensure.desired)?;
-    let name = body["metadata"]["name"]
-        .as_str()
-        .ok_or(Error::Unnamed)?
-        .to_owned();
     if ensure.covered(&body)? {
-        return Ok(None);
+        return Ok(());
     }
-    let answer = api.patch(&name, &manager.0, &Patch::Apply(&body)).await?;
+    send(api, &body, manager, written).await.map(drop)
+}
+
+/// Server-side applies `body` (it names the object); returns the object as the API server
+/// answered, and adds `Kind/name` to `written`.
+async fn send<K>(
+    api: &Api<K>,
+    body: &serde_json::Value,
+    manager: &Manager,
+    written: &mut Vec<String>,
+) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let name = body["metadata"]["name"].as_str().ok_or(Error::Unnamed)?;
+    let answer = api.patch(name, &manager.0, &Patch::Apply(body)).await?;
     written.push(format!("{}/{name}", K::kind(&())));
-    Ok(Some(answer))
+    Ok(answer)
 }
 
 /// Ensures or deletes as `step` says.
@@ -282,7 +291,7 @@ where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
 {
     match step {
-        Step::Ensure(e) => ensure(api, e, manager, written).await.map(drop),
+        Step::Ensure(e) => ensure(api, e, manager, written).await,
         Step::Retire(r) => delete(api, r, written).await,
         Step::Leave => Ok(()),
     }

@@ -14,7 +14,7 @@ use super::network::covering_pdb;
 use super::{Plan, rbac};
 use crate::dereference::{Live, controlled_by, meta_controlled_by};
 use crate::diff::covers;
-use crate::names::Names;
+use crate::names::{LEGACY_FIELD_MANAGER, Names};
 use crate::validate::{Conflict, Target};
 
 /// A child to server-side apply unless its live object already holds every field of `desired`.
@@ -99,11 +99,29 @@ pub(crate) struct Steps<'a> {
     pub pdb: Step<'a, PodDisruptionBudget>,
     /// The sidecar injection, on the target Deployment.
     pub injection: Ensure<'a, Deployment, serde_json::Value>,
+    /// Whether the operator's field manager from before each endpoint had its own
+    /// ([`LEGACY_FIELD_MANAGER`]) still manages fields of the target Deployment: the endpoint
+    /// takes the injection over from it, then releases it.
+    pub legacy_manager: bool,
     /// Seconds of `terminationGracePeriodSeconds` the drain needs.
     pub grace_needed: i64,
 }
 
 impl Steps<'_> {
+    /// Whether the injection is sent: the Deployment lacks some of `body` (the JSON of
+    /// `injection.desired`), or [`Self::legacy_manager`] still manages fields there — the
+    /// endpoint's manager must hold the injection before that one is released, or the release
+    /// would drop the sidecar from the pods (and the next reconcile bring it back: two rollouts).
+    ///
+    /// # Errors
+    /// When the live Deployment does not serialize (not expected).
+    pub(crate) fn injection_sent(
+        &self,
+        body: &serde_json::Value,
+    ) -> Result<bool, serde_json::Error> {
+        Ok(self.legacy_manager || !self.injection.covered(body)?)
+    }
+
     /// Checks that every live child these steps would write is the endpoint's: an object of a
     /// child's name that someone else created, or that another owner controls, is never taken
     /// over (nor garbage-collected with the endpoint).
@@ -237,6 +255,13 @@ impl Plan {
                 desired: injection,
                 live: Some(target.deployment),
             },
+            legacy_manager: target
+                .deployment
+                .metadata
+                .managed_fields
+                .iter()
+                .flatten()
+                .any(|m| m.manager.as_deref() == Some(LEGACY_FIELD_MANAGER)),
             grace_needed,
         }
     }

@@ -10,6 +10,7 @@
 mod inputs;
 mod yaml;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -122,7 +123,9 @@ pub async fn preview(inputs: &Inputs, defaults: &Defaults) -> Result<Outcome, Er
     items.push(ensure(&steps.role)?);
     items.push(ensure(&steps.role_binding)?);
     items.extend(step(&steps.pdb)?);
-    items.push(ensure(&steps.injection)?);
+    let injection = steps.injection.desired.clone();
+    let sent = steps.injection_sent(&injection)?;
+    items.push(applied::<Deployment>(injection, sent)?);
     Ok(Outcome::Planned(Preview {
         endpoint: format!("{}/{}", names.namespace, names.endpoint),
         target: ep.spec.target_ref.name.clone(),
@@ -137,13 +140,22 @@ where
     B: Serialize,
 {
     let body = serde_json::to_value(&ensure.desired)?;
-    let name = body["metadata"]["name"].as_str().ok_or(Error::Unnamed)?;
-    let write = if ensure.covered(&body)? {
-        Write::Unchanged
+    let sent = !ensure.covered(&body)?;
+    applied::<K>(body, sent)
+}
+
+/// The item of the apply `body` of a `K` (it names the object): the body when it is `sent`.
+fn applied<K: Resource<DynamicType = ()>>(body: Value, sent: bool) -> Result<Item, Error> {
+    let name = body["metadata"]["name"]
+        .as_str()
+        .ok_or(Error::Unnamed)?
+        .to_owned();
+    let write = if sent {
+        Write::Apply(body)
     } else {
-        Write::Apply(body.clone())
+        Write::Unchanged
     };
-    Ok(item::<K>(name.to_owned(), write))
+    Ok(item::<K>(name, write))
 }
 
 /// The item of the HMAC Secret's creation, its data redacted.
