@@ -1,8 +1,9 @@
 //! The operator against an in-memory API server that behaves like a Kubernetes one
 //! ([`support`]), in one test binary: that server itself (`api_server`), whole reconciles
 //! (`reconcile`), what a real cluster does to the operator (`cluster`), Events (`events`),
-//! leader election (`leader`), and the example manifests with `tether-operator plan`
-//! (`examples`). The real-cluster tests are the gated `e2e` binary.
+//! leader election (`leader`), the example manifests with `tether-operator plan`
+//! (`examples`), and what a platform team meets over an endpoint's life, an operator upgrade
+//! first (`upgrade`). The real-cluster tests are the gated `e2e` binary.
 
 mod api_server;
 mod cluster;
@@ -11,3 +12,4 @@ mod examples;
 mod leader;
 mod reconcile;
 mod support;
+mod upgrade;
