@@ -128,7 +128,7 @@ pub struct SidecarSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// CPU and memory requests and limits of the sidecar container. Default: the operator's
-    /// (requests 50m CPU and 64Mi memory, limit 256Mi memory).
+    /// (requests 50m CPU and 64Mi memory, limit 256Mi memory); `{}` sets none, as in a pod spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 }

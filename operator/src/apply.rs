@@ -13,7 +13,9 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::error::Error;
+use crate::fields;
 use crate::names::{LEGACY_FIELD_MANAGER, Names};
+use crate::plan::inject;
 use crate::plan::steps::{Ensure, Retire, Step, Steps};
 use crate::validate::Conflict;
 
@@ -91,7 +93,10 @@ async fn inject(
         Ok(answer) => answer,
         Err(Error::Kube(kube::Error::Api(status))) if status.code == 409 => {
             let conflicts = field_conflicts(&status);
-            if conflicts.is_empty() || conflicts.iter().any(|(_, m)| m != LEGACY_FIELD_MANAGER) {
+            let ours = |(field, manager): &(String, String)| {
+                manager == LEGACY_FIELD_MANAGER || inject::is_own_field(field)
+            };
+            if conflicts.is_empty() || !conflicts.iter().all(ours) {
                 let hint = Hint {
                     grace: steps.grace_needed,
                 };
@@ -191,11 +196,7 @@ where
         .await?;
     // The operator's manager from before each endpoint had its own would keep the status
     // fields it alone still holds (counts of an outcome that no longer has them): release it.
-    let legacy = answer.meta().managed_fields.iter().flatten().any(|m| {
-        m.manager.as_deref() == Some(LEGACY_FIELD_MANAGER)
-            && m.subresource.as_deref() == Some("status")
-    });
-    if legacy {
+    if fields::applies(answer.meta(), LEGACY_FIELD_MANAGER, Some("status")) {
         let empty = json!({"apiVersion": K::api_version(&()), "kind": K::kind(&())});
         let params = PatchParams::apply(LEGACY_FIELD_MANAGER);
         api.patch_status(&names.endpoint, &params, &Patch::Apply(&empty))

@@ -51,6 +51,17 @@ pub(crate) fn managers<'m>(meta: &'m ObjectMeta, path: &[Step<'_>]) -> Vec<&'m s
         .collect()
 }
 
+/// Whether `manager` has server-side applied fields of `subresource` (`None`: the object
+/// itself, else e.g. `status`) that are still recorded: what an apply of nothing with that
+/// manager releases. An `Update` entry of the same name is not released that way.
+pub(crate) fn applies(meta: &ObjectMeta, manager: &str, subresource: Option<&str>) -> bool {
+    meta.managed_fields.iter().flatten().any(|entry| {
+        entry.manager.as_deref() == Some(manager)
+            && entry.operation.as_deref() == Some("Apply")
+            && entry.subresource.as_deref().filter(|s| !s.is_empty()) == subresource
+    })
+}
+
 fn holds(set: &Value, path: &[Step<'_>]) -> bool {
     path.iter()
         .try_fold(set, |node, step| node.get(step.key()))
@@ -103,5 +114,9 @@ mod tests {
         assert_eq!(managers(&meta, &pre_stop), ["tether-operator/weather"]);
         assert!(managers(&meta, &pod_spec_field("serviceAccountName")).is_empty());
         assert!(managers(&ObjectMeta::default(), &grace).is_empty());
+        assert!(applies(&meta, "tether-operator/weather", None));
+        assert!(applies(&meta, "tether-operator/weather", Some("status")));
+        assert!(!applies(&meta, "helm", None), "an Update entry");
+        assert!(!applies(&meta, "kubectl", None));
     }
 }

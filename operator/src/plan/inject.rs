@@ -139,23 +139,40 @@ pub(crate) fn is_ours(manager: &str, names: &Names) -> bool {
 /// template says this endpoint injected the sidecar (another endpoint's injection is never
 /// touched).
 pub(crate) fn releases(deployment: &Deployment, names: &Names) -> Vec<String> {
-    let managed: Vec<&str> = deployment
-        .metadata
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter_map(|m| m.manager.as_deref())
-        .collect();
+    let applied = |manager: &str| fields::applies(&deployment.metadata, manager, None);
     let injected_here = crate::names::injected_by(deployment)
         .is_some_and(|endpoint| endpoint.name == names.endpoint);
     let mut managers = Vec::new();
-    if managed.contains(&names.field_manager().as_str()) {
+    if applied(&names.field_manager()) {
         managers.push(names.field_manager());
     }
-    if injected_here && managed.contains(&LEGACY_FIELD_MANAGER) {
+    if injected_here && applied(LEGACY_FIELD_MANAGER) {
         managers.push(LEGACY_FIELD_MANAGER.to_owned());
     }
     managers
+}
+
+/// Whether the field at `path` (a server-side apply field path, as a conflict names it:
+/// `.spec.template.spec.initContainers[name="tether-sidecar"].image`) lies in what only tether
+/// puts into the pod template — the sidecar container, its volumes, its label and annotations.
+/// Someone else's value there (a hand edit) is overwritten, as on the endpoint's own children;
+/// a conflict anywhere else is the user's to resolve.
+pub(crate) fn is_own_field(path: &str) -> bool {
+    let spec = ".spec.template.spec";
+    let meta = ".spec.template.metadata";
+    let parts = [
+        format!("{spec}.initContainers[name=\"{SIDECAR_CONTAINER}\"]"),
+        format!("{spec}.volumes[name=\"{CONFIG_VOLUME}\"]"),
+        format!("{spec}.volumes[name=\"{SECRET_VOLUME}\"]"),
+        format!("{spec}.volumes[name=\"{TOKEN_VOLUME}\"]"),
+        format!("{meta}.labels.{INJECTED_ANNOTATION}"),
+        format!("{meta}.annotations.{INJECTED_ANNOTATION}"),
+        format!("{meta}.annotations.{POD_SETTINGS_ANNOTATION}"),
+    ];
+    parts.iter().any(|part| {
+        path.strip_prefix(part.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.') || rest.starts_with('['))
+    })
 }
 
 /// The `preStop` hook that waits for the sidecar's drain.
@@ -246,6 +263,28 @@ mod tests {
 
     use super::*;
     use crate::fixtures::{self, MINIMAL_ENDPOINT};
+
+    #[test]
+    fn only_what_tether_alone_puts_into_the_template_is_its_own() {
+        for own in [
+            r#".spec.template.spec.initContainers[name="tether-sidecar"].image"#,
+            r#".spec.template.spec.initContainers[name="tether-sidecar"].env[name="POD_IP"].valueFrom"#,
+            r#".spec.template.spec.volumes[name="tether-token"]"#,
+            ".spec.template.metadata.annotations.mcp.tether.dev/pod-settings",
+            ".spec.template.metadata.labels.mcp.tether.dev/endpoint",
+        ] {
+            assert!(is_own_field(own), "{own}");
+        }
+        for theirs in [
+            ".spec.template.spec.terminationGracePeriodSeconds",
+            ".spec.template.spec.serviceAccountName",
+            r#".spec.template.spec.containers[name="server"].lifecycle.preStop"#,
+            r#".spec.template.spec.initContainers[name="tether-sidecar-2"].image"#,
+            ".spec.template.metadata.annotations.mcp.tether.dev/endpoint-owner",
+        ] {
+            assert!(!is_own_field(theirs), "{theirs}");
+        }
+    }
 
     #[test]
     fn an_endpoint_releases_its_own_manager_and_the_old_shared_one_only_where_it_injected() {

@@ -14,6 +14,7 @@ use super::network::covering_pdb;
 use super::{Plan, rbac};
 use crate::dereference::{Live, controlled_by, meta_controlled_by};
 use crate::diff::covers;
+use crate::fields;
 use crate::names::{LEGACY_FIELD_MANAGER, Names};
 use crate::validate::{Conflict, Target};
 
@@ -255,13 +256,11 @@ impl Plan {
                 desired: injection,
                 live: Some(target.deployment),
             },
-            legacy_manager: target
-                .deployment
-                .metadata
-                .managed_fields
-                .iter()
-                .flatten()
-                .any(|m| m.manager.as_deref() == Some(LEGACY_FIELD_MANAGER)),
+            legacy_manager: fields::applies(
+                &target.deployment.metadata,
+                LEGACY_FIELD_MANAGER,
+                None,
+            ),
             grace_needed,
         }
     }

@@ -396,29 +396,33 @@ async fn a_hand_edit_of_the_endpoints_config_map_is_restored() {
 }
 
 #[tokio::test]
-async fn a_hand_edit_of_the_sidecar_image_stays_and_is_a_field_conflict() {
+async fn a_hand_edit_of_the_sidecar_image_is_restored_like_a_childs() {
     let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
     let operator = Operator::new(&api);
     operator.reconcile(EP_PATH).await.0.expect("the injection");
+    let injected_image =
+        stored(&api, DEPLOY_PATH)["spec"]["template"]["spec"]["initContainers"][0]["image"].clone();
     let mut edited = stored(&api, DEPLOY_PATH);
     let image = &mut edited["spec"]["template"]["spec"]["initContainers"][0]["image"];
     *image = json!("tether-sidecar:hotfix");
     update_as(&api, "kubectl-edit", DEPLOY_PATH, &edited).unwrap();
-    let before = stored(&api, DEPLOY_PATH);
-    operator
-        .reconcile(EP_PATH)
-        .await
-        .0
-        .expect("a conflict is no error");
-    let conflict = degraded(&api, EP_PATH);
-    assert_eq!(conflict["reason"], "FieldConflict", "{conflict}");
-    let message = conflict["message"].as_str().unwrap();
-    assert!(
-        message.contains(r#".spec.template.spec.initContainers[name="tether-sidecar"].image"#)
-            && message.contains("\"kubectl-edit\""),
-        "{message}"
+    // The sidecar container is tether's alone (spec.sidecar.image chooses its image): the edit
+    // is overwritten, as on the endpoint's own children, and no conflict is reported.
+    let (result, writes) = operator.reconcile(EP_PATH).await;
+    result.expect("restored without an error");
+    assert!(paths(&writes).contains(&format!("PATCH {DEPLOY_PATH}")));
+    assert_eq!(degraded(&api, EP_PATH)["status"], "False");
+    let restored = stored(&api, DEPLOY_PATH);
+    assert_eq!(
+        restored["spec"]["template"]["spec"]["initContainers"][0]["image"],
+        injected_image
     );
-    assert_eq!(stored(&api, DEPLOY_PATH), before, "the edit stays");
+    let image_path = r#".spec.template.spec.initContainers[name="tether-sidecar"].image"#;
+    assert_eq!(owners(&restored, image_path), ["tether-operator/weather"]);
+    pods_rolled(&api);
+    operator.reconcile(EP_PATH).await.0.expect("settled");
+    let (_, writes) = operator.reconcile(EP_PATH).await;
+    assert_eq!(paths(&writes), Vec::<String>::new());
 }
 
 #[tokio::test]
