@@ -12,7 +12,7 @@ use crate::support::cluster::collect_garbage;
 use crate::support::fields::{managed_fields, owners};
 use crate::support::operator::{
     DEPLOY_PATH, ENDPOINTS, EP_PATH, NS, Operator, applied_by_kubectl, degraded, deployment,
-    endpoint, injected, manifest, pod_spec, pods_rolled,
+    endpoint, injected, injected_example, manifest, pod_spec, pods_rolled,
 };
 use crate::support::{
     Shared, api_created_by, api_with, apply_as, create_as, delete, paths, stored, update_as,
@@ -275,15 +275,12 @@ async fn a_server_side_applied_manifest_without_a_grace_period_reapplies_unchang
         reapplied["metadata"]["generation"],
         before["metadata"]["generation"]
     );
-    let (_, writes) = operator.reconcile(EP_PATH).await;
-    assert_eq!(paths(&writes), Vec::<String>::new());
+    operator.assert_quiet(EP_PATH).await;
 }
 
 #[tokio::test]
 async fn a_deleted_endpoints_children_stay_until_its_last_pod_is_gone() {
-    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
-    let operator = Operator::new(&api);
-    operator.reconcile(EP_PATH).await.0.expect("the injection");
+    let (api, operator) = injected_example().await;
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "weather-7d4b9-x2x9z", "namespace": NS,
                      "labels": {"app": "weather", "mcp.tether.dev/endpoint": "weather"}},
@@ -343,9 +340,7 @@ async fn a_deleted_endpoints_children_stay_until_its_last_pod_is_gone() {
 
 #[tokio::test]
 async fn an_endpoint_created_again_before_the_garbage_collector_ran_waits_then_converges() {
-    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
-    let operator = Operator::new(&api);
-    operator.reconcile(EP_PATH).await.0.expect("the injection");
+    let (api, operator) = injected_example().await;
     delete(&api, EP_PATH).unwrap();
     operator.reconcile(EP_PATH).await.0.expect("the cleanup");
     assert!(!api.lock().unwrap().objects.contains_key(EP_PATH));
@@ -374,9 +369,7 @@ async fn an_endpoint_created_again_before_the_garbage_collector_ran_waits_then_c
 
 #[tokio::test]
 async fn a_hand_edit_of_the_endpoints_config_map_is_restored() {
-    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
-    let operator = Operator::new(&api);
-    operator.reconcile(EP_PATH).await.0.expect("the injection");
+    let (api, operator) = injected_example().await;
     let ours = stored(&api, CONFIG_MAP_PATH);
     let mut edited = ours.clone();
     edited["data"]["endpoint.yaml"] = json!("tampered: true\n");
@@ -391,15 +384,12 @@ async fn a_hand_edit_of_the_endpoints_config_map_is_restored() {
             .iter()
             .any(|m| m == "kubectl-edit")
     );
-    let (_, writes) = operator.reconcile(EP_PATH).await;
-    assert_eq!(paths(&writes), Vec::<String>::new());
+    operator.assert_quiet(EP_PATH).await;
 }
 
 #[tokio::test]
 async fn a_hand_edit_of_the_sidecar_image_is_restored_like_a_childs() {
-    let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
-    let operator = Operator::new(&api);
-    operator.reconcile(EP_PATH).await.0.expect("the injection");
+    let (api, operator) = injected_example().await;
     let injected_image =
         stored(&api, DEPLOY_PATH)["spec"]["template"]["spec"]["initContainers"][0]["image"].clone();
     let mut edited = stored(&api, DEPLOY_PATH);
@@ -421,8 +411,7 @@ async fn a_hand_edit_of_the_sidecar_image_is_restored_like_a_childs() {
     assert_eq!(owners(&restored, image_path), ["tether-operator/weather"]);
     pods_rolled(&api);
     operator.reconcile(EP_PATH).await.0.expect("settled");
-    let (_, writes) = operator.reconcile(EP_PATH).await;
-    assert_eq!(paths(&writes), Vec::<String>::new());
+    operator.assert_quiet(EP_PATH).await;
 }
 
 #[tokio::test]

@@ -101,6 +101,27 @@ impl Operator {
         );
         (result, a.writes[before..].to_vec())
     }
+
+    /// Reconciles the endpoint at `path` once more and asserts that nothing is written.
+    ///
+    /// # Panics
+    /// When the reconcile writes anything.
+    pub async fn assert_quiet(&self, path: &str) {
+        let (_, writes) = self.reconcile(path).await;
+        assert_eq!(paths(&writes), Vec::<String>::new());
+    }
+}
+
+/// A server holding [`endpoint`] and [`deployment`], and the operator that injected the one into
+/// the other with a first reconcile.
+///
+/// # Panics
+/// When that reconcile fails.
+pub async fn injected_example() -> (Shared, Operator) {
+    let api = crate::support::api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
+    let operator = Operator::new(&api);
+    operator.reconcile(EP_PATH).await.0.expect("the injection");
+    (api, operator)
 }
 
 /// Runs one reconcile of the endpoint at `path` (a new operator); returns its action and the
