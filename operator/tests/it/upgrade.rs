@@ -203,6 +203,16 @@ async fn an_injection_the_shared_manager_applied_as_today_is_taken_over_without_
     assert_upgrade_takes_over(&api, 0).await;
 }
 
+/// Reconciles the example endpoint once and asserts that it is `Degraded` with `FieldConflict`
+/// (no error); returns the condition's message.
+async fn field_conflict(operator: &Operator, api: &Shared) -> String {
+    let (result, _) = operator.reconcile(EP_PATH).await;
+    result.expect("a conflict is no error");
+    let conflict = degraded(api, EP_PATH);
+    assert_eq!(conflict["reason"], "FieldConflict", "{conflict}");
+    conflict["message"].as_str().unwrap().to_owned()
+}
+
 #[tokio::test]
 async fn a_helm_3_deployment_without_a_grace_period_conflicts_until_the_chart_sets_one() {
     let api = api_created_by(
@@ -213,14 +223,7 @@ async fn a_helm_3_deployment_without_a_grace_period_conflicts_until_the_chart_se
     let fresh = stored(&api, DEPLOY_PATH);
     // Helm's create owns the API server's default of 30 s: too short for the drain.
     assert_eq!(owners(&fresh, GRACE), ["helm"]);
-    operator
-        .reconcile(EP_PATH)
-        .await
-        .0
-        .expect("a conflict is no error");
-    let conflict = degraded(&api, EP_PATH);
-    assert_eq!(conflict["reason"], "FieldConflict", "{conflict}");
-    let message = conflict["message"].as_str().unwrap();
+    let message = field_conflict(&operator, &api).await;
     assert!(
         message.contains(GRACE) && message.contains("\"helm\"") && message.contains("at least 75"),
         "{message}"
@@ -245,14 +248,7 @@ async fn a_helm_3_deployment_without_a_grace_period_conflicts_until_the_chart_se
     // A longer drain needs 135 s: Helm's 75 s conflicts again, and the message says so.
     edit_endpoint(&api, |ep| ep["spec"]["drain"] = json!({"timeout": "120s"}));
     let injected_template = template(&api);
-    operator
-        .reconcile(EP_PATH)
-        .await
-        .0
-        .expect("a conflict is no error");
-    let conflict = degraded(&api, EP_PATH);
-    assert_eq!(conflict["reason"], "FieldConflict", "{conflict}");
-    let message = conflict["message"].as_str().unwrap();
+    let message = field_conflict(&operator, &api).await;
     assert!(message.contains("at least 135"), "{message}");
     assert_eq!(template(&api), injected_template, "the pods keep running");
 }
