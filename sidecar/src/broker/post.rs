@@ -23,7 +23,7 @@ use super::Broker;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::headers::forwarded_request_headers;
-use crate::mcp::jsonrpc::{Envelope, EnvelopeError, Message, RequestKey};
+use crate::mcp::jsonrpc::{self, Envelope, EnvelopeError, Message, RequestKey};
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::{Dedupe, EnterGuard, Session};
@@ -37,7 +37,19 @@ impl Broker {
         body: Bytes,
         entered: Option<EnterGuard>,
     ) -> Result<Reply, Rejection> {
-        let envelope = Envelope::parse(&body).map_err(|e| match e {
+        // A batch that names a session is refused on the session's version before the body is
+        // parsed: only a 2025-03-26 session may batch (B-01/B-02).
+        let early = match call.session_id {
+            Some(_) if jsonrpc::is_batch(&body) => {
+                let session = self.entered_session(call, entered.as_ref())?;
+                if session.version() != ProtocolVersion::V2025_03_26 {
+                    return Err(Rejection::BatchNotAllowed);
+                }
+                Some(session)
+            }
+            _ => None,
+        };
+        let envelope = Envelope::parse(&body, call.limits).map_err(|e| match e {
             EnvelopeError::Parse(m) => Rejection::ParseError(m),
             EnvelopeError::Invalid(m) => Rejection::InvalidRequest(m),
         })?;
@@ -51,7 +63,10 @@ impl Broker {
         if envelope.contains_initialize() {
             return Err(Rejection::InitializeInBatch);
         }
-        let session = self.entered_session(call, entered.as_ref())?;
+        let session = match early {
+            Some(session) => session,
+            None => self.entered_session(call, entered.as_ref())?,
+        };
         let _busy = session.busy();
         for (message, raw) in &envelope.messages {
             session.record(message, raw);

@@ -73,6 +73,11 @@ pub struct Cli {
         default_value_t = 10_000
     )]
     pub max_sessions: usize,
+    /// Most JSON-RPC messages in one batch (a 2025-03-26 session's POST may carry a batch; 400
+    /// beyond, found while parsing: a larger batch costs the parse of this many members).
+    #[arg(long, env = "TETHER_MAX_BATCH", value_name = "N", default_value_t = 64,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_batch: usize,
     /// Largest request body, in bytes (413 beyond).
     #[arg(long, env = "TETHER_MAX_REQUEST_BYTES", value_name = "BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_request_bytes: usize,

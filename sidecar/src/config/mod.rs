@@ -14,6 +14,7 @@ use crate::cluster::membership::Snapshot;
 use crate::cluster::membership::peers_file::{self, valid_uid};
 use crate::config::cli::Cli;
 use crate::mcp::admission::AdmissionPolicy;
+use crate::mcp::jsonrpc::EnvelopeLimits;
 use crate::mcp::origin::OriginPolicy;
 use crate::secret::{Secret, SecretError};
 use crate::stream::buffer::BufferLimits;
@@ -214,6 +215,9 @@ impl ConfigSource {
             origins: OriginPolicy::new(&spec.origins.allow, spec.origins.allow_missing),
             versions: versions(spec),
             max_body_bytes: self.cli.max_request_bytes,
+            envelope: EnvelopeLimits {
+                max_batch: self.cli.max_batch,
+            },
         }
     }
 

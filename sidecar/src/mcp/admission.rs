@@ -20,6 +20,7 @@ use tether_crds::ProtocolVersion;
 
 use crate::mcp::cursor::MAX_CURSOR_LEN;
 use crate::mcp::headers::{LAST_EVENT_ID, MCP_METHOD, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+use crate::mcp::jsonrpc::EnvelopeLimits;
 use crate::mcp::origin::{OriginCheck, OriginPolicy, preflight_headers};
 use crate::mcp::rejection::{Rejection, VersionMismatch};
 
@@ -56,6 +57,8 @@ pub(crate) struct AdmissionPolicy {
     pub(crate) versions: Vec<ProtocolVersion>,
     /// Largest request body, in bytes.
     pub(crate) max_body_bytes: usize,
+    /// What one body may hold (`--max-batch`).
+    pub(crate) envelope: EnvelopeLimits,
 }
 
 /// A request that passed admission.
@@ -75,6 +78,8 @@ pub(crate) struct Admitted {
     pub(crate) last_event_id: Option<String>,
     /// The `Origin` check, for the CORS headers of the reply.
     pub(crate) origin: OriginCheck,
+    /// What its body may hold.
+    pub(crate) limits: EnvelopeLimits,
 }
 
 /// The outcome of admission.
@@ -155,6 +160,7 @@ impl AdmissionPolicy {
             session_id,
             last_event_id,
             origin,
+            limits: self.envelope,
         }))
     }
 
@@ -300,6 +306,7 @@ mod tests {
                 ProtocolVersion::V2026_07_28,
             ],
             max_body_bytes: 1000,
+            envelope: EnvelopeLimits { max_batch: 64 },
         }
     }
 

@@ -5,8 +5,10 @@
 //! (retry de-duplication, cancellation), `initialize`, and which upstream event answers which
 //! request. Batches are parsed here; whether they are allowed depends on the version (B-01/B-02).
 
-use serde::Deserialize;
-use serde::de::IgnoredAny;
+use std::collections::HashSet;
+
+use serde::de::{DeserializeSeed, IgnoredAny, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -68,6 +70,18 @@ pub(crate) struct Envelope {
     pub(crate) digest: [u8; 32],
 }
 
+/// Bounds on what one POST body may hold, checked while it is parsed (a body over them costs
+/// the parse of at most `max_batch` + 1 members, never the whole body).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EnvelopeLimits {
+    /// Most messages in a batch (`--max-batch`).
+    pub(crate) max_batch: usize,
+}
+
+/// Longest JSON-RPC request id, in bytes of its JSON text: ids are kept per request (retry
+/// records, cancellation), so their size is bounded.
+pub(crate) const MAX_ID_BYTES: usize = 256;
+
 /// Why a body is not an acceptable JSON-RPC envelope.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum EnvelopeError {
@@ -80,14 +94,24 @@ pub(crate) enum EnvelopeError {
 }
 
 impl Envelope {
-    /// Parses a POST body.
+    /// Parses a POST body within `limits`. Nesting is bounded by the JSON parser (128 levels).
     ///
     /// # Errors
     /// [`EnvelopeError`] when the body is not one JSON-RPC 2.0 message or a non-empty array of
-    /// them, or when a batch repeats a request id.
-    pub(crate) fn parse(body: &[u8]) -> Result<Self, EnvelopeError> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| EnvelopeError::Parse(e.to_string()))?;
+    /// them, when a batch holds more than `limits.max_batch` messages or repeats a request id,
+    /// or when a request id is longer than [`MAX_ID_BYTES`].
+    pub(crate) fn parse(body: &[u8], limits: EnvelopeLimits) -> Result<Self, EnvelopeError> {
+        let mut json = serde_json::Deserializer::from_slice(body);
+        let value = Bounded(limits.max_batch)
+            .deserialize(&mut json)
+            .and_then(|v| json.end().map(|()| v))
+            .map_err(|e| match e.to_string() {
+                m if m.starts_with(TOO_MANY) => EnvelopeError::Invalid(format!(
+                    "{TOO_MANY} {} messages (--max-batch)",
+                    limits.max_batch
+                )),
+                m => EnvelopeError::Parse(m),
+            })?;
         let mut hasher = Sha256::new();
         hash_canonical(&value, &mut hasher);
         let digest: [u8; 32] = hasher.finalize().into();
@@ -99,12 +123,11 @@ impl Envelope {
             other => (false, vec![other]),
         };
         let mut messages = Vec::with_capacity(items.len());
+        let mut ids = HashSet::with_capacity(items.len());
         for item in items {
             let message = classify(&item)?;
             if let Message::Request { id, .. } = &message
-                && messages
-                    .iter()
-                    .any(|(m, _)| matches!(m, Message::Request { id: other, .. } if other == id))
+                && !ids.insert(id.clone())
             {
                 return Err(EnvelopeError::Invalid(format!(
                     "request id {} repeats within the batch",
@@ -177,6 +200,76 @@ fn hash_canonical(value: &Value, hasher: &mut Sha256) {
     }
 }
 
+/// Whether `body` is a JSON array (a batch), from its first non-whitespace byte: known before
+/// the body is parsed.
+pub(crate) fn is_batch(body: &[u8]) -> bool {
+    body.iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'[')
+}
+
+/// The start of the error a batch over the limit gets.
+const TOO_MANY: &str = "a batch holds at most";
+
+/// Deserializes a JSON value whose top level, when it is an array, holds at most `.0` members:
+/// the parse stops at the first one over.
+struct Bounded(usize);
+
+impl<'de> DeserializeSeed<'de> for Bounded {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Bounded {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON-RPC message or a batch of them")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<Value>()? {
+            if items.len() == self.0 {
+                return Err(serde::de::Error::custom(TOO_MANY));
+            }
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Value, A::Error> {
+        Value::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+}
+
 fn classify(item: &Value) -> Result<Message, EnvelopeError> {
     let Value::Object(obj) = item else {
         return Err(EnvelopeError::Invalid(
@@ -193,10 +286,19 @@ fn classify(item: &Value) -> Result<Message, EnvelopeError> {
                 method: method.clone(),
                 params: obj.get("params").cloned().unwrap_or(Value::Null),
             }),
-            Some(id @ (Value::String(_) | Value::Number(_))) => Ok(Message::Request {
-                id: RequestKey::of(id),
-                method: method.clone(),
-            }),
+            Some(id @ (Value::String(_) | Value::Number(_))) => {
+                let id = RequestKey::of(id);
+                if id.as_json().len() > MAX_ID_BYTES {
+                    return Err(EnvelopeError::Invalid(format!(
+                        "a request id may be at most {MAX_ID_BYTES} bytes of JSON; this one is {}",
+                        id.as_json().len()
+                    )));
+                }
+                Ok(Message::Request {
+                    id,
+                    method: method.clone(),
+                })
+            }
             Some(_) => Err(EnvelopeError::Invalid(
                 "a request id must be a string or a number".into(),
             )),
@@ -259,15 +361,20 @@ pub(crate) const CODE_INTERNAL: i64 = -32603;
 mod tests {
     use super::*;
 
+    const LIMITS: EnvelopeLimits = EnvelopeLimits { max_batch: 4 };
+
+    fn parse(body: &[u8]) -> Result<Envelope, EnvelopeError> {
+        Envelope::parse(body, LIMITS)
+    }
+
     #[test]
     fn classifies_messages() {
-        let e = Envelope::parse(br#"{"jsonrpc":"2.0","id":1,"method":"initialize"}"#).unwrap();
+        let e = parse(br#"{"jsonrpc":"2.0","id":1,"method":"initialize"}"#).unwrap();
         assert!(e.is_initialize());
         assert_eq!(e.request_ids(), vec![RequestKey::of(&Value::from(1))]);
-        let e =
-            Envelope::parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
+        let e = parse(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap();
         assert!(e.request_ids().is_empty());
-        let e = Envelope::parse(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#).unwrap();
+        let e = parse(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#).unwrap();
         assert_eq!(e.messages[0].0, Message::Response);
     }
 
@@ -307,21 +414,89 @@ mod tests {
                 false,
             ),
         ] {
-            let err = Envelope::parse(body).unwrap_err();
+            let err = parse(body).unwrap_err();
             assert_eq!(matches!(err, EnvelopeError::Parse(_)), parse_error, "{err}");
         }
     }
 
+    fn batch(n: usize, id: impl Fn(usize) -> String) -> Vec<u8> {
+        let members: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"jsonrpc":"2.0","id":{},"method":"echo"}}"#, id(i)))
+            .collect();
+        format!("[{}]", members.join(",")).into_bytes()
+    }
+
+    #[test]
+    fn a_batch_over_the_limit_is_refused_while_it_is_parsed() {
+        let full = parse(&batch(4, |i| i.to_string())).unwrap();
+        assert_eq!(full.messages.len(), 4);
+        let over = parse(&batch(5, |i| i.to_string())).unwrap_err();
+        assert_eq!(
+            over,
+            EnvelopeError::Invalid("a batch holds at most 4 messages (--max-batch)".into())
+        );
+        // Refused at the fifth member: the rest is never read, even when it is not JSON.
+        let mut huge = batch(5, |i| i.to_string());
+        huge.truncate(huge.len() - 1);
+        huge.extend_from_slice(b",this is never parsed");
+        assert!(matches!(parse(&huge), Err(EnvelopeError::Invalid(m)) if m.contains("at most 4")));
+        // A single message, or trailing garbage, is no batch matter.
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","id":1,"method":"x"} x"#),
+            Err(EnvelopeError::Parse(_))
+        ));
+    }
+
+    #[test]
+    fn a_batch_is_known_by_its_first_byte() {
+        assert!(is_batch(b" \r\n\t[{}]"));
+        assert!(!is_batch(br#" {"jsonrpc":"2.0"}"#));
+        assert!(!is_batch(b""));
+        assert!(!is_batch(b"   "));
+    }
+
+    #[test]
+    fn repeated_ids_are_found_in_one_pass_and_long_ids_are_refused() {
+        let limits = EnvelopeLimits { max_batch: 5000 };
+        let distinct = batch(5000, |i| i.to_string());
+        assert_eq!(
+            Envelope::parse(&distinct, limits).unwrap().messages.len(),
+            5000
+        );
+        let repeated = batch(5000, |i| if i == 4999 { "7".into() } else { i.to_string() });
+        assert_eq!(
+            Envelope::parse(&repeated, limits).unwrap_err(),
+            EnvelopeError::Invalid("request id 7 repeats within the batch".into())
+        );
+        let longest = format!("\"{}\"", "x".repeat(MAX_ID_BYTES - 2));
+        let body = format!(r#"{{"jsonrpc":"2.0","id":{longest},"method":"x"}}"#);
+        assert!(parse(body.as_bytes()).is_ok());
+        let longer = format!("\"{}\"", "x".repeat(MAX_ID_BYTES - 1));
+        let body = format!(r#"{{"jsonrpc":"2.0","id":{longer},"method":"x"}}"#);
+        assert_eq!(
+            parse(body.as_bytes()).unwrap_err(),
+            EnvelopeError::Invalid(format!(
+                "a request id may be at most {MAX_ID_BYTES} bytes of JSON; this one is {}",
+                MAX_ID_BYTES + 1
+            ))
+        );
+        // Nesting is bounded by the parser.
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{}1{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert!(
+            matches!(parse(deep.as_bytes()), Err(EnvelopeError::Parse(m)) if m.contains("recursion"))
+        );
+    }
+
     #[test]
     fn digest_ignores_key_order_and_whitespace() {
-        let a = Envelope::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":1,"b":2}}"#)
+        let a = parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":1,"b":2}}"#).unwrap();
+        let b = parse(br#"{ "params": {"b":2, "a":1}, "method":"x", "id":1, "jsonrpc":"2.0" }"#)
             .unwrap();
-        let b = Envelope::parse(
-            br#"{ "params": {"b":2, "a":1}, "method":"x", "id":1, "jsonrpc":"2.0" }"#,
-        )
-        .unwrap();
-        let c =
-            Envelope::parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":2}}"#).unwrap();
+        let c = parse(br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":2}}"#).unwrap();
         assert_eq!(a.digest, b.digest);
         assert_ne!(a.digest, c.digest);
     }

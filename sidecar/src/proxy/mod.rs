@@ -212,7 +212,7 @@ impl ProxyHttp for McpProxy {
             }
         };
         if let Some(rejection) = miss
-            && !Envelope::parse(&body).is_ok_and(|e| e.is_initialize())
+            && !Envelope::parse(&body, admitted.limits).is_ok_and(|e| e.is_initialize())
         {
             self.metrics.rejection(&rejection);
             return respond(session, ctx, rejection.into()).await;

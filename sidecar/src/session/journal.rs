@@ -125,10 +125,11 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::jsonrpc::Envelope;
+    use crate::mcp::jsonrpc::{Envelope, EnvelopeLimits};
 
     fn record(j: &mut Journal, body: Value) -> bool {
-        let env = Envelope::parse(body.to_string().as_bytes()).unwrap();
+        let limits = EnvelopeLimits { max_batch: 64 };
+        let env = Envelope::parse(body.to_string().as_bytes(), limits).unwrap();
         let (message, raw) = &env.messages[0];
         j.record(message, raw)
     }

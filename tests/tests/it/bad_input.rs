@@ -232,3 +232,64 @@ async fn pipelined_requests_are_all_answered_in_order() {
         "answers out of order:\n{text}"
     );
 }
+
+/// A batch of `n` `echo` calls with ids from `first`.
+fn echo_batch(n: usize, first: usize) -> serde_json::Value {
+    let calls: Vec<serde_json::Value> = (first..first + n)
+        .map(|id| {
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                         "params": {"name": "echo", "arguments": {"text": "x"}}})
+        })
+        .collect();
+    json!(calls)
+}
+
+#[tokio::test]
+async fn b01_batches_and_ids_are_bounded_before_they_cost_the_pod() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-03-26").await.unwrap();
+    let refused = |resp: http::Response<hyper::body::Incoming>| async move {
+        let status = resp.status();
+        (status, body_text(resp).await.unwrap())
+    };
+    // --max-batch (64) members are served; one more is a 400 naming the limit.
+    let resp = client
+        .post(Some(&session), &echo_batch(64, 10), &[])
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    drop(body_text(resp).await);
+    let resp = client
+        .post(Some(&session), &echo_batch(65, 100), &[])
+        .await
+        .unwrap();
+    let (status, body) = refused(resp).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body.contains("-32600") && body.contains("at most 64 messages (--max-batch)"),
+        "{body}"
+    );
+    // A request id of 1 MiB: refused, not kept.
+    let long_id = json!({"jsonrpc": "2.0", "id": "i".repeat(1 << 20), "method": "tools/call",
+                         "params": {"name": "echo", "arguments": {"text": "x"}}});
+    let (status, body) = refused(client.post(Some(&session), &long_id, &[]).await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("at most 256 bytes"), "{body}");
+    // A batch just under the 4 MiB body limit (40,000 members) without a session, and with a
+    // forged session id: refused at its 65th member.
+    let huge = echo_batch(40_000, 0);
+    let size = huge.to_string().len();
+    assert!(size > 3 << 20 && size < 4 << 20, "{size}");
+    let (status, body) = refused(client.post(None, &huge, &[]).await.unwrap()).await;
+    assert!(status.is_client_error(), "{status} {body}");
+    let forged = [("mcp-session-id", "forged-session-id")];
+    let (status, body) = refused(client.post(None, &huge, &forged).await.unwrap()).await;
+    assert!(status.is_client_error(), "{status} {body}");
+    // A later session may not batch: refused on its version, before the body is parsed.
+    let later = client.initialize("2025-11-25").await.unwrap();
+    let (status, body) = refused(client.post(Some(&later), &huge, &[]).await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("batch"), "{body}");
+    still_serving(&pod).await;
+}
