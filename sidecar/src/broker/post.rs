@@ -37,8 +37,10 @@ impl Broker {
         body: Bytes,
         entered: Option<EnterGuard>,
     ) -> Result<Reply, Rejection> {
-        // A batch that names a session is refused on the session's version before the body is
-        // parsed: only a 2025-03-26 session may batch (B-01/B-02).
+        // Batching follows the session's negotiated version, whatever the header claims: only a
+        // 2025-03-26 session may batch (B-01/B-02), checked before the body is parsed. A batch
+        // without a session is refused below (`initialize` is never batched; anything else
+        // needs the session).
         let early = match call.session_id {
             Some(_) if jsonrpc::is_batch(&body) => {
                 let session = self.entered_session(call, entered.as_ref())?;
@@ -73,10 +75,6 @@ impl Broker {
         }
         self.metrics
             .protocol_version(call.version.unwrap_or(session.version()));
-        // Batching follows the negotiated version, whatever the header claims (B-01/B-02).
-        if envelope.batch && session.version() != ProtocolVersion::V2025_03_26 {
-            return Err(Rejection::BatchNotAllowed);
-        }
         let ids = envelope.request_ids();
         if ids.is_empty() {
             // Recorded in the journal above: a handoff from now on carries it.
