@@ -206,7 +206,7 @@ pub struct ListenSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdminSpec {
-    /// TCP port of `/healthz`, `/readyz`, `/drain` and `/metrics`. Default `9901`.
+    /// TCP port of `/healthz`, `/readyz`, `/drained` and `/metrics`. Default `9901`.
     #[serde(default = "default_admin_port")]
     #[x_kube(validation = Rule::new("self >= 1").message("spec.admin.port must be between 1 and 65535"))]
     pub port: u16,

@@ -77,7 +77,10 @@ pub(crate) async fn steps(
 /// template changed (the Deployment's `metadata.generation` moved), or the conflict that kept
 /// it from writing. Fields the operator's field manager from before each endpoint had its own
 /// still manages (`Steps::legacy_manager`) are taken over (force) when they are the only
-/// conflict, and that manager is released once the endpoint's own holds the injection.
+/// conflict, and that manager is released once the endpoint's own holds the injection. Before
+/// that, the old manager applies today's injection itself, so that what it alone holds of an
+/// older one (a hook handler of another type, say) is pruned rather than merged with today's
+/// into a template the API server refuses.
 async fn inject(
     api: &Api<Deployment>,
     names: &Names,
@@ -88,6 +91,12 @@ async fn inject(
     let body = &steps.injection.desired;
     if !steps.injection_sent(body)? {
         return Ok(Ok(false));
+    }
+    if steps.legacy_manager {
+        match send(api, body, &Manager::legacy(), written).await {
+            Ok(_) | Err(Error::Kube(kube::Error::Api(_))) => {}
+            Err(other) => return Err(other),
+        }
     }
     let mut answer = match send(api, body, &Manager::gentle(names), written).await {
         Ok(answer) => answer,
@@ -242,6 +251,11 @@ impl Manager {
     /// The endpoint's manager, not forced: for the user's Deployment.
     fn gentle(names: &Names) -> Self {
         Self(PatchParams::apply(&names.field_manager()))
+    }
+
+    /// The operator's manager from before each endpoint had its own, not forced.
+    fn legacy() -> Self {
+        Self(PatchParams::apply(LEGACY_FIELD_MANAGER))
     }
 }
 

@@ -3,8 +3,11 @@
 //! claims a field of the user's Deployment only when no one else manages it
 //! (`docs/design/operator.md`, "Field ownership").
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
+
+use crate::names::{LEGACY_FIELD_MANAGER, Names};
 
 /// One step of a field path in `FieldsV1` terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +52,36 @@ pub(crate) fn managers<'m>(meta: &'m ObjectMeta, path: &[Step<'_>]) -> Vec<&'m s
         })
         .filter_map(|entry| entry.manager.as_deref())
         .collect()
+}
+
+/// Whether only tether's field managers manage the `preStop` of `deployment`'s MCP server
+/// container `container` (or none does): then the injection carries that hook. Not when the
+/// user's manifest carries it ([`crate::validate`] checked it is ours) — then the operator
+/// co-owns nothing in the user's container, and renaming or removing it in the user's manifest
+/// needs nothing of the operator.
+pub(crate) fn tether_alone_manages_pre_stop(
+    names: &Names,
+    deployment: &Deployment,
+    container: &str,
+) -> bool {
+    let path = [
+        Step::Field("spec"),
+        Step::Field("template"),
+        Step::Field("spec"),
+        Step::Field("containers"),
+        Step::Named(container),
+        Step::Field("lifecycle"),
+        Step::Field("preStop"),
+    ];
+    managers(&deployment.metadata, &path)
+        .iter()
+        .all(|m| is_ours(m, names))
+}
+
+/// Whether field manager `manager` is this endpoint's (or the operator's from before each
+/// endpoint had its own).
+pub(crate) fn is_ours(manager: &str, names: &Names) -> bool {
+    manager == names.field_manager() || manager == LEGACY_FIELD_MANAGER
 }
 
 /// Whether `manager` has server-side applied fields of `subresource` (`None`: the object

@@ -36,8 +36,22 @@ pub(crate) const SECRET_DIR: &str = "/etc/tether-secret";
 pub const CONFIG_KEY: &str = "endpoint.yaml";
 /// Key of the HMAC key in the Secret.
 pub const SECRET_KEY: &str = "secret";
-/// Path of the sidecar's drain endpoint on its admin port (the injected `preStop` hooks call it).
-pub(crate) const DRAIN_PATH: &str = "/drain";
+/// Path on the sidecar's admin port that waits for the pod's drain to end (the MCP server's
+/// injected `preStop httpGet`); it never starts a drain.
+pub(crate) const DRAINED_PATH: &str = "/drained";
+/// The admin path older operators' `preStop` hooks called, which started the drain; the sidecar
+/// now answers it 403 (a drain starts only inside the pod).
+pub(crate) const LEGACY_DRAIN_PATH: &str = "/drain";
+/// Where the sidecar image has its binary (`images/sidecar.Dockerfile`); the sidecar's `preStop`
+/// runs `<binary> drain`.
+pub(crate) const SIDECAR_BINARY: &str = "/usr/local/bin/tether-sidecar";
+/// Volume (and mount) of the sidecar's own runtime directory, which holds the drain socket; only
+/// the sidecar container mounts it.
+pub(crate) const RUN_VOLUME: &str = "tether-run";
+/// Mount path of the runtime volume.
+pub(crate) const RUN_DIR: &str = "/run/tether";
+/// The drain socket in the runtime volume (`--drain-socket`).
+pub(crate) const DRAIN_SOCKET: &str = "/run/tether/drain.sock";
 /// Longest name of a Service (an RFC 1035 label).
 pub(crate) const MAX_SERVICE_NAME: usize = 63;
 

@@ -17,8 +17,8 @@
 //! - `handoff/`: moving sessions between sidecars, and the peer protocol it speaks;
 //! - `proxy/`: the pingora callbacks of the MCP listener, with forwarding decisions as plain
 //!   functions;
-//! - `ops/`: the admin listener, the drain, signals; `config/`: flags, the endpoint file and
-//!   its reloads; `server.rs` assembles it all.
+//! - `ops/`: the admin listener, the drain socket, the drain, signals; `config/`: flags, the
+//!   endpoint file and its reloads; `server.rs` assembles it all.
 //!
 //! The binary (`main.rs`) and the tests use the small face re-exported here.
 
@@ -41,6 +41,7 @@ mod upstream;
 pub use cluster::membership::kubernetes::peer_of;
 pub use cluster::membership::{Peer, PeerState};
 pub use cluster::ring::{HrwRing, SessionRing};
-pub use config::cli::{Cli, LogFormat};
+pub use config::cli::{Cli, DrainCli, LogFormat};
 pub use config::{Config, ConfigError, ConfigSource, MembershipConfig};
+pub use ops::control::{DrainRequestError, request as request_drain};
 pub use server::run;

@@ -1,10 +1,11 @@
-//! `tether-sidecar` binary: parse flags, load the endpoint manifest, run the pingora server.
+//! `tether-sidecar` binary: parse flags, load the endpoint manifest, run the pingora server;
+//! `tether-sidecar drain` drains the sidecar of this pod through its drain socket.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tether_sidecar::{Cli, Config, LogFormat};
+use tether_sidecar::{Cli, Config, DrainCli, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 /// The log filter: `RUST_LOG` (default `info`). pingora's own debug logs print request headers,
@@ -29,7 +30,34 @@ fn log_directives(rust_log: Option<String>) -> String {
     directives
 }
 
+/// `tether-sidecar drain`: 0 drained, 1 not drained by `spec.drain.timeout`, 2 unreachable.
+fn drain(cli: &DrainCli) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("tether-sidecar drain: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(tether_sidecar::request_drain(&cli.drain_socket)) {
+        Ok((drained, body)) => {
+            print!("{body}");
+            ExitCode::from(if drained { 0 } else { 1 })
+        }
+        Err(e) => {
+            eprintln!("tether-sidecar drain: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "drain") {
+        return drain(&DrainCli::parse_from(std::env::args_os().skip(1)));
+    }
     let cli = Cli::parse();
     let filter = EnvFilter::try_new(log_directives(std::env::var("RUST_LOG").ok()))
         .unwrap_or_else(|_| EnvFilter::new("info"));

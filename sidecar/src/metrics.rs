@@ -174,6 +174,9 @@ pub(crate) struct Metrics {
     /// 1 while the endpoint file asks for pod settings other than the running ones (they take
     /// effect when the pod restarts), else 0.
     config_restart_pending: Gauge,
+    /// Admin requests refused, by reason (`drain_not_local`: `/drain` from the network;
+    /// `drained_waiters`: more than `MAX_DRAINED_WAITERS` `/drained` waits at once).
+    admin_refused: Family<Reason, Counter>,
 }
 
 impl Default for Metrics {
@@ -221,6 +224,7 @@ impl Metrics {
             requests_cut: Counter::default(),
             config_reloads: Family::default(),
             config_restart_pending: Gauge::default(),
+            admin_refused: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -378,6 +382,11 @@ impl Metrics {
             "1 while the endpoint file asks for pod settings that need a restart",
             m.config_restart_pending.clone(),
         );
+        r.register(
+            "admin_refused",
+            "Admin requests refused, by reason",
+            m.admin_refused.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -528,6 +537,11 @@ impl Metrics {
             .set(peers);
     }
 
+    /// An admin request refused (`tether_admin_refused_total{reason}`).
+    pub(crate) fn admin_refused(&self, reason: &'static str) {
+        self.admin_refused.get_or_create(&Reason { reason }).inc();
+    }
+
     /// How long a drain took (`tether_drain_seconds`).
     pub(crate) fn drain_took(&self, took: Duration) {
         self.drain_seconds.observe(took.as_secs_f64());
@@ -638,7 +652,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 34);
+        assert_eq!(fields, 35);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -665,10 +679,11 @@ mod tests {
         m.peers_down("refused", 1);
         m.handoff_failed("x");
         m.config_reload("applied");
+        m.admin_refused("drain_not_local");
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            34,
+            35,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

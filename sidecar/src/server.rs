@@ -2,6 +2,7 @@
 //! listener, the sweeper, the rebalancer, the endpoint file's reloader and the membership
 //! source.
 
+use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,7 @@ use crate::lifecycle::Lifecycle;
 use crate::mcp::session_id::{HomeToken, IdMinter};
 use crate::metrics::Metrics;
 use crate::ops::admin::Admin;
+use crate::ops::control::DrainControl;
 use crate::ops::drain::Drain;
 use crate::ops::shutdown::DrainOnTerm;
 use crate::proxy::McpProxy;
@@ -150,6 +152,21 @@ pub(crate) fn broker(cfg: &Config, upstream: Upstream, metrics: Arc<Metrics>) ->
     )
 }
 
+/// Fails when the drain socket cannot be created at `path` (pingora would only log it from its
+/// listener thread). A socket file left by an earlier run is replaced, as pingora does.
+fn check_drain_socket(path: &std::path::Path) -> Result<(), ConfigError> {
+    let error = |source| ConfigError::DrainSocket {
+        path: path.to_owned(),
+        source,
+    };
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(error(e)),
+        _ => {}
+    }
+    std::os::unix::net::UnixListener::bind(path).map_err(error)?;
+    std::fs::remove_file(path).map_err(error)
+}
+
 /// Runs the sidecar until SIGTERM/SIGINT; returns only when it cannot start.
 ///
 /// # Errors
@@ -167,6 +184,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             source,
         })?;
     }
+    check_drain_socket(&cfg.drain_socket)?;
     let conf = ServerConf {
         threads: cfg.threads,
         grace_period_seconds: Some(GRACE_SECS),
@@ -255,6 +273,14 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         ),
     );
     admin.add_tcp(&cfg.admin_addr.to_string());
+    let mut control = Service::new(
+        "drain-socket".to_owned(),
+        DrainControl::new(Arc::clone(&drain)),
+    );
+    control.add_uds(
+        &cfg.drain_socket.to_string_lossy(),
+        Some(std::fs::Permissions::from_mode(0o600)),
+    );
     let sweeper = {
         let broker = Arc::clone(&broker);
         background_service(
@@ -270,6 +296,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     };
     server.add_service(mcp);
     server.add_service(admin);
+    server.add_service(control);
     server.add_service(peer);
     server.add_service(sweeper);
     server.add_service(background_service(
@@ -309,6 +336,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         endpoint = %cfg.endpoint,
         listen = %cfg.listen_addr,
         admin = %cfg.admin_addr,
+        drain_socket = %cfg.drain_socket.display(),
         peer = %cfg.peer_addr,
         handoff = cfg.handoff,
         upstream = %cfg.upstream,
@@ -319,4 +347,22 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         shutdown_signal: Box::new(shutdown),
     });
     std::process::exit(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_drain_socket_needs_a_writable_directory_and_replaces_a_stale_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-dir/drain.sock");
+        let err = check_drain_socket(&missing).unwrap_err();
+        assert!(matches!(err, ConfigError::DrainSocket { .. }), "{err}");
+        assert!(err.to_string().contains("--drain-socket"), "{err}");
+        let stale = dir.path().join("drain.sock");
+        std::fs::write(&stale, "left by an earlier run").unwrap();
+        check_drain_socket(&stale).unwrap();
+        assert!(!stale.exists(), "pingora binds a fresh socket there");
+    }
 }

@@ -29,6 +29,8 @@ pub const PEER_PORT: u16 = 9902;
 pub const UPSTREAM_PORT: u16 = 3000;
 /// How long a pod may take to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The sidecar's drain socket, in the pod's directory.
+const DRAIN_SOCKET: &str = "drain.sock";
 /// The shared secret of test endpoints (every pod of a test uses the same one).
 pub const SECRET: &str = "tether-test-secret-0123456789abcdef";
 
@@ -287,20 +289,46 @@ impl Pod {
         crate::poll(within, Duration::from_millis(50), || self.stats(), done).await
     }
 
-    /// `method /drain` on the sidecar's admin port (`POST` as a harness, `GET` as a Kubernetes
-    /// `preStop httpGet`): waits until the sidecar answers, when the drain is done or at
-    /// `spec.drain.timeout`.
+    /// `tether-sidecar drain` in the pod (the sidecar container's `preStop` hook): waits until
+    /// the drain is done or `spec.drain.timeout` passed.
     ///
     /// # Errors
-    /// [`HarnessError`] when the exchange fails or the body is not JSON.
-    pub async fn drain(&self, method: Method) -> Result<Drained> {
-        drain(&self.http, &self.admin_url, method).await
+    /// [`HarnessError`] when the command cannot run or reach the sidecar, or prints no JSON.
+    pub async fn drain(&self) -> Result<Drained> {
+        drain(self.drain_socket()).await
     }
 
     /// [`Pod::drain`] in a task of its own, so that the caller acts while the pod drains.
-    pub fn start_drain(&self, method: Method) -> JoinHandle<Result<Drained>> {
-        let (http, admin_url) = (self.http.clone(), self.admin_url.clone());
-        tokio::spawn(async move { drain(&http, &admin_url, method).await })
+    pub fn start_drain(&self) -> JoinHandle<Result<Drained>> {
+        tokio::spawn(drain(self.drain_socket()))
+    }
+
+    /// `GET /drained` on the admin port (the MCP server container's `preStop httpGet`): waits
+    /// until the pod's drain has ended, at most `spec.drain.timeout` + 2 s; the status and the
+    /// JSON body.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the exchange fails or the body is not JSON.
+    pub async fn wait_drained(&self) -> Result<(StatusCode, Value)> {
+        let resp = self
+            .http
+            .send(
+                Method::GET,
+                &format!("{}/drained", self.admin_url),
+                &[],
+                None,
+            )
+            .await?;
+        let status = resp.status();
+        let text = body_text(resp).await?;
+        let body = serde_json::from_str(&text)
+            .map_err(|e| HarnessError::Protocol(format!("/drained answered {text:?}: {e}")))?;
+        Ok((status, body))
+    }
+
+    /// The sidecar's drain socket (`--drain-socket`), in the pod's directory.
+    pub fn drain_socket(&self) -> PathBuf {
+        self.dir.path().join(DRAIN_SOCKET)
     }
 
     /// The sidecar's peak resident set size in bytes (`VmHWM` in `/proc/<pid>/status`).
@@ -404,29 +432,45 @@ impl Pod {
     }
 }
 
-/// The answer to `/drain`.
+/// What `tether-sidecar drain` reported.
 #[derive(Clone, Debug)]
 pub struct Drained {
-    /// 200 when the drain finished, 503 when `spec.drain.timeout` passed first.
-    pub status: StatusCode,
-    /// `{"drained": bool, "inFlight": N, "elapsedMs": N}`.
+    /// Exit code 0: the drain finished; 1: `spec.drain.timeout` passed first.
+    pub done: bool,
+    /// `{"drained": bool, "inFlight": N, "elapsedMs": N, …}`.
     pub body: Value,
-    /// Wall time from the request to the answer.
+    /// Wall time from the command's start to its exit.
     pub elapsed: Duration,
 }
 
-/// `method /drain` on the admin listener at `admin_url`.
-async fn drain(http: &Http, admin_url: &str, method: Method) -> Result<Drained> {
+/// Runs `tether-sidecar drain` against the drain socket `socket`.
+async fn drain(socket: PathBuf) -> Result<Drained> {
     let started = Instant::now();
-    let resp = http
-        .send(method, &format!("{admin_url}/drain"), &[], None)
+    let out = Command::new(bins::path("tether-sidecar")?)
+        .arg("drain")
+        .arg("--drain-socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
         .await?;
-    let status = resp.status();
-    let text = body_text(resp).await?;
-    let body = serde_json::from_str(&text)
-        .map_err(|e| HarnessError::Protocol(format!("/drain answered {text:?}: {e}")))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let done = match out.status.code() {
+        Some(0) => true,
+        Some(1) => false,
+        _ => {
+            return Err(HarnessError::Protocol(format!(
+                "tether-sidecar drain failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+    };
+    let body = serde_json::from_str(&stdout).map_err(|e| {
+        HarnessError::Protocol(format!("tether-sidecar drain printed {stdout:?}: {e}"))
+    })?;
     Ok(Drained {
-        status,
+        done,
         body,
         elapsed: started.elapsed(),
     })
@@ -496,6 +540,8 @@ fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<
         .arg(dir.join("secret"))
         .arg("--upstream")
         .arg(format!("{ip}:{UPSTREAM_PORT}"))
+        .arg("--drain-socket")
+        .arg(dir.join(DRAIN_SOCKET))
         .args(&spec.sidecar_args)
         .env(
             "RUST_LOG",

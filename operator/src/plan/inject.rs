@@ -10,10 +10,11 @@ use tether_crds::{
 };
 
 use super::{Defaults, GRACE_MARGIN_SECS};
-use crate::fields::{self, Step};
+use crate::fields;
 use crate::names::{
-    CONFIG_DIR, CONFIG_KEY, CONFIG_VOLUME, DRAIN_PATH, INJECTED_ANNOTATION, LEGACY_FIELD_MANAGER,
-    Names, SECRET_DIR, SECRET_KEY, SECRET_VOLUME, SIDECAR_CONTAINER, TOKEN_DIR, TOKEN_VOLUME,
+    CONFIG_DIR, CONFIG_KEY, CONFIG_VOLUME, DRAIN_SOCKET, DRAINED_PATH, INJECTED_ANNOTATION,
+    LEGACY_FIELD_MANAGER, Names, RUN_DIR, RUN_VOLUME, SECRET_DIR, SECRET_KEY, SECRET_VOLUME,
+    SIDECAR_BINARY, SIDECAR_CONTAINER, TOKEN_DIR, TOKEN_VOLUME,
 };
 use crate::validate::Target;
 
@@ -46,15 +47,16 @@ pub(crate) fn deployment(
             {"name": CONFIG_VOLUME, "configMap": {"name": names.config()}},
             {"name": SECRET_VOLUME, "secret": {"secretName": secret}},
             token_volume(),
+            {"name": RUN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         ],
     });
     if let Some(seconds) = grace_period(ep, names, target) {
         pod_spec["terminationGracePeriodSeconds"] = json!(seconds);
     }
-    if claims_pre_stop(names, target) {
+    if fields::tether_alone_manages_pre_stop(names, target.deployment, &target.upstream_container) {
         pod_spec["containers"] = json!([{
             "name": target.upstream_container,
-            "lifecycle": {"preStop": drain_hook(ep)},
+            "lifecycle": {"preStop": server_pre_stop(ep)},
         }]);
     }
     if own_service_account {
@@ -97,7 +99,7 @@ pub(crate) fn grace_period(ep: &McpEndpoint, names: &Names, target: &Target<'_>)
     let needed = needed_grace(ep);
     let path = fields::pod_spec_field("terminationGracePeriodSeconds");
     let managers = fields::managers(&target.deployment.metadata, &path);
-    let others = managers.iter().any(|m| !is_ours(m, names));
+    let others = managers.iter().any(|m| !fields::is_ours(m, names));
     let without_us = if others || managers.is_empty() {
         target
             .pod
@@ -107,31 +109,6 @@ pub(crate) fn grace_period(ep: &McpEndpoint, names: &Names, target: &Target<'_>)
         DEFAULT_GRACE_SECS
     };
     (needed > without_us).then_some(needed)
-}
-
-/// Whether the injection carries the MCP server's drain `preStop`: not when another manager
-/// manages that hook (the user's manifest carries it, [`crate::validate`] checked it is ours) —
-/// then the operator co-owns nothing in the user's container, and renaming or removing it in
-/// the user's manifest needs nothing of the operator.
-fn claims_pre_stop(names: &Names, target: &Target<'_>) -> bool {
-    let path = [
-        Step::Field("spec"),
-        Step::Field("template"),
-        Step::Field("spec"),
-        Step::Field("containers"),
-        Step::Named(&target.upstream_container),
-        Step::Field("lifecycle"),
-        Step::Field("preStop"),
-    ];
-    fields::managers(&target.deployment.metadata, &path)
-        .iter()
-        .all(|m| is_ours(m, names))
-}
-
-/// Whether field manager `manager` is this endpoint's (or the operator's from before each
-/// endpoint had its own).
-pub(crate) fn is_ours(manager: &str, names: &Names) -> bool {
-    manager == names.field_manager() || manager == LEGACY_FIELD_MANAGER
 }
 
 /// The field managers whose fields an endpoint's removal releases from `deployment`: the
@@ -165,6 +142,7 @@ pub(crate) fn is_own_field(path: &str) -> bool {
         format!("{spec}.volumes[name=\"{CONFIG_VOLUME}\"]"),
         format!("{spec}.volumes[name=\"{SECRET_VOLUME}\"]"),
         format!("{spec}.volumes[name=\"{TOKEN_VOLUME}\"]"),
+        format!("{spec}.volumes[name=\"{RUN_VOLUME}\"]"),
         format!("{meta}.labels.{INJECTED_ANNOTATION}"),
         format!("{meta}.annotations.{INJECTED_ANNOTATION}"),
         format!("{meta}.annotations.{POD_SETTINGS_ANNOTATION}"),
@@ -175,9 +153,15 @@ pub(crate) fn is_own_field(path: &str) -> bool {
     })
 }
 
-/// The `preStop` hook that waits for the sidecar's drain.
-fn drain_hook(ep: &McpEndpoint) -> Value {
-    json!({"httpGet": {"path": DRAIN_PATH, "port": ep.spec.admin.port}})
+/// The MCP server's `preStop`: wait on the admin port until the pod's drain has ended, so the
+/// server gets SIGTERM only once its requests in flight are done or handed off.
+pub(crate) fn server_pre_stop(ep: &McpEndpoint) -> Value {
+    json!({"httpGet": {"path": DRAINED_PATH, "port": ep.spec.admin.port}})
+}
+
+/// The sidecar's `preStop`: drain through the drain socket and wait until done.
+fn sidecar_pre_stop() -> Value {
+    json!({"exec": {"command": [SIDECAR_BINARY, "drain"]}})
 }
 
 /// A ServiceAccount token, the cluster CA and the namespace, for the sidecar's own API client
@@ -234,6 +218,7 @@ fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value 
             {"name": "TETHER_SECRET_FILE", "value": format!("{SECRET_DIR}/{SECRET_KEY}")},
             {"name": "TETHER_POD_SELECTOR", "value": target.selector},
             {"name": "TETHER_LOG_FORMAT", "value": "json"},
+            {"name": "TETHER_DRAIN_SOCKET", "value": DRAIN_SOCKET},
             {"name": "POD_IP", "valueFrom": field("status.podIP")},
             {"name": "POD_UID", "valueFrom": field("metadata.uid")},
             {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
@@ -246,12 +231,13 @@ fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value 
         ],
         "readinessProbe": probe("/readyz"),
         "livenessProbe": probe("/healthz"),
-        "lifecycle": {"preStop": drain_hook(ep)},
+        "lifecycle": {"preStop": sidecar_pre_stop()},
         "resources": resources,
         "volumeMounts": [
             {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": true},
             {"name": SECRET_VOLUME, "mountPath": SECRET_DIR, "readOnly": true},
             {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": true},
+            {"name": RUN_VOLUME, "mountPath": RUN_DIR},
         ],
         "securityContext": security_context(defaults),
     })

@@ -198,12 +198,23 @@ mod tests {
             sidecar["readinessProbe"]["httpGet"],
             json!({"path": "/readyz", "port": 9901})
         );
-        let drain = json!({"httpGet": {"path": "/drain", "port": 9901}});
-        assert_eq!(sidecar["lifecycle"]["preStop"], drain);
-        // The MCP server waits for the drain too: it gets SIGTERM when termination starts.
+        // The sidecar drains through its drain socket, in a volume only it mounts; the MCP
+        // server only waits for the drain (it would get SIGTERM when termination starts).
+        assert_eq!(
+            sidecar["lifecycle"]["preStop"],
+            json!({"exec": {"command": ["/usr/local/bin/tether-sidecar", "drain"]}})
+        );
+        assert_eq!(
+            env["TETHER_DRAIN_SOCKET"]["value"],
+            "/run/tether/drain.sock"
+        );
+        assert_eq!(
+            sidecar["volumeMounts"][3],
+            json!({"name": "tether-run", "mountPath": "/run/tether"})
+        );
         assert_eq!(
             pod["containers"],
-            json!([{"name": "server", "lifecycle": {"preStop": drain}}])
+            json!([{"name": "server", "lifecycle": {"preStop": {"httpGet": {"path": "/drained", "port": 9901}}}}])
         );
         assert_eq!(
             pod["volumes"],
@@ -215,6 +226,7 @@ mod tests {
                     {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
                     {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
                 ]}},
+                {"name": "tether-run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
             ])
         );
         // The token reaches the sidecar only, where in-cluster clients look for it.
@@ -291,7 +303,7 @@ mod tests {
         let containers = |d: &k8s_openapi::api::apps::v1::Deployment| {
             plan_for(&ep, d).injection["spec"]["template"]["spec"]["containers"].clone()
         };
-        let hook = json!({"preStop": {"httpGet": {"path": "/drain", "port": 9901}}});
+        let hook = json!({"preStop": {"httpGet": {"path": "/drained", "port": 9901}}});
         assert_eq!(
             containers(&fixtures::deployment(DEPLOYMENT)),
             json!([{"name": "server", "lifecycle": hook}])

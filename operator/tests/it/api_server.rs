@@ -114,7 +114,7 @@ fn what_an_applier_stops_applying_goes_unless_another_manager_owns_it() {
     let hook = json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "weather", "namespace": "tools"},
         "spec": {"template": {"spec": {"containers": [
-            {"name": "server", "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": 9901}}}}]}}}});
+            {"name": "server", "lifecycle": {"preStop": {"httpGet": {"path": "/drained", "port": 9901}}}}]}}}});
     apply_as(&api, "hooks", DEPLOY, &hook, false).unwrap();
     let entry = stored(&api, DEPLOY)["metadata"]["managedFields"]
         .as_array()

@@ -155,7 +155,7 @@ async fn a_service_account_helm_owns_is_a_field_conflict() {
 async fn the_user_renames_a_container_whose_manifest_carries_the_drain_hook() {
     let mut theirs = manifest();
     theirs["spec"]["template"]["spec"]["containers"][0]["lifecycle"] =
-        json!({"preStop": {"httpGet": {"path": "/drain", "port": 9901}}});
+        json!({"preStop": {"httpGet": {"path": "/drained", "port": 9901}}});
     let api = applied_by_kubectl(endpoint(true), &theirs);
     reconcile_once(&api).await;
     assert!(injected(&api));

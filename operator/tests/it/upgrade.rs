@@ -139,6 +139,18 @@ async fn assert_upgrade_takes_over(api: &Shared, rollouts: usize) {
     let condition = degraded(api, EP_PATH);
     assert_eq!(condition["status"], "False", "{condition}");
     assert!(injected(api), "{}", pod_spec(api));
+    let pod = pod_spec(api);
+    assert_eq!(
+        (
+            &pod["containers"][0]["lifecycle"]["preStop"],
+            &pod["initContainers"][0]["lifecycle"]["preStop"]["exec"]["command"][1],
+        ),
+        (
+            &json!({"httpGet": {"path": "/drained", "port": 9901, "scheme": "HTTP"}}),
+            &json!("drain")
+        ),
+        "the drain starts in the pod, the MCP server waits for it"
+    );
     assert_eq!(
         (templates.len() - 1, generation(api) - before),
         (rollouts, i64::try_from(rollouts).unwrap()),
@@ -174,24 +186,37 @@ async fn assert_upgrade_takes_over(api: &Shared, rollouts: usize) {
 
 #[tokio::test]
 async fn an_injection_of_the_previous_release_is_taken_over_with_one_rollout() {
-    // The release before today's injected no template label, no token volume, no seccomp profile.
+    // The release before today's injected no template label, no token volume, no seccomp
+    // profile, and `preStop` hooks that started the drain over the network (`httpGet /drain`)
+    // instead of the drain socket.
     let api = left_by_the_previous_operator(|body| {
         let t = &mut body["spec"]["template"];
         t["metadata"].as_object_mut().unwrap().remove("labels");
         let pod = &mut t["spec"];
+        let network_drain = json!({"preStop": {"httpGet": {"path": "/drain", "port": 9901}}});
+        pod["containers"][0]["lifecycle"] = network_drain.clone();
         pod["volumes"]
             .as_array_mut()
             .unwrap()
-            .retain(|v| v["name"] != "tether-token");
+            .retain(|v| v["name"] != "tether-token" && v["name"] != "tether-run");
         let sidecar = &mut pod["initContainers"][0];
+        sidecar["lifecycle"] = network_drain;
         let mounts = sidecar["volumeMounts"].as_array_mut().unwrap();
-        mounts.retain(|m| m["name"] != "tether-token");
+        mounts.retain(|m| m["name"] != "tether-token" && m["name"] != "tether-run");
+        sidecar["env"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|e| e["name"] != "TETHER_DRAIN_SOCKET");
         sidecar["securityContext"]
             .as_object_mut()
             .unwrap()
             .remove("seccompProfile");
     })
     .await;
+    assert_eq!(
+        pod_spec(&api)["containers"][0]["lifecycle"]["preStop"]["httpGet"]["path"],
+        "/drain"
+    );
     assert_upgrade_takes_over(&api, 1).await;
 }
 

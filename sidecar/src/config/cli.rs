@@ -16,9 +16,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where the drain socket is by default: a directory of the sidecar's own (the operator mounts
+/// an `emptyDir` there into the sidecar container only).
+pub const DEFAULT_DRAIN_SOCKET: &str = "/run/tether/drain.sock";
+
 /// tether's per-pod sidecar: sticky MCP sessions, resumable SSE streams.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "tether-sidecar", version, about)]
+#[command(
+    name = "tether-sidecar",
+    version,
+    about,
+    after_help = "To drain a running sidecar from inside its pod: tether-sidecar drain --help"
+)]
 pub struct Cli {
     /// McpEndpoint manifest (YAML) with the endpoint's spec.
     #[arg(long, env = "TETHER_ENDPOINT", value_name = "FILE")]
@@ -126,6 +135,12 @@ pub struct Cli {
     /// (`tether_crds::reload`).
     #[arg(long, env = "TETHER_CONFIG_POLL", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub config_poll: Duration,
+    /// Unix socket on which the sidecar takes the request to drain (`tether-sidecar drain`
+    /// sends it); mode 0600, in a directory only the sidecar's container mounts, so nothing
+    /// outside the sidecar — not the MCP server's container, not the network — can start a
+    /// drain. A stale socket file from an earlier run is replaced.
+    #[arg(long, env = "TETHER_DRAIN_SOCKET", value_name = "FILE", default_value = DEFAULT_DRAIN_SOCKET)]
+    pub drain_socket: PathBuf,
     /// Log format, `text` or `json`. The level comes from `RUST_LOG` (default `info`); at
     /// `debug` or `trace` pingora's own targets stay at `info` unless `RUST_LOG` names them,
     /// since they print request headers, session ids among them.
@@ -137,6 +152,20 @@ pub struct Cli {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+}
+
+/// `tether-sidecar drain`: drains the sidecar running in this pod (the `preStop` hook the
+/// operator injects into the sidecar container) and waits until the drain is done.
+///
+/// Prints the drain's outcome as JSON (`{"drained":true,"inFlight":0,"handedOff":N,…}`) and
+/// exits 0 when every request in flight finished, 1 when `spec.drain.timeout` passed first, 2
+/// when the sidecar cannot be reached.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "tether-sidecar drain", version)]
+pub struct DrainCli {
+    /// The running sidecar's drain socket (its `--drain-socket`).
+    #[arg(long, env = "TETHER_DRAIN_SOCKET", value_name = "FILE", default_value = DEFAULT_DRAIN_SOCKET)]
+    pub drain_socket: PathBuf,
 }
 
 /// Parses a positive Kubernetes-style duration (`500ms`, `15s`, `5m`, `1h30m`).
@@ -171,13 +200,13 @@ mod tests {
     fn the_cli_is_well_formed() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+        DrainCli::command().debug_assert();
     }
 
     /// `docs/reference/sidecar-flags.md`: every flag with its environment variable, default
     /// and help, as clap knows them.
     fn flags_reference() -> String {
         use clap::CommandFactory;
-        let command = Cli::command();
         let mut out = String::from(
             "# `tether-sidecar` flags\n\n\
              <!-- Generated from the sidecar's command line (sidecar/src/config/cli.rs); do not \
@@ -186,9 +215,24 @@ mod tests {
              by hand, the flags are the same. Durations are Kubernetes durations (`500ms`, `15s`, \
              `5m`, `1h30m`); sizes are bytes. The endpoint itself (ports, paths, Origins, \
              protocol versions, buffer bounds, timeouts) comes from the `--endpoint` file, an \
-             `McpEndpoint` manifest ([crd.md](crd.md)).\n\n\
-             | flag | environment | default | meaning |\n|---|---|---|---|\n",
+             `McpEndpoint` manifest ([crd.md](crd.md)).\n\n",
         );
+        out.push_str(&flag_table(&Cli::command()));
+        out.push_str(
+            "\n## `tether-sidecar drain`\n\n\
+             Drains the sidecar running in this pod through its drain socket and waits until the \
+             drain is done (the sidecar container's `preStop` hook). Prints the outcome as JSON; \
+             exits 0 when drained, 1 when `spec.drain.timeout` passed first, 2 when the sidecar \
+             cannot be reached.\n\n",
+        );
+        out.push_str(&flag_table(&DrainCli::command()));
+        out
+    }
+
+    /// One row per flag of `command`: flag, environment variable, default, help.
+    fn flag_table(command: &clap::Command) -> String {
+        let mut out =
+            String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
         for arg in command.get_arguments() {
             let Some(long) = arg.get_long() else { continue };
             if ["help", "version"].contains(&long) {

@@ -44,6 +44,17 @@ pub enum ConfigError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The drain socket cannot be created (its directory is missing or not writable).
+    #[error(
+        "cannot listen on the drain socket {} (--drain-socket): {source}; give the sidecar a writable directory of its own there",
+        path.display()
+    )]
+    DrainSocket {
+        /// The socket's path.
+        path: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A flag has an unusable value.
     #[error("{flag}: {message}")]
     Flag {
@@ -103,6 +114,8 @@ pub struct Config {
     pub(crate) request_timeout: std::time::Duration,
     /// `spec.drain.timeout`: the grace period of a shutdown.
     pub(crate) drain_timeout: std::time::Duration,
+    /// The Unix socket that takes the request to drain (`--drain-socket`).
+    pub drain_socket: std::path::PathBuf,
     /// Listener threads.
     pub(crate) threads: usize,
     /// The membership source.
@@ -188,6 +201,7 @@ impl Config {
             pod_buffer_bytes: cli.pod_buffer_bytes,
             request_timeout: cli.request_timeout,
             drain_timeout: spec.drain.timeout.into(),
+            drain_socket: cli.drain_socket.clone(),
             threads: cli.threads,
             membership,
             config_poll: cli.config_poll,

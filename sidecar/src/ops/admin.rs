@@ -1,16 +1,18 @@
-//! The admin listener (`spec.admin.port`): `/healthz`, `/readyz`, `/metrics`, `/drain`
-//! (`docs/design/architecture.md#lifecycle`).
+//! The admin listener (`spec.admin.port`, on the pod IP): `/healthz`, `/readyz`, `/metrics`,
+//! `/drained` (`docs/design/architecture.md#lifecycle`). Anything that reaches the pod IP may
+//! read it; nothing on it changes the pod.
 //!
 //! - `GET /healthz` → 200 while the process serves;
 //! - `GET /readyz` → 200 when the upstream MCP server accepts connections, else 503 (the pod
 //!   gets no new clients while its server is down or while it drains);
 //! - `GET /metrics` → Prometheus text format;
-//! - `POST /drain` (or `GET`, as a `preStop httpGet` sends) → drains the pod
-//!   ([`crate::ops::drain`]: sessions handed to peers, requests in flight finished) and answers
-//!   when done: 200
-//!   `{"drained":true,"inFlight":0,"handedOff":N,"notMoved":N,"cut":0,"elapsedMs":N}`, or 503 with
-//!   `"drained":false` when `spec.drain.timeout` passed first (`cut` requests ended with a JSON-RPC
-//!   error). Idempotent: every call waits for the same drain.
+//! - `GET /drained` (the MCP server container's `preStop httpGet`) → waits until this pod's
+//!   drain has ended — it never starts one — and answers with the drain's outcome
+//!   ([`drain_answer`]); 503 `{"drained":false,"draining":bool}` when none ended within
+//!   `spec.drain.timeout` + [`DRAINED_MARGIN`]. At most [`MAX_DRAINED_WAITERS`] wait at once;
+//!   more get 503 + `Retry-After`.
+//! - `/drain` → 403: a drain starts only from inside the pod, through the drain socket
+//!   ([`crate::ops::control`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,14 +21,21 @@ use async_trait::async_trait;
 use http::{Method, Response, StatusCode, header};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
+use tokio::sync::Semaphore;
 
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
-use crate::ops::drain::Drain;
+use crate::ops::drain::{Drain, DrainOutcome};
 use crate::upstream::Upstream;
 
 /// How long `/readyz` waits for a TCP connection to the upstream.
 pub(crate) const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Added to `spec.drain.timeout` to bound a `/drained` wait: the errors of requests cut at the
+/// deadline are flushed after it.
+pub(crate) const DRAINED_MARGIN: Duration = Duration::from_secs(2);
+/// Most `/drained` requests waiting at once (one `preStop` hook per MCP server container needs
+/// one; the rest are refused rather than held).
+pub(crate) const MAX_DRAINED_WAITERS: usize = 4;
 
 /// The admin HTTP application.
 pub(crate) struct Admin {
@@ -34,6 +43,7 @@ pub(crate) struct Admin {
     drain: Arc<Drain>,
     lifecycle: Arc<Lifecycle>,
     metrics: Arc<Metrics>,
+    waiters: Semaphore,
 }
 
 impl Admin {
@@ -50,29 +60,71 @@ impl Admin {
             drain,
             lifecycle,
             metrics,
+            waiters: Semaphore::new(MAX_DRAINED_WAITERS),
         }
     }
 
-    async fn drain(&self) -> Response<Vec<u8>> {
-        let outcome = self.drain.run().await;
-        let status = if outcome.drained {
-            StatusCode::OK
-        } else {
-            StatusCode::SERVICE_UNAVAILABLE
+    async fn drained(&self) -> Response<Vec<u8>> {
+        let Ok(_waiting) = self.waiters.try_acquire() else {
+            self.metrics.admin_refused("drained_waiters");
+            let mut answer = text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("{MAX_DRAINED_WAITERS} requests already wait for the drain\n"),
+            );
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+            return answer;
         };
-        let body = serde_json::json!({
-            "drained": outcome.drained,
-            "inFlight": outcome.in_flight,
-            "handedOff": outcome.handed_off,
-            "notMoved": outcome.not_moved,
-            "cut": outcome.cut,
-            "elapsedMs": u64::try_from(outcome.elapsed.as_millis()).unwrap_or(u64::MAX),
-        });
-        text(status, "application/json", format!("{body}\n"))
+        match self
+            .drain
+            .ended(self.drain.deadline() + DRAINED_MARGIN)
+            .await
+        {
+            Some(outcome) => drain_answer(&outcome),
+            None => {
+                let body = serde_json::json!({
+                    "drained": false,
+                    "draining": self.lifecycle.is_draining(),
+                });
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "application/json",
+                    format!("{body}\n"),
+                )
+            }
+        }
     }
 }
 
-fn text(status: StatusCode, content_type: &str, body: impl Into<Vec<u8>>) -> Response<Vec<u8>> {
+/// The answer to a drain request or a `/drained` wait: 200
+/// `{"drained":true,"inFlight":0,"handedOff":N,"notMoved":N,"cut":0,"elapsedMs":N}`, or 503
+/// with `"drained":false` when `spec.drain.timeout` passed first (`cut` requests ended with a
+/// JSON-RPC error).
+pub(crate) fn drain_answer(outcome: &DrainOutcome) -> Response<Vec<u8>> {
+    let status = if outcome.drained {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({
+        "drained": outcome.drained,
+        "inFlight": outcome.in_flight,
+        "handedOff": outcome.handed_off,
+        "notMoved": outcome.not_moved,
+        "cut": outcome.cut,
+        "elapsedMs": u64::try_from(outcome.elapsed.as_millis()).unwrap_or(u64::MAX),
+    });
+    text(status, "application/json", format!("{body}\n"))
+}
+
+/// A response of `status` with `body` of `content_type`.
+pub(crate) fn text(
+    status: StatusCode,
+    content_type: &str,
+    body: impl Into<Vec<u8>>,
+) -> Response<Vec<u8>> {
     let body = body.into();
     Response::builder()
         .status(status)
@@ -86,8 +138,13 @@ fn text(status: StatusCode, content_type: &str, body: impl Into<Vec<u8>>) -> Res
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let req = session.req_header();
-        if req.uri.path() == "/drain" && (req.method == Method::POST || req.method == Method::GET) {
-            return self.drain().await;
+        if req.uri.path() == "/drain" {
+            self.metrics.admin_refused("drain_not_local");
+            return text(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "a drain starts only from inside the pod: run `tether-sidecar drain` in the sidecar container\n",
+            );
         }
         if req.method != Method::GET {
             return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "use GET\n");
@@ -110,6 +167,7 @@ impl ServeHttp for Admin {
                     )
                 }
             }
+            "/drained" => self.drained().await,
             "/metrics" => text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",

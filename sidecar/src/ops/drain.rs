@@ -1,9 +1,11 @@
 //! Drain (`docs/design/handoff.md#when-a-pod-drains`): the pod stops taking new sessions, hands its
 //! sessions to peers, lets the requests in flight finish, within `spec.drain.timeout`.
 //!
-//! Triggered by the admin `/drain` endpoint (a `preStop httpGet` waits on it), by the own Pod's
-//! deletion timestamp (Kubernetes membership) and by SIGTERM ([`crate::ops::shutdown`]). A drain
-//! runs once: every trigger, concurrent or later, waits for the same [`DrainOutcome`].
+//! Started only from inside the pod: by `tether-sidecar drain` on the drain socket
+//! ([`crate::ops::control`], the sidecar's `preStop` hook), by the own Pod's deletion timestamp
+//! (Kubernetes membership) and by SIGTERM ([`crate::ops::shutdown`]). A drain runs once: every
+//! trigger, concurrent or later, waits for the same [`DrainOutcome`]; the admin `/drained`
+//! ([`crate::ops::admin`], the MCP server's `preStop` hook) waits for it without starting one.
 //!
 //! 1. The pod is marked draining: `/readyz` answers 503, new sessions go to routable peers.
 //! 2. Every session held here is handed off ([`Handoff::move_all`]); with `migration: Pin` or
@@ -15,7 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, watch};
 
 use crate::broker::Broker;
 use crate::handoff::Handoff;
@@ -50,6 +52,8 @@ pub(crate) struct Drain {
     metrics: Arc<Metrics>,
     deadline: Duration,
     outcome: OnceCell<DrainOutcome>,
+    /// The outcome once the drain ended, for those who wait without starting it.
+    ended: watch::Sender<Option<DrainOutcome>>,
 }
 
 impl Drain {
@@ -70,12 +74,29 @@ impl Drain {
             metrics,
             deadline,
             outcome: OnceCell::new(),
+            ended: watch::Sender::new(None),
         })
     }
 
     /// Drains the pod (the first call) or waits for the drain under way; returns its outcome.
     pub(crate) async fn run(&self) -> DrainOutcome {
         *self.outcome.get_or_init(|| self.drain()).await
+    }
+
+    /// Waits, for at most `limit`, until a drain started by someone else has ended; never
+    /// starts one. `None` when `limit` passed first (no drain, or one still running).
+    pub(crate) async fn ended(&self, limit: Duration) -> Option<DrainOutcome> {
+        let mut ended = self.ended.subscribe();
+        tokio::time::timeout(limit, ended.wait_for(Option::is_some))
+            .await
+            .ok()?
+            .ok()
+            .and_then(|outcome| *outcome)
+    }
+
+    /// The drain's deadline (`spec.drain.timeout`).
+    pub(crate) fn deadline(&self) -> Duration {
+        self.deadline
     }
 
     async fn drain(&self) -> DrainOutcome {
@@ -121,6 +142,7 @@ impl Drain {
                 "drain deadline reached with requests in flight; they ended with an error"
             );
         }
+        self.ended.send_replace(Some(outcome));
         outcome
     }
 

@@ -15,7 +15,7 @@
 //!    file, and the client Service sends it traffic;
 //! 2. the old pod leaves the Service (its readiness fails) and turns `draining` in every peers
 //!    file (its deletion timestamp);
-//! 3. `POST /drain` on its admin port (the preStop hook), timed: the drain time;
+//! 3. `tether-sidecar drain` in it (the sidecar's preStop hook), timed: the drain time;
 //! 4. its sidecar metrics and peak RSS are read, SIGTERM goes to the sidecar (waited for), the
 //!    example server's `/stats` are read and the server stops;
 //! 5. the pod leaves every peers file.
@@ -26,8 +26,6 @@ mod standalone;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
-
-use http::Method;
 
 pub use report::{DrainRecord, RolloutReport, SidecarCounters, table};
 
@@ -41,7 +39,7 @@ use crate::{HarnessError, Result, addr};
 pub const NEW_REVISION: &str = "v2";
 /// How long the sessions may take to initialize before the rollout starts anyway.
 const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Added to `spec.drain.timeout` to bound the `/drain` request and the sidecar's exit.
+/// Added to `spec.drain.timeout` to bound `tether-sidecar drain` and the sidecar's exit.
 const STOP_MARGIN: Duration = Duration::from_secs(10);
 /// How long the sessions may take for their last calls once the rollout is done.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(90);
@@ -245,22 +243,21 @@ impl Rollout<'_> {
             "{old} out of the Service, draining in every peers file"
         ));
         let pod = cluster.pod(old).ok_or_else(|| no_pod(old))?;
-        let drained = tokio::time::timeout(
-            self.cfg.drain_timeout + STOP_MARGIN,
-            pod.drain(Method::POST),
-        )
-        .await
-        .map_err(|_| HarnessError::Start(format!("{old}: /drain did not answer")))??;
+        let drained = tokio::time::timeout(self.cfg.drain_timeout + STOP_MARGIN, pod.drain())
+            .await
+            .map_err(|_| {
+                HarnessError::Start(format!("{old}: tether-sidecar drain did not return"))
+            })??;
         self.step(format!(
-            "{old} /drain answered {} after {:.2} s: {}",
-            drained.status.as_u16(),
+            "{old} tether-sidecar drain {} after {:.2} s: {}",
+            if drained.done { "drained" } else { "timed out" },
             drained.elapsed.as_secs_f64(),
             drained.body
         ));
         self.report.drains.push(DrainRecord {
             ip: old,
             elapsed: drained.elapsed,
-            drained: drained.status.is_success(),
+            drained: drained.done,
         });
         self.read_sidecar(pod).await;
         let mut pod = cluster.take(old).ok_or_else(|| no_pod(old))?;

@@ -17,9 +17,10 @@ use crate::table;
 pub struct DrainRecord {
     /// The drained pod's IP.
     pub ip: Ipv4Addr,
-    /// Wall time of its `POST /drain`.
+    /// Wall time of its `tether-sidecar drain`.
     pub elapsed: Duration,
-    /// Whether `/drain` answered 200 (done), not 503 (`spec.drain.timeout` passed first).
+    /// Whether `tether-sidecar drain` exited 0 (done), not 1 (`spec.drain.timeout` passed
+    /// first).
     pub drained: bool,
 }
 

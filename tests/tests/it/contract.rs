@@ -245,16 +245,89 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
     assert_eq!(port("tether-admin"), u64::from(cfg.admin_addr.port()));
     assert_eq!(port("tether-peer"), u64::from(cfg.peer_addr.port()));
     assert_eq!(cfg.listen_addr.ip().to_string(), POD_IP);
+    let server = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == target.upstream_container)
+        .expect("the injection carries the MCP server's preStop");
     for probe in [
         &sidecar["readinessProbe"],
         &sidecar["livenessProbe"],
-        &sidecar["lifecycle"]["preStop"],
+        &server["lifecycle"]["preStop"],
     ] {
         assert_eq!(
             probe["httpGet"]["port"].as_u64(),
             Some(u64::from(cfg.admin_addr.port()))
         );
     }
+    // The MCP server's preStop only waits for the drain; the sidecar's starts it through the
+    // drain socket, which its environment names, in a volume only the sidecar mounts.
+    assert_eq!(
+        server["lifecycle"]["preStop"]["httpGet"]["path"],
+        "/drained"
+    );
+    let command: Vec<&str> = sidecar["lifecycle"]["preStop"]["exec"]["command"]
+        .as_array()
+        .expect("an exec preStop on the sidecar")
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let [binary, subcommand] = command[..] else {
+        panic!("{command:?}")
+    };
+    assert_eq!(subcommand, "drain");
+    let image = read("images/sidecar.Dockerfile");
+    assert!(
+        image.contains(&format!("ENTRYPOINT [\"{binary}\"]")),
+        "the sidecar image has its binary at {binary}"
+    );
+    let drain_env: Vec<(String, String)> = sidecar["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| {
+            Some((
+                v["name"].as_str()?.to_owned(),
+                v["value"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    let socket = drain_env
+        .iter()
+        .find(|(name, _)| name == "TETHER_DRAIN_SOCKET")
+        .map(|(_, value)| Path::new(value).to_owned())
+        .expect("the drain subcommand reads the socket from the container's environment");
+    let drain = tether_sidecar::DrainCli::try_parse_from([
+        "drain",
+        "--drain-socket",
+        socket.to_str().unwrap(),
+    ])
+    .unwrap();
+    assert_eq!(
+        drain.drain_socket, cli.drain_socket,
+        "both ends use one socket"
+    );
+    let run_mount = sidecar["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| socket.starts_with(m["mountPath"].as_str().unwrap()))
+        .expect("the socket's directory is a volume of the sidecar");
+    assert!(
+        run_mount["readOnly"] != true,
+        "the sidecar creates the socket there"
+    );
+    let users_template = serde_json::to_value(&deployment).unwrap();
+    let containers = [&users_template["spec"]["template"]["spec"], pod]
+        .into_iter()
+        .flat_map(|spec| spec["containers"].as_array().into_iter().flatten());
+    assert!(
+        containers
+            .flat_map(|c| c["volumeMounts"].as_array().into_iter().flatten())
+            .all(|m| m["name"] != run_mount["name"]),
+        "no other container mounts the drain socket's volume"
+    );
 
     // Peers find each other's listeners on the ports the pod itself declares.
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({

@@ -1,19 +1,22 @@
-//! The admin `/drain` endpoint (`docs/design/handoff.md`, "When a pod drains"): the pod stops
-//! taking new sessions, requests in flight finish, the call returns when done or at
-//! `spec.drain.timeout` (5 s in the test manifest).
+//! The drain of one pod (`docs/design/handoff.md`, "When a pod drains"), started from inside the
+//! pod by `tether-sidecar drain` on the drain socket: the pod stops taking new sessions, requests
+//! in flight finish, the command returns when done or at `spec.drain.timeout` (5 s in the test
+//! manifest). Nothing on the network can start one: the admin port answers `/drain` with 403 and
+//! `/drained` only waits (`docs/design/architecture.md#lifecycle`).
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use tether_tests::addr;
 use tether_tests::call::{self, CallOutcome, CallPlan};
-use tether_tests::client::Http;
+use tether_tests::client::{Http, body_text};
 use tether_tests::cluster::Cluster;
 use tether_tests::pod::{Drained, Pod, PodSpec};
 use tokio::task::JoinHandle;
 
-/// A pod whose one session runs a `slow` call on `plan` (`call_id`), and `POST /drain` sent
-/// 300 ms into the call: the pod, the call, the drain's answer.
+/// A pod whose one session runs a `slow` call on `plan` (`call_id`), and `tether-sidecar drain`
+/// run 300 ms into the call: the pod, the call, what the drain reported.
 async fn drain_during_a_call(
     call_id: &'static str,
     plan: CallPlan,
@@ -23,7 +26,7 @@ async fn drain_during_a_call(
     let session = client.initialize("2025-06-18").await.unwrap();
     let call = tokio::spawn(async move { call::slow(&client, &session, 2, call_id, &plan).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let drained = pod.drain(Method::POST).await.unwrap();
+    let drained = pod.drain().await.unwrap();
     (pod, call, drained)
 }
 
@@ -31,11 +34,11 @@ async fn drain_during_a_call(
 async fn drain_waits_for_the_call_in_flight_and_is_idempotent() {
     let (pod, call, drained) = drain_during_a_call("drain-1", CallPlan::steady(5, 200)).await;
     let Drained {
-        status,
+        done,
         body,
         elapsed: took,
     } = drained;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(done, "{body}");
     assert_eq!(body["drained"], true);
     assert_eq!(body["inFlight"], 0);
     assert!(
@@ -44,19 +47,19 @@ async fn drain_waits_for_the_call_in_flight_and_is_idempotent() {
     );
     let outcome = call.await.unwrap().unwrap();
     assert_eq!(outcome.lost(5), 0, "{:?}", outcome.failures);
-    // Not ready any more; a second drain (GET, as a preStop httpGet) answers at once.
+    // Not ready any more; a second drain, and the MCP server's `/drained` wait, answer at once
+    // with the same outcome.
     let (ready, _) = Http::new()
         .get_text(&format!("{}/readyz", pod.admin_url))
         .await
         .unwrap();
     assert_eq!(ready, StatusCode::SERVICE_UNAVAILABLE);
-    let Drained {
-        status,
-        elapsed: took,
-        ..
-    } = pod.drain(Method::GET).await.unwrap();
-    assert_eq!(status, StatusCode::OK);
-    assert!(took < Duration::from_millis(500));
+    let again = pod.drain().await.unwrap();
+    assert!(again.done);
+    assert_eq!(again.body, body, "every trigger reports the one drain");
+    assert!(again.elapsed < Duration::from_millis(500));
+    let (status, waited) = pod.wait_drained().await.unwrap();
+    assert_eq!((status, &waited), (StatusCode::OK, &body));
     assert!(
         pod.metric("tether_drain_seconds_count").await.unwrap() == 1.0,
         "one drain, observed once"
@@ -67,11 +70,11 @@ async fn drain_waits_for_the_call_in_flight_and_is_idempotent() {
 async fn drain_ends_at_the_deadline_and_says_what_is_still_running() {
     let (_pod, _call, drained) = drain_during_a_call("drain-2", CallPlan::steady(8, 1000)).await;
     let Drained {
-        status,
+        done,
         body,
         elapsed: took,
     } = drained;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(!done, "exit code 1: {body}");
     assert_eq!(body["drained"], false);
     assert_eq!(body["inFlight"], 1);
     assert!(
@@ -86,8 +89,7 @@ async fn a_drained_pod_places_new_sessions_on_its_peers_and_keeps_serving_its_ow
     let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
     let via_a = cluster.client_of(&ips[..1]);
     let mine = via_a.initialize("2025-06-18").await.unwrap();
-    let status = cluster.pods[0].drain(Method::GET).await.unwrap().status;
-    assert_eq!(status, StatusCode::OK);
+    assert!(cluster.pods[0].drain().await.unwrap().done);
     for _ in 0..10 {
         via_a.initialize("2025-06-18").await.unwrap();
     }
@@ -103,4 +105,85 @@ async fn a_drained_pod_places_new_sessions_on_its_peers_and_keeps_serving_its_ow
         .await
         .unwrap();
     assert!(msgs.iter().any(|m| m["result"].is_object()));
+}
+
+#[tokio::test]
+async fn the_network_cannot_drain_a_pod_and_drained_only_waits() {
+    let pod = Pod::start_default().await.unwrap();
+    let http = Http::new();
+    let admin = |path: &str| format!("{}{path}", pod.admin_url);
+    for method in [Method::GET, Method::POST] {
+        let resp = http
+            .send(method, &admin("/drain"), &[], None)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    }
+    // Waiters beyond the few allowed are refused at once; the others wait for a drain nobody
+    // starts and give up after `spec.drain.timeout` + 2 s, still not draining.
+    let waiters: Vec<_> = (0..5)
+        .map(|_| {
+            let http = http.clone();
+            let url = admin("/drained");
+            tokio::spawn(async move {
+                let resp = http.send(Method::GET, &url, &[], None).await.unwrap();
+                let retry_after = resp.headers().get("retry-after").cloned();
+                (resp.status(), retry_after, body_text(resp).await.unwrap())
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for waiter in waiters {
+        answers.push(waiter.await.unwrap());
+    }
+    let refused = answers
+        .iter()
+        .filter(|(_, retry, _)| retry.is_some())
+        .count();
+    assert_eq!(refused, 1, "{answers:?}");
+    for (status, retry, body) in &answers {
+        assert_eq!(*status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        if retry.is_none() {
+            let body: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(
+                body,
+                serde_json::json!({"drained": false, "draining": false})
+            );
+        }
+    }
+    let (ready, _) = http.get_text(&admin("/readyz")).await.unwrap();
+    assert_eq!(ready, StatusCode::OK, "still in its Service");
+    assert_eq!(
+        pod.metric(r#"tether_admin_refused_total{reason="drain_not_local"}"#)
+            .await
+            .unwrap(),
+        2.0
+    );
+    assert_eq!(
+        pod.metric(r#"tether_admin_refused_total{reason="drained_waiters"}"#)
+            .await
+            .unwrap(),
+        1.0
+    );
+    assert_eq!(pod.metric("tether_drain_seconds_count").await.unwrap(), 0.0);
+    // Only the sidecar's own user may use the drain socket.
+    let mode = std::fs::metadata(pod.drain_socket())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    // A waiter that arrives before the drain answers when it ends.
+    let waiting = {
+        let http = http.clone();
+        let url = admin("/drained");
+        tokio::spawn(async move {
+            http.send(Method::GET, &url, &[], None)
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(pod.drain().await.unwrap().done);
+    assert_eq!(waiting.await.unwrap(), StatusCode::OK);
 }

@@ -1,9 +1,9 @@
 //! Fault injection around a session handoff (`docs/design/handoff.md`).
 //!
-//! Every scenario ([`Scenario`]) runs on 2 or 3 pods: the sessions under test start on the
-//! first pod, A; A drains (`draining` in the membership, then `POST /drain`) and hands them to
-//! its peers; the fault happens around the move. Test names carry the spec ids of what they
-//! check (`docs/dev/testing.md`).
+//! Every scenario ([`Scenario`]) runs on 2 or 3 pods: the sessions under test start on the first
+//! pod, A; A drains (`draining` in the membership, then `tether-sidecar drain`) and hands them to
+//! its peers; the fault happens around the move. Test names carry the spec ids of what they check
+//! (`docs/dev/testing.md`).
 //!
 //! | fault | test |
 //! |---|---|

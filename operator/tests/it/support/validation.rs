@@ -143,7 +143,11 @@ fn dns_1035_label(label: &str) -> bool {
     dns_1123_label(label) && label.as_bytes()[0].is_ascii_lowercase()
 }
 
-/// A pod spec (at field path `at`) has containers, and each container an image.
+/// The handler types of a probe or lifecycle hook.
+const HANDLERS: [&str; 5] = ["exec", "httpGet", "tcpSocket", "grpc", "sleep"];
+
+/// A pod spec (at field path `at`) has containers, each container an image, and each of its
+/// probes and lifecycle hooks exactly one handler type.
 fn pod_spec(at: &str, spec: &Value, causes: &mut Vec<Cause>) {
     if spec["containers"].as_array().is_none_or(Vec::is_empty) {
         causes.push(Cause {
@@ -160,6 +164,27 @@ fn pod_spec(at: &str, spec: &Value, causes: &mut Vec<Cause>) {
                     reason: "FieldValueRequired",
                     message: "Required value".to_owned(),
                 });
+            }
+            let hooks =
+                ["preStop", "postStart"].map(|h| (format!("lifecycle.{h}"), &c["lifecycle"][h]));
+            let probes =
+                ["livenessProbe", "readinessProbe", "startupProbe"].map(|p| (p.to_owned(), &c[p]));
+            for (name, handler) in hooks.into_iter().chain(probes) {
+                let Some(handler) = handler.as_object() else {
+                    continue;
+                };
+                if HANDLERS
+                    .iter()
+                    .filter(|h| handler.contains_key(**h))
+                    .count()
+                    > 1
+                {
+                    causes.push(Cause {
+                        field: format!("{at}.{list}[{i}].{name}"),
+                        reason: "FieldValueForbidden",
+                        message: "Forbidden: may not specify more than 1 handler type".to_owned(),
+                    });
+                }
             }
         }
     }
