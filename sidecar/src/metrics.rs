@@ -92,6 +92,13 @@ struct ResultLabel {
     result: &'static str,
 }
 
+/// Labels of `tether_retained_bytes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    /// What is retained: `journal`, `records` or `buffers`.
+    kind: &'static str,
+}
+
 /// Labels of `tether_forward_hops_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HopLabel {
@@ -177,6 +184,8 @@ pub(crate) struct Metrics {
     /// Admin requests refused, by reason (`drain_not_local`: `/drain` from the network;
     /// `drained_waiters`: more than `MAX_DRAINED_WAITERS` `/drained` waits at once).
     admin_refused: Family<Reason, Counter>,
+    /// Bytes the pod's sessions retain now, by kind (`journal`, `records`, `buffers`).
+    retained_bytes: Family<KindLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -225,6 +234,7 @@ impl Metrics {
             config_reloads: Family::default(),
             config_restart_pending: Gauge::default(),
             admin_refused: Family::default(),
+            retained_bytes: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -387,6 +397,11 @@ impl Metrics {
             "Admin requests refused, by reason",
             m.admin_refused.clone(),
         );
+        r.register(
+            "retained_bytes",
+            "Bytes the pod's sessions retain, by kind",
+            m.retained_bytes.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -537,6 +552,14 @@ impl Metrics {
             .set(peers);
     }
 
+    /// Bytes retained now of `kind` (`tether_retained_bytes{kind}`: `journal`, `records`,
+    /// `buffers`).
+    pub(crate) fn retained(&self, kind: &'static str, bytes: u64) {
+        self.retained_bytes
+            .get_or_create(&KindLabel { kind })
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
     /// An admin request refused (`tether_admin_refused_total{reason}`).
     pub(crate) fn admin_refused(&self, reason: &'static str) {
         self.admin_refused.get_or_create(&Reason { reason }).inc();
@@ -652,7 +675,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 35);
+        assert_eq!(fields, 36);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -680,10 +703,11 @@ mod tests {
         m.handoff_failed("x");
         m.config_reload("applied");
         m.admin_refused("drain_not_local");
+        m.retained("journal", 1);
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            35,
+            36,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

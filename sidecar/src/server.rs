@@ -146,7 +146,7 @@ pub(crate) fn broker(cfg: &Config, upstream: Upstream, metrics: Arc<Metrics>) ->
         IdMinter::new(cfg.secret.clone(), HomeToken::for_pod(&cfg.pod_uid)),
         cfg.secret.clone(),
         upstream,
-        Registry::new(cfg.max_sessions),
+        Registry::new(cfg.max_sessions, cfg.pod_journal_bytes),
         PodBudget::new(cfg.pod_buffer_bytes),
         metrics,
     )

@@ -27,6 +27,7 @@ use crate::mcp::rejection::{Rejection, VersionMismatch};
 use crate::reply::Reply;
 use crate::session::Session;
 use crate::session::journal::Journal;
+use crate::session::retained::Kind;
 use crate::stream::{Start, StreamKind};
 use crate::upstream::{Exchange, events, is_sse};
 
@@ -43,6 +44,17 @@ impl Broker {
         if !self.registry.has_room() {
             return Err(Rejection::TooManySessions);
         }
+        // The journal keeps the `initialize` request for the session's life: bounded, and held
+        // against the pod's journal budget while the upstream answers.
+        let max_params = self.cfg().max_initialize_bytes;
+        if serde_json::to_vec(&request["params"]).map_or(0, |p| p.len()) > max_params {
+            return Err(Rejection::InitializeTooLarge(max_params));
+        }
+        let mut reservation = self.retained().charge(Kind::Journal);
+        let journal_bytes = serde_json::to_vec(&request).map_or(0, |r| r.len()) as u64;
+        reservation
+            .try_resize(journal_bytes)
+            .map_err(|_| Rejection::PodJournalsFull)?;
         let mut headers = forwarded_request_headers(&call.headers);
         if let Some(offer) = self.version_offer(&request) {
             // I-02: the client asked for a version this endpoint does not serve; offer the
@@ -97,12 +109,14 @@ impl Broker {
             ));
         };
         let id = self.minter.mint();
+        drop(reservation);
         let session = Session::new(
             id.clone(),
             self.secret.log_digest(&id),
             upstream_id.clone(),
             version,
             Journal::new(request),
+            self.retained(),
         );
         if self.registry.insert(Arc::clone(&session)).is_err() {
             self.abandon_upstream(upstream_id, &call.headers).await;

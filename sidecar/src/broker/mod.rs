@@ -35,6 +35,7 @@ use crate::mcp::rejection::{NotFound, Rejection, VersionMismatch};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::secret::Secret;
+use crate::session::retained::Retained;
 use crate::session::{EnterGuard, Registry, Session};
 use crate::stream::StoredReply;
 use crate::stream::buffer::{BufferLimits, PodBudget};
@@ -80,6 +81,10 @@ pub(crate) struct BrokerConfig {
     pub(crate) migration: tether_crds::Migration,
     /// Most resumes served per second (burst as many); `None`: no limit (`--resume-budget`).
     pub(crate) resume_budget: Option<std::num::NonZeroU32>,
+    /// Largest `initialize` params, in bytes (`--max-initialize-bytes`).
+    pub(crate) max_initialize_bytes: usize,
+    /// Largest journal of one session, in bytes (`--max-journal-bytes`).
+    pub(crate) max_journal_bytes: usize,
 }
 
 /// The session broker of one pod.
@@ -219,6 +224,11 @@ impl Broker {
     /// The pod-wide byte budget every stream buffer counts against.
     pub(crate) fn budget(&self) -> &PodBudget {
         &self.budget
+    }
+
+    /// The pod-wide tally of what sessions retain besides event buffers.
+    pub(crate) fn retained(&self) -> &Retained {
+        self.registry.retained()
     }
 
     /// Whether `id` is a session id of this endpoint (its MAC verifies).

@@ -70,8 +70,9 @@ impl Broker {
             None => self.entered_session(call, entered.as_ref())?,
         };
         let _busy = session.busy();
+        let max_journal = self.cfg().max_journal_bytes;
         for (message, raw) in &envelope.messages {
-            session.record(message, raw);
+            session.record(message, raw, max_journal)?;
         }
         self.metrics
             .protocol_version(call.version.unwrap_or(session.version()));

@@ -1,11 +1,12 @@
 //! Periodic upkeep: buffer TTL, idle session expiry (`session.idleTimeout`), the pod-wide
-//! buffer cap and the gauges.
+//! buffer cap and the gauges (streams, buffers, `tether_retained_bytes`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Broker;
 use crate::mcp::rejection::NotFound;
+use crate::session::retained::Kind;
 
 impl Broker {
     /// Evicts expired events, ends idle sessions (later requests get 404, reason `expired`;
@@ -33,6 +34,11 @@ impl Broker {
         }
         self.enforce_pod_cap();
         self.metrics.buffered(streams, events, bytes);
+        for kind in Kind::ALL {
+            self.metrics
+                .retained(kind.label(), self.retained().bytes(kind));
+        }
+        self.metrics.retained("buffers", self.budget.used());
     }
 
     /// [`Broker::enforce_pod_cap`] from the data path, at most every 50 ms.

@@ -93,6 +93,19 @@ pub struct Cli {
     /// How long a request body may take to arrive (408 beyond; slow-loris defence).
     #[arg(long, env = "TETHER_REQUEST_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub request_timeout: Duration,
+    /// Largest `initialize` params, in bytes: the session's journal keeps them for its whole
+    /// life to rebuild its upstream session (413 `initialize_too_large` beyond).
+    #[arg(long, env = "TETHER_MAX_INITIALIZE_BYTES", value_name = "BYTES", default_value_t = 64 * 1024)]
+    pub max_initialize_bytes: usize,
+    /// Largest journal of one session, in bytes: its `initialize`, log level and resource
+    /// subscriptions (at most 1,024), kept to rebuild its upstream session; a
+    /// `resources/subscribe` or `logging/setLevel` beyond gets 413 `journal_full`.
+    #[arg(long, env = "TETHER_MAX_JOURNAL_BYTES", value_name = "BYTES", default_value_t = 1024 * 1024)]
+    pub max_journal_bytes: usize,
+    /// Pod-wide cap of the sessions' journals, in bytes (`tether_retained_bytes{kind="journal"}`);
+    /// a new session or a journal's growth beyond gets 429 `pod_journals_full` + `Retry-After`.
+    #[arg(long, env = "TETHER_POD_JOURNAL_BYTES", value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub pod_journal_bytes: u64,
     /// Pod-wide cap of buffered event data, in bytes, shared by every stream.
     #[arg(long, env = "TETHER_POD_BUFFER_BYTES", value_name = "BYTES", default_value_t = 256 * 1024 * 1024)]
     pub pod_buffer_bytes: u64,

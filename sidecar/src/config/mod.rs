@@ -110,6 +110,8 @@ pub struct Config {
     pub(crate) max_sessions: usize,
     /// Pod-wide buffer cap, in bytes.
     pub(crate) pod_buffer_bytes: u64,
+    /// Pod-wide cap of the sessions' journals, in bytes (`--pod-journal-bytes`).
+    pub(crate) pod_journal_bytes: u64,
     /// Request body deadline.
     pub(crate) request_timeout: std::time::Duration,
     /// `spec.drain.timeout`: the grace period of a shutdown.
@@ -199,6 +201,7 @@ impl Config {
             pod_uid: cli.pod_uid.clone(),
             max_sessions: cli.max_sessions,
             pod_buffer_bytes: cli.pod_buffer_bytes,
+            pod_journal_bytes: cli.pod_journal_bytes,
             request_timeout: cli.request_timeout,
             drain_timeout: spec.drain.timeout.into(),
             drain_socket: cli.drain_socket.clone(),
@@ -283,6 +286,8 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         upstream_resume_attempts: UPSTREAM_RESUME_ATTEMPTS,
         migration: spec.session.migration,
         resume_budget: std::num::NonZeroU32::new(cli.resume_budget),
+        max_initialize_bytes: cli.max_initialize_bytes,
+        max_journal_bytes: cli.max_journal_bytes,
     }
 }
 

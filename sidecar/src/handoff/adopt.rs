@@ -57,6 +57,7 @@ pub(crate) fn adopt(
         &push.from,
         broker.buffer_limits(),
         broker.budget(),
+        broker.retained(),
     )
     .map_err(AdoptError::Invalid)?;
     if broker.adopt_session(Arc::clone(&session))? {

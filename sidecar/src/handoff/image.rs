@@ -18,6 +18,7 @@ use super::wire::{
     EventImage, JournalImage, KindImage, ReplyImage, RequestImage, SessionImage, StreamImage,
 };
 use crate::session::journal::Journal;
+use crate::session::retained::Retained;
 use crate::session::{RetryRecord, Session, SessionSnapshot};
 use crate::stream::buffer::{BufferLimits, PodBudget};
 use crate::stream::{SnapshotEvent, StoredReply, StreamKind, StreamSnapshot};
@@ -89,6 +90,7 @@ pub(crate) fn restore_session(
     from: &str,
     limits: BufferLimits,
     budget: &PodBudget,
+    retained: &Retained,
 ) -> Result<Arc<Session>, String> {
     let version = ProtocolVersion::parse(&image.version)
         .filter(|v| !v.is_stateless())
@@ -107,7 +109,9 @@ pub(crate) fn restore_session(
         streams: image.streams.iter().map(stream_snapshot).collect(),
         standalone_unsupported: image.standalone_unsupported.as_ref().and_then(stored_reply),
     };
-    Ok(Session::from_parts(snapshot, digest, from, limits, budget))
+    Ok(Session::from_parts(
+        snapshot, digest, from, limits, budget, retained,
+    ))
 }
 
 /// Applies the streams and retry records of a tail message from pod `from` to `session`;
@@ -227,6 +231,7 @@ mod tests {
             "pod-a",
             limits(),
             &PodBudget::new(u64::MAX),
+            &Retained::new(u64::MAX),
         )
         .unwrap();
         assert!(copy.needs_rebuild());
@@ -253,7 +258,8 @@ mod tests {
                 "d".into(),
                 "pod-a",
                 limits(),
-                &PodBudget::new(u64::MAX)
+                &PodBudget::new(u64::MAX),
+                &Retained::new(u64::MAX),
             )
             .is_err(),
             "a stateless version has no session"

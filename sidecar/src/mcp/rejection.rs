@@ -104,6 +104,16 @@ pub(crate) enum Rejection {
     MalformedHeader(&'static str),
     /// 413: body larger than the limit.
     PayloadTooLarge(usize),
+    /// 413: `initialize` params larger than `--max-initialize-bytes` (the journal keeps them for
+    /// the session's life).
+    InitializeTooLarge(usize),
+    /// 413: a request the session's journal would keep (`resources/subscribe`,
+    /// `logging/setLevel`) past `--max-journal-bytes` or its most subscriptions; the detail says
+    /// which.
+    JournalFull(String),
+    /// 429: the pod's journals hold `--pod-journal-bytes`; retry after `Retry-After` (or on
+    /// another pod).
+    PodJournalsFull,
     /// 408: the body did not arrive in time (slow client).
     RequestTimeout,
     /// 400: body is not JSON (-32700).
@@ -149,10 +159,12 @@ impl Rejection {
             NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            PayloadTooLarge(_) | InitializeTooLarge(_) | JournalFull(_) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             TooManySessions | PeerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ResumeBudget => StatusCode::TOO_MANY_REQUESTS,
+            ResumeBudget | PodJournalsFull => StatusCode::TOO_MANY_REQUESTS,
             UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
@@ -190,6 +202,9 @@ impl Rejection {
             MissingMcpMethod => "missing_mcp_method",
             MalformedHeader(_) => "malformed_header",
             PayloadTooLarge(_) => "payload_too_large",
+            InitializeTooLarge(_) => "initialize_too_large",
+            JournalFull(_) => "journal_full",
+            PodJournalsFull => "pod_journals_full",
             RequestTimeout => "request_timeout",
             ParseError(_) => "parse_error",
             InvalidRequest(_) => "invalid_request",
@@ -255,6 +270,17 @@ impl Rejection {
             }
             MalformedHeader(name) => format!("Bad Request: malformed {name} header"),
             PayloadTooLarge(limit) => format!("Payload Too Large: body exceeds {limit} bytes"),
+            InitializeTooLarge(limit) => format!(
+                "Payload Too Large: initialize params exceed {limit} bytes (--max-initialize-bytes)"
+            ),
+            JournalFull(detail) => {
+                format!("Payload Too Large: the session keeps too much to rebuild it: {detail}")
+            }
+            PodJournalsFull => {
+                "Too Many Requests: this pod's sessions keep --pod-journal-bytes; retry after \
+                 Retry-After"
+                    .into()
+            }
             RequestTimeout => "Request Timeout: the body did not arrive in time".into(),
             ParseError(e) => format!("Parse error: {e}"),
             InvalidRequest(e) => format!("Invalid Request: {e}"),
@@ -331,6 +357,9 @@ mod tests {
             MissingMcpMethod,
             MalformedHeader("x"),
             PayloadTooLarge(1),
+            InitializeTooLarge(1),
+            JournalFull("x".into()),
+            PodJournalsFull,
             RequestTimeout,
             ParseError("x".into()),
             InvalidRequest("x".into()),
@@ -363,6 +392,9 @@ mod tests {
                 | SessionRequired
                 | MalformedHeader(_)
                 | PayloadTooLarge(_)
+                | InitializeTooLarge(_)
+                | JournalFull(_)
+                | PodJournalsFull
                 | RequestTimeout
                 | ParseError(_)
                 | InvalidRequest(_)
@@ -433,6 +465,17 @@ mod tests {
             }
             RequestTimeout => "the body did not arrive within `--request-timeout`",
             PayloadTooLarge(_) => "body larger than `--max-request-bytes`",
+            InitializeTooLarge(_) => {
+                "`initialize` params larger than `--max-initialize-bytes` (the session keeps them \
+                 to rebuild its upstream session)"
+            }
+            JournalFull(_) => {
+                "a `resources/subscribe` or `logging/setLevel` that would grow the session's \
+                 journal past `--max-journal-bytes` or 1,024 subscriptions; the session goes on"
+            }
+            PodJournalsFull => {
+                "the pod's journals hold `--pod-journal-bytes` (with `Retry-After: 1`)"
+            }
             UnsupportedMediaType => "POST `Content-Type` is not `application/json`",
             ResumeBudget => {
                 "more resumes (`GET` + `Last-Event-ID`) reached this pod in a second than \

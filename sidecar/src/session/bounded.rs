@@ -25,15 +25,17 @@ impl<K: Eq + Hash + Clone, V> Bounded<K, V> {
     }
 
     /// Sets `key` to `value`. A new key is the newest entry; a known one keeps its place.
-    pub(crate) fn insert(&mut self, key: K, value: V) {
+    /// Returns the key forgotten to stay within the cap, if any.
+    pub(crate) fn insert(&mut self, key: K, value: V) -> Option<K> {
         if self.entries.insert(key.clone(), value).is_none() {
             self.order.push_back(key);
         }
-        while self.order.len() > self.cap {
-            if let Some(old) = self.order.pop_front() {
-                self.entries.remove(&old);
-            }
+        if self.order.len() <= self.cap {
+            return None;
         }
+        let old = self.order.pop_front()?;
+        self.entries.remove(&old);
+        Some(old)
     }
 
     /// The value of `key`.
@@ -50,13 +52,13 @@ impl<K: Eq + Hash + Clone, V> Bounded<K, V> {
         self.entries.contains_key(key)
     }
 
-    /// Forgets `key`.
-    pub(crate) fn remove(&mut self, key: &K) {
-        if self.entries.remove(key).is_some()
-            && let Some(at) = self.order.iter().position(|k| k == key)
-        {
+    /// Forgets `key`; returns whether it was held.
+    pub(crate) fn remove(&mut self, key: &K) -> bool {
+        let held = self.entries.remove(key).is_some();
+        if held && let Some(at) = self.order.iter().position(|k| k == key) {
             self.order.remove(at);
         }
+        held
     }
 
     /// Every entry, oldest first.

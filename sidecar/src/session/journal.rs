@@ -5,7 +5,10 @@
 //! sent, the last `logging/setLevel` and the current `resources/subscribe` set (an
 //! `unsubscribe` removes its URI). Replaying it on a fresh upstream session yields the same
 //! session configuration; tool state that lives only inside the upstream (e.g. a counter) is
-//! not rebuilt. Its size is bounded: at most [`MAX_SUBSCRIPTIONS`] subscriptions are kept.
+//! not rebuilt. Its size is bounded and counted ([`Journal::bytes`]): at most
+//! [`MAX_SUBSCRIPTIONS`] subscriptions, at most the session's `--max-journal-bytes` in all; a
+//! request that would grow it past either is refused before it is sent upstream (the
+//! `initialize` itself is bounded by `--max-initialize-bytes` before the session exists).
 
 use std::collections::BTreeMap;
 
@@ -13,8 +16,24 @@ use serde_json::{Value, json};
 
 use crate::mcp::jsonrpc::Message;
 
-/// Most resource subscriptions a journal keeps; later ones are not replayed.
+/// Most resource subscriptions a journal keeps; a further `resources/subscribe` is refused.
 pub(crate) const MAX_SUBSCRIPTIONS: usize = 1024;
+
+/// Why a message cannot join the journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum JournalError {
+    /// The journal would hold more than this many bytes.
+    TooLarge(usize),
+    /// The journal holds [`MAX_SUBSCRIPTIONS`] subscriptions.
+    TooManySubscriptions,
+    /// The pod's journals are full (what the admission callback refused).
+    PodFull,
+}
+
+/// The bytes a JSON value takes as text.
+fn text_len(value: &Value) -> usize {
+    serde_json::to_vec(value).map_or(0, |v| v.len())
+}
 
 /// What rebuilds one upstream session.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,17 +42,15 @@ pub(crate) struct Journal {
     initialized: bool,
     log_level: Option<Value>,
     subscriptions: BTreeMap<String, Value>,
+    /// What it takes as JSON text: the `initialize` request, the log level, each
+    /// subscription's URI and params.
+    bytes: usize,
 }
 
 impl Journal {
     /// A journal starting with the `initialize` request sent upstream.
     pub(crate) fn new(initialize: Value) -> Self {
-        Self {
-            initialize,
-            initialized: false,
-            log_level: None,
-            subscriptions: BTreeMap::new(),
-        }
+        Self::from_parts(initialize, false, None, BTreeMap::new())
     }
 
     /// A journal from its parts, as [`Journal::parts`] gave them (on another pod).
@@ -43,12 +60,24 @@ impl Journal {
         log_level: Option<Value>,
         subscriptions: BTreeMap<String, Value>,
     ) -> Self {
+        let bytes = text_len(&initialize)
+            + log_level.as_ref().map_or(0, text_len)
+            + subscriptions
+                .iter()
+                .map(|(uri, params)| uri.len() + text_len(params))
+                .sum::<usize>();
         Self {
             initialize,
             initialized,
             log_level,
             subscriptions,
+            bytes,
         }
+    }
+
+    /// What the journal takes as JSON text, in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The parts: the `initialize` request, whether `notifications/initialized` was sent, the
@@ -67,38 +96,70 @@ impl Journal {
         &self.initialize
     }
 
-    /// Records a client message if it belongs to the journal; returns whether it did.
-    pub(crate) fn record(&mut self, message: &Message, raw: &Value) -> bool {
+    /// Records a client message if it belongs to the journal; returns whether it did. A message
+    /// that would grow the journal past `max_bytes` bytes or [`MAX_SUBSCRIPTIONS`] is refused,
+    /// and so is one that `admit` refuses when given the journal's size with it (the pod's
+    /// budget); a refused message changes nothing.
+    ///
+    /// # Errors
+    /// [`JournalError`] naming the bound.
+    pub(crate) fn record(
+        &mut self,
+        message: &Message,
+        raw: &Value,
+        max_bytes: usize,
+        admit: impl FnOnce(usize) -> bool,
+    ) -> Result<bool, JournalError> {
         let params = || raw.get("params").cloned().unwrap_or(Value::Null);
         let uri = || {
             raw.pointer("/params/uri")
                 .and_then(Value::as_str)
                 .map(str::to_owned)
         };
+        let current = self.bytes;
+        let grow = |old: usize, new: usize| {
+            let bytes = current - old + new;
+            if bytes > current && bytes > max_bytes {
+                return Err(JournalError::TooLarge(max_bytes));
+            }
+            if !admit(bytes) {
+                return Err(JournalError::PodFull);
+            }
+            Ok(bytes)
+        };
         match message {
             Message::Notification { method, .. } if method == "notifications/initialized" => {
                 self.initialized = true;
             }
             Message::Request { method, .. } if method == "logging/setLevel" => {
-                self.log_level = Some(params());
+                let level = params();
+                self.bytes = grow(
+                    self.log_level.as_ref().map_or(0, text_len),
+                    text_len(&level),
+                )?;
+                self.log_level = Some(level);
             }
-            Message::Request { method, .. } if method == "resources/subscribe" => match uri() {
-                Some(uri)
-                    if self.subscriptions.len() < MAX_SUBSCRIPTIONS
-                        || self.subscriptions.contains_key(&uri) =>
-                {
-                    self.subscriptions.insert(uri, params());
+            Message::Request { method, .. } if method == "resources/subscribe" => {
+                let Some(uri) = uri() else { return Ok(false) };
+                let old = self.subscriptions.get(&uri).map(text_len);
+                if old.is_none() && self.subscriptions.len() >= MAX_SUBSCRIPTIONS {
+                    return Err(JournalError::TooManySubscriptions);
                 }
-                _ => return false,
-            },
+                let params = params();
+                let old = old.map_or(0, |p| p + uri.len());
+                self.bytes = grow(old, uri.len() + text_len(&params))?;
+                self.subscriptions.insert(uri, params);
+            }
             Message::Request { method, .. } if method == "resources/unsubscribe" => {
-                if let Some(uri) = uri() {
-                    self.subscriptions.remove(&uri);
+                if let Some(uri) = uri()
+                    && let Some(params) = self.subscriptions.remove(&uri)
+                {
+                    self.bytes = grow(uri.len() + text_len(&params), 0)?;
                 }
             }
-            _ => return false,
+            _ => return Ok(false),
         }
-        true
+        Ok(true)
     }
 
     /// The messages to send after `initialize` to rebuild the session, in order. Requests get
@@ -127,11 +188,15 @@ mod tests {
     use super::*;
     use crate::mcp::jsonrpc::{Envelope, EnvelopeLimits};
 
-    fn record(j: &mut Journal, body: Value) -> bool {
+    fn record_within(j: &mut Journal, body: Value, max: usize) -> Result<bool, JournalError> {
         let limits = EnvelopeLimits { max_batch: 64 };
         let env = Envelope::parse(body.to_string().as_bytes(), limits).unwrap();
         let (message, raw) = &env.messages[0];
-        j.record(message, raw)
+        j.record(message, raw, max, |_| true)
+    }
+
+    fn record(j: &mut Journal, body: Value) -> bool {
+        record_within(j, body, usize::MAX).unwrap()
     }
 
     #[test]
@@ -183,14 +248,54 @@ mod tests {
     }
 
     #[test]
-    fn subscriptions_are_bounded() {
+    fn subscriptions_are_bounded_in_count_and_bytes_and_a_refusal_changes_nothing() {
+        let subscribe = |i: usize, pad: usize| {
+            json!({"jsonrpc": "2.0", "id": i, "method": "resources/subscribe",
+                   "params": {"uri": format!("u{i}"), "pad": "x".repeat(pad)}})
+        };
         let mut j = Journal::new(json!({}));
-        for i in 0..MAX_SUBSCRIPTIONS + 10 {
-            record(
-                &mut j,
-                json!({"jsonrpc": "2.0", "id": i, "method": "resources/subscribe", "params": {"uri": format!("u{i}")}}),
-            );
+        for i in 0..MAX_SUBSCRIPTIONS {
+            assert!(record(&mut j, subscribe(i, 0)));
         }
+        let before = j.clone();
+        assert_eq!(
+            record_within(&mut j, subscribe(MAX_SUBSCRIPTIONS, 0), usize::MAX),
+            Err(JournalError::TooManySubscriptions)
+        );
+        assert_eq!(j, before);
+        assert!(record(&mut j, subscribe(7, 10)), "a known URI is replaced");
         assert_eq!(j.replay().len(), MAX_SUBSCRIPTIONS);
+
+        let mut j = Journal::new(json!({"method": "initialize"}));
+        let empty = j.bytes();
+        assert_eq!(empty, r#"{"method":"initialize"}"#.len());
+        assert!(record_within(&mut j, subscribe(1, 1000), 2000).unwrap());
+        let one = j.bytes();
+        assert!(one > empty + 1000, "{one}");
+        assert_eq!(
+            record_within(&mut j, subscribe(2, 1000), 2000),
+            Err(JournalError::TooLarge(2000))
+        );
+        assert_eq!(j.bytes(), one, "refused: nothing kept");
+        let refused_by_pod = {
+            let limits = EnvelopeLimits { max_batch: 64 };
+            let body = subscribe(3, 10).to_string();
+            let env = Envelope::parse(body.as_bytes(), limits).unwrap();
+            let (message, raw) = &env.messages[0];
+            j.record(message, raw, usize::MAX, |_| false)
+        };
+        assert_eq!(refused_by_pod, Err(JournalError::PodFull));
+        assert!(record(
+            &mut j,
+            json!({"jsonrpc": "2.0", "id": 9, "method": "resources/unsubscribe", "params": {"uri": "u1"}})
+        ));
+        assert_eq!(j.bytes(), empty, "an unsubscribe gives its bytes back");
+        let parts = j.parts();
+        let copy = Journal::from_parts(parts.0.clone(), parts.1, parts.2.cloned(), parts.3.clone());
+        assert_eq!(
+            copy.bytes(),
+            j.bytes(),
+            "a copy on another pod counts the same"
+        );
     }
 }

@@ -12,6 +12,7 @@ mod bounded;
 pub(crate) mod fixtures;
 pub(crate) mod journal;
 mod registry;
+pub(crate) mod retained;
 
 pub(crate) use registry::{Registry, TooManySessions};
 
@@ -28,7 +29,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::{Message, RequestKey};
-use crate::session::journal::Journal;
+use crate::mcp::rejection::Rejection;
+use crate::session::journal::{Journal, JournalError, MAX_SUBSCRIPTIONS};
+use crate::session::retained::{Charge, Kind, Retained};
 use crate::stream::StoredReply;
 use crate::stream::buffer::{BufferLimits, Evictions, PodBudget};
 use crate::stream::{Stream, StreamKind, StreamSnapshot};
@@ -38,6 +41,14 @@ use bounded::Bounded;
 pub(crate) const MAX_STREAMS: usize = 4096;
 /// Most request records one session keeps for retry de-duplication.
 pub(crate) const MAX_REQUEST_RECORDS: usize = 16384;
+/// Bytes a retry record takes besides its request id (the digest, the stream key, the map and
+/// queue entries), for `tether_retained_bytes{kind="records"}`.
+const RECORD_OVERHEAD: u64 = 96;
+
+/// What the retry record of request `id` takes: its id twice (map and queue) and the rest.
+fn record_bytes(id: &RequestKey) -> u64 {
+    RECORD_OVERHEAD + 2 * id.as_json().len() as u64
+}
 
 /// The session's standalone GET stream (spec T-09).
 #[derive(Clone, Debug)]
@@ -96,6 +107,10 @@ struct State {
     busy: u32,
     upstream_id: Option<String>,
     journal: Journal,
+    /// The journal's bytes, counted in the pod's tally.
+    journal_charge: Charge,
+    /// The retry records' bytes, counted in the pod's tally.
+    records_charge: Charge,
     /// Requests admitted to this session that have not registered their stream yet.
     entering: u32,
     /// Where the session is in a handoff.
@@ -194,14 +209,18 @@ pub(crate) struct Session {
 
 impl Session {
     /// A new session. `digest` is the id's keyed digest, used in logs instead of the id;
-    /// `journal` starts with the `initialize` request sent upstream.
+    /// `journal` starts with the `initialize` request sent upstream; what the session retains
+    /// is counted in `retained` (the caller checked the pod had room for the journal).
     pub(crate) fn new(
         id: String,
         digest: String,
         upstream_id: Option<String>,
         version: ProtocolVersion,
         journal: Journal,
+        retained: &Retained,
     ) -> Arc<Self> {
+        let mut journal_charge = retained.charge(Kind::Journal);
+        journal_charge.resize(journal.bytes() as u64);
         Arc::new(Self {
             id,
             digest,
@@ -216,6 +235,8 @@ impl Session {
                 busy: 0,
                 upstream_id,
                 journal,
+                journal_charge,
+                records_charge: retained.charge(Kind::Records),
                 entering: 0,
                 handoff: HandoffState::Held,
                 observer: None,
@@ -241,6 +262,7 @@ impl Session {
         from: &str,
         limits: BufferLimits,
         budget: &PodBudget,
+        retained: &Retained,
     ) -> Arc<Self> {
         let SessionSnapshot {
             id,
@@ -250,7 +272,7 @@ impl Session {
             streams,
             standalone_unsupported,
         } = snapshot;
-        let session = Self::new(id, digest, None, version, journal);
+        let session = Self::new(id, digest, None, version, journal, retained);
         session.needs_rebuild.store(true, Ordering::Relaxed);
         let standalone_open = streams
             .iter()
@@ -296,13 +318,7 @@ impl Session {
         }
         for r in records {
             if !st.requests.contains(&r.id) {
-                st.requests.insert(
-                    r.id.clone(),
-                    RequestRecord {
-                        digest: r.digest,
-                        stream: r.stream.clone(),
-                    },
-                );
+                Self::insert_record(&mut st, &r.id, r.digest, r.stream.clone());
             }
         }
         added
@@ -494,9 +510,35 @@ impl Session {
         self.state.lock().upstream_id = id;
     }
 
-    /// Records a client message in the journal if it belongs there.
-    pub(crate) fn record(&self, message: &Message, raw: &Value) {
-        self.state.lock().journal.record(message, raw);
+    /// Records a client message in the journal if it belongs there, within the session's
+    /// `max_bytes` and the pod's journal budget.
+    ///
+    /// # Errors
+    /// [`Rejection::JournalFull`] (413) over the session's bounds, [`Rejection::PodJournalsFull`]
+    /// (429) over the pod's; the journal is unchanged then.
+    pub(crate) fn record(
+        &self,
+        message: &Message,
+        raw: &Value,
+        max_bytes: usize,
+    ) -> Result<(), Rejection> {
+        let mut st = self.state.lock();
+        let State {
+            journal,
+            journal_charge,
+            ..
+        } = &mut *st;
+        let admit = |bytes: usize| journal_charge.try_resize(bytes as u64).is_ok();
+        match journal.record(message, raw, max_bytes, admit) {
+            Ok(_) => Ok(()),
+            Err(JournalError::TooLarge(limit)) => Err(Rejection::JournalFull(format!(
+                "its journal would exceed {limit} bytes (--max-journal-bytes)"
+            ))),
+            Err(JournalError::TooManySubscriptions) => Err(Rejection::JournalFull(format!(
+                "it holds {MAX_SUBSCRIPTIONS} resource subscriptions"
+            ))),
+            Err(JournalError::PodFull) => Err(Rejection::PodJournalsFull),
+        }
     }
 
     /// A copy of the journal.
@@ -545,16 +587,26 @@ impl Session {
         if matches!(verdict, Dedupe::New) {
             Self::insert_stream(&mut st, stream);
             for id in ids {
-                st.requests.insert(
-                    id.clone(),
-                    RequestRecord {
-                        digest,
-                        stream: stream.key().clone(),
-                    },
-                );
+                Self::insert_record(&mut st, id, digest, stream.key().clone());
             }
         }
         verdict
+    }
+
+    /// Adds the retry record of `id` (forgetting the oldest over [`MAX_REQUEST_RECORDS`]) and
+    /// counts its bytes.
+    fn insert_record(st: &mut State, id: &RequestKey, digest: [u8; 32], stream: StreamKey) {
+        let mut bytes = st.records_charge.bytes();
+        if !st.requests.contains(id) {
+            bytes += record_bytes(id);
+        }
+        if let Some(forgotten) = st
+            .requests
+            .insert(id.clone(), RequestRecord { digest, stream })
+        {
+            bytes -= record_bytes(&forgotten);
+        }
+        st.records_charge.resize(bytes);
     }
 
     fn classify(st: &State, ids: &[RequestKey], digest: [u8; 32]) -> Dedupe {
@@ -586,7 +638,10 @@ impl Session {
         let mut st = self.state.lock();
         st.streams.remove(stream.key());
         for id in ids {
-            st.requests.remove(id);
+            if st.requests.remove(id) {
+                let bytes = st.records_charge.bytes() - record_bytes(id);
+                st.records_charge.resize(bytes);
+            }
         }
     }
 
@@ -844,7 +899,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_pods_activity_wakes_when_a_request_ends_or_a_stream_completes() {
-        let registry = Registry::new(4);
+        let registry = Registry::new(4, u64::MAX);
         let s = session();
         registry.insert(Arc::clone(&s)).unwrap();
         let woken = || {
@@ -887,7 +942,7 @@ mod tests {
         s.finish_move(Some("pod-b".into()));
         assert!(s.settled(Duration::from_millis(20)).await);
         assert!(matches!(s.enter(), Entry::Moved(uid) if uid == "pod-b"));
-        let r = Registry::new(4);
+        let r = Registry::new(4, u64::MAX);
         let kept = session();
         r.insert(Arc::clone(&kept)).unwrap();
         r.mark_moved(&kept, "pod-c");

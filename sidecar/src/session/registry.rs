@@ -1,5 +1,6 @@
 //! The sessions this pod holds, by client session id, and what it remembers of sessions it no
-//! longer holds: why they ended (the reason of a later 404) and where handed-off ones went.
+//! longer holds: why they ended (the reason of a later 404) and where handed-off ones went; and
+//! the tally of what its sessions retain ([`Retained`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use tokio::sync::Notify;
 
 use super::Session;
 use super::bounded::Bounded;
+use super::retained::Retained;
 use crate::mcp::rejection::NotFound;
 
 /// Most ended sessions remembered for 404 reasons, and most handed-off sessions remembered for
@@ -35,12 +37,16 @@ pub(crate) struct Registry {
     /// ended, a stream completed, a session left or a departed one was forgotten. A drain waits
     /// on it instead of polling.
     activity: Arc<Notify>,
+    /// What the sessions retain besides event buffers.
+    retained: Retained,
 }
 
 impl Registry {
-    /// An empty registry holding at most `max_sessions`.
-    pub(crate) fn new(max_sessions: usize) -> Self {
+    /// An empty registry holding at most `max_sessions`, whose sessions' journals may take at
+    /// most `journal_cap` bytes in all.
+    pub(crate) fn new(max_sessions: usize, journal_cap: u64) -> Self {
         Self {
+            retained: Retained::new(journal_cap),
             sessions: RwLock::new(HashMap::new()),
             ended: Mutex::new(Bounded::new(ENDED_LOG)),
             moved: Mutex::new(Bounded::new(ENDED_LOG)),
@@ -54,6 +60,11 @@ impl Registry {
     /// or a departed session is forgotten.
     pub(crate) fn activity(&self) -> &Notify {
         &self.activity
+    }
+
+    /// The tally of what the sessions retain besides event buffers.
+    pub(crate) fn retained(&self) -> &Retained {
+        &self.retained
     }
 
     /// Whether another session fits.
@@ -168,7 +179,7 @@ mod tests {
 
     #[test]
     fn the_registry_remembers_why_sessions_ended() {
-        let r = Registry::new(1);
+        let r = Registry::new(1, u64::MAX);
         let s = session();
         r.insert(Arc::clone(&s)).unwrap();
         assert_eq!(r.insert(session()), Err(TooManySessions(1)));

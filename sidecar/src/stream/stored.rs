@@ -34,6 +34,7 @@ impl From<&Rejection> for StoredReply {
             | Rejection::UpstreamUnavailable
             | Rejection::PeerUnavailable
             | Rejection::ResumeBudget
+            | Rejection::PodJournalsFull
             | Rejection::UpstreamTimeout => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }

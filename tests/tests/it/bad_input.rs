@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::json;
 use tether_tests::call::{self, CallPlan};
-use tether_tests::client::{ACCEPT_BOTH, body_text};
+use tether_tests::client::{ACCEPT_BOTH, body_text, expect_error, initialize_body};
 use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -291,5 +291,79 @@ async fn b01_batches_and_ids_are_bounded_before_they_cost_the_pod() {
     let (status, body) = refused(client.post(Some(&later), &huge, &[]).await.unwrap()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("batch"), "{body}");
+    still_serving(&pod).await;
+}
+
+/// What a session keeps to rebuild its upstream session is bounded and counted: an oversized
+/// `initialize` is refused before a session exists, subscriptions stop at the session's journal
+/// budget (the session goes on), `tether_retained_bytes{kind="journal"}` rises with them and
+/// falls back once the session is deleted.
+#[tokio::test]
+async fn a_sessions_journal_is_bounded_and_counted_in_retained_bytes() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let with_params = |pad: usize| {
+        let mut body = initialize_body(1, "2025-11-25");
+        body["params"]["capabilities"]["experimental"] = json!({"pad": "p".repeat(pad)});
+        body
+    };
+    // Params of (almost) 4 MiB, within the body limit, and of 100 KiB exceed
+    // --max-initialize-bytes (64 KiB): refused before anything reaches the MCP server.
+    for pad in [(4 << 20) - 1024, 100 << 10] {
+        let resp = client.post(None, &with_params(pad), &[]).await.unwrap();
+        let error = expect_error(resp, StatusCode::PAYLOAD_TOO_LARGE, "initialize_too_large")
+            .await
+            .unwrap();
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .contains("--max-initialize-bytes"),
+            "{error}"
+        );
+    }
+    let journal = r#"tether_retained_bytes{kind="journal"}"#;
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let one_session = pod
+        .wait_for_metric(journal, Duration::from_secs(5), |v| v > 0.0)
+        .await
+        .unwrap();
+    // Subscriptions with 4 KiB params each: the 1 MiB journal takes about 250 of 2,000.
+    let mut kept = 0;
+    let mut refusal = None;
+    for i in 0..2_000 {
+        let subscribe = json!({"jsonrpc": "2.0", "id": 100 + i, "method": "resources/subscribe",
+            "params": {"uri": format!("file:///r{i}"), "_meta": {"pad": "s".repeat(4 << 10)}}});
+        let resp = client.post(Some(&session), &subscribe, &[]).await.unwrap();
+        if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            refusal = Some(expect_error(resp, StatusCode::PAYLOAD_TOO_LARGE, "journal_full").await);
+            break;
+        }
+        drop(body_text(resp).await);
+        kept += 1;
+    }
+    let refusal = refusal.expect("the journal budget is spent before 2,000 subscriptions");
+    assert!(
+        refusal.unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-journal-bytes")
+    );
+    assert!((200..=256).contains(&kept), "{kept} subscriptions kept");
+    let full = pod
+        .wait_for_metric(journal, Duration::from_secs(5), |v| v > one_session + 1e6)
+        .await
+        .unwrap();
+    assert!(full <= one_session + f64::from(1 << 20), "{full}");
+    // The session goes on: a call is served.
+    let answer = client
+        .call(&session, 9_999, "echo", json!({"text": "after"}))
+        .await
+        .unwrap();
+    assert!(answer.iter().any(|m| m["result"].is_object()), "{answer:?}");
+    assert!(client.delete(&session).await.unwrap().is_success());
+    pod.wait_for_metric(journal, Duration::from_secs(5), |v| v == 0.0)
+        .await
+        .unwrap();
     still_serving(&pod).await;
 }

@@ -1,0 +1,161 @@
+//! The bytes a pod's sessions retain beyond their event buffers, counted per kind
+//! (`tether_retained_bytes{kind}`) and held against their bounds: each session's journal
+//! against `--max-journal-bytes`, every journal of the pod against `--pod-journal-bytes`
+//! (`docs/design/architecture.md#bounds`).
+//!
+//! A [`Charge`] is what one session holds of one kind; it is given back when the session's
+//! state is dropped, so the tally falls back when a session ends, expires or moves away.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What a session retains, as `tether_retained_bytes` labels it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The journal: the `initialize` request, the log level, the subscriptions.
+    Journal,
+    /// Retry records: request ids, body digests, stream keys.
+    Records,
+}
+
+impl Kind {
+    /// Every kind, in label order.
+    pub(crate) const ALL: [Kind; 2] = [Kind::Journal, Kind::Records];
+
+    /// The `kind` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Kind::Journal => "journal",
+            Kind::Records => "records",
+        }
+    }
+}
+
+/// The pod's journals would exceed `--pod-journal-bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PodFull;
+
+/// The pod-wide tally, shared by every session of the pod.
+#[derive(Clone, Debug)]
+pub(crate) struct Retained(Arc<Tally>);
+
+#[derive(Debug)]
+struct Tally {
+    bytes: [AtomicU64; 2],
+    /// `--pod-journal-bytes`.
+    journal_cap: u64,
+}
+
+impl Retained {
+    /// A tally whose journals may hold at most `journal_cap` bytes in all.
+    pub(crate) fn new(journal_cap: u64) -> Self {
+        Self(Arc::new(Tally {
+            bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+            journal_cap,
+        }))
+    }
+
+    /// Bytes of `kind` retained now.
+    pub(crate) fn bytes(&self, kind: Kind) -> u64 {
+        self.0.bytes[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// An empty charge of `kind`.
+    pub(crate) fn charge(&self, kind: Kind) -> Charge {
+        Charge {
+            retained: self.clone(),
+            kind,
+            bytes: 0,
+        }
+    }
+}
+
+/// The bytes of one kind one session retains; given back on drop.
+#[derive(Debug)]
+pub(crate) struct Charge {
+    retained: Retained,
+    kind: Kind,
+    bytes: u64,
+}
+
+impl Charge {
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Holds `bytes` from now on when the pod's cap of this kind allows the growth (a shrink
+    /// always does); else changes nothing.
+    ///
+    /// # Errors
+    /// [`PodFull`] when growing past the pod's journal cap.
+    pub(crate) fn try_resize(&mut self, bytes: u64) -> Result<(), PodFull> {
+        let tally = &self.retained.0.bytes[self.kind as usize];
+        if bytes > self.bytes && self.kind == Kind::Journal {
+            let grow = bytes - self.bytes;
+            let cap = self.retained.0.journal_cap;
+            tally
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                    (now + grow <= cap).then_some(now + grow)
+                })
+                .map_err(|_| PodFull)?;
+        } else {
+            self.apply(bytes);
+            return Ok(());
+        }
+        self.bytes = bytes;
+        Ok(())
+    }
+
+    /// Holds `bytes` from now on, whatever the pod's cap (what another pod already accepted,
+    /// and kinds without a cap).
+    pub(crate) fn resize(&mut self, bytes: u64) {
+        self.apply(bytes);
+    }
+
+    fn apply(&mut self, bytes: u64) {
+        let tally = &self.retained.0.bytes[self.kind as usize];
+        if bytes >= self.bytes {
+            tally.fetch_add(bytes - self.bytes, Ordering::Relaxed);
+        } else {
+            tally.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+        }
+        self.bytes = bytes;
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.apply(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charges_add_up_respect_the_journal_cap_and_are_given_back_on_drop() {
+        let pod = Retained::new(100);
+        let mut a = pod.charge(Kind::Journal);
+        let mut b = pod.charge(Kind::Journal);
+        a.try_resize(60).unwrap();
+        assert_eq!(b.try_resize(41), Err(PodFull));
+        assert_eq!(b.bytes(), 0, "a refused growth changes nothing");
+        b.try_resize(40).unwrap();
+        assert_eq!(pod.bytes(Kind::Journal), 100);
+        a.try_resize(10).unwrap();
+        assert_eq!(pod.bytes(Kind::Journal), 50);
+        let mut records = pod.charge(Kind::Records);
+        records.resize(1_000);
+        assert_eq!(pod.bytes(Kind::Records), 1_000, "records have no cap here");
+        b.resize(500);
+        assert_eq!(
+            pod.bytes(Kind::Journal),
+            510,
+            "an adopted journal is accepted"
+        );
+        drop((a, b, records));
+        assert_eq!((pod.bytes(Kind::Journal), pod.bytes(Kind::Records)), (0, 0));
+    }
+}
