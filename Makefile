@@ -53,11 +53,13 @@ demo: deps
 	$(CARGO) build --release --bins
 	./target/release/tether-demo $(DEMO_ARGS)
 
-## bench: ring lookup (criterion) and forward-hop latency (release build).
+## bench: ring lookup (criterion), forward-hop latency and what hostile input costs (release
+## build).
 bench: deps
 	$(CARGO) build --release --bins
 	$(CARGO) bench -p tether-sidecar --bench ring
 	./target/release/tether-bench-routing
+	./target/release/tether-bench-hostile
 
 ## crds: regenerate what the McpEndpoint types generate (a test fails while one is stale):
 ## crds/, the chart's CRD template and docs/reference/crd.md.

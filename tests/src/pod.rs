@@ -349,6 +349,29 @@ impl Pod {
             .ok_or_else(|| HarnessError::Protocol(format!("no VmHWM in /proc/{pid}/status")))
     }
 
+    /// CPU time the sidecar has used so far, every thread's (the first field of each
+    /// `/proc/<pid>/task/<tid>/schedstat`, in nanoseconds); threads that already ended are not
+    /// counted, pingora's are long-lived.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the sidecar exited or its tasks cannot be read.
+    pub fn sidecar_cpu(&self) -> Result<Duration> {
+        let pid = self
+            .sidecar
+            .id()
+            .ok_or_else(|| HarnessError::Start("the sidecar already exited".into()))?;
+        let mut nanos = 0u64;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+            let stat = std::fs::read_to_string(task?.path().join("schedstat"))?;
+            nanos += stat
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        Ok(Duration::from_nanos(nanos))
+    }
+
     /// Stops the example server (SIGKILL) and starts it again: the upstream loses every session.
     ///
     /// # Errors
