@@ -276,6 +276,21 @@ async fn b01_batches_and_ids_are_bounded_before_they_cost_the_pod() {
     let (status, body) = refused(client.post(Some(&session), &long_id, &[]).await.unwrap()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("at most 256 bytes"), "{body}");
+    // Meanwhile another session's calls go on (their latency is measured by
+    // `tether-bench-hostile`; here they must all be answered).
+    let background = {
+        let client = pod.client();
+        let victim = client.initialize("2025-11-25").await.unwrap();
+        tokio::spawn(async move {
+            for id in 0..50 {
+                let answer = client
+                    .call(&victim, 5_000 + id, "echo", json!({"text": "bystander"}))
+                    .await
+                    .unwrap();
+                assert!(answer.iter().any(|m| m["result"].is_object()), "{answer:?}");
+            }
+        })
+    };
     // A batch just under the 4 MiB body limit (40,000 members) without a session, and with a
     // forged session id: refused at its 65th member.
     let huge = echo_batch(40_000, 0);
@@ -291,6 +306,7 @@ async fn b01_batches_and_ids_are_bounded_before_they_cost_the_pod() {
     let (status, body) = refused(client.post(Some(&later), &huge, &[]).await.unwrap()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.contains("batch"), "{body}");
+    background.await.expect("every bystander call is answered");
     still_serving(&pod).await;
 }
 
