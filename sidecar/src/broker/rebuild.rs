@@ -203,7 +203,7 @@ impl Broker {
         let journal = session.journal();
         let version = session.version().as_str();
         let init = journal.initialize();
-        let (status, upstream_id, messages) = self.exchange(None, None, init).await?;
+        let (status, upstream_id, messages) = self.exchange(None, None, &init).await?;
         if !status.is_success() {
             return Err(RebuildError::Refused("initialize", status));
         }

@@ -30,10 +30,10 @@ pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
         id: snapshot.id.clone(),
         version: snapshot.version.as_str().to_owned(),
         journal: JournalImage {
-            initialize: initialize.clone(),
+            initialize,
             initialized,
-            log_level: log_level.cloned(),
-            subscriptions: subscriptions.clone(),
+            log_level,
+            subscriptions,
         },
         requests: request_images(&snapshot.records),
         streams: snapshot.streams.iter().map(stream_image).collect(),

@@ -5,7 +5,8 @@
 //! sent, the last `logging/setLevel` and the current `resources/subscribe` set (an
 //! `unsubscribe` removes its URI). Replaying it on a fresh upstream session yields the same
 //! session configuration; tool state that lives only inside the upstream (e.g. a counter) is
-//! not rebuilt. Its size is bounded and counted ([`Journal::bytes`]): at most
+//! not rebuilt. It keeps each part as compact JSON text, so that what it holds is what it
+//! counts; its size is bounded and counted ([`Journal::bytes`]): at most
 //! [`MAX_SUBSCRIPTIONS`] subscriptions, at most the session's `--max-journal-bytes` in all; a
 //! request that would grow it past either is refused before it is sent upstream (the
 //! `initialize` itself is bounded by `--max-initialize-bytes` before the session exists).
@@ -30,18 +31,23 @@ pub(crate) enum JournalError {
     PodFull,
 }
 
-/// The bytes a JSON value takes as text.
-fn text_len(value: &Value) -> usize {
-    serde_json::to_vec(value).map_or(0, |v| v.len())
+/// A JSON value as compact text.
+fn text(value: &Value) -> Box<str> {
+    value.to_string().into_boxed_str()
+}
+
+/// The value of JSON text this journal wrote ([`text`]).
+fn value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
 }
 
 /// What rebuilds one upstream session.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Journal {
-    initialize: Value,
+    initialize: Box<str>,
     initialized: bool,
-    log_level: Option<Value>,
-    subscriptions: BTreeMap<String, Value>,
+    log_level: Option<Box<str>>,
+    subscriptions: BTreeMap<String, Box<str>>,
     /// What it takes as JSON text: the `initialize` request, the log level, each
     /// subscription's URI and params.
     bytes: usize,
@@ -60,11 +66,17 @@ impl Journal {
         log_level: Option<Value>,
         subscriptions: BTreeMap<String, Value>,
     ) -> Self {
-        let bytes = text_len(&initialize)
-            + log_level.as_ref().map_or(0, text_len)
+        let initialize = text(&initialize);
+        let log_level = log_level.as_ref().map(text);
+        let subscriptions: BTreeMap<String, Box<str>> = subscriptions
+            .into_iter()
+            .map(|(uri, params)| (uri, text(&params)))
+            .collect();
+        let bytes = initialize.len()
+            + log_level.as_ref().map_or(0, |l| l.len())
             + subscriptions
                 .iter()
-                .map(|(uri, params)| uri.len() + text_len(params))
+                .map(|(uri, params)| uri.len() + params.len())
                 .sum::<usize>();
         Self {
             initialize,
@@ -82,18 +94,21 @@ impl Journal {
 
     /// The parts: the `initialize` request, whether `notifications/initialized` was sent, the
     /// last `logging/setLevel` params and the subscriptions' params by URI.
-    pub(crate) fn parts(&self) -> (&Value, bool, Option<&Value>, &BTreeMap<String, Value>) {
+    pub(crate) fn parts(&self) -> (Value, bool, Option<Value>, BTreeMap<String, Value>) {
         (
-            &self.initialize,
+            value(&self.initialize),
             self.initialized,
-            self.log_level.as_ref(),
-            &self.subscriptions,
+            self.log_level.as_deref().map(value),
+            self.subscriptions
+                .iter()
+                .map(|(uri, params)| (uri.clone(), value(params)))
+                .collect(),
         )
     }
 
     /// The `initialize` request.
-    pub(crate) fn initialize(&self) -> &Value {
-        &self.initialize
+    pub(crate) fn initialize(&self) -> Value {
+        value(&self.initialize)
     }
 
     /// Records a client message if it belongs to the journal; returns whether it did. A message
@@ -132,29 +147,26 @@ impl Journal {
                 self.initialized = true;
             }
             Message::Request { method, .. } if method == "logging/setLevel" => {
-                let level = params();
-                self.bytes = grow(
-                    self.log_level.as_ref().map_or(0, text_len),
-                    text_len(&level),
-                )?;
+                let level = text(&params());
+                self.bytes = grow(self.log_level.as_ref().map_or(0, |l| l.len()), level.len())?;
                 self.log_level = Some(level);
             }
             Message::Request { method, .. } if method == "resources/subscribe" => {
                 let Some(uri) = uri() else { return Ok(false) };
-                let old = self.subscriptions.get(&uri).map(text_len);
+                let old = self.subscriptions.get(&uri).map(|p| p.len());
                 if old.is_none() && self.subscriptions.len() >= MAX_SUBSCRIPTIONS {
                     return Err(JournalError::TooManySubscriptions);
                 }
-                let params = params();
+                let params = text(&params());
                 let old = old.map_or(0, |p| p + uri.len());
-                self.bytes = grow(old, uri.len() + text_len(&params))?;
+                self.bytes = grow(old, uri.len() + params.len())?;
                 self.subscriptions.insert(uri, params);
             }
             Message::Request { method, .. } if method == "resources/unsubscribe" => {
                 if let Some(uri) = uri()
                     && let Some(params) = self.subscriptions.remove(&uri)
                 {
-                    self.bytes = grow(uri.len() + text_len(&params), 0)?;
+                    self.bytes = grow(uri.len() + params.len(), 0)?;
                 }
             }
             _ => return Ok(false),
@@ -174,10 +186,10 @@ impl Journal {
             out.push(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         };
         if let Some(level) = &self.log_level {
-            request("logging/setLevel", level);
+            request("logging/setLevel", &value(level));
         }
         for params in self.subscriptions.values() {
-            request("resources/subscribe", params);
+            request("resources/subscribe", &value(params));
         }
         out
     }
@@ -290,8 +302,9 @@ mod tests {
             json!({"jsonrpc": "2.0", "id": 9, "method": "resources/unsubscribe", "params": {"uri": "u1"}})
         ));
         assert_eq!(j.bytes(), empty, "an unsubscribe gives its bytes back");
-        let parts = j.parts();
-        let copy = Journal::from_parts(parts.0.clone(), parts.1, parts.2.cloned(), parts.3.clone());
+        let (initialize, initialized, level, subscriptions) = j.parts();
+        let copy = Journal::from_parts(initialize, initialized, level, subscriptions);
+        assert_eq!(copy, j, "the parts rebuild the same journal");
         assert_eq!(
             copy.bytes(),
             j.bytes(),
