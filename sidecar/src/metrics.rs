@@ -186,6 +186,21 @@ pub(crate) struct Metrics {
     admin_refused: Family<Reason, Counter>,
     /// Bytes the pod's sessions retain now, by kind (`journal`, `records`, `buffers`).
     retained_bytes: Family<KindLabel, Gauge>,
+    /// Upstream SSE events over `--max-event-bytes`: reading stopped there, the event was never
+    /// buffered.
+    upstream_events_too_large: Counter,
+    /// Client connections open on the MCP listener.
+    client_connections: Gauge,
+    /// Connections closed because a request head was not complete `--header-timeout` after its
+    /// first byte.
+    header_timeouts: Counter,
+    /// Request heads pingora refused before the sidecar saw them (400: malformed, over 256
+    /// header fields or 1 MiB; 405: `CONNECT`).
+    request_heads_refused: Counter,
+    /// Connections closed because a write to the client waited `--client-write-timeout`.
+    client_write_timeouts: Counter,
+    /// GETs that took a stream over from another connection (spec T-09).
+    stream_takeovers: Counter,
 }
 
 impl Default for Metrics {
@@ -235,6 +250,12 @@ impl Metrics {
             config_restart_pending: Gauge::default(),
             admin_refused: Family::default(),
             retained_bytes: Family::default(),
+            upstream_events_too_large: Counter::default(),
+            client_connections: Gauge::default(),
+            header_timeouts: Counter::default(),
+            request_heads_refused: Counter::default(),
+            client_write_timeouts: Counter::default(),
+            stream_takeovers: Counter::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -401,6 +422,36 @@ impl Metrics {
             "retained_bytes",
             "Bytes the pod's sessions retain, by kind",
             m.retained_bytes.clone(),
+        );
+        r.register(
+            "upstream_events_too_large",
+            "Upstream SSE events over --max-event-bytes, never buffered",
+            m.upstream_events_too_large.clone(),
+        );
+        r.register(
+            "client_connections",
+            "Client connections open on the MCP listener",
+            m.client_connections.clone(),
+        );
+        r.register(
+            "header_timeouts",
+            "Connections closed for a request head not complete within --header-timeout",
+            m.header_timeouts.clone(),
+        );
+        r.register(
+            "request_heads_refused",
+            "Request heads pingora refused before the sidecar saw them",
+            m.request_heads_refused.clone(),
+        );
+        r.register(
+            "client_write_timeouts",
+            "Connections closed for a write waiting --client-write-timeout",
+            m.client_write_timeouts.clone(),
+        );
+        r.register(
+            "stream_takeovers",
+            "GETs that took a stream over from another connection",
+            m.stream_takeovers.clone(),
         );
         Self { registry, ..m }
     }
@@ -600,6 +651,43 @@ impl Metrics {
         self.config_restart_pending.set(i64::from(pending));
     }
 
+    /// An upstream SSE event over `--max-event-bytes` (`tether_upstream_events_too_large_total`).
+    pub(crate) fn upstream_event_too_large(&self) {
+        self.upstream_events_too_large.inc();
+    }
+
+    /// A client connection opened (`true`) or closed (`false`) on the MCP listener
+    /// (`tether_client_connections`).
+    pub(crate) fn client_connection(&self, opened: bool) {
+        if opened {
+            self.client_connections.inc();
+        } else {
+            self.client_connections.dec();
+        }
+    }
+
+    /// A connection closed for a request head past `--header-timeout`
+    /// (`tether_header_timeouts_total`).
+    pub(crate) fn header_timeout(&self) {
+        self.header_timeouts.inc();
+    }
+
+    /// A request head pingora refused itself (`tether_request_heads_refused_total`).
+    pub(crate) fn request_head_refused(&self) {
+        self.request_heads_refused.inc();
+    }
+
+    /// A connection closed for a write past `--client-write-timeout`
+    /// (`tether_client_write_timeouts_total`).
+    pub(crate) fn client_write_timeout(&self) {
+        self.client_write_timeouts.inc();
+    }
+
+    /// A GET that took a stream over from another connection (`tether_stream_takeovers_total`).
+    pub(crate) fn stream_takeover(&self) {
+        self.stream_takeovers.inc();
+    }
+
     /// Counts a failed handoff attempt.
     pub(crate) fn handoff_failed(&self, reason: &'static str) {
         self.handoffs_failed.get_or_create(&Reason { reason }).inc();
@@ -675,7 +763,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 36);
+        assert_eq!(fields, 42);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -707,7 +795,7 @@ mod tests {
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            36,
+            42,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -30,7 +30,7 @@ use crate::ops::admin::Admin;
 use crate::ops::control::DrainControl;
 use crate::ops::drain::Drain;
 use crate::ops::shutdown::DrainOnTerm;
-use crate::proxy::McpProxy;
+use crate::proxy::{ConnectionLimits, McpListener, McpProxy};
 use crate::session::Registry;
 use crate::stream::buffer::PodBudget;
 use crate::upstream::Upstream;
@@ -243,8 +243,15 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         upstream_path: cfg.upstream.path().to_owned(),
         body_timeout: cfg.request_timeout,
         peer_read_timeout,
+        client_write_timeout: cfg.client_write_timeout,
     };
-    let mut mcp = pingora::proxy::http_proxy_service_with_name(&server.configuration, proxy, "mcp");
+    let limits = ConnectionLimits {
+        max_connections: cfg.max_connections,
+        header_timeout: cfg.header_timeout,
+    };
+    let proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
+    let listener = McpListener::new(proxy, limits, Arc::clone(&metrics));
+    let mut mcp = Service::new("mcp".to_owned(), listener);
     mcp.add_tcp(&cfg.listen_addr.to_string());
     let drain = Drain::new(
         Arc::clone(&broker),

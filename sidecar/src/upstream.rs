@@ -3,21 +3,23 @@
 //! Sessionful requests are sent from the sidecar's own tasks with hyper, decoupled from the
 //! client connection (spec L-01): the upstream call lives as long as its stream needs it, not as
 //! long as the client stays connected. Upstream SSE bodies are decoded with the `sse-stream`
-//! crate (chunk boundaries are not event boundaries; LF, CRLF and CR line ends; `retry`).
+//! crate (chunk boundaries are not event boundaries; LF, CRLF and CR line ends; `retry`), each
+//! event bounded in size while it is read (`--max-event-bytes`).
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyDataStream, BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use sse_stream::{Sse, SseStream};
+use sse_stream::{Sse, SseByteStream};
 
 use crate::mcp::headers::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
+use crate::mcp::sse_limit::{EventBound, EventTooLarge};
 
 /// How long connecting to the upstream may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -214,14 +216,47 @@ pub(crate) async fn read_body(
     }
 }
 
+/// Why an upstream SSE body stopped before its end.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SseBodyError {
+    /// An event passed `--max-event-bytes`: the body is not read further.
+    #[error(transparent)]
+    TooLarge(#[from] EventTooLarge),
+    /// The connection broke.
+    #[error("upstream SSE body broken: {0}")]
+    Broken(Box<dyn std::error::Error + Send + Sync>),
+}
+
 /// Decodes an SSE body into events (raw blocks: `id`, `event`, `data`, `retry`; comments
-/// dropped; an incomplete last block discarded).
-pub(crate) fn events<B>(body: B) -> impl futures::Stream<Item = Result<Sse, sse_stream::Error>>
+/// dropped; an incomplete last block discarded). Each chunk is checked against
+/// `max_event_bytes` before the decoder sees it, so the decoder never holds more than that of
+/// one event; past it the stream ends with an error that [`event_too_large`] recognises.
+pub(crate) fn events<B>(
+    body: B,
+    max_event_bytes: usize,
+) -> impl futures::Stream<Item = Result<Sse, sse_stream::Error>>
 where
-    B: hyper::body::Body,
+    B: hyper::body::Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    SseStream::new(body).fuse()
+    let mut bound = EventBound::new(max_event_bytes);
+    let checked = BodyDataStream::new(body).map(move |chunk| {
+        let chunk = chunk.map_err(|e| SseBodyError::Broken(Box::new(e)))?;
+        bound.feed(&chunk)?;
+        Ok::<_, SseBodyError>(chunk)
+    });
+    SseByteStream::new(checked).fuse()
+}
+
+/// The limit an upstream event passed, when `e` ended an [`events`] stream for that reason.
+pub(crate) fn event_too_large(e: &sse_stream::Error) -> Option<EventTooLarge> {
+    match e {
+        sse_stream::Error::Body(inner) => match inner.downcast_ref::<SseBodyError>() {
+            Some(SseBodyError::TooLarge(too_large)) => Some(*too_large),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// Whether an upstream status means the upstream no longer knows the session (spec S-05).
@@ -304,7 +339,11 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        rt.block_on(events(body).filter_map(|r| async move { r.ok() }).collect())
+        rt.block_on(
+            events(body, 1 << 20)
+                .filter_map(|r| async move { r.ok() })
+                .collect(),
+        )
     }
 
     proptest! {
@@ -336,6 +375,27 @@ mod tests {
         assert_eq!(decoded[0].id.as_deref(), Some("0"));
         assert_eq!(decoded[0].retry, Some(3000));
         assert_eq!(decoded[0].data.as_deref(), Some(""));
+    }
+
+    #[test]
+    fn an_event_over_the_limit_ends_the_stream_with_its_own_error() {
+        let mut bytes = b"id: 1\ndata: small\n\n".to_vec();
+        bytes.extend_from_slice(b"data: ");
+        bytes.extend(std::iter::repeat_n(b'x', 10_000));
+        bytes.extend_from_slice(b"\n\nid: 3\ndata: after\n\n");
+        let chunks: Vec<_> = bytes
+            .chunks(512)
+            .map(|c| Ok::<_, std::convert::Infallible>(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let body = StreamBody::new(stream::iter(chunks));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let got: Vec<_> = rt.block_on(events(body, 4096).collect());
+        assert_eq!(got.len(), 2, "the small event, then the error: {got:?}");
+        assert_eq!(got[0].as_ref().unwrap().data.as_deref(), Some("small"));
+        let e = got[1].as_ref().unwrap_err();
+        assert_eq!(event_too_large(e), Some(EventTooLarge { limit: 4096 }));
     }
 
     #[test]

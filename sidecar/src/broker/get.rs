@@ -9,6 +9,8 @@
 //! - Without: the session's standalone stream. The sidecar opens it upstream once and keeps it
 //!   open, buffering server-initiated messages while no client listens; each client GET takes it
 //!   over. An upstream without one answers 405, which is passed through (and remembered).
+//! - A GET that ends another connection's read of a stream (a take-over) is allowed
+//!   `--max-takeovers` times a second per session; more get 429 `takeover_budget`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,7 +27,7 @@ use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::{EnterGuard, Session, Standalone};
 use crate::stream::buffer::ReplayError;
-use crate::stream::{Start, Stream, StreamKind};
+use crate::stream::{Feed, Start, Stream, StreamKind};
 use crate::upstream::is_sse;
 
 impl Broker {
@@ -88,7 +90,7 @@ impl Broker {
         } else {
             (stream, id.seq)
         };
-        let reply = Reply::sse(self.feed(session, &stream, Start::After(from), true));
+        let reply = Reply::sse(self.take_over(session, &stream, Start::After(from))?);
         self.metrics
             .resume_hit(stream.last_seq().saturating_sub(from), started.elapsed());
         Ok(Some(reply.with_session_id(session.id())))
@@ -108,9 +110,28 @@ impl Broker {
             },
         };
         Ok(
-            Reply::sse(self.feed(session, &stream, Start::Undelivered, true))
+            Reply::sse(self.take_over(session, &stream, Start::Undelivered)?)
                 .with_session_id(session.id()),
         )
+    }
+
+    /// A reader of `stream` for this GET, which ends any other connection's read (spec T-09).
+    /// Ending one is a take-over, at most `--max-takeovers` a second per session.
+    fn take_over(
+        &self,
+        session: &Session,
+        stream: &Arc<Stream>,
+        start: Start,
+    ) -> Result<Feed, Rejection> {
+        if stream.is_read() {
+            if let Some(max) = self.cfg().max_takeovers
+                && !session.admit_takeover(max)
+            {
+                return Err(Rejection::TakeoverBudget);
+            }
+            self.metrics.stream_takeover();
+        }
+        Ok(self.feed(session, stream, start, true))
     }
 
     /// Opens the upstream standalone stream: `Ok(stream)`, or the upstream's refusal to pass on.

@@ -170,7 +170,9 @@ impl Broker {
 /// The data events of a complete SSE body (priming and comment-only blocks dropped).
 pub(super) async fn sse_messages(body: Bytes) -> Messages {
     let mut out = Vec::new();
-    let mut stream = std::pin::pin!(events(Full::new(body)));
+    // The body is already held whole (bounded when it was read): no event can be larger.
+    let whole = body.len();
+    let mut stream = std::pin::pin!(events(Full::new(body), whole));
     while let Some(Ok(ev)) = stream.next().await {
         if let Some(data) = ev.data.filter(|d| !d.is_empty()) {
             out.push((ev.event.filter(|e| e != "message"), Bytes::from(data)));

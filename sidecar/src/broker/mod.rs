@@ -85,6 +85,11 @@ pub(crate) struct BrokerConfig {
     pub(crate) max_initialize_bytes: usize,
     /// Largest journal of one session, in bytes (`--max-journal-bytes`).
     pub(crate) max_journal_bytes: usize,
+    /// Most take-overs of one session's streams per second; `None`: no limit
+    /// (`--max-takeovers`).
+    pub(crate) max_takeovers: Option<std::num::NonZeroU32>,
+    /// Largest SSE event read from the upstream, in bytes (`--max-event-bytes`).
+    pub(crate) max_event_bytes: usize,
 }
 
 /// The session broker of one pod.

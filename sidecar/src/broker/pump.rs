@@ -5,7 +5,8 @@
 //! ends. An upstream that closes an SSE connection before the stream is over (SEP-1699 polling,
 //! spec R-06/R-07) is resumed by the task itself with `GET` + the upstream's `Last-Event-ID`,
 //! after the upstream's `retry` delay, invisibly to the client; events the upstream sends again
-//! on resume are recognised by their upstream id and dropped. A request that cannot be finished
+//! on resume are recognised by their upstream id and dropped. An event larger than
+//! `--max-event-bytes` is never buffered: reading stops there. A request that cannot be finished
 //! ends with a JSON-RPC error for its id on the stream, so a client never hangs.
 
 use std::collections::VecDeque;
@@ -22,10 +23,14 @@ use super::rebuild::Sent;
 use crate::mcp::headers::MCP_PROTOCOL_VERSION;
 use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::rejection::{NotFound, Rejection};
+use crate::mcp::sse_limit::EventTooLarge;
 use crate::session::Session;
 use crate::stream::StoredReply;
 use crate::stream::{Stream, StreamKind};
-use crate::upstream::{UpstreamError, events, is_sse, read_body};
+use crate::upstream::{UpstreamError, event_too_large, events, is_sse, read_body};
+
+/// `data.reason` of the error that ends a request whose upstream stream was lost.
+const UPSTREAM_STREAM_LOST: &str = "upstream_stream_lost";
 
 /// Upstream event ids remembered per stream to drop events sent again on resume.
 const RECENT_IDS: usize = 64;
@@ -141,7 +146,7 @@ impl Broker {
         let mut failures = 0u32;
         loop {
             if let Some(b) = body.take() {
-                match self.pump_body(stream, b, ids, &mut cursor).await {
+                match self.pump_body(session, stream, b, ids, &mut cursor).await {
                     BodyEnd::Done => return,
                     BodyEnd::Closed { progressed: true } => failures = 0,
                     BodyEnd::Closed { progressed: false } => {}
@@ -204,12 +209,13 @@ impl Broker {
 
     async fn pump_body(
         &self,
+        session: &Session,
         stream: &Arc<Stream>,
         body: Incoming,
         ids: &[RequestKey],
         cursor: &mut UpstreamCursor,
     ) -> BodyEnd {
-        let mut events = std::pin::pin!(events(body));
+        let mut events = std::pin::pin!(events(body, self.cfg().max_event_bytes));
         let mut progressed = false;
         loop {
             let next = tokio::select! {
@@ -220,6 +226,10 @@ impl Broker {
             let ev = match next {
                 Some(Ok(ev)) => ev,
                 Some(Err(e)) => {
+                    if let Some(too_large) = event_too_large(&e) {
+                        self.drop_oversized(session, stream, ids, too_large);
+                        return BodyEnd::Done;
+                    }
                     tracing::debug!(error = %e, "upstream SSE stream broke");
                     return BodyEnd::Closed { progressed };
                 }
@@ -305,23 +315,46 @@ impl Broker {
         }
     }
 
+    /// Stops reading an upstream stream at an event larger than `--max-event-bytes` (never
+    /// buffered): its requests end with a JSON-RPC error naming the limit
+    /// (`data.reason` = `event_too_large`); a standalone stream is closed and the event is
+    /// lost: the next GET opens a new one (resuming upstream would fetch the same event again).
+    fn drop_oversized(
+        &self,
+        session: &Session,
+        stream: &Arc<Stream>,
+        ids: &[RequestKey],
+        too_large: EventTooLarge,
+    ) {
+        self.metrics.upstream_event_too_large();
+        tracing::warn!(
+            session = session.digest(),
+            limit = too_large.limit,
+            "the MCP server sent an SSE event over --max-event-bytes; the stream was cut"
+        );
+        let message = format!(
+            "event_too_large: the MCP server sent an SSE event larger than {} bytes \
+             (--max-event-bytes)",
+            too_large.limit
+        );
+        end_stream(session, stream, ids, &message, "event_too_large");
+    }
+
     /// Gives a stream up after repeated failures: POST requests end with an error; the
     /// standalone stream is closed and the next GET opens a new one.
     fn give_up(&self, session: &Session, stream: &Arc<Stream>, ids: &[RequestKey]) {
-        match stream.kind() {
-            StreamKind::Post | StreamKind::Batch => {
-                self.fail_stream(stream, ids, "the MCP server's stream could not be resumed")
-            }
-            StreamKind::Standalone => {
-                session.clear_standalone(stream);
-                stream.complete();
-            }
-        }
+        end_stream(
+            session,
+            stream,
+            ids,
+            "the MCP server's stream could not be resumed",
+            UPSTREAM_STREAM_LOST,
+        );
     }
 
     /// Ends requests `ids` on `stream` with a JSON-RPC error (a client never hangs).
     fn fail_stream(&self, stream: &Stream, ids: &[RequestKey], message: &str) {
-        stream.fail_pending(ids, message, "upstream_stream_lost");
+        stream.fail_pending(ids, message, UPSTREAM_STREAM_LOST);
     }
 
     /// Reports a failure before any answer: as the POST's reply (single request) or as error
@@ -387,6 +420,24 @@ impl Broker {
                 self.metrics.upstream_error("timeout");
                 Rejection::UpstreamTimeout
             }
+        }
+    }
+}
+
+/// Ends a stream whose upstream side is lost: requests `ids` get a JSON-RPC error (`message`,
+/// `data.reason` = `reason`); a standalone stream is closed, and the next GET opens a new one.
+fn end_stream(
+    session: &Session,
+    stream: &Arc<Stream>,
+    ids: &[RequestKey],
+    message: &str,
+    reason: &str,
+) {
+    match stream.kind() {
+        StreamKind::Post | StreamKind::Batch => stream.fail_pending(ids, message, reason),
+        StreamKind::Standalone => {
+            session.clear_standalone(stream);
+            stream.complete();
         }
     }
 }

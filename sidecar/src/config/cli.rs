@@ -106,6 +106,42 @@ pub struct Cli {
     /// a new session or a journal's growth beyond gets 429 `pod_journals_full` + `Retry-After`.
     #[arg(long, env = "TETHER_POD_JOURNAL_BYTES", value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
     pub pod_journal_bytes: u64,
+    /// How long a request's head (request line and header fields) may take to arrive, from its
+    /// first byte; a client still sending it then has its connection closed (slow-loris
+    /// defence: pingora's own read timeout bounds each read, not the whole head).
+    #[arg(long, env = "TETHER_HEADER_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+    /// How long one write to a client may wait for it to read (a chunk of an SSE stream is at
+    /// most 64 KiB or one event); a client that stops reading has its connection closed, and
+    /// its stream stays buffered for a resume with `Last-Event-ID`.
+    #[arg(long, env = "TETHER_CLIENT_WRITE_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub client_write_timeout: Duration,
+    /// Most client connections the MCP listener keeps open (peers' forwarded requests count
+    /// too); the first request of a further connection gets 503 `too_many_connections` +
+    /// `Retry-After`, then the connection is closed.
+    #[arg(
+        long,
+        env = "TETHER_MAX_CONNECTIONS",
+        value_name = "N",
+        default_value_t = 4096
+    )]
+    pub max_connections: usize,
+    /// Most take-overs of one session's streams per second: a GET that ends another
+    /// connection's read of the same stream (spec T-09). More get 429 `takeover_budget` +
+    /// `Retry-After`, so a client reopening GETs in a loop cannot churn the session. 0 = no
+    /// limit.
+    #[arg(
+        long,
+        env = "TETHER_MAX_TAKEOVERS",
+        value_name = "N",
+        default_value_t = 10
+    )]
+    pub max_takeovers: u32,
+    /// Largest SSE event (or line) read from the upstream, in bytes, at most
+    /// `--pod-buffer-bytes`; reading stops at a larger one, never buffered whole, and its request
+    /// ends with a JSON-RPC error (`data.reason` = `event_too_large`).
+    #[arg(long, env = "TETHER_MAX_EVENT_BYTES", value_name = "BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_event_bytes: usize,
     /// Pod-wide cap of buffered event data, in bytes, shared by every stream.
     #[arg(long, env = "TETHER_POD_BUFFER_BYTES", value_name = "BYTES", default_value_t = 256 * 1024 * 1024)]
     pub pod_buffer_bytes: u64,

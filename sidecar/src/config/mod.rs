@@ -114,6 +114,12 @@ pub struct Config {
     pub(crate) pod_journal_bytes: u64,
     /// Request body deadline.
     pub(crate) request_timeout: std::time::Duration,
+    /// Request head deadline, from its first byte (`--header-timeout`).
+    pub(crate) header_timeout: std::time::Duration,
+    /// Longest wait of one write to a client (`--client-write-timeout`).
+    pub(crate) client_write_timeout: std::time::Duration,
+    /// Most open client connections of the MCP listener (`--max-connections`).
+    pub(crate) max_connections: usize,
     /// `spec.drain.timeout`: the grace period of a shutdown.
     pub(crate) drain_timeout: std::time::Duration,
     /// The Unix socket that takes the request to drain (`--drain-socket`).
@@ -154,6 +160,8 @@ impl Config {
             ("--max-request-bytes", cli.max_request_bytes),
             ("--threads", cli.threads),
             ("--peer-max-message-bytes", cli.peer_max_message_bytes),
+            ("--max-connections", cli.max_connections),
+            ("--max-event-bytes", cli.max_event_bytes),
         ] {
             if value == 0 {
                 return Err(ConfigError::Flag {
@@ -161,6 +169,17 @@ impl Config {
                     message: "must be at least 1".into(),
                 });
             }
+        }
+        if cli.max_event_bytes as u64 > cli.pod_buffer_bytes {
+            // The buffer keeps a stream's newest event even over its bounds: one event must fit
+            // in the pod's cap.
+            return Err(ConfigError::Flag {
+                flag: "--max-event-bytes",
+                message: format!(
+                    "must not exceed --pod-buffer-bytes ({})",
+                    cli.pod_buffer_bytes
+                ),
+            });
         }
         if !valid_uid(&cli.pod_uid) {
             return Err(ConfigError::Flag {
@@ -203,6 +222,9 @@ impl Config {
             pod_buffer_bytes: cli.pod_buffer_bytes,
             pod_journal_bytes: cli.pod_journal_bytes,
             request_timeout: cli.request_timeout,
+            header_timeout: cli.header_timeout,
+            client_write_timeout: cli.client_write_timeout,
+            max_connections: cli.max_connections,
             drain_timeout: spec.drain.timeout.into(),
             drain_socket: cli.drain_socket.clone(),
             threads: cli.threads,
@@ -288,6 +310,8 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         resume_budget: std::num::NonZeroU32::new(cli.resume_budget),
         max_initialize_bytes: cli.max_initialize_bytes,
         max_journal_bytes: cli.max_journal_bytes,
+        max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
+        max_event_bytes: cli.max_event_bytes,
     }
 }
 

@@ -5,7 +5,8 @@
 //! - [`jsonrpc`]: envelopes, request ids, error codes;
 //! - [`rejection`]: the catalogue of errors the sidecar answers itself;
 //! - [`session_id`]: the client session ids the sidecar mints; [`cursor`]: event ids;
-//! - [`headers`]: header names and what passes through; [`sse`]: SSE framing.
+//! - [`headers`]: header names and what passes through; [`sse`]: SSE framing; [`sse_limit`]:
+//!   the size bound of an upstream SSE event.
 
 pub(crate) mod admission;
 pub(crate) mod cursor;
@@ -15,3 +16,4 @@ pub(crate) mod origin;
 pub(crate) mod rejection;
 pub(crate) mod session_id;
 pub(crate) mod sse;
+pub(crate) mod sse_limit;

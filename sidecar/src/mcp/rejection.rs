@@ -147,6 +147,12 @@ pub(crate) enum Rejection {
     /// 429: more resumes than `--resume-budget` per second arrived at this pod (a reconnect
     /// storm); the client retries after `Retry-After`.
     ResumeBudget,
+    /// 503: the MCP listener holds `--max-connections` client connections; this one is answered
+    /// and closed.
+    TooManyConnections,
+    /// 429: more than `--max-takeovers` GETs in a second took over a stream of this session from
+    /// another connection (T-09).
+    TakeoverBudget,
 }
 
 impl Rejection {
@@ -163,8 +169,10 @@ impl Rejection {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            TooManySessions | PeerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ResumeBudget | PodJournalsFull => StatusCode::TOO_MANY_REQUESTS,
+            TooManySessions | TooManyConnections | PeerUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ResumeBudget | PodJournalsFull | TakeoverBudget => StatusCode::TOO_MANY_REQUESTS,
             UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
@@ -220,6 +228,8 @@ impl Rejection {
             ForgedHop => "forged_hop",
             PeerUnavailable => "peer_unavailable",
             ResumeBudget => "resume_budget",
+            TooManyConnections => "too_many_connections",
+            TakeoverBudget => "takeover_budget",
         }
     }
 
@@ -313,6 +323,16 @@ impl Rejection {
                 "Too Many Requests: this pod's resume budget is spent; retry after Retry-After"
                     .into()
             }
+            TooManyConnections => {
+                "Service Unavailable: too many client connections on this pod; retry after \
+                 Retry-After"
+                    .into()
+            }
+            TakeoverBudget => {
+                "Too Many Requests: this session's streams were taken over too often; retry \
+                 after Retry-After"
+                    .into()
+            }
         }
     }
 
@@ -375,6 +395,8 @@ mod tests {
             ForgedHop,
             PeerUnavailable,
             ResumeBudget,
+            TooManyConnections,
+            TakeoverBudget,
         ];
         for r in &all {
             match r {
@@ -409,7 +431,9 @@ mod tests {
                 | UpstreamTimeout
                 | ForgedHop
                 | PeerUnavailable
-                | ResumeBudget => {}
+                | ResumeBudget
+                | TooManyConnections
+                | TakeoverBudget => {}
             }
         }
         all
@@ -488,6 +512,14 @@ mod tests {
                  `Retry-After: 1`)"
             }
             TooManySessions => "the pod holds `--max-sessions` sessions (with `Retry-After: 1`)",
+            TooManyConnections => {
+                "the first request of a connection beyond `--max-connections` open ones (with \
+                 `Retry-After: 1`; the connection is closed)"
+            }
+            TakeoverBudget => {
+                "a GET that would take a stream of its session over from another connection (T-09) \
+                 beyond `--max-takeovers` per second (with `Retry-After: 1`)"
+            }
             UpstreamTimeout => {
                 "the MCP server did not answer within `--upstream-timeout` (with `Retry-After: 1`)"
             }
@@ -522,6 +554,17 @@ mod tests {
              `tether_rejections_total` ([metrics.md](metrics.md)); the spec ids (S-04, R-03…) are \
              listed in [spec-checklist.md](spec-checklist.md).\n\n\
              | status | reason | when (spec id) |\n|---|---|---|\n{}\n\n\
+             Answered before the sidecar sees a request: pingora's own 400 (no JSON body, no CORS \
+             headers) for a request head it cannot parse, with more than 256 header fields or over \
+             1 MiB (1,048,575 bytes) of head, and its 405 for `CONNECT`; a head still arriving \
+             `--header-timeout` after its first byte closes the connection without an answer, and \
+             so does a write to a client that waits `--client-write-timeout` (its stream stays \
+             buffered for a resume).\n\n\
+             Errors on a stream: a request whose answer cannot come ends with a JSON-RPC error \
+             for its id on its stream (code -32603), `data.reason` one of `event_too_large` (the \
+             MCP server sent an SSE event over `--max-event-bytes`; the event is never buffered), \
+             `upstream_stream_lost`, `session_ended`, `handoff_interrupted`, \
+             `drain_deadline`.\n\n\
              Everything else is the MCP server's own answer, passed through unchanged: 200 with \
              JSON or SSE, 202 (empty) for notifications (T-05), the server's 405 for a GET when it \
              offers no standalone stream (T-09), DELETE's 2xx. CORS preflights (`OPTIONS`) are \

@@ -14,9 +14,17 @@
 //!   skipped and the next candidate tried.
 //! - Every response, errors included, carries the CORS headers
 //!   (`o02_fr24_bad_origin_is_403_and_listed_or_missing_origins_pass`).
+//! - Connections are accepted by the [`McpListener`] (`listener.rs`), which bounds their number
+//!   and the time a request head may take; each write to a client may wait at most
+//!   `--client-write-timeout`.
 
+mod connection;
 mod forward;
+mod listener;
 mod respond;
+mod watched;
+
+pub(crate) use listener::{ConnectionLimits, McpListener};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +32,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use connection::Connection;
 use forward::{Failure, Forwarding, Next, World, failed_answer, is_connect_error};
 use http::{HeaderValue, Method, StatusCode, header};
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -76,6 +85,8 @@ pub(crate) struct McpProxy {
     /// Bounds each read from a peer a request was forwarded to: it exceeds the peer's own
     /// upstream deadline and keep-alive interval, so only a peer that stopped answering hits it.
     pub(crate) peer_read_timeout: Duration,
+    /// Bounds each write to the client (a client that stopped reading is cut off).
+    pub(crate) client_write_timeout: Duration,
 }
 
 impl McpProxy {
@@ -114,6 +125,8 @@ pub(crate) struct RequestCtx {
     /// The session held here that the request entered (released once its stream is
     /// registered, so a handoff never images a session halfway through a request).
     entered: Option<EnterGuard>,
+    /// The client connection the request came on.
+    connection: Option<Arc<Connection>>,
 }
 
 #[async_trait]
@@ -127,6 +140,20 @@ impl ProxyHttp for McpProxy {
             answered: false,
             forward: None,
             entered: None,
+            connection: None,
+        }
+    }
+
+    fn on_connection_reuse(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+        prev_ctx: Box<dyn std::any::Any + Send + Sync>,
+    ) {
+        // The listener hands every request its connection this way (`listener.rs`).
+        if let Ok(connection) = prev_ctx.downcast::<Arc<Connection>>() {
+            connection.head_delivered();
+            ctx.connection = Some(*connection);
         }
     }
 
@@ -137,6 +164,9 @@ impl ProxyHttp for McpProxy {
     ) -> pingora::Result<()> {
         // Serve HTTP/1.1 pipelined requests in order instead of dropping them (RFC 9112 §9.3.2).
         session.set_pipelining_enabled(true);
+        session
+            .as_downstream_mut()
+            .set_write_timeout(Some(self.client_write_timeout));
         Ok(())
     }
 
@@ -179,6 +209,12 @@ impl ProxyHttp for McpProxy {
             Ok(Admission::Request(admitted)) => admitted,
         };
         ctx.origin = admitted.origin.clone();
+        if ctx.connection.as_ref().is_some_and(|c| c.over_cap()) {
+            let rejection = Rejection::TooManyConnections;
+            self.metrics.rejection(&rejection);
+            session.set_keepalive(None);
+            return respond(session, ctx, rejection.into()).await;
+        }
         // A POST for a session nobody holds may still be an `initialize` that kept an old session
         // id (`fr15_an_initialize_with_a_stale_session_id_starts_a_new_session`): the body decides,
         // so the 404 waits for it.
@@ -402,6 +438,13 @@ impl ProxyHttp for McpProxy {
         e: Option<&pingora::Error>,
         ctx: &mut RequestCtx,
     ) {
+        // A write to the client that waited too long: ours (answered) or pingora's proxying.
+        if let Some(e) = e
+            && e.etype() == &ErrorType::WriteTimedout
+            && (ctx.answered || e.esource() == &ErrorSource::Downstream)
+        {
+            self.metrics.client_write_timeout();
+        }
         let Some(f) = &ctx.forward else { return };
         // Connect failures were counted when they happened (`fail_to_connect`).
         let outcome = match e {

@@ -13,6 +13,7 @@ pub(crate) mod fixtures;
 pub(crate) mod journal;
 mod registry;
 pub(crate) mod retained;
+mod takeovers;
 
 pub(crate) use registry::{Registry, TooManySessions};
 
@@ -205,6 +206,8 @@ pub(crate) struct Session {
     handoff_settled: Notify,
     /// Woken when the last request admitted and not yet registered is ([`EnterGuard`]).
     entered: Notify,
+    /// Take-overs of its streams by GETs in the current second (`--max-takeovers`).
+    takeovers: Mutex<takeovers::Takeovers>,
 }
 
 impl Session {
@@ -248,6 +251,7 @@ impl Session {
             reopen_standalone: AtomicBool::new(false),
             handoff_settled: Notify::new(),
             entered: Notify::new(),
+            takeovers: Mutex::default(),
         })
     }
 
@@ -703,6 +707,12 @@ impl Session {
             .filter_map(|k| st.streams.get(k))
             .find(|s| s.kind() == StreamKind::Standalone)
             .cloned()
+    }
+
+    /// Counts a GET taking over one of the session's streams from another connection; `false`
+    /// when more than `max` did in the current second (see [`takeovers`]).
+    pub(crate) fn admit_takeover(&self, max: std::num::NonZeroU32) -> bool {
+        self.takeovers.lock().admit(Instant::now(), max)
     }
 
     /// The standalone stream state.

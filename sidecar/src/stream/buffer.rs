@@ -3,9 +3,11 @@
 //! A [`StreamBuffer`] holds the newest events of one stream, bounded by `buffer.maxEvents`
 //! (events), `buffer.maxBytes` (bytes of event data) and `buffer.ttl`, plus a pod-wide byte cap
 //! shared by every stream ([`PodBudget`]). The oldest events are evicted first; the newest event
-//! is always kept, so a stream never loses the event it has just received (a single event larger
-//! than `maxBytes` is kept alone). Once every event is gone the buffer is a *tombstone*: it still
-//! knows its last sequence number, so "nothing after the last event" is answered correctly.
+//! is kept, so a stream never loses the event it has just received (a single event larger than
+//! `maxBytes` is kept alone) — unless it alone is larger than the pod's cap, which no stream may
+//! hold (upstream events are smaller: `--max-event-bytes`). Once every event is gone the buffer
+//! is a *tombstone*: it still knows its last sequence number, so "nothing after the last event"
+//! is answered correctly.
 //!
 //! Every retained event has a sequence number in `(evicted_through, last_seq]`, in order. Some
 //! numbers in that range carry no event: [`StreamBuffer::reserve`] hands them out as the ids of
@@ -164,7 +166,10 @@ impl StreamBuffer {
             self.pop_front();
             ev.bytes += 1;
         }
-        while self.budget.over() && self.events.len() > 1 {
+        // The newest event stays even over the bounds, but never when it alone is over the
+        // pod's cap (the upstream's events are bounded below it, `--max-event-bytes`; this holds
+        // for events from anywhere): then it goes too, and a reader learns it was evicted.
+        while self.budget.over() && (self.events.len() > 1 || size > self.budget.cap) {
             self.pop_front();
             ev.pod_cap += 1;
         }
@@ -407,6 +412,34 @@ mod tests {
         assert_eq!(budget.used(), 1);
         drop(b);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn the_newest_event_is_kept_only_within_the_pod_cap() {
+        let now = Instant::now();
+        let budget = PodBudget::new(10);
+        let mut b = StreamBuffer::new(limits(100, 4, 60_000), budget.clone());
+        let (_, ev) = b.push(None, data(10), now);
+        assert_eq!(
+            (ev.bytes, ev.pod_cap, b.len()),
+            (0, 0, 1),
+            "over maxBytes, at the cap"
+        );
+        let (seq, ev) = b.push(None, data(11), now);
+        assert_eq!(
+            (ev.bytes, ev.pod_cap),
+            (1, 1),
+            "the older event, then the newest itself"
+        );
+        assert_eq!(b.len(), 0);
+        assert_eq!(budget.used(), 0);
+        assert_eq!(
+            seqs(&b, seq - 1),
+            Err(ReplayError::Evicted {
+                oldest_kept: seq + 1
+            }),
+            "a reader before it learns it is gone"
+        );
     }
 
     #[test]

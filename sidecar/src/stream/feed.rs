@@ -74,6 +74,11 @@ impl Stream {
     }
 }
 
+/// Events are batched into one chunk up to this many bytes (at least one event): a client
+/// catching up on a long buffer is written to in pieces, so each write's deadline
+/// (`--client-write-timeout`) asks it the same pace as a live stream does.
+pub(crate) const CHUNK_BYTES: usize = 64 * 1024;
+
 /// The next thing to write to a client connection.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum FeedItem {
@@ -101,8 +106,8 @@ pub(crate) struct Feed {
 }
 
 impl Feed {
-    /// Waits for the next item: buffered events after the reader's position (batched into one
-    /// chunk), else a keep-alive comment after `keep_alive` of silence, or the end.
+    /// Waits for the next item: buffered events after the reader's position (batched into
+    /// chunks of about [`CHUNK_BYTES`]), else a keep-alive comment after `keep_alive` of silence, or the end.
     pub(crate) async fn next(&mut self) -> FeedItem {
         if let Some(prelude) = self.prelude.take() {
             return FeedItem::Data(prelude);
@@ -149,6 +154,9 @@ impl Feed {
             };
             sse::put_event(&mut out, &id, ev.event.as_deref(), &ev.data);
             last = ev.seq;
+            if out.len() >= CHUNK_BYTES {
+                break;
+            }
         }
         if last > self.after {
             self.after = last;

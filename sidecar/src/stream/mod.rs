@@ -502,6 +502,11 @@ impl Stream {
         self.state.lock().complete
     }
 
+    /// Whether some client connection reads the stream now.
+    pub(crate) fn is_read(&self) -> bool {
+        self.state.lock().readers > 0
+    }
+
     /// Whether the stream keeps its session alive: a reader is attached, or a POST is still
     /// waiting for its response.
     pub(crate) fn is_active(&self) -> bool {
@@ -647,6 +652,28 @@ mod tests {
         );
         drop(new);
         assert!(!s.is_active());
+    }
+
+    #[tokio::test]
+    async fn a_long_catch_up_is_written_in_chunks() {
+        let s = post_stream(&[1]);
+        let big = Bytes::from(vec![b'x'; 3000]);
+        for _ in 0..60 {
+            s.append(None, big.clone(), Instant::now());
+        }
+        let mut feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        let mut sizes = Vec::new();
+        let mut events = 0;
+        while events < 60 {
+            let chunk = text(feed.next().await);
+            events += chunk.matches("id: ").count();
+            sizes.push(chunk.len());
+        }
+        assert!(sizes.len() >= 3, "{sizes:?}");
+        assert!(
+            sizes.iter().all(|n| *n < feed::CHUNK_BYTES + 3100),
+            "at most one event past the bound: {sizes:?}"
+        );
     }
 
     #[tokio::test]

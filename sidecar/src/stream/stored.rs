@@ -35,6 +35,8 @@ impl From<&Rejection> for StoredReply {
             | Rejection::PeerUnavailable
             | Rejection::ResumeBudget
             | Rejection::PodJournalsFull
+            | Rejection::TooManyConnections
+            | Rejection::TakeoverBudget
             | Rejection::UpstreamTimeout => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
