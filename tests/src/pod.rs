@@ -372,6 +372,14 @@ impl Pod {
         Ok(Duration::from_nanos(nanos))
     }
 
+    /// Whether the sidecar process still runs (bad input never ends it).
+    ///
+    /// # Errors
+    /// [`HarnessError::Io`] when its state cannot be read.
+    pub fn sidecar_running(&mut self) -> Result<bool> {
+        Ok(self.sidecar.try_wait()?.is_none())
+    }
+
     /// Stops the example server (SIGKILL) and starts it again: the upstream loses every session.
     ///
     /// # Errors

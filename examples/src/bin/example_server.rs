@@ -4,7 +4,7 @@
 //!
 //! | tool | arguments | behaviour |
 //! |---|---|---|
-//! | `echo` | `text` | returns `text` |
+//! | `echo` | `text`, optional `repeat` | returns `text`, or `text` repeated `repeat` times (one large event: at most 64 MiB) |
 //! | `slow` | `count`, `interval_ms`, `call_id`, optional `close_after` | `count` progress notifications (`progress` 1..count, `total` count) `interval_ms` apart on the request's stream, then `done <count>` one interval later; with `close_after = k` (negotiated ≥ 2025-11-25) the SSE connection is closed after the k-th progress with a `retry` hint and the call goes on (SEP-1699) |
 //! | `counter` | – | increments and returns a per-session counter |
 //! | `notify` | `text`, `count` | `count` `notifications/message` with `data: {"text", "seq"}` on the standalone GET stream, returns `sent <count>` |
@@ -252,7 +252,11 @@ impl Sessions {
 #[derive(Debug, Deserialize, rmcp::schemars::JsonSchema)]
 struct EchoArgs {
     text: String,
+    repeat: Option<usize>,
 }
+
+/// Largest answer `echo` builds with `repeat`.
+const MAX_ECHO_BYTES: usize = 64 << 20;
 
 #[derive(Debug, Deserialize, rmcp::schemars::JsonSchema)]
 struct SlowArgs {
@@ -278,9 +282,19 @@ struct ExampleServer {
 
 #[tool_router]
 impl ExampleServer {
-    #[tool(description = "Returns its text argument")]
-    async fn echo(&self, Parameters(EchoArgs { text }): Parameters<EchoArgs>) -> String {
-        text
+    #[tool(description = "Returns its text argument, repeated `repeat` times if given")]
+    async fn echo(
+        &self,
+        Parameters(EchoArgs { text, repeat }): Parameters<EchoArgs>,
+    ) -> Result<String, ErrorData> {
+        let times = repeat.unwrap_or(1);
+        if text.len().saturating_mul(times) > MAX_ECHO_BYTES {
+            return Err(ErrorData::invalid_params(
+                "the answer would exceed 64 MiB",
+                None,
+            ));
+        }
+        Ok(text.repeat(times))
     }
 
     #[tool(
@@ -321,7 +335,7 @@ impl ExampleServer {
         for i in 1..=args.count {
             // `notifications/cancelled` stops the call (spec L-02); the guard counts it aborted.
             tokio::select! {
-                () = tokio::time::sleep(interval) => {}
+                () = pause(interval) => {}
                 () = ctx.ct.cancelled() => return Err(ErrorData::internal_error("cancelled", None)),
             }
             let sent = match &token {
@@ -378,6 +392,16 @@ impl ExampleServer {
             }
         }
         Ok(format!("sent {count}"))
+    }
+}
+
+/// Waits `interval`; a zero interval only yields (a timer rounds it up to a millisecond, which
+/// would make a call of 100,000 events take 100 s).
+async fn pause(interval: Duration) {
+    if interval.is_zero() {
+        tokio::task::yield_now().await;
+    } else {
+        tokio::time::sleep(interval).await;
     }
 }
 

@@ -137,9 +137,9 @@ pub struct Cli {
         default_value_t = 10
     )]
     pub max_takeovers: u32,
-    /// Largest SSE event (or line) read from the upstream, in bytes, at most
-    /// `--pod-buffer-bytes`; reading stops at a larger one, never buffered whole, and its request
-    /// ends with a JSON-RPC error (`data.reason` = `event_too_large`).
+    /// Largest SSE event (or line) read from the upstream, in bytes (lowered to
+    /// `--pod-buffer-bytes` when larger); reading stops at a larger one, never buffered whole,
+    /// and its request ends with a JSON-RPC error (`data.reason` = `event_too_large`).
     #[arg(long, env = "TETHER_MAX_EVENT_BYTES", value_name = "BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_event_bytes: usize,
     /// Pod-wide cap of buffered event data, in bytes, shared by every stream.

@@ -170,17 +170,6 @@ impl Config {
                 });
             }
         }
-        if cli.max_event_bytes as u64 > cli.pod_buffer_bytes {
-            // The buffer keeps a stream's newest event even over its bounds: one event must fit
-            // in the pod's cap.
-            return Err(ConfigError::Flag {
-                flag: "--max-event-bytes",
-                message: format!(
-                    "must not exceed --pod-buffer-bytes ({})",
-                    cli.pod_buffer_bytes
-                ),
-            });
-        }
         if !valid_uid(&cli.pod_uid) {
             return Err(ConfigError::Flag {
                 flag: "--pod-uid",
@@ -311,7 +300,11 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         max_initialize_bytes: cli.max_initialize_bytes,
         max_journal_bytes: cli.max_journal_bytes,
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
-        max_event_bytes: cli.max_event_bytes,
+        // The buffer keeps a stream's newest event even over its own bounds: one event must fit
+        // in the pod's cap.
+        max_event_bytes: cli
+            .max_event_bytes
+            .min(usize::try_from(cli.pod_buffer_bytes).unwrap_or(usize::MAX)),
     }
 }
 
@@ -411,5 +404,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("spec.admin.port"), "{err}");
+    }
+
+    #[test]
+    fn an_upstream_event_may_be_at_most_the_pod_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("endpoint.yaml"),
+            "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: w}\nspec:\n  targetRef: {kind: Deployment, name: w}\n",
+        )
+        .unwrap();
+        let event_limit = |extra: &[&str]| {
+            Config::load(&test_cli(dir.path(), extra))
+                .unwrap()
+                .broker
+                .max_event_bytes
+        };
+        assert_eq!(event_limit(&[]), 4 << 20);
+        assert_eq!(event_limit(&["--pod-buffer-bytes", "20000"]), 20000);
+        assert_eq!(event_limit(&["--max-event-bytes", "100"]), 100);
+        assert!(Config::load(&test_cli(dir.path(), &["--max-event-bytes", "0"])).is_err());
     }
 }

@@ -1,5 +1,6 @@
 //! Bad input through a real pod: each gets a clear 4xx (or a timeout), never a panic, and the
-//! pod keeps serving other sessions.
+//! pod keeps serving other sessions; with it, the connection limits (head deadline and size,
+//! connection cap, take-overs) that bound what a misbehaving client costs.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,9 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::json;
 use tether_tests::call::{self, CallPlan};
-use tether_tests::client::{ACCEPT_BOTH, body_text, expect_error, initialize_body};
+use tether_tests::client::{
+    ACCEPT_BOTH, body_text, expect_error, header_str, initialize_body, json_error,
+};
 use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -36,16 +39,34 @@ fn rand_id() -> u128 {
 async fn raw(pod: &Pod, request: &[u8]) -> String {
     let mut conn = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
     conn.write_all(request).await.unwrap();
+    status_line(&answer(&mut conn).await)
+}
+
+/// The first read of an answer on `conn`, as text (empty when the connection closed).
+async fn answer(conn: &mut TcpStream) -> String {
     let mut buf = vec![0; 4096];
     let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
         .await
         .map_or(0, |r| r.unwrap_or(0));
-    String::from_utf8_lossy(&buf[..n])
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_owned()
+    String::from_utf8_lossy(&buf[..n]).into_owned()
 }
+
+fn status_line(answer: &str) -> String {
+    answer.lines().next().unwrap_or("").to_owned()
+}
+
+/// Whether `conn` is closed by the other side: the next read ends (EOF or reset) within 10 s.
+async fn closed(conn: &mut TcpStream) -> bool {
+    let mut buf = [0; 1024];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// A request every connection gets an answer of its own for: a GET without a session (400
+/// `session_required`), which keeps the connection alive.
+const SESSIONLESS_GET: &[u8] = b"GET /mcp HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n\r\n";
 
 #[tokio::test]
 async fn oversized_and_malformed_bodies_get_4xx() {
@@ -382,4 +403,195 @@ async fn a_sessions_journal_is_bounded_and_counted_in_retained_bytes() {
         .await
         .unwrap();
     still_serving(&pod).await;
+}
+
+#[tokio::test]
+async fn slow_loris_heads_are_cut_at_the_header_deadline_and_idle_connections_are_not() {
+    let mut pod = Pod::start(PodSpec {
+        sidecar_args: vec!["--header-timeout".into(), "1s".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    // An idle keep-alive connection is reading no head: the deadline does not apply to it.
+    let mut idle = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+    // A head trickled one byte every 100 ms that would take 30 s and never ends.
+    let (mut reader, mut writer) = TcpStream::connect((pod.ip, LISTEN_PORT))
+        .await
+        .unwrap()
+        .into_split();
+    let trickle = tokio::spawn(async move {
+        let head = b"POST /mcp HTTP/1.1\r\nhost: x\r\nx-slow: ";
+        for b in head.iter().chain(std::iter::repeat(&b'y')).take(300) {
+            if writer.write_all(&[*b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut buf = [0; 1024];
+    let cut = tokio::time::timeout(Duration::from_secs(20), reader.read(&mut buf)).await;
+    assert!(
+        matches!(cut, Ok(Ok(0) | Err(_))),
+        "a head still arriving after --header-timeout closes its connection: {cut:?}\n{}",
+        pod.logs()
+    );
+    trickle.abort();
+    assert_eq!(
+        pod.metric("tether_header_timeouts_total").await.unwrap(),
+        1.0
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    idle.write_all(SESSIONLESS_GET).await.unwrap();
+    let answered = answer(&mut idle).await;
+    assert!(
+        answered.starts_with("HTTP/1.1 400") && answered.contains("session_required"),
+        "{answered}"
+    );
+    assert_eq!(
+        pod.metric("tether_header_timeouts_total").await.unwrap(),
+        1.0
+    );
+    still_serving(&pod).await;
+    assert!(pod.sidecar_running().unwrap(), "{}", pod.logs());
+}
+
+#[tokio::test]
+async fn heads_over_pingoras_field_count_and_size_get_400() {
+    let mut pod = Pod::start_default().await.unwrap();
+    let fields = |n: usize| -> String { (0..n).map(|i| format!("x-f{i}: v\r\n")).collect() };
+    let get = |fields: &str| format!("GET /mcp HTTP/1.1\r\nhost: x\r\naccept: */*\r\n{fields}\r\n");
+    // 250 header fields reach the sidecar (its own 400); 300 are over pingora's 256.
+    let mut conn = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+    conn.write_all(get(&fields(250)).as_bytes()).await.unwrap();
+    let within = answer(&mut conn).await;
+    assert!(within.contains("session_required"), "{within}");
+    let over = raw(&pod, get(&fields(300)).as_bytes()).await;
+    assert!(over.starts_with("HTTP/1.1 400"), "{over:?}");
+    // A head of 2 MiB (pingora reads at most 1 MiB of it), written while the answer is read.
+    let (mut reader, mut writer) = TcpStream::connect((pod.ip, LISTEN_PORT))
+        .await
+        .unwrap()
+        .into_split();
+    let huge = get(&format!("x-big: {}\r\n", "z".repeat(2 << 20)));
+    let sending = tokio::spawn(async move {
+        for piece in huge.as_bytes().chunks(16 << 10) {
+            if writer.write_all(piece).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), reader.read(&mut buf))
+        .await
+        .map_or(0, |r| r.unwrap_or(0));
+    let too_large = status_line(&String::from_utf8_lossy(&buf[..n]));
+    assert!(too_large.starts_with("HTTP/1.1 400"), "{too_large:?}");
+    sending.abort();
+    // Counted once pingora has closed the connection.
+    let refused = pod
+        .wait_for_metric(
+            "tether_request_heads_refused_total",
+            Duration::from_secs(10),
+            |v| v >= 2.0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused, 2.0);
+    still_serving(&pod).await;
+    assert!(pod.sidecar_running().unwrap(), "{}", pod.logs());
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_get_503_and_a_closed_one_frees_its_slot() {
+    let mut pod = Pod::start(PodSpec {
+        sidecar_args: vec!["--max-connections".into(), "3".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut conn = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+        conn.write_all(SESSIONLESS_GET).await.unwrap();
+        let answered = answer(&mut conn).await;
+        assert!(answered.contains("session_required"), "{answered}");
+        held.push(conn);
+    }
+    assert_eq!(pod.metric("tether_client_connections").await.unwrap(), 3.0);
+    // The fourth: 503 with Retry-After and a JSON-RPC error body, then the connection closes.
+    let mut extra = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+    extra.write_all(SESSIONLESS_GET).await.unwrap();
+    let refused = answer(&mut extra).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 1"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains(r#""jsonrpc":"2.0""#)
+            && refused.contains(r#""reason":"too_many_connections""#),
+        "{refused}"
+    );
+    assert!(closed(&mut extra).await, "the refused connection is closed");
+    // Closing a held connection frees its slot for the next one.
+    drop(held.pop());
+    let mut served = None;
+    for _ in 0..50 {
+        let mut conn = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+        conn.write_all(SESSIONLESS_GET).await.unwrap();
+        let answered = answer(&mut conn).await;
+        if !answered.starts_with("HTTP/1.1 503") {
+            served = Some(answered);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let served = served.expect("a freed slot takes a new connection");
+    assert!(served.contains("session_required"), "{served}");
+    assert!(
+        pod.metric(r#"tether_rejections_total{status="503",reason="too_many_connections"}"#)
+            .await
+            .unwrap()
+            >= 1.0
+    );
+    drop(held);
+    assert!(pod.sidecar_running().unwrap(), "{}", pod.logs());
+}
+
+#[tokio::test]
+async fn a_client_reopening_gets_in_a_loop_is_refused_past_the_takeover_budget() {
+    let pod = Pod::start(PodSpec {
+        sidecar_args: vec!["--max-takeovers".into(), "2".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-06-18").await.unwrap();
+    let first = client.get(&session, None).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // Each GET takes the standalone stream over from the one before, which stays open.
+    let mut open = vec![first];
+    let mut refused = None;
+    for _ in 0..20 {
+        let resp = client.get(&session, None).await.unwrap();
+        if resp.status() == StatusCode::TOO_MANY_REQUESTS {
+            refused = Some(resp);
+            break;
+        }
+        assert_eq!(resp.status(), StatusCode::OK);
+        open.push(resp);
+    }
+    let refused = refused.expect("GETs reopened in a loop are refused");
+    assert!(open.len() >= 3, "two take-overs a second pass");
+    assert_eq!(header_str(&refused, "retry-after").as_deref(), Some("1"));
+    let (status, body) = json_error(refused).await.unwrap();
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["data"]["reason"], "takeover_budget", "{body}");
+    assert!(pod.metric("tether_stream_takeovers_total").await.unwrap() >= 2.0);
+    // The next second has a budget again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let again = client.get(&session, None).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
 }

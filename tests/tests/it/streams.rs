@@ -1,13 +1,18 @@
 //! Streams and the replay buffer through a real pod (spec R-03, R-05, L-01, T-09, T-11;
-//! `docs/design/architecture.md`).
+//! `docs/design/architecture.md`), and the limits on them: an oversized upstream event, a client
+//! that stops reading.
 
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::{Value, json};
 use tether_tests::call::{self, CallPlan, slow_body};
-use tether_tests::client::{Events, McpClient, Session, body_text, header_str, is_sse, messages};
-use tether_tests::pod::{Pod, PodSpec};
+use tether_tests::client::{
+    ACCEPT_BOTH, Events, McpClient, Session, body_text, header_str, is_sse, messages, result_text,
+};
+use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
 
 /// `count` progress notifications `interval_ms` apart, cut after each of `cuts` messages and
 /// resumed 50 ms later.
@@ -587,4 +592,148 @@ async fn r01_ids_stay_unique_across_resumes_and_priming() {
     let next = events.next_within(Duration::from_secs(5)).await.unwrap();
     assert_eq!(next.id.as_deref(), Some(seen[2].as_str()));
     assert!(!next.data.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn an_upstream_event_over_the_limit_ends_its_call_and_spares_other_sessions() {
+    let mut pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let big = client.initialize("2025-11-25").await.unwrap();
+    let other = client.initialize("2025-11-25").await.unwrap();
+    // A 5 MiB answer while another session's call streams; the limit is 4 MiB.
+    let oversized = client.call(&big, 3, "echo", json!({"text": "x", "repeat": 5 << 20}));
+    let cut_once = plan(20, 20, vec![5]);
+    let steady = call::slow(&client, &other, 2, "spared", &cut_once);
+    let (oversized, steady) = tokio::join!(oversized, steady);
+    let messages = oversized.unwrap();
+    let answer = messages
+        .iter()
+        .find(|m| m["id"] == 3)
+        .unwrap_or_else(|| panic!("no answer for id 3 in {messages:.300?}\n{}", pod.logs()));
+    assert_eq!(
+        answer["error"]["data"]["reason"], "event_too_large",
+        "{answer:.300}"
+    );
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("event_too_large") && message.contains("4194304"),
+        "{message}"
+    );
+    let steady = steady.unwrap();
+    assert_eq!(steady.lost(20), 0, "{:?}", steady.failures);
+    assert_eq!(
+        pod.metric("tether_upstream_events_too_large_total")
+            .await
+            .unwrap(),
+        1.0
+    );
+    // The session that got the error goes on.
+    let after = client
+        .call(&big, 4, "echo", json!({"text": "after"}))
+        .await
+        .unwrap();
+    assert!(
+        after.iter().any(|m| result_text(m) == Some("after")),
+        "{after:?}"
+    );
+    assert!(pod.sidecar_running().unwrap(), "{}", pod.logs());
+}
+
+/// Reads `conn` until `marker` arrived; returns everything read.
+async fn read_until(conn: &mut TcpStream, marker: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0; 1024];
+    while !got.windows(marker.len()).any(|w| w == marker) {
+        let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+            .await
+            .expect("the sidecar answers")
+            .expect("the connection stays open");
+        assert!(n > 0, "closed before {marker:?}: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+#[tokio::test]
+async fn r03_a_client_that_stops_reading_is_cut_and_resumes_from_the_buffer() {
+    const EVENTS: u32 = 100_000;
+    let mut pod = Pod::start(PodSpec {
+        max_events: 2 * EVENTS,
+        max_bytes: 64 << 20,
+        sidecar_args: vec!["--client-write-timeout".into(), "1s".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    // A client with a small receive window reads the response head and the priming event of a
+    // 100,000-event call, then nothing more.
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut conn = socket.connect((pod.ip, LISTEN_PORT).into()).await.unwrap();
+    let body = slow_body(2, "unread", EVENTS, 0).to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: x\r\naccept: {ACCEPT_BOTH}\r\ncontent-type: application/json\r\n\
+         mcp-session-id: {}\r\nmcp-protocol-version: {}\r\ncontent-length: {}\r\n\r\n{body}",
+        session.id,
+        session.version,
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let head = String::from_utf8_lossy(&read_until(&mut conn, b"data:\n\n").await).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let priming = head
+        .lines()
+        .find_map(|l| l.strip_prefix("id: "))
+        .unwrap_or_else(|| panic!("no priming event in {head}"))
+        .to_owned();
+    assert!(priming.ends_with("-0"), "{priming}");
+    // The sidecar's writes wait for it, time out, and the connection is closed.
+    let cut = pod
+        .wait_for_metric(
+            "tether_client_write_timeouts_total",
+            Duration::from_secs(120),
+            |v| v >= 1.0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(cut, 1.0, "{}", pod.logs());
+    let mut rest = [0; 65536];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), conn.read(&mut rest)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("the connection of a client that stopped reading stays open"),
+        }
+    }
+    // A resume after the priming event replays the whole call from the buffer, in order.
+    let resp = client.get(&session, Some(&priming)).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut events = Events::new(resp);
+    let mut last_seq = 0;
+    let mut progress = 0;
+    let mut result = None;
+    while let Some(ev) = events.next_within(Duration::from_secs(30)).await {
+        let Some(text) = ev.data.filter(|d| !d.is_empty()) else {
+            continue; // the priming event
+        };
+        let data: Value = serde_json::from_str(&text).unwrap();
+        let seq: u64 = ev
+            .id
+            .as_deref()
+            .and_then(|id| id.rsplit_once('-'))
+            .and_then(|(_, seq)| seq.parse().ok())
+            .unwrap();
+        assert_eq!(seq, last_seq + 1, "events in order, none missing");
+        last_seq = seq;
+        if data["method"] == "notifications/progress" {
+            progress += 1;
+        } else if data["id"] == 2 {
+            result = result_text(&data).map(str::to_owned);
+        }
+    }
+    assert_eq!(progress, EVENTS, "{}", pod.logs());
+    assert_eq!(result.as_deref(), Some("done 100000"));
+    assert!(pod.sidecar_running().unwrap(), "{}", pod.logs());
 }
