@@ -175,6 +175,11 @@ impl ProxyHttp for McpProxy {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
+        // A connection beyond --max-connections gets one answer, whatever it asks, then closes.
+        let over_cap = ctx.connection.as_ref().is_some_and(|c| c.over_cap());
+        if over_cap {
+            session.set_keepalive(None);
+        }
         let req = session.req_header();
         let (method, path, headers) = (
             req.method.clone(),
@@ -209,10 +214,9 @@ impl ProxyHttp for McpProxy {
             Ok(Admission::Request(admitted)) => admitted,
         };
         ctx.origin = admitted.origin.clone();
-        if ctx.connection.as_ref().is_some_and(|c| c.over_cap()) {
+        if over_cap {
             let rejection = Rejection::TooManyConnections;
             self.metrics.rejection(&rejection);
-            session.set_keepalive(None);
             return respond(session, ctx, rejection.into()).await;
         }
         // A POST for a session nobody holds may still be an `initialize` that kept an old session
