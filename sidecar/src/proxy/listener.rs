@@ -122,10 +122,14 @@ impl McpListener {
         loop {
             conn.await_head();
             session.set_connection_user_context(Some(Box::new(Arc::clone(conn))));
+            // Counted before the connection is dropped, so whoever sees it closed sees it counted.
+            let overdue = async {
+                conn.head_overdue(self.header_timeout).await;
+                self.metrics.header_timeout();
+            };
             let served = tokio::select! {
                 served = self.proxy.process_new_http(session, shutdown) => served,
-                () = conn.head_overdue(self.header_timeout) => {
-                    self.metrics.header_timeout();
+                () = overdue => {
                     tracing::debug!("request head not complete within --header-timeout; closing");
                     return;
                 }
