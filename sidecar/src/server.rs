@@ -274,6 +274,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         "admin".to_owned(),
         Admin::new(
             upstream,
+            cfg.listen_addr,
             Arc::clone(&drain),
             lifecycle,
             Arc::clone(&metrics),

@@ -3,8 +3,9 @@
 //! read it; nothing on it changes the pod.
 //!
 //! - `GET /healthz` → 200 while the process serves;
-//! - `GET /readyz` → 200 when the upstream MCP server accepts connections, else 503 (the pod
-//!   gets no new clients while its server is down or while it drains);
+//! - `GET /readyz` → 200 when the sidecar's MCP listener and the upstream MCP server accept
+//!   connections, else 503 (the pod gets no new clients before its listener is up, while its
+//!   server is down or while it drains);
 //! - `GET /metrics` → Prometheus text format;
 //! - `GET /drained` (the MCP server container's `preStop httpGet`) → waits until this pod's
 //!   drain has ended — it never starts one — and answers with the drain's outcome
@@ -14,7 +15,9 @@
 //! - `/drain` → 403: a drain starts only from inside the pod, through the drain socket
 //!   ([`crate::ops::control`]).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,6 +43,10 @@ pub(crate) const MAX_DRAINED_WAITERS: usize = 4;
 /// The admin HTTP application.
 pub(crate) struct Admin {
     upstream: Upstream,
+    /// The sidecar's own MCP listener, and whether it has accepted a connection yet (pingora
+    /// starts the admin and MCP services apart).
+    listener: SocketAddr,
+    listening: AtomicBool,
     drain: Arc<Drain>,
     lifecycle: Arc<Lifecycle>,
     metrics: Arc<Metrics>,
@@ -47,21 +54,38 @@ pub(crate) struct Admin {
 }
 
 impl Admin {
-    /// Admin endpoints of a pod whose MCP server is `upstream`, draining with `drain`, ready
-    /// unless `lifecycle` drains, serving `metrics`.
+    /// Admin endpoints of a pod whose MCP server is `upstream` and whose MCP listener is
+    /// `listener`, draining with `drain`, ready unless `lifecycle` drains, serving `metrics`.
     pub(crate) fn new(
         upstream: Upstream,
+        listener: SocketAddr,
         drain: Arc<Drain>,
         lifecycle: Arc<Lifecycle>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             upstream,
+            listener,
+            listening: AtomicBool::new(false),
             drain,
             lifecycle,
             metrics,
             waiters: Semaphore::new(MAX_DRAINED_WAITERS),
         }
+    }
+
+    /// Whether the MCP listener accepts connections (checked until it first does).
+    async fn listening(&self) -> bool {
+        if self.listening.load(Ordering::Relaxed) {
+            return true;
+        }
+        let connect = tokio::net::TcpStream::connect(self.listener);
+        let up = matches!(
+            tokio::time::timeout(READY_PROBE_TIMEOUT, connect).await,
+            Ok(Ok(_))
+        );
+        self.listening.store(up, Ordering::Relaxed);
+        up
     }
 
     async fn drained(&self) -> Response<Vec<u8>> {
@@ -155,6 +179,11 @@ impl ServeHttp for Admin {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "text/plain",
                 "not ready: draining\n",
+            ),
+            "/readyz" if !self.listening().await => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "not ready: the MCP listener does not accept connections yet\n",
             ),
             "/readyz" => {
                 if self.upstream.reachable(READY_PROBE_TIMEOUT).await {
