@@ -5,8 +5,8 @@
 //!
 //! Event data travels as text (SSE `data:` is UTF-8 by definition); retry-record digests as
 //! hex; headers as `(name, value)` text pairs. What cannot be decoded (an invalid status or
-//! digest, a header that is not visible ASCII) is left out, as a sender of an older version
-//! could not have produced it. Sequence numbers beyond [`MAX_SEQ`] are refused: no sender
+//! digest, a header that is not visible ASCII, an event name with a line end) is left out, as a
+//! sender of an older version could not have produced it. Sequence numbers beyond [`MAX_SEQ`] are refused: no sender
 //! numbers that far, and this pod's own numbering after them must not overflow.
 
 use std::sync::Arc;
@@ -170,7 +170,9 @@ fn stream_snapshot(image: &StreamImage) -> StreamSnapshot {
             .iter()
             .map(|ev| SnapshotEvent {
                 seq: ev.seq,
-                event: ev.event.clone(),
+                // A name with a line end is no SSE event type (it would end the `event:` line
+                // and start another field in the client's stream).
+                event: ev.event.clone().filter(|e| !e.contains(['\r', '\n'])),
                 data: Bytes::from(ev.data.clone()),
             })
             .collect(),
@@ -322,5 +324,34 @@ mod tests {
         let mut edge = image.clone();
         edge.streams[0].last_seq = MAX_SEQ;
         assert_eq!(restore(&edge), Ok(()));
+    }
+
+    #[test]
+    fn event_names_with_line_ends_are_left_out() {
+        let s = session();
+        let ids = [key(1)];
+        let st = stream(&s, &ids);
+        s.claim(&ids, [7; 32], &st);
+        for _ in 0..4 {
+            st.append(
+                Some("progress".into()),
+                bytes::Bytes::from_static(b"{}"),
+                Instant::now(),
+            );
+        }
+        let (snapshot, _) = s.snapshot(1 << 20);
+        let mut image = session_image(&snapshot);
+        for (ev, name) in image.streams[0]
+            .events
+            .iter_mut()
+            .zip(["a\nb", "a\rdata: x", "a\r\nb"])
+        {
+            ev.event = Some(name.into());
+        }
+        let budget = PodBudget::new(u64::MAX);
+        let copy = restore_session(&image, "d".into(), "pod-a", limits(), &budget).unwrap();
+        let (restored, _) = copy.streams()[0].snapshot(0, usize::MAX);
+        let names: Vec<Option<&str>> = restored.events.iter().map(|e| e.event.as_deref()).collect();
+        assert_eq!(names, [None, None, None, Some("progress")]);
     }
 }

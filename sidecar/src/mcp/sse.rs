@@ -21,6 +21,10 @@ pub(crate) const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 /// line would end that line there, leaving the rest of it to be read as a field. The client
 /// receives the same lines, LF-joined. `event` holds no CR or LF (it comes from the SSE parser).
 pub(crate) fn put_event(out: &mut BytesMut, id: &EventId, event: Option<&str>, data: &[u8]) {
+    debug_assert!(
+        event.is_none_or(|e| !e.contains(['\r', '\n'])),
+        "an event name with a line end: {event:?}"
+    );
     out.put_slice(b"id: ");
     out.put_slice(id.to_string().as_bytes());
     out.put_u8(b'\n');
