@@ -73,7 +73,7 @@ fuzz: deps
 	fi
 	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz build $(FUZZ_BUILD_FLAGS)
 	@set -e; cd fuzz; n=0; for t in $(FUZZ_TARGETS); do \
-	  len=$$(for p in $(FUZZ_TARGET_LENS); do [ "$${p%%:*}" = "$$t" ] && echo $${p##*:}; done); \
+	  len=$$(for p in $(FUZZ_TARGET_LENS); do [ "$${p%%:*}" = "$$t" ] && echo $${p##*:}; done; true); \
 	  if [ -z "$$len" ]; then echo "error: no fuzz target $$t" >&2; exit 1; fi; \
 	  mkdir -p corpus/$$t; \
 	  echo "== fuzz $$t: $(FUZZ_SECONDS)s, inputs up to $$len bytes"; \
