@@ -1,4 +1,5 @@
 # tether — two commands matter: `make demo` (the main job) and `make test` (all tests).
+# `make fuzz` runs the fuzz targets of the sidecar's parsers for a while (CI runs it as a smoke).
 # Both first check the system packages the build needs (pingora builds zlib-ng with CMake and
 # zstd with a C compiler) and install missing ones with apt-get when run as root.
 
@@ -7,7 +8,7 @@ CARGO ?= cargo
 # command -> Debian/Ubuntu package providing it
 SYSTEM_DEPS := cmake:cmake cc:gcc c++:g++ pkg-config:pkg-config
 
-.PHONY: all deps build test lint cargo-test demo bench crds references images e2e clean
+.PHONY: all deps build test lint cargo-test fuzz demo bench crds references images e2e clean
 
 all: test
 
@@ -40,6 +41,7 @@ test: deps lint cargo-test
 
 lint: deps
 	$(CARGO) fmt --all --check
+	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## cargo-test: every test of the workspace (each crate's unit tests, the multi-process `it`
@@ -47,6 +49,40 @@ lint: deps
 ## multi-process tests start.
 cargo-test: build
 	$(CARGO) test --workspace --no-fail-fast
+
+## fuzz: the fuzz targets of the sidecar's parsers (fuzz/, docs/dev/testing.md#fuzzing), built
+## with cargo-fuzz (installed when missing) on the stable toolchain (RUSTC_BOOTSTRAP=1), each run
+## for FUZZ_SECONDS with its seeds (fuzz/seeds/) and its corpus (fuzz/corpus/, not committed).
+## A crash fails, leaving its input in fuzz/artifacts/<target>/. Some targets, longer:
+## `make fuzz FUZZ_TARGETS="envelope sse" FUZZ_SECONDS=600`.
+CARGO_FUZZ_VERSION := 0.13.2
+FUZZ_SECONDS ?= 20
+# target:max_len (bytes of one input)
+FUZZ_TARGET_LENS := cursor:128 session_id:256 envelope:4096 sse:4096 handoff:16384 \
+  peers_file:2048 manifest:4096
+FUZZ_TARGETS ?= $(foreach t,$(FUZZ_TARGET_LENS),$(firstword $(subst :, ,$(t))))
+# No sanitizer: the sidecar has no unsafe code (`unsafe_code = "forbid"`), so AddressSanitizer
+# would only slow the runs; debug assertions and overflow checks stay on.
+FUZZ_BUILD_FLAGS := --sanitizer none --codegen-units 16
+FUZZ_FLAGS ?=
+
+fuzz: deps
+	@if ! $(CARGO) fuzz --version 2>/dev/null | grep -qx "cargo-fuzz $(CARGO_FUZZ_VERSION)"; then \
+	  echo "installing cargo-fuzz $(CARGO_FUZZ_VERSION)"; \
+	  $(CARGO) install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked; \
+	fi
+	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz build $(FUZZ_BUILD_FLAGS)
+	@set -e; cd fuzz; n=0; for t in $(FUZZ_TARGETS); do \
+	  len=$$(for p in $(FUZZ_TARGET_LENS); do [ "$${p%%:*}" = "$$t" ] && echo $${p##*:}; done; true); \
+	  if [ -z "$$len" ]; then echo "error: no fuzz target $$t" >&2; exit 1; fi; \
+	  mkdir -p corpus/$$t; \
+	  echo "== fuzz $$t: $(FUZZ_SECONDS)s, inputs up to $$len bytes"; \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $(FUZZ_BUILD_FLAGS) $$t corpus/$$t seeds/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -max_len=$$len -timeout=10 -rss_limit_mb=2048 \
+	    -print_final_stats=1 $(FUZZ_FLAGS); \
+	  n=$$((n + 1)); \
+	done; \
+	echo "fuzz: $$n passed, 0 failed"
 
 ## demo: the rolling-upgrade demo on real MCP traffic, with handoff and the baseline (release build).
 demo: deps

@@ -12,11 +12,13 @@
 //! - [`validate`]: checks that the schema cannot express (ports, paths, Origins, versions);
 //! - [`reload`]: which fields a running sidecar reloads and which need new pods
 //!   ([`PodSettings`]);
+//! - `duration`: reading the duration fields without letting a value out of range panic;
 //! - [`manifest`]: loading a YAML manifest, rejecting unknown fields and invalid values with a
 //!   message that names the field;
 //! - [`reference`](mod@reference): the configuration reference (`docs/reference/crd.md`)
 //!   generated from the CRD's schema.
 
+mod duration;
 pub mod manifest;
 pub mod origin;
 pub mod reference;

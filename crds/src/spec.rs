@@ -257,7 +257,10 @@ pub struct BufferSpec {
     #[x_kube(validation = Rule::new("self >= 1").message("spec.buffer.maxBytes must be at least 1"))]
     pub max_bytes: u64,
     /// How long an event stays replayable after it was received. Default `10m`.
-    #[serde(default = "default_buffer_ttl")]
+    #[serde(
+        default = "default_buffer_ttl",
+        deserialize_with = "crate::duration::deserialize"
+    )]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("spec.buffer.ttl must be a positive duration such as \"10m\""))]
     pub ttl: Duration,
 }
@@ -268,7 +271,10 @@ pub struct BufferSpec {
 pub struct SessionSpec {
     /// A session without any request or attached stream for this long is ended (later requests
     /// get 404). Default `30m`.
-    #[serde(default = "default_idle_timeout")]
+    #[serde(
+        default = "default_idle_timeout",
+        deserialize_with = "crate::duration::deserialize"
+    )]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("spec.session.idleTimeout must be a positive duration such as \"30m\""))]
     pub idle_timeout: Duration,
     /// How sessions leave a draining pod. Default `Replay`.
@@ -291,7 +297,10 @@ pub enum Migration {
 #[serde(rename_all = "camelCase")]
 pub struct DrainSpec {
     /// Upper bound of a pod's drain (handoff plus in-flight requests). Default `60s`.
-    #[serde(default = "default_drain_timeout")]
+    #[serde(
+        default = "default_drain_timeout",
+        deserialize_with = "crate::duration::deserialize"
+    )]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('1h')").message("spec.drain.timeout must be a positive duration of at most 1h"))]
     pub timeout: Duration,
 }

@@ -20,11 +20,15 @@
 //! - `ops/`: the admin listener, the drain socket, the drain, signals; `config/`: flags, the
 //!   endpoint file and its reloads; `server.rs` assembles it all.
 //!
-//! The binary (`main.rs`) and the tests use the small face re-exported here.
+//! The binary (`main.rs`) and the tests use the small face re-exported here; the fuzz targets
+//! (`fuzz/`) use `fuzzing` (`sidecar/src/fuzzing.rs`), which exists only in builds with
+//! `--cfg fuzzing`.
 
 mod broker;
 mod cluster;
 mod config;
+#[cfg(fuzzing)]
+pub mod fuzzing;
 mod handoff;
 mod lifecycle;
 mod mcp;

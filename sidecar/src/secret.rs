@@ -80,7 +80,7 @@ impl Secret {
 
     /// A secret from raw bytes (tests and tools). Shorter inputs are accepted here; use
     /// [`Secret::from_file`] for configuration.
-    #[cfg(test)]
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn from_bytes(bytes: impl Into<Vec<u8>>) -> Self {
         Self {
             bytes: bytes.into(),

@@ -21,6 +21,8 @@ mod rebuild;
 mod sweep;
 
 pub(crate) use cancel::CancelRelay;
+#[cfg(fuzzing)]
+pub(crate) use pump::UpstreamCursor;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use hyper::body::Incoming;
+use sse_stream::Sse;
 
 use super::Broker;
 use super::rebuild::Sent;
@@ -37,7 +38,7 @@ const RECENT_IDS: usize = 64;
 
 /// Where an upstream stream stands, for resuming it.
 #[derive(Debug, Default)]
-struct UpstreamCursor {
+pub(crate) struct UpstreamCursor {
     last_id: Option<String>,
     retry: Option<Duration>,
     recent: VecDeque<String>,
@@ -57,6 +58,38 @@ impl UpstreamCursor {
         }
         self.recent.push_back(id.to_owned());
         true
+    }
+
+    /// What one decoded upstream event adds to the stream: its `event` field (`message`, the
+    /// default, left out) and its data. `None` for blocks that carry no message (priming and
+    /// retry-only blocks, comments-only data) and for messages sent again on resume. Records the
+    /// event's id and `retry` hint either way.
+    pub(crate) fn take(&mut self, ev: Sse) -> Option<(Option<String>, Bytes)> {
+        if let Some(retry) = ev.retry {
+            self.retry = Some(Duration::from_millis(retry));
+        }
+        if let Some(id) = &ev.id {
+            self.last_id = Some(id.clone());
+        }
+        let data = ev.data.filter(|d| !d.is_empty())?;
+        if let Some(id) = &ev.id
+            && !self.first_time(id)
+        {
+            return None;
+        }
+        Some((ev.event.filter(|e| e != "message"), Bytes::from(data)))
+    }
+
+    /// The id of the newest upstream event that had one (the `Last-Event-ID` of a resume).
+    #[cfg(fuzzing)]
+    pub(crate) fn last_id(&self) -> Option<&str> {
+        self.last_id.as_deref()
+    }
+
+    /// The newest `retry` hint of the upstream.
+    #[cfg(fuzzing)]
+    pub(crate) fn retry(&self) -> Option<Duration> {
+        self.retry
     }
 }
 
@@ -236,26 +269,10 @@ impl Broker {
                 None => return BodyEnd::Closed { progressed },
             };
             tracing::trace!(upstream_id = ?ev.id, data = ev.data.as_ref().map(String::len), "upstream event");
-            if let Some(retry) = ev.retry {
-                cursor.retry = Some(Duration::from_millis(retry));
-            }
-            if let Some(id) = &ev.id {
-                cursor.last_id = Some(id.clone());
-            }
-            // Priming and retry-only blocks carry no message.
-            let Some(data) = ev.data.filter(|d| !d.is_empty()) else {
+            let Some((event, data)) = cursor.take(ev) else {
                 continue;
             };
-            if let Some(id) = &ev.id
-                && !cursor.first_time(id)
-            {
-                continue;
-            }
-            let appended = stream.append(
-                ev.event.filter(|e| e != "message"),
-                Bytes::from(data),
-                Instant::now(),
-            );
+            let appended = stream.append(event, data, Instant::now());
             self.metrics.event_buffered();
             self.metrics.evictions(&appended);
             if self.budget.over() {

@@ -271,7 +271,8 @@ fn own_pod_settings(spec: &McpEndpointSpec, json: &str) -> Result<McpEndpointSpe
     Ok(spec)
 }
 
-fn versions(spec: &McpEndpointSpec) -> Vec<ProtocolVersion> {
+/// The protocol versions of `spec.protocolVersions` the sidecar knows, in the spec's order.
+pub(crate) fn versions(spec: &McpEndpointSpec) -> Vec<ProtocolVersion> {
     spec.protocol_versions
         .iter()
         .filter_map(|v| ProtocolVersion::parse(v))

@@ -5,8 +5,9 @@
 //!
 //! Event data travels as text (SSE `data:` is UTF-8 by definition); retry-record digests as
 //! hex; headers as `(name, value)` text pairs. What cannot be decoded (an invalid status or
-//! digest, a header that is not visible ASCII) is left out, as a sender of an older version
-//! could not have produced it.
+//! digest, a header that is not visible ASCII, an event name with a line end) is left out, as a
+//! sender of an older version could not have produced it. Sequence numbers beyond [`MAX_SEQ`] are refused: no sender
+//! numbers that far, and this pod's own numbering after them must not overflow.
 
 use std::sync::Arc;
 
@@ -22,6 +23,19 @@ use crate::session::retained::Retained;
 use crate::session::{RetryRecord, Session, SessionSnapshot};
 use crate::stream::buffer::{BufferLimits, PodBudget};
 use crate::stream::{SnapshotEvent, StoredReply, StreamKind, StreamSnapshot};
+
+/// Largest sequence number taken from a peer: 2^53, more events than a stream can number
+/// (centuries at a million a second), and far enough below `u64::MAX` that the numbers this pod
+/// hands out after it — priming ids, the gap after a dead writer
+/// ([`crate::stream::ABANDONED_WRITER_GAP`]) — cannot overflow.
+pub(crate) const MAX_SEQ: u64 = 1 << 53;
+
+/// Whether every sequence number of a stream image is at most [`MAX_SEQ`].
+fn numbered_within(image: &StreamImage) -> bool {
+    image.last_seq <= MAX_SEQ
+        && image.evicted_through <= MAX_SEQ
+        && image.events.iter().all(|e| e.seq <= MAX_SEQ)
+}
 
 /// The image of a session snapshot (the body of `POST /v1/sessions`).
 pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
@@ -83,7 +97,8 @@ pub(crate) fn request_images(records: &[RetryRecord]) -> Vec<RequestImage> {
 /// The session an image describes, handed over by pod `from` (see [`Session::from_parts`]).
 ///
 /// # Errors
-/// A message when the image names an unknown or stateless protocol version.
+/// A message when the image names an unknown or stateless protocol version, or has a stream
+/// numbered beyond [`MAX_SEQ`].
 pub(crate) fn restore_session(
     image: &SessionImage,
     digest: String,
@@ -95,6 +110,12 @@ pub(crate) fn restore_session(
     let version = ProtocolVersion::parse(&image.version)
         .filter(|v| !v.is_stateless())
         .ok_or_else(|| format!("unknown sessionful version {:?}", image.version))?;
+    if let Some(stream) = image.streams.iter().find(|s| !numbered_within(s)) {
+        return Err(format!(
+            "stream {} is numbered beyond {MAX_SEQ}",
+            stream.key
+        ));
+    }
     let journal = &image.journal;
     let snapshot = SessionSnapshot {
         id: image.id.clone(),
@@ -115,7 +136,8 @@ pub(crate) fn restore_session(
 }
 
 /// Applies the streams and retry records of a tail message from pod `from` to `session`;
-/// returns how many events were new (see [`Session::import`]).
+/// returns how many events were new (see [`Session::import`]). A stream numbered beyond
+/// [`MAX_SEQ`] is left out.
 pub(crate) fn import(
     session: &Session,
     streams: &[StreamImage],
@@ -124,7 +146,11 @@ pub(crate) fn import(
     limits: BufferLimits,
     budget: &PodBudget,
 ) -> usize {
-    let streams: Vec<StreamSnapshot> = streams.iter().map(stream_snapshot).collect();
+    let streams: Vec<StreamSnapshot> = streams
+        .iter()
+        .filter(|s| numbered_within(s))
+        .map(stream_snapshot)
+        .collect();
     session.import(&streams, &records(requests), from, limits, budget)
 }
 
@@ -148,7 +174,9 @@ fn stream_snapshot(image: &StreamImage) -> StreamSnapshot {
             .iter()
             .map(|ev| SnapshotEvent {
                 seq: ev.seq,
-                event: ev.event.clone(),
+                // A name with a line end is no SSE event type (it would end the `event:` line
+                // and start another field in the client's stream).
+                event: ev.event.clone().filter(|e| !e.contains(['\r', '\n'])),
                 data: Bytes::from(ev.data.clone()),
             })
             .collect(),
@@ -264,5 +292,72 @@ mod tests {
             .is_err(),
             "a stateless version has no session"
         );
+    }
+
+    #[test]
+    fn streams_numbered_beyond_max_seq_are_refused() {
+        let s = session();
+        let ids = [key(1)];
+        let st = stream(&s, &ids);
+        s.claim(&ids, [7; 32], &st);
+        st.append(None, bytes::Bytes::from_static(b"{}"), Instant::now());
+        let (snapshot, _) = s.snapshot(1 << 20);
+        let image = session_image(&snapshot);
+        let budget = PodBudget::new(u64::MAX);
+        let restore = |image: &SessionImage| {
+            restore_session(image, "d".into(), "pod-a", limits(), &budget).map(|_| ())
+        };
+        assert_eq!(restore(&image), Ok(()));
+        for (last_seq, evicted_through, seq) in [
+            (u64::MAX, 0, 1),
+            (MAX_SEQ + 1, 0, 1),
+            (3, u64::MAX, 1),
+            (3, 0, MAX_SEQ + 1),
+        ] {
+            let mut bad = image.clone();
+            bad.streams[0].last_seq = last_seq;
+            bad.streams[0].evicted_through = evicted_through;
+            bad.streams[0].events[0].seq = seq;
+            assert!(restore(&bad).is_err(), "{last_seq} {evicted_through} {seq}");
+            // In a tail, such a stream is left out; the session keeps what it had.
+            let copy = restore_session(&image, "d".into(), "pod-a", limits(), &budget).unwrap();
+            assert_eq!(
+                import(&copy, &bad.streams, &[], "pod-a", limits(), &budget),
+                0
+            );
+            assert_eq!(copy.streams()[0].last_seq(), 1);
+        }
+        let mut edge = image.clone();
+        edge.streams[0].last_seq = MAX_SEQ;
+        assert_eq!(restore(&edge), Ok(()));
+    }
+
+    #[test]
+    fn event_names_with_line_ends_are_left_out() {
+        let s = session();
+        let ids = [key(1)];
+        let st = stream(&s, &ids);
+        s.claim(&ids, [7; 32], &st);
+        for _ in 0..4 {
+            st.append(
+                Some("progress".into()),
+                bytes::Bytes::from_static(b"{}"),
+                Instant::now(),
+            );
+        }
+        let (snapshot, _) = s.snapshot(1 << 20);
+        let mut image = session_image(&snapshot);
+        for (ev, name) in image.streams[0]
+            .events
+            .iter_mut()
+            .zip(["a\nb", "a\rdata: x", "a\r\nb"])
+        {
+            ev.event = Some(name.into());
+        }
+        let budget = PodBudget::new(u64::MAX);
+        let copy = restore_session(&image, "d".into(), "pod-a", limits(), &budget).unwrap();
+        let (restored, _) = copy.streams()[0].snapshot(0, usize::MAX);
+        let names: Vec<Option<&str>> = restored.events.iter().map(|e| e.event.as_deref()).collect();
+        assert_eq!(names, [None, None, None, Some("progress")]);
     }
 }

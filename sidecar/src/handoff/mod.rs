@@ -9,6 +9,8 @@ pub(crate) mod adopt;
 pub(crate) mod auth;
 pub(crate) mod client;
 mod follow;
+#[cfg(fuzzing)]
+pub(crate) mod fuzzing;
 mod image;
 pub(crate) mod listener;
 pub(crate) mod wire;

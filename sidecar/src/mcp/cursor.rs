@@ -85,15 +85,20 @@ impl EventId {
     /// Parses a `Last-Event-ID` header value.
     ///
     /// # Errors
-    /// [`MalformedCursor`] for anything but `<12 base32 chars>-<decimal u64>`, including values
-    /// longer than [`MAX_CURSOR_LEN`].
+    /// [`MalformedCursor`] for anything but `<12 base32 chars>-<decimal u64>` as the sidecar
+    /// writes it (no leading zeros, so each position has one spelling), including values longer
+    /// than [`MAX_CURSOR_LEN`].
     pub(crate) fn parse(value: &str) -> Result<Self, MalformedCursor> {
         if value.len() > MAX_CURSOR_LEN {
             return Err(MalformedCursor);
         }
         let (key, seq) = value.split_once('-').ok_or(MalformedCursor)?;
         let stream = StreamKey::parse(key).ok_or(MalformedCursor)?;
-        if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) || seq.len() > 20 {
+        if seq.is_empty()
+            || !seq.bytes().all(|b| b.is_ascii_digit())
+            || seq.len() > 20
+            || (seq.len() > 1 && seq.starts_with('0'))
+        {
             return Err(MalformedCursor);
         }
         let seq = seq.parse().map_err(|_| MalformedCursor)?;
@@ -135,6 +140,21 @@ mod tests {
         ] {
             assert_eq!(EventId::parse(&bad), Err(MalformedCursor), "{bad:.40}");
         }
+    }
+
+    #[test]
+    fn a_cursor_with_leading_zeros_is_malformed() {
+        let key = StreamKey::random();
+        for bad in ["00", "01", "007", "00000000000000000001"] {
+            assert_eq!(
+                EventId::parse(&format!("{key}-{bad}")),
+                Err(MalformedCursor),
+                "{bad}"
+            );
+        }
+        let zero = EventId::parse(&format!("{key}-0")).unwrap();
+        assert_eq!(zero.seq, 0);
+        assert_eq!(zero.to_string(), format!("{key}-0"));
     }
 
     proptest! {

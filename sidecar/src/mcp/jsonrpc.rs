@@ -320,9 +320,19 @@ struct Probe {
     error: Option<IgnoredAny>,
 }
 
-/// The id of the request a server message answers, when it is a response or error.
+/// The id of the request a server message answers, when it is a response or error: a JSON
+/// object (as UTF-8 text) with `result` or `error`, an id and no `method`. A JSON array with
+/// such values in the fields' places is no response (serde would read it as the struct), nor
+/// is text with invalid UTF-8 in a part the probe skips.
 pub(crate) fn response_id(data: &[u8]) -> Option<RequestKey> {
-    let probe: Probe = serde_json::from_slice(data).ok()?;
+    let text = std::str::from_utf8(data).ok()?;
+    if !text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .starts_with('{')
+    {
+        return None;
+    }
+    let probe: Probe = serde_json::from_str(text).ok()?;
     if probe.method.is_some() || (probe.result.is_none() && probe.error.is_none()) {
         return None;
     }
@@ -520,6 +530,20 @@ mod tests {
             None
         );
         assert_eq!(response_id(b"not json"), None);
+    }
+
+    #[test]
+    fn only_json_objects_are_responses() {
+        assert_eq!(
+            response_id(b" \r\n{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}"),
+            Some(RequestKey::of(&Value::from(7)))
+        );
+        // A JSON array in the probe's field order (id, method, result, error) is no response.
+        assert_eq!(response_id(br#"[7, null, {}, null]"#), None);
+        // Invalid UTF-8 in a part the probe skips: not JSON, so no response.
+        let skipped = b"{\"id\":\"x\",\"error\":{\"code\":-32601,\"me\xff\xffe\":\"m\"}}";
+        assert!(serde_json::from_slice::<Value>(skipped).is_err());
+        assert_eq!(response_id(skipped), None);
     }
 
     #[test]

@@ -15,8 +15,16 @@ pub(crate) const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 
 /// Appends one event frame: `id`, optional `event`, then one `data:` line per line of `data`.
 ///
-/// `data` is LF-joined text as the SSE parser delivers it; CR and CRLF never occur in it.
+/// Lines of `data` end at LF, CRLF or CR, as a client's SSE parser ends them: data decoded from
+/// upstream SSE is LF-joined, but an upstream's non-SSE answer carried as an event (a batch
+/// member's JSON, pretty-printed or not) may hold any of them, and a CR left inside a `data:`
+/// line would end that line there, leaving the rest of it to be read as a field. The client
+/// receives the same lines, LF-joined. `event` holds no CR or LF (it comes from the SSE parser).
 pub(crate) fn put_event(out: &mut BytesMut, id: &EventId, event: Option<&str>, data: &[u8]) {
+    debug_assert!(
+        event.is_none_or(|e| !e.contains(['\r', '\n'])),
+        "an event name with a line end: {event:?}"
+    );
     out.put_slice(b"id: ");
     out.put_slice(id.to_string().as_bytes());
     out.put_u8(b'\n');
@@ -25,12 +33,32 @@ pub(crate) fn put_event(out: &mut BytesMut, id: &EventId, event: Option<&str>, d
         out.put_slice(event.as_bytes());
         out.put_u8(b'\n');
     }
-    for line in data.split(|&b| b == b'\n') {
+    for line in lines(data) {
         out.put_slice(b"data: ");
         out.put_slice(line);
         out.put_u8(b'\n');
     }
     out.put_u8(b'\n');
+}
+
+/// The lines of `data`, ended by LF, CRLF or CR; a line end at the very end leaves an empty
+/// last line (as splitting at LF does), so `a\n` is `a` and an empty line.
+fn lines(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(data);
+    std::iter::from_fn(move || {
+        let text = rest?;
+        let Some(end) = text.iter().position(|&b| b == b'\n' || b == b'\r') else {
+            rest = None;
+            return Some(text);
+        };
+        let next = if text[end..].starts_with(b"\r\n") {
+            end + 2
+        } else {
+            end + 1
+        };
+        rest = Some(&text[next..]);
+        Some(&text[..end])
+    })
 }
 
 /// The priming event: the stream's current position as id and an empty `data` field, with an
@@ -73,6 +101,25 @@ mod tests {
             text,
             format!("id: {id}\nevent: message\ndata: {{\"a\":\ndata: 1}}\n\n")
         );
+    }
+
+    #[test]
+    fn data_lines_end_at_cr_and_crlf_as_well_as_lf() {
+        let id = EventId {
+            stream: StreamKey::random(),
+            seq: 1,
+        };
+        let mut out = BytesMut::new();
+        // A batch member's JSON answer with CR and CRLF between its tokens.
+        put_event(&mut out, &id, None, b"{\"a\":1,\r\"b\":\r\n2}\r");
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        assert_eq!(
+            text,
+            format!("id: {id}\ndata: {{\"a\":1,\ndata: \"b\":\ndata: 2}}\ndata: \n\n")
+        );
+        let mut out = BytesMut::new();
+        put_event(&mut out, &id, None, b"");
+        assert_eq!(out.as_ref(), format!("id: {id}\ndata: \n\n").as_bytes());
     }
 
     #[test]

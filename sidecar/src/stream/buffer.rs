@@ -197,12 +197,15 @@ impl StreamBuffer {
     /// be a reserved priming number) and how far it evicted. When the holder evicted events this
     /// buffer never received, everything older is dropped too, so a cursor before the gap is
     /// answered `cursor_evicted` instead of skipping events.
+    ///
+    /// The last sequence is at least `evicted_through` (events up to there existed), so every
+    /// number handed out later is beyond what was evicted.
     pub(crate) fn follow(&mut self, last_seq: u64, evicted_through: u64) {
         if evicted_through > self.last_seq {
             self.evict_all();
             self.evicted_through = self.evicted_through.max(evicted_through);
         }
-        self.last_seq = self.last_seq.max(last_seq);
+        self.last_seq = self.last_seq.max(last_seq).max(self.evicted_through);
     }
 
     /// How far events were evicted: every event at or below this sequence may be gone.
@@ -477,5 +480,20 @@ mod tests {
         assert_eq!(seqs(&b, 6), Ok(vec![7, 8]));
         assert_eq!(seqs(&b, 2), Err(ReplayError::Evicted { oldest_kept: 7 }));
         assert_eq!(seqs(&b, 0), Err(ReplayError::Evicted { oldest_kept: 7 }));
+    }
+
+    #[test]
+    fn following_an_eviction_past_the_last_event_moves_the_last_sequence() {
+        // A holder's image claiming events evicted beyond its last sequence: numbers handed
+        // out later (priming ids, events) are beyond the evicted ones, never among them.
+        let now = Instant::now();
+        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        b.follow(6, 8);
+        assert_eq!((b.last_seq(), b.evicted_through()), (8, 8));
+        assert_eq!(seqs(&b, 8), Ok(vec![]));
+        assert_eq!(b.reserve(), 9);
+        assert_eq!(b.put(9, None, data(1), now), None, "9 is taken");
+        assert!(b.put(10, None, data(1), now).is_some());
+        assert_eq!(seqs(&b, 9), Ok(vec![10]));
     }
 }
