@@ -127,8 +127,15 @@ pub(crate) fn adopt(input: &[u8]) -> Result<Adopted, String> {
     };
     let push: SessionPush = serde_json::from_slice(push).map_err(|e| e.to_string())?;
     let budget = PodBudget::new(u64::MAX);
-    let session =
-        image::restore_session(&push.session, "digest".into(), &push.from, LIMITS, &budget)?;
+    let retained = crate::session::retained::Retained::new(u64::MAX);
+    let session = image::restore_session(
+        &push.session,
+        "digest".into(),
+        &push.from,
+        LIMITS,
+        &budget,
+        &retained,
+    )?;
     let tail: Option<TailPush> = tail.and_then(|t| serde_json::from_slice(t).ok());
     let tail_applied = tail.as_ref().is_some_and(|t| t.session == push.session.id);
     if let Some(tail) = tail.filter(|_| tail_applied) {

@@ -304,8 +304,9 @@ mod tests {
         let (snapshot, _) = s.snapshot(1 << 20);
         let image = session_image(&snapshot);
         let budget = PodBudget::new(u64::MAX);
+        let retained = Retained::new(u64::MAX);
         let restore = |image: &SessionImage| {
-            restore_session(image, "d".into(), "pod-a", limits(), &budget).map(|_| ())
+            restore_session(image, "d".into(), "pod-a", limits(), &budget, &retained).map(|_| ())
         };
         assert_eq!(restore(&image), Ok(()));
         for (last_seq, evicted_through, seq) in [
@@ -320,7 +321,8 @@ mod tests {
             bad.streams[0].events[0].seq = seq;
             assert!(restore(&bad).is_err(), "{last_seq} {evicted_through} {seq}");
             // In a tail, such a stream is left out; the session keeps what it had.
-            let copy = restore_session(&image, "d".into(), "pod-a", limits(), &budget).unwrap();
+            let copy =
+                restore_session(&image, "d".into(), "pod-a", limits(), &budget, &retained).unwrap();
             assert_eq!(
                 import(&copy, &bad.streams, &[], "pod-a", limits(), &budget),
                 0
@@ -355,7 +357,9 @@ mod tests {
             ev.event = Some(name.into());
         }
         let budget = PodBudget::new(u64::MAX);
-        let copy = restore_session(&image, "d".into(), "pod-a", limits(), &budget).unwrap();
+        let retained = Retained::new(u64::MAX);
+        let copy =
+            restore_session(&image, "d".into(), "pod-a", limits(), &budget, &retained).unwrap();
         let (restored, _) = copy.streams()[0].snapshot(0, usize::MAX);
         let names: Vec<Option<&str>> = restored.events.iter().map(|e| e.event.as_deref()).collect();
         assert_eq!(names, [None, None, None, Some("progress")]);
