@@ -6,6 +6,8 @@
 //! body. Invariants:
 //!
 //! - the events do not depend on how the body is cut into chunks;
+//! - the event size bound (`--max-event-bytes`) only ends the stream early: the events that pass
+//!   are the first ones of the unbounded decoder, none with more data than the bound;
 //! - the pump appends exactly the events that carry data, once per upstream id among the recent
 //!   ones, with `message` as no event name, and remembers the last id and `retry` for a resume;
 //! - what the sidecar then writes — a priming event, each appended event with its own id,
@@ -20,7 +22,8 @@ use std::collections::VecDeque;
 use libfuzzer_sys::fuzz_target;
 use sse_stream::Sse;
 use tether_sidecar::fuzzing::{
-    KEEP_ALIVE, UpstreamRelay, decode_upstream, frame_event, frame_priming, frame_retry,
+    KEEP_ALIVE, UpstreamRelay, decode_upstream, decode_upstream_within, frame_event,
+    frame_priming, frame_retry,
 };
 
 /// The stream key of the client-side frames.
@@ -42,6 +45,19 @@ fuzz_target!(|data: &[u8]| {
         chunked.last().is_some_and(Result::is_err)
     );
     let events = ok_events(&whole);
+
+    // The event size bound only ends the stream early: what passes is what the unbounded
+    // decoder gives, in order, and no data over the bound gets through.
+    let limit = 1 + usize::from(cut) * 8;
+    let bounded = ok_events(&decode_upstream_within(&chunks, limit));
+    assert!(bounded.len() <= events.len(), "bound {limit}");
+    assert_eq!(bounded[..], events[..bounded.len()], "bound {limit}");
+    assert!(
+        bounded
+            .iter()
+            .all(|e| e.data.as_ref().map_or(0, String::len) <= limit),
+        "bound {limit}"
+    );
 
     // The pump.
     let mut relay = UpstreamRelay::new();

@@ -251,15 +251,25 @@ pub fn response_id(data: &[u8]) -> Option<String> {
 pub const KEEP_ALIVE: &[u8] = sse::KEEP_ALIVE;
 
 /// An upstream SSE body delivered in `chunks`, decoded as the pump decodes it: every block up to
-/// the end, or up to and including the first error (after which the decoder ends).
+/// the end, or up to and including the first error (after which the decoder ends); no event
+/// size bound.
 pub fn decode_upstream(chunks: &[&[u8]]) -> Vec<Result<sse_stream::Sse, String>> {
+    decode_upstream_within(chunks, usize::MAX)
+}
+
+/// [`decode_upstream`] with the pump's event size bound (`--max-event-bytes`) at
+/// `max_event_bytes`.
+pub fn decode_upstream_within(
+    chunks: &[&[u8]],
+    max_event_bytes: usize,
+) -> Vec<Result<sse_stream::Sse, String>> {
     let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = chunks
         .iter()
         .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
         .collect();
     let body = StreamBody::new(futures::stream::iter(frames));
     futures::executor::block_on(
-        crate::upstream::events(body)
+        crate::upstream::events(body, max_event_bytes)
             .map(|r| r.map_err(|e| e.to_string()))
             .collect(),
     )
