@@ -22,8 +22,8 @@ use std::collections::VecDeque;
 use libfuzzer_sys::fuzz_target;
 use sse_stream::Sse;
 use tether_sidecar::fuzzing::{
-    KEEP_ALIVE, UpstreamRelay, decode_upstream, decode_upstream_within, frame_event,
-    frame_priming, frame_retry,
+    KEEP_ALIVE, UpstreamRelay, decode_upstream, decode_upstream_within, frame_event, frame_priming,
+    frame_retry,
 };
 
 /// The stream key of the client-side frames.
