@@ -44,17 +44,10 @@ impl Broker {
         if !self.registry.has_room() {
             return Err(Rejection::TooManySessions);
         }
-        // The journal keeps the `initialize` request for the session's life: bounded, and held
-        // against the pod's journal budget while the upstream answers.
         let max_params = self.cfg().max_initialize_bytes;
         if serde_json::to_vec(&request["params"]).map_or(0, |p| p.len()) > max_params {
             return Err(Rejection::InitializeTooLarge(max_params));
         }
-        let mut reservation = self.retained().charge(Kind::Journal);
-        let journal_bytes = serde_json::to_vec(&request).map_or(0, |r| r.len()) as u64;
-        reservation
-            .try_resize(journal_bytes)
-            .map_err(|_| Rejection::PodJournalsFull)?;
         let mut headers = forwarded_request_headers(&call.headers);
         if let Some(offer) = self.version_offer(&request) {
             // I-02: the client asked for a version this endpoint does not serve; offer the
@@ -62,6 +55,13 @@ impl Broker {
             request["params"]["protocolVersion"] = Value::from(offer.as_str());
             headers.remove(MCP_PROTOCOL_VERSION);
         }
+        // The journal keeps the `initialize` request as sent, for the session's life: its text
+        // is what goes upstream, held against the pod's journal budget meanwhile.
+        let journal = Journal::new(request);
+        let mut reservation = self.retained().charge(Kind::Journal);
+        reservation
+            .try_resize(journal.bytes() as u64)
+            .map_err(|_| Rejection::PodJournalsFull)?;
         let exchange = Exchange {
             upstream_session: None,
             headers,
@@ -69,7 +69,11 @@ impl Broker {
         };
         let resp = self
             .upstream
-            .send(Method::POST, exchange, Bytes::from(request.to_string()))
+            .send(
+                Method::POST,
+                exchange,
+                Bytes::copy_from_slice(journal.initialize_text().as_bytes()),
+            )
             .await
             .map_err(|e| self.upstream_rejection(&e))?;
         let upstream_id = resp
@@ -115,7 +119,7 @@ impl Broker {
             self.secret.log_digest(&id),
             upstream_id.clone(),
             version,
-            Journal::new(request),
+            journal,
             self.retained(),
         );
         if self.registry.insert(Arc::clone(&session)).is_err() {

@@ -111,6 +111,11 @@ impl Journal {
         value(&self.initialize)
     }
 
+    /// The `initialize` request as compact JSON text (what is sent upstream).
+    pub(crate) fn initialize_text(&self) -> &str {
+        &self.initialize
+    }
+
     /// Records a client message if it belongs to the journal; returns whether it did. A message
     /// that would grow the journal past `max_bytes` bytes or [`MAX_SUBSCRIPTIONS`] is refused,
     /// and so is one that `admit` refuses when given the journal's size with it (the pod's

@@ -90,19 +90,17 @@ impl Charge {
     /// # Errors
     /// [`PodFull`] when growing past the pod's journal cap.
     pub(crate) fn try_resize(&mut self, bytes: u64) -> Result<(), PodFull> {
-        let tally = &self.retained.0.bytes[self.kind as usize];
-        if bytes > self.bytes && self.kind == Kind::Journal {
-            let grow = bytes - self.bytes;
-            let cap = self.retained.0.journal_cap;
-            tally
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
-                    (now + grow <= cap).then_some(now + grow)
-                })
-                .map_err(|_| PodFull)?;
-        } else {
+        if bytes <= self.bytes || self.kind != Kind::Journal {
             self.apply(bytes);
             return Ok(());
         }
+        let grow = bytes - self.bytes;
+        let cap = self.retained.0.journal_cap;
+        self.retained.0.bytes[self.kind as usize]
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                (now + grow <= cap).then_some(now + grow)
+            })
+            .map_err(|_| PodFull)?;
         self.bytes = bytes;
         Ok(())
     }
