@@ -604,7 +604,7 @@ impl Metrics {
     }
 
     /// Bytes retained now of `kind` (`tether_retained_bytes{kind}`: `journal`, `records`,
-    /// `buffers`).
+    /// `replies`, `buffers`).
     pub(crate) fn retained(&self, kind: &'static str, bytes: u64) {
         self.retained_bytes
             .get_or_create(&KindLabel { kind })

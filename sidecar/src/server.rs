@@ -32,6 +32,7 @@ use crate::ops::drain::Drain;
 use crate::ops::shutdown::DrainOnTerm;
 use crate::proxy::{ConnectionLimits, McpListener, McpProxy};
 use crate::session::Registry;
+use crate::session::retained::Retained;
 use crate::stream::buffer::PodBudget;
 use crate::upstream::Upstream;
 
@@ -146,7 +147,10 @@ pub(crate) fn broker(cfg: &Config, upstream: Upstream, metrics: Arc<Metrics>) ->
         IdMinter::new(cfg.secret.clone(), HomeToken::for_pod(&cfg.pod_uid)),
         cfg.secret.clone(),
         upstream,
-        Registry::new(cfg.max_sessions, cfg.pod_journal_bytes),
+        Registry::new(
+            cfg.max_sessions,
+            Retained::new(cfg.pod_journal_bytes, cfg.pod_retry_bytes),
+        ),
         PodBudget::new(cfg.pod_buffer_bytes),
         metrics,
     )

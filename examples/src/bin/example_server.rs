@@ -9,6 +9,10 @@
 //! | `counter` | – | increments and returns a per-session counter |
 //! | `notify` | `text`, `count` | `count` `notifications/message` with `data: {"text", "seq"}` on the standalone GET stream, returns `sent <count>` |
 //!
+//! With `--json-replies`, a POST whose stream carries exactly one JSON-RPC message (its
+//! response) is answered with `application/json` once the call ends, as servers that prefer
+//! JSON answers do; a stream with notifications stays SSE.
+//!
 //! Without a progress token, `slow` sends log notifications instead of progress; rmcp routes
 //! those to the session's standalone GET stream (it routes only progress by token to a request's
 //! stream).
@@ -79,6 +83,9 @@ struct Args {
     /// Idle time after which rmcp ends a session, in seconds.
     #[arg(long, default_value_t = 3600)]
     session_idle_secs: u64,
+    /// Answer a POST whose stream carries only its response with `application/json`.
+    #[arg(long)]
+    json_replies: bool,
 }
 
 /// Execution counts per `slow` call id, for `GET /stats`.
@@ -523,7 +530,56 @@ async fn route(
         );
         return resp;
     }
-    mcp.handle(req).await
+    let post = req.method() == Method::POST;
+    let resp = mcp.handle(req).await;
+    if args.json_replies && post {
+        return as_json(resp).await;
+    }
+    resp
+}
+
+/// `--json-replies`: an SSE answer that carries one JSON-RPC message, as `application/json`
+/// (read to its end first); any other answer as it was.
+async fn as_json(resp: Response<HttpBody>) -> Response<HttpBody> {
+    let sse = resp.status() == StatusCode::OK
+        && resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !sse {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(collected) = body.collect().await;
+    let bytes = collected.to_bytes();
+    let mut messages = sse_messages(&bytes);
+    if messages.len() != 1 {
+        return Response::from_parts(parts, Full::new(bytes).boxed());
+    }
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Full::new(Bytes::from(messages.remove(0))).boxed())
+}
+
+/// The non-empty `data` of each event of an SSE body (priming events carry none).
+fn sse_messages(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(body);
+    let (mut messages, mut data) = (Vec::new(), Vec::new());
+    for line in text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)) {
+        if line.is_empty() {
+            if !data.is_empty() {
+                messages.push(data.join("\n"));
+                data.clear();
+            }
+        } else if let Some(value) = line.strip_prefix("data:") {
+            data.push(value.strip_prefix(' ').unwrap_or(value).to_owned());
+        }
+    }
+    messages.retain(|m| !m.is_empty());
+    messages
 }
 
 async fn shutdown_signal() {

@@ -87,6 +87,9 @@ pub(crate) struct BrokerConfig {
     pub(crate) max_initialize_bytes: usize,
     /// Largest journal of one session, in bytes (`--max-journal-bytes`).
     pub(crate) max_journal_bytes: usize,
+    /// Largest retry state (records and stored replies) of one session, in bytes
+    /// (`--max-session-retry-bytes`).
+    pub(crate) max_session_retry_bytes: u64,
     /// Most take-overs of one session's streams per second; `None`: no limit
     /// (`--max-takeovers`).
     pub(crate) max_takeovers: Option<std::num::NonZeroU32>,
@@ -105,6 +108,8 @@ pub(crate) struct Broker {
     budget: PodBudget,
     metrics: Arc<Metrics>,
     last_cap_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// When the data path last enforced `--pod-retry-bytes` (at most every 50 ms).
+    last_retry_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
     rebuild_slots: tokio::sync::Semaphore,
@@ -129,6 +134,7 @@ impl Broker {
             budget,
             metrics,
             last_cap_enforcement: parking_lot::Mutex::new(None),
+            last_retry_enforcement: parking_lot::Mutex::new(None),
             resume_budget: cfg
                 .resume_budget
                 .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),

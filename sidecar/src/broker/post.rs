@@ -88,11 +88,13 @@ impl Broker {
             StreamKind::Post
         };
         let stream = self.new_stream(&session, kind, ids.clone());
-        let claimed = session.claim(&ids, envelope.digest, &stream);
+        let claimed = session.claim(&ids, envelope.digest, &stream, self.retry_room());
         // The stream is registered: a handoff from now on carries it.
         drop(entered);
         match claimed {
             Dedupe::Conflict => Err(Rejection::RequestIdReused),
+            Dedupe::SessionFull(limit) => Err(Rejection::RetryStateFull(limit)),
+            Dedupe::PodFull => Err(Rejection::PodRetryStateFull),
             Dedupe::Retry(existing) => {
                 self.metrics.request_deduplicated();
                 self.serve_post(&session, &existing).await

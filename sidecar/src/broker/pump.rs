@@ -155,7 +155,9 @@ impl Broker {
             return;
         }
         match self.read_stored(resp).await {
-            Ok(stored) if stream.kind() == StreamKind::Post => stream.store_reply(stored),
+            Ok(stored) if stream.kind() == StreamKind::Post => {
+                session.keep_reply(&stream, stored, self.cfg().max_session_retry_bytes);
+            }
             Ok(stored) => self.append_answer(&stream, &ids, &stored),
             Err(rejection) => self.fail(&stream, &ids, rejection),
         }

@@ -1,11 +1,12 @@
 //! Periodic upkeep: buffer TTL, idle session expiry (`session.idleTimeout`), the pod-wide
-//! buffer cap and the gauges (streams, buffers, `tether_retained_bytes`).
+//! buffer and retry-state caps and the gauges (streams, buffers, `tether_retained_bytes`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Broker;
 use crate::mcp::rejection::NotFound;
+use crate::session::RetryRoom;
 use crate::session::retained::Kind;
 
 impl Broker {
@@ -33,6 +34,7 @@ impl Broker {
             bytes += b;
         }
         self.enforce_pod_cap();
+        self.enforce_retry_cap();
         self.metrics.buffered(streams, events, bytes);
         for kind in Kind::ALL {
             self.metrics
@@ -43,16 +45,56 @@ impl Broker {
 
     /// [`Broker::enforce_pod_cap`] from the data path, at most every 50 ms.
     pub(super) fn enforce_pod_cap_soon(&self) {
-        let now = Instant::now();
-        let Some(mut last) = self.last_cap_enforcement.try_lock() else {
-            return;
-        };
-        if last.is_some_and(|t| now.duration_since(t) < Duration::from_millis(50)) {
+        if due(&self.last_cap_enforcement) {
+            self.enforce_pod_cap();
+        }
+    }
+
+    /// What a new request's retry records must fit in: the session's budget, and whether the
+    /// pod's retry state is over its own once the oldest spent streams were forgotten.
+    pub(super) fn retry_room(&self) -> RetryRoom {
+        if self.retained().retry_over() && due(&self.last_retry_enforcement) {
+            self.enforce_retry_cap();
+        }
+        RetryRoom {
+            session_bytes: self.cfg().max_session_retry_bytes,
+            pod_full: self.retained().retry_over(),
+        }
+    }
+
+    /// Keeps the pod's retry state (records and stored replies) under `--pod-retry-bytes`:
+    /// when over, the pod's spent streams are forgotten, oldest first, then the records of
+    /// streams no longer held, until it is ⅞ of the cap (room for the requests of the next
+    /// 50 ms, when the data path may not enforce it again).
+    pub(crate) fn enforce_retry_cap(&self) {
+        if !self.retained().retry_over() {
             return;
         }
-        *last = Some(now);
-        drop(last);
-        self.enforce_pod_cap();
+        let retained = self.retained();
+        let over = || retained.retry_above(7, 8);
+        let now = Instant::now();
+        let sessions = self.registry.all();
+        let mut spent: Vec<_> = sessions
+            .iter()
+            .flat_map(|s| {
+                s.spent_streams(now)
+                    .into_iter()
+                    .map(move |(created, key)| (created, s, key))
+            })
+            .collect();
+        spent.sort_by_key(|(created, ..)| *created);
+        for (_, session, key) in spent {
+            if !over() {
+                return;
+            }
+            session.forget_spent(&key, now);
+        }
+        for session in &sessions {
+            if !over() {
+                return;
+            }
+            session.shed_retry_state(0);
+        }
     }
 
     /// Keeps the pod under its buffer byte cap: when over, the buffers of complete streams that
@@ -83,4 +125,18 @@ impl Broker {
             ..Default::default()
         });
     }
+}
+
+/// Whether a cap enforcement from the data path is due: none ran in the last 50 ms (and no
+/// other is starting now); if so, it counts as running now.
+fn due(last: &parking_lot::Mutex<Option<Instant>>) -> bool {
+    let now = Instant::now();
+    let Some(mut last) = last.try_lock() else {
+        return false;
+    };
+    if last.is_some_and(|t| now.duration_since(t) < Duration::from_millis(50)) {
+        return false;
+    }
+    *last = Some(now);
+    true
 }

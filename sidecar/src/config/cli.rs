@@ -106,6 +106,18 @@ pub struct Cli {
     /// a new session or a journal's growth beyond gets 429 `pod_journals_full` + `Retry-After`.
     #[arg(long, env = "TETHER_POD_JOURNAL_BYTES", value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
     pub pod_journal_bytes: u64,
+    /// Largest retry state of one session, in bytes: its retry records (request ids, body
+    /// digests) and stored replies (the MCP server's complete non-SSE answers, kept for retried
+    /// requests). Beyond it the oldest answered requests are forgotten first; a request that
+    /// still does not fit (the rest belongs to requests in flight) gets 413 `retry_state_full`.
+    #[arg(long, env = "TETHER_MAX_SESSION_RETRY_BYTES", value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub max_session_retry_bytes: u64,
+    /// Pod-wide cap of the sessions' retry state (`tether_retained_bytes{kind="records"}` and
+    /// `{kind="replies"}`), in bytes: beyond it the oldest answered requests of the pod are
+    /// forgotten first; a new request that still does not fit gets 429 `pod_retry_state_full`
+    /// + `Retry-After`.
+    #[arg(long, env = "TETHER_POD_RETRY_BYTES", value_name = "BYTES", default_value_t = 128 * 1024 * 1024)]
+    pub pod_retry_bytes: u64,
     /// How long a request's head (request line and header fields) may take to arrive, from its
     /// first byte; a client still sending it then has its connection closed (slow-loris
     /// defence: pingora's own read timeout bounds each read, not the whole head).

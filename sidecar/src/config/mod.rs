@@ -112,6 +112,9 @@ pub struct Config {
     pub(crate) pod_buffer_bytes: u64,
     /// Pod-wide cap of the sessions' journals, in bytes (`--pod-journal-bytes`).
     pub(crate) pod_journal_bytes: u64,
+    /// Pod-wide cap of the sessions' retry records and stored replies, in bytes
+    /// (`--pod-retry-bytes`).
+    pub(crate) pod_retry_bytes: u64,
     /// Request body deadline.
     pub(crate) request_timeout: std::time::Duration,
     /// Request head deadline, from its first byte (`--header-timeout`).
@@ -210,6 +213,7 @@ impl Config {
             max_sessions: cli.max_sessions,
             pod_buffer_bytes: cli.pod_buffer_bytes,
             pod_journal_bytes: cli.pod_journal_bytes,
+            pod_retry_bytes: cli.pod_retry_bytes,
             request_timeout: cli.request_timeout,
             header_timeout: cli.header_timeout,
             client_write_timeout: cli.client_write_timeout,
@@ -300,6 +304,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         resume_budget: std::num::NonZeroU32::new(cli.resume_budget),
         max_initialize_bytes: cli.max_initialize_bytes,
         max_journal_bytes: cli.max_journal_bytes,
+        max_session_retry_bytes: cli.max_session_retry_bytes,
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit
         // in the pod's cap.

@@ -241,14 +241,14 @@ mod tests {
 
     use super::*;
     use crate::session::Dedupe;
-    use crate::session::fixtures::{key, limits, session, stream};
+    use crate::session::fixtures::{ANY_ROOM, key, limits, session, stream};
 
     #[test]
     fn an_imaged_session_is_restored_with_its_streams_and_retry_records() {
         let s = session();
         let ids = [key(1)];
         let st = stream(&s, &ids);
-        s.claim(&ids, [7; 32], &st);
+        s.claim(&ids, [7; 32], &st, ANY_ROOM);
         st.append(None, bytes::Bytes::from_static(b"{}"), Instant::now());
         let (snapshot, positions) = s.snapshot(1 << 20);
         let image = session_image(&snapshot);
@@ -259,7 +259,7 @@ mod tests {
             "pod-a",
             limits(),
             &PodBudget::new(u64::MAX),
-            &Retained::new(u64::MAX),
+            &Retained::new(u64::MAX, u64::MAX),
         )
         .unwrap();
         assert!(copy.needs_rebuild());
@@ -267,7 +267,7 @@ mod tests {
         assert_eq!(copy.journal(), s.journal());
         // A retried POST at the new holder attaches to the copied stream: no second dispatch.
         let retry = stream(&copy, &ids);
-        match copy.claim(&ids, [7; 32], &retry) {
+        match copy.claim(&ids, [7; 32], &retry, ANY_ROOM) {
             Dedupe::Retry(found) => {
                 assert_eq!(found.key(), st.key());
                 assert_eq!(found.following().as_deref(), Some("pod-a"));
@@ -275,7 +275,7 @@ mod tests {
             v => panic!("expected a retry, got {v:?}"),
         }
         assert!(matches!(
-            copy.claim(&ids, [8; 32], &retry),
+            copy.claim(&ids, [8; 32], &retry, ANY_ROOM),
             Dedupe::Conflict
         ));
         let mut bad = image.clone();
@@ -287,7 +287,7 @@ mod tests {
                 "pod-a",
                 limits(),
                 &PodBudget::new(u64::MAX),
-                &Retained::new(u64::MAX),
+                &Retained::new(u64::MAX, u64::MAX),
             )
             .is_err(),
             "a stateless version has no session"
@@ -299,12 +299,12 @@ mod tests {
         let s = session();
         let ids = [key(1)];
         let st = stream(&s, &ids);
-        s.claim(&ids, [7; 32], &st);
+        s.claim(&ids, [7; 32], &st, ANY_ROOM);
         st.append(None, bytes::Bytes::from_static(b"{}"), Instant::now());
         let (snapshot, _) = s.snapshot(1 << 20);
         let image = session_image(&snapshot);
         let budget = PodBudget::new(u64::MAX);
-        let retained = Retained::new(u64::MAX);
+        let retained = Retained::new(u64::MAX, u64::MAX);
         let restore = |image: &SessionImage| {
             restore_session(image, "d".into(), "pod-a", limits(), &budget, &retained).map(|_| ())
         };
@@ -339,7 +339,7 @@ mod tests {
         let s = session();
         let ids = [key(1)];
         let st = stream(&s, &ids);
-        s.claim(&ids, [7; 32], &st);
+        s.claim(&ids, [7; 32], &st, ANY_ROOM);
         for _ in 0..4 {
             st.append(
                 Some("progress".into()),
@@ -357,7 +357,7 @@ mod tests {
             ev.event = Some(name.into());
         }
         let budget = PodBudget::new(u64::MAX);
-        let retained = Retained::new(u64::MAX);
+        let retained = Retained::new(u64::MAX, u64::MAX);
         let copy =
             restore_session(&image, "d".into(), "pod-a", limits(), &budget, &retained).unwrap();
         let (restored, _) = copy.streams()[0].snapshot(0, usize::MAX);

@@ -114,6 +114,12 @@ pub(crate) enum Rejection {
     /// 429: the pod's journals hold `--pod-journal-bytes`; retry after `Retry-After` (or on
     /// another pod).
     PodJournalsFull,
+    /// 413: a new request of a session whose retry records and stored replies of requests in
+    /// flight or unread already take `--max-session-retry-bytes`.
+    RetryStateFull(u64),
+    /// 429: the pod's retry records and stored replies take `--pod-retry-bytes` even after
+    /// the oldest answered requests were forgotten; retry after `Retry-After`.
+    PodRetryStateFull,
     /// 408: the body did not arrive in time (slow client).
     RequestTimeout,
     /// 400: body is not JSON (-32700).
@@ -165,14 +171,16 @@ impl Rejection {
             NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            PayloadTooLarge(_) | InitializeTooLarge(_) | JournalFull(_) => {
+            PayloadTooLarge(_) | InitializeTooLarge(_) | JournalFull(_) | RetryStateFull(_) => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
             RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             TooManySessions | TooManyConnections | PeerUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ResumeBudget | PodJournalsFull | TakeoverBudget => StatusCode::TOO_MANY_REQUESTS,
+            ResumeBudget | PodJournalsFull | PodRetryStateFull | TakeoverBudget => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
@@ -213,6 +221,8 @@ impl Rejection {
             InitializeTooLarge(_) => "initialize_too_large",
             JournalFull(_) => "journal_full",
             PodJournalsFull => "pod_journals_full",
+            RetryStateFull(_) => "retry_state_full",
+            PodRetryStateFull => "pod_retry_state_full",
             RequestTimeout => "request_timeout",
             ParseError(_) => "parse_error",
             InvalidRequest(_) => "invalid_request",
@@ -289,6 +299,15 @@ impl Rejection {
             PodJournalsFull => {
                 "Too Many Requests: this pod's sessions keep --pod-journal-bytes; retry after \
                  Retry-After"
+                    .into()
+            }
+            RetryStateFull(limit) => format!(
+                "Payload Too Large: the session's requests in flight keep {limit} bytes of retry \
+                 state (--max-session-retry-bytes); send more once they are answered"
+            ),
+            PodRetryStateFull => {
+                "Too Many Requests: this pod's sessions keep --pod-retry-bytes of retry state; \
+                 retry after Retry-After"
                     .into()
             }
             RequestTimeout => "Request Timeout: the body did not arrive in time".into(),
@@ -380,6 +399,8 @@ mod tests {
             InitializeTooLarge(1),
             JournalFull("x".into()),
             PodJournalsFull,
+            RetryStateFull(1),
+            PodRetryStateFull,
             RequestTimeout,
             ParseError("x".into()),
             InvalidRequest("x".into()),
@@ -417,6 +438,8 @@ mod tests {
                 | InitializeTooLarge(_)
                 | JournalFull(_)
                 | PodJournalsFull
+                | RetryStateFull(_)
+                | PodRetryStateFull
                 | RequestTimeout
                 | ParseError(_)
                 | InvalidRequest(_)
@@ -499,6 +522,15 @@ mod tests {
             }
             PodJournalsFull => {
                 "the pod's journals hold `--pod-journal-bytes` (with `Retry-After: 1`)"
+            }
+            RetryStateFull(_) => {
+                "a new request of a session whose retry records and stored replies still take \
+                 `--max-session-retry-bytes` after its oldest answered requests were forgotten \
+                 (what is left belongs to requests in flight or unread)"
+            }
+            PodRetryStateFull => {
+                "the pod's retry records and stored replies take `--pod-retry-bytes` after its \
+                 oldest answered requests were forgotten (with `Retry-After: 1`)"
             }
             UnsupportedMediaType => "POST `Content-Type` is not `application/json`",
             ResumeBudget => {

@@ -52,6 +52,18 @@ impl<K: Eq + Hash + Clone, V> Bounded<K, V> {
         self.entries.contains_key(key)
     }
 
+    /// Walks the entries oldest first and forgets each one `forget` says to.
+    pub(crate) fn forget_where(&mut self, mut forget: impl FnMut(&K, &V) -> bool) {
+        let entries = &mut self.entries;
+        self.order.retain(|key| match entries.get(key) {
+            Some(value) if forget(key, value) => {
+                entries.remove(key);
+                false
+            }
+            _ => true,
+        });
+    }
+
     /// Forgets `key`; returns whether it was held.
     pub(crate) fn remove(&mut self, key: &K) -> bool {
         let held = self.entries.remove(key).is_some();
@@ -83,6 +95,9 @@ mod tests {
         b.insert("c", 4);
         assert!(!b.contains(&"a"), "the oldest goes first");
         assert_eq!(b.iter().collect::<Vec<_>>(), [(&"b", &2), (&"c", &4)]);
+        b.forget_where(|k, _| *k == "b");
+        assert!(!b.contains(&"b"), "forget_where forgets what it is told to");
+        b.insert("b", 2);
         b.remove(&"b");
         b.insert("d", 5);
         b.insert("e", 6);

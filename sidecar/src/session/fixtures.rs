@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
-use super::Session;
 use super::journal::Journal;
+use super::{RetryRoom, Session};
 use crate::mcp::jsonrpc::RequestKey;
 use crate::stream::buffer::{BufferLimits, PodBudget};
 use crate::stream::{Stream, StreamKind};
@@ -20,9 +20,15 @@ pub(crate) fn session() -> Arc<Session> {
         None,
         ProtocolVersion::V2025_06_18,
         Journal::new(Value::Null),
-        &crate::session::retained::Retained::new(u64::MAX),
+        &crate::session::retained::Retained::new(u64::MAX, u64::MAX),
     )
 }
+
+/// Room for any retry state: no session or pod budget in the way.
+pub(crate) const ANY_ROOM: RetryRoom = RetryRoom {
+    session_bytes: u64::MAX,
+    pod_full: false,
+};
 
 /// The bounds of a test stream: 8 events, 1 KiB, 60 s.
 pub(crate) fn limits() -> BufferLimits {

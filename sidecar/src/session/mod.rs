@@ -4,8 +4,10 @@
 //! id, and holds the session's streams, the records that de-duplicate retried requests, the
 //! standalone GET stream, the journal and the time of the last activity (for
 //! `session.idleTimeout`). Memory per session is bounded: at most [`MAX_STREAMS`] streams (the
-//! oldest completed ones are forgotten first) and [`MAX_REQUEST_RECORDS`] retry records. The
-//! pod's sessions are found in the [`Registry`].
+//! oldest completed ones are forgotten first), [`MAX_REQUEST_RECORDS`] retry records, and the
+//! retry state's bytes (records and stored replies) within `--max-session-retry-bytes`, spent
+//! streams forgotten first ([`Session::claim`]). The pod's sessions are found in the
+//! [`Registry`].
 
 mod bounded;
 #[cfg(test)]
@@ -32,7 +34,7 @@ use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::{Message, RequestKey};
 use crate::mcp::rejection::Rejection;
 use crate::session::journal::{Journal, JournalError, MAX_SUBSCRIPTIONS};
-use crate::session::retained::{Charge, Kind, Retained};
+use crate::session::retained::{Charge, Kind, Retained, Shared};
 use crate::stream::StoredReply;
 use crate::stream::buffer::{BufferLimits, Evictions, PodBudget};
 use crate::stream::{Stream, StreamKind, StreamSnapshot};
@@ -112,6 +114,8 @@ struct State {
     journal_charge: Charge,
     /// The retry records' bytes, counted in the pod's tally.
     records_charge: Charge,
+    /// The stored replies of the session's streams, counted in the pod's tally too.
+    replies: Arc<Shared>,
     /// Requests admitted to this session that have not registered their stream yet.
     entering: u32,
     /// Where the session is in a handoff.
@@ -184,6 +188,21 @@ pub(crate) enum Dedupe {
     Retry(Arc<Stream>),
     /// A known id with a different body, or ids spread over several POSTs: 400 (spec S-09).
     Conflict,
+    /// New ids, but the session's retry state would exceed its budget (this many bytes) even
+    /// after its spent streams were forgotten: 413.
+    SessionFull(u64),
+    /// New ids, but the pod's retry state is over its budget: 429.
+    PodFull,
+}
+
+/// What a new request's retry state must fit in ([`Session::claim`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RetryRoom {
+    /// The session's budget for retry records and stored replies, in bytes
+    /// (`--max-session-retry-bytes`).
+    pub(crate) session_bytes: u64,
+    /// Whether the pod's retry state is over `--pod-retry-bytes`.
+    pub(crate) pod_full: bool,
 }
 
 /// One client session held by this pod.
@@ -240,6 +259,7 @@ impl Session {
                 journal,
                 journal_charge,
                 records_charge: retained.charge(Kind::Records),
+                replies: Shared::new(retained, Kind::Replies),
                 entering: 0,
                 handoff: HandoffState::Held,
                 observer: None,
@@ -579,22 +599,114 @@ impl Session {
     }
 
     /// Classifies the request ids of a POST against the session's records and, when they are
-    /// new, registers `stream` for them, atomically (concurrent retries dispatch once).
+    /// new and their records fit in `room`, registers `stream` for them, atomically (concurrent
+    /// retries dispatch once). To make room, spent streams ([`Stream::is_spent`]) are
+    /// forgotten first, oldest first, then records whose stream is gone.
     pub(crate) fn claim(
         &self,
         ids: &[RequestKey],
         digest: [u8; 32],
         stream: &Arc<Stream>,
+        room: RetryRoom,
     ) -> Dedupe {
         let mut st = self.state.lock();
         let verdict = Self::classify(&st, ids, digest);
-        if matches!(verdict, Dedupe::New) {
-            Self::insert_stream(&mut st, stream);
-            for id in ids {
-                Self::insert_record(&mut st, id, digest, stream.key().clone());
-            }
+        if !matches!(verdict, Dedupe::New) {
+            return verdict;
         }
-        verdict
+        if room.pod_full {
+            return Dedupe::PodFull;
+        }
+        let need: u64 = ids.iter().map(record_bytes).sum();
+        let fits = room.session_bytes.saturating_sub(need);
+        if need > room.session_bytes || !Self::shed(&mut st, fits, Instant::now()) {
+            return Dedupe::SessionFull(room.session_bytes);
+        }
+        Self::insert_stream(&mut st, stream);
+        for id in ids {
+            Self::insert_record(&mut st, id, digest, stream.key().clone());
+        }
+        Dedupe::New
+    }
+
+    /// Bytes of retry state (records and stored replies) the session holds.
+    fn retry_bytes(st: &State) -> u64 {
+        st.records_charge.bytes() + st.replies.bytes()
+    }
+
+    /// Whether the session's retry state takes at most `limit` bytes, once spent streams were
+    /// forgotten when it did not, oldest first, then the records of streams no longer held,
+    /// oldest first, down to ⅞ of `limit` (room for the next requests without another walk).
+    fn shed(st: &mut State, limit: u64, now: Instant) -> bool {
+        if Self::retry_bytes(st) <= limit {
+            return true;
+        }
+        let target = limit / 8 * 7;
+        let State {
+            streams,
+            stream_order,
+            requests,
+            records_charge,
+            replies,
+            ..
+        } = st;
+        stream_order.retain(|key| {
+            if records_charge.bytes() + replies.bytes() <= target {
+                return true;
+            }
+            match streams.get(key) {
+                Some(s) if !s.is_spent(now) => true,
+                _ => {
+                    // The session's map held the last reference: its reply is given back now.
+                    streams.remove(key);
+                    false
+                }
+            }
+        });
+        let mut bytes = records_charge.bytes();
+        requests.forget_where(|id, rec| {
+            let forget = bytes + replies.bytes() > target && !streams.contains_key(&rec.stream);
+            if forget {
+                bytes -= record_bytes(id);
+            }
+            forget
+        });
+        records_charge.resize(bytes);
+        Self::retry_bytes(st) <= limit
+    }
+
+    /// Keeps `reply` as the answer of `stream` (which completes) and makes room for it within
+    /// the session's `budget` (`--max-session-retry-bytes`) by forgetting spent streams; a
+    /// reply nobody was handed yet is kept even over the budget (later requests get 413).
+    pub(crate) fn keep_reply(&self, stream: &Stream, reply: StoredReply, budget: u64) {
+        stream.store_reply(reply);
+        self.shed_retry_state(budget);
+    }
+
+    /// Forgets spent streams and records of streams no longer held until the session's retry
+    /// state takes at most `target` bytes; whether it does.
+    pub(crate) fn shed_retry_state(&self, target: u64) -> bool {
+        Self::shed(&mut self.state.lock(), target, Instant::now())
+    }
+
+    /// The session's spent streams ([`Stream::is_spent`]) at `now`, with their creation
+    /// times: what the pod forgets first when its retry budget is over.
+    pub(crate) fn spent_streams(&self, now: Instant) -> Vec<(Instant, StreamKey)> {
+        let st = self.state.lock();
+        st.streams
+            .values()
+            .filter(|s| s.is_spent(now))
+            .map(|s| (s.created(), s.key().clone()))
+            .collect()
+    }
+
+    /// Forgets stream `key` if it is still spent at `now`; its position in the stream order
+    /// goes with the next trim.
+    pub(crate) fn forget_spent(&self, key: &StreamKey, now: Instant) {
+        let mut st = self.state.lock();
+        if st.streams.get(key).is_some_and(|s| s.is_spent(now)) {
+            st.streams.remove(key);
+        }
     }
 
     /// Adds the retry record of `id` (forgetting the oldest over [`MAX_REQUEST_RECORDS`]) and
@@ -655,6 +767,7 @@ impl Session {
     }
 
     fn insert_stream(st: &mut State, stream: &Arc<Stream>) {
+        stream.count_replies_in(&st.replies);
         if let Some(observer) = &st.observer {
             stream.observe(observer);
         }
@@ -818,27 +931,111 @@ impl Drop for BusyGuard {
 
 #[cfg(test)]
 mod tests {
-    use super::fixtures::{key, session, stream};
+    use super::fixtures::{ANY_ROOM, key, session, stream};
     use super::*;
+    use crate::stream::Head;
 
     #[test]
     fn retries_attach_and_conflicts_are_refused() {
         let s = session();
         let ids = [key(1)];
         let st = stream(&s, &ids);
-        assert!(matches!(s.claim(&ids, [1; 32], &st), Dedupe::New));
+        assert!(matches!(s.claim(&ids, [1; 32], &st, ANY_ROOM), Dedupe::New));
         let other = stream(&s, &ids);
-        match s.claim(&ids, [1; 32], &other) {
+        match s.claim(&ids, [1; 32], &other, ANY_ROOM) {
             Dedupe::Retry(found) => assert_eq!(found.key(), st.key()),
             v => panic!("expected a retry, got {v:?}"),
         }
-        assert!(matches!(s.claim(&ids, [2; 32], &other), Dedupe::Conflict));
         assert!(matches!(
-            s.claim(&[key(1), key(2)], [1; 32], &other),
+            s.claim(&ids, [2; 32], &other, ANY_ROOM),
+            Dedupe::Conflict
+        ));
+        assert!(matches!(
+            s.claim(&[key(1), key(2)], [1; 32], &other, ANY_ROOM),
             Dedupe::Conflict
         ));
         s.unregister_post(&st, &ids);
-        assert!(matches!(s.claim(&ids, [1; 32], &other), Dedupe::New));
+        assert!(matches!(
+            s.claim(&ids, [1; 32], &other, ANY_ROOM),
+            Dedupe::New
+        ));
+    }
+
+    #[tokio::test]
+    async fn retry_state_stays_in_its_budget_by_forgetting_spent_streams_oldest_first() {
+        let pod = Retained::new(u64::MAX, u64::MAX);
+        let s = Session::new(
+            "id".into(),
+            "digest".into(),
+            None,
+            ProtocolVersion::V2025_06_18,
+            Journal::new(Value::Null),
+            &pod,
+        );
+        let room = RetryRoom {
+            session_bytes: 3_000,
+            pod_full: false,
+        };
+        let reply = StoredReply {
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::from(vec![b'x'; 1_000]),
+        };
+        let retry_bytes = || pod.bytes(Kind::Records) + pod.bytes(Kind::Replies);
+        let claim = |i: i64, room| {
+            let st = stream(&s, &[key(i)]);
+            (s.claim(&[key(i)], [i as u8; 32], &st, room), st)
+        };
+        for i in 1..=10 {
+            let (verdict, st) = claim(i, room);
+            assert!(matches!(verdict, Dedupe::New), "request {i}: {verdict:?}");
+            s.keep_reply(&st, reply.clone(), 3_000);
+            assert!(matches!(st.wait_head().await, Head::Stored(_)), "served");
+            drop(st);
+            assert!(
+                retry_bytes() <= 3_000,
+                "request {i}: {} bytes",
+                retry_bytes()
+            );
+        }
+        assert!(
+            matches!(claim(10, room).0, Dedupe::Retry(_)),
+            "the newest answer is still replayed"
+        );
+        assert!(
+            matches!(claim(1, room).0, Dedupe::Conflict),
+            "the oldest answer was forgotten; its record refuses a retry rather than run it twice"
+        );
+        // Answers nobody was handed are kept: two of them and the records leave no room for a
+        // third.
+        let (_, unserved_a) = claim(11, room);
+        s.keep_reply(&unserved_a, reply.clone(), 3_000);
+        let (_, unserved_b) = claim(12, room);
+        s.keep_reply(&unserved_b, reply.clone(), 3_000);
+        let (_, unserved_c) = claim(13, room);
+        s.keep_reply(&unserved_c, reply.clone(), 3_000);
+        assert!(matches!(claim(14, room).0, Dedupe::SessionFull(3_000)));
+        assert!(matches!(unserved_a.wait_head().await, Head::Stored(_)));
+        drop(unserved_a);
+        assert!(
+            matches!(claim(14, room).0, Dedupe::New),
+            "once an answer was served its room is taken back"
+        );
+        let pod_full = RetryRoom {
+            pod_full: true,
+            ..room
+        };
+        assert!(matches!(claim(15, pod_full).0, Dedupe::PodFull));
+        assert!(
+            matches!(claim(14, pod_full).0, Dedupe::Retry(_)),
+            "a retry needs no room"
+        );
+        drop((unserved_b, unserved_c, s));
+        assert_eq!(
+            retry_bytes(),
+            0,
+            "everything is given back with the session"
+        );
     }
 
     #[test]
@@ -850,7 +1047,7 @@ mod tests {
         assert!(!s.is_idle(later, Duration::from_secs(5)));
         drop(guard);
         let st = stream(&s, &[key(1)]);
-        s.claim(&[key(1)], [0; 32], &st);
+        s.claim(&[key(1)], [0; 32], &st, ANY_ROOM);
         assert!(
             !s.is_idle(
                 Instant::now() + Duration::from_secs(10),
@@ -869,7 +1066,7 @@ mod tests {
     fn ending_a_session_completes_its_streams() {
         let s = session();
         let st = stream(&s, &[key(1)]);
-        s.claim(&[key(1)], [0; 32], &st);
+        s.claim(&[key(1)], [0; 32], &st, ANY_ROOM);
         st.mark_sse(http::HeaderMap::new());
         s.end(&StoredReply {
             status: http::StatusCode::NOT_FOUND,
@@ -909,7 +1106,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_pods_activity_wakes_when_a_request_ends_or_a_stream_completes() {
-        let registry = Registry::new(4, u64::MAX);
+        let registry = Registry::new(4, Retained::new(u64::MAX, u64::MAX));
         let s = session();
         registry.insert(Arc::clone(&s)).unwrap();
         let woken = || {
@@ -925,7 +1122,7 @@ mod tests {
         drop(busy);
         assert!(ended.await, "a request ended");
         let st = stream(&s, &[key(1)]);
-        s.claim(&[key(1)], [0; 32], &st);
+        s.claim(&[key(1)], [0; 32], &st, ANY_ROOM);
         let completed = woken();
         st.complete();
         assert!(completed.await, "a stream completed");
@@ -952,7 +1149,7 @@ mod tests {
         s.finish_move(Some("pod-b".into()));
         assert!(s.settled(Duration::from_millis(20)).await);
         assert!(matches!(s.enter(), Entry::Moved(uid) if uid == "pod-b"));
-        let r = Registry::new(4, u64::MAX);
+        let r = Registry::new(4, Retained::new(u64::MAX, u64::MAX));
         let kept = session();
         r.insert(Arc::clone(&kept)).unwrap();
         r.mark_moved(&kept, "pod-c");

@@ -42,11 +42,11 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    /// An empty registry holding at most `max_sessions`, whose sessions' journals may take at
-    /// most `journal_cap` bytes in all.
-    pub(crate) fn new(max_sessions: usize, journal_cap: u64) -> Self {
+    /// An empty registry holding at most `max_sessions`, whose sessions count what they
+    /// retain in `retained` (and are held to its caps).
+    pub(crate) fn new(max_sessions: usize, retained: Retained) -> Self {
         Self {
-            retained: Retained::new(journal_cap),
+            retained,
             sessions: RwLock::new(HashMap::new()),
             ended: Mutex::new(Bounded::new(ENDED_LOG)),
             moved: Mutex::new(Bounded::new(ENDED_LOG)),
@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn the_registry_remembers_why_sessions_ended() {
-        let r = Registry::new(1, u64::MAX);
+        let r = Registry::new(1, Retained::new(u64::MAX, u64::MAX));
         let s = session();
         r.insert(Arc::clone(&s)).unwrap();
         assert_eq!(r.insert(session()), Err(TooManySessions(1)));

@@ -1,10 +1,12 @@
 //! The bytes a pod's sessions retain beyond their event buffers, counted per kind
 //! (`tether_retained_bytes{kind}`) and held against their bounds: each session's journal
-//! against `--max-journal-bytes`, every journal of the pod against `--pod-journal-bytes`
-//! (`docs/design/architecture.md#bounds`).
+//! against `--max-journal-bytes`, every journal of the pod against `--pod-journal-bytes`; each
+//! session's retry state (records and stored replies) against `--max-session-retry-bytes`,
+//! the pod's against `--pod-retry-bytes` (`docs/design/architecture.md#bounds`).
 //!
-//! A [`Charge`] is what one session holds of one kind; it is given back when the session's
-//! state is dropped, so the tally falls back when a session ends, expires or moves away.
+//! A [`Charge`] is what one session holds of one kind; a [`Held`] is what one of its streams
+//! holds of a [`Shared`] session tally (its stored reply). Both are given back when dropped, so
+//! the tally falls back when a reply is forgotten or a session ends, expires or moves away.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,17 +18,20 @@ pub(crate) enum Kind {
     Journal,
     /// Retry records: request ids, body digests, stream keys.
     Records,
+    /// Stored replies: the upstream's complete non-SSE answers, kept for retried requests.
+    Replies,
 }
 
 impl Kind {
     /// Every kind, in label order.
-    pub(crate) const ALL: [Kind; 2] = [Kind::Journal, Kind::Records];
+    pub(crate) const ALL: [Kind; 3] = [Kind::Journal, Kind::Records, Kind::Replies];
 
     /// The `kind` label.
     pub(crate) fn label(self) -> &'static str {
         match self {
             Kind::Journal => "journal",
             Kind::Records => "records",
+            Kind::Replies => "replies",
         }
     }
 }
@@ -41,23 +46,39 @@ pub(crate) struct Retained(Arc<Tally>);
 
 #[derive(Debug)]
 struct Tally {
-    bytes: [AtomicU64; 2],
+    bytes: [AtomicU64; 3],
     /// `--pod-journal-bytes`.
     journal_cap: u64,
+    /// `--pod-retry-bytes`: records and replies together.
+    retry_cap: u64,
 }
 
 impl Retained {
-    /// A tally whose journals may hold at most `journal_cap` bytes in all.
-    pub(crate) fn new(journal_cap: u64) -> Self {
+    /// A tally whose journals may hold at most `journal_cap` bytes in all, and whose retry
+    /// state (records and replies) `retry_cap` bytes before new requests are refused.
+    pub(crate) fn new(journal_cap: u64, retry_cap: u64) -> Self {
         Self(Arc::new(Tally {
-            bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+            bytes: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             journal_cap,
+            retry_cap,
         }))
     }
 
     /// Bytes of `kind` retained now.
     pub(crate) fn bytes(&self, kind: Kind) -> u64 {
         self.0.bytes[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Whether the pod's retry records and stored replies take more than `--pod-retry-bytes`.
+    pub(crate) fn retry_over(&self) -> bool {
+        self.retry_above(1, 1)
+    }
+
+    /// Whether the pod's retry records and stored replies take more than `num / den` of
+    /// `--pod-retry-bytes` (the low-water mark enforcement sheds down to).
+    pub(crate) fn retry_above(&self, num: u64, den: u64) -> bool {
+        let cap = self.0.retry_cap / den * num;
+        self.bytes(Kind::Records) + self.bytes(Kind::Replies) > cap
     }
 
     /// An empty charge of `kind`.
@@ -128,13 +149,63 @@ impl Drop for Charge {
     }
 }
 
+/// What one session's parts hold of one kind together (its streams' stored replies), each
+/// part through a [`Held`]; counted in the pod's tally of that kind too.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    bytes: AtomicU64,
+    retained: Retained,
+    kind: Kind,
+}
+
+impl Shared {
+    /// An empty session tally of `kind`.
+    pub(crate) fn new(retained: &Retained, kind: Kind) -> Arc<Self> {
+        Arc::new(Self {
+            bytes: AtomicU64::new(0),
+            retained: retained.clone(),
+            kind,
+        })
+    }
+
+    /// Bytes the session's parts hold now.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Holds `bytes` (in this tally and the pod's) until the [`Held`] is dropped.
+    pub(crate) fn hold(self: &Arc<Self>, bytes: u64) -> Held {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.retained.0.bytes[self.kind as usize].fetch_add(bytes, Ordering::Relaxed);
+        Held {
+            shared: Arc::clone(self),
+            bytes,
+        }
+    }
+}
+
+/// Bytes one part of a session holds in its [`Shared`] tally; given back on drop.
+#[derive(Debug)]
+pub(crate) struct Held {
+    shared: Arc<Shared>,
+    bytes: u64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let s = &self.shared;
+        s.bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        s.retained.0.bytes[s.kind as usize].fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn charges_add_up_respect_the_journal_cap_and_are_given_back_on_drop() {
-        let pod = Retained::new(100);
+        let pod = Retained::new(100, u64::MAX);
         let mut a = pod.charge(Kind::Journal);
         let mut b = pod.charge(Kind::Journal);
         a.try_resize(60).unwrap();
@@ -155,5 +226,23 @@ mod tests {
         );
         drop((a, b, records));
         assert_eq!((pod.bytes(Kind::Journal), pod.bytes(Kind::Records)), (0, 0));
+    }
+
+    #[test]
+    fn held_bytes_count_in_the_session_and_the_pod_and_the_retry_cap_covers_records_and_replies() {
+        let pod = Retained::new(u64::MAX, 1_000);
+        let session = Shared::new(&pod, Kind::Replies);
+        let a = session.hold(600);
+        let b = session.hold(300);
+        assert_eq!((session.bytes(), pod.bytes(Kind::Replies)), (900, 900));
+        assert!(!pod.retry_over());
+        let mut records = pod.charge(Kind::Records);
+        records.resize(101);
+        assert!(pod.retry_over(), "900 + 101 bytes exceed the cap of 1,000");
+        drop(a);
+        assert_eq!((session.bytes(), pod.bytes(Kind::Replies)), (300, 300));
+        assert!(!pod.retry_over());
+        drop((b, records));
+        assert_eq!((session.bytes(), pod.bytes(Kind::Replies)), (0, 0));
     }
 }

@@ -127,6 +127,11 @@ pub(crate) struct StreamBuffer {
 }
 
 impl StreamBuffer {
+    /// How long an event stays replayable (`buffer.ttl`).
+    pub(crate) fn ttl(&self) -> Duration {
+        self.limits.ttl
+    }
+
     /// An empty buffer (no event yet: last sequence 0).
     pub(crate) fn new(limits: BufferLimits, budget: PodBudget) -> Self {
         Self {

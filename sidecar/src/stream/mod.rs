@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::CODE_INTERNAL;
 use crate::mcp::jsonrpc::{RequestKey, error_response, response_id};
+use crate::session::retained::{Held, Shared};
 use crate::stream::buffer::{BufferLimits, Evictions, PodBudget, ReplayError, StreamBuffer};
 
 /// Sequence numbers skipped when a followed stream's writer dies: more than it can have
@@ -78,6 +79,10 @@ struct State {
     complete: bool,
     /// The upstream's non-SSE answer to the POST (JSON, 202 or an error), kept for retries.
     stored: Option<StoredReply>,
+    /// `stored`'s bytes in its session's tally (once the stream belongs to a session).
+    stored_held: Option<Held>,
+    /// `stored` was handed to a client connection.
+    reply_served: bool,
     /// The upstream answered with an SSE stream, with these end-to-end headers.
     sse: Option<HeaderMap>,
     /// Generation of readers; a reader that takes the stream over increments it, and readers
@@ -143,6 +148,10 @@ pub(crate) struct Stream {
     observer: Mutex<Option<Arc<Notify>>>,
     /// Woken (all waiters) when the stream completes: the pod's activity, which a drain waits on.
     activity: OnceLock<Arc<Notify>>,
+    /// The session's tally of stored replies, which this stream's reply is counted in.
+    replies: OnceLock<Arc<Shared>>,
+    /// When this pod created it (the oldest answered streams are forgotten first).
+    created: Instant,
 }
 
 impl Stream {
@@ -199,6 +208,8 @@ impl Stream {
                 pending,
                 complete: false,
                 stored: None,
+                stored_held: None,
+                reply_served: false,
                 sse: None,
                 reader_gen: 0,
                 readers: 0,
@@ -209,6 +220,8 @@ impl Stream {
             changed: watch::channel(()).0,
             observer: Mutex::new(None),
             activity: OnceLock::new(),
+            replies: OnceLock::new(),
+            created: Instant::now(),
         })
     }
 
@@ -234,7 +247,7 @@ impl Stream {
         if !st.complete {
             st.pending.clone_from(&snapshot.pending);
             if let Some(stored) = &snapshot.stored {
-                st.stored = Some(stored.clone());
+                self.set_stored(&mut st, stored.clone());
             }
             if let Some(sse) = &snapshot.sse {
                 st.sse = Some(sse.clone());
@@ -428,7 +441,7 @@ impl Stream {
         {
             let mut st = self.state.lock();
             if st.stored.is_none() && st.sse.is_none() && self.kind == StreamKind::Post {
-                st.stored = Some(gone.clone());
+                self.set_stored(&mut st, gone.clone());
             }
         }
         let pending = self.pending();
@@ -438,8 +451,46 @@ impl Stream {
 
     /// Records the upstream's non-SSE answer and completes the stream.
     pub(crate) fn store_reply(&self, reply: StoredReply) {
-        self.state.lock().stored = Some(reply);
+        self.set_stored(&mut self.state.lock(), reply);
         self.complete();
+    }
+
+    /// Keeps `reply`, counted in the session's tally once there is one.
+    fn set_stored(&self, st: &mut State, reply: StoredReply) {
+        st.stored_held = self.replies.get().map(|t| t.hold(reply.retained_bytes()));
+        st.stored = Some(reply);
+    }
+
+    /// Counts the stored reply (now and later) in `replies`, the tally of the session this
+    /// stream belongs to; a stream belongs to one session for good.
+    pub(crate) fn count_replies_in(&self, replies: &Arc<Shared>) {
+        if self.replies.set(Arc::clone(replies)).is_err() {
+            return;
+        }
+        let mut st = self.state.lock();
+        if let Some(reply) = &st.stored {
+            st.stored_held = Some(replies.hold(reply.retained_bytes()));
+        }
+    }
+
+    /// When this pod created the stream.
+    pub(crate) fn created(&self) -> Instant {
+        self.created
+    }
+
+    /// Whether the stream may be forgotten to make room for retry state at `now`: it is
+    /// complete, nobody reads it, and everything it carries was handed to a client connection
+    /// (its stored reply, or every event) or is older than `buffer.ttl` (like a buffered event
+    /// nobody read). A retry of its request after that finds nothing to replay.
+    pub(crate) fn is_spent(&self, now: Instant) -> bool {
+        let st = self.state.lock();
+        let handed_out = match &st.stored {
+            Some(_) => st.reply_served,
+            None => st.delivered >= st.buffer.last_seq(),
+        };
+        st.complete
+            && st.readers == 0
+            && (handed_out || now.saturating_duration_since(self.created) >= st.buffer.ttl())
     }
 
     /// Records that the upstream answered with an SSE stream carrying end-to-end `headers`
@@ -454,9 +505,11 @@ impl Stream {
         let mut rx = self.changed.subscribe();
         loop {
             {
-                let st = self.state.lock();
+                let mut st = self.state.lock();
                 if let Some(stored) = &st.stored {
-                    return Head::Stored(stored.clone());
+                    let head = Head::Stored(stored.clone());
+                    st.reply_served = true;
+                    return head;
                 }
                 if let Some(headers) = &st.sse {
                     return Head::Sse(headers.clone());

@@ -16,6 +16,22 @@ pub(crate) struct StoredReply {
     pub(crate) body: Bytes,
 }
 
+/// Bytes a stored reply takes besides its body and header fields (the struct, the map).
+const REPLY_OVERHEAD: u64 = 64;
+
+impl StoredReply {
+    /// What keeping the reply costs, in bytes: body, header names and values, and overhead
+    /// (`tether_retained_bytes{kind="replies"}`).
+    pub(crate) fn retained_bytes(&self) -> u64 {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum();
+        REPLY_OVERHEAD + (self.body.len() + headers) as u64
+    }
+}
+
 impl From<&Rejection> for StoredReply {
     fn from(r: &Rejection) -> Self {
         let mut headers = HeaderMap::new();
@@ -35,6 +51,7 @@ impl From<&Rejection> for StoredReply {
             | Rejection::PeerUnavailable
             | Rejection::ResumeBudget
             | Rejection::PodJournalsFull
+            | Rejection::PodRetryStateFull
             | Rejection::TooManyConnections
             | Rejection::TakeoverBudget
             | Rejection::UpstreamTimeout => {

@@ -9,7 +9,8 @@ use http::{Method, StatusCode};
 use serde_json::json;
 use tether_tests::call::{self, CallPlan};
 use tether_tests::client::{
-    ACCEPT_BOTH, body_text, expect_error, header_str, initialize_body, json_error,
+    ACCEPT_BOTH, McpClient, Session, body_text, expect_error, header_str, initialize_body,
+    json_error, tool_call,
 };
 use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -402,6 +403,143 @@ async fn a_sessions_journal_is_bounded_and_counted_in_retained_bytes() {
     pod.wait_for_metric(journal, Duration::from_secs(5), |v| v == 0.0)
         .await
         .unwrap();
+    still_serving(&pod).await;
+}
+
+/// A `slow` call of 4 s whose JSON-RPC id is a 250-character string: its retry record takes
+/// 96 + 2 × 252 = 600 bytes while it runs. Returns the answer's status and error reason.
+async fn long_id_call(client: McpClient, session: Session, n: usize) -> (StatusCode, String) {
+    let id = format!("{n:0>250}");
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": "slow", "arguments": {"count": 0, "interval_ms": 4_000, "call_id": id}}});
+    let resp = client.post(Some(&session), &body, &[]).await.unwrap();
+    let status = resp.status();
+    if status == StatusCode::OK {
+        drop(body_text(resp).await);
+        return (status, String::new());
+    }
+    assert_eq!(
+        header_str(&resp, "retry-after").is_some(),
+        status == StatusCode::TOO_MANY_REQUESTS
+    );
+    let (_, error) = json_error(resp).await.unwrap();
+    (
+        status,
+        error["data"]["reason"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn stored_replies_and_retry_records_are_bounded_per_session_and_per_pod() {
+    let pod = Pod::start(PodSpec {
+        sidecar_args: [
+            "--max-session-retry-bytes",
+            "20000",
+            "--pod-retry-bytes",
+            "30000",
+        ]
+        .map(String::from)
+        .to_vec(),
+        server_args: vec!["--json-replies".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let a = client.initialize("2025-11-25").await.unwrap();
+    // 100 answers of 2 KB through a session budget of 20,000 bytes: every call is served (the
+    // oldest answers already handed out are forgotten), and what is kept stays in the budget.
+    let text = "r".repeat(2_000);
+    for i in 0..100 {
+        let call = tool_call(i, "echo", json!({"text": text}), None);
+        let resp = client.post(Some(&a), &call, &[]).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            header_str(&resp, "content-type").as_deref(),
+            Some("application/json")
+        );
+        assert!(body_text(resp).await.unwrap().contains(&text));
+    }
+    let replies = r#"tether_retained_bytes{kind="replies"}"#;
+    let held = pod
+        .wait_for_metric(replies, Duration::from_secs(5), |v| v > 0.0)
+        .await
+        .unwrap();
+    assert!(held <= 20_000.0, "{held} bytes of stored replies");
+    // The newest answers are still replayed to a retry, without running the tool again.
+    let count = |id| tool_call(id, "counter", json!({}), None);
+    let first = client.post(Some(&a), &count(500), &[]).await.unwrap();
+    let first = body_text(first).await.unwrap();
+    let retried = client.post(Some(&a), &count(500), &[]).await.unwrap();
+    assert_eq!(
+        body_text(retried).await.unwrap(),
+        first,
+        "the stored reply is replayed"
+    );
+    let next = client.post(Some(&a), &count(501), &[]).await.unwrap();
+    assert_ne!(
+        body_text(next).await.unwrap(),
+        first,
+        "a new id runs the tool"
+    );
+
+    // Requests in flight cannot be forgotten: 40 calls with 600-byte records leave no room in
+    // session A's 20,000 bytes for some (413); then session B's calls fill the pod's 30,000
+    // bytes (429 + Retry-After). Everyone else's calls are served.
+    let b = client.initialize("2025-11-25").await.unwrap();
+    let spawn = |session: &Session, range: std::ops::Range<usize>| {
+        range
+            .map(|n| tokio::spawn(long_id_call(client.clone(), session.clone(), n)))
+            .collect::<Vec<_>>()
+    };
+    let in_a = spawn(&a, 0..40);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let in_b = spawn(&b, 100..130);
+    let outcomes = |calls: Vec<tokio::task::JoinHandle<(StatusCode, String)>>| async {
+        let mut all = Vec::new();
+        for call in calls {
+            all.push(call.await.unwrap());
+        }
+        all
+    };
+    let (in_a, in_b) = (outcomes(in_a).await, outcomes(in_b).await);
+    let count_of = |all: &[(StatusCode, String)], status, reason: &str| {
+        all.iter()
+            .filter(|(s, r)| *s == status && r == reason)
+            .count()
+    };
+    let (a_ok, a_full) = (
+        count_of(&in_a, StatusCode::OK, ""),
+        count_of(&in_a, StatusCode::PAYLOAD_TOO_LARGE, "retry_state_full"),
+    );
+    assert_eq!(a_ok + a_full, 40, "{in_a:?}");
+    assert!(
+        (20..=33).contains(&a_ok) && a_full >= 7,
+        "{a_ok} served, {a_full} refused"
+    );
+    let (b_ok, b_full) = (
+        count_of(&in_b, StatusCode::OK, ""),
+        count_of(&in_b, StatusCode::TOO_MANY_REQUESTS, "pod_retry_state_full"),
+    );
+    assert_eq!(b_ok + b_full, 30, "{in_b:?}");
+    assert!(b_ok >= 1 && b_full >= 1, "{b_ok} served, {b_full} refused");
+    // Answered and handed out, those calls' state makes room again.
+    for session in [&a, &b] {
+        let answer = client
+            .call(session, 9_000, "echo", json!({"text": "after"}))
+            .await
+            .unwrap();
+        assert!(answer.iter().any(|m| m["result"].is_object()), "{answer:?}");
+    }
+    for session in [&a, &b] {
+        assert!(client.delete(session).await.unwrap().is_success());
+    }
+    for kind in ["records", "replies"] {
+        let sample = format!("tether_retained_bytes{{kind=\"{kind}\"}}");
+        pod.wait_for_metric(&sample, Duration::from_secs(5), |v| v == 0.0)
+            .await
+            .unwrap();
+    }
     still_serving(&pod).await;
 }
 
