@@ -36,6 +36,7 @@ mod metrics;
 mod ops;
 mod proxy;
 mod reply;
+mod retained;
 mod secret;
 mod server;
 mod session;

@@ -31,8 +31,8 @@ use crate::ops::control::DrainControl;
 use crate::ops::drain::Drain;
 use crate::ops::shutdown::DrainOnTerm;
 use crate::proxy::{ConnectionLimits, McpListener, McpProxy};
+use crate::retained::Retained;
 use crate::session::Registry;
-use crate::session::retained::Retained;
 use crate::stream::buffer::PodBudget;
 use crate::upstream::Upstream;
 

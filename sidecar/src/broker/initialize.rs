@@ -25,9 +25,9 @@ use crate::mcp::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID, forwarded_reques
 use crate::mcp::jsonrpc::{RequestKey, response_id};
 use crate::mcp::rejection::{Rejection, VersionMismatch};
 use crate::reply::Reply;
+use crate::retained::Kind;
 use crate::session::Session;
 use crate::session::journal::Journal;
-use crate::session::retained::Kind;
 use crate::stream::{Start, StreamKind};
 use crate::upstream::{Exchange, events, is_sse};
 

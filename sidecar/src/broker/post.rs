@@ -94,7 +94,7 @@ impl Broker {
         match claimed {
             Dedupe::Conflict => Err(Rejection::RequestIdReused),
             Dedupe::SessionFull(limit) => Err(Rejection::RetryStateFull(limit)),
-            Dedupe::PodFull => Err(Rejection::PodRetryStateFull),
+            Dedupe::PodFull => Err(Rejection::PodRetryFull),
             Dedupe::Retry(existing) => {
                 self.metrics.request_deduplicated();
                 self.serve_post(&session, &existing).await

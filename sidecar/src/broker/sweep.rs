@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::Broker;
 use crate::mcp::rejection::NotFound;
+use crate::retained::Kind;
 use crate::session::RetryRoom;
-use crate::session::retained::Kind;
 
 impl Broker {
     /// Evicts expired events, ends idle sessions (later requests get 404, reason `expired`;

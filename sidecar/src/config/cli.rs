@@ -114,7 +114,7 @@ pub struct Cli {
     pub max_session_retry_bytes: u64,
     /// Pod-wide cap of the sessions' retry state (`tether_retained_bytes{kind="records"}` and
     /// `{kind="replies"}`), in bytes: beyond it the oldest answered requests of the pod are
-    /// forgotten first; a new request that still does not fit gets 429 `pod_retry_state_full`
+    /// forgotten first; a new request that still does not fit gets 429 `pod_retry_full`
     /// + `Retry-After`.
     #[arg(long, env = "TETHER_POD_RETRY_BYTES", value_name = "BYTES", default_value_t = 128 * 1024 * 1024)]
     pub pod_retry_bytes: u64,

@@ -127,7 +127,7 @@ pub(crate) fn adopt(input: &[u8]) -> Result<Adopted, String> {
     };
     let push: SessionPush = serde_json::from_slice(push).map_err(|e| e.to_string())?;
     let budget = PodBudget::new(u64::MAX);
-    let retained = crate::session::retained::Retained::new(u64::MAX, u64::MAX);
+    let retained = crate::retained::Retained::new(u64::MAX, u64::MAX);
     let session = image::restore_session(
         &push.session,
         "digest".into(),

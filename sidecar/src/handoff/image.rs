@@ -18,8 +18,8 @@ use tether_crds::ProtocolVersion;
 use super::wire::{
     EventImage, JournalImage, KindImage, ReplyImage, RequestImage, SessionImage, StreamImage,
 };
+use crate::retained::Retained;
 use crate::session::journal::Journal;
-use crate::session::retained::Retained;
 use crate::session::{RetryRecord, Session, SessionSnapshot};
 use crate::stream::buffer::{BufferLimits, PodBudget};
 use crate::stream::{SnapshotEvent, StoredReply, StreamKind, StreamSnapshot};

@@ -119,7 +119,7 @@ pub(crate) enum Rejection {
     RetryStateFull(u64),
     /// 429: the pod's retry records and stored replies take `--pod-retry-bytes` even after
     /// the oldest answered requests were forgotten; retry after `Retry-After`.
-    PodRetryStateFull,
+    PodRetryFull,
     /// 408: the body did not arrive in time (slow client).
     RequestTimeout,
     /// 400: body is not JSON (-32700).
@@ -178,7 +178,7 @@ impl Rejection {
             TooManySessions | TooManyConnections | PeerUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ResumeBudget | PodJournalsFull | PodRetryStateFull | TakeoverBudget => {
+            ResumeBudget | PodJournalsFull | PodRetryFull | TakeoverBudget => {
                 StatusCode::TOO_MANY_REQUESTS
             }
             UpstreamUnavailable => StatusCode::BAD_GATEWAY,
@@ -222,7 +222,7 @@ impl Rejection {
             JournalFull(_) => "journal_full",
             PodJournalsFull => "pod_journals_full",
             RetryStateFull(_) => "retry_state_full",
-            PodRetryStateFull => "pod_retry_state_full",
+            PodRetryFull => "pod_retry_full",
             RequestTimeout => "request_timeout",
             ParseError(_) => "parse_error",
             InvalidRequest(_) => "invalid_request",
@@ -305,7 +305,7 @@ impl Rejection {
                 "Payload Too Large: the session's requests in flight keep {limit} bytes of retry \
                  state (--max-session-retry-bytes); send more once they are answered"
             ),
-            PodRetryStateFull => {
+            PodRetryFull => {
                 "Too Many Requests: this pod's sessions keep --pod-retry-bytes of retry state; \
                  retry after Retry-After"
                     .into()
@@ -400,7 +400,7 @@ mod tests {
             JournalFull("x".into()),
             PodJournalsFull,
             RetryStateFull(1),
-            PodRetryStateFull,
+            PodRetryFull,
             RequestTimeout,
             ParseError("x".into()),
             InvalidRequest("x".into()),
@@ -439,7 +439,7 @@ mod tests {
                 | JournalFull(_)
                 | PodJournalsFull
                 | RetryStateFull(_)
-                | PodRetryStateFull
+                | PodRetryFull
                 | RequestTimeout
                 | ParseError(_)
                 | InvalidRequest(_)
@@ -528,7 +528,7 @@ mod tests {
                  `--max-session-retry-bytes` after its oldest answered requests were forgotten \
                  (what is left belongs to requests in flight or unread)"
             }
-            PodRetryStateFull => {
+            PodRetryFull => {
                 "the pod's retry records and stored replies take `--pod-retry-bytes` after its \
                  oldest answered requests were forgotten (with `Retry-After: 1`)"
             }

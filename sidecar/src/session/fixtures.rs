@@ -20,7 +20,7 @@ pub(crate) fn session() -> Arc<Session> {
         None,
         ProtocolVersion::V2025_06_18,
         Journal::new(Value::Null),
-        &crate::session::retained::Retained::new(u64::MAX, u64::MAX),
+        &crate::retained::Retained::new(u64::MAX, u64::MAX),
     )
 }
 

@@ -14,7 +14,6 @@ mod bounded;
 pub(crate) mod fixtures;
 pub(crate) mod journal;
 mod registry;
-pub(crate) mod retained;
 mod takeovers;
 
 pub(crate) use registry::{Registry, TooManySessions};
@@ -33,8 +32,8 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::{Message, RequestKey};
 use crate::mcp::rejection::Rejection;
+use crate::retained::{Charge, Kind, Retained, Shared};
 use crate::session::journal::{Journal, JournalError, MAX_SUBSCRIPTIONS};
-use crate::session::retained::{Charge, Kind, Retained, Shared};
 use crate::stream::StoredReply;
 use crate::stream::buffer::{BufferLimits, Evictions, PodBudget};
 use crate::stream::{Stream, StreamKind, StreamSnapshot};

@@ -10,8 +10,8 @@ use tokio::sync::Notify;
 
 use super::Session;
 use super::bounded::Bounded;
-use super::retained::Retained;
 use crate::mcp::rejection::NotFound;
+use crate::retained::Retained;
 
 /// Most ended sessions remembered for 404 reasons, and most handed-off sessions remembered for
 /// forwarding.

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::CODE_INTERNAL;
 use crate::mcp::jsonrpc::{RequestKey, error_response, response_id};
-use crate::session::retained::{Held, Shared};
+use crate::retained::{Held, Shared};
 use crate::stream::buffer::{BufferLimits, Evictions, PodBudget, ReplayError, StreamBuffer};
 
 /// Sequence numbers skipped when a followed stream's writer dies: more than it can have

@@ -51,7 +51,7 @@ impl From<&Rejection> for StoredReply {
             | Rejection::PeerUnavailable
             | Rejection::ResumeBudget
             | Rejection::PodJournalsFull
-            | Rejection::PodRetryStateFull
+            | Rejection::PodRetryFull
             | Rejection::TooManyConnections
             | Rejection::TakeoverBudget
             | Rejection::UpstreamTimeout => {

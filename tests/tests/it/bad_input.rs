@@ -519,7 +519,7 @@ async fn stored_replies_and_retry_records_are_bounded_per_session_and_per_pod() 
     );
     let (b_ok, b_full) = (
         count_of(&in_b, StatusCode::OK, ""),
-        count_of(&in_b, StatusCode::TOO_MANY_REQUESTS, "pod_retry_state_full"),
+        count_of(&in_b, StatusCode::TOO_MANY_REQUESTS, "pod_retry_full"),
     );
     assert_eq!(b_ok + b_full, 30, "{in_b:?}");
     assert!(b_ok >= 1 && b_full >= 1, "{b_ok} served, {b_full} refused");

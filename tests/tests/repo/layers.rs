@@ -122,9 +122,10 @@ fn sidecar_layers_keep_their_rules() {
         &[
             // The protocol rules are pure: nothing but the secret (session-id MACs).
             ("mcp", &["secret"]),
-            // State never reaches up.
-            ("stream", &["mcp"]),
-            ("session", &["mcp", "stream"]),
+            // The tally of retained bytes is a leaf; state never reaches up.
+            ("retained", &[]),
+            ("stream", &["mcp", "retained"]),
+            ("session", &["mcp", "stream", "retained"]),
             // Membership and routing know no state and no broker.
             ("cluster", &["mcp", "metrics", "secret"]),
         ],
