@@ -92,10 +92,17 @@ impl Registry {
     }
 
     /// Removes a session, remembering why (for the 404 reason of later requests).
+    ///
+    /// The reason is recorded while the session map is still locked, so a lookup never finds
+    /// the session neither held nor ended.
     pub(crate) fn remove(&self, session: &Session, reason: NotFound) -> bool {
-        let removed = self.sessions.write().remove(&session.id).is_some();
+        let mut map = self.sessions.write();
+        let removed = map.remove(&session.id).is_some();
         if removed {
             self.ended.lock().insert(session.digest.clone(), reason);
+        }
+        drop(map);
+        if removed {
             self.activity.notify_waiters();
         }
         removed
@@ -103,9 +110,15 @@ impl Registry {
 
     /// Forgets a session a peer (`to`) acknowledged; requests for it are sent there. It stays
     /// *departed* (its streams still forwarded) until [`Registry::forget_departed`].
+    ///
+    /// Where it went is recorded before it leaves the session map, under the map's lock: a
+    /// request looking it up finds it held (and its handoff state says moved) or moved, never
+    /// absent — its home would answer that 404 `unknown`.
     pub(crate) fn mark_moved(&self, session: &Arc<Session>, to: &str) {
-        self.sessions.write().remove(&session.id);
+        let mut map = self.sessions.write();
         self.moved.lock().insert(session.id.clone(), to.to_owned());
+        map.remove(&session.id);
+        drop(map);
         self.departed
             .lock()
             .insert(session.id.clone(), Arc::clone(session));
@@ -174,8 +187,63 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
     use super::*;
     use crate::session::fixtures::session;
+
+    #[test]
+    fn a_session_being_moved_is_always_held_or_moved_never_absent() {
+        const SESSIONS: usize = 20_000;
+        let r = Arc::new(Registry::new(SESSIONS, Retained::new(u64::MAX, u64::MAX)));
+        let retained = Retained::new(u64::MAX, u64::MAX);
+        let ids: Arc<Vec<String>> = Arc::new((0..SESSIONS).map(|k| format!("id{k}")).collect());
+        let sessions: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let s = Session::new(
+                    id.clone(),
+                    "digest".into(),
+                    None,
+                    tether_crds::ProtocolVersion::V2025_06_18,
+                    crate::session::journal::Journal::new(serde_json::Value::Null),
+                    &retained,
+                );
+                r.insert(Arc::clone(&s)).unwrap();
+                s
+            })
+            .collect();
+        let current = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let checker = {
+            let (r, ids, current, done) = (
+                Arc::clone(&r),
+                Arc::clone(&ids),
+                Arc::clone(&current),
+                Arc::clone(&done),
+            );
+            std::thread::spawn(move || {
+                let mut absent = 0;
+                while !done.load(Ordering::Acquire) {
+                    let id = &ids[current.load(Ordering::Acquire)];
+                    if r.get(id).is_none() && r.moved_to(id).is_none() {
+                        absent += 1;
+                    }
+                }
+                absent
+            })
+        };
+        for (k, s) in sessions.iter().enumerate() {
+            current.store(k, Ordering::Release);
+            r.mark_moved(s, "pod-b");
+        }
+        done.store(true, Ordering::Release);
+        assert_eq!(
+            checker.join().unwrap(),
+            0,
+            "lookups found a moving session absent"
+        );
+    }
 
     #[test]
     fn the_registry_remembers_why_sessions_ended() {
