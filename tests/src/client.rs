@@ -125,6 +125,9 @@ pub struct McpClient {
     pub url: String,
     entries: Arc<RwLock<Vec<String>>>,
     honour_retry_after: bool,
+    /// `Authorization` of every request of this client and its clones, unless a request sets
+    /// its own ([`McpClient::set_authorization`]).
+    authorization: Arc<RwLock<Option<String>>>,
 }
 
 /// Most times a client honouring `Retry-After` sends a request answered 429/503.
@@ -263,7 +266,17 @@ impl McpClient {
             url: urls.first().cloned().unwrap_or_default(),
             entries: Arc::new(RwLock::new(urls)),
             honour_retry_after: false,
+            authorization: Arc::default(),
         }
+    }
+
+    /// Sends `authorization` (e.g. `Bearer <token>`) with every later request of this client
+    /// and of all its clones; `None` sends none. A refreshed token replaces the old one.
+    pub fn set_authorization(&self, authorization: Option<String>) {
+        *self
+            .authorization
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = authorization;
     }
 
     /// This client, sending a request answered 429 or 503 with `Retry-After` again after the
@@ -282,11 +295,24 @@ impl McpClient {
         headers: &[(&str, &str)],
         body: Option<Bytes>,
     ) -> Result<Response<Incoming>> {
+        let authorization = self
+            .authorization
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut all = headers.to_vec();
+        if let Some(value) = &authorization
+            && !headers
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+        {
+            all.push(("authorization", value));
+        }
         let mut attempt = 1;
         loop {
             let resp = self
                 .http
-                .send(method.clone(), &self.entry(), headers, body.clone())
+                .send(method.clone(), &self.entry(), &all, body.clone())
                 .await?;
             match crate::follow::retry_after(&resp) {
                 Some(secs) if self.honour_retry_after && attempt < RETRY_AFTER_ATTEMPTS => {

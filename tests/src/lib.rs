@@ -6,6 +6,7 @@
 //! repository (`tests/tests/repo/`) and the local demo (`make demo`) are built on it
 //! (`docs/dev/testing.md`).
 //!
+//! - [`auth`]: bearer tokens for an upstream that requires them (`--auth-key`);
 //! - [`bins`]: finds the workspace's binaries;
 //! - [`pod`]: one pod (example server + sidecar) with its manifest, secret and logs;
 //! - [`cluster`]: several pods sharing a membership (`--peers-file`);
@@ -23,6 +24,7 @@
 //! - [`table`]: the plain-text tables the reports print.
 
 pub mod addr;
+pub mod auth;
 pub mod bins;
 pub mod call;
 pub mod client;

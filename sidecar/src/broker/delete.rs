@@ -1,9 +1,11 @@
 //! DELETE: the client ends its session (spec S-05, S-07).
 //!
-//! The upstream is told first. An upstream that forbids client termination answers 405, which is
-//! passed through and the session stays. Otherwise the session is freed here whatever the
-//! upstream said, and later requests for it get 404; the upstream's success status (200, 202…)
-//! passes through, or 204 when the upstream could not be asked.
+//! The upstream is told first, with the DELETE's own headers (its credentials). Only an
+//! upstream 2xx, a 404 (the upstream session is gone already) or an upstream that cannot be
+//! reached ends the session here; later requests for it get 404. Any other answer — 405 from an
+//! upstream that forbids client termination, 401/403 for a caller it does not accept, a 5xx —
+//! passes through and the session stays. The upstream's success status (200, 202…) passes
+//! through; 204 when it answered 404 or could not be asked.
 
 use std::sync::Arc;
 
@@ -40,14 +42,14 @@ impl Broker {
             }
         };
         let reply = match answer {
-            Some(resp) if resp.status() == StatusCode::METHOD_NOT_ALLOWED => {
-                return Ok(self.read_stored(resp).await?.into());
-            }
             Some(resp) if resp.status().is_success() => {
                 // The session is over even if its body cannot be read.
                 self.read_stored(resp)
                     .await
                     .map_or_else(|_| Reply::empty(StatusCode::NO_CONTENT), Reply::from)
+            }
+            Some(resp) if resp.status() != StatusCode::NOT_FOUND => {
+                return Ok(self.read_stored(resp).await?.into());
             }
             _ => Reply::empty(StatusCode::NO_CONTENT),
         };

@@ -156,6 +156,11 @@ impl Broker {
         }
         match self.read_stored(resp).await {
             Ok(stored) if stream.kind() == StreamKind::Post => {
+                if stored.is_refusal() {
+                    // Not the request's outcome: the client waiting gets it, and the same
+                    // message sent again (a refreshed token, after Retry-After) is dispatched.
+                    session.unregister_post(&stream, &ids);
+                }
                 session.keep_reply(&stream, stored, self.cfg().max_session_retry_bytes);
             }
             Ok(stored) => self.append_answer(&stream, &ids, &stored),

@@ -325,6 +325,19 @@ struct Probe {
 /// such values in the fields' places is no response (serde would read it as the struct), nor
 /// is text with invalid UTF-8 in a part the probe skips.
 pub(crate) fn response_id(data: &[u8]) -> Option<RequestKey> {
+    match response_probe(data)?.id? {
+        id @ (Value::String(_) | Value::Number(_)) => Some(RequestKey::of(&id)),
+        _ => None,
+    }
+}
+
+/// Whether `data` is a JSON-RPC response or error object, whatever its id (an error about an
+/// unparsable request has `id: null`).
+pub(crate) fn is_response(data: &[u8]) -> bool {
+    response_probe(data).is_some()
+}
+
+fn response_probe(data: &[u8]) -> Option<Probe> {
     let text = std::str::from_utf8(data).ok()?;
     if !text
         .trim_start_matches([' ', '\t', '\n', '\r'])
@@ -333,13 +346,7 @@ pub(crate) fn response_id(data: &[u8]) -> Option<RequestKey> {
         return None;
     }
     let probe: Probe = serde_json::from_str(text).ok()?;
-    if probe.method.is_some() || (probe.result.is_none() && probe.error.is_none()) {
-        return None;
-    }
-    match probe.id? {
-        id @ (Value::String(_) | Value::Number(_)) => Some(RequestKey::of(&id)),
-        _ => None,
-    }
+    (probe.method.is_none() && (probe.result.is_some() || probe.error.is_some())).then_some(probe)
 }
 
 /// A JSON-RPC error response for request `id` (JSON text), as one line of JSON.

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
+use crate::mcp::jsonrpc::is_response;
 use crate::mcp::rejection::Rejection;
 
 /// An upstream's non-SSE answer kept for retried requests and replayed verbatim.
@@ -20,6 +21,15 @@ pub(crate) struct StoredReply {
 const REPLY_OVERHEAD: u64 = 64;
 
 impl StoredReply {
+    /// Whether the answer refuses the request instead of answering it: 401, 403, 407, 429 or
+    /// 503, or another 4xx without a JSON-RPC body. A refusal passes to the client but is not
+    /// the outcome of its request ids, so the same message sent again (with a refreshed token,
+    /// after `Retry-After`) is dispatched again.
+    pub(crate) fn is_refusal(&self) -> bool {
+        matches!(self.status.as_u16(), 401 | 403 | 407 | 429 | 503)
+            || (self.status.is_client_error() && !is_response(&self.body))
+    }
+
     /// What keeping the reply costs, in bytes: body, header names and values, and overhead
     /// (`tether_retained_bytes{kind="replies"}`).
     pub(crate) fn retained_bytes(&self) -> u64 {
@@ -64,5 +74,41 @@ impl From<&Rejection> for StoredReply {
             headers,
             body: r.body(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(status: u16, body: &str) -> StoredReply {
+        StoredReply {
+            status: StatusCode::from_u16(status).unwrap(),
+            headers: HeaderMap::new(),
+            body: Bytes::from(body.to_owned()),
+        }
+    }
+
+    #[test]
+    fn refusals_are_auth_rate_and_availability_answers_and_4xx_without_json_rpc() {
+        let error = r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"bad"}}"#;
+        for status in [401, 403, 407, 429, 503] {
+            assert!(reply(status, error).is_refusal(), "{status}");
+        }
+        assert!(
+            reply(400, "bad request").is_refusal(),
+            "a 4xx without JSON-RPC"
+        );
+        assert!(reply(404, "").is_refusal());
+        assert!(
+            !reply(400, error).is_refusal(),
+            "the server's JSON-RPC error is an answer"
+        );
+        assert!(!reply(200, r#"{"jsonrpc":"2.0","id":1,"result":{}}"#).is_refusal());
+        assert!(!reply(202, "").is_refusal());
+        assert!(
+            !reply(500, "oops").is_refusal(),
+            "a 5xx other than 503 is an outcome"
+        );
     }
 }

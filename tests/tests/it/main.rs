@@ -4,6 +4,7 @@
 //! per area; `docs/dev/testing.md` says how to run one of them.
 
 mod admission;
+mod auth;
 mod bad_input;
 mod contract;
 mod drain;

@@ -214,12 +214,12 @@ fn operator_image_runs_the_operator_and_exposes_its_admin_port() {
 /// `tether-examples` (which depends on this crate, so it cannot be linked here); the attribute is
 /// read from the source.
 fn example_server_listen_default() -> SocketAddr {
-    let source = read("examples/src/bin/example_server.rs");
+    let source = read("examples/src/bin/example_server/main.rs");
     let lines: Vec<&str> = source.lines().collect();
     let field = lines
         .iter()
         .position(|l| l.trim() == "listen: SocketAddr,")
-        .expect("example_server.rs has no `listen: SocketAddr` field");
+        .expect("example_server/main.rs has no `listen: SocketAddr` field");
     let attribute = lines[..field]
         .iter()
         .rev()

@@ -9,6 +9,10 @@
 //! | `counter` | – | increments and returns a per-session counter |
 //! | `notify` | `text`, `count` | `count` `notifications/message` with `data: {"text", "seq"}` on the standalone GET stream, returns `sent <count>` |
 //!
+//! With `--auth-key FILE` it requires a bearer JWT (HS256) on every MCP request and binds its
+//! sessions to the token's `sub` ([`auth`]); `/stats` then counts `unauthenticated` requests
+//! (answered 401) and `principal_mismatches` (another `sub` on a session, answered 404).
+//!
 //! With `--json-replies`, a POST whose stream carries exactly one JSON-RPC message (its
 //! response) is answered with `application/json` once the call ends, as servers that prefer
 //! JSON answers do; a stream with notifications stays SSE.
@@ -60,6 +64,8 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio_stream::wrappers::ReceiverStream;
 
+mod auth;
+
 /// Command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -86,6 +92,9 @@ struct Args {
     /// Answer a POST whose stream carries only its response with `application/json`.
     #[arg(long)]
     json_replies: bool,
+    /// Require `Authorization: Bearer <JWT>` (HS256 with this file's bytes, `sub` and `exp`).
+    #[arg(long, value_name = "FILE")]
+    auth_key: Option<std::path::PathBuf>,
 }
 
 /// Execution counts per `slow` call id, for `GET /stats`.
@@ -95,6 +104,8 @@ struct Stats {
     executions: AtomicU64,
     completed: AtomicU64,
     aborted: AtomicU64,
+    unauthenticated: AtomicU64,
+    principal_mismatches: AtomicU64,
 }
 
 impl Stats {
@@ -107,6 +118,8 @@ impl Stats {
             "duplicates": duplicates,
             "completed": self.completed.load(Ordering::Relaxed),
             "aborted": self.aborted.load(Ordering::Relaxed),
+            "unauthenticated": self.unauthenticated.load(Ordering::Relaxed),
+            "principal_mismatches": self.principal_mismatches.load(Ordering::Relaxed),
         })
     }
 }
@@ -481,7 +494,12 @@ async fn main() -> std::io::Result<()> {
         "tether-example-server listening on http://{}{}",
         args.listen, args.path
     );
-    let args = Arc::new(args);
+    let app = Arc::new(App {
+        auth: args.auth_key.as_deref().map(auth::Auth::load).transpose()?,
+        mcp,
+        stats,
+        args,
+    });
     loop {
         let (io, _) = tokio::select! {
             accepted = listener.accept() => accepted?,
@@ -489,11 +507,11 @@ async fn main() -> std::io::Result<()> {
         };
         // Small SSE writes (an event, then the last chunk) must not wait for Nagle's algorithm.
         let _ = io.set_nodelay(true);
-        let (mcp, stats, args) = (mcp.clone(), Arc::clone(&stats), Arc::clone(&args));
+        let app = Arc::clone(&app);
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let (mcp, stats, args) = (mcp.clone(), Arc::clone(&stats), Arc::clone(&args));
-                async move { Ok::<_, Infallible>(route(&mcp, &stats, &args, req).await) }
+                let app = Arc::clone(&app);
+                async move { Ok::<_, Infallible>(app.route(req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(io), service)
@@ -502,40 +520,97 @@ async fn main() -> std::io::Result<()> {
     }
 }
 
-async fn route(
-    mcp: &StreamableHttpService<ExampleServer, Sessions>,
-    stats: &Stats,
-    args: &Args,
-    req: Request<Incoming>,
-) -> Response<HttpBody> {
-    let path = req.uri().path();
-    if path == "/stats" && req.method() == Method::GET {
-        return full(StatusCode::OK, "application/json", stats.json().to_string());
+/// What the HTTP handler serves: the MCP service, its counters, its flags and `--auth-key`.
+struct App {
+    mcp: StreamableHttpService<ExampleServer, Sessions>,
+    stats: Arc<Stats>,
+    args: Args,
+    auth: Option<auth::Auth>,
+}
+
+impl App {
+    async fn route(&self, req: Request<Incoming>) -> Response<HttpBody> {
+        let path = req.uri().path();
+        if path == "/stats" && req.method() == Method::GET {
+            return full(
+                StatusCode::OK,
+                "application/json",
+                self.stats.json().to_string(),
+            );
+        }
+        if path != self.args.path {
+            return full(StatusCode::NOT_FOUND, "text/plain", "not found\n");
+        }
+        let Some(auth) = &self.auth else {
+            return self.serve(req).await;
+        };
+        let sub = match auth.caller(req.headers()) {
+            Ok(sub) => sub,
+            Err(why) => {
+                self.stats.unauthenticated.fetch_add(1, Ordering::Relaxed);
+                let mut resp = full(StatusCode::UNAUTHORIZED, "text/plain", "unauthorized\n");
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static(why.challenge()),
+                );
+                return resp;
+            }
+        };
+        let session = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let Some(session) = session else {
+            // An `initialize` (or a stateless request): its session, if any, is this `sub`'s.
+            let resp = self.serve(req).await;
+            if let Some(id) = resp
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+            {
+                auth.bind(id, &sub);
+            }
+            return resp;
+        };
+        if !auth.may_use(&session, &sub) {
+            self.stats
+                .principal_mismatches
+                .fetch_add(1, Ordering::Relaxed);
+            return full(StatusCode::NOT_FOUND, "text/plain", "session not found\n");
+        }
+        let delete = req.method() == Method::DELETE;
+        let resp = self.serve(req).await;
+        if delete && resp.status().is_success() {
+            auth.forget(&session);
+        }
+        resp
     }
-    if path != args.path {
-        return full(StatusCode::NOT_FOUND, "text/plain", "not found\n");
+
+    /// The MCP service's answer (`--no-standalone-stream`, `--json-replies` applied).
+    async fn serve(&self, req: Request<Incoming>) -> Response<HttpBody> {
+        if self.args.no_standalone_stream
+            && req.method() == Method::GET
+            && !req.headers().contains_key("last-event-id")
+        {
+            let mut resp = full(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "no standalone stream\n",
+            );
+            resp.headers_mut().insert(
+                header::ALLOW,
+                http::HeaderValue::from_static("POST, DELETE"),
+            );
+            return resp;
+        }
+        let post = req.method() == Method::POST;
+        let resp = self.mcp.handle(req).await;
+        if self.args.json_replies && post {
+            return as_json(resp).await;
+        }
+        resp
     }
-    if args.no_standalone_stream
-        && req.method() == Method::GET
-        && !req.headers().contains_key("last-event-id")
-    {
-        let mut resp = full(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain",
-            "no standalone stream\n",
-        );
-        resp.headers_mut().insert(
-            header::ALLOW,
-            http::HeaderValue::from_static("POST, DELETE"),
-        );
-        return resp;
-    }
-    let post = req.method() == Method::POST;
-    let resp = mcp.handle(req).await;
-    if args.json_replies && post {
-        return as_json(resp).await;
-    }
-    resp
 }
 
 /// `--json-replies`: an SSE answer that carries one JSON-RPC message, as `application/json`

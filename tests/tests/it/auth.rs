@@ -1,0 +1,139 @@
+//! An MCP server that requires authorization behind tether (`tether-example-server --auth-key`,
+//! bearer JWTs): refusals are passed to the client and are not a request's outcome, and a
+//! DELETE the server refuses leaves the session.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use serde_json::json;
+use tether_tests::auth::Issuer;
+use tether_tests::client::{McpClient, body_text, header_str, messages, tool_call};
+use tether_tests::pod::{Pod, PodSpec};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+async fn authenticated_pod(issuer: &Issuer) -> Pod {
+    Pod::start(PodSpec {
+        server_args: issuer.server_args(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_authenticated_example_server_refuses_missing_tokens_and_other_subjects() {
+    let issuer = Issuer::new().unwrap();
+    let pod = authenticated_pod(&issuer).await;
+    // Straight to the MCP server, without tether: the fixture behaves as an SDK server does.
+    let server = McpClient::new(format!("{}/mcp", pod.server_url));
+    let err = server
+        .initialize("2025-11-25")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("401"), "{err}");
+    server.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    let alice = server.initialize("2025-11-25").await.unwrap();
+    let echo = json!({"text": "hi"});
+    assert!(server.call(&alice, 2, "echo", echo.clone()).await.is_ok());
+    server.set_authorization(Some(issuer.bearer("https://idp.example", "bob", HOUR)));
+    let err = server
+        .call(&alice, 3, "echo", echo.clone())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("404"), "another sub: {err}");
+    server.set_authorization(Some(issuer.bearer(
+        "https://idp.example",
+        "alice",
+        Duration::ZERO,
+    )));
+    let resp = server
+        .post(Some(&alice), &tool_call(4, "echo", echo, None), &[])
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "an expired token");
+    let challenge = header_str(&resp, "www-authenticate").unwrap_or_default();
+    assert!(
+        challenge.starts_with("Bearer ") && challenge.contains("invalid_token"),
+        "{challenge}"
+    );
+    let stats = pod.stats().await.unwrap();
+    assert_eq!(stats["unauthenticated"], 2, "{stats}");
+    assert_eq!(stats["principal_mismatches"], 1, "{stats}");
+}
+
+#[tokio::test]
+async fn a_refused_request_sent_again_with_a_fresh_token_is_dispatched_and_runs_once() {
+    let issuer = Issuer::new().unwrap();
+    let pod = authenticated_pod(&issuer).await;
+    let client = pod.client();
+    client.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let call = tool_call(
+        7,
+        "slow",
+        json!({"count": 0, "interval_ms": 10, "call_id": "after-refresh"}),
+        None,
+    );
+    // The token expired: the MCP server's 401 and its challenge reach the client unchanged.
+    client.set_authorization(Some(issuer.bearer(
+        "https://idp.example",
+        "alice",
+        Duration::ZERO,
+    )));
+    let refused = client.post(Some(&session), &call, &[]).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let challenge = header_str(&refused, "www-authenticate").unwrap_or_default();
+    assert!(challenge.contains("invalid_token"), "{challenge}");
+    drop(body_text(refused).await);
+    // The client refreshes its token and sends the same message: dispatched, not the stored 401.
+    client.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    let resp = client.post(Some(&session), &call, &[]).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let answer = messages(resp, Duration::from_secs(10)).await.unwrap();
+    assert!(
+        answer
+            .iter()
+            .any(|m| m["result"]["content"][0]["text"] == "done 0"),
+        "{answer:?}"
+    );
+    let stats = pod.stats().await.unwrap();
+    assert_eq!(
+        stats["calls"]["after-refresh"], 1,
+        "the tool ran once: {stats}"
+    );
+    // Once answered, the same message is a retry: replayed, not run again.
+    let again = client.post(Some(&session), &call, &[]).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    drop(body_text(again).await);
+    let stats = pod.stats().await.unwrap();
+    assert_eq!(stats["calls"]["after-refresh"], 1, "{stats}");
+}
+
+#[tokio::test]
+async fn a_delete_the_server_refuses_passes_through_and_the_session_stays() {
+    let issuer = Issuer::new().unwrap();
+    let pod = authenticated_pod(&issuer).await;
+    let client = pod.client();
+    client.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    let session = client.initialize("2025-11-25").await.unwrap();
+    client.set_authorization(Some(issuer.bearer(
+        "https://idp.example",
+        "alice",
+        Duration::ZERO,
+    )));
+    assert_eq!(
+        client.delete(&session).await.unwrap(),
+        StatusCode::UNAUTHORIZED
+    );
+    client.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    let echo = json!({"text": "still here"});
+    assert!(
+        client.call(&session, 2, "echo", echo.clone()).await.is_ok(),
+        "the session stays"
+    );
+    assert!(client.delete(&session).await.unwrap().is_success());
+    let err = client.call(&session, 3, "echo", echo).await.unwrap_err();
+    assert!(err.to_string().contains("404"), "{err}");
+}
