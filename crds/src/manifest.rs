@@ -200,6 +200,11 @@ spec:
             ),
             ("timeout: 60s", "timeout: 2h", "spec.drain.timeout"),
             (
+                "admin: {port: 9901}",
+                "admin: {port: 9901}\n  auth: {forwardHeaders: [authorization, X-Api-Key]}",
+                "spec.auth.forwardHeaders[1]",
+            ),
+            (
                 "\"2025-03-26\", ",
                 "\"1999-01-01\", ",
                 "spec.protocolVersions[0]",

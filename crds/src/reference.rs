@@ -362,6 +362,7 @@ mod tests {
             "spec.drain.timeout",
             "spec.sidecar.image",
             "spec.sidecar.resources",
+            "spec.auth.forwardHeaders",
         ] {
             assert!(md.contains(&format!("| `{field}` |")), "no row for {field}");
         }

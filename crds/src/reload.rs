@@ -2,7 +2,7 @@
 //! what needs new pods, defined once for both sides:
 //!
 //! - **reloaded** in place ([`McpEndpointSpec::with_reloaded_from`]): `origins`,
-//!   `protocolVersions`, `buffer`, `session.idleTimeout` — the operator only rewrites the
+//!   `protocolVersions`, `buffer`, `session.idleTimeout`, `auth` — the operator only rewrites the
 //!   ConfigMap, and each sidecar picks the change up without a restart;
 //! - **pod settings** ([`PodSettings`]): everything else but `targetRef` (ports, paths, upstream,
 //!   `session.migration`, `drain`, `sidecar`) — the listeners, the upstream and the drain are set

@@ -117,6 +117,38 @@ pub struct McpEndpointSpec {
     /// The sidecar container the operator injects. Changing it rolls the pods.
     #[serde(default)]
     pub sidecar: SidecarSpec,
+    /// How the sidecar carries the credentials of an MCP server that requires authorization.
+    /// Running sidecars reload it without a restart.
+    #[serde(default)]
+    pub auth: AuthSpec,
+}
+
+/// Credentials of an MCP server that requires authorization (OAuth bearer tokens, API keys).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthSpec {
+    /// Request headers that carry a client's credentials, lowercase. Every request the sidecar
+    /// sends the MCP server on a session's behalf (the rebuild of its upstream session on a new
+    /// pod, its reopened standalone stream, the resume of an upstream stream, the end of its
+    /// upstream session) carries them as the session's clients last sent them; they are kept in
+    /// memory only, never logged and never handed to another pod. Default `["authorization"]`;
+    /// list more for API-key schemes (e.g. `x-api-key`).
+    #[serde(default = "default_forward_headers")]
+    #[x_kube(validation = Rule::new("self.all(h, h.matches('^[a-z0-9!#$%&*+.^_|~-]+$'))").message("spec.auth.forwardHeaders: each entry must be a lowercase HTTP header name"))]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 64)))]
+    pub forward_headers: Vec<String>,
+}
+
+fn default_forward_headers() -> Vec<String> {
+    vec!["authorization".to_owned()]
+}
+
+impl Default for AuthSpec {
+    fn default() -> Self {
+        Self {
+            forward_headers: default_forward_headers(),
+        }
+    }
 }
 
 /// The injected sidecar container.

@@ -88,6 +88,25 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
         "spec.session.idleTimeout",
         &spec.session.idle_timeout,
     );
+    for (i, name) in spec.auth.forward_headers.iter().enumerate() {
+        let token = !name.is_empty()
+            && name.len() <= 64
+            && name.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&*+.^_|~-".contains(&b)
+            });
+        if !token {
+            errors.push(FieldError::new(
+                format!("spec.auth.forwardHeaders[{i}]"),
+                "must be a lowercase HTTP header name of at most 64 characters",
+            ));
+        }
+    }
+    if spec.auth.forward_headers.len() > 16 {
+        errors.push(FieldError::new(
+            "spec.auth.forwardHeaders",
+            "must list at most 16 headers",
+        ));
+    }
     check_positive(&mut errors, "spec.drain.timeout", &spec.drain.timeout);
     if spec.drain.timeout > MAX_DRAIN_TIMEOUT {
         errors.push(FieldError::new(

@@ -62,7 +62,7 @@ impl Broker {
         request: &RequestKey,
         notification: &serde_json::Value,
     ) {
-        let headers = post_headers(Some(session.version().as_str()));
+        let headers = session.with_credentials(post_headers(Some(session.version().as_str())));
         let body = Bytes::from(notification.to_string());
         let _ = self.forward(session, headers, body).await;
         if let Some(stream) = session.stream_of_request(request) {

@@ -90,6 +90,8 @@ pub(crate) struct BrokerConfig {
     /// Largest retry state (records and stored replies) of one session, in bytes
     /// (`--max-session-retry-bytes`).
     pub(crate) max_session_retry_bytes: u64,
+    /// The request headers that carry a client's credentials (`spec.auth.forwardHeaders`).
+    pub(crate) forward_headers: Vec<http::HeaderName>,
     /// Most take-overs of one session's streams per second; `None`: no limit
     /// (`--max-takeovers`).
     pub(crate) max_takeovers: Option<std::num::NonZeroU32>,
@@ -292,6 +294,7 @@ impl Broker {
             None => self.required_session(call)?,
         };
         let cfg = self.cfg();
+        session.remember_credentials(&call.headers, &cfg.forward_headers);
         match call.version {
             Some(v) if v != session.version() && !cfg.versions.contains(&v) => Err(
                 Rejection::UnsupportedVersion(VersionMismatch::new(v.as_str(), &cfg.versions)),
@@ -334,8 +337,8 @@ impl Broker {
     /// Tells the upstream a session is over (best effort).
     async fn delete_upstream(&self, session: &Session) {
         if let Some(upstream_id) = session.upstream_id() {
-            self.end_upstream_session(&upstream_id, own_headers(session.version().as_str(), false))
-                .await;
+            let headers = session.with_credentials(own_headers(session.version().as_str(), false));
+            self.end_upstream_session(&upstream_id, headers).await;
         }
     }
 

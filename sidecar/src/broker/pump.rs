@@ -298,7 +298,8 @@ impl Broker {
         headers: &HeaderMap,
         last_event_id: Option<&str>,
     ) -> Resumed {
-        let mut headers = headers.clone();
+        // The session's latest credentials: the request's token may have been refreshed since.
+        let mut headers = session.with_credentials(headers.clone());
         headers.insert(
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),

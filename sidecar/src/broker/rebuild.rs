@@ -98,7 +98,8 @@ impl Broker {
     /// Registers a session handed over by a peer (`docs/design/handoff.md`) and starts
     /// rebuilding its upstream session in the background, a few at a time (a drain hands over
     /// hundreds of sessions at once); a request for the session rebuilds it at once if it comes
-    /// first. Returns whether the session was new (a repeated push of a session already held is
+    /// first. A session whose clients presented credentials is rebuilt by its next request
+    /// only, with that request's credentials. Returns whether the session was new (a repeated push of a session already held is
     /// acknowledged again without change).
     ///
     /// # Errors
@@ -111,6 +112,11 @@ impl Broker {
             return Ok(false);
         }
         self.metrics.session_adopted();
+        if session.is_credentialed() {
+            // Its credentials stayed on the sender: the session's next request rebuilds it with
+            // its own (`docs/design/handoff.md#credentials`).
+            return Ok(true);
+        }
         let broker = Arc::clone(self);
         tokio::spawn(async move {
             let _slot = broker.rebuild_slots.acquire().await;
@@ -138,7 +144,8 @@ impl Broker {
                 // upstream, so server messages of calls made here are buffered for the
                 // client's next GET.
                 if session.take_reopen_standalone() {
-                    let headers = own_headers(session.version().as_str(), true);
+                    let headers =
+                        session.with_credentials(own_headers(session.version().as_str(), true));
                     if let Err(e) = Arc::clone(self)
                         .open_standalone_boxed(headers, Arc::clone(session))
                         .await
@@ -203,7 +210,8 @@ impl Broker {
         let journal = session.journal();
         let version = session.version().as_str();
         let init = journal.initialize();
-        let (status, upstream_id, messages) = self.exchange(None, None, &init).await?;
+        let headers = |version| session.with_credentials(post_headers(version));
+        let (status, upstream_id, messages) = self.exchange(None, headers(None), &init).await?;
         if !status.is_success() {
             return Err(RebuildError::Refused("initialize", status));
         }
@@ -214,18 +222,24 @@ impl Broker {
             .unwrap_or_default();
         if negotiated != version {
             if let Some(id) = &upstream_id {
-                self.end_upstream_session(id, HeaderMap::new()).await;
+                self.end_upstream_session(id, session.with_credentials(HeaderMap::new()))
+                    .await;
             }
             return Err(RebuildError::Version(negotiated, version.to_owned()));
         }
         let replayed = self
-            .replay_journal(upstream_id.as_deref(), version, &journal.replay())
+            .replay_journal(
+                upstream_id.as_deref(),
+                &headers(Some(version)),
+                &journal.replay(),
+            )
             .await;
         if replayed.is_err()
             && let Some(id) = &upstream_id
         {
             // Do not leave the half-built upstream session behind.
-            self.end_upstream_session(id, HeaderMap::new()).await;
+            self.end_upstream_session(id, session.with_credentials(HeaderMap::new()))
+                .await;
         }
         replayed.map(|()| upstream_id)
     }
@@ -233,11 +247,11 @@ impl Broker {
     async fn replay_journal(
         &self,
         upstream_id: Option<&str>,
-        version: &str,
+        headers: &HeaderMap,
         messages: &[Value],
     ) -> Result<(), RebuildError> {
         for message in messages {
-            let (status, _, _) = self.exchange(upstream_id, Some(version), message).await?;
+            let (status, _, _) = self.exchange(upstream_id, headers.clone(), message).await?;
             if !status.is_success() {
                 let what = if message.get("id").is_some() {
                     "a journal request"
@@ -250,14 +264,14 @@ impl Broker {
         Ok(())
     }
 
-    /// POSTs one message and reads the answer: status, upstream session id, messages.
+    /// POSTs one message with `headers` and reads the answer: status, upstream session id,
+    /// messages.
     async fn exchange(
         &self,
         upstream_session: Option<&str>,
-        version: Option<&str>,
+        headers: HeaderMap,
         message: &Value,
     ) -> Result<(http::StatusCode, Option<String>, Messages), RebuildError> {
-        let headers = post_headers(version);
         let exchange = Exchange {
             upstream_session,
             headers,

@@ -305,6 +305,12 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         max_initialize_bytes: cli.max_initialize_bytes,
         max_journal_bytes: cli.max_journal_bytes,
         max_session_retry_bytes: cli.max_session_retry_bytes,
+        forward_headers: spec
+            .auth
+            .forward_headers
+            .iter()
+            .filter_map(|name| http::HeaderName::from_bytes(name.as_bytes()).ok())
+            .collect(),
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit
         // in the pod's cap.

@@ -52,6 +52,7 @@ pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
         requests: request_images(&snapshot.records),
         streams: snapshot.streams.iter().map(stream_image).collect(),
         standalone_unsupported: snapshot.standalone_unsupported.as_ref().map(reply_image),
+        credentialed: snapshot.credentialed,
     }
 }
 
@@ -129,6 +130,7 @@ pub(crate) fn restore_session(
         records: records(&image.requests),
         streams: image.streams.iter().map(stream_snapshot).collect(),
         standalone_unsupported: image.standalone_unsupported.as_ref().and_then(stored_reply),
+        credentialed: image.credentialed,
     };
     Ok(Session::from_parts(
         snapshot, digest, from, limits, budget, retained,

@@ -42,6 +42,11 @@ pub(crate) struct SessionImage {
     pub(crate) streams: Vec<StreamImage>,
     /// The upstream's answer to a standalone `GET` when it offers none (replayed to clients).
     pub(crate) standalone_unsupported: Option<ReplyImage>,
+    /// The session's clients presented credentials (never the credentials themselves): the
+    /// receiver waits for the session's next request to rebuild it with that request's.
+    /// Left out when false, so a receiver of the first version of this message reads it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) credentialed: bool,
 }
 
 /// The session journal: what rebuilds the upstream session on the receiver.
@@ -199,6 +204,7 @@ mod tests {
                     }],
                 }],
                 standalone_unsupported: None,
+                credentialed: false,
             },
         };
         let text = serde_json::to_string(&push).unwrap();

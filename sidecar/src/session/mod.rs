@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use http::{HeaderMap, HeaderName};
 use parking_lot::Mutex;
 use serde_json::Value;
 use tether_crds::ProtocolVersion;
@@ -97,6 +98,10 @@ pub(crate) struct SessionSnapshot {
     pub(crate) streams: Vec<StreamSnapshot>,
     /// The upstream's answer to a standalone `GET` when it offers none (replayed to clients).
     pub(crate) standalone_unsupported: Option<StoredReply>,
+    /// Its clients presented credentials (`spec.auth.forwardHeaders`); the credentials
+    /// themselves never leave the pod, so the receiver rebuilds the upstream session with
+    /// those of the session's next request instead of in the background without any.
+    pub(crate) credentialed: bool,
 }
 
 #[derive(Debug)]
@@ -226,6 +231,12 @@ pub(crate) struct Session {
     entered: Notify,
     /// Take-overs of its streams by GETs in the current second (`--max-takeovers`).
     takeovers: Mutex<takeovers::Takeovers>,
+    /// The credential headers of the session's latest client request that carried any
+    /// (`spec.auth.forwardHeaders`): what requests the sidecar makes on the session's behalf
+    /// carry. Memory only; never logged, never in a handoff image.
+    credentials: Mutex<HeaderMap>,
+    /// Some client request of the session carried credentials (here or on an earlier holder).
+    credentialed: AtomicBool,
 }
 
 impl Session {
@@ -271,6 +282,8 @@ impl Session {
             handoff_settled: Notify::new(),
             entered: Notify::new(),
             takeovers: Mutex::default(),
+            credentials: Mutex::default(),
+            credentialed: AtomicBool::new(false),
         })
     }
 
@@ -294,9 +307,11 @@ impl Session {
             records,
             streams,
             standalone_unsupported,
+            credentialed,
         } = snapshot;
         let session = Self::new(id, digest, None, version, journal, retained);
         session.needs_rebuild.store(true, Ordering::Relaxed);
+        session.credentialed.store(credentialed, Ordering::Relaxed);
         let standalone_open = streams
             .iter()
             .any(|s| s.kind == StreamKind::Standalone && !s.complete);
@@ -375,6 +390,7 @@ impl Session {
                 Standalone::Unsupported(reply) => Some(reply.clone()),
                 _ => None,
             },
+            credentialed: self.is_credentialed(),
         };
         (snapshot, positions)
     }
@@ -521,6 +537,41 @@ impl Session {
     /// The keyed digest that stands for the id in logs.
     pub(crate) fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// Keeps the headers `names` of a client request of the session (`spec.auth.forwardHeaders`)
+    /// as its credentials, when it carries any; a request without them changes nothing.
+    pub(crate) fn remember_credentials(&self, request: &HeaderMap, names: &[HeaderName]) {
+        let mut found = HeaderMap::new();
+        for name in names {
+            for value in request.get_all(name) {
+                found.append(name.clone(), value.clone());
+            }
+        }
+        if found.is_empty() {
+            return;
+        }
+        self.credentialed.store(true, Ordering::Relaxed);
+        *self.credentials.lock() = found;
+    }
+
+    /// `headers` with the session's credentials (the latest a client request presented) in
+    /// place of any the headers had.
+    pub(crate) fn with_credentials(&self, mut headers: HeaderMap) -> HeaderMap {
+        let kept = self.credentials.lock();
+        for name in kept.keys() {
+            headers.remove(name);
+        }
+        for (name, value) in kept.iter() {
+            headers.append(name.clone(), value.clone());
+        }
+        headers
+    }
+
+    /// Whether some client request of the session presented credentials, here or (as its
+    /// handoff image says) on an earlier holder.
+    pub(crate) fn is_credentialed(&self) -> bool {
+        self.credentialed.load(Ordering::Relaxed)
     }
 
     /// The upstream's session id (it changes when the session is rebuilt).
@@ -1034,6 +1085,42 @@ mod tests {
             retry_bytes(),
             0,
             "everything is given back with the session"
+        );
+    }
+
+    #[test]
+    fn credentials_are_the_latest_a_request_presented_and_replace_a_requests_own() {
+        use http::header::{ACCEPT, AUTHORIZATION};
+        let s = session();
+        let names = [AUTHORIZATION, HeaderName::from_static("x-api-key")];
+        s.remember_credentials(&HeaderMap::new(), &names);
+        assert!(
+            !s.is_credentialed(),
+            "an anonymous request presents nothing"
+        );
+        let mut request = HeaderMap::new();
+        request.insert(AUTHORIZATION, "Bearer one".parse().unwrap());
+        request.insert(ACCEPT, "text/event-stream".parse().unwrap());
+        s.remember_credentials(&request, &names);
+        let mut own = HeaderMap::new();
+        own.insert(AUTHORIZATION, "Bearer stale".parse().unwrap());
+        own.insert(ACCEPT, "application/json".parse().unwrap());
+        let sent = s.with_credentials(own);
+        assert_eq!(sent[AUTHORIZATION], "Bearer one");
+        assert_eq!(
+            sent[ACCEPT], "application/json",
+            "only credential headers are taken"
+        );
+        s.remember_credentials(&HeaderMap::new(), &names);
+        assert_eq!(
+            s.with_credentials(HeaderMap::new())[AUTHORIZATION],
+            "Bearer one",
+            "a request without credentials keeps the latest"
+        );
+        let (snapshot, _) = s.snapshot(0);
+        assert!(
+            snapshot.credentialed,
+            "the image says so, without the credentials"
         );
     }
 

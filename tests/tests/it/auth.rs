@@ -1,6 +1,7 @@
 //! An MCP server that requires authorization behind tether (`tether-example-server --auth-key`,
-//! bearer JWTs): refusals are passed to the client and are not a request's outcome, and a
-//! DELETE the server refuses leaves the session.
+//! bearer JWTs): refusals are passed to the client and are not a request's outcome, a DELETE
+//! the server refuses leaves the session, and a session handed to another pod is rebuilt there
+//! with its clients' credentials.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use serde_json::json;
 use tether_tests::auth::Issuer;
 use tether_tests::client::{McpClient, body_text, header_str, messages, tool_call};
 use tether_tests::pod::{Pod, PodSpec};
+use tether_tests::scenario::Scenario;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -136,4 +138,55 @@ async fn a_delete_the_server_refuses_passes_through_and_the_session_stays() {
     assert!(client.delete(&session).await.unwrap().is_success());
     let err = client.call(&session, 3, "echo", echo).await.unwrap_err();
     assert!(err.to_string().contains("404"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_off_session_is_rebuilt_with_its_clients_credentials() {
+    let issuer = Issuer::new().unwrap();
+    let mut scenario = Scenario::start(
+        2,
+        PodSpec {
+            server_args: issuer.server_args(),
+            ..PodSpec::default()
+        },
+    )
+    .await;
+    let via_a = scenario.via_a();
+    via_a.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let echo = |text: &str| json!({"text": text});
+    assert!(
+        via_a
+            .call(&session, 2, "echo", echo("before"))
+            .await
+            .is_ok()
+    );
+    let drain = scenario.drain_a().await;
+    scenario.wait_moved(1.0).await;
+    // The client refreshed its token meanwhile; the new holder rebuilds the upstream session
+    // with the credentials of this request, and never sends one without.
+    let via_rest = scenario.via_rest();
+    via_rest.set_authorization(Some(issuer.bearer(
+        "https://idp.example",
+        "alice",
+        HOUR * 2,
+    )));
+    let answer = via_rest
+        .call(&session, 3, "echo", echo("after the move"))
+        .await
+        .unwrap();
+    assert!(answer.iter().any(|m| m["result"].is_object()), "{answer:?}");
+    drop(scenario.stop_a(drain).await);
+    for pod in &scenario.cluster.pods {
+        let stats = pod.stats().await.unwrap();
+        assert_eq!(stats["unauthenticated"], 0, "{stats}");
+        assert_eq!(stats["principal_mismatches"], 0, "{stats}");
+        assert_eq!(pod.metric("tether_not_found_total").await.unwrap(), 0.0);
+    }
+    assert!(
+        scenario
+            .metric_of_rest("tether_sessions_rebuilt_total")
+            .await
+            >= 1.0
+    );
 }
