@@ -31,9 +31,9 @@ pub use manifest::{ManifestError, load_manifest, parse_manifest};
 pub use origin::Origin;
 pub use reload::{POD_SETTINGS_ANNOTATION, PodSettings};
 pub use spec::{
-    AdminSpec, AuthSpec, BufferSpec, DrainSpec, ListenSpec, McpEndpoint, McpEndpointSpec,
-    McpEndpointStatus, Migration, OriginsSpec, PeerSpec, ProtocolVersion, SessionSpec, SidecarSpec,
-    TargetRef, UpstreamSpec,
+    AdminSpec, AuthBinding, AuthSpec, BufferSpec, DrainSpec, ListenSpec, McpEndpoint,
+    McpEndpointSpec, McpEndpointStatus, Migration, OriginsSpec, PeerSpec, ProtocolVersion,
+    SessionSpec, SidecarSpec, TargetRef, UpstreamSpec,
 };
 pub use validate::{FieldError, validate_spec};
 

@@ -363,6 +363,7 @@ mod tests {
             "spec.sidecar.image",
             "spec.sidecar.resources",
             "spec.auth.forwardHeaders",
+            "spec.auth.binding",
         ] {
             assert!(md.contains(&format!("| `{field}` |")), "no row for {field}");
         }

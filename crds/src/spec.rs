@@ -137,6 +137,26 @@ pub struct AuthSpec {
     #[x_kube(validation = Rule::new("self.all(h, h.matches('^[a-z0-9!#$%&*+.^_|~-]+$'))").message("spec.auth.forwardHeaders: each entry must be a lowercase HTTP header name"))]
     #[schemars(length(max = 16), inner(length(min = 1, max = 64)))]
     pub forward_headers: Vec<String>,
+    /// What a session is bound to, fixed at its `initialize`: every later request of the
+    /// session must present the same principal, or it gets the 404 of an unknown session.
+    /// `Subject` (default): the `iss` and `sub` claims of a JWT bearer token (read, not verified:
+    /// the MCP server verifies), else the credential itself; `Credential`: the credential itself
+    /// (a refreshed opaque token then ends the session: clients initialize again); `None`: no
+    /// binding. An anonymous `initialize` binds the session to presenting no credential.
+    #[serde(default)]
+    pub binding: AuthBinding,
+}
+
+/// What a session is bound to (`spec.auth.binding`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum AuthBinding {
+    /// The token's subject (`iss`, `sub` of a JWT), else the credential.
+    #[default]
+    Subject,
+    /// The credential itself.
+    Credential,
+    /// No binding.
+    None,
 }
 
 fn default_forward_headers() -> Vec<String> {
@@ -147,6 +167,7 @@ impl Default for AuthSpec {
     fn default() -> Self {
         Self {
             forward_headers: default_forward_headers(),
+            binding: AuthBinding::default(),
         }
     }
 }

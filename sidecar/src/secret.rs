@@ -23,6 +23,8 @@ pub(crate) const DOMAIN_HOP: &[u8] = b"tether/hop/v1";
 pub(crate) const DOMAIN_PEER: &[u8] = b"tether/peer/v1";
 /// Domain label of log digests.
 pub(crate) const DOMAIN_LOG_DIGEST: &[u8] = b"tether/log-digest/v1";
+/// Domain of the digest a session's principal is kept as (`mcp/principal.rs`).
+pub(crate) const DOMAIN_PRINCIPAL: &[u8] = b"tether/principal/v1";
 
 /// Why the secret could not be loaded.
 #[derive(Debug, thiserror::Error)]

@@ -23,6 +23,7 @@ use super::Broker;
 use crate::mcp::admission::Admitted;
 use crate::mcp::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID, forwarded_request_headers};
 use crate::mcp::jsonrpc::{RequestKey, response_id};
+use crate::mcp::principal::Binding;
 use crate::mcp::rejection::{Rejection, VersionMismatch};
 use crate::reply::Reply;
 use crate::retained::Kind;
@@ -122,6 +123,14 @@ impl Broker {
             journal,
             self.retained(),
         );
+        let cfg = self.cfg();
+        session.bind(Binding::of(
+            &call.headers,
+            &cfg.forward_headers,
+            cfg.binding,
+            &self.secret,
+        ));
+        session.remember_credentials(&call.headers, &cfg.forward_headers);
         if self.registry.insert(Arc::clone(&session)).is_err() {
             self.abandon_upstream(upstream_id, &call.headers).await;
             return Err(Rejection::TooManySessions);

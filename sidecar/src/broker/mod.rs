@@ -92,6 +92,8 @@ pub(crate) struct BrokerConfig {
     pub(crate) max_session_retry_bytes: u64,
     /// The request headers that carry a client's credentials (`spec.auth.forwardHeaders`).
     pub(crate) forward_headers: Vec<http::HeaderName>,
+    /// What new sessions are bound to (`spec.auth.binding`).
+    pub(crate) binding: tether_crds::AuthBinding,
     /// Most take-overs of one session's streams per second; `None`: no limit
     /// (`--max-takeovers`).
     pub(crate) max_takeovers: Option<std::num::NonZeroU32>,
@@ -294,6 +296,12 @@ impl Broker {
             None => self.required_session(call)?,
         };
         let cfg = self.cfg();
+        if let Some(binding) = session.binding()
+            && !binding.admits(&call.headers, &cfg.forward_headers, &self.secret)
+        {
+            // Nothing is served, dispatched or remembered: the id alone opens nothing.
+            return Err(Rejection::SessionNotFound(NotFound::PrincipalMismatch));
+        }
         session.remember_credentials(&call.headers, &cfg.forward_headers);
         match call.version {
             Some(v) if v != session.version() && !cfg.versions.contains(&v) => Err(

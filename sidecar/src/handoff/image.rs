@@ -18,6 +18,7 @@ use tether_crds::ProtocolVersion;
 use super::wire::{
     EventImage, JournalImage, KindImage, ReplyImage, RequestImage, SessionImage, StreamImage,
 };
+use crate::mcp::principal::Binding;
 use crate::retained::Retained;
 use crate::session::journal::Journal;
 use crate::session::{RetryRecord, Session, SessionSnapshot};
@@ -53,6 +54,7 @@ pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
         streams: snapshot.streams.iter().map(stream_image).collect(),
         standalone_unsupported: snapshot.standalone_unsupported.as_ref().map(reply_image),
         credentialed: snapshot.credentialed,
+        binding: snapshot.binding.map(Binding::to_image),
     }
 }
 
@@ -98,8 +100,9 @@ pub(crate) fn request_images(records: &[RetryRecord]) -> Vec<RequestImage> {
 /// The session an image describes, handed over by pod `from` (see [`Session::from_parts`]).
 ///
 /// # Errors
-/// A message when the image names an unknown or stateless protocol version, or has a stream
-/// numbered beyond [`MAX_SEQ`].
+/// A message when the image names an unknown or stateless protocol version, has a stream
+/// numbered beyond [`MAX_SEQ`], or a binding that is not one (an unbound copy would let anyone
+/// with the id in).
 pub(crate) fn restore_session(
     image: &SessionImage,
     digest: String,
@@ -117,6 +120,12 @@ pub(crate) fn restore_session(
             stream.key
         ));
     }
+    let binding = match &image.binding {
+        None => None,
+        Some(text) => {
+            Some(Binding::from_image(text).ok_or_else(|| format!("malformed binding {text:?}"))?)
+        }
+    };
     let journal = &image.journal;
     let snapshot = SessionSnapshot {
         id: image.id.clone(),
@@ -131,6 +140,7 @@ pub(crate) fn restore_session(
         streams: image.streams.iter().map(stream_snapshot).collect(),
         standalone_unsupported: image.standalone_unsupported.as_ref().and_then(stored_reply),
         credentialed: image.credentialed,
+        binding,
     };
     Ok(Session::from_parts(
         snapshot, digest, from, limits, budget, retained,

@@ -47,6 +47,10 @@ pub(crate) struct SessionImage {
     /// Left out when false, so a receiver of the first version of this message reads it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) credentialed: bool,
+    /// The principal the session is bound to (`spec.auth.binding`): `subject:<hex digest>`,
+    /// `credential:<hex digest>`, or `subject:anonymous`; left out for an unbound session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) binding: Option<String>,
 }
 
 /// The session journal: what rebuilds the upstream session on the receiver.
@@ -205,6 +209,7 @@ mod tests {
                 }],
                 standalone_unsupported: None,
                 credentialed: false,
+                binding: None,
             },
         };
         let text = serde_json::to_string(&push).unwrap();

@@ -13,6 +13,7 @@ pub(crate) mod cursor;
 pub(crate) mod headers;
 pub(crate) mod jsonrpc;
 pub(crate) mod origin;
+pub(crate) mod principal;
 pub(crate) mod rejection;
 pub(crate) mod session_id;
 pub(crate) mod sse;

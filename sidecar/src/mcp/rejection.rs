@@ -36,6 +36,9 @@ pub(crate) enum NotFound {
     NoHolder,
     /// The request reached the hop limit (2) before finding the session's holder.
     HopLimit,
+    /// The request does not present the principal the session is bound to
+    /// (`spec.auth.binding`): answered like an unknown session.
+    PrincipalMismatch,
 }
 
 impl NotFound {
@@ -49,6 +52,7 @@ impl NotFound {
             NotFound::UpstreamGone => "upstream_gone",
             NotFound::NoHolder => "no_holder",
             NotFound::HopLimit => "hop_limit",
+            NotFound::PrincipalMismatch => "principal_mismatch",
         }
     }
 }

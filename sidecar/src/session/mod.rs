@@ -19,8 +19,8 @@ mod takeovers;
 pub(crate) use registry::{Registry, TooManySessions};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName};
@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::{Message, RequestKey};
+use crate::mcp::principal::Binding;
 use crate::mcp::rejection::Rejection;
 use crate::retained::{Charge, Kind, Retained, Shared};
 use crate::session::journal::{Journal, JournalError, MAX_SUBSCRIPTIONS};
@@ -102,6 +103,8 @@ pub(crate) struct SessionSnapshot {
     /// themselves never leave the pod, so the receiver rebuilds the upstream session with
     /// those of the session's next request instead of in the background without any.
     pub(crate) credentialed: bool,
+    /// The principal it is bound to (`spec.auth.binding`), if any.
+    pub(crate) binding: Option<Binding>,
 }
 
 #[derive(Debug)]
@@ -237,6 +240,9 @@ pub(crate) struct Session {
     credentials: Mutex<HeaderMap>,
     /// Some client request of the session carried credentials (here or on an earlier holder).
     credentialed: AtomicBool,
+    /// The principal every request of the session must present, fixed at its `initialize`;
+    /// unset: no binding.
+    binding: OnceLock<Binding>,
 }
 
 impl Session {
@@ -284,6 +290,7 @@ impl Session {
             takeovers: Mutex::default(),
             credentials: Mutex::default(),
             credentialed: AtomicBool::new(false),
+            binding: OnceLock::new(),
         })
     }
 
@@ -308,10 +315,12 @@ impl Session {
             streams,
             standalone_unsupported,
             credentialed,
+            binding,
         } = snapshot;
         let session = Self::new(id, digest, None, version, journal, retained);
         session.needs_rebuild.store(true, Ordering::Relaxed);
         session.credentialed.store(credentialed, Ordering::Relaxed);
+        session.bind(binding);
         let standalone_open = streams
             .iter()
             .any(|s| s.kind == StreamKind::Standalone && !s.complete);
@@ -391,6 +400,7 @@ impl Session {
                 _ => None,
             },
             credentialed: self.is_credentialed(),
+            binding: self.binding(),
         };
         (snapshot, positions)
     }
@@ -566,6 +576,18 @@ impl Session {
             headers.append(name.clone(), value.clone());
         }
         headers
+    }
+
+    /// Binds the session to `binding` (once, before it is used; `None` leaves it unbound).
+    pub(crate) fn bind(&self, binding: Option<Binding>) {
+        if let Some(binding) = binding {
+            let _ = self.binding.set(binding);
+        }
+    }
+
+    /// The principal the session is bound to, if any.
+    pub(crate) fn binding(&self) -> Option<Binding> {
+        self.binding.get().copied()
     }
 
     /// Whether some client request of the session presented credentials, here or (as its

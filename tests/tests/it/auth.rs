@@ -1,14 +1,16 @@
 //! An MCP server that requires authorization behind tether (`tether-example-server --auth-key`,
-//! bearer JWTs): refusals are passed to the client and are not a request's outcome, a DELETE
-//! the server refuses leaves the session, and a session handed to another pod is rebuilt there
-//! with its clients' credentials.
+//! bearer JWTs): sessions bound to their principal (`spec.auth.binding`), refusals passed to
+//! the client and not kept as a request's outcome, a DELETE the server refuses leaving the
+//! session, and a session handed to another pod rebuilt there with its clients' credentials.
 
 use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::json;
 use tether_tests::auth::Issuer;
-use tether_tests::client::{McpClient, body_text, header_str, messages, tool_call};
+use tether_tests::client::{
+    Events, McpClient, body_text, expect_lost_session, header_str, messages, tool_call,
+};
 use tether_tests::pod::{Pod, PodSpec};
 use tether_tests::scenario::Scenario;
 
@@ -176,6 +178,14 @@ async fn a_handed_off_session_is_rebuilt_with_its_clients_credentials() {
         .await
         .unwrap();
     assert!(answer.iter().any(|m| m["result"].is_object()), "{answer:?}");
+    // The binding moved with the session.
+    let bob = scenario.via_rest();
+    bob.set_authorization(Some(issuer.bearer("https://idp.example", "bob", HOUR)));
+    let err = bob
+        .call(&session, 4, "echo", echo("not mine"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("404"), "{err}");
     drop(scenario.stop_a(drain).await);
     for pod in &scenario.cluster.pods {
         let stats = pod.stats().await.unwrap();
@@ -189,4 +199,81 @@ async fn a_handed_off_session_is_rebuilt_with_its_clients_credentials() {
             .await
             >= 1.0
     );
+}
+
+#[tokio::test]
+async fn a_session_is_bound_to_its_principal_and_others_get_the_404_of_an_unknown_one() {
+    let issuer = Issuer::new().unwrap();
+    let pod = authenticated_pod(&issuer).await;
+    let alice = pod.client();
+    alice.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    let session = alice.initialize("2025-11-25").await.unwrap();
+    // A streamed call of alice's, cut after its first event: a cursor to resume from.
+    let call = tool_call(
+        2,
+        "slow",
+        json!({"count": 3, "interval_ms": 20, "call_id": "alices"}),
+        Some("p"),
+    );
+    let resp = alice.post(Some(&session), &call, &[]).await.unwrap();
+    let mut events = Events::new(resp);
+    let cursor = loop {
+        let ev = events
+            .next_within(Duration::from_secs(10))
+            .await
+            .expect("an event");
+        if let Some(id) = ev.id {
+            break id;
+        }
+    };
+    drop(events);
+    let others = [
+        Some(issuer.bearer("https://idp.example", "bob", HOUR)),
+        Some(issuer.bearer("https://other-idp.example", "alice", HOUR)),
+        None,
+    ];
+    for (n, authorization) in others.into_iter().enumerate() {
+        let other = pod.client();
+        other.set_authorization(authorization);
+        let posted = other
+            .post(
+                Some(&session),
+                &tool_call(10, "echo", json!({"text": "x"}), None),
+                &[],
+            )
+            .await
+            .unwrap();
+        let got = other.get(&session, None).await.unwrap();
+        let resumed = other.get(&session, Some(&cursor)).await.unwrap();
+        let retried = other.post(Some(&session), &call, &[]).await.unwrap();
+        let deleted = other.delete(&session).await.unwrap();
+        for resp in [posted, got, resumed, retried] {
+            expect_lost_session(resp)
+                .await
+                .unwrap_or_else(|e| panic!("caller {n}: {e}"));
+        }
+        assert_eq!(deleted, StatusCode::NOT_FOUND, "caller {n}");
+    }
+    assert_eq!(
+        pod.metric(r#"tether_not_found_total{reason="principal_mismatch"}"#)
+            .await
+            .unwrap(),
+        15.0
+    );
+    // Nothing reached the MCP server; alice's session goes on, with a refreshed token too.
+    let stats = pod.stats().await.unwrap();
+    assert_eq!(stats["unauthenticated"], 0, "{stats}");
+    assert_eq!(
+        stats["calls"]["alices"], 1,
+        "the retries were not dispatched: {stats}"
+    );
+    alice.set_authorization(Some(issuer.bearer(
+        "https://idp.example",
+        "alice",
+        HOUR * 2,
+    )));
+    let resumed = alice.get(&session, Some(&cursor)).await.unwrap();
+    let rest = messages(resumed, Duration::from_secs(10)).await.unwrap();
+    assert!(rest.iter().any(|m| m["result"].is_object()), "{rest:?}");
+    assert!(alice.delete(&session).await.unwrap().is_success());
 }

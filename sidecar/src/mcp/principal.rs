@@ -1,0 +1,249 @@
+//! The principal a session is bound to (`spec.auth.binding`, MCP security best practice: bind
+//! sessions to the user, never use them for authentication).
+//!
+//! A [`Principal`] is a keyed digest (16 bytes of HMAC-SHA256, domain `tether/principal/v1`)
+//! of what identifies the caller of a request, from its credential headers
+//! (`spec.auth.forwardHeaders`): for `Subject`, the `iss` and `sub` claims of a JWT bearer token
+//! — decoded, not verified (the MCP server verifies the token; a forged one it refuses) — else
+//! the credential itself; for `Credential`, the credential itself. A request without
+//! credentials has no principal. Credentials and claims never leave this module, only the
+//! digest: it is what the session keeps, compares and hands to a peer.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http::{HeaderMap, HeaderName, header};
+use serde::Deserialize;
+use tether_crds::AuthBinding;
+
+use crate::secret::{DOMAIN_PRINCIPAL, Secret};
+
+/// Bytes of the digest kept.
+const DIGEST_LEN: usize = 16;
+
+/// A keyed digest of a caller's identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Principal(pub(crate) [u8; DIGEST_LEN]);
+
+impl Principal {
+    /// Hex form (32 characters), as a handoff image carries it.
+    pub(crate) fn to_hex(self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Parses [`Principal::to_hex`]; `None` for anything else.
+    pub(crate) fn from_hex(text: &str) -> Option<Self> {
+        let bytes = hex::decode(text).ok()?;
+        Some(Self(bytes.try_into().ok()?))
+    }
+}
+
+/// What a session is bound to, fixed at its `initialize`: the binding then in force and the
+/// principal of its caller (`None`: it presented no credential).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Binding {
+    /// `spec.auth.binding` at the session's `initialize` (never [`AuthBinding::None`]).
+    pub(crate) kind: AuthBinding,
+    /// The caller's principal.
+    pub(crate) principal: Option<Principal>,
+}
+
+impl Binding {
+    /// The binding of a session whose `initialize` carried `headers`; `None` when
+    /// `binding` is [`AuthBinding::None`].
+    pub(crate) fn of(
+        headers: &HeaderMap,
+        names: &[HeaderName],
+        binding: AuthBinding,
+        secret: &Secret,
+    ) -> Option<Self> {
+        (binding != AuthBinding::None).then(|| Self {
+            kind: binding,
+            principal: principal(headers, names, binding, secret),
+        })
+    }
+
+    /// Whether a request with `headers` presents the session's principal.
+    pub(crate) fn admits(
+        &self,
+        headers: &HeaderMap,
+        names: &[HeaderName],
+        secret: &Secret,
+    ) -> bool {
+        principal(headers, names, self.kind, secret) == self.principal
+    }
+
+    /// The form a handoff image carries: `anonymous`, `subject:<hex>` or `credential:<hex>`.
+    pub(crate) fn to_image(self) -> String {
+        let kind = match self.kind {
+            AuthBinding::Credential => "credential",
+            _ => "subject",
+        };
+        match self.principal {
+            None => format!("{kind}:anonymous"),
+            Some(p) => format!("{kind}:{}", p.to_hex()),
+        }
+    }
+
+    /// Parses [`Binding::to_image`]; `None` for anything else.
+    pub(crate) fn from_image(text: &str) -> Option<Self> {
+        let (kind, principal) = text.split_once(':')?;
+        let kind = match kind {
+            "subject" => AuthBinding::Subject,
+            "credential" => AuthBinding::Credential,
+            _ => return None,
+        };
+        let principal = match principal {
+            "anonymous" => None,
+            hex => Some(Principal::from_hex(hex)?),
+        };
+        Some(Self { kind, principal })
+    }
+}
+
+/// The claims that name a token's subject.
+#[derive(Deserialize)]
+struct Subject {
+    #[serde(default)]
+    iss: Option<String>,
+    sub: String,
+}
+
+/// The principal of a request with `headers` under `binding`, keyed by `secret`: `None` for a
+/// request without credentials, and always with [`AuthBinding::None`].
+pub(crate) fn principal(
+    headers: &HeaderMap,
+    names: &[HeaderName],
+    binding: AuthBinding,
+    secret: &Secret,
+) -> Option<Principal> {
+    if binding == AuthBinding::None {
+        return None;
+    }
+    let subject = (binding == AuthBinding::Subject)
+        .then(|| jwt_subject(headers))
+        .flatten();
+    let message = match subject {
+        Some(Subject { iss, sub }) => {
+            format!("subject\n{}\n{sub}", iss.unwrap_or_default()).into_bytes()
+        }
+        None => {
+            let mut message = b"credential".to_vec();
+            let mut any = false;
+            for name in names {
+                for value in headers.get_all(name) {
+                    message.push(b'\n');
+                    message.extend_from_slice(name.as_str().as_bytes());
+                    message.push(b':');
+                    message.extend_from_slice(value.as_bytes());
+                    any = true;
+                }
+            }
+            if !any {
+                return None;
+            }
+            message
+        }
+    };
+    let mac = secret.mac(DOMAIN_PRINCIPAL, &message);
+    let mut digest = [0; DIGEST_LEN];
+    digest.copy_from_slice(&mac[..DIGEST_LEN]);
+    Some(Principal(digest))
+}
+
+/// The `iss` / `sub` of a JWT in `Authorization: Bearer`, when it is one (three base64url
+/// parts, the middle one a JSON object with a string `sub`).
+fn jwt_subject(headers: &HeaderMap) -> Option<Subject> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let mut parts = token.trim().split('.');
+    let (_, payload, _) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let json = URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
+    serde_json::from_slice(&json).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jwt(claims: &serde_json::Value) -> String {
+        let part = |v: &serde_json::Value| URL_SAFE_NO_PAD.encode(v.to_string());
+        format!(
+            "Bearer {}.{}.c2lnbmF0dXJl",
+            part(&serde_json::json!({"alg": "HS256", "typ": "JWT"})),
+            part(claims)
+        )
+    }
+
+    fn of(authorization: Option<&str>, binding: AuthBinding) -> Option<Principal> {
+        let mut headers = HeaderMap::new();
+        if let Some(v) = authorization {
+            headers.insert(header::AUTHORIZATION, v.parse().unwrap());
+        }
+        let secret = Secret::from_bytes("test-secret-0123456789");
+        principal(&headers, &[header::AUTHORIZATION], binding, &secret)
+    }
+
+    #[test]
+    fn subjects_are_iss_and_sub_of_a_jwt_else_the_credential() {
+        let alice = jwt(&serde_json::json!({"iss": "https://idp", "sub": "alice", "exp": 1}));
+        let alice_later = jwt(&serde_json::json!({"iss": "https://idp", "sub": "alice", "exp": 2}));
+        let bob = jwt(&serde_json::json!({"iss": "https://idp", "sub": "bob", "exp": 1}));
+        let other_iss = jwt(&serde_json::json!({"iss": "https://evil", "sub": "alice"}));
+        let s = AuthBinding::Subject;
+        assert!(of(Some(&alice), s).is_some());
+        assert_eq!(
+            of(Some(&alice), s),
+            of(Some(&alice_later), s),
+            "a refreshed token"
+        );
+        assert_ne!(of(Some(&alice), s), of(Some(&bob), s));
+        assert_ne!(
+            of(Some(&alice), s),
+            of(Some(&other_iss), s),
+            "same sub, other iss"
+        );
+        assert_eq!(of(None, s), None, "anonymous");
+        assert_eq!(
+            of(Some("Bearer opaque-1"), s),
+            of(Some("Bearer opaque-1"), s)
+        );
+        assert_ne!(
+            of(Some("Bearer opaque-1"), s),
+            of(Some("Bearer opaque-2"), s)
+        );
+        assert_ne!(
+            of(Some("Bearer not.a.jwt"), s),
+            of(Some(&alice), s),
+            "an undecodable token is a credential"
+        );
+        let c = AuthBinding::Credential;
+        assert_ne!(
+            of(Some(&alice), c),
+            of(Some(&alice_later), c),
+            "a refresh changes it"
+        );
+        assert_eq!(of(Some(&alice), AuthBinding::None), None);
+        let p = of(Some(&alice), s).unwrap();
+        assert_eq!(Principal::from_hex(&p.to_hex()), Some(p));
+        assert_eq!(Principal::from_hex("zz"), None);
+        for binding in [
+            Binding {
+                kind: s,
+                principal: Some(p),
+            },
+            Binding {
+                kind: c,
+                principal: None,
+            },
+        ] {
+            assert_eq!(Binding::from_image(&binding.to_image()), Some(binding));
+        }
+        assert_eq!(Binding::from_image("none:anonymous"), None);
+    }
+}
