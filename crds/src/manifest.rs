@@ -200,6 +200,11 @@ spec:
             ),
             ("timeout: 60s", "timeout: 2h", "spec.drain.timeout"),
             (
+                "path: /mcp}\n  listen",
+                "path: /mcp, host: \"user@evil\"}\n  listen",
+                "spec.upstream.host",
+            ),
+            (
                 "admin: {port: 9901}",
                 "admin: {port: 9901}\n  auth: {forwardHeaders: [authorization, X-Api-Key]}",
                 "spec.auth.forwardHeaders[1]",

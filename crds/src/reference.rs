@@ -364,6 +364,8 @@ mod tests {
             "spec.sidecar.resources",
             "spec.auth.forwardHeaders",
             "spec.auth.binding",
+            "spec.upstream.host",
+            "spec.upstream.forwardOrigin",
         ] {
             assert!(md.contains(&format!("| `{field}` |")), "no row for {field}");
         }

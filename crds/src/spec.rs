@@ -238,6 +238,18 @@ pub struct UpstreamSpec {
     #[x_kube(validation = Rule::new("self.matches('^/[!-~]*$') && !self.contains('?') && !self.contains('#')").message("spec.upstream.path must be an absolute URL path without query or fragment, like \"/mcp\""))]
     #[schemars(length(max = 1024))]
     pub path: String,
+    /// `Host` the sidecar sends the MCP server. Default: the authority it dials
+    /// (`127.0.0.1:<port>`), which SDK servers' DNS-rebinding protection accepts; the client's
+    /// `Host` travels in `X-Forwarded-Host` and `Forwarded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9.-]+(:[0-9]{1,5})?$') || self.matches('^\\\\[[0-9A-Fa-f:.]+\\\\](:[0-9]{1,5})?$')").message("spec.upstream.host must be a host name or IP address with an optional port, like \"localhost:3000\""))]
+    #[schemars(length(max = 261))]
+    pub host: Option<String>,
+    /// Whether the client's `Origin` is passed to the MCP server. Default `false`: the sidecar
+    /// checks `Origin` against `spec.origins` itself, and an SDK server on loopback refuses a
+    /// browser origin it does not know (403 or 421).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forward_origin: bool,
 }
 
 /// The sidecar's client-facing listener.
@@ -454,6 +466,8 @@ impl Default for UpstreamSpec {
         Self {
             port: default_upstream_port(),
             path: default_mcp_path(),
+            host: None,
+            forward_origin: false,
         }
     }
 }

@@ -63,6 +63,18 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
         ));
     }
     check_path(&mut errors, "spec.upstream.path", &spec.upstream.path);
+    if let Some(host) = &spec.upstream.host
+        && (host.is_empty()
+            || host.len() > 261
+            || !host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b)))
+    {
+        errors.push(FieldError::new(
+            "spec.upstream.host",
+            "must be a host name or IP address with an optional port, like \"localhost:3000\"",
+        ));
+    }
     check_path(&mut errors, "spec.listen.path", &spec.listen.path);
     for (i, origin) in spec.origins.allow.iter().enumerate() {
         if let Err(why) = Origin::parse(origin) {

@@ -199,7 +199,11 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     server.bootstrap();
     let metrics = Arc::new(Metrics::new());
     let lifecycle = Arc::new(Lifecycle::default());
-    let upstream = Upstream::new(cfg.upstream.clone(), cfg.broker.upstream_body_timeout);
+    let upstream = Upstream::new(
+        cfg.upstream.clone(),
+        &cfg.upstream_host,
+        cfg.broker.upstream_body_timeout,
+    );
     let broker = broker(&cfg, upstream.clone(), Arc::clone(&metrics));
     let authority = cfg
         .upstream
@@ -244,6 +248,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         lifecycle: Arc::clone(&lifecycle),
         metrics: Arc::clone(&metrics),
         upstream_addr: authority,
+        upstream_host: cfg.upstream_host.clone(),
+        forward_origin: cfg.forward_origin,
         upstream_path: cfg.upstream.path().to_owned(),
         body_timeout: cfg.request_timeout,
         peer_read_timeout,

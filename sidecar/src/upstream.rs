@@ -57,6 +57,8 @@ pub(crate) enum BodyError {
 pub(crate) struct Upstream {
     client: Client<HttpConnector, Full<Bytes>>,
     uri: Uri,
+    /// `Host` of every request (`spec.upstream.host`, else the authority of `uri`).
+    host: Option<HeaderValue>,
     header_timeout: Duration,
 }
 
@@ -74,11 +76,16 @@ pub(crate) struct Exchange<'a> {
 impl Upstream {
     /// A client for the MCP endpoint at `uri` (`http://host:port/path`). `header_timeout` bounds
     /// the wait for response headers.
-    pub(crate) fn new(uri: Uri, header_timeout: Duration) -> Self {
+    pub(crate) fn new(uri: Uri, host: &str, header_timeout: Duration) -> Self {
         let client = http_client(CONNECT_TIMEOUT, Duration::from_secs(60));
+        let host = HeaderValue::from_str(host).ok().or_else(|| {
+            let authority = uri.authority()?.as_str();
+            HeaderValue::from_str(authority).ok()
+        });
         Self {
             client,
             uri,
+            host,
             header_timeout,
         }
     }
@@ -100,6 +107,9 @@ impl Upstream {
             .map_err(|e| UpstreamError::Unavailable(e.to_string()))?;
         let headers = req.headers_mut();
         *headers = exchange.headers;
+        if let Some(host) = &self.host {
+            headers.insert(http::header::HOST, host.clone());
+        }
         if let Some(id) = exchange.upstream_session
             && let Ok(v) = HeaderValue::from_str(id)
         {

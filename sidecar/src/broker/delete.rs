@@ -14,7 +14,6 @@ use http::{Method, StatusCode};
 
 use super::Broker;
 use crate::mcp::admission::Admitted;
-use crate::mcp::headers::forwarded_request_headers;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::EnterGuard;
@@ -32,7 +31,7 @@ impl Broker {
             Some(upstream_session) => {
                 let exchange = Exchange {
                     upstream_session: Some(&upstream_session),
-                    headers: forwarded_request_headers(&call.headers),
+                    headers: self.upstream_headers(&call.headers),
                     last_event_id: None,
                 };
                 self.upstream

@@ -22,7 +22,6 @@ use super::Broker;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::cursor::EventId;
-use crate::mcp::headers::forwarded_request_headers;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::{EnterGuard, Session, Standalone};
@@ -174,7 +173,7 @@ impl Broker {
             Standalone::Unsupported(stored) => return Ok(Err(stored.into())),
             Standalone::None => {}
         }
-        let mut headers = forwarded_request_headers(request_headers);
+        let mut headers = self.upstream_headers(request_headers);
         headers.insert(
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),

@@ -21,7 +21,7 @@ use tether_crds::ProtocolVersion;
 
 use super::Broker;
 use crate::mcp::admission::Admitted;
-use crate::mcp::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID, forwarded_request_headers};
+use crate::mcp::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::mcp::jsonrpc::{RequestKey, response_id};
 use crate::mcp::principal::Binding;
 use crate::mcp::rejection::{Rejection, VersionMismatch};
@@ -49,7 +49,7 @@ impl Broker {
         if serde_json::to_vec(&request["params"]).map_or(0, |p| p.len()) > max_params {
             return Err(Rejection::InitializeTooLarge(max_params));
         }
-        let mut headers = forwarded_request_headers(&call.headers);
+        let mut headers = self.upstream_headers(&call.headers);
         if let Some(offer) = self.version_offer(&request) {
             // I-02: the client asked for a version this endpoint does not serve; offer the
             // newest one it does, and let the client decide whether it can use it.
@@ -174,7 +174,7 @@ impl Broker {
     /// Ends an upstream session the client will never see.
     async fn abandon_upstream(&self, upstream_id: Option<String>, headers: &http::HeaderMap) {
         if let Some(id) = upstream_id {
-            self.end_upstream_session(&id, forwarded_request_headers(headers))
+            self.end_upstream_session(&id, self.upstream_headers(headers))
                 .await;
         }
     }

@@ -52,6 +52,7 @@ pub(crate) enum Here {
     /// Not held here.
     Absent,
 }
+use crate::mcp::headers::forwarded_request_headers;
 use crate::mcp::session_id::{HomeToken, IdMinter};
 use crate::stream::{Feed, Start, Stream, StreamKind};
 use crate::upstream::{Exchange, Upstream, own_headers};
@@ -92,6 +93,9 @@ pub(crate) struct BrokerConfig {
     pub(crate) max_session_retry_bytes: u64,
     /// The request headers that carry a client's credentials (`spec.auth.forwardHeaders`).
     pub(crate) forward_headers: Vec<http::HeaderName>,
+    /// Whether the client's `Origin` is passed to the MCP server
+    /// (`spec.upstream.forwardOrigin`).
+    pub(crate) forward_origin: bool,
     /// What new sessions are bound to (`spec.auth.binding`).
     pub(crate) binding: tether_crds::AuthBinding,
     /// Most take-overs of one session's streams per second; `None`: no limit
@@ -241,6 +245,13 @@ impl Broker {
     /// The pod-wide byte budget every stream buffer counts against.
     pub(crate) fn budget(&self) -> &PodBudget {
         &self.budget
+    }
+
+    /// A client request's headers as the MCP server gets them: end-to-end ones, the proxy
+    /// hop's `X-Forwarded-Host` / `Forwarded`, `Origin` only with `spec.upstream.forwardOrigin`
+    /// ([`forwarded_request_headers`]).
+    pub(crate) fn upstream_headers(&self, client: &http::HeaderMap) -> http::HeaderMap {
+        forwarded_request_headers(client, self.cfg().forward_origin)
     }
 
     /// The pod-wide tally of what sessions retain besides event buffers.

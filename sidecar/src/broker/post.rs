@@ -22,7 +22,6 @@ use tether_crds::ProtocolVersion;
 use super::Broker;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
-use crate::mcp::headers::forwarded_request_headers;
 use crate::mcp::jsonrpc::{self, Envelope, EnvelopeError, Message, RequestKey};
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
@@ -100,7 +99,7 @@ impl Broker {
                 self.serve_post(&session, &existing).await
             }
             Dedupe::New => {
-                let headers = forwarded_request_headers(&call.headers);
+                let headers = self.upstream_headers(&call.headers);
                 if envelope.batch {
                     stream.mark_sse(http::HeaderMap::new());
                     tokio::spawn(Arc::clone(self).run_batch(
@@ -160,7 +159,7 @@ impl Broker {
         envelope: &Envelope,
         body: Bytes,
     ) -> Result<Reply, Rejection> {
-        let headers = forwarded_request_headers(&call.headers);
+        let headers = self.upstream_headers(&call.headers);
         let bodies = if envelope.batch {
             envelope
                 .messages

@@ -98,6 +98,11 @@ pub struct Config {
     pub(crate) peer_max_message_bytes: usize,
     /// The upstream MCP endpoint.
     pub(crate) upstream: Uri,
+    /// `Host` of every request to the MCP server: `spec.upstream.host`, else the authority of
+    /// [`Config::upstream`].
+    pub(crate) upstream_host: String,
+    /// Whether the client's `Origin` is passed to the MCP server (`spec.upstream.forwardOrigin`).
+    pub(crate) forward_origin: bool,
     /// Admission settings.
     pub(crate) admission: AdmissionPolicy,
     /// Broker settings.
@@ -205,6 +210,13 @@ impl Config {
             peer_addr: SocketAddr::new(cli.pod_ip, spec.peer.port),
             handoff: cli.handoff && spec.session.migration == tether_crds::Migration::Replay,
             peer_max_message_bytes: cli.peer_max_message_bytes,
+            upstream_host: spec.upstream.host.clone().unwrap_or_else(|| {
+                upstream
+                    .authority()
+                    .map(|a| a.as_str().to_owned())
+                    .unwrap_or_default()
+            }),
+            forward_origin: spec.upstream.forward_origin,
             upstream,
             admission: source.admission(spec),
             broker: source.broker(spec),
@@ -312,6 +324,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
             .filter_map(|name| http::HeaderName::from_bytes(name.as_bytes()).ok())
             .collect(),
         binding: spec.auth.binding,
+        forward_origin: spec.upstream.forward_origin,
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit
         // in the pod's cap.

@@ -4,9 +4,16 @@
 //! hop-by-hop headers (RFC 9110 §7.6.1) and the ones the sidecar rewrites (`Host`,
 //! `Content-Length`, `Mcp-Session-Id`, `Last-Event-ID`, `Accept-Encoding`) do not, nor do tether's
 //! own hop headers (`Tether-*`, between sidecars only).
+//!
+//! Towards the MCP server the sidecar is a proxy hop ([`identity_edits`]): `Host` names the
+//! server as the sidecar dials it (or `spec.upstream.host`; set where the request is sent), the
+//! client's `Host` travels in `X-Forwarded-Host` and
+//! `Forwarded` (RFC 7239), and the client's `Origin` — which the sidecar checks itself against
+//! `spec.origins` — is not passed on unless `spec.upstream.forwardOrigin` says so: SDK servers on
+//! loopback defend against DNS rebinding and refuse a `Host` or `Origin` that is not local.
 
-use http::HeaderName;
 use http::header::{self, HeaderMap};
+use http::{HeaderName, HeaderValue};
 
 /// `Mcp-Session-Id` (spec S-01..S-05).
 pub(crate) const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
@@ -49,8 +56,53 @@ pub(crate) fn forward_response_header(name: &HeaderName) -> bool {
         || name.as_str().starts_with("access-control-"))
 }
 
-/// The client headers to forward upstream.
-pub(crate) fn forwarded_request_headers(client: &HeaderMap) -> HeaderMap {
+/// What changes in a client request's identity headers towards the MCP server: headers to set
+/// (`X-Forwarded-Host` unless a proxy in front set it, `Forwarded` with this hop's `host=`
+/// appended) and headers to remove (`Origin`, unless `forward_origin`).
+pub(crate) fn identity_edits(
+    client: &HeaderMap,
+    forward_origin: bool,
+) -> (Vec<(HeaderName, HeaderValue)>, Vec<HeaderName>) {
+    let mut set = Vec::new();
+    let mut remove = Vec::new();
+    if let Some(host) = client.get(header::HOST) {
+        if !client.contains_key(X_FORWARDED_HOST) {
+            set.push((X_FORWARDED_HOST, host.clone()));
+        }
+        let element = format!("host=\"{}\"", String::from_utf8_lossy(host.as_bytes()));
+        let chain = match client.get(header::FORWARDED) {
+            Some(earlier) => format!("{}, {element}", String::from_utf8_lossy(earlier.as_bytes())),
+            None => element,
+        };
+        if let Ok(value) = HeaderValue::from_str(&chain) {
+            set.push((header::FORWARDED, value));
+        }
+    }
+    if !forward_origin {
+        remove.push(header::ORIGIN);
+    }
+    (set, remove)
+}
+
+/// `X-Forwarded-Host`.
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// The client headers to forward upstream, with the proxy hop's identity edits
+/// ([`identity_edits`]; `forward_origin`: `spec.upstream.forwardOrigin`).
+pub(crate) fn forwarded_request_headers(client: &HeaderMap, forward_origin: bool) -> HeaderMap {
+    let mut out = forwarded_end_to_end(client);
+    let (set, remove) = identity_edits(client, forward_origin);
+    for name in remove {
+        out.remove(name);
+    }
+    for (name, value) in set {
+        out.insert(name, value);
+    }
+    out
+}
+
+/// The client's end-to-end headers (hop-by-hop ones and those the sidecar rewrites dropped).
+fn forwarded_end_to_end(client: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(client.len());
     for (name, value) in client {
         if forward_request_header(name) {
@@ -85,7 +137,6 @@ pub(crate) fn forwarded_response_headers(upstream: &HeaderMap) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     #[test]
     fn end_to_end_headers_pass_and_rewritten_ones_do_not() {
@@ -104,7 +155,7 @@ mod tests {
         ] {
             h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
         }
-        let out = forwarded_request_headers(&h);
+        let out = forwarded_end_to_end(&h);
         for kept in [
             "mcp-protocol-version",
             "authorization",
@@ -126,5 +177,39 @@ mod tests {
                 "{dropped} must not be forwarded"
             );
         }
+    }
+
+    #[test]
+    fn the_upstream_sees_its_own_host_the_clients_in_forwarded_and_no_origin() {
+        let mut client = HeaderMap::new();
+        client.insert(header::HOST, HeaderValue::from_static("mcp.example.com"));
+        client.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://app.example.com"),
+        );
+        let out = forwarded_request_headers(&client, false);
+        assert!(
+            !out.contains_key(header::HOST),
+            "set where the request is sent"
+        );
+        assert_eq!(out["x-forwarded-host"], "mcp.example.com");
+        assert_eq!(out[header::FORWARDED], "host=\"mcp.example.com\"");
+        assert!(!out.contains_key(header::ORIGIN));
+        client.insert(
+            "x-forwarded-host",
+            HeaderValue::from_static("public.example"),
+        );
+        client.insert(header::FORWARDED, HeaderValue::from_static("for=10.0.0.1"));
+        let out = forwarded_request_headers(&client, true);
+        assert_eq!(out[header::ORIGIN], "https://app.example.com");
+        assert_eq!(
+            out["x-forwarded-host"], "public.example",
+            "a proxy in front set it"
+        );
+        assert_eq!(
+            out[header::FORWARDED],
+            "for=10.0.0.1, host=\"mcp.example.com\"",
+            "this hop is appended"
+        );
     }
 }

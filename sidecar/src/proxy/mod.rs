@@ -47,7 +47,7 @@ use crate::cluster::routing::{
 };
 use crate::lifecycle::Lifecycle;
 use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
-use crate::mcp::headers::{LAST_EVENT_ID, MCP_SESSION_ID};
+use crate::mcp::headers::{LAST_EVENT_ID, MCP_SESSION_ID, identity_edits};
 use crate::mcp::jsonrpc::Envelope;
 use crate::mcp::origin::{OriginCheck, add_response_headers};
 use crate::mcp::rejection::Rejection;
@@ -78,6 +78,10 @@ pub(crate) struct McpProxy {
     pub(crate) metrics: Arc<Metrics>,
     /// The upstream's `host:port` (stateless requests are proxied there).
     pub(crate) upstream_addr: String,
+    /// `Host` towards the MCP server (`spec.upstream.host`, else `upstream_addr`).
+    pub(crate) upstream_host: String,
+    /// Whether the client's `Origin` is passed to the MCP server (`spec.upstream.forwardOrigin`).
+    pub(crate) forward_origin: bool,
     /// The MCP path at the upstream.
     pub(crate) upstream_path: String,
     /// How long a request body may take to arrive (slow clients get 408).
@@ -324,7 +328,14 @@ impl ProxyHttp for McpProxy {
             .parse()
             .map_err(|_| pingora::Error::explain(ErrorType::InvalidHTTPHeader, "upstream path"))?;
         upstream_request.set_uri(uri);
-        upstream_request.insert_header(header::HOST, self.upstream_addr.as_str())?;
+        let (set, remove) = identity_edits(&upstream_request.headers, self.forward_origin);
+        for name in remove {
+            upstream_request.remove_header(&name);
+        }
+        for (name, value) in set {
+            upstream_request.insert_header(name, value)?;
+        }
+        upstream_request.insert_header(header::HOST, self.upstream_host.as_str())?;
         Ok(())
     }
 

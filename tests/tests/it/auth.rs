@@ -277,3 +277,59 @@ async fn a_session_is_bound_to_its_principal_and_others_get_the_404_of_an_unknow
     assert!(rest.iter().any(|m| m["result"].is_object()), "{rest:?}");
     assert!(alice.delete(&session).await.unwrap().is_success());
 }
+
+#[tokio::test]
+async fn a_loopback_server_defending_against_dns_rebinding_serves_a_public_host_and_browser() {
+    let pod = Pod::start(PodSpec {
+        server_args: vec!["--local-only".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    // A browser client of a public name, with an Origin the endpoint allows.
+    let public = [
+        ("host", "mcp.example.com"),
+        ("origin", "https://app.example.com"),
+    ];
+    let resp = client
+        .post(
+            None,
+            &tether_tests::client::initialize_body(1, "2025-11-25"),
+            &public,
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{:?}", body_text(resp).await);
+    let session = tether_tests::client::Session {
+        id: header_str(&resp, "mcp-session-id").unwrap(),
+        version: "2025-11-25".into(),
+    };
+    drop(body_text(resp).await);
+    let resp = client
+        .post(
+            Some(&session),
+            &tool_call(2, "echo", json!({"text": "hi"}), None),
+            &public,
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    drop(body_text(resp).await);
+    let stats = pod.stats().await.unwrap();
+    assert!(
+        stats["forwarded"].as_u64().unwrap() >= 2,
+        "X-Forwarded-Host sent: {stats}"
+    );
+    // The same server refuses that Host and Origin when they reach it unchanged.
+    let direct = McpClient::new(format!("{}/mcp", pod.server_url));
+    let resp = direct
+        .post(
+            None,
+            &tether_tests::client::initialize_body(1, "2025-11-25"),
+            &public,
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::MISDIRECTED_REQUEST);
+}

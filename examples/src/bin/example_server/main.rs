@@ -13,6 +13,10 @@
 //! sessions to the token's `sub` ([`auth`]); `/stats` then counts `unauthenticated` requests
 //! (answered 401) and `principal_mismatches` (another `sub` on a session, answered 404).
 //!
+//! With `--local-only` it defends against DNS rebinding as SDK servers on loopback do (a `Host`
+//! that is not local: 421; an `Origin` that is not local: 403), and `/stats` counts requests
+//! that came through a proxy hop (`forwarded`, with `X-Forwarded-Host`).
+//!
 //! With `--json-replies`, a POST whose stream carries exactly one JSON-RPC message (its
 //! response) is answered with `application/json` once the call ends, as servers that prefer
 //! JSON answers do; a stream with notifications stays SSE.
@@ -92,6 +96,10 @@ struct Args {
     /// Answer a POST whose stream carries only its response with `application/json`.
     #[arg(long)]
     json_replies: bool,
+    /// Defend against DNS rebinding as SDK servers on loopback do: a `Host` that is not
+    /// `127.0.0.1`/`localhost` gets 421, an `Origin` that is not local gets 403.
+    #[arg(long)]
+    local_only: bool,
     /// Require `Authorization: Bearer <JWT>` (HS256 with this file's bytes, `sub` and `exp`).
     #[arg(long, value_name = "FILE")]
     auth_key: Option<std::path::PathBuf>,
@@ -106,6 +114,8 @@ struct Stats {
     aborted: AtomicU64,
     unauthenticated: AtomicU64,
     principal_mismatches: AtomicU64,
+    /// MCP requests that carried `X-Forwarded-Host` (a proxy hop in front).
+    forwarded: AtomicU64,
 }
 
 impl Stats {
@@ -120,6 +130,7 @@ impl Stats {
             "aborted": self.aborted.load(Ordering::Relaxed),
             "unauthenticated": self.unauthenticated.load(Ordering::Relaxed),
             "principal_mismatches": self.principal_mismatches.load(Ordering::Relaxed),
+            "forwarded": self.forwarded.load(Ordering::Relaxed),
         })
     }
 }
@@ -541,6 +552,14 @@ impl App {
         if path != self.args.path {
             return full(StatusCode::NOT_FOUND, "text/plain", "not found\n");
         }
+        if req.headers().contains_key("x-forwarded-host") {
+            self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.args.local_only
+            && let Some(refusal) = not_local(req.headers())
+        {
+            return refusal;
+        }
         let Some(auth) = &self.auth else {
             return self.serve(req).await;
         };
@@ -611,6 +630,37 @@ impl App {
         }
         resp
     }
+}
+
+/// `--local-only`: the answer to a request whose `Host` (421) or `Origin` (403) is not local,
+/// as the Python SDK and go-sdk answer it on loopback.
+fn not_local(headers: &http::HeaderMap) -> Option<Response<HttpBody>> {
+    let local = |host: &str| {
+        let name = host.rsplit_once(':').map_or(host, |(name, _)| name);
+        name == "localhost" || name.starts_with("127.") || name == "[::1]"
+    };
+    let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    if !value(header::HOST).is_some_and(local) {
+        return Some(full(
+            StatusCode::MISDIRECTED_REQUEST,
+            "text/plain",
+            "invalid Host header\n",
+        ));
+    }
+    let origin_local = |origin: &str| {
+        origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(local)
+    };
+    if value(header::ORIGIN).is_some_and(|o| !origin_local(o)) {
+        return Some(full(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "invalid Origin header\n",
+        ));
+    }
+    None
 }
 
 /// `--json-replies`: an SSE answer that carries one JSON-RPC message, as `application/json`
