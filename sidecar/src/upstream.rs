@@ -36,6 +36,10 @@ pub(crate) enum UpstreamError {
     /// No response headers within the configured time.
     #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
+    /// The session's upstream session must be rebuilt and the MCP server is not ready for it
+    /// yet; the request was not sent.
+    #[error("the MCP server is not ready to rebuild the session")]
+    NotReady,
 }
 
 /// Why a complete upstream body could not be read.

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 
 use super::Broker;
+use super::rebuild::Rebuild;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::cursor::EventId;
@@ -154,8 +155,10 @@ impl Broker {
     ) -> Result<Result<Arc<Stream>, Reply>, Rejection> {
         // An adopted session is rebuilt first, outside the lock: the rebuild opens the
         // standalone stream itself when the sender had one (lock order: rebuild, then open).
-        if !self.ensure_upstream(session).await {
-            return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
+        match self.ensure_upstream(session).await {
+            Rebuild::Done => {}
+            Rebuild::NotReady => return Err(Rejection::UpstreamNotReady),
+            Rebuild::Ended => return Err(Rejection::SessionNotFound(NotFound::UpstreamGone)),
         }
         session
             .open_standalone_once(self.open_standalone_now(request_headers, session))

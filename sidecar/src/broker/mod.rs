@@ -77,6 +77,8 @@ pub(crate) struct BrokerConfig {
     pub(crate) upstream_body_timeout: Duration,
     /// Wait before resuming an upstream stream that closed early without a `retry` hint.
     pub(crate) upstream_retry: Duration,
+    /// How long a rebuild waits for an MCP server that is not ready (`--rebuild-retry-for`).
+    pub(crate) rebuild_retry_for: Duration,
     /// Consecutive failed upstream resumes before a stream is given up.
     pub(crate) upstream_resume_attempts: u32,
     /// `spec.session.migration`: whether a session whose upstream session was lost is rebuilt

@@ -135,7 +135,7 @@ impl Broker {
                 return;
             }
             Err(e) => {
-                if let UpstreamError::Refused(_) = e
+                if let UpstreamError::Refused(_) | UpstreamError::NotReady = e
                     && stream.kind() == StreamKind::Post
                 {
                     // Nothing was answered: a retry may dispatch the request again.
@@ -444,6 +444,10 @@ impl Broker {
             UpstreamError::Timeout(_) => {
                 self.metrics.upstream_error("timeout");
                 Rejection::UpstreamTimeout
+            }
+            UpstreamError::NotReady => {
+                self.metrics.upstream_error("not_ready");
+                Rejection::UpstreamNotReady
             }
         }
     }

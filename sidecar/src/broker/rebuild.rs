@@ -7,8 +7,15 @@
 //! client keeps its session id and never sees the restart, except that calls in flight at the
 //! restart end with an error and tool state the journal does not carry starts over. With
 //! `migration: Pin` the session ends instead and later requests get 404 (spec S-05).
+//!
+//! A rebuild that finds the MCP server not ready — refusing connections, answering 502, 503 or
+//! 504, or not in time (a server still starting, or shutting down) — does not end the session:
+//! the session waits, its requests get 503 `upstream_not_ready` + `Retry-After` and each tries
+//! the rebuild again (an adopted session's background rebuild retries with backoff), for at most
+//! `--rebuild-retry-for`. Only a definitive refusal, or a server not ready for that long, ends it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Response};
@@ -27,6 +34,9 @@ use crate::upstream::{Exchange, UpstreamError, is_sse, own_headers, post_headers
 /// Adopted sessions rebuilt in the background at the same time.
 pub(super) const BACKGROUND_REBUILDS: usize = 8;
 
+/// First and longest pause between background rebuild attempts of an adopted session.
+const BACKGROUND_RETRY: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(2));
+
 /// Why a rebuild failed.
 #[derive(Debug, thiserror::Error)]
 enum RebuildError {
@@ -34,8 +44,32 @@ enum RebuildError {
     Refused(&'static str, http::StatusCode),
     #[error("the MCP server negotiated {0} instead of {1}")]
     Version(String, String),
+    #[error("the MCP server cannot be reached: {0}")]
+    Unreachable(String),
     #[error("{0}")]
     Exchange(String),
+}
+
+impl RebuildError {
+    /// Whether the MCP server is only not ready (yet): worth trying again.
+    fn is_transient(&self) -> bool {
+        match self {
+            RebuildError::Unreachable(_) => true,
+            RebuildError::Refused(_, status) => matches!(status.as_u16(), 502..=504),
+            _ => false,
+        }
+    }
+}
+
+/// Where a rebuild leaves a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Rebuild {
+    /// Its upstream session is usable.
+    Done,
+    /// The MCP server is not ready; the session waits (503 `upstream_not_ready` meanwhile).
+    NotReady,
+    /// The session has ended (404 from now on).
+    Ended,
 }
 
 /// The outcome of [`Broker::send_in_session`].
@@ -64,8 +98,10 @@ impl Broker {
         body: Bytes,
         resend: bool,
     ) -> Result<Sent, UpstreamError> {
-        if !self.ensure_upstream(session).await {
-            return Ok(Sent::Gone);
+        match self.ensure_upstream(session).await {
+            Rebuild::Done => {}
+            Rebuild::NotReady => return Err(UpstreamError::NotReady),
+            Rebuild::Ended => return Ok(Sent::Gone),
         }
         let mut rebuilt = false;
         loop {
@@ -82,11 +118,20 @@ impl Broker {
             if !session_gone(resp.status()) {
                 return Ok(Sent::Answer(resp));
             }
-            if rebuilt || !self.recover(session, used.as_deref()).await {
-                if !session.is_ended() {
-                    self.end_session(session, NotFound::UpstreamGone);
+            let recovered = if rebuilt {
+                Rebuild::Ended
+            } else {
+                self.recover(session, used.as_deref()).await
+            };
+            match recovered {
+                Rebuild::Done => {}
+                Rebuild::NotReady => return Err(UpstreamError::NotReady),
+                Rebuild::Ended => {
+                    if !session.is_ended() {
+                        self.end_session(session, NotFound::UpstreamGone);
+                    }
+                    return Ok(Sent::Gone);
                 }
-                return Ok(Sent::Gone);
             }
             if !resend {
                 return Ok(Sent::Rebuilt);
@@ -120,24 +165,38 @@ impl Broker {
         let broker = Arc::clone(self);
         tokio::spawn(async move {
             let _slot = broker.rebuild_slots.acquire().await;
-            broker.ensure_upstream(&session).await;
+            let (mut pause, longest) = BACKGROUND_RETRY;
+            // Bounded: after --rebuild-retry-for a rebuild that still fails ends the session.
+            while broker.ensure_upstream(&session).await == Rebuild::NotReady {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(longest);
+            }
         });
         Ok(true)
     }
 
-    /// Rebuilds the upstream session of an adopted session from its journal, once; returns
-    /// whether the session can be used (a failed rebuild ends it: later requests get 404).
-    pub(super) async fn ensure_upstream(self: &Arc<Self>, session: &Arc<Session>) -> bool {
+    /// Rebuilds the upstream session of an adopted session (or one waiting for a server that
+    /// was not ready) from its journal, once; returns where that leaves the session (a failed
+    /// rebuild ends it: later requests get 404).
+    pub(super) async fn ensure_upstream(self: &Arc<Self>, session: &Arc<Session>) -> Rebuild {
+        let usable = || {
+            if session.is_ended() {
+                Rebuild::Ended
+            } else {
+                Rebuild::Done
+            }
+        };
         if !session.needs_rebuild() {
-            return !session.is_ended();
+            return usable();
         }
         session
             .rebuild_once(async {
                 if !session.needs_rebuild() || session.is_ended() {
-                    return !session.is_ended();
+                    return usable();
                 }
-                if !self.rebuild_now(session).await {
-                    return false;
+                let rebuilt = self.rebuild_now(session).await;
+                if rebuilt != Rebuild::Done {
+                    return rebuilt;
                 }
                 // A standalone stream open at the sender goes on there until its calls finish;
                 // this pod opens its own before any request of the session reaches the
@@ -153,30 +212,30 @@ impl Broker {
                         tracing::debug!(session = session.digest(), error = ?e, "cannot open the standalone stream");
                     }
                 }
-                true
+                Rebuild::Done
             })
             .await
     }
 
-    /// Recovers `session` after the upstream said it does not know upstream session `lost`.
-    /// Returns whether the session goes on (with a rebuilt upstream session); otherwise it has
-    /// been ended and later requests get 404.
+    /// Recovers `session` after the upstream said it does not know upstream session `lost`:
+    /// rebuilt ([`Rebuild::Done`]), waiting for a server that is not ready, or ended (later
+    /// requests get 404).
     pub(super) async fn recover(
         self: &Arc<Self>,
         session: &Arc<Session>,
         lost: Option<&str>,
-    ) -> bool {
+    ) -> Rebuild {
         if self.cfg().migration == Migration::Pin || session.is_ended() {
             self.end_session(session, NotFound::UpstreamGone);
-            return false;
+            return Rebuild::Ended;
         }
         session
             .rebuild_once(async {
                 if session.is_ended() {
-                    return false; // a rebuild failed meanwhile
+                    return Rebuild::Ended; // a rebuild failed meanwhile
                 }
-                if session.upstream_id().as_deref() != lost {
-                    return true; // another request rebuilt it meanwhile
+                if session.upstream_id().as_deref() != lost && !session.needs_rebuild() {
+                    return Rebuild::Done; // another request rebuilt it meanwhile
                 }
                 self.rebuild_now(session).await
             })
@@ -184,9 +243,10 @@ impl Broker {
     }
 
     /// Rebuilds `session`'s upstream session from its journal now (the caller runs it in
-    /// [`Session::rebuild_once`]); a failure ends the session (404 from then on). Returns whether
-    /// it goes on.
-    pub(super) async fn rebuild_now(self: &Arc<Self>, session: &Arc<Session>) -> bool {
+    /// [`Session::rebuild_once`]). An MCP server that is not ready leaves the session waiting
+    /// for the next attempt, within `--rebuild-retry-for` of the first; any other failure ends
+    /// it (404 from then on).
+    pub(super) async fn rebuild_now(self: &Arc<Self>, session: &Arc<Session>) -> Rebuild {
         match self.rebuild(session).await {
             Ok(id) => {
                 session.set_upstream_id(id);
@@ -196,12 +256,18 @@ impl Broker {
                     session = session.digest(),
                     "upstream session rebuilt from the journal"
                 );
-                true
+                Rebuild::Done
+            }
+            Err(e)
+                if e.is_transient() && session.defer_rebuild() < self.cfg().rebuild_retry_for =>
+            {
+                tracing::info!(session = session.digest(), error = %e, "the MCP server is not ready to rebuild the session; it waits");
+                Rebuild::NotReady
             }
             Err(e) => {
                 tracing::warn!(session = session.digest(), error = %e, "cannot rebuild the upstream session");
                 self.end_session(session, NotFound::UpstreamGone);
-                false
+                Rebuild::Ended
             }
         }
     }
@@ -281,7 +347,7 @@ impl Broker {
             .upstream
             .send(Method::POST, exchange, Bytes::from(message.to_string()))
             .await
-            .map_err(|e| RebuildError::Exchange(e.to_string()))?;
+            .map_err(|e| RebuildError::Unreachable(e.to_string()))?;
         let status = resp.status();
         let sse = is_sse(&resp);
         let id = resp

@@ -163,6 +163,12 @@ pub struct Cli {
     /// Wait before resuming an upstream SSE stream closed early without a `retry` hint.
     #[arg(long, env = "TETHER_UPSTREAM_RETRY", value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub upstream_retry: Duration,
+    /// How long a session whose upstream session must be rebuilt (the MCP server restarted, or
+    /// the session was handed over) waits for an MCP server that is not ready — refusing
+    /// connections, answering 502/503/504 or not in time — before it ends. Meanwhile its
+    /// requests get 503 `upstream_not_ready` + `Retry-After` and each retries the rebuild.
+    #[arg(long, env = "TETHER_REBUILD_RETRY_FOR", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub rebuild_retry_for: Duration,
     /// Worker threads of the MCP listener.
     #[arg(long, env = "TETHER_THREADS", value_name = "N", default_value_t = 2)]
     pub threads: usize,

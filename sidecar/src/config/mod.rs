@@ -311,6 +311,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
             .max(cli.max_request_bytes),
         upstream_body_timeout: cli.upstream_timeout,
         upstream_retry: cli.upstream_retry,
+        rebuild_retry_for: cli.rebuild_retry_for,
         upstream_resume_attempts: UPSTREAM_RESUME_ATTEMPTS,
         migration: spec.session.migration,
         resume_budget: std::num::NonZeroU32::new(cli.resume_budget),

@@ -146,6 +146,9 @@ pub(crate) enum Rejection {
     TooManySessions,
     /// 502: the upstream cannot be reached or broke the exchange.
     UpstreamUnavailable,
+    /// 503: the session's upstream session is being rebuilt and the MCP server is not ready
+    /// (`--rebuild-retry-for`); retry after `Retry-After`.
+    UpstreamNotReady,
     /// 504: the upstream did not answer in time.
     UpstreamTimeout,
     /// 403: `Tether-Hop` headers whose peer MAC does not verify (not sent by a sidecar of this
@@ -186,6 +189,7 @@ impl Rejection {
                 StatusCode::TOO_MANY_REQUESTS
             }
             UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+            UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
             | UnsupportedNegotiatedVersion(_)
@@ -238,6 +242,7 @@ impl Rejection {
             CursorEvicted => "cursor_evicted",
             TooManySessions => "too_many_sessions",
             UpstreamUnavailable => "upstream_unavailable",
+            UpstreamNotReady => "upstream_not_ready",
             UpstreamTimeout => "upstream_timeout",
             ForgedHop => "forged_hop",
             PeerUnavailable => "peer_unavailable",
@@ -257,7 +262,9 @@ impl Rejection {
                 CODE_INVALID_REQUEST
             }
             UnsupportedNegotiatedVersion(_) => CODE_INVALID_PARAMS,
-            UpstreamUnavailable | UpstreamTimeout | PeerUnavailable => CODE_INTERNAL,
+            UpstreamUnavailable | UpstreamNotReady | UpstreamTimeout | PeerUnavailable => {
+                CODE_INTERNAL
+            }
             _ => CODE_TRANSPORT,
         }
     }
@@ -337,6 +344,10 @@ impl Rejection {
             }
             TooManySessions => "Service Unavailable: too many sessions on this pod".into(),
             UpstreamUnavailable => "Bad Gateway: the MCP server is unavailable".into(),
+            UpstreamNotReady => {
+                "Service Unavailable: the MCP server is not ready yet; retry after Retry-After"
+                    .into()
+            }
             UpstreamTimeout => "Gateway Timeout: the MCP server did not answer in time".into(),
             ForgedHop => "Forbidden: Tether-Hop headers not signed by a peer sidecar".into(),
             PeerUnavailable => {
@@ -416,6 +427,7 @@ mod tests {
             CursorEvicted,
             TooManySessions,
             UpstreamUnavailable,
+            UpstreamNotReady,
             UpstreamTimeout,
             ForgedHop,
             PeerUnavailable,
@@ -455,6 +467,7 @@ mod tests {
                 | CursorEvicted
                 | TooManySessions
                 | UpstreamUnavailable
+                | UpstreamNotReady
                 | UpstreamTimeout
                 | ForgedHop
                 | PeerUnavailable
@@ -542,6 +555,12 @@ mod tests {
                  `--resume-budget` allows (a reconnect storm); retry after `Retry-After`"
             }
             UpstreamUnavailable => "the MCP server cannot be reached (with `Retry-After: 1`)",
+            UpstreamNotReady => {
+                "the session's upstream session must be rebuilt (the MCP server restarted, or the \
+                 session was handed over) and the MCP server is not ready yet — it refuses \
+                 connections or answers 502/503/504 — for at most `--rebuild-retry-for` (with \
+                 `Retry-After: 1`)"
+            }
             PeerUnavailable => {
                 "the pod holding the session accepts connections but does not answer (frozen, \
                  overloaded), or a request without a session found no pod to take it (with \

@@ -224,8 +224,11 @@ pub(crate) struct Session {
     standalone_open: tokio::sync::Mutex<()>,
     /// Serialises rebuilding the upstream session from the journal ([`Session::rebuild_once`]).
     rebuilding: tokio::sync::Mutex<()>,
-    /// The session came from a peer: its upstream session is rebuilt before first use.
+    /// The session came from a peer, or a rebuild waits for the MCP server: its upstream
+    /// session is rebuilt before next use.
     needs_rebuild: AtomicBool,
+    /// When the current row of rebuilds the MCP server was not ready for began.
+    rebuild_failing_since: Mutex<Option<Instant>>,
     /// It came with a standalone stream open at the sender: the rebuild opens one here too.
     reopen_standalone: AtomicBool,
     /// Woken when a handoff ends (acknowledged or refused).
@@ -284,6 +287,7 @@ impl Session {
             standalone_open: tokio::sync::Mutex::new(()),
             rebuilding: tokio::sync::Mutex::new(()),
             needs_rebuild: AtomicBool::new(false),
+            rebuild_failing_since: Mutex::new(None),
             reopen_standalone: AtomicBool::new(false),
             handoff_settled: Notify::new(),
             entered: Notify::new(),
@@ -446,6 +450,16 @@ impl Session {
     /// Records that the upstream session was rebuilt.
     pub(crate) fn rebuilt(&self) {
         self.needs_rebuild.store(false, Ordering::Relaxed);
+        *self.rebuild_failing_since.lock() = None;
+    }
+
+    /// Records a rebuild the MCP server was not ready for: the next request tries again.
+    /// Returns how long rebuilds have been failing so (since the first of the row).
+    pub(crate) fn defer_rebuild(&self) -> Duration {
+        self.needs_rebuild.store(true, Ordering::Relaxed);
+        let now = Instant::now();
+        let since = *self.rebuild_failing_since.lock().get_or_insert(now);
+        now.saturating_duration_since(since)
     }
 
     /// Whether the rebuilt upstream session needs a standalone stream at once (the sender had

@@ -58,6 +58,7 @@ impl From<&Rejection> for StoredReply {
             }
             Rejection::TooManySessions
             | Rejection::UpstreamUnavailable
+            | Rejection::UpstreamNotReady
             | Rejection::PeerUnavailable
             | Rejection::ResumeBudget
             | Rejection::PodJournalsFull

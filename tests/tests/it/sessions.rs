@@ -9,7 +9,7 @@ use serde_json::json;
 use tether_tests::addr;
 use tether_tests::client::{
     ACCEPT_BOTH, Session, body_text, expect_lost_session, header_str, initialize_body, result_text,
-    tools_list,
+    tool_call, tools_list,
 };
 use tether_tests::pod::{Pod, PodSpec};
 
@@ -582,4 +582,43 @@ async fn s05_pin_every_request_of_a_lost_session_gets_404() {
             "never a 200 without an answer"
         );
     }
+}
+
+#[tokio::test]
+async fn a_rebuild_waits_for_a_server_that_is_not_ready_across_twenty_restarts() {
+    // Each start of the MCP server refuses its first `initialize` with 503 (warming up): the
+    // rebuild after each restart meets it, and the session waits instead of ending.
+    let mut pod = Pod::start(PodSpec {
+        server_args: vec!["--unready-initializes".into(), "1".into()],
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client().honouring_retry_after();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    for round in 0..20u64 {
+        pod.restart_server().await.unwrap();
+        let call = tool_call(
+            100 + round,
+            "echo",
+            json!({"text": format!("round {round}")}),
+            None,
+        );
+        let resp = client.post(Some(&session), &call, &[]).await.unwrap();
+        let status = resp.status();
+        let text = body_text(resp).await.unwrap();
+        assert_eq!(status, StatusCode::OK, "round {round}: {text}");
+        assert!(
+            text.contains(&format!("round {round}")),
+            "round {round}: {text}"
+        );
+        assert!(!text.contains("ession not found"), "round {round}: {text}");
+    }
+    let not_ready = pod
+        .metric(r#"tether_rejections_total{status="503",reason="upstream_not_ready"}"#)
+        .await
+        .unwrap();
+    assert!(not_ready >= 20.0, "each round waited once: {not_ready}");
+    assert_eq!(pod.metric("tether_not_found_total").await.unwrap(), 0.0);
+    assert!(client.delete(&session).await.unwrap().is_success());
 }

@@ -17,6 +17,9 @@
 //! that is not local: 421; an `Origin` that is not local: 403), and `/stats` counts requests
 //! that came through a proxy hop (`forwarded`, with `X-Forwarded-Host`).
 //!
+//! With `--unready-initializes N` the first N `initialize` requests after start get 503 +
+//! `Retry-After` (a server still warming up, as a restarted one may be).
+//!
 //! With `--json-replies`, a POST whose stream carries exactly one JSON-RPC message (its
 //! response) is answered with `application/json` once the call ends, as servers that prefer
 //! JSON answers do; a stream with notifications stays SSE.
@@ -96,6 +99,9 @@ struct Args {
     /// Answer a POST whose stream carries only its response with `application/json`.
     #[arg(long)]
     json_replies: bool,
+    /// Answer the first N `initialize` requests after start 503 (a server still warming up).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    unready_initializes: u64,
     /// Defend against DNS rebinding as SDK servers on loopback do: a `Host` that is not
     /// `127.0.0.1`/`localhost` gets 421, an `Origin` that is not local gets 403.
     #[arg(long)]
@@ -507,6 +513,7 @@ async fn main() -> std::io::Result<()> {
     );
     let app = Arc::new(App {
         auth: args.auth_key.as_deref().map(auth::Auth::load).transpose()?,
+        unready: AtomicU64::new(args.unready_initializes),
         mcp,
         stats,
         args,
@@ -537,6 +544,8 @@ struct App {
     stats: Arc<Stats>,
     args: Args,
     auth: Option<auth::Auth>,
+    /// `initialize` requests still to refuse (`--unready-initializes`).
+    unready: AtomicU64,
 }
 
 impl App {
@@ -559,6 +568,23 @@ impl App {
             && let Some(refusal) = not_local(req.headers())
         {
             return refusal;
+        }
+        let initialize =
+            req.method() == Method::POST && !req.headers().contains_key("mcp-session-id");
+        if initialize
+            && self
+                .unready
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            let mut resp = full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "warming up\n",
+            );
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+            return resp;
         }
         let Some(auth) = &self.auth else {
             return self.serve(req).await;
