@@ -364,6 +364,7 @@ mod tests {
             "spec.sidecar.resources",
             "spec.auth.forwardHeaders",
             "spec.auth.binding",
+            "spec.auth.revalidate",
             "spec.upstream.host",
             "spec.upstream.forwardOrigin",
         ] {

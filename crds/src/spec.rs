@@ -145,6 +145,21 @@ pub struct AuthSpec {
     /// binding. An anonymous `initialize` binds the session to presenting no credential.
     #[serde(default)]
     pub binding: AuthBinding,
+    /// How long the MCP server's acceptance of a credential vouches for it. Before a resume, a
+    /// standalone GET or a retry is served from the sidecar's memory with a credential the
+    /// server has not accepted for the session within this window, the sidecar sends the server
+    /// a `ping` in the session with that credential; a 401 or 403 goes to the client (with its
+    /// `WWW-Authenticate`) and nothing is served. Default `60s`; `0s` turns it off.
+    #[serde(
+        default = "default_revalidate",
+        deserialize_with = "crate::duration::deserialize"
+    )]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('0s') && duration(self) <= duration('1h')").message("spec.auth.revalidate must be a duration of at most 1h"))]
+    pub revalidate: Duration,
+}
+
+fn default_revalidate() -> Duration {
+    std::time::Duration::from_secs(60).into()
 }
 
 /// What a session is bound to (`spec.auth.binding`).
@@ -168,6 +183,7 @@ impl Default for AuthSpec {
         Self {
             forward_headers: default_forward_headers(),
             binding: AuthBinding::default(),
+            revalidate: default_revalidate(),
         }
     }
 }

@@ -113,6 +113,13 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
             ));
         }
     }
+    let revalidate: std::time::Duration = spec.auth.revalidate.into();
+    if revalidate > MAX_DRAIN_TIMEOUT {
+        errors.push(FieldError::new(
+            "spec.auth.revalidate",
+            format!("must be at most {}s", MAX_DRAIN_TIMEOUT.as_secs()),
+        ));
+    }
     if spec.auth.forward_headers.len() > 16 {
         errors.push(FieldError::new(
             "spec.auth.forwardHeaders",

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use http::Method;
+use http::{Method, StatusCode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -186,6 +186,7 @@ pub(crate) struct Metrics {
     admin_refused: Family<Reason, Counter>,
     /// Bytes the pod's sessions retain now, by kind (`journal`, `records`, `buffers`).
     retained_bytes: Family<KindLabel, Gauge>,
+    revalidations: Family<ResultLabel, Counter>,
     /// Upstream SSE events over `--max-event-bytes`: reading stopped there, the event was never
     /// buffered.
     upstream_events_too_large: Counter,
@@ -250,6 +251,7 @@ impl Metrics {
             config_restart_pending: Gauge::default(),
             admin_refused: Family::default(),
             retained_bytes: Family::default(),
+            revalidations: Family::default(),
             upstream_events_too_large: Counter::default(),
             client_connections: Gauge::default(),
             header_timeouts: Counter::default(),
@@ -424,6 +426,11 @@ impl Metrics {
             m.retained_bytes.clone(),
         );
         r.register(
+            "revalidations",
+            "Pings asking the MCP server whether it still accepts a credential before an answer from memory, by result",
+            m.revalidations.clone(),
+        );
+        r.register(
             "upstream_events_too_large",
             "Upstream SSE events over --max-event-bytes, never buffered",
             m.upstream_events_too_large.clone(),
@@ -567,6 +574,19 @@ impl Metrics {
             .inc();
         self.replayed_events.inc_by(replayed);
         self.resume_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A revalidation `ping` answered `status`: `tether_revalidations_total{result}`
+    /// (`accepted` for a 2xx, `refused` for 401/403, `other`).
+    pub(crate) fn revalidation(&self, status: StatusCode) {
+        let result = match status.as_u16() {
+            200..=299 => "accepted",
+            401 | 403 => "refused",
+            _ => "other",
+        };
+        self.revalidations
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     /// A resume refused: `tether_resumes_total{result="miss", reason}` (`malformed`,
@@ -763,7 +783,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 42);
+        assert_eq!(fields, 43);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -792,10 +812,11 @@ mod tests {
         m.config_reload("applied");
         m.admin_refused("drain_not_local");
         m.retained("journal", 1);
+        m.revalidation(StatusCode::OK);
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            42,
+            43,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -55,6 +55,8 @@ pub struct PodSpec {
     pub migration: String,
     /// `spec.drain.timeout` (a Kubernetes-style duration: `5s`, `1500ms`).
     pub drain_timeout: String,
+    /// `spec.auth.revalidate`.
+    pub revalidate: String,
     /// Extra `tether-sidecar` flags.
     pub sidecar_args: Vec<String>,
     /// Extra `tether-example-server` flags.
@@ -64,7 +66,7 @@ pub struct PodSpec {
 impl Default for PodSpec {
     /// The test endpoint: one allowed Origin (`https://app.example.com`; a missing one passes),
     /// a buffer of 1024 events, 4 MiB and 10 min, 30 min idle sessions under `Replay`, a 5 s
-    /// drain, and every protocol version.
+    /// drain, every protocol version, and credentials revalidated after 60 s.
     fn default() -> Self {
         Self {
             versions: ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]
@@ -78,6 +80,7 @@ impl Default for PodSpec {
             idle_timeout: "30m".into(),
             migration: "Replay".into(),
             drain_timeout: "5s".into(),
+            revalidate: "60s".into(),
             sidecar_args: Vec::new(),
             server_args: Vec::new(),
         }
@@ -107,7 +110,8 @@ impl PodSpec {
              \x20 protocolVersions: [{}]\n\
              \x20 buffer: {{maxEvents: {}, maxBytes: {}, ttl: {}}}\n\
              \x20 session: {{idleTimeout: {}, migration: {}}}\n\
-             \x20 drain: {{timeout: {}}}\n",
+             \x20 drain: {{timeout: {}}}\n\
+             \x20 auth: {{revalidate: {}}}\n",
             quote(&self.origins),
             self.allow_missing_origin,
             quote(&self.versions),
@@ -117,6 +121,7 @@ impl PodSpec {
             self.idle_timeout,
             self.migration,
             self.drain_timeout,
+            self.revalidate,
         )
     }
 }

@@ -38,6 +38,9 @@ impl Broker {
     ) -> Result<Reply, Rejection> {
         let session = self.entered_session(call, entered.as_ref())?;
         let _busy = session.busy();
+        if let Err(refusal) = self.revalidate(&session, &call.headers).await {
+            return Ok(refusal);
+        }
         self.metrics
             .protocol_version(call.version.unwrap_or(session.version()));
         match &call.last_event_id {

@@ -18,6 +18,7 @@ mod initialize;
 mod post;
 mod pump;
 mod rebuild;
+mod revalidate;
 mod sweep;
 
 pub(crate) use cancel::CancelRelay;
@@ -100,6 +101,9 @@ pub(crate) struct BrokerConfig {
     pub(crate) forward_origin: bool,
     /// What new sessions are bound to (`spec.auth.binding`).
     pub(crate) binding: tether_crds::AuthBinding,
+    /// How long the MCP server's acceptance of a credential vouches for it before an answer
+    /// from memory (`spec.auth.revalidate`; zero: never asked).
+    pub(crate) revalidate: Duration,
     /// Most take-overs of one session's streams per second; `None`: no limit
     /// (`--max-takeovers`).
     pub(crate) max_takeovers: Option<std::num::NonZeroU32>,

@@ -96,6 +96,9 @@ impl Broker {
             Dedupe::PodFull => Err(Rejection::PodRetryFull),
             Dedupe::Retry(existing) => {
                 self.metrics.request_deduplicated();
+                if let Err(refusal) = self.revalidate(&session, &call.headers).await {
+                    return Ok(refusal);
+                }
                 self.serve_post(&session, &existing).await
             }
             Dedupe::New => {

@@ -145,6 +145,7 @@ impl Broker {
                 return;
             }
         };
+        self.note_acceptance(&session, &headers, resp.status());
         if resp.status() == StatusCode::OK && is_sse(&resp) {
             stream.mark_sse(crate::mcp::headers::forwarded_response_headers(
                 resp.headers(),

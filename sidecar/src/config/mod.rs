@@ -325,6 +325,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
             .filter_map(|name| http::HeaderName::from_bytes(name.as_bytes()).ok())
             .collect(),
         binding: spec.auth.binding,
+        revalidate: spec.auth.revalidate.into(),
         forward_origin: spec.upstream.forward_origin,
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit

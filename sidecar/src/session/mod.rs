@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::{Message, RequestKey};
-use crate::mcp::principal::Binding;
+use crate::mcp::principal::{Binding, Principal};
 use crate::mcp::rejection::Rejection;
 use crate::retained::{Charge, Kind, Retained, Shared};
 use crate::session::journal::{Journal, JournalError, MAX_SUBSCRIPTIONS};
@@ -246,7 +246,13 @@ pub(crate) struct Session {
     /// The principal every request of the session must present, fixed at its `initialize`;
     /// unset: no binding.
     binding: OnceLock<Binding>,
+    /// Digests of credentials the MCP server accepted for this session, with when (at most
+    /// [`ACCEPTED_CREDENTIALS`], newest last).
+    accepted: Mutex<VecDeque<(Principal, Instant)>>,
 }
+
+/// Most accepted credentials a session remembers (`spec.auth.revalidate`).
+const ACCEPTED_CREDENTIALS: usize = 8;
 
 impl Session {
     /// A new session. `digest` is the id's keyed digest, used in logs instead of the id;
@@ -295,6 +301,7 @@ impl Session {
             credentials: Mutex::default(),
             credentialed: AtomicBool::new(false),
             binding: OnceLock::new(),
+            accepted: Mutex::default(),
         })
     }
 
@@ -597,6 +604,24 @@ impl Session {
         if let Some(binding) = binding {
             let _ = self.binding.set(binding);
         }
+    }
+
+    /// Records that the MCP server accepted credential `key` for the session just now.
+    pub(crate) fn accept_credential(&self, key: Principal) {
+        let mut accepted = self.accepted.lock();
+        accepted.retain(|(k, _)| *k != key);
+        if accepted.len() == ACCEPTED_CREDENTIALS {
+            accepted.pop_front();
+        }
+        accepted.push_back((key, Instant::now()));
+    }
+
+    /// Whether the MCP server accepted credential `key` for the session within `window`.
+    pub(crate) fn credential_accepted(&self, key: Principal, window: Duration) -> bool {
+        self.accepted
+            .lock()
+            .iter()
+            .any(|(k, at)| *k == key && at.elapsed() < window)
     }
 
     /// The principal the session is bound to, if any.

@@ -333,3 +333,64 @@ async fn a_loopback_server_defending_against_dns_rebinding_serves_a_public_host_
         .unwrap();
     assert_eq!(resp.status(), StatusCode::MISDIRECTED_REQUEST);
 }
+
+#[tokio::test]
+async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_event() {
+    let issuer = Issuer::new().unwrap();
+    let pod = Pod::start(PodSpec {
+        server_args: issuer.server_args(),
+        revalidate: "1s".into(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let alice = pod.client();
+    // A token that expires within 3 s (the MCP server then refuses it).
+    let short = issuer.bearer("https://idp.example", "alice", Duration::from_secs(3));
+    alice.set_authorization(Some(short));
+    let session = alice.initialize("2025-11-25").await.unwrap();
+    let call = tool_call(
+        2,
+        "slow",
+        json!({"count": 5, "interval_ms": 50, "call_id": "buffered"}),
+        Some("p"),
+    );
+    let resp = alice.post(Some(&session), &call, &[]).await.unwrap();
+    let mut events = Events::new(resp);
+    let cursor = loop {
+        let ev = events
+            .next_within(Duration::from_secs(10))
+            .await
+            .expect("an event");
+        if let Some(id) = ev.id {
+            break id;
+        }
+    };
+    drop(events);
+    // The call finishes into the buffer; the token expires; the window passes.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let refused = alice.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let challenge = header_str(&refused, "www-authenticate").unwrap_or_default();
+    assert!(challenge.contains("invalid_token"), "{challenge}");
+    let body = body_text(refused).await.unwrap();
+    assert!(!body.contains("progress"), "no buffered event: {body}");
+    assert_eq!(
+        pod.metric(r#"tether_revalidations_total{result="refused"}"#)
+            .await
+            .unwrap(),
+        1.0
+    );
+    // With a fresh token the same resume is served from the buffer.
+    alice.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    let resumed = alice.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let rest = messages(resumed, Duration::from_secs(10)).await.unwrap();
+    assert!(rest.iter().any(|m| m["result"].is_object()), "{rest:?}");
+    assert_eq!(
+        pod.metric(r#"tether_revalidations_total{result="accepted"}"#)
+            .await
+            .unwrap(),
+        1.0
+    );
+}

@@ -1,0 +1,99 @@
+//! Answers from memory authorized by the MCP server (`spec.auth.revalidate`): a resume, a
+//! standalone GET or a retry is served from the sidecar's buffers, so the MCP server never
+//! sees it. Before serving one with a credential the server has not accepted for the session
+//! within the window, the sidecar asks the server with a `ping` in the session carrying that
+//! credential; the server's 401 or 403 (with its `WWW-Authenticate`) goes to the client and
+//! nothing is served. Every answer the server gives a dispatched request that is not a 401/403
+//! counts as an acceptance of its credential.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+use tether_crds::AuthBinding;
+
+use super::Broker;
+use crate::mcp::principal::{Principal, principal};
+use crate::reply::Reply;
+use crate::session::Session;
+use crate::upstream::{Exchange, post_headers};
+
+/// The `ping` a revalidation sends (its answer is read and dropped).
+const PING: &[u8] = br#"{"jsonrpc":"2.0","id":"tether-revalidate","method":"ping"}"#;
+
+impl Broker {
+    /// The digest standing for the credential a request with `headers` presents (`None`:
+    /// none).
+    pub(super) fn credential_key(&self, headers: &HeaderMap) -> Option<Principal> {
+        let cfg = self.cfg();
+        principal(
+            headers,
+            &cfg.forward_headers,
+            AuthBinding::Credential,
+            &self.secret,
+        )
+    }
+
+    /// Records that the MCP server answered a request of `session` with `headers` `status`:
+    /// anything but 401/403 accepts its credential.
+    pub(super) fn note_acceptance(
+        &self,
+        session: &Session,
+        headers: &HeaderMap,
+        status: StatusCode,
+    ) {
+        if !matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+            && let Some(key) = self.credential_key(headers)
+        {
+            session.accept_credential(key);
+        }
+    }
+
+    /// Whether a request of `session` with `headers` may be answered from memory: `Err` with
+    /// the MCP server's 401/403 when the server refuses its credential now. A request without
+    /// credentials, a credential accepted within the window, or a server that cannot say
+    /// (unreachable, no upstream session yet, another answer) is served.
+    pub(super) async fn revalidate(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        headers: &HeaderMap,
+    ) -> Result<(), Reply> {
+        let window = self.cfg().revalidate;
+        let Some(key) = self.credential_key(headers) else {
+            return Ok(());
+        };
+        if window.is_zero() || session.credential_accepted(key, window) {
+            return Ok(());
+        }
+        let Some(upstream_session) = session.upstream_id() else {
+            return Ok(());
+        };
+        // The request's own credentials: remembered as the session's latest when it entered.
+        let exchange = Exchange {
+            upstream_session: Some(&upstream_session),
+            headers: session.with_credentials(post_headers(Some(session.version().as_str()))),
+            last_event_id: None,
+        };
+        let Ok(resp) = self
+            .upstream
+            .send(Method::POST, exchange, Bytes::from_static(PING))
+            .await
+        else {
+            return Ok(());
+        };
+        let status = resp.status();
+        let answer = self.read_stored(resp).await;
+        self.metrics.revalidation(status);
+        match answer {
+            Ok(refusal) if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {
+                Err(Reply::from(refusal))
+            }
+            _ => {
+                if status.is_success() {
+                    session.accept_credential(key);
+                }
+                Ok(())
+            }
+        }
+    }
+}
