@@ -9,7 +9,7 @@ use http::StatusCode;
 use serde_json::json;
 use tether_tests::auth::Issuer;
 use tether_tests::client::{
-    Events, McpClient, body_text, expect_lost_session, header_str, messages, tool_call,
+    Events, McpClient, Session, body_text, expect_lost_session, header_str, messages, tool_call,
 };
 use tether_tests::pod::{Pod, PodSpec};
 use tether_tests::scenario::Scenario;
@@ -23,6 +23,22 @@ async fn authenticated_pod(issuer: &Issuer) -> Pod {
     })
     .await
     .unwrap()
+}
+
+/// Posts streamed `call` and cuts it after its first event: that event's id, a cursor the
+/// call's other events can be resumed after.
+async fn first_cursor(client: &McpClient, session: &Session, call: &serde_json::Value) -> String {
+    let resp = client.post(Some(session), call, &[]).await.unwrap();
+    let mut events = Events::new(resp);
+    loop {
+        let ev = events
+            .next_within(Duration::from_secs(10))
+            .await
+            .expect("an event");
+        if let Some(id) = ev.id {
+            return id;
+        }
+    }
 }
 
 #[tokio::test]
@@ -215,18 +231,7 @@ async fn a_session_is_bound_to_its_principal_and_others_get_the_404_of_an_unknow
         json!({"count": 3, "interval_ms": 20, "call_id": "alices"}),
         Some("p"),
     );
-    let resp = alice.post(Some(&session), &call, &[]).await.unwrap();
-    let mut events = Events::new(resp);
-    let cursor = loop {
-        let ev = events
-            .next_within(Duration::from_secs(10))
-            .await
-            .expect("an event");
-        if let Some(id) = ev.id {
-            break id;
-        }
-    };
-    drop(events);
+    let cursor = first_cursor(&alice, &session, &call).await;
     let others = [
         Some(issuer.bearer("https://idp.example", "bob", HOUR)),
         Some(issuer.bearer("https://other-idp.example", "alice", HOUR)),
@@ -355,18 +360,7 @@ async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_e
         json!({"count": 5, "interval_ms": 50, "call_id": "buffered"}),
         Some("p"),
     );
-    let resp = alice.post(Some(&session), &call, &[]).await.unwrap();
-    let mut events = Events::new(resp);
-    let cursor = loop {
-        let ev = events
-            .next_within(Duration::from_secs(10))
-            .await
-            .expect("an event");
-        if let Some(id) = ev.id {
-            break id;
-        }
-    };
-    drop(events);
+    let cursor = first_cursor(&alice, &session, &call).await;
     // The call finishes into the buffer; the token expires; the window passes.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let refused = alice.get(&session, Some(&cursor)).await.unwrap();
