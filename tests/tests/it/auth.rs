@@ -25,6 +25,20 @@ async fn authenticated_pod(issuer: &Issuer) -> Pod {
     .unwrap()
 }
 
+/// `Bearer <token>` of alice from the usual issuer, valid for `ttl`.
+fn alices_token(issuer: &Issuer, ttl: Duration) -> String {
+    issuer.bearer("https://idp.example", "alice", ttl)
+}
+
+/// An authenticated pod, a client holding alice's token, and her session.
+async fn alices_session(issuer: &Issuer) -> (Pod, McpClient, Session) {
+    let pod = authenticated_pod(issuer).await;
+    let client = pod.client();
+    client.set_authorization(Some(alices_token(issuer, HOUR)));
+    let session = client.initialize("2025-11-25").await.unwrap();
+    (pod, client, session)
+}
+
 /// Posts streamed `call` and cuts it after its first event: that event's id, a cursor the
 /// call's other events can be resumed after.
 async fn first_cursor(client: &McpClient, session: &Session, call: &serde_json::Value) -> String {
@@ -53,7 +67,7 @@ async fn the_authenticated_example_server_refuses_missing_tokens_and_other_subje
         .unwrap_err()
         .to_string();
     assert!(err.contains("401"), "{err}");
-    server.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    server.set_authorization(Some(alices_token(&issuer, HOUR)));
     let alice = server.initialize("2025-11-25").await.unwrap();
     let echo = json!({"text": "hi"});
     assert!(server.call(&alice, 2, "echo", echo.clone()).await.is_ok());
@@ -86,10 +100,7 @@ async fn the_authenticated_example_server_refuses_missing_tokens_and_other_subje
 #[tokio::test]
 async fn a_refused_request_sent_again_with_a_fresh_token_is_dispatched_and_runs_once() {
     let issuer = Issuer::new().unwrap();
-    let pod = authenticated_pod(&issuer).await;
-    let client = pod.client();
-    client.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
-    let session = client.initialize("2025-11-25").await.unwrap();
+    let (pod, client, session) = alices_session(&issuer).await;
     let call = tool_call(
         7,
         "slow",
@@ -108,7 +119,7 @@ async fn a_refused_request_sent_again_with_a_fresh_token_is_dispatched_and_runs_
     assert!(challenge.contains("invalid_token"), "{challenge}");
     drop(body_text(refused).await);
     // The client refreshes its token and sends the same message: dispatched, not the stored 401.
-    client.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    client.set_authorization(Some(alices_token(&issuer, HOUR)));
     let resp = client.post(Some(&session), &call, &[]).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let answer = messages(resp, Duration::from_secs(10)).await.unwrap();
@@ -134,10 +145,7 @@ async fn a_refused_request_sent_again_with_a_fresh_token_is_dispatched_and_runs_
 #[tokio::test]
 async fn a_delete_the_server_refuses_passes_through_and_the_session_stays() {
     let issuer = Issuer::new().unwrap();
-    let pod = authenticated_pod(&issuer).await;
-    let client = pod.client();
-    client.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
-    let session = client.initialize("2025-11-25").await.unwrap();
+    let (_pod, client, session) = alices_session(&issuer).await;
     client.set_authorization(Some(issuer.bearer(
         "https://idp.example",
         "alice",
@@ -147,7 +155,7 @@ async fn a_delete_the_server_refuses_passes_through_and_the_session_stays() {
         client.delete(&session).await.unwrap(),
         StatusCode::UNAUTHORIZED
     );
-    client.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    client.set_authorization(Some(alices_token(&issuer, HOUR)));
     let echo = json!({"text": "still here"});
     assert!(
         client.call(&session, 2, "echo", echo.clone()).await.is_ok(),
@@ -170,7 +178,7 @@ async fn a_handed_off_session_is_rebuilt_with_its_clients_credentials() {
     )
     .await;
     let via_a = scenario.via_a();
-    via_a.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
     let session = via_a.initialize("2025-11-25").await.unwrap();
     let echo = |text: &str| json!({"text": text});
     assert!(
@@ -220,10 +228,7 @@ async fn a_handed_off_session_is_rebuilt_with_its_clients_credentials() {
 #[tokio::test]
 async fn a_session_is_bound_to_its_principal_and_others_get_the_404_of_an_unknown_one() {
     let issuer = Issuer::new().unwrap();
-    let pod = authenticated_pod(&issuer).await;
-    let alice = pod.client();
-    alice.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
-    let session = alice.initialize("2025-11-25").await.unwrap();
+    let (pod, alice, session) = alices_session(&issuer).await;
     // A streamed call of alice's, cut after its first event: a cursor to resume from.
     let call = tool_call(
         2,
@@ -351,7 +356,7 @@ async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_e
     .unwrap();
     let alice = pod.client();
     // A token that expires within 3 s (the MCP server then refuses it).
-    let short = issuer.bearer("https://idp.example", "alice", Duration::from_secs(3));
+    let short = alices_token(&issuer, Duration::from_secs(3));
     alice.set_authorization(Some(short));
     let session = alice.initialize("2025-11-25").await.unwrap();
     let call = tool_call(
@@ -376,7 +381,7 @@ async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_e
         1.0
     );
     // With a fresh token the same resume is served from the buffer.
-    alice.set_authorization(Some(issuer.bearer("https://idp.example", "alice", HOUR)));
+    alice.set_authorization(Some(alices_token(&issuer, HOUR)));
     let resumed = alice.get(&session, Some(&cursor)).await.unwrap();
     assert_eq!(resumed.status(), StatusCode::OK);
     let rest = messages(resumed, Duration::from_secs(10)).await.unwrap();
