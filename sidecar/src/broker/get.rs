@@ -161,6 +161,7 @@ impl Broker {
         match self.ensure_upstream(session).await {
             Rebuild::Done => {}
             Rebuild::NotReady => return Err(Rejection::UpstreamNotReady),
+            Rebuild::Denied(reply) => return Ok(Err(reply.into())),
             Rebuild::Ended => return Err(Rejection::SessionNotFound(NotFound::UpstreamGone)),
         }
         session
@@ -188,8 +189,12 @@ impl Broker {
             .send_in_session(session, Method::GET, &headers, None, Bytes::new(), true)
             .await
             .map_err(|e| self.upstream_rejection(&e))?;
-        let Sent::Answer(resp) = sent else {
-            return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
+        let resp = match sent {
+            Sent::Answer(resp) => resp,
+            Sent::Denied(reply) => return Ok(Err(reply.into())),
+            Sent::Rebuilt | Sent::Gone => {
+                return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
+            }
         };
         let status = resp.status();
         if status == StatusCode::OK && is_sse(&resp) {

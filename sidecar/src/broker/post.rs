@@ -209,10 +209,11 @@ impl Broker {
             .send_in_session(session, Method::POST, &headers, None, body, true)
             .await
             .map_err(|e| self.upstream_rejection(&e))?;
-        let Sent::Answer(resp) = sent else {
-            return Err(Rejection::SessionNotFound(NotFound::UpstreamGone));
-        };
-        self.read_stored(resp).await
+        match sent {
+            Sent::Answer(resp) => self.read_stored(resp).await,
+            Sent::Denied(reply) => Ok(reply),
+            Sent::Rebuilt | Sent::Gone => Err(Rejection::SessionNotFound(NotFound::UpstreamGone)),
+        }
     }
 
     /// Runs each message of a 2025-03-26 batch as its own upstream POST.

@@ -126,6 +126,10 @@ impl Broker {
         };
         let resp = match sent {
             Ok(Sent::Answer(resp)) => resp,
+            Ok(Sent::Denied(reply)) => {
+                self.deliver(&session, &stream, &ids, reply);
+                return;
+            }
             Ok(Sent::Rebuilt | Sent::Gone) => {
                 self.fail(
                     &stream,
@@ -156,17 +160,30 @@ impl Broker {
             return;
         }
         match self.read_stored(resp).await {
-            Ok(stored) if stream.kind() == StreamKind::Post => {
-                if stored.is_refusal() {
-                    // Not the request's outcome: the client waiting gets it, and the same
-                    // message sent again (a refreshed token, after Retry-After) is dispatched.
-                    session.unregister_post(&stream, &ids);
-                }
-                session.keep_reply(&stream, stored, self.cfg().max_session_retry_bytes);
-            }
-            Ok(stored) => self.append_answer(&stream, &ids, &stored),
+            Ok(stored) => self.deliver(&session, &stream, &ids, stored),
             Err(rejection) => self.fail(&stream, &ids, rejection),
         }
+    }
+
+    /// Serves the upstream's complete non-SSE answer to requests `ids` through `stream`: kept
+    /// as a POST's reply (for its retries, unless it is a refusal), or a batch member's answer.
+    fn deliver(
+        &self,
+        session: &Session,
+        stream: &Arc<Stream>,
+        ids: &[RequestKey],
+        stored: StoredReply,
+    ) {
+        if stream.kind() != StreamKind::Post {
+            self.append_answer(stream, ids, &stored);
+            return;
+        }
+        if stored.is_refusal() {
+            // Not the request's outcome: the client waiting gets it, and the same message sent
+            // again (a refreshed token, after Retry-After) is dispatched.
+            session.unregister_post(stream, ids);
+        }
+        session.keep_reply(stream, stored, self.cfg().max_session_retry_bytes);
     }
 
     /// Pumps upstream SSE into `stream`, resuming the upstream stream when it closes early.
@@ -322,6 +339,11 @@ impl Broker {
         match sent {
             Ok(Sent::Gone) => Resumed::SessionGone,
             Ok(Sent::Rebuilt) => Resumed::Rebuilt,
+            Ok(Sent::Denied(reply)) => {
+                self.metrics.upstream_error("resume_refused");
+                tracing::debug!(status = %reply.status, "upstream refused the rebuild a stream resume needs");
+                Resumed::Failed
+            }
             Ok(Sent::Answer(resp)) if resp.status() == StatusCode::METHOD_NOT_ALLOWED => {
                 Resumed::Unsupported
             }

@@ -13,6 +13,11 @@
 //! the session waits, its requests get 503 `upstream_not_ready` + `Retry-After` and each tries
 //! the rebuild again (an adopted session's background rebuild retries with backoff), for at most
 //! `--rebuild-retry-for`. Only a definitive refusal, or a server not ready for that long, ends it.
+//!
+//! A rebuild the MCP server refuses for the caller — 401, 403, 407 or 429 to the replayed
+//! `initialize`, typically a client's expired token — does not end the session either: the
+//! request that triggered it gets that answer unchanged (with its `WWW-Authenticate`), and the
+//! session's next request tries the rebuild again with its own credentials (a refreshed token).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +34,7 @@ use crate::mcp::headers::MCP_SESSION_ID;
 use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::rejection::NotFound;
 use crate::session::{Session, TooManySessions};
+use crate::stream::StoredReply;
 use crate::upstream::{Exchange, UpstreamError, is_sse, own_headers, post_headers, session_gone};
 
 /// Adopted sessions rebuilt in the background at the same time.
@@ -42,6 +48,8 @@ const BACKGROUND_RETRY: (Duration, Duration) = (Duration::from_millis(200), Dura
 enum RebuildError {
     #[error("the MCP server refused {0}: HTTP {1}")]
     Refused(&'static str, http::StatusCode),
+    #[error("the MCP server refused the caller's credentials for {0}: HTTP {status}", status = .1.status)]
+    Denied(&'static str, StoredReply),
     #[error("the MCP server negotiated {0} instead of {1}")]
     Version(String, String),
     #[error("the MCP server cannot be reached: {0}")]
@@ -62,12 +70,15 @@ impl RebuildError {
 }
 
 /// Where a rebuild leaves a session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Rebuild {
     /// Its upstream session is usable.
     Done,
     /// The MCP server is not ready; the session waits (503 `upstream_not_ready` meanwhile).
     NotReady,
+    /// The MCP server refused the caller (its credentials, its rate): the request that tried
+    /// gets this answer unchanged, and the session waits for one with other credentials.
+    Denied(StoredReply),
     /// The session has ended (404 from now on).
     Ended,
 }
@@ -80,6 +91,9 @@ pub(super) enum Sent {
     Rebuilt,
     /// The upstream session was lost and the session has ended (404 from now on).
     Gone,
+    /// The session's upstream session must be rebuilt and the MCP server refused the rebuild
+    /// for this request's caller: its answer, to pass on (the request was not sent).
+    Denied(StoredReply),
 }
 
 impl Broker {
@@ -101,6 +115,7 @@ impl Broker {
         match self.ensure_upstream(session).await {
             Rebuild::Done => {}
             Rebuild::NotReady => return Err(UpstreamError::NotReady),
+            Rebuild::Denied(reply) => return Ok(Sent::Denied(reply)),
             Rebuild::Ended => return Ok(Sent::Gone),
         }
         let mut rebuilt = false;
@@ -126,6 +141,7 @@ impl Broker {
             match recovered {
                 Rebuild::Done => {}
                 Rebuild::NotReady => return Err(UpstreamError::NotReady),
+                Rebuild::Denied(reply) => return Ok(Sent::Denied(reply)),
                 Rebuild::Ended => {
                     if !session.is_ended() {
                         self.end_session(session, NotFound::UpstreamGone);
@@ -258,6 +274,11 @@ impl Broker {
                 );
                 Rebuild::Done
             }
+            Err(RebuildError::Denied(what, reply)) => {
+                tracing::info!(session = session.digest(), status = %reply.status, "the MCP server refused the caller's credentials for {what} of the rebuild; the session waits for a request with others");
+                session.await_credentials();
+                Rebuild::Denied(reply)
+            }
             Err(e)
                 if e.is_transient() && session.defer_rebuild() < self.cfg().rebuild_retry_for =>
             {
@@ -277,10 +298,9 @@ impl Broker {
         let version = session.version().as_str();
         let init = journal.initialize();
         let headers = |version| session.with_credentials(post_headers(version));
-        let (status, upstream_id, messages) = self.exchange(None, headers(None), &init).await?;
-        if !status.is_success() {
-            return Err(RebuildError::Refused("initialize", status));
-        }
+        let (upstream_id, messages) = self
+            .exchange("initialize", None, headers(None), &init)
+            .await?;
         let init_id = init.get("id").map(RequestKey::of);
         let negotiated = init_id
             .and_then(|id| negotiated_version(&messages, &id))
@@ -317,27 +337,26 @@ impl Broker {
         messages: &[Value],
     ) -> Result<(), RebuildError> {
         for message in messages {
-            let (status, _, _) = self.exchange(upstream_id, headers.clone(), message).await?;
-            if !status.is_success() {
-                let what = if message.get("id").is_some() {
-                    "a journal request"
-                } else {
-                    "a journal notification"
-                };
-                return Err(RebuildError::Refused(what, status));
-            }
+            let what = if message.get("id").is_some() {
+                "a journal request"
+            } else {
+                "a journal notification"
+            };
+            self.exchange(what, upstream_id, headers.clone(), message)
+                .await?;
         }
         Ok(())
     }
 
-    /// POSTs one message with `headers` and reads the answer: status, upstream session id,
-    /// messages.
+    /// POSTs one message (`what`, for errors) with `headers` and reads the answer: the upstream
+    /// session id and the messages of a 2xx; any other status is an error.
     async fn exchange(
         &self,
+        what: &'static str,
         upstream_session: Option<&str>,
         headers: HeaderMap,
         message: &Value,
-    ) -> Result<(http::StatusCode, Option<String>, Messages), RebuildError> {
+    ) -> Result<(Option<String>, Messages), RebuildError> {
         let exchange = Exchange {
             upstream_session,
             headers,
@@ -359,11 +378,17 @@ impl Broker {
             .read_stored(resp)
             .await
             .map_err(|r| RebuildError::Exchange(r.reason().to_owned()))?;
+        if stored.refuses_caller() {
+            return Err(RebuildError::Denied(what, stored));
+        }
+        if !status.is_success() {
+            return Err(RebuildError::Refused(what, status));
+        }
         let messages = if sse {
             sse_messages(stored.body).await
         } else {
             vec![(None, stored.body)]
         };
-        Ok((status, id, messages))
+        Ok((id, messages))
     }
 }

@@ -469,6 +469,13 @@ impl Session {
         now.saturating_duration_since(since)
     }
 
+    /// Records a rebuild the MCP server refused for the caller's credentials: the next request
+    /// tries again with its own. Not bounded by `--rebuild-retry-for` (each attempt is a
+    /// client's request; an idle session still expires).
+    pub(crate) fn await_credentials(&self) {
+        self.needs_rebuild.store(true, Ordering::Relaxed);
+    }
+
     /// Whether the rebuilt upstream session needs a standalone stream at once (the sender had
     /// one open); `true` only once.
     pub(crate) fn take_reopen_standalone(&self) -> bool {

@@ -30,6 +30,13 @@ impl StoredReply {
             || (self.status.is_client_error() && !is_response(&self.body))
     }
 
+    /// Whether the answer refuses the caller rather than the request: 401, 403, 407 (its
+    /// credentials) or 429 (its rate). A rebuild refused so waits for the session's next
+    /// request, which may bring a refreshed token.
+    pub(crate) fn refuses_caller(&self) -> bool {
+        matches!(self.status.as_u16(), 401 | 403 | 407 | 429)
+    }
+
     /// What keeping the reply costs, in bytes: body, header names and values, and overhead
     /// (`tether_retained_bytes{kind="replies"}`).
     pub(crate) fn retained_bytes(&self) -> u64 {
@@ -111,5 +118,15 @@ mod tests {
             !reply(500, "oops").is_refusal(),
             "a 5xx other than 503 is an outcome"
         );
+    }
+
+    #[test]
+    fn only_credential_and_rate_refusals_refuse_the_caller() {
+        for status in [401, 403, 407, 429] {
+            assert!(reply(status, "").refuses_caller(), "{status}");
+        }
+        for status in [200, 400, 404, 500, 502, 503] {
+            assert!(!reply(status, "").refuses_caller(), "{status}");
+        }
     }
 }

@@ -225,6 +225,59 @@ async fn a_handed_off_session_is_rebuilt_with_its_clients_credentials() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_refused_for_an_expired_token_waits_for_the_refreshed_one() {
+    let issuer = Issuer::new().unwrap();
+    let mut scenario = Scenario::start(
+        2,
+        PodSpec {
+            server_args: issuer.server_args(),
+            ..PodSpec::default()
+        },
+    )
+    .await;
+    let via_a = scenario.via_a();
+    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let drain = scenario.drain_a().await;
+    scenario.wait_moved(1.0).await;
+    // The first request on the new holder carries a token that expired meanwhile: the rebuild
+    // it triggers is refused, and the client gets the MCP server's 401 and challenge.
+    let via_rest = scenario.via_rest();
+    via_rest.set_authorization(Some(issuer.bearer(
+        "https://idp.example",
+        "alice",
+        Duration::ZERO,
+    )));
+    let call = tool_call(
+        2,
+        "slow",
+        json!({"count": 0, "interval_ms": 10, "call_id": "after-expiry"}),
+        None,
+    );
+    let refused = via_rest.post(Some(&session), &call, &[]).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let challenge = header_str(&refused, "www-authenticate").unwrap_or_default();
+    assert!(challenge.contains("invalid_token"), "{challenge}");
+    drop(body_text(refused).await);
+    // The same message with a refreshed token rebuilds the session and runs the tool, once.
+    via_rest.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let resp = via_rest.post(Some(&session), &call, &[]).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let answer = messages(resp, Duration::from_secs(10)).await.unwrap();
+    assert!(
+        answer
+            .iter()
+            .any(|m| m["result"]["content"][0]["text"] == "done 0"),
+        "{answer:?}"
+    );
+    drop(scenario.stop_a(drain).await);
+    assert_eq!(scenario.executions().await, 1);
+    for pod in &scenario.cluster.pods {
+        assert_eq!(pod.metric("tether_not_found_total").await.unwrap(), 0.0);
+    }
+}
+
 #[tokio::test]
 async fn a_session_is_bound_to_its_principal_and_others_get_the_404_of_an_unknown_one() {
     let issuer = Issuer::new().unwrap();
