@@ -8,6 +8,7 @@ use std::time::Duration;
 use http::StatusCode;
 use serde_json::json;
 use tether_tests::auth::Issuer;
+use tether_tests::call::{self, CallPlan};
 use tether_tests::client::{
     Events, McpClient, Session, body_text, expect_lost_session, header_str, messages, tool_call,
 };
@@ -94,6 +95,7 @@ async fn the_authenticated_example_server_refuses_missing_tokens_and_other_subje
     );
     let stats = pod.stats().await.unwrap();
     assert_eq!(stats["unauthenticated"], 2, "{stats}");
+    assert_eq!(stats["missing_credentials"], 1, "{stats}");
     assert_eq!(stats["principal_mismatches"], 1, "{stats}");
 }
 
@@ -120,7 +122,19 @@ async fn a_refused_request_sent_again_with_a_fresh_token_is_dispatched_and_runs_
     drop(body_text(refused).await);
     // The client refreshes its token and sends the same message: dispatched, not the stored 401.
     client.set_authorization(Some(alices_token(&issuer, HOUR)));
-    let resp = client.post(Some(&session), &call, &[]).await.unwrap();
+    sent_again_runs_once(&pod, &client, &session, &call).await;
+}
+
+/// Sends `call` (a `slow` call of count 0, refused before) again: it is dispatched and answered,
+/// its tool runs once, and once answered the same message is a retry, replayed, not run again.
+async fn sent_again_runs_once(
+    pod: &Pod,
+    client: &McpClient,
+    session: &Session,
+    call: &serde_json::Value,
+) {
+    let call_id = call["params"]["arguments"]["call_id"].as_str().unwrap();
+    let resp = client.post(Some(session), call, &[]).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let answer = messages(resp, Duration::from_secs(10)).await.unwrap();
     assert!(
@@ -130,16 +144,44 @@ async fn a_refused_request_sent_again_with_a_fresh_token_is_dispatched_and_runs_
         "{answer:?}"
     );
     let stats = pod.stats().await.unwrap();
-    assert_eq!(
-        stats["calls"]["after-refresh"], 1,
-        "the tool ran once: {stats}"
-    );
-    // Once answered, the same message is a retry: replayed, not run again.
-    let again = client.post(Some(&session), &call, &[]).await.unwrap();
+    assert_eq!(stats["calls"][call_id], 1, "the tool ran once: {stats}");
+    let again = client.post(Some(session), call, &[]).await.unwrap();
     assert_eq!(again.status(), StatusCode::OK);
     drop(body_text(again).await);
     let stats = pod.stats().await.unwrap();
-    assert_eq!(stats["calls"]["after-refresh"], 1, "{stats}");
+    assert_eq!(stats["calls"][call_id], 1, "{stats}");
+}
+
+#[tokio::test]
+async fn a_request_refused_429_sent_again_after_retry_after_is_dispatched_and_runs_once() {
+    let issuer = Issuer::new().unwrap();
+    // Two requests per caller and 2 s window: `initialize` and `notifications/initialized`.
+    let limit = ["--rate-limit", "2", "--rate-window-ms", "2000"].map(String::from);
+    let pod = Pod::start(PodSpec {
+        server_args: [issuer.server_args(), limit.to_vec()].concat(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    client.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let call = tool_call(
+        2,
+        "slow",
+        json!({"count": 0, "interval_ms": 10, "call_id": "after-429"}),
+        None,
+    );
+    let refused = client.post(Some(&session), &call, &[]).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = header_str(&refused, "retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!((1..=2).contains(&wait), "Retry-After: {wait}");
+    drop(body_text(refused).await);
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    sent_again_runs_once(&pod, &client, &session, &call).await;
+    assert_eq!(pod.stats().await.unwrap()["rate_limited"], 1);
 }
 
 #[tokio::test]
@@ -445,4 +487,50 @@ async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_e
             .unwrap(),
         1.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sep1699_a_long_polling_stream_goes_on_across_a_token_refresh() {
+    let issuer = Issuer::new().unwrap();
+    let pod = authenticated_pod(&issuer).await;
+    let client = pod.client();
+    // Valid for at most 2 s: it expires while the call runs.
+    client.set_authorization(Some(alices_token(&issuer, Duration::from_secs(2))));
+    let session = client.initialize("2025-11-25").await.unwrap();
+    // Progress every 700 ms; the MCP server closes the SSE connection after the 4th (2.8 s in,
+    // the first token expired) and the sidecar resumes the upstream stream (SEP-1699).
+    let mut plan = CallPlan::steady(6, 700);
+    plan.close_after = Some(4);
+    let running = {
+        let (client, session) = (client.clone(), session.clone());
+        tokio::spawn(async move { call::slow(&client, &session, 2, "long-poll", &plan).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The client refreshes its token and uses it: the session's latest credentials.
+    client.set_authorization(Some(alices_token(&issuer, HOUR)));
+    assert!(
+        client
+            .call(&session, 3, "echo", json!({"text": "refreshed"}))
+            .await
+            .is_ok()
+    );
+    let out = running.await.unwrap().unwrap();
+    assert_eq!(
+        out.progress,
+        (1..=6).collect::<Vec<_>>(),
+        "{:?}",
+        out.failures
+    );
+    assert_eq!(out.result.as_deref(), Some("done 6"));
+    assert_eq!(out.resumes.len(), 0, "the client saw one unbroken stream");
+    assert_eq!(
+        pod.metric("tether_upstream_resumes_total").await.unwrap(),
+        1.0
+    );
+    let stats = pod.stats().await.unwrap();
+    assert_eq!(
+        stats["unauthenticated"], 0,
+        "the resume carried the fresh token: {stats}"
+    );
+    assert_eq!(stats["calls"]["long-poll"], 1, "{stats}");
 }

@@ -11,7 +11,11 @@
 //!
 //! With `--auth-key FILE` it requires a bearer JWT (HS256) on every MCP request and binds its
 //! sessions to the token's `sub` ([`auth`]); `/stats` then counts `unauthenticated` requests
-//! (answered 401) and `principal_mismatches` (another `sub` on a session, answered 404).
+//! (answered 401), among them `missing_credentials` (no bearer token at all), and
+//! `principal_mismatches` (another `sub` on a session, answered 404).
+//!
+//! With `--rate-limit N` each caller may make N MCP requests per `--rate-window-ms`; beyond,
+//! 429 + `Retry-After` ([`limit`]); `/stats` counts them (`rate_limited`).
 //!
 //! With `--local-only` it defends against DNS rebinding as SDK servers on loopback do (a `Host`
 //! that is not local: 421; an `Origin` that is not local: 403), and `/stats` counts requests
@@ -72,6 +76,7 @@ use serde_json::json;
 use tokio_stream::wrappers::ReceiverStream;
 
 mod auth;
+mod limit;
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -109,6 +114,13 @@ struct Args {
     /// Require `Authorization: Bearer <JWT>` (HS256 with this file's bytes, `sub` and `exp`).
     #[arg(long, value_name = "FILE")]
     auth_key: Option<std::path::PathBuf>,
+    /// Answer a caller's MCP requests beyond N per `--rate-window-ms` with 429 + `Retry-After`
+    /// (0: no limit).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    rate_limit: u64,
+    /// The window of `--rate-limit`, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    rate_window_ms: u64,
 }
 
 /// Execution counts per `slow` call id, for `GET /stats`.
@@ -119,7 +131,11 @@ struct Stats {
     completed: AtomicU64,
     aborted: AtomicU64,
     unauthenticated: AtomicU64,
+    /// Of `unauthenticated`: requests without a bearer token at all.
+    missing_credentials: AtomicU64,
     principal_mismatches: AtomicU64,
+    /// Requests answered 429 (`--rate-limit`).
+    rate_limited: AtomicU64,
     /// MCP requests that carried `X-Forwarded-Host` (a proxy hop in front).
     forwarded: AtomicU64,
 }
@@ -135,6 +151,8 @@ impl Stats {
             "completed": self.completed.load(Ordering::Relaxed),
             "aborted": self.aborted.load(Ordering::Relaxed),
             "unauthenticated": self.unauthenticated.load(Ordering::Relaxed),
+            "missing_credentials": self.missing_credentials.load(Ordering::Relaxed),
+            "rate_limited": self.rate_limited.load(Ordering::Relaxed),
             "principal_mismatches": self.principal_mismatches.load(Ordering::Relaxed),
             "forwarded": self.forwarded.load(Ordering::Relaxed),
         })
@@ -514,6 +532,9 @@ async fn main() -> std::io::Result<()> {
     let app = Arc::new(App {
         auth: args.auth_key.as_deref().map(auth::Auth::load).transpose()?,
         unready: AtomicU64::new(args.unready_initializes),
+        rate_limit: (args.rate_limit > 0).then(|| {
+            limit::RateLimit::new(args.rate_limit, Duration::from_millis(args.rate_window_ms))
+        }),
         mcp,
         stats,
         args,
@@ -546,6 +567,7 @@ struct App {
     auth: Option<auth::Auth>,
     /// `initialize` requests still to refuse (`--unready-initializes`).
     unready: AtomicU64,
+    rate_limit: Option<limit::RateLimit>,
 }
 
 impl App {
@@ -587,12 +609,20 @@ impl App {
             return resp;
         }
         let Some(auth) = &self.auth else {
+            if let Some(refusal) = self.rate_limited("") {
+                return refusal;
+            }
             return self.serve(req).await;
         };
         let sub = match auth.caller(req.headers()) {
             Ok(sub) => sub,
             Err(why) => {
                 self.stats.unauthenticated.fetch_add(1, Ordering::Relaxed);
+                if why == auth::Unauthenticated::Missing {
+                    self.stats
+                        .missing_credentials
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 let mut resp = full(StatusCode::UNAUTHORIZED, "text/plain", "unauthorized\n");
                 resp.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
@@ -601,6 +631,9 @@ impl App {
                 return resp;
             }
         };
+        if let Some(refusal) = self.rate_limited(&sub) {
+            return refusal;
+        }
         let session = req
             .headers()
             .get("mcp-session-id")
@@ -630,6 +663,23 @@ impl App {
             auth.forget(&session);
         }
         resp
+    }
+
+    /// The 429 for a request of `caller` beyond `--rate-limit`, counted; `None` within it.
+    fn rate_limited(&self, caller: &str) -> Option<Response<HttpBody>> {
+        let retry_after = self
+            .rate_limit
+            .as_ref()?
+            .check(caller, std::time::Instant::now())?;
+        self.stats.rate_limited.fetch_add(1, Ordering::Relaxed);
+        let mut resp = full(
+            StatusCode::TOO_MANY_REQUESTS,
+            "text/plain",
+            "rate limit exceeded\n",
+        );
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, http::HeaderValue::from(retry_after));
+        Some(resp)
     }
 
     /// The MCP service's answer (`--no-standalone-stream`, `--json-replies` applied).
