@@ -4,7 +4,9 @@
 //! within the window, the sidecar asks the server with a `ping` in the session carrying that
 //! credential; the server's 401 or 403 (with its `WWW-Authenticate`) goes to the client and
 //! nothing is served. Every answer the server gives a dispatched request that is not a 401/403
-//! counts as an acceptance of its credential.
+//! counts as an acceptance of its credential. A session handed over and not rebuilt yet is
+//! rebuilt first, with the request's credentials: the rebuild is the server's judgement (a
+//! refused one passes its answer on, `broker/rebuild.rs`).
 
 use std::sync::Arc;
 
@@ -13,6 +15,7 @@ use http::{HeaderMap, Method, StatusCode};
 use tether_crds::AuthBinding;
 
 use super::Broker;
+use super::rebuild::Rebuild;
 use crate::mcp::principal::{Principal, principal};
 use crate::reply::Reply;
 use crate::session::Session;
@@ -64,6 +67,18 @@ impl Broker {
         };
         if window.is_zero() || session.credential_accepted(key, window) {
             return Ok(());
+        }
+        if session.needs_rebuild() {
+            // A session handed over, not rebuilt here yet: the rebuild, with this request's
+            // credentials, is the MCP server's judgement of them.
+            return match self.ensure_upstream(session).await {
+                Rebuild::Done => {
+                    session.accept_credential(key);
+                    Ok(())
+                }
+                Rebuild::Denied(refusal) => Err(Reply::from(refusal)),
+                Rebuild::NotReady | Rebuild::Ended => Ok(()),
+            };
         }
         let Some(upstream_session) = session.upstream_id() else {
             return Ok(());

@@ -490,6 +490,57 @@ async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_e
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_on_the_new_holder_is_authorized_by_the_rebuild_it_triggers() {
+    let issuer = Issuer::new().unwrap();
+    let mut scenario = Scenario::start(
+        2,
+        PodSpec {
+            server_args: issuer.server_args(),
+            ..PodSpec::default()
+        },
+    )
+    .await;
+    let via_a = scenario.via_a();
+    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let call = tool_call(
+        2,
+        "slow",
+        json!({"count": 5, "interval_ms": 50, "call_id": "moved"}),
+        Some("p"),
+    );
+    let cursor = first_cursor(&via_a, &session, &call).await;
+    // The call finishes into A's buffer, which moves to B with the session.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let drain = scenario.drain_a().await;
+    scenario.wait_moved(1.0).await;
+    // The first request on B is a resume with a token the MCP server refuses: B has no
+    // upstream session yet to ping, so the rebuild it needs is the server's judgement.
+    let via_rest = scenario.via_rest();
+    via_rest.set_authorization(Some(issuer.bearer(
+        "https://idp.example",
+        "alice",
+        Duration::ZERO,
+    )));
+    let refused = via_rest.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let body = body_text(refused).await.unwrap();
+    assert!(!body.contains("progress"), "no buffered event: {body}");
+    via_rest.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let resumed = via_rest.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let rest = messages(resumed, Duration::from_secs(10)).await.unwrap();
+    assert!(rest.iter().any(|m| m["result"].is_object()), "{rest:?}");
+    drop(scenario.stop_a(drain).await);
+    assert!(
+        scenario
+            .metric_of_rest("tether_sessions_rebuilt_total")
+            .await
+            >= 1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sep1699_a_long_polling_stream_goes_on_across_a_token_refresh() {
     let issuer = Issuer::new().unwrap();
     let pod = authenticated_pod(&issuer).await;
