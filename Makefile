@@ -1,26 +1,25 @@
 # tether — two commands matter: `make demo` (the main job) and `make test` (all tests).
 # `make fuzz` runs the fuzz targets of the sidecar's parsers for a while (CI runs it as a smoke).
 # Both first check the system packages the build needs (pingora builds zlib-ng with CMake and
-# zstd with a C compiler) and install missing ones with apt-get when run as root.
+# zstd with a C compiler; the tests' Python SDK fixture also needs python3 and its venv module)
+# and install missing ones with apt-get when run as root.
 
 SHELL := /bin/bash
 CARGO ?= cargo
 # command -> Debian/Ubuntu package providing it
 SYSTEM_DEPS := cmake:cmake cc:gcc c++:g++ pkg-config:pkg-config
+# The Python of the Python SDK fixture's virtualenv (`make python-sdk`): when it is missing, or
+# lacks the venv module and ensurepip, python-deps installs these packages.
+PYTHON3 ?= python3
+PYTHON_DEPS := python3 python3-venv
 
-.PHONY: all deps build test lint cargo-test fuzz demo bench crds references images e2e clean
+.PHONY: all deps python-deps build test lint cargo-test python-sdk fuzz demo bench crds references images e2e clean
 
 all: test
 
-deps:
-	@missing=""; \
-	for pair in $(SYSTEM_DEPS); do \
-	  cmd=$${pair%%:*}; pkg=$${pair##*:}; \
-	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
-	done; \
-	if ! command -v $(CARGO) >/dev/null 2>&1; then \
-	  echo "error: cargo not found; install Rust (https://rustup.rs) first" >&2; exit 1; \
-	fi; \
+# Installs the Debian/Ubuntu packages named in the shell variable `missing` with apt-get when
+# run as root, else says how and fails; nothing when `missing` is empty.
+define install_missing
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing system packages:$$missing"; \
@@ -32,6 +31,25 @@ deps:
 	    exit 1; \
 	  fi; \
 	fi
+endef
+
+deps:
+	@missing=""; \
+	for pair in $(SYSTEM_DEPS); do \
+	  cmd=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	done; \
+	if ! command -v $(CARGO) >/dev/null 2>&1; then \
+	  echo "error: cargo not found; install Rust (https://rustup.rs) first" >&2; exit 1; \
+	fi; \
+	$(install_missing)
+
+## python-deps: python3 with its venv module and ensurepip, which the Python SDK fixture's
+## virtualenv needs (Debian ships them apart, in python3-venv); only the tests need them.
+python-deps:
+	@missing=""; \
+	$(PYTHON3) -c 'import venv, ensurepip' >/dev/null 2>&1 || missing="$(PYTHON_DEPS)"; \
+	$(install_missing)
 
 build: deps
 	$(CARGO) build --workspace --bins
@@ -45,10 +63,25 @@ lint: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## cargo-test: every test of the workspace (each crate's unit tests, the multi-process `it`
-## binary, the static `repo` checks; docs/dev/testing.md), after building the binaries the
-## multi-process tests start.
-cargo-test: build
+## binary, the static `repo` checks; docs/dev/testing.md), after building the binaries and the
+## Python SDK fixture's virtualenv the multi-process tests start.
+cargo-test: build python-sdk
 	$(CARGO) test --workspace --no-fail-fast
+
+## python-sdk: the virtualenv of the Python SDK fixture (tests/fixtures/python-sdk-server/) in
+## target/python-sdk-venv, with its pinned requirements; made again when requirements.txt
+## changes (a stamp file), removed by `cargo clean`.
+PYTHON_SDK_REQUIREMENTS := tests/fixtures/python-sdk-server/requirements.txt
+PYTHON_SDK_VENV := target/python-sdk-venv
+PYTHON_SDK_STAMP := $(PYTHON_SDK_VENV)/.installed
+
+python-sdk: $(PYTHON_SDK_STAMP)
+
+$(PYTHON_SDK_STAMP): $(PYTHON_SDK_REQUIREMENTS) | python-deps
+	rm -rf $(PYTHON_SDK_VENV)
+	$(PYTHON3) -m venv $(PYTHON_SDK_VENV)
+	$(PYTHON_SDK_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(PYTHON_SDK_REQUIREMENTS)
+	touch $@
 
 ## fuzz: the fuzz targets of the sidecar's parsers (fuzz/, docs/dev/testing.md#fuzzing), built
 ## with cargo-fuzz (installed when missing) on the stable toolchain (RUSTC_BOOTSTRAP=1), each run

@@ -1,7 +1,10 @@
-//! Locating the workspace's binaries (`tether-sidecar`, `tether-example-server`).
+//! Locating the workspace's binaries (`tether-sidecar`, `tether-example-server`), and the Python
+//! SDK fixture (`tests/fixtures/python-sdk-server/`) with its virtualenv.
 //!
 //! Integration tests run from `target/<profile>/deps/`, the demo from `target/<profile>/`; the
-//! binaries sit in `target/<profile>/`. `TETHER_BIN_DIR` overrides the directory.
+//! binaries sit in `target/<profile>/`. `TETHER_BIN_DIR` overrides the directory. The fixture's
+//! virtualenv is the one `make python-sdk` creates, `target/python-sdk-venv` in the workspace;
+//! `TETHER_PYTHON_SDK_VENV` overrides it.
 
 use std::path::PathBuf;
 
@@ -34,5 +37,31 @@ pub fn path(name: &str) -> Result<PathBuf> {
             name.to_owned(),
             dir.display().to_string(),
         ))
+    }
+}
+
+/// The Python SDK fixture's script, from the workspace root.
+pub const PYTHON_SDK_SERVER: &str = "tests/fixtures/python-sdk-server/server.py";
+
+/// The Python SDK fixture's virtualenv: `TETHER_PYTHON_SDK_VENV`, else `target/python-sdk-venv`
+/// in the workspace (where `make python-sdk` creates it).
+pub fn python_sdk_venv() -> PathBuf {
+    std::env::var_os("TETHER_PYTHON_SDK_VENV").map_or_else(
+        || crate::repo::root().join("target/python-sdk-venv"),
+        PathBuf::from,
+    )
+}
+
+/// The interpreter of the Python SDK fixture's virtualenv, and the fixture's script.
+///
+/// # Errors
+/// [`HarnessError::MissingPythonSdk`] when the virtualenv has no interpreter (`make python-sdk`
+/// creates it).
+pub fn python_sdk_server() -> Result<(PathBuf, PathBuf)> {
+    let python = python_sdk_venv().join("bin/python");
+    if python.is_file() {
+        Ok((python, crate::repo::root().join(PYTHON_SDK_SERVER)))
+    } else {
+        Err(HarnessError::MissingPythonSdk(python.display().to_string()))
     }
 }

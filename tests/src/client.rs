@@ -19,6 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use sse_stream::{Sse, SseStream};
 
+use crate::auth::Tokens;
 use crate::{HarnessError, Result};
 
 /// `Accept` of every POST (spec T-03).
@@ -128,7 +129,20 @@ pub struct McpClient {
     /// `Authorization` of every request of this client and its clones, unless a request sets
     /// its own ([`McpClient::set_authorization`]).
     authorization: Arc<RwLock<Option<String>>>,
+    /// This client's own refreshed tokens ([`McpClient::with_tokens`]).
+    tokens: Option<Arc<Tokens>>,
+    /// Headers of every request of this client and its clones, unless a request sets its own
+    /// ([`McpClient::set_headers`]).
+    headers: Arc<RwLock<Vec<(String, String)>>>,
 }
+
+/// The public name clients reach a test endpoint by and the browser `Origin` it allows
+/// (`PodSpec::default`), as a browser client behind a load balancer sends them
+/// ([`McpClient::set_headers`]).
+pub const PUBLIC_HEADERS: [(&str, &str); 2] = [
+    ("host", "mcp.example.com"),
+    ("origin", "https://app.example.com"),
+];
 
 /// Most times a client honouring `Retry-After` sends a request answered 429/503.
 const RETRY_AFTER_ATTEMPTS: u32 = 5;
@@ -267,6 +281,8 @@ impl McpClient {
             entries: Arc::new(RwLock::new(urls)),
             honour_retry_after: false,
             authorization: Arc::default(),
+            tokens: None,
+            headers: Arc::default(),
         }
     }
 
@@ -279,6 +295,26 @@ impl McpClient {
             .unwrap_or_else(PoisonError::into_inner) = authorization;
     }
 
+    /// Sends `headers` with every later request of this client and of all its clones (a request
+    /// that sets one of them sends its own), replacing the ones set before: e.g. the public
+    /// `Host` and the browser `Origin` of a client behind a load balancer. `hyper` adds `Host`
+    /// from the URL only when none is set.
+    pub fn set_headers(&self, headers: &[(&str, &str)]) {
+        *self.headers.write().unwrap_or_else(PoisonError::into_inner) = headers
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+    }
+
+    /// This client (not the clones made before) with its own bearer tokens: every request
+    /// carries `tokens`' current one (refreshed before expiry when they say so), and a request
+    /// answered 401 is sent once more with a fresh token, as OAuth clients do. Overrides
+    /// [`McpClient::set_authorization`].
+    pub fn with_tokens(mut self, tokens: Arc<Tokens>) -> Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
     /// This client, sending a request answered 429 or 503 with `Retry-After` again after the
     /// wait it names (at most `RETRY_AFTER_CAP`, `RETRY_AFTER_ATTEMPTS` times), as a
     /// well-behaved MCP client does during a rollout.
@@ -288,32 +324,57 @@ impl McpClient {
     }
 
     /// Sends a request to an entry; with [`McpClient::honouring_retry_after`], again after a
-    /// 429/503 that carries `Retry-After` (each time to a fresh entry).
+    /// 429/503 that carries `Retry-After` (each time to a fresh entry); with
+    /// [`McpClient::with_tokens`], once more with a fresh token after a 401.
     async fn send(
         &self,
         method: Method,
         headers: &[(&str, &str)],
         body: Option<Bytes>,
     ) -> Result<Response<Incoming>> {
-        let authorization = self
-            .authorization
+        let mut authorization = match &self.tokens {
+            Some(tokens) => Some(tokens.authorization()),
+            None => self
+                .authorization
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        };
+        let defaults = self
+            .headers
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let mut all = headers.to_vec();
-        if let Some(value) = &authorization
-            && !headers
-                .iter()
-                .any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
-        {
-            all.push(("authorization", value));
-        }
+        let set = |name: &str| headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
         let mut attempt = 1;
+        let mut refreshed = false;
         loop {
+            let mut all = headers.to_vec();
+            if let Some(value) = &authorization
+                && !set("authorization")
+            {
+                all.push(("authorization", value));
+            }
+            all.extend(
+                defaults
+                    .iter()
+                    .filter(|(name, _)| !set(name))
+                    .map(|(name, value)| (name.as_str(), value.as_str())),
+            );
             let resp = self
                 .http
                 .send(method.clone(), &self.entry(), &all, body.clone())
                 .await?;
+            if let (Some(tokens), Some(sent)) = (&self.tokens, &authorization)
+                && resp.status() == StatusCode::UNAUTHORIZED
+                && !refreshed
+                && !set("authorization")
+            {
+                // As an OAuth client does: a fresh token, and the same request once more.
+                authorization = Some(tokens.refused(sent));
+                refreshed = true;
+                continue;
+            }
             match crate::follow::retry_after(&resp) {
                 Some(secs) if self.honour_retry_after && attempt < RETRY_AFTER_ATTEMPTS => {
                     tokio::time::sleep(Duration::from_secs(secs).min(RETRY_AFTER_CAP)).await;

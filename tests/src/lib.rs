@@ -7,8 +7,9 @@
 //! (`docs/dev/testing.md`).
 //!
 //! - [`auth`]: bearer tokens for an upstream that requires them (`--auth-key`);
-//! - [`bins`]: finds the workspace's binaries;
-//! - [`pod`]: one pod (example server + sidecar) with its manifest, secret and logs;
+//! - [`bins`]: finds the workspace's binaries and the Python SDK fixture's virtualenv;
+//! - [`pod`]: one pod (an MCP server, `tether-example-server` or the Python SDK fixture, +
+//!   sidecar) with its manifest, secret and logs;
 //! - [`cluster`]: several pods sharing a membership (`--peers-file`);
 //! - [`client`]: an MCP client on hyper that can cut its connection and resume with
 //!   `Last-Event-ID`;
@@ -46,6 +47,9 @@ pub enum HarnessError {
         "{0} not found in {1}: build the workspace binaries first (cargo build --workspace --bins)"
     )]
     MissingBinary(String, String),
+    /// The virtualenv of the Python SDK fixture is missing.
+    #[error("{0} not found: create the Python SDK fixture's virtualenv first (make python-sdk)")]
+    MissingPythonSdk(String),
     /// A process could not be started or did not become ready.
     #[error("{0}")]
     Start(String),

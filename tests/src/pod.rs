@@ -1,9 +1,12 @@
-//! One pod on loopback: `tether-example-server` and `tether-sidecar` as processes.
+//! One pod on loopback: an MCP server and `tether-sidecar` as processes.
 //!
 //! Each pod gets its own IP from [`crate::addr`] and fixed ports on it: the sidecar's MCP
-//! listener on [`LISTEN_PORT`], its admin listener on [`ADMIN_PORT`], the example server on
-//! [`UPSTREAM_PORT`]. Its manifest, secret and both processes' logs live in a temporary
-//! directory. Processes are killed when the [`Pod`] is dropped, so tests stop by themselves.
+//! listener on [`LISTEN_PORT`], its admin listener on [`ADMIN_PORT`], the MCP server on
+//! [`UPSTREAM_PORT`]. The MCP server is [`PodSpec::server`]: `tether-example-server` (rmcp), or
+//! the fixture on the official Python SDK (`tests/fixtures/python-sdk-server/`), which answers
+//! the same tools and `/stats`. Its manifest, secret and both processes' logs live in a
+//! temporary directory. Processes are killed when the [`Pod`] is dropped, so tests stop by
+//! themselves.
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
@@ -25,7 +28,7 @@ pub const LISTEN_PORT: u16 = 8080;
 pub const ADMIN_PORT: u16 = 9901;
 /// The sidecar's peer (handoff) listener port (`spec.peer.port`).
 pub const PEER_PORT: u16 = 9902;
-/// Port of the example MCP server.
+/// Port of the MCP server.
 pub const UPSTREAM_PORT: u16 = 3000;
 /// How long a pod may take to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,7 +37,51 @@ const DRAIN_SOCKET: &str = "drain.sock";
 /// The shared secret of test endpoints (every pod of a test uses the same one).
 pub const SECRET: &str = "tether-test-secret-0123456789abcdef";
 
-/// What to run: the manifest's settings and extra flags.
+/// The MCP server of a pod, behind its sidecar. Both serve the tool contract of
+/// `tether-example-server` (`echo`, `slow`, `counter`, `notify`) and its `/stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Upstream {
+    /// `tether-example-server`, on the official Rust SDK (rmcp).
+    #[default]
+    Example,
+    /// The fixture on the official Python SDK (`tests/fixtures/python-sdk-server/server.py`),
+    /// run by the interpreter of the virtualenv `make python-sdk` creates
+    /// ([`bins::python_sdk_venv`]). It defends against DNS rebinding as the SDK does on
+    /// loopback, and its `/stats` also count the requests that defence refused
+    /// (`rejected_hosts`, `rejected_origins`).
+    PythonSdk,
+}
+
+impl Upstream {
+    /// The process's name, for errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Example => "tether-example-server",
+            Self::PythonSdk => "the Python SDK fixture (server.py)",
+        }
+    }
+
+    /// The command that starts it, listening on `ip`:[`UPSTREAM_PORT`].
+    ///
+    /// # Errors
+    /// [`HarnessError`] when its binary or virtualenv is missing.
+    fn command(self, ip: Ipv4Addr) -> Result<Command> {
+        let mut command = match self {
+            Self::Example => Command::new(bins::path("tether-example-server")?),
+            Self::PythonSdk => {
+                let (python, script) = bins::python_sdk_server()?;
+                let mut command = Command::new(python);
+                // Unbuffered, so the pod's log shows what it printed before it died.
+                command.arg("-u").arg(script);
+                command
+            }
+        };
+        command.arg("--listen").arg(format!("{ip}:{UPSTREAM_PORT}"));
+        Ok(command)
+    }
+}
+
+/// What to run: the manifest's settings, the MCP server and extra flags.
 #[derive(Clone, Debug)]
 pub struct PodSpec {
     /// `spec.protocolVersions`.
@@ -57,16 +104,21 @@ pub struct PodSpec {
     pub drain_timeout: String,
     /// `spec.auth.revalidate`.
     pub revalidate: String,
+    /// `spec.upstream.forwardOrigin`.
+    pub forward_origin: bool,
     /// Extra `tether-sidecar` flags.
     pub sidecar_args: Vec<String>,
-    /// Extra `tether-example-server` flags.
+    /// The MCP server.
+    pub server: Upstream,
+    /// Extra flags of the MCP server.
     pub server_args: Vec<String>,
 }
 
 impl Default for PodSpec {
     /// The test endpoint: one allowed Origin (`https://app.example.com`; a missing one passes),
     /// a buffer of 1024 events, 4 MiB and 10 min, 30 min idle sessions under `Replay`, a 5 s
-    /// drain, every protocol version, and credentials revalidated after 60 s.
+    /// drain, every protocol version, credentials revalidated after 60 s, the client's `Origin`
+    /// not passed to the MCP server, and `tether-example-server` as the MCP server.
     fn default() -> Self {
         Self {
             versions: ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]
@@ -81,7 +133,9 @@ impl Default for PodSpec {
             migration: "Replay".into(),
             drain_timeout: "5s".into(),
             revalidate: "60s".into(),
+            forward_origin: false,
             sidecar_args: Vec::new(),
+            server: Upstream::Example,
             server_args: Vec::new(),
         }
     }
@@ -102,7 +156,7 @@ impl PodSpec {
              metadata: {{name: test, namespace: default}}\n\
              spec:\n\
              \x20 targetRef: {{kind: Deployment, name: test}}\n\
-             \x20 upstream: {{port: {UPSTREAM_PORT}, path: /mcp}}\n\
+             \x20 upstream: {{port: {UPSTREAM_PORT}, path: /mcp, forwardOrigin: {}}}\n\
              \x20 listen: {{port: {LISTEN_PORT}, path: /mcp}}\n\
              \x20 admin: {{port: {ADMIN_PORT}}}\n\
              \x20 peer: {{port: {PEER_PORT}}}\n\
@@ -112,6 +166,7 @@ impl PodSpec {
              \x20 session: {{idleTimeout: {}, migration: {}}}\n\
              \x20 drain: {{timeout: {}}}\n\
              \x20 auth: {{revalidate: {}}}\n",
+            self.forward_origin,
             quote(&self.origins),
             self.allow_missing_origin,
             quote(&self.versions),
@@ -134,7 +189,7 @@ pub struct Pod {
     pub mcp_url: String,
     /// The sidecar's admin base URL, `http://ip:9901`.
     pub admin_url: String,
-    /// The example server's base URL, `http://ip:3000`.
+    /// The MCP server's base URL, `http://ip:3000`.
     pub server_url: String,
     /// The pod's UID, `pod-<ip>`.
     pub uid: String,
@@ -154,10 +209,11 @@ impl Pod {
         Self::start(PodSpec::default()).await
     }
 
-    /// Starts the example server and the sidecar and waits until the sidecar is ready.
+    /// Starts the MCP server and the sidecar and waits until the sidecar is ready.
     ///
     /// # Errors
-    /// [`HarnessError`] when a binary is missing or a process does not become ready.
+    /// [`HarnessError`] when a binary (or the Python SDK fixture's virtualenv) is missing or a
+    /// process does not become ready.
     pub async fn start(spec: PodSpec) -> Result<Self> {
         Self::start_at(addr::next_ip(), spec).await
     }
@@ -210,12 +266,17 @@ impl Pod {
         let url = format!("{}/readyz", self.admin_url);
         loop {
             let exited = [
-                ("tether-example-server", self.server.try_wait()?),
+                (self.spec.server.name(), self.server.try_wait()?),
                 ("tether-sidecar", self.sidecar.try_wait()?),
             ];
             if let Some((name, Some(status))) = exited.iter().find(|(_, s)| s.is_some()) {
+                let hint = if self.spec.server == Upstream::PythonSdk {
+                    " (an incomplete virtualenv? make python-sdk)"
+                } else {
+                    ""
+                };
                 return Err(HarnessError::Start(format!(
-                    "{name} exited with {status} during start-up\n{}",
+                    "{name} exited with {status} during start-up{hint}\n{}",
                     self.logs()
                 )));
             }
@@ -233,7 +294,7 @@ impl Pod {
         }
     }
 
-    /// The example server's `/stats`.
+    /// The MCP server's `/stats`.
     ///
     /// # Errors
     /// [`HarnessError`] when it cannot be read.
@@ -281,7 +342,7 @@ impl Pod {
         crate::poll(within, every, || self.metric(sample), |&v| done(v)).await
     }
 
-    /// Polls the example server's `/stats` (every 50 ms, at most `within`) until `done` holds
+    /// Polls the MCP server's `/stats` (every 50 ms, at most `within`) until `done` holds
     /// for them; returns the last ones read (the caller asserts on them).
     ///
     /// # Errors
@@ -385,7 +446,7 @@ impl Pod {
         Ok(self.sidecar.try_wait()?.is_none())
     }
 
-    /// Stops the example server (SIGKILL) and starts it again: the upstream loses every session.
+    /// Stops the MCP server (SIGKILL) and starts it again: the upstream loses every session.
     ///
     /// # Errors
     /// [`HarnessError`] when it cannot be restarted.
@@ -395,7 +456,7 @@ impl Pod {
         self.wait_ready().await
     }
 
-    /// Stops the example server for good (SIGKILL).
+    /// Stops the MCP server for good (SIGKILL).
     ///
     /// # Errors
     /// [`HarnessError::Io`] when it cannot be killed.
@@ -404,7 +465,7 @@ impl Pod {
         Ok(())
     }
 
-    /// Kills the sidecar (SIGKILL), as a crashed pod; the example server keeps running.
+    /// Kills the sidecar (SIGKILL), as a crashed pod; the MCP server keeps running.
     ///
     /// # Errors
     /// [`HarnessError::Io`] when it cannot be killed.
@@ -552,9 +613,9 @@ fn log_file(path: PathBuf) -> Result<(Stdio, Stdio)> {
 
 fn spawn_server(ip: Ipv4Addr, spec: &PodSpec, log: PathBuf) -> Result<Child> {
     let (out, err) = log_file(log)?;
-    Ok(Command::new(bins::path("tether-example-server")?)
-        .arg("--listen")
-        .arg(format!("{ip}:{UPSTREAM_PORT}"))
+    Ok(spec
+        .server
+        .command(ip)?
         .args(&spec.server_args)
         .stdin(Stdio::null())
         .stdout(out)

@@ -7,15 +7,18 @@
 //! way a Deployment's rolling update does ([`tether_tests::rollout`]). It does so twice: with
 //! handoff, then without (`--handoff false`, the baseline; `--baseline false` skips it), and
 //! prints both side by side.
+//! By default the MCP servers require bearer tokens (`--auth false` turns that off): each client
+//! is its own user with short-lived tokens, refreshed before expiry or — for some clients —
+//! only after a 401, and now and then another user tries a client's session.
 //! Exits 1 when the handoff column is not clean (a client-visible 404, a lost, duplicated or
-//! foreign event, a tool executed twice, any other client error), 2 when the demo itself could
-//! not run.
+//! foreign event, a tool executed twice, a request without credentials at an MCP server, another
+//! user served in a session, any other client error), 2 when the demo itself could not run.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tether_tests::rollout::{self, RolloutConfig, RolloutReport};
+use tether_tests::rollout::{self, AuthLoad, RolloutConfig, RolloutReport};
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -61,6 +64,19 @@ struct Args {
     /// `spec.session.migration`: `Replay` or `Pin`.
     #[arg(long, default_value = "Replay")]
     migration: String,
+    /// Whether the MCP servers require bearer tokens (`tether-example-server --auth-key`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    auth: bool,
+    /// Lifetime of the clients' tokens, in milliseconds (whole seconds in the token).
+    #[arg(long, default_value_t = 10_000)]
+    token_ttl_ms: u64,
+    /// Fraction of clients that refresh their token only after a 401 (the others before it
+    /// expires).
+    #[arg(long, default_value_t = 0.25)]
+    lazy_refresh_fraction: f64,
+    /// Probability that, after a `slow` call, another user sends a request in the session.
+    #[arg(long, default_value_t = 0.05)]
+    probe_probability: f64,
 }
 
 #[tokio::main]
@@ -78,16 +94,28 @@ async fn main() -> ExitCode {
         migration: args.migration,
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
         ramp_up: Duration::from_millis(args.ramp_up_ms),
+        auth: args.auth.then(|| AuthLoad {
+            token_ttl: Duration::from_millis(args.token_ttl_ms),
+            lazy_fraction: args.lazy_refresh_fraction,
+            probe_probability: args.probe_probability,
+        }),
         ..RolloutConfig::default()
     };
     println!(
         "rolling upgrade of {} pods under {} MCP sessions ({} slow calls or more each, {} progress \
-         events per call, {}% of calls cut and resumed), with handoff{}...",
+         events per call, {}% of calls cut and resumed{}), with handoff{}...",
         cfg.pods,
         cfg.sessions,
         cfg.calls,
         cfg.count,
         (cfg.cut_probability * 100.0).round(),
+        match &cfg.auth {
+            Some(a) => format!(
+                "; MCP servers requiring bearer tokens of {} s",
+                a.token_ttl.as_secs()
+            ),
+            None => String::new(),
+        },
         if args.baseline {
             ", then without (baseline)"
         } else {
@@ -117,7 +145,13 @@ async fn main() -> ExitCode {
     if handoff.is_clean() {
         println!(
             "result: every pod replaced; no client saw a 404, every event arrived exactly once, \
-             no foreign event, no tool ran twice"
+             no foreign event, no tool ran twice{}",
+            if cfg.auth.is_some() {
+                "; every request reached the MCP servers with its user's credentials, no other \
+                 user was served in a session"
+            } else {
+                ""
+            }
         );
         ExitCode::SUCCESS
     } else {

@@ -7,21 +7,29 @@
 //! client made at least [`RolloutConfig::calls`] `slow` calls, it finishes its round, waits for
 //! its GET stream's notifications, deletes the session and ends. A 404 ends the session; the
 //! client then initializes a new one and goes on, as the spec tells clients to (S-05).
+//!
+//! With auth, each client is user `user-<index>` with its own [`Tokens`]; after a `slow` call,
+//! now and then user `mallory` (a valid token of the same issuer) sends a `ping` in the
+//! client's session: it must get 404.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use http::StatusCode;
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::RolloutConfig;
 use super::standalone::Standalone;
+use crate::auth::{Issuer, Refresh, Tokens};
 use crate::call::{self, CallPlan};
 use crate::client::{McpClient, Session, result_text};
 use crate::{HarnessError, load};
 
+/// The `iss` of every token of a rollout.
+const ISSUER: &str = "https://idp.example";
 /// How long a finishing session waits for the notifications of its GET stream.
 const NOTIFY_WAIT: Duration = Duration::from_secs(5);
 /// Pause after a failed exchange (an `initialize`, a round) before the next try.
@@ -38,6 +46,12 @@ pub(super) struct Figures {
     pub counter_restarts: u64,
     /// When a client first got a 404.
     pub first_not_found: Option<Instant>,
+    /// Token refreshes: (before expiry, after a 401).
+    pub refreshes: (u64, u64),
+    /// Another user's requests in a client's session.
+    pub probes: u64,
+    /// Of those, answered 404.
+    pub probes_refused: u64,
 }
 
 impl Figures {
@@ -47,6 +61,10 @@ impl Figures {
         self.slow_calls += other.slow_calls;
         self.counter_restarts += other.counter_restarts;
         self.saw_not_found_at(other.first_not_found);
+        self.refreshes.0 += other.refreshes.0;
+        self.refreshes.1 += other.refreshes.1;
+        self.probes += other.probes;
+        self.probes_refused += other.probes_refused;
     }
 
     /// Notes a 404 at `at` (the earliest is kept).
@@ -74,18 +92,43 @@ pub(super) struct Load {
 }
 
 impl Load {
-    /// Starts `cfg.sessions` clients of `client`'s endpoint.
-    pub fn start(client: &McpClient, cfg: &RolloutConfig) -> Self {
+    /// Starts `cfg.sessions` clients of `client`'s endpoint, each with its own tokens of
+    /// `issuer` when `cfg.auth` is set.
+    pub fn start(client: &McpClient, cfg: &RolloutConfig, issuer: Option<Arc<Issuer>>) -> Self {
         let shared = Arc::new(Shared {
             done: AtomicBool::new(false),
             initialized: Semaphore::new(0),
         });
         let cfg = Arc::new(cfg.clone());
+        let user = |sub: &str, refresh| match (&cfg.auth, &issuer) {
+            (Some(auth), Some(issuer)) => {
+                let tokens = Tokens::new(Arc::clone(issuer), ISSUER, sub, auth.token_ttl, refresh);
+                Some(tokens)
+            }
+            _ => None,
+        };
+        let intruder =
+            user("mallory", Refresh::BeforeExpiry).map(|tokens| client.clone().with_tokens(tokens));
         let mut tasks = JoinSet::new();
         for index in 0..cfg.sessions {
+            let lazy = cfg
+                .auth
+                .as_ref()
+                .is_some_and(|a| rand::random_bool(a.lazy_fraction.clamp(0.0, 1.0)));
+            let refresh = if lazy {
+                Refresh::AfterRefusal
+            } else {
+                Refresh::BeforeExpiry
+            };
+            let tokens = user(&format!("user-{index}"), refresh);
             let client = Client {
                 index,
-                client: client.clone(),
+                client: match &tokens {
+                    Some(tokens) => client.clone().with_tokens(Arc::clone(tokens)),
+                    None => client.clone(),
+                },
+                tokens,
+                intruder: intruder.clone(),
                 standalone: rand::random_bool(cfg.standalone_fraction.clamp(0.0, 1.0)),
                 counter: rand::random_bool(cfg.counter_fraction.clamp(0.0, 1.0)),
                 cfg: Arc::clone(&cfg),
@@ -154,6 +197,10 @@ struct Client {
     standalone: bool,
     /// Whether it calls `counter`.
     counter: bool,
+    /// Its tokens (with auth).
+    tokens: Option<Arc<Tokens>>,
+    /// Another user of the same endpoint (with auth).
+    intruder: Option<McpClient>,
     cfg: Arc<RolloutConfig>,
     shared: Arc<Shared>,
     figures: Figures,
@@ -196,7 +243,34 @@ impl Client {
                 }
             }
         }
+        if let Some(tokens) = &self.tokens {
+            self.figures.refreshes = tokens.refreshes();
+        }
         self.figures
+    }
+
+    /// With auth, now and then: another user's `ping` in `session`, which must get 404 (the
+    /// session is bound to its user, `spec.auth.binding`).
+    async fn probe(&mut self, tag: &str, session: &Session, id: u64) {
+        let Some(intruder) = &self.intruder else {
+            return;
+        };
+        let p = self.cfg.auth.as_ref().map_or(0.0, |a| a.probe_probability);
+        if !rand::random_bool(p.clamp(0.0, 1.0)) {
+            return;
+        }
+        self.figures.probes += 1;
+        let ping = json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
+        match intruder.post(Some(session), &ping, &[]).await {
+            Ok(resp) if resp.status() == StatusCode::NOT_FOUND => self.figures.probes_refused += 1,
+            Ok(resp) => {
+                let status = resp.status();
+                self.fail(format!(
+                    "{tag}: another user's ping in the session answered {status}"
+                ));
+            }
+            Err(e) => self.fail(format!("{tag}: another user's ping: {e}")),
+        }
     }
 
     /// One session's rounds, until the client is done or the session is lost.
@@ -282,6 +356,7 @@ impl Client {
             if self.not_found_since(before) {
                 break Ended::Lost;
             }
+            self.probe(&tag, session, id()).await;
             if last {
                 break Ended::Done;
             }

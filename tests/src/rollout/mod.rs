@@ -10,6 +10,16 @@
 //! resumes land on the new pods. A session answered 404 is started again, as clients must
 //! (spec S-05).
 //!
+//! With [`RolloutConfig::auth`] (the default) the MCP servers require bearer tokens
+//! (`tether-example-server --auth-key`): every client is its own user with short-lived tokens
+//! it refreshes as OAuth clients do — most before expiry, some only after a 401 — and now and
+//! then another user tries a client's session, which must get the 404 of an unknown session.
+//!
+//! Clients send a public `Host` and the browser `Origin` the endpoint allows
+//! ([`PUBLIC_HEADERS`]); the MCP servers defend against DNS rebinding as SDK servers on
+//! loopback do (`tether-example-server --local-only`, or the Python SDK fixture of
+//! [`RolloutConfig::upstream`]) and must refuse none of tether's requests.
+//!
 //! One replacement follows the order Kubernetes gives a rolling update:
 //! 1. the new pod (revision [`NEW_REVISION`]) starts, becomes ready and routable in every peers
 //!    file, and the client Service sends it traffic;
@@ -25,14 +35,16 @@ mod report;
 mod standalone;
 
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use report::{DrainRecord, RolloutReport, SidecarCounters, table};
+pub use report::{AuthFigures, DrainRecord, RolloutReport, SidecarCounters, table};
 
-use crate::client::McpClient;
+use crate::auth::Issuer;
+use crate::client::{McpClient, PUBLIC_HEADERS};
 use crate::cluster::Cluster;
 use crate::load::Executions;
-use crate::pod::{Pod, PodSpec};
+use crate::pod::{Pod, PodSpec, Upstream};
 use crate::{HarnessError, Result, addr};
 
 /// Revision of the replacement pods (the first pods have [`crate::cluster::FIRST_REVISION`]).
@@ -83,6 +95,36 @@ pub struct RolloutConfig {
     /// the same millisecond, which would also keep every client's calls in lockstep); the
     /// rollout begins once all are initialized.
     pub ramp_up: Duration,
+    /// Whether the MCP servers require authorization, and how clients use their tokens;
+    /// `None`: no auth (the only choice for [`Upstream::PythonSdk`], which has none).
+    pub auth: Option<AuthLoad>,
+    /// The MCP server of every pod.
+    pub upstream: Upstream,
+}
+
+/// How the clients of an authenticated rollout use their tokens.
+#[derive(Clone, Debug)]
+pub struct AuthLoad {
+    /// Lifetime of every token (at least 1 s).
+    pub token_ttl: Duration,
+    /// Fraction (0..=1) of clients that refresh their token only after a 401; the others
+    /// refresh it in its last quarter.
+    pub lazy_fraction: f64,
+    /// Probability (0..=1) that, after one of a client's `slow` calls, another user (with a
+    /// valid token of the same issuer) sends a `ping` in the client's session.
+    pub probe_probability: f64,
+}
+
+impl Default for AuthLoad {
+    /// 10 s tokens, a quarter of the clients refreshing only after a 401, a probe after one
+    /// call in twenty.
+    fn default() -> Self {
+        Self {
+            token_ttl: Duration::from_secs(10),
+            lazy_fraction: 0.25,
+            probe_probability: 0.05,
+        }
+    }
 }
 
 impl Default for RolloutConfig {
@@ -105,6 +147,8 @@ impl Default for RolloutConfig {
             migration: "Replay".into(),
             drain_timeout: Duration::from_secs(3),
             ramp_up: Duration::from_secs(1),
+            auth: Some(AuthLoad::default()),
+            upstream: Upstream::Example,
         }
     }
 }
@@ -130,12 +174,20 @@ impl RolloutConfig {
         }
     }
 
-    /// The pods' spec.
-    fn pod_spec(&self) -> PodSpec {
+    /// The pods' spec: MCP servers defending against DNS rebinding, accepting `issuer`'s
+    /// tokens when given.
+    fn pod_spec(&self, issuer: Option<&Issuer>) -> PodSpec {
+        let mut server_args = Vec::new();
+        if self.upstream == Upstream::Example {
+            server_args.push("--local-only".to_owned());
+            server_args.extend(issuer.map(Issuer::server_args).unwrap_or_default());
+        }
         PodSpec {
             migration: self.migration.clone(),
             drain_timeout: format!("{}ms", self.drain_timeout.as_millis()),
             sidecar_args: vec!["--handoff".into(), self.handoff.to_string()],
+            server: self.upstream,
+            server_args,
             ..PodSpec::default()
         }
     }
@@ -147,6 +199,12 @@ impl RolloutConfig {
             return Err(HarnessError::Start(
                 "a rollout needs at least one protocol version".into(),
             ));
+        }
+        if self.auth.is_some() && self.upstream != Upstream::Example {
+            return Err(HarnessError::Start(format!(
+                "{} requires no auth: run its rollout with auth: None",
+                self.upstream.name()
+            )));
         }
         if self.pods == 0 {
             return Err(HarnessError::Start(
@@ -168,9 +226,14 @@ impl RolloutConfig {
 /// error; it is in the report.
 pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
     let (old, new) = cfg.addresses()?;
-    let mut cluster = Cluster::start(&old, cfg.pod_spec()).await?;
+    let issuer = match cfg.auth {
+        Some(_) => Some(Arc::new(Issuer::new()?)),
+        None => None,
+    };
+    let mut cluster = Cluster::start(&old, cfg.pod_spec(issuer.as_deref())).await?;
     cluster.set_revision(NEW_REVISION);
     let client = McpClient::spread(cluster.routable_urls()).honouring_retry_after();
+    client.set_headers(&PUBLIC_HEADERS);
     let mut rollout = Rollout {
         cfg,
         report: RolloutReport::new(cfg.label(), cfg.pods, cfg.sessions),
@@ -181,7 +244,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
         "{} pods up; starting {} sessions",
         cfg.pods, cfg.sessions
     ));
-    let load = clients::Load::start(&client, cfg);
+    let load = clients::Load::start(&client, cfg, issuer);
     if !load.initialized(INITIALIZE_TIMEOUT).await {
         rollout.report.load.failures.push(format!(
             "harness: the sessions did not initialize within {INITIALIZE_TIMEOUT:?}"
@@ -307,10 +370,17 @@ impl Rollout<'_> {
         }
     }
 
-    /// Adds an example server's executions to the report.
+    /// Adds an example server's executions and refusals to the report.
     async fn read_stats(&mut self, pod: &Pod) {
         match pod.stats().await {
-            Ok(stats) => self.executions.add(&stats),
+            Ok(stats) => {
+                self.executions.add(&stats);
+                let count = |name: &str| stats[name].as_u64().unwrap_or_default();
+                self.report.auth.upstream_unauthenticated += count("unauthenticated");
+                self.report.auth.upstream_missing_credentials += count("missing_credentials");
+                self.report.upstream_not_local +=
+                    count("rejected_hosts") + count("rejected_origins");
+            }
             Err(e) => self
                 .report
                 .load
@@ -329,6 +399,10 @@ impl Rollout<'_> {
         self.report.load.elapsed = self.started.elapsed();
         self.report.slow_calls = figures.slow_calls;
         self.report.counter_restarts = figures.counter_restarts;
+        self.report.auth.on = self.cfg.auth.is_some();
+        self.report.auth.refreshes = figures.refreshes;
+        self.report.auth.probes = figures.probes;
+        self.report.auth.probes_refused = figures.probes_refused;
         self.report.first_not_found = figures
             .first_not_found
             .map(|t| t.saturating_duration_since(self.started));

@@ -83,6 +83,25 @@ impl SidecarCounters {
     }
 }
 
+/// What authorization did in a rollout whose MCP servers require it.
+#[derive(Clone, Debug, Default)]
+pub struct AuthFigures {
+    /// Whether the MCP servers required bearer tokens.
+    pub on: bool,
+    /// Token refreshes of the clients: (before expiry, after a 401).
+    pub refreshes: (u64, u64),
+    /// Requests the MCP servers answered 401 (`/stats` `unauthenticated`: expired tokens of
+    /// clients that refresh late, and any request sent without credentials).
+    pub upstream_unauthenticated: u64,
+    /// Of those, requests without any credentials (`/stats` `missing_credentials`): a request
+    /// tether made on a session's behalf without its clients' credentials.
+    pub upstream_missing_credentials: u64,
+    /// Requests another user sent in a client's session.
+    pub probes: u64,
+    /// Of those, answered 404 like an unknown session.
+    pub probes_refused: u64,
+}
+
 /// What one rollout showed.
 #[derive(Clone, Debug, Default)]
 pub struct RolloutReport {
@@ -115,6 +134,11 @@ pub struct RolloutReport {
     pub first_stop: Option<Duration>,
     /// The rollout's steps, from the start of the load.
     pub timeline: Vec<(Duration, String)>,
+    /// Tokens, refusals and other users' attempts, when the MCP servers required auth.
+    pub auth: AuthFigures,
+    /// Requests the MCP servers refused as not local (their DNS-rebinding defence: a `Host` or
+    /// `Origin` tether should not have passed on).
+    pub upstream_not_local: u64,
 }
 
 impl RolloutReport {
@@ -129,9 +153,15 @@ impl RolloutReport {
     }
 
     /// Whether the rollout was invisible to clients: no 404, nothing lost, duplicated or
-    /// foreign, no tool executed twice, no other failure.
+    /// foreign, no tool executed twice, no other failure, no request refused by an MCP server
+    /// as not local; and with auth, no request reached an MCP server without credentials and
+    /// every other user's attempt on a session was refused.
     pub fn is_clean(&self) -> bool {
+        let a = &self.auth;
         self.load.is_clean()
+            && self.upstream_not_local == 0
+            && a.upstream_missing_credentials == 0
+            && a.probes_refused == a.probes
     }
 
     /// Handoffs sent per session.
@@ -142,6 +172,15 @@ impl RolloutReport {
     /// The report as a two-column table.
     pub fn table(&self) -> String {
         table(&[self])
+    }
+
+    /// `figure` of the auth figures, or `off` when the MCP servers required no auth.
+    fn auth_figure(&self, figure: impl Fn(&AuthFigures) -> String) -> String {
+        if self.auth.on {
+            figure(&self.auth)
+        } else {
+            "off".to_owned()
+        }
     }
 
     /// The rows of the table: label and value.
@@ -186,6 +225,26 @@ impl RolloutReport {
                 },
             ),
             ("other client errors", r.failures.len().to_string()),
+            (
+                "upstream refusals as not local (Host, Origin)",
+                self.upstream_not_local.to_string(),
+            ),
+            (
+                "token refreshes (before expiry / after 401)",
+                self.auth_figure(|a| format!("{} / {}", a.refreshes.0, a.refreshes.1)),
+            ),
+            (
+                "upstream 401s",
+                self.auth_figure(|a| a.upstream_unauthenticated.to_string()),
+            ),
+            (
+                "upstream requests without credentials",
+                self.auth_figure(|a| a.upstream_missing_credentials.to_string()),
+            ),
+            (
+                "principal mismatches refused",
+                self.auth_figure(|a| format!("{} / {}", a.probes_refused, a.probes)),
+            ),
             ("resumes", r.resumes.to_string()),
             ("resume latency p50", millis(r.resume_quantile(0.50))),
             ("resume latency p99", millis(r.resume_quantile(0.99))),

@@ -1,7 +1,8 @@
 //! The multi-process integration tests of tether, in one binary: real `tether-sidecar` and
-//! `tether-example-server` processes on 127.0.0.0/8 driven by the `tether-tests` harness, plus
-//! the check that needs the sidecar's own types (the operator ↔ sidecar contract). One module
-//! per area; `docs/dev/testing.md` says how to run one of them.
+//! `tether-example-server` processes (or the Python SDK fixture, in `python_sdk`) on
+//! 127.0.0.0/8 driven by the `tether-tests` harness, plus the check that needs the sidecar's own
+//! types (the operator ↔ sidecar contract). One module per area; `docs/dev/testing.md` says how
+//! to run one of them.
 
 mod admission;
 mod auth;
@@ -10,6 +11,7 @@ mod contract;
 mod drain;
 mod faults;
 mod handoff;
+mod python_sdk;
 mod real_client;
 mod rollout;
 mod routing;

@@ -2,7 +2,10 @@
 //! 3 pods, ≥ 200 sessions, ≥ 10,000 events, every pod replaced one at a time.
 //!
 //! - With handoff (migration `Replay`): no client-visible 404, no lost, duplicated or foreign
-//!   event, no tool executed twice. The baseline (`--handoff false`) runs the same rollout and
+//!   event, no tool executed twice. The MCP servers require bearer tokens, which the clients
+//!   refresh during the rollout (before expiry, or after a 401): no request reaches an MCP
+//!   server without credentials (every rebuild carried its clients'), and every other user's
+//!   request in a session is refused with 404. The baseline (`--handoff false`) runs the same rollout and
 //!   prints beside it; it must complete and show the 404s of the sessions its stopped pods
 //!   took with them, none before the first pod stopped.
 //! - With migration `Pin`: no session sees its `counter` restart (its sessions never move).
@@ -69,6 +72,29 @@ async fn a_rollout_with_handoff_is_invisible_to_clients_unlike_the_baseline() {
         "{:?}",
         &r.failures[..5.min(r.failures.len())]
     );
+    let auth = &handoff.auth;
+    assert!(auth.on, "the MCP servers required auth");
+    assert_eq!(
+        auth.upstream_missing_credentials, 0,
+        "every request on a session's behalf carried its clients' credentials"
+    );
+    assert!(
+        auth.refreshes.0 > 0 && auth.refreshes.1 > 0,
+        "tokens refreshed before expiry and after a 401: {:?}",
+        auth.refreshes
+    );
+    assert!(
+        auth.upstream_unauthenticated > 0,
+        "late refreshers met 401s"
+    );
+    assert!(auth.probes > 0, "other users tried sessions");
+    assert_eq!(auth.probes_refused, auth.probes, "and got 404");
+    assert!(
+        handoff.sidecar.not_found.get("principal_mismatch") >= Some(&auth.probes),
+        "{:?}",
+        handoff.sidecar.not_found
+    );
+    assert!(handoff.is_clean());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

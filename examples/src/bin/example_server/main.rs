@@ -18,8 +18,9 @@
 //! 429 + `Retry-After` ([`limit`]); `/stats` counts them (`rate_limited`).
 //!
 //! With `--local-only` it defends against DNS rebinding as SDK servers on loopback do (a `Host`
-//! that is not local: 421; an `Origin` that is not local: 403), and `/stats` counts requests
-//! that came through a proxy hop (`forwarded`, with `X-Forwarded-Host`).
+//! that is not local: 421; an `Origin` that is not local: 403, counted in `/stats`
+//! `rejected_hosts` and `rejected_origins`), and `/stats` counts requests that came through a
+//! proxy hop (`forwarded`, with `X-Forwarded-Host`).
 //!
 //! With `--unready-initializes N` the first N `initialize` requests after start get 503 +
 //! `Retry-After` (a server still warming up, as a restarted one may be).
@@ -138,6 +139,9 @@ struct Stats {
     rate_limited: AtomicU64,
     /// MCP requests that carried `X-Forwarded-Host` (a proxy hop in front).
     forwarded: AtomicU64,
+    /// Requests `--local-only` refused for their `Host` (421) / their `Origin` (403).
+    rejected_hosts: AtomicU64,
+    rejected_origins: AtomicU64,
 }
 
 impl Stats {
@@ -155,6 +159,8 @@ impl Stats {
             "rate_limited": self.rate_limited.load(Ordering::Relaxed),
             "principal_mismatches": self.principal_mismatches.load(Ordering::Relaxed),
             "forwarded": self.forwarded.load(Ordering::Relaxed),
+            "rejected_hosts": self.rejected_hosts.load(Ordering::Relaxed),
+            "rejected_origins": self.rejected_origins.load(Ordering::Relaxed),
         })
     }
 }
@@ -589,6 +595,12 @@ impl App {
         if self.args.local_only
             && let Some(refusal) = not_local(req.headers())
         {
+            let counter = if refusal.status() == StatusCode::MISDIRECTED_REQUEST {
+                &self.stats.rejected_hosts
+            } else {
+                &self.stats.rejected_origins
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
             return refusal;
         }
         let initialize =
