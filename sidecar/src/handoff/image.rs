@@ -16,9 +16,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tether_crds::ProtocolVersion;
 
 use super::wire::{
-    EventImage, JournalImage, KindImage, ReplyImage, RequestImage, SessionImage, StreamImage,
+    AcceptedImage, EventImage, JournalImage, KindImage, ReplyImage, RequestImage, SessionImage,
+    StreamImage,
 };
-use crate::mcp::principal::Binding;
+use crate::mcp::principal::{Binding, Principal};
 use crate::retained::Retained;
 use crate::session::journal::Journal;
 use crate::session::{RetryRecord, Session, SessionSnapshot};
@@ -55,6 +56,14 @@ pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
         standalone_unsupported: snapshot.standalone_unsupported.as_ref().map(reply_image),
         credentialed: snapshot.credentialed,
         binding: snapshot.binding.map(Binding::to_image),
+        accepted: snapshot
+            .accepted
+            .iter()
+            .map(|(key, age)| AcceptedImage {
+                credential: key.to_hex(),
+                age_ms: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+            })
+            .collect(),
     }
 }
 
@@ -141,6 +150,15 @@ pub(crate) fn restore_session(
         standalone_unsupported: image.standalone_unsupported.as_ref().and_then(stored_reply),
         credentialed: image.credentialed,
         binding,
+        // A digest that is not one is left out: that credential is asked about again.
+        accepted: image
+            .accepted
+            .iter()
+            .filter_map(|a| {
+                let key = Principal::from_hex(&a.credential)?;
+                Some((key, std::time::Duration::from_millis(a.age_ms)))
+            })
+            .collect(),
     };
     Ok(Session::from_parts(
         snapshot, digest, from, limits, budget, retained,
@@ -303,6 +321,41 @@ mod tests {
             )
             .is_err(),
             "a stateless version has no session"
+        );
+    }
+
+    #[test]
+    fn accepted_credentials_move_with_their_age_and_only_valid_digests() {
+        let s = session();
+        let (alice, bob) = (Principal([1; 16]), Principal([2; 16]));
+        s.accept_credential(alice);
+        let mut image = session_image(&s.snapshot(0).0);
+        assert_eq!(image.accepted.len(), 1);
+        assert_eq!(image.accepted[0].credential, alice.to_hex());
+        image.accepted[0].age_ms = 30_000;
+        image.accepted.push(AcceptedImage {
+            credential: "not hex".into(),
+            age_ms: 0,
+        });
+        let copy = restore_session(
+            &image,
+            "digest".into(),
+            "pod-a",
+            limits(),
+            &PodBudget::new(u64::MAX),
+            &Retained::new(u64::MAX, u64::MAX),
+        )
+        .unwrap();
+        let window = std::time::Duration::from_secs(60);
+        assert!(copy.credential_accepted(alice, window), "accepted 30 s ago");
+        assert!(
+            !copy.credential_accepted(alice, window / 3),
+            "the age moved with it: not within 20 s"
+        );
+        assert!(!copy.credential_accepted(bob, window));
+        assert!(
+            session_image(&copy.snapshot(0).0).accepted.len() == 1,
+            "the malformed digest was left out"
         );
     }
 

@@ -51,6 +51,22 @@ pub(crate) struct SessionImage {
     /// `credential:<hex digest>`, or `subject:anonymous`; left out for an unbound session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) binding: Option<String>,
+    /// Credentials the MCP server accepted for the session (`spec.auth.revalidate`), as keyed
+    /// digests, never the credentials: the receiver serves answers from memory to them for the
+    /// rest of the window, as the sender would have. Left out when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) accepted: Vec<AcceptedImage>,
+}
+
+/// A credential the MCP server accepted for a session.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct AcceptedImage {
+    /// Hex of the credential's keyed digest (HMAC-SHA256, domain `tether/principal/v1`, 16
+    /// bytes).
+    pub(crate) credential: String,
+    /// Milliseconds since the MCP server accepted it, at the sender.
+    pub(crate) age_ms: u64,
 }
 
 /// The session journal: what rebuilds the upstream session on the receiver.
@@ -208,8 +224,12 @@ mod tests {
                     }],
                 }],
                 standalone_unsupported: None,
-                credentialed: false,
+                credentialed: true,
                 binding: None,
+                accepted: vec![AcceptedImage {
+                    credential: "ab".repeat(16),
+                    age_ms: 1500,
+                }],
             },
         };
         let text = serde_json::to_string(&push).unwrap();

@@ -105,6 +105,9 @@ pub(crate) struct SessionSnapshot {
     pub(crate) credentialed: bool,
     /// The principal it is bound to (`spec.auth.binding`), if any.
     pub(crate) binding: Option<Binding>,
+    /// Credentials (keyed digests) the MCP server accepted for the session, with how long ago,
+    /// oldest first.
+    pub(crate) accepted: Vec<(Principal, Duration)>,
 }
 
 #[derive(Debug)]
@@ -327,11 +330,20 @@ impl Session {
             standalone_unsupported,
             credentialed,
             binding,
+            accepted,
         } = snapshot;
         let session = Self::new(id, digest, None, version, journal, retained);
         session.needs_rebuild.store(true, Ordering::Relaxed);
         session.credentialed.store(credentialed, Ordering::Relaxed);
         session.bind(binding);
+        let now = Instant::now();
+        *session.accepted.lock() = accepted
+            .into_iter()
+            .rev()
+            .take(ACCEPTED_CREDENTIALS)
+            .rev()
+            .filter_map(|(key, age)| Some((key, now.checked_sub(age)?)))
+            .collect();
         let standalone_open = streams
             .iter()
             .any(|s| s.kind == StreamKind::Standalone && !s.complete);
@@ -412,6 +424,12 @@ impl Session {
             },
             credentialed: self.is_credentialed(),
             binding: self.binding(),
+            accepted: self
+                .accepted
+                .lock()
+                .iter()
+                .map(|(key, at)| (*key, at.elapsed()))
+                .collect(),
         };
         (snapshot, positions)
     }

@@ -501,7 +501,8 @@ async fn a_resume_on_the_new_holder_is_authorized_by_the_rebuild_it_triggers() {
     )
     .await;
     let via_a = scenario.via_a();
-    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let token = alices_token(&issuer, HOUR);
+    via_a.set_authorization(Some(token.clone()));
     let session = via_a.initialize("2025-11-25").await.unwrap();
     let call = tool_call(
         2,
@@ -514,29 +515,44 @@ async fn a_resume_on_the_new_holder_is_authorized_by_the_rebuild_it_triggers() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let drain = scenario.drain_a().await;
     scenario.wait_moved(1.0).await;
-    // The first request on B is a resume with a token the MCP server refuses: B has no
-    // upstream session yet to ping, so the rebuild it needs is the server's judgement.
     let via_rest = scenario.via_rest();
-    via_rest.set_authorization(Some(issuer.bearer(
-        "https://idp.example",
-        "alice",
-        Duration::ZERO,
-    )));
-    let refused = via_rest.get(&session, Some(&cursor)).await.unwrap();
+    let resume = |authorization: String| {
+        via_rest.set_authorization(Some(authorization));
+        via_rest.get(&session, Some(&cursor))
+    };
+    // The credential the MCP server accepted on A moved with the session (as a digest): B
+    // serves the resume from the moved buffer without asking, as A would have.
+    let served = resume(token).await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+    let rest = messages(served, Duration::from_secs(10)).await.unwrap();
+    assert!(rest.iter().any(|m| m["result"].is_object()), "{rest:?}");
+    assert_eq!(
+        scenario
+            .metric_of_rest("tether_sessions_rebuilt_total")
+            .await,
+        0.0,
+        "nothing asked the MCP server"
+    );
+    // Another credential, which the server refuses: B has no upstream session yet to ping,
+    // so the rebuild it needs is the server's judgement, and nothing is served.
+    let expired = issuer.bearer("https://idp.example", "alice", Duration::ZERO);
+    let refused = resume(expired).await.unwrap();
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
     let body = body_text(refused).await.unwrap();
     assert!(!body.contains("progress"), "no buffered event: {body}");
-    via_rest.set_authorization(Some(alices_token(&issuer, HOUR)));
-    let resumed = via_rest.get(&session, Some(&cursor)).await.unwrap();
+    // A refreshed token: the rebuild accepts it and the resume is served.
+    let resumed = resume(issuer.bearer("https://idp.example", "alice", HOUR * 2))
+        .await
+        .unwrap();
     assert_eq!(resumed.status(), StatusCode::OK);
     let rest = messages(resumed, Duration::from_secs(10)).await.unwrap();
     assert!(rest.iter().any(|m| m["result"].is_object()), "{rest:?}");
     drop(scenario.stop_a(drain).await);
-    assert!(
+    assert_eq!(
         scenario
             .metric_of_rest("tether_sessions_rebuilt_total")
-            .await
-            >= 1.0
+            .await,
+        1.0
     );
 }
 
