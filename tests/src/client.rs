@@ -449,6 +449,19 @@ impl McpClient {
         self.send(Method::GET, &headers, None).await
     }
 
+    /// Opens `session`'s standalone stream (GET without `Last-Event-ID`): its events.
+    ///
+    /// # Errors
+    /// [`HarnessError::Status`] for an answer other than 200 SSE; [`HarnessError::Http`] when
+    /// the exchange fails.
+    pub async fn standalone(&self, session: &Session) -> Result<Events> {
+        let resp = self.get(session, None).await?;
+        if resp.status() != StatusCode::OK || !is_sse(&resp) {
+            return Err(unexpected("the standalone GET", resp).await);
+        }
+        Ok(Events::new(resp))
+    }
+
     /// DELETE the session; returns the status.
     ///
     /// # Errors

@@ -273,6 +273,18 @@ mod tests {
     use crate::session::Dedupe;
     use crate::session::fixtures::{ANY_ROOM, key, limits, session, stream};
 
+    /// The session `image` describes, restored on a pod without budgets.
+    fn restore_unbounded(image: &SessionImage) -> Result<Arc<Session>, String> {
+        restore_session(
+            image,
+            "digest".into(),
+            "pod-a",
+            limits(),
+            &PodBudget::new(u64::MAX),
+            &Retained::new(u64::MAX, u64::MAX),
+        )
+    }
+
     #[test]
     fn an_imaged_session_is_restored_with_its_streams_and_retry_records() {
         let s = session();
@@ -283,15 +295,7 @@ mod tests {
         let (snapshot, positions) = s.snapshot(1 << 20);
         let image = session_image(&snapshot);
         assert_eq!(positions.get(st.key()), Some(&1));
-        let copy = restore_session(
-            &image,
-            "digest".into(),
-            "pod-a",
-            limits(),
-            &PodBudget::new(u64::MAX),
-            &Retained::new(u64::MAX, u64::MAX),
-        )
-        .unwrap();
+        let copy = restore_unbounded(&image).unwrap();
         assert!(copy.needs_rebuild());
         assert_eq!(copy.version(), s.version());
         assert_eq!(copy.journal(), s.journal());
@@ -311,15 +315,7 @@ mod tests {
         let mut bad = image.clone();
         bad.version = "2026-07-28".into();
         assert!(
-            restore_session(
-                &bad,
-                "d".into(),
-                "pod-a",
-                limits(),
-                &PodBudget::new(u64::MAX),
-                &Retained::new(u64::MAX, u64::MAX),
-            )
-            .is_err(),
+            restore_unbounded(&bad).is_err(),
             "a stateless version has no session"
         );
     }
@@ -337,15 +333,7 @@ mod tests {
             credential: "not hex".into(),
             age_ms: 0,
         });
-        let copy = restore_session(
-            &image,
-            "digest".into(),
-            "pod-a",
-            limits(),
-            &PodBudget::new(u64::MAX),
-            &Retained::new(u64::MAX, u64::MAX),
-        )
-        .unwrap();
+        let copy = restore_unbounded(&image).unwrap();
         let window = std::time::Duration::from_secs(60);
         assert!(copy.credential_accepted(alice, window), "accepted 30 s ago");
         assert!(

@@ -17,13 +17,26 @@ use tether_tests::scenario::Scenario;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-async fn authenticated_pod(issuer: &Issuer) -> Pod {
-    Pod::start(PodSpec {
+/// The test endpoint with MCP servers accepting `issuer`'s tokens.
+fn authenticated(issuer: &Issuer) -> PodSpec {
+    PodSpec {
         server_args: issuer.server_args(),
         ..PodSpec::default()
-    })
-    .await
-    .unwrap()
+    }
+}
+
+async fn authenticated_pod(issuer: &Issuer) -> Pod {
+    Pod::start(authenticated(issuer)).await.unwrap()
+}
+
+/// Two authenticated pods, and alice's session on A (the pod that drains), initialized with
+/// `token`.
+async fn alices_session_on_a(issuer: &Issuer, token: String) -> (Scenario, McpClient, Session) {
+    let scenario = Scenario::start(2, authenticated(issuer)).await;
+    let via_a = scenario.via_a();
+    via_a.set_authorization(Some(token));
+    let session = via_a.initialize("2025-11-25").await.unwrap();
+    (scenario, via_a, session)
 }
 
 /// `Bearer <token>` of alice from the usual issuer, valid for `ttl`.
@@ -211,17 +224,8 @@ async fn a_delete_the_server_refuses_passes_through_and_the_session_stays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handed_off_session_is_rebuilt_with_its_clients_credentials() {
     let issuer = Issuer::new().unwrap();
-    let mut scenario = Scenario::start(
-        2,
-        PodSpec {
-            server_args: issuer.server_args(),
-            ..PodSpec::default()
-        },
-    )
-    .await;
-    let via_a = scenario.via_a();
-    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
-    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let (mut scenario, via_a, session) =
+        alices_session_on_a(&issuer, alices_token(&issuer, HOUR)).await;
     let echo = |text: &str| json!({"text": text});
     assert!(
         via_a
@@ -270,17 +274,8 @@ async fn a_handed_off_session_is_rebuilt_with_its_clients_credentials() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_refused_for_an_expired_token_waits_for_the_refreshed_one() {
     let issuer = Issuer::new().unwrap();
-    let mut scenario = Scenario::start(
-        2,
-        PodSpec {
-            server_args: issuer.server_args(),
-            ..PodSpec::default()
-        },
-    )
-    .await;
-    let via_a = scenario.via_a();
-    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
-    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let (mut scenario, _, session) =
+        alices_session_on_a(&issuer, alices_token(&issuer, HOUR)).await;
     let drain = scenario.drain_a().await;
     scenario.wait_moved(1.0).await;
     // The first request on the new holder carries a token that expired meanwhile: the rebuild
@@ -443,9 +438,8 @@ async fn a_loopback_server_defending_against_dns_rebinding_serves_a_public_host_
 async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_event() {
     let issuer = Issuer::new().unwrap();
     let pod = Pod::start(PodSpec {
-        server_args: issuer.server_args(),
         revalidate: "1s".into(),
-        ..PodSpec::default()
+        ..authenticated(&issuer)
     })
     .await
     .unwrap();
@@ -492,18 +486,8 @@ async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_on_the_new_holder_is_authorized_by_the_rebuild_it_triggers() {
     let issuer = Issuer::new().unwrap();
-    let mut scenario = Scenario::start(
-        2,
-        PodSpec {
-            server_args: issuer.server_args(),
-            ..PodSpec::default()
-        },
-    )
-    .await;
-    let via_a = scenario.via_a();
     let token = alices_token(&issuer, HOUR);
-    via_a.set_authorization(Some(token.clone()));
-    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let (mut scenario, via_a, session) = alices_session_on_a(&issuer, token.clone()).await;
     let call = tool_call(
         2,
         "slow",

@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use tether_tests::HarnessError;
 use tether_tests::call::{self, CallPlan};
 use tether_tests::client::{
-    Events, McpClient, PUBLIC_HEADERS, expect_lost_session, initialize_body, is_sse, messages,
-    result_text, tool_call, tools_list,
+    Events, McpClient, PUBLIC_HEADERS, expect_lost_session, initialize_body, messages, result_text,
+    tool_call, tools_list,
 };
 use tether_tests::load;
 use tether_tests::pod::{Pod, PodSpec, Upstream};
@@ -206,10 +206,7 @@ async fn r03_l01_a_cut_python_sdk_call_resumes_with_every_event_once_and_runs_on
 async fn t09_the_python_sdk_standalone_stream_carries_notify_logs_and_resumes() {
     let (pod, client) = public_pod(python_sdk()).await;
     let session = client.initialize("2025-06-18").await.unwrap();
-    let get = client.get(&session, None).await.unwrap();
-    assert_eq!(get.status(), StatusCode::OK);
-    assert!(is_sse(&get));
-    let mut standalone = Events::new(get);
+    let mut standalone = client.standalone(&session).await.unwrap();
     let sent = client
         .call(&session, 2, "notify", json!({"text": "hi", "count": 3}))
         .await

@@ -8,7 +8,7 @@ use http::StatusCode;
 use serde_json::{Value, json};
 use tether_tests::call::{self, CallPlan, slow_body};
 use tether_tests::client::{
-    ACCEPT_BOTH, Events, McpClient, Session, body_text, header_str, is_sse, messages, result_text,
+    ACCEPT_BOTH, Events, McpClient, Session, body_text, header_str, messages, result_text,
 };
 use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -294,10 +294,7 @@ async fn t09_standalone_stream_buffers_and_a_new_get_takes_over() {
     let pod = Pod::start_default().await.unwrap();
     let client = pod.client();
     let session = client.initialize("2025-06-18").await.unwrap();
-    let get = client.get(&session, None).await.unwrap();
-    assert_eq!(get.status(), StatusCode::OK);
-    assert!(is_sse(&get));
-    let mut first = Events::new(get);
+    let mut first = client.standalone(&session).await.unwrap();
     let msgs = client
         .call(&session, 2, "notify", json!({"text": "hi", "count": 3}))
         .await
