@@ -53,10 +53,17 @@ async fn alices_session(issuer: &Issuer) -> (Pod, McpClient, Session) {
     (pod, client, session)
 }
 
-/// Posts streamed `call` and cuts it after its first event: that event's id, a cursor the
-/// call's other events can be resumed after.
-async fn first_cursor(client: &McpClient, session: &Session, call: &serde_json::Value) -> String {
-    let resp = client.post(Some(session), call, &[]).await.unwrap();
+/// Posts a `slow` call `call_id` (5 progress events 50 ms apart) and cuts it after its first
+/// event: the call's body, and that event's id, a cursor the call's other events can be resumed
+/// after.
+async fn first_cursor(
+    client: &McpClient,
+    session: &Session,
+    call_id: &str,
+) -> (serde_json::Value, String) {
+    let args = json!({"count": 5, "interval_ms": 50, "call_id": call_id});
+    let call = tool_call(2, "slow", args, Some("p"));
+    let resp = client.post(Some(session), &call, &[]).await.unwrap();
     let mut events = Events::new(resp);
     loop {
         let ev = events
@@ -64,7 +71,7 @@ async fn first_cursor(client: &McpClient, session: &Session, call: &serde_json::
             .await
             .expect("an event");
         if let Some(id) = ev.id {
-            return id;
+            return (call, id);
         }
     }
 }
@@ -320,13 +327,7 @@ async fn a_session_is_bound_to_its_principal_and_others_get_the_404_of_an_unknow
     let issuer = Issuer::new().unwrap();
     let (pod, alice, session) = alices_session(&issuer).await;
     // A streamed call of alice's, cut after its first event: a cursor to resume from.
-    let call = tool_call(
-        2,
-        "slow",
-        json!({"count": 3, "interval_ms": 20, "call_id": "alices"}),
-        Some("p"),
-    );
-    let cursor = first_cursor(&alice, &session, &call).await;
+    let (call, cursor) = first_cursor(&alice, &session, "alices").await;
     let others = [
         Some(issuer.bearer("https://idp.example", "bob", HOUR)),
         Some(issuer.bearer("https://other-idp.example", "alice", HOUR)),
@@ -448,13 +449,7 @@ async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_e
     let short = alices_token(&issuer, Duration::from_secs(3));
     alice.set_authorization(Some(short));
     let session = alice.initialize("2025-11-25").await.unwrap();
-    let call = tool_call(
-        2,
-        "slow",
-        json!({"count": 5, "interval_ms": 50, "call_id": "buffered"}),
-        Some("p"),
-    );
-    let cursor = first_cursor(&alice, &session, &call).await;
+    let (_, cursor) = first_cursor(&alice, &session, "buffered").await;
     // The call finishes into the buffer; the token expires; the window passes.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let refused = alice.get(&session, Some(&cursor)).await.unwrap();
@@ -488,13 +483,7 @@ async fn a_resume_on_the_new_holder_is_authorized_by_the_rebuild_it_triggers() {
     let issuer = Issuer::new().unwrap();
     let token = alices_token(&issuer, HOUR);
     let (mut scenario, via_a, session) = alices_session_on_a(&issuer, token.clone()).await;
-    let call = tool_call(
-        2,
-        "slow",
-        json!({"count": 5, "interval_ms": 50, "call_id": "moved"}),
-        Some("p"),
-    );
-    let cursor = first_cursor(&via_a, &session, &call).await;
+    let (_, cursor) = first_cursor(&via_a, &session, "moved").await;
     // The call finishes into A's buffer, which moves to B with the session.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let drain = scenario.drain_a().await;
