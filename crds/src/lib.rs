@@ -35,7 +35,7 @@ pub use spec::{
     McpEndpointSpec, McpEndpointStatus, Migration, OriginsSpec, PeerSpec, ProtocolVersion,
     SessionSpec, SidecarSpec, TargetRef, UpstreamSpec,
 };
-pub use validate::{FieldError, validate_spec};
+pub use validate::{FieldError, MAX_REVALIDATE, validate_spec};
 
 /// Kubernetes duration (Go `time.ParseDuration` syntax), as used by every duration field.
 pub use kube::core::Duration;

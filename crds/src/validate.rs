@@ -9,6 +9,10 @@ use crate::spec::{McpEndpointSpec, ProtocolVersion};
 /// Longest drain timeout accepted: one hour. A pod that drains longer than that blocks rollouts.
 pub const MAX_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// Longest `spec.auth.revalidate` accepted: one hour. Longer, a revoked credential would keep
+/// being served from memory for too long.
+pub const MAX_REVALIDATE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// One invalid field of a manifest.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {message}")]
@@ -114,10 +118,10 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
         }
     }
     let revalidate: std::time::Duration = spec.auth.revalidate.into();
-    if revalidate > MAX_DRAIN_TIMEOUT {
+    if revalidate > MAX_REVALIDATE {
         errors.push(FieldError::new(
             "spec.auth.revalidate",
-            format!("must be at most {}s", MAX_DRAIN_TIMEOUT.as_secs()),
+            format!("must be at most {}s", MAX_REVALIDATE.as_secs()),
         ));
     }
     if spec.auth.forward_headers.len() > 16 {

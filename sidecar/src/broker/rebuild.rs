@@ -112,7 +112,13 @@ impl Broker {
         body: Bytes,
         resend: bool,
     ) -> Result<Sent, UpstreamError> {
+        let before = session.upstream_id();
         match self.ensure_upstream(session).await {
+            // A request that belongs to the upstream session it was made for (the resume of an
+            // upstream stream) is not sent to the one rebuilt meanwhile.
+            Rebuild::Done if !resend && session.upstream_id() != before => {
+                return Ok(Sent::Rebuilt);
+            }
             Rebuild::Done => {}
             Rebuild::NotReady => return Err(UpstreamError::NotReady),
             Rebuild::Denied(reply) => return Ok(Sent::Denied(reply)),
@@ -298,9 +304,13 @@ impl Broker {
         let version = session.version().as_str();
         let init = journal.initialize();
         let headers = |version| session.with_credentials(post_headers(version));
-        let (upstream_id, messages) = self
-            .exchange("initialize", None, headers(None), &init)
-            .await?;
+        let sent = headers(None);
+        let accepted = self.credential_key(&sent);
+        let (upstream_id, messages) = self.exchange("initialize", None, sent, &init).await?;
+        if let Some(key) = accepted {
+            // The MCP server accepted these credentials for the session it opened.
+            session.accept_credential(key);
+        }
         let init_id = init.get("id").map(RequestKey::of);
         let negotiated = init_id
             .and_then(|id| negotiated_version(&messages, &id))

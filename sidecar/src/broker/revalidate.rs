@@ -16,9 +16,12 @@ use tether_crds::AuthBinding;
 
 use super::Broker;
 use super::rebuild::Rebuild;
+use crate::mcp::headers::credential_headers;
 use crate::mcp::principal::{Principal, principal};
+use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::Session;
+use crate::stream::refuses_caller;
 use crate::upstream::{Exchange, post_headers};
 
 /// The `ping` a revalidation sends (its answer is read and dropped).
@@ -38,14 +41,15 @@ impl Broker {
     }
 
     /// Records that the MCP server answered a request of `session` with `headers` `status`:
-    /// anything but 401/403 accepts its credential.
+    /// anything but a refusal of the caller (401, 403, 407, 429: a gateway may rate-limit
+    /// before it checks credentials) accepts its credential.
     pub(super) fn note_acceptance(
         &self,
         session: &Session,
         headers: &HeaderMap,
         status: StatusCode,
     ) {
-        if !matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+        if !refuses_caller(status)
             && let Some(key) = self.credential_key(headers)
         {
             session.accept_credential(key);
@@ -55,7 +59,8 @@ impl Broker {
     /// Whether a request of `session` with `headers` may be answered from memory: `Err` with
     /// the MCP server's 401/403 when the server refuses its credential now. A request without
     /// credentials, a credential accepted within the window, or a server that cannot say
-    /// (unreachable, no upstream session yet, another answer) is served.
+    /// (unreachable, not ready for the rebuild it needs, another answer) is served; a session
+    /// its rebuild ended gets 404.
     pub(super) async fn revalidate(
         self: &Arc<Self>,
         session: &Arc<Session>,
@@ -69,24 +74,28 @@ impl Broker {
             return Ok(());
         }
         if session.needs_rebuild() {
-            // A session handed over, not rebuilt here yet: the rebuild, with this request's
-            // credentials, is the MCP server's judgement of them.
-            return match self.ensure_upstream(session).await {
-                Rebuild::Done => {
-                    session.accept_credential(key);
-                    Ok(())
+            // A session handed over, not rebuilt here yet: the rebuild (with the session's
+            // latest credentials, this request's unless another came since) is the MCP
+            // server's judgement of those it sent; a credential it did not judge is pinged.
+            match self.ensure_upstream(session).await {
+                Rebuild::Done if session.credential_accepted(key, window) => return Ok(()),
+                Rebuild::Done => {}
+                Rebuild::Denied(refusal) => return Err(Reply::from(refusal)),
+                Rebuild::NotReady => return Ok(()),
+                Rebuild::Ended => {
+                    return Err(Rejection::SessionNotFound(NotFound::UpstreamGone).into());
                 }
-                Rebuild::Denied(refusal) => Err(Reply::from(refusal)),
-                Rebuild::NotReady | Rebuild::Ended => Ok(()),
-            };
+            }
         }
         let Some(upstream_session) = session.upstream_id() else {
             return Ok(());
         };
-        // The request's own credentials: remembered as the session's latest when it entered.
+        // The request's own credentials, whatever another request of the session sent since.
+        let mut ping_headers = post_headers(Some(session.version().as_str()));
+        ping_headers.extend(credential_headers(headers, &self.cfg().forward_headers));
         let exchange = Exchange {
             upstream_session: Some(&upstream_session),
-            headers: session.with_credentials(post_headers(Some(session.version().as_str()))),
+            headers: ping_headers,
             last_event_id: None,
         };
         let Ok(resp) = self

@@ -149,9 +149,15 @@ pub(crate) fn adopt(input: &[u8]) -> Result<Adopted, String> {
         );
     }
     let (snapshot, _) = session.snapshot(usize::MAX);
+    let mut reimage = image::session_image(&snapshot);
+    // The ages of accepted credentials grow with the wall clock between restore and snapshot;
+    // the images compared are those with the ages left out.
+    for accepted in &mut reimage.accepted {
+        accepted.age_ms = 0;
+    }
     let reimaged = serde_json::to_vec(&SessionPush {
         from: push.from.clone(),
-        session: image::session_image(&snapshot),
+        session: reimage,
     })
     .map_err(|e| e.to_string())?;
     let primes = session.primes();

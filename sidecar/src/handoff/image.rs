@@ -333,6 +333,10 @@ mod tests {
             credential: "not hex".into(),
             age_ms: 0,
         });
+        image.accepted.push(AcceptedImage {
+            credential: bob.to_hex(),
+            age_ms: u64::MAX,
+        });
         let copy = restore_unbounded(&image).unwrap();
         let window = std::time::Duration::from_secs(60);
         assert!(copy.credential_accepted(alice, window), "accepted 30 s ago");
@@ -340,11 +344,26 @@ mod tests {
             !copy.credential_accepted(alice, window / 3),
             "the age moved with it: not within 20 s"
         );
-        assert!(!copy.credential_accepted(bob, window));
         assert!(
-            session_image(&copy.snapshot(0).0).accepted.len() == 1,
-            "the malformed digest was left out"
+            !copy.credential_accepted(bob, window),
+            "an age beyond this pod's clock is left out"
         );
+        assert_eq!(
+            session_image(&copy.snapshot(0).0).accepted.len(),
+            1,
+            "the malformed digest and the impossible age were left out"
+        );
+        // A peer's list longer than a session keeps: the newest are kept.
+        image.accepted = (0..20u8)
+            .map(|i| AcceptedImage {
+                credential: Principal([i; 16]).to_hex(),
+                age_ms: u64::from(20 - i) * 1000,
+            })
+            .collect();
+        let copy = restore_unbounded(&image).unwrap();
+        let kept = session_image(&copy.snapshot(0).0).accepted;
+        assert_eq!(kept.len(), 8);
+        assert_eq!(kept[7].credential, Principal([19; 16]).to_hex());
     }
 
     #[test]

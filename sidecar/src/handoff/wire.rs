@@ -239,5 +239,14 @@ mod tests {
         assert!(serde_json::from_value::<SessionPush>(v).is_err());
         let bad_key = text.replace(&push.session.streams[0].key.to_string(), "NOT-A-KEY");
         assert!(serde_json::from_str::<SessionPush>(&bad_key).is_err());
+        // An anonymous, unbound session's image is the first version's: a receiver of that
+        // version reads it.
+        let mut anonymous = push.session;
+        anonymous.credentialed = false;
+        anonymous.accepted.clear();
+        let v = serde_json::to_value(&anonymous).unwrap();
+        for field in ["credentialed", "binding", "accepted"] {
+            assert!(v.get(field).is_none(), "{field} left out: {v}");
+        }
     }
 }

@@ -123,6 +123,18 @@ fn forwarded_end_to_end(client: &HeaderMap) -> HeaderMap {
     out
 }
 
+/// The credential headers of `request`: every value of each header in `names`
+/// (`spec.auth.forwardHeaders`), in order; empty for an anonymous request.
+pub(crate) fn credential_headers(request: &HeaderMap, names: &[HeaderName]) -> HeaderMap {
+    let mut found = HeaderMap::new();
+    for name in names {
+        for value in request.get_all(name) {
+            found.append(name.clone(), value.clone());
+        }
+    }
+    found
+}
+
 /// The upstream response headers to pass to the client.
 pub(crate) fn forwarded_response_headers(upstream: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(upstream.len());

@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::cursor::StreamKey;
+use crate::mcp::headers::credential_headers;
 use crate::mcp::jsonrpc::{Message, RequestKey};
 use crate::mcp::principal::{Binding, Principal};
 use crate::mcp::rejection::Rejection;
@@ -342,6 +343,8 @@ impl Session {
             .rev()
             .take(ACCEPTED_CREDENTIALS)
             .rev()
+            // Older than the longest window: of no use, and maybe beyond this pod's clock.
+            .filter(|(_, age)| *age <= tether_crds::MAX_REVALIDATE)
             .filter_map(|(key, age)| Some((key, now.checked_sub(age)?)))
             .collect();
         let standalone_open = streams
@@ -489,9 +492,12 @@ impl Session {
 
     /// Records a rebuild the MCP server refused for the caller's credentials: the next request
     /// tries again with its own. Not bounded by `--rebuild-retry-for` (each attempt is a
-    /// client's request; an idle session still expires).
+    /// client's request; an idle session still expires), and it ends a streak of the server
+    /// not being ready.
     pub(crate) fn await_credentials(&self) {
         self.needs_rebuild.store(true, Ordering::Relaxed);
+        // The MCP server answered: a streak of it not being ready is over.
+        *self.rebuild_failing_since.lock() = None;
     }
 
     /// Whether the rebuilt upstream session needs a standalone stream at once (the sender had
@@ -598,12 +604,7 @@ impl Session {
     /// Keeps the headers `names` of a client request of the session (`spec.auth.forwardHeaders`)
     /// as its credentials, when it carries any; a request without them changes nothing.
     pub(crate) fn remember_credentials(&self, request: &HeaderMap, names: &[HeaderName]) {
-        let mut found = HeaderMap::new();
-        for name in names {
-            for value in request.get_all(name) {
-                found.append(name.clone(), value.clone());
-            }
-        }
+        let found = credential_headers(request, names);
         if found.is_empty() {
             return;
         }

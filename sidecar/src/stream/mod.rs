@@ -12,7 +12,7 @@ mod feed;
 mod stored;
 
 pub(crate) use feed::{Feed, FeedItem};
-pub(crate) use stored::StoredReply;
+pub(crate) use stored::{StoredReply, refuses_caller};
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

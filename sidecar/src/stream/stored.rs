@@ -34,7 +34,7 @@ impl StoredReply {
     /// credentials) or 429 (its rate). A rebuild refused so waits for the session's next
     /// request, which may bring a refreshed token.
     pub(crate) fn refuses_caller(&self) -> bool {
-        matches!(self.status.as_u16(), 401 | 403 | 407 | 429)
+        refuses_caller(self.status)
     }
 
     /// What keeping the reply costs, in bytes: body, header names and values, and overhead
@@ -47,6 +47,12 @@ impl StoredReply {
             .sum();
         REPLY_OVERHEAD + (self.body.len() + headers) as u64
     }
+}
+
+/// Whether `status` refuses the caller rather than the request: 401, 403, 407 (its
+/// credentials) or 429 (its rate).
+pub(crate) fn refuses_caller(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 401 | 403 | 407 | 429)
 }
 
 impl From<&Rejection> for StoredReply {
