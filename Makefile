@@ -48,7 +48,7 @@ deps:
 ## virtualenv needs (Debian ships them apart, in python3-venv); only the tests need them.
 python-deps:
 	@missing=""; \
-	$(PYTHON3) -c 'import venv, ensurepip' >/dev/null 2>&1 || missing="$(PYTHON_DEPS)"; \
+	$(PYTHON3) -c 'import venv, ensurepip' >/dev/null 2>&1 || missing=" $(PYTHON_DEPS)"; \
 	$(install_missing)
 
 build: deps

@@ -55,13 +55,16 @@ pub fn python_sdk_venv() -> PathBuf {
 /// The interpreter of the Python SDK fixture's virtualenv, and the fixture's script.
 ///
 /// # Errors
-/// [`HarnessError::MissingPythonSdk`] when the virtualenv has no interpreter (`make python-sdk`
-/// creates it).
+/// [`HarnessError::MissingPythonSdk`] when the virtualenv is not complete: no interpreter, or
+/// (for the one `make python-sdk` makes) no `.installed` stamp, which it writes once the
+/// requirements are installed.
 pub fn python_sdk_server() -> Result<(PathBuf, PathBuf)> {
-    let python = python_sdk_venv().join("bin/python");
-    if python.is_file() {
+    let venv = python_sdk_venv();
+    let python = venv.join("bin/python");
+    let own = std::env::var_os("TETHER_PYTHON_SDK_VENV").is_none();
+    if python.is_file() && (!own || venv.join(".installed").is_file()) {
         Ok((python, crate::repo::root().join(PYTHON_SDK_SERVER)))
     } else {
-        Err(HarnessError::MissingPythonSdk(python.display().to_string()))
+        Err(HarnessError::MissingPythonSdk(venv.display().to_string()))
     }
 }

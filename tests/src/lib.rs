@@ -47,8 +47,10 @@ pub enum HarnessError {
         "{0} not found in {1}: build the workspace binaries first (cargo build --workspace --bins)"
     )]
     MissingBinary(String, String),
-    /// The virtualenv of the Python SDK fixture is missing.
-    #[error("{0} not found: create the Python SDK fixture's virtualenv first (make python-sdk)")]
+    /// The virtualenv of the Python SDK fixture is missing or incomplete.
+    #[error(
+        "{0} is not a complete virtualenv of the Python SDK fixture: create it first (make python-sdk)"
+    )]
     MissingPythonSdk(String),
     /// A process could not be started or did not become ready.
     #[error("{0}")]

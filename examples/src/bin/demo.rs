@@ -111,8 +111,8 @@ async fn main() -> ExitCode {
         (cfg.cut_probability * 100.0).round(),
         match &cfg.auth {
             Some(a) => format!(
-                "; MCP servers requiring bearer tokens of {} s",
-                a.token_ttl.as_secs()
+                "; MCP servers requiring bearer tokens of {:.1} s",
+                a.token_ttl.as_secs_f64()
             ),
             None => String::new(),
         },

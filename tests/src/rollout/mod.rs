@@ -116,11 +116,11 @@ pub struct AuthLoad {
 }
 
 impl Default for AuthLoad {
-    /// 10 s tokens, a quarter of the clients refreshing only after a 401, a probe after one
-    /// call in twenty.
+    /// 5 s tokens (the CI rollout runs about 20 s: every client lives through several), a
+    /// quarter of the clients refreshing only after a 401, a probe after one call in twenty.
     fn default() -> Self {
         Self {
-            token_ttl: Duration::from_secs(10),
+            token_ttl: Duration::from_secs(5),
             lazy_fraction: 0.25,
             probe_probability: 0.05,
         }

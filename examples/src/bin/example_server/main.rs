@@ -573,6 +573,7 @@ struct App {
     auth: Option<auth::Auth>,
     /// `initialize` requests still to refuse (`--unready-initializes`).
     unready: AtomicU64,
+    /// `--rate-limit`, when set.
     rate_limit: Option<limit::RateLimit>,
 }
 
