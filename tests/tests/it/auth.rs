@@ -39,9 +39,26 @@ async fn alices_session_on_a(issuer: &Issuer, token: String) -> (Scenario, McpCl
     (scenario, via_a, session)
 }
 
-/// `Bearer <token>` of alice from the usual issuer, valid for `ttl`.
+/// `Bearer <token>` of alice from the usual issuer, valid for `ttl` (expired for a zero
+/// `ttl`).
 fn alices_token(issuer: &Issuer, ttl: Duration) -> String {
     issuer.bearer("https://idp.example", "alice", ttl)
+}
+
+/// A `slow` call `call_id` with no progress event: answered at once with `done 0`.
+fn quick_call(call_id: &str) -> serde_json::Value {
+    let args = json!({"count": 0, "interval_ms": 10, "call_id": call_id});
+    tool_call(2, "slow", args, None)
+}
+
+/// Posts `call` with the client's expired token: the MCP server's 401 and its challenge reach
+/// the client unchanged.
+async fn refused_as_expired(client: &McpClient, session: &Session, call: &serde_json::Value) {
+    let refused = client.post(Some(session), call, &[]).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let challenge = header_str(&refused, "www-authenticate").unwrap_or_default();
+    assert!(challenge.contains("invalid_token"), "{challenge}");
+    drop(body_text(refused).await);
 }
 
 /// An authenticated pod, a client holding alice's token, and her session.
@@ -98,11 +115,7 @@ async fn the_authenticated_example_server_refuses_missing_tokens_and_other_subje
         .await
         .unwrap_err();
     assert!(err.to_string().contains("404"), "another sub: {err}");
-    server.set_authorization(Some(issuer.bearer(
-        "https://idp.example",
-        "alice",
-        Duration::ZERO,
-    )));
+    server.set_authorization(Some(alices_token(&issuer, Duration::ZERO)));
     let resp = server
         .post(Some(&alice), &tool_call(4, "echo", echo, None), &[])
         .await
@@ -123,23 +136,10 @@ async fn the_authenticated_example_server_refuses_missing_tokens_and_other_subje
 async fn a_refused_request_sent_again_with_a_fresh_token_is_dispatched_and_runs_once() {
     let issuer = Issuer::new().unwrap();
     let (pod, client, session) = alices_session(&issuer).await;
-    let call = tool_call(
-        7,
-        "slow",
-        json!({"count": 0, "interval_ms": 10, "call_id": "after-refresh"}),
-        None,
-    );
+    let call = quick_call("after-refresh");
     // The token expired: the MCP server's 401 and its challenge reach the client unchanged.
-    client.set_authorization(Some(issuer.bearer(
-        "https://idp.example",
-        "alice",
-        Duration::ZERO,
-    )));
-    let refused = client.post(Some(&session), &call, &[]).await.unwrap();
-    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
-    let challenge = header_str(&refused, "www-authenticate").unwrap_or_default();
-    assert!(challenge.contains("invalid_token"), "{challenge}");
-    drop(body_text(refused).await);
+    client.set_authorization(Some(alices_token(&issuer, Duration::ZERO)));
+    refused_as_expired(&client, &session, &call).await;
     // The client refreshes its token and sends the same message: dispatched, not the stored 401.
     client.set_authorization(Some(alices_token(&issuer, HOUR)));
     sent_again_runs_once(&pod, &client, &session, &call).await;
@@ -186,12 +186,7 @@ async fn a_request_refused_429_sent_again_after_retry_after_is_dispatched_and_ru
     let client = pod.client();
     client.set_authorization(Some(alices_token(&issuer, HOUR)));
     let session = client.initialize("2025-11-25").await.unwrap();
-    let call = tool_call(
-        2,
-        "slow",
-        json!({"count": 0, "interval_ms": 10, "call_id": "after-429"}),
-        None,
-    );
+    let call = quick_call("after-429");
     let refused = client.post(Some(&session), &call, &[]).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     let wait: u64 = header_str(&refused, "retry-after")
@@ -208,11 +203,7 @@ async fn a_request_refused_429_sent_again_after_retry_after_is_dispatched_and_ru
 async fn a_delete_the_server_refuses_passes_through_and_the_session_stays() {
     let issuer = Issuer::new().unwrap();
     let (_pod, client, session) = alices_session(&issuer).await;
-    client.set_authorization(Some(issuer.bearer(
-        "https://idp.example",
-        "alice",
-        Duration::ZERO,
-    )));
+    client.set_authorization(Some(alices_token(&issuer, Duration::ZERO)));
     assert_eq!(
         client.delete(&session).await.unwrap(),
         StatusCode::UNAUTHORIZED
@@ -288,22 +279,9 @@ async fn a_rebuild_refused_for_an_expired_token_waits_for_the_refreshed_one() {
     // The first request on the new holder carries a token that expired meanwhile: the rebuild
     // it triggers is refused, and the client gets the MCP server's 401 and challenge.
     let via_rest = scenario.via_rest();
-    via_rest.set_authorization(Some(issuer.bearer(
-        "https://idp.example",
-        "alice",
-        Duration::ZERO,
-    )));
-    let call = tool_call(
-        2,
-        "slow",
-        json!({"count": 0, "interval_ms": 10, "call_id": "after-expiry"}),
-        None,
-    );
-    let refused = via_rest.post(Some(&session), &call, &[]).await.unwrap();
-    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
-    let challenge = header_str(&refused, "www-authenticate").unwrap_or_default();
-    assert!(challenge.contains("invalid_token"), "{challenge}");
-    drop(body_text(refused).await);
+    via_rest.set_authorization(Some(alices_token(&issuer, Duration::ZERO)));
+    let call = quick_call("after-expiry");
+    refused_as_expired(&via_rest, &session, &call).await;
     // The same message with a refreshed token rebuilds the session and runs the tool, once.
     via_rest.set_authorization(Some(alices_token(&issuer, HOUR)));
     let resp = via_rest.post(Some(&session), &call, &[]).await.unwrap();
@@ -508,7 +486,7 @@ async fn a_resume_on_the_new_holder_is_authorized_by_the_rebuild_it_triggers() {
     );
     // Another credential, which the server refuses: B has no upstream session yet to ping,
     // so the rebuild it needs is the server's judgement, and nothing is served.
-    let expired = issuer.bearer("https://idp.example", "alice", Duration::ZERO);
+    let expired = alices_token(&issuer, Duration::ZERO);
     let refused = resume(expired).await.unwrap();
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
     let body = body_text(refused).await.unwrap();
