@@ -51,6 +51,19 @@ fn quick_call(call_id: &str) -> serde_json::Value {
     tool_call(2, "slow", args, None)
 }
 
+/// Posts [`quick_call`] `call`: answered 200 with `done 0`.
+async fn answered_at_once(client: &McpClient, session: &Session, call: &serde_json::Value) {
+    let resp = client.post(Some(session), call, &[]).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let answer = messages(resp, Duration::from_secs(10)).await.unwrap();
+    assert!(
+        answer
+            .iter()
+            .any(|m| m["result"]["content"][0]["text"] == "done 0"),
+        "{answer:?}"
+    );
+}
+
 /// Posts `call` with the client's expired token: the MCP server's 401 and its challenge reach
 /// the client unchanged.
 async fn refused_as_expired(client: &McpClient, session: &Session, call: &serde_json::Value) {
@@ -154,15 +167,7 @@ async fn sent_again_runs_once(
     call: &serde_json::Value,
 ) {
     let call_id = call["params"]["arguments"]["call_id"].as_str().unwrap();
-    let resp = client.post(Some(session), call, &[]).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    let answer = messages(resp, Duration::from_secs(10)).await.unwrap();
-    assert!(
-        answer
-            .iter()
-            .any(|m| m["result"]["content"][0]["text"] == "done 0"),
-        "{answer:?}"
-    );
+    answered_at_once(client, session, call).await;
     let stats = pod.stats().await.unwrap();
     assert_eq!(stats["calls"][call_id], 1, "the tool ran once: {stats}");
     let again = client.post(Some(session), call, &[]).await.unwrap();
@@ -284,15 +289,7 @@ async fn a_rebuild_refused_for_an_expired_token_waits_for_the_refreshed_one() {
     refused_as_expired(&via_rest, &session, &call).await;
     // The same message with a refreshed token rebuilds the session and runs the tool, once.
     via_rest.set_authorization(Some(alices_token(&issuer, HOUR)));
-    let resp = via_rest.post(Some(&session), &call, &[]).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    let answer = messages(resp, Duration::from_secs(10)).await.unwrap();
-    assert!(
-        answer
-            .iter()
-            .any(|m| m["result"]["content"][0]["text"] == "done 0"),
-        "{answer:?}"
-    );
+    answered_at_once(&via_rest, &session, &call).await;
     drop(scenario.stop_a(drain).await);
     assert_eq!(scenario.executions().await, 1);
     for pod in &scenario.cluster.pods {
