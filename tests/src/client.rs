@@ -25,6 +25,10 @@ use crate::{HarnessError, Result};
 /// `Accept` of every POST (spec T-03).
 pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 
+/// Longest wait for a response's headers ([`Http::send`]): far beyond any answer the tests
+/// expect (a drain's deadline, a held request), short of the rollout's 90 s finish.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A pooled HTTP/1.1 client.
 #[derive(Clone, Debug)]
 pub struct Http(Client<HttpConnector, Full<Bytes>>);
@@ -47,7 +51,8 @@ impl Http {
     /// Sends a request with `headers` and an optional body.
     ///
     /// # Errors
-    /// [`HarnessError::Http`] when the exchange fails.
+    /// [`HarnessError::Http`] when the exchange fails, or no response headers arrive within
+    /// [`RESPONSE_TIMEOUT`] (a test never waits for ever on a server that does not answer).
     pub async fn send(
         &self,
         method: Method,
@@ -62,9 +67,14 @@ impl Http {
         let req = req
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| HarnessError::Http(e.to_string()))?;
-        self.0
-            .request(req)
+        let method = req.method().clone();
+        tokio::time::timeout(RESPONSE_TIMEOUT, self.0.request(req))
             .await
+            .map_err(|_| {
+                HarnessError::Http(format!(
+                    "{method} {url}: no response headers within {RESPONSE_TIMEOUT:?}"
+                ))
+            })?
             .map_err(|e| HarnessError::Http(format!("{url}: {e}")))
     }
 
