@@ -26,7 +26,8 @@ impl StoredReply {
     /// the outcome of its request ids, so the same message sent again (with a refreshed token,
     /// after `Retry-After`) is dispatched again.
     pub(crate) fn is_refusal(&self) -> bool {
-        matches!(self.status.as_u16(), 401 | 403 | 407 | 429 | 503)
+        refuses_caller(self.status)
+            || self.status == StatusCode::SERVICE_UNAVAILABLE
             || (self.status.is_client_error() && !is_response(&self.body))
     }
 
