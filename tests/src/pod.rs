@@ -34,6 +34,9 @@ pub const UPSTREAM_PORT: u16 = 3000;
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The sidecar's drain socket, in the pod's directory.
 const DRAIN_SOCKET: &str = "drain.sock";
+/// When set, each pod's directory (`sidecar.log`, `server.log`, its manifest) stays after the
+/// test, for reading a failure's whole story; its path is printed at start.
+const KEEP_LOGS: &str = "TETHER_TEST_KEEP_LOGS";
 /// The shared secret of test endpoints (every pod of a test uses the same one).
 pub const SECRET: &str = "tether-test-secret-0123456789abcdef";
 
@@ -223,7 +226,11 @@ impl Pod {
     /// # Errors
     /// [`HarnessError`] when a binary is missing or a process does not become ready.
     pub async fn start_at(ip: Ipv4Addr, spec: PodSpec) -> Result<Self> {
-        let dir = tempfile::tempdir()?;
+        let mut dir = tempfile::tempdir()?;
+        if std::env::var_os(KEEP_LOGS).is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("pod {ip}: logs kept in {}", dir.path().display());
+        }
         std::fs::write(dir.path().join("endpoint.yaml"), spec.manifest())?;
         std::fs::write(dir.path().join("secret"), SECRET)?;
         let server = spawn_server(ip, &spec, dir.path().join("server.log"))?;

@@ -8,7 +8,9 @@
 //!   the cancelled request (spec L-02).
 //! - A request id already seen in the session with the same body is a retry: it attaches to the
 //!   existing stream instead of being dispatched again, so the upstream sees it exactly once; the
-//!   same id with another body is 400 (spec S-09).
+//!   same id with another body is 400 (spec S-09). A retry that joined a request which was not
+//!   carried out — refused for its caller (401, 429…) or never received by the MCP server, here
+//!   or at the pod that held the session before a handoff — is dispatched itself, once.
 //! - Batches (2025-03-26 only, B-01) are dispatched one message per upstream POST, all answers
 //!   merged into one SSE stream.
 
@@ -25,7 +27,7 @@ use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::{self, Envelope, EnvelopeError, Message, RequestKey};
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
-use crate::session::{Dedupe, EnterGuard, Session};
+use crate::session::{Dedupe, EnterGuard, Entry, Session};
 use crate::stream::StoredReply;
 use crate::stream::{Head, Start, Stream, StreamKind};
 
@@ -35,6 +37,18 @@ impl Broker {
         call: &Admitted,
         body: Bytes,
         entered: Option<EnterGuard>,
+    ) -> Result<Reply, Rejection> {
+        self.post_once(call, body, entered, true).await
+    }
+
+    /// [`Broker::post`]; with `may_redispatch`, a retry whose request was withdrawn
+    /// ([`Stream::is_withdrawn`]) is handled once more as a new request.
+    async fn post_once(
+        self: &Arc<Self>,
+        call: &Admitted,
+        body: Bytes,
+        entered: Option<EnterGuard>,
+        may_redispatch: bool,
     ) -> Result<Reply, Rejection> {
         // Batching follows the session's negotiated version, whatever the header claims: only a
         // 2025-03-26 session may batch (B-01/B-02), checked before the body is parsed. A batch
@@ -99,7 +113,16 @@ impl Broker {
                 if let Err(refusal) = self.revalidate(&session, &call.headers).await {
                     return Ok(refusal);
                 }
-                self.serve_post(&session, &existing).await
+                let reply = self.serve_post(&session, &existing).await;
+                if may_redispatch
+                    && existing.is_withdrawn()
+                    && let Entry::Entered(guard) = session.enter()
+                {
+                    // Its answer was no outcome: this request, with its own credentials, is
+                    // dispatched (its record went with the withdrawal).
+                    return Box::pin(self.post_once(call, body, Some(guard), false)).await;
+                }
+                reply
             }
             Dedupe::New => {
                 let headers = self.upstream_headers(&call.headers);

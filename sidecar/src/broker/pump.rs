@@ -139,13 +139,16 @@ impl Broker {
                 return;
             }
             Err(e) => {
+                let rejection = self.upstream_rejection(&e);
                 if let UpstreamError::Refused(_) | UpstreamError::NotReady = e
                     && stream.kind() == StreamKind::Post
                 {
                     // Nothing was answered: a retry may dispatch the request again.
-                    session.unregister_post(&stream, &ids);
+                    self.metrics.rejection(&rejection);
+                    session.withdraw_post(&stream, &ids, StoredReply::from(&rejection));
+                } else {
+                    self.fail(&stream, &ids, rejection);
                 }
-                self.fail(&stream, &ids, self.upstream_rejection(&e));
                 return;
             }
         };
@@ -181,7 +184,8 @@ impl Broker {
         if stored.is_refusal() {
             // Not the request's outcome: the client waiting gets it, and the same message sent
             // again (a refreshed token, after Retry-After) is dispatched.
-            session.unregister_post(stream, ids);
+            session.withdraw_post(stream, ids, stored);
+            return;
         }
         session.keep_reply(stream, stored, self.cfg().max_session_retry_bytes);
     }

@@ -91,6 +91,7 @@ pub(crate) fn stream_image(snapshot: &StreamSnapshot) -> StreamImage {
                 data: String::from_utf8_lossy(&ev.data).into_owned(),
             })
             .collect(),
+        withdrawn: snapshot.withdrawn,
     }
 }
 
@@ -210,6 +211,7 @@ fn stream_snapshot(image: &StreamImage) -> StreamSnapshot {
                 data: Bytes::from(ev.data.clone()),
             })
             .collect(),
+        withdrawn: image.withdrawn,
     }
 }
 

@@ -129,6 +129,11 @@ pub(crate) struct StreamImage {
     pub(crate) evicted_through: u64,
     /// Buffered events after the receiver's position, oldest first.
     pub(crate) events: Vec<EventImage>,
+    /// The POST's request was not carried out (refused for its caller, or never received by
+    /// the MCP server): `stored` answers whoever waits for it, no retry record leads to the
+    /// stream any more, and a retry of its request is dispatched again. Left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) withdrawn: bool,
 }
 
 /// One buffered SSE event.
@@ -222,6 +227,7 @@ mod tests {
                         event: None,
                         data: "{}".into(),
                     }],
+                    withdrawn: true,
                 }],
                 standalone_unsupported: None,
                 credentialed: true,
@@ -244,9 +250,11 @@ mod tests {
         let mut anonymous = push.session;
         anonymous.credentialed = false;
         anonymous.accepted.clear();
+        anonymous.streams[0].withdrawn = false;
         let v = serde_json::to_value(&anonymous).unwrap();
         for field in ["credentialed", "binding", "accepted"] {
             assert!(v.get(field).is_none(), "{field} left out: {v}");
         }
+        assert!(v["streams"][0].get("withdrawn").is_none(), "{v}");
     }
 }

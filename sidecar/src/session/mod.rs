@@ -394,6 +394,18 @@ impl Session {
                 Self::insert_record(&mut st, &r.id, r.digest, r.stream.clone());
             }
         }
+        // A request the writer did not carry out is no retry's outcome here either.
+        for snapshot in streams.iter().filter(|s| s.withdrawn) {
+            let ids: Vec<RequestKey> = st
+                .requests
+                .iter()
+                .filter(|(_, rec)| rec.stream == snapshot.key)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &ids {
+                Self::remove_record(&mut st, id);
+            }
+        }
         added
     }
 
@@ -886,15 +898,24 @@ impl Session {
         }
     }
 
-    /// Forgets a POST the upstream never received (so a retry dispatches it again).
-    pub(crate) fn unregister_post(&self, stream: &Stream, ids: &[RequestKey]) {
-        let mut st = self.state.lock();
-        st.streams.remove(stream.key());
-        for id in ids {
-            if st.requests.remove(id) {
-                let bytes = st.records_charge.bytes() - record_bytes(id);
-                st.records_charge.resize(bytes);
+    /// Ends a POST whose requests `ids` were not carried out (refused for the caller, or
+    /// never received by the MCP server) with `reply` ([`Stream::withdraw`]): their records
+    /// go, so a retry dispatches them again. The stream stays until it is spent, so a follower
+    /// of a handoff under way tells the new holder.
+    pub(crate) fn withdraw_post(&self, stream: &Stream, ids: &[RequestKey], reply: StoredReply) {
+        {
+            let mut st = self.state.lock();
+            for id in ids {
+                Self::remove_record(&mut st, id);
             }
+        }
+        stream.withdraw(reply);
+    }
+
+    fn remove_record(st: &mut State, id: &RequestKey) {
+        if st.requests.remove(id) {
+            let bytes = st.records_charge.bytes() - record_bytes(id);
+            st.records_charge.resize(bytes);
         }
     }
 
@@ -1068,7 +1089,7 @@ impl Drop for BusyGuard {
 
 #[cfg(test)]
 mod tests {
-    use super::fixtures::{ANY_ROOM, key, session, stream};
+    use super::fixtures::{ANY_ROOM, key, limits, session, stream};
     use super::*;
     use crate::stream::Head;
 
@@ -1091,11 +1112,63 @@ mod tests {
             s.claim(&[key(1), key(2)], [1; 32], &other, ANY_ROOM),
             Dedupe::Conflict
         ));
-        s.unregister_post(&st, &ids);
+        s.withdraw_post(&st, &ids, refused());
         assert!(matches!(
             s.claim(&ids, [1; 32], &other, ANY_ROOM),
             Dedupe::New
         ));
+    }
+
+    /// A 401 of the MCP server.
+    fn refused() -> StoredReply {
+        StoredReply {
+            status: http::StatusCode::UNAUTHORIZED,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_withdrawn_at_the_sender_after_the_handoff_image_is_withdrawn_at_the_receiver()
+     {
+        let sender = session();
+        let ids = [key(1)];
+        let st = stream(&sender, &ids);
+        assert!(matches!(
+            sender.claim(&ids, [1; 32], &st, ANY_ROOM),
+            Dedupe::New
+        ));
+        // The image is taken while the request is at the MCP server.
+        let (image, positions) = sender.snapshot(usize::MAX);
+        let pod = Retained::new(u64::MAX, u64::MAX);
+        let budget = PodBudget::new(u64::MAX);
+        let receiver =
+            Session::from_parts(image, "digest".into(), "sender", limits(), &budget, &pod);
+        let other = stream(&receiver, &ids);
+        let Dedupe::Retry(joined) = receiver.claim(&ids, [1; 32], &other, ANY_ROOM) else {
+            panic!("the imported request is a retry's");
+        };
+        assert!(!joined.is_withdrawn());
+        // Then the MCP server refuses it: the follower still finds the stream and sends that.
+        sender.withdraw_post(&st, &ids, refused());
+        let tail: Vec<StreamSnapshot> = sender
+            .streams()
+            .iter()
+            .filter(|s| s.key() == st.key())
+            .map(|s| s.snapshot(positions[st.key()], usize::MAX).0)
+            .collect();
+        assert_eq!(tail.len(), 1, "the withdrawn stream stays for the follower");
+        assert!(tail[0].withdrawn && tail[0].complete);
+        receiver.import(&tail, &[], "sender", limits(), &budget);
+        match joined.wait_head().await {
+            Head::Stored(reply) => assert_eq!(reply.status, http::StatusCode::UNAUTHORIZED),
+            Head::Sse(_) => panic!("the refusal answers whoever waited"),
+        }
+        assert!(joined.is_withdrawn());
+        assert!(
+            matches!(receiver.claim(&ids, [1; 32], &other, ANY_ROOM), Dedupe::New),
+            "a retry on the receiver is dispatched again"
+        );
     }
 
     #[tokio::test]

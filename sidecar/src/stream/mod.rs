@@ -99,6 +99,9 @@ struct State {
     /// The session moved: readers get what is buffered, then `retry:` with this hint and a
     /// clean close, and resume at the new holder (negotiated ≥ 2025-11-25, spec ).
     moved_retry: Option<Duration>,
+    /// The POST's request was not carried out ([`Stream::withdraw`]): `stored` answers the
+    /// connections that waited for it, and it is no request's outcome.
+    withdrawn: bool,
 }
 
 /// A copy of a stream's state for another pod (a handoff): what it carries, where its
@@ -123,6 +126,8 @@ pub(crate) struct StreamSnapshot {
     pub(crate) evicted_through: u64,
     /// Buffered events after the receiver's position, oldest first.
     pub(crate) events: Vec<SnapshotEvent>,
+    /// The POST's request was not carried out ([`Stream::withdraw`]).
+    pub(crate) withdrawn: bool,
 }
 
 /// One buffered event of a [`StreamSnapshot`].
@@ -216,6 +221,7 @@ impl Stream {
                 delivered: 0,
                 following,
                 moved_retry: None,
+                withdrawn: false,
             }),
             changed: watch::channel(()).0,
             observer: Mutex::new(None),
@@ -252,6 +258,7 @@ impl Stream {
             if let Some(sse) = &snapshot.sse {
                 st.sse = Some(sse.clone());
             }
+            st.withdrawn |= snapshot.withdrawn;
             if snapshot.complete {
                 st.complete = true;
                 st.following = None;
@@ -309,6 +316,7 @@ impl Stream {
             last_seq,
             evicted_through: st.buffer.evicted_through(),
             events,
+            withdrawn: st.withdrawn,
         };
         (snapshot, last_seq)
     }
@@ -453,6 +461,25 @@ impl Stream {
     pub(crate) fn store_reply(&self, reply: StoredReply) {
         self.set_stored(&mut self.state.lock(), reply);
         self.complete();
+    }
+
+    /// Ends a POST stream whose request was not carried out — refused for its caller (401,
+    /// 429…) or never received by the MCP server — with `reply`: the connections waiting for
+    /// it get `reply`, a retry that joined it is dispatched again, and a handoff tells the
+    /// new holder (`docs/design/handoff.md#moving-one-session`).
+    pub(crate) fn withdraw(&self, reply: StoredReply) {
+        {
+            let mut st = self.state.lock();
+            st.withdrawn = true;
+            self.set_stored(&mut st, reply);
+        }
+        self.complete();
+    }
+
+    /// Whether the request was not carried out ([`Stream::withdraw`], here or at the pod
+    /// that wrote the stream before a handoff).
+    pub(crate) fn is_withdrawn(&self) -> bool {
+        self.state.lock().withdrawn
     }
 
     /// Keeps `reply`, counted in the session's tally once there is one.

@@ -13,7 +13,7 @@ use tether_tests::client::{
     Events, McpClient, Session, body_text, expect_lost_session, header_str, messages, tool_call,
 };
 use tether_tests::pod::{Pod, PodSpec};
-use tether_tests::scenario::Scenario;
+use tether_tests::scenario::{DrainTask, Scenario};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -295,6 +295,76 @@ async fn a_rebuild_refused_for_an_expired_token_waits_for_the_refreshed_one() {
     for pod in &scenario.cluster.pods {
         assert_eq!(pod.metric("tether_not_found_total").await.unwrap(), 0.0);
     }
+}
+
+/// How long the MCP servers of [`refused_while_moving`] take to check a token, in ms: long
+/// enough for A to hand the session off while a request waits for its refusal.
+const SLOW_CHECK_MS: u64 = 1500;
+
+/// Two pods whose MCP servers check tokens slowly ([`SLOW_CHECK_MS`]), alice's session on A,
+/// and A draining while its MCP server is still refusing `call`, sent with an expired token:
+/// the session (the call in flight) is on the other pod when the 401 reaches the client. With
+/// `joining`, a refreshed token, the same message is sent to the other pod meanwhile (before
+/// the refusal), and answered.
+async fn refused_while_moving(
+    issuer: &Issuer,
+    call: &serde_json::Value,
+    joining: Option<String>,
+) -> (Scenario, DrainTask, Session) {
+    let mut spec = authenticated(issuer);
+    spec.server_args
+        .extend(["--auth-latency-ms".into(), SLOW_CHECK_MS.to_string()]);
+    let mut scenario = Scenario::start(2, spec).await;
+    let via_a = scenario.via_a();
+    via_a.set_authorization(Some(alices_token(issuer, HOUR)));
+    let session = via_a.initialize("2025-11-25").await.unwrap();
+    via_a.set_authorization(Some(alices_token(issuer, Duration::ZERO)));
+    let mut drain = None;
+    tokio::join!(refused_as_expired(&via_a, &session, call), async {
+        tokio::time::sleep(Duration::from_millis(SLOW_CHECK_MS / 5)).await;
+        drain = Some(scenario.drain_a().await);
+        scenario.wait_moved(1.0).await;
+        if let Some(token) = joining {
+            let via_rest = scenario.via_rest();
+            via_rest.set_authorization(Some(token));
+            answered_at_once(&via_rest, &session, call).await;
+        }
+    });
+    let drain = drain.expect("A drains");
+    (scenario, drain, session)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_after_its_session_moved_is_dispatched_again_on_the_new_holder() {
+    let issuer = Issuer::new().unwrap();
+    let call = quick_call("refused-mid-move");
+    let (mut scenario, drain, session) = refused_while_moving(&issuer, &call, None).await;
+    // The new holder learnt that the call was not carried out: the same message with a
+    // refreshed token runs there (it used to wait for an answer A would never send).
+    let via_rest = scenario.via_rest();
+    via_rest.set_authorization(Some(alices_token(&issuer, HOUR)));
+    answered_at_once(&via_rest, &session, &call).await;
+    drop(scenario.stop_a(drain).await);
+    assert_eq!(scenario.executions().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_that_joined_a_request_refused_at_the_old_holder_is_dispatched_itself() {
+    let issuer = Issuer::new().unwrap();
+    let call = quick_call("joined-mid-move");
+    // The retry joins the request still at A's MCP server; when A's refusal arrives it is
+    // dispatched itself, with its own token, instead of getting a 401 it did not earn.
+    let fresh = alices_token(&issuer, HOUR);
+    let (mut scenario, drain, _) = refused_while_moving(&issuer, &call, Some(fresh)).await;
+    drop(scenario.stop_a(drain).await);
+    assert_eq!(scenario.executions().await, 1);
+    assert!(
+        scenario
+            .metric_of_rest("tether_requests_deduplicated_total")
+            .await
+            >= 1.0,
+        "the retry joined the request in flight"
+    );
 }
 
 #[tokio::test]

@@ -115,6 +115,10 @@ struct Args {
     /// Require `Authorization: Bearer <JWT>` (HS256 with this file's bytes, `sub` and `exp`).
     #[arg(long, value_name = "FILE")]
     auth_key: Option<std::path::PathBuf>,
+    /// Take this long, in ms, to check each request's credentials (`--auth-key`), as a server
+    /// that introspects tokens at its authorization server does.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    auth_latency_ms: u64,
     /// Answer a caller's MCP requests beyond N per `--rate-window-ms` with 429 + `Retry-After`
     /// (0: no limit).
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -627,6 +631,9 @@ impl App {
             }
             return self.serve(req).await;
         };
+        if self.args.auth_latency_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.args.auth_latency_ms)).await;
+        }
         let sub = match auth.caller(req.headers()) {
             Ok(sub) => sub,
             Err(why) => {
