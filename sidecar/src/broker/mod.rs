@@ -179,16 +179,27 @@ impl Broker {
         body: Bytes,
         entered: Option<EnterGuard>,
     ) -> Reply {
+        // At debug level each request logs its start and its answer's head (a stream goes on).
+        let traced = tracing::enabled!(tracing::Level::DEBUG).then(|| {
+            let session = call.session_id.as_deref().map(|id| self.log_digest(id));
+            tracing::debug!(method = %call.method, session, held = entered.is_some(), "request");
+            (session, std::time::Instant::now())
+        });
         let result = match call.method {
             Method::POST => self.post(&call, body, entered).await,
             Method::GET => self.get(&call, entered).await,
             Method::DELETE => self.delete(&call, entered).await,
             _ => Err(Rejection::MethodNotAllowed),
         };
-        result.unwrap_or_else(|rejection| {
+        let reply = result.unwrap_or_else(|rejection| {
             self.metrics.rejection(&rejection);
             rejection.into()
-        })
+        });
+        if let Some((session, started)) = traced {
+            let ms = started.elapsed().as_millis();
+            tracing::debug!(session, status = reply.status.as_u16(), ms, "answered");
+        }
+        reply
     }
 
     /// Sessions with a request in flight (being handled, or a POST waiting for its response).

@@ -110,6 +110,7 @@ impl Broker {
             Dedupe::PodFull => Err(Rejection::PodRetryFull),
             Dedupe::Retry(existing) => {
                 self.metrics.request_deduplicated();
+                tracing::debug!(session = session.digest(), stream = %existing.key(), following = ?existing.following(), "a retry joins its request's stream");
                 if let Err(refusal) = self.revalidate(&session, &call.headers).await {
                     return Ok(refusal);
                 }
@@ -125,6 +126,7 @@ impl Broker {
                 reply
             }
             Dedupe::New => {
+                tracing::debug!(session = session.digest(), stream = %stream.key(), "request dispatched");
                 let headers = self.upstream_headers(&call.headers);
                 if envelope.batch {
                     stream.mark_sse(http::HeaderMap::new());

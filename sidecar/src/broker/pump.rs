@@ -124,6 +124,15 @@ impl Broker {
             sent = self.send_in_session(&session, Method::POST, &headers, None, body, true) => sent,
             () = stream.cancel_token().cancelled() => return,
         };
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let outcome = match &sent {
+                Ok(Sent::Answer(resp)) => resp.status().as_str().to_owned(),
+                Ok(Sent::Denied(reply)) => format!("rebuild denied {}", reply.status.as_u16()),
+                Ok(Sent::Rebuilt | Sent::Gone) => "upstream session lost".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            tracing::debug!(session = session.digest(), stream = %stream.key(), outcome, "upstream answered");
+        }
         let resp = match sent {
             Ok(Sent::Answer(resp)) => resp,
             Ok(Sent::Denied(reply)) => {

@@ -269,6 +269,10 @@ impl Broker {
     /// for the next attempt, within `--rebuild-retry-for` of the first; any other failure ends
     /// it (404 from then on).
     pub(super) async fn rebuild_now(self: &Arc<Self>, session: &Arc<Session>) -> Rebuild {
+        tracing::debug!(
+            session = session.digest(),
+            "rebuilding the upstream session"
+        );
         match self.rebuild(session).await {
             Ok(id) => {
                 session.set_upstream_id(id);

@@ -15,7 +15,7 @@ use super::wire::TailPush;
 use super::{BACKOFF, Handoff, MESSAGE_OVERHEAD};
 use crate::cluster::membership::Peer;
 use crate::mcp::cursor::StreamKey;
-use crate::session::{Session, Standalone};
+use crate::session::{Session, SessionSnapshot, Standalone};
 use crate::stream::{Stream, StreamKind};
 
 /// Longest wait between checks when nothing wakes the follower.
@@ -25,7 +25,7 @@ const STANDALONE_LINGER: Duration = Duration::from_millis(500);
 
 /// What the receiver has of one stream.
 #[derive(Clone, Debug, Default, PartialEq)]
-struct Sent {
+pub(super) struct Sent {
     /// Sequence it is at.
     position: u64,
     /// Pending requests it knows.
@@ -36,29 +36,38 @@ struct Sent {
     done: bool,
 }
 
-/// Follows `session` (moved to `target`) until every stream is complete and sent, or the
-/// target refuses (it no longer holds the session, or cannot be reached after retries).
+/// What the receiver has of each stream once it adopted `image` (taken with `positions`, see
+/// [`Session::snapshot`]): the state *in the image*. Whatever happened to a stream while the
+/// push was on its way (an answer, a refusal, its end) is news to the receiver.
+pub(super) fn imaged(
+    image: &SessionSnapshot,
+    positions: &HashMap<StreamKey, u64>,
+) -> HashMap<StreamKey, Sent> {
+    image
+        .streams
+        .iter()
+        .filter_map(|s| {
+            let &position = positions.get(&s.key)?;
+            let sent = Sent {
+                position,
+                pending: s.pending.len(),
+                head: s.sse.is_some() || s.stored.is_some(),
+                done: s.complete,
+            };
+            Some((s.key.clone(), sent))
+        })
+        .collect()
+}
+
+/// Follows `session` (moved to `target`, which has `sent` of it: [`imaged`]) until every
+/// stream is complete and sent, or the target refuses (it no longer holds the session, or
+/// cannot be reached after retries).
 pub(super) async fn follow(
     handoff: &Handoff,
     session: &Arc<Session>,
     target: &Peer,
-    positions: HashMap<StreamKey, u64>,
+    mut sent: HashMap<StreamKey, Sent>,
 ) {
-    let mut sent: HashMap<StreamKey, Sent> = HashMap::new();
-    for stream in session.streams() {
-        if let Some(&position) = positions.get(stream.key()) {
-            let (snapshot, _) = stream.snapshot(position, 0);
-            sent.insert(
-                stream.key().clone(),
-                Sent {
-                    position,
-                    pending: snapshot.pending.len(),
-                    head: snapshot.sse.is_some() || snapshot.stored.is_some(),
-                    done: snapshot.complete && position >= snapshot.last_seq,
-                },
-            );
-        }
-    }
     let wake = Arc::new(Notify::new());
     session.observe(&wake);
     let addr = handoff.peer_addr(target);
@@ -81,6 +90,7 @@ pub(super) async fn follow(
                 return;
             }
             handoff.metrics.tail_events_forwarded(events as u64);
+            tracing::debug!(session = session.digest(), peer = %target.name, streams = push.streams.len(), events, "tail sent");
             sent.extend(next);
         }
         if more {

@@ -215,6 +215,7 @@ impl Handoff {
             from: self.router.uid().to_owned(),
             session: image::session_image(&snapshot),
         };
+        let imaged = follow::imaged(&snapshot, &positions);
         let body = match serde_json::to_vec(&push) {
             Ok(body) => Bytes::from(body),
             Err(e) => {
@@ -226,7 +227,7 @@ impl Handoff {
         for target in candidates {
             match self.push_to(&target, &body).await {
                 Ok(()) => {
-                    self.moved(&session, &target, positions, started);
+                    self.moved(&session, &target, imaged, started);
                     return Ok(target.uid);
                 }
                 Err(e) => {
@@ -273,7 +274,7 @@ impl Handoff {
         self: &Arc<Self>,
         session: &Arc<Session>,
         target: &Peer,
-        positions: HashMap<crate::mcp::cursor::StreamKey, u64>,
+        imaged: HashMap<crate::mcp::cursor::StreamKey, follow::Sent>,
         started: Instant,
     ) {
         session.finish_move(Some(target.uid.clone()));
@@ -290,7 +291,7 @@ impl Handoff {
         let session = Arc::clone(session);
         let target = target.clone();
         tokio::spawn(async move {
-            follow::follow(&handoff, &session, &target, positions).await;
+            follow::follow(&handoff, &session, &target, imaged).await;
             handoff.broker.release_departed(&session).await;
         });
     }

@@ -13,7 +13,7 @@ use tether_tests::client::{
     Events, McpClient, Session, body_text, expect_lost_session, header_str, messages, tool_call,
 };
 use tether_tests::pod::{Pod, PodSpec};
-use tether_tests::scenario::{DrainTask, Scenario};
+use tether_tests::scenario::Scenario;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -301,70 +301,95 @@ async fn a_rebuild_refused_for_an_expired_token_waits_for_the_refreshed_one() {
 /// enough for A to hand the session off while a request waits for its refusal.
 const SLOW_CHECK_MS: u64 = 1500;
 
+/// When the other pod acknowledges the session, and whether the client sends the call again
+/// before A's MCP server refuses it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Moment {
+    /// The session moves before the refusal; the client sends the call again after it.
+    MovedFirst,
+    /// The session is imaged before the refusal but acknowledged after it (the other pod's
+    /// sidecar is frozen meanwhile): the refusal happens between the image and the follower.
+    AcknowledgedAfter,
+    /// The session moves before the refusal, and the call, refreshed token, reaches the other
+    /// pod before the refusal too: that retry joins the request still at A's MCP server.
+    JoinedBefore,
+}
+
 /// Two pods whose MCP servers check tokens slowly ([`SLOW_CHECK_MS`]), alice's session on A,
-/// and A draining while its MCP server is still refusing `call`, sent with an expired token:
-/// the session (the call in flight) is on the other pod when the 401 reaches the client. With
-/// `joining`, a refreshed token, the same message is sent to the other pod meanwhile (before
-/// the refusal), and answered.
-async fn refused_while_moving(
-    issuer: &Issuer,
-    call: &serde_json::Value,
-    joining: Option<String>,
-) -> (Scenario, DrainTask, Session) {
-    let mut spec = authenticated(issuer);
+/// and A draining while its MCP server is still refusing `call`, sent with an expired token;
+/// the client gets the 401 from A. Then (or, [`Moment::JoinedBefore`], before the refusal) the
+/// same message with a refreshed token, sent to the other pod, runs there: answered once.
+async fn refused_while_moving(moment: Moment, call_id: &str) {
+    let issuer = Issuer::new().unwrap();
+    let call = quick_call(call_id);
+    let mut spec = authenticated(&issuer);
     spec.server_args
         .extend(["--auth-latency-ms".into(), SLOW_CHECK_MS.to_string()]);
     let mut scenario = Scenario::start(2, spec).await;
     let via_a = scenario.via_a();
-    via_a.set_authorization(Some(alices_token(issuer, HOUR)));
+    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
     let session = via_a.initialize("2025-11-25").await.unwrap();
-    via_a.set_authorization(Some(alices_token(issuer, Duration::ZERO)));
+    via_a.set_authorization(Some(alices_token(&issuer, Duration::ZERO)));
+    let via_rest = scenario.via_rest();
+    via_rest.set_authorization(Some(alices_token(&issuer, HOUR)));
     let mut drain = None;
-    tokio::join!(refused_as_expired(&via_a, &session, call), async {
+    tokio::join!(refused_as_expired(&via_a, &session, &call), async {
         tokio::time::sleep(Duration::from_millis(SLOW_CHECK_MS / 5)).await;
-        drain = Some(scenario.drain_a().await);
-        scenario.wait_moved(1.0).await;
-        if let Some(token) = joining {
-            let via_rest = scenario.via_rest();
-            via_rest.set_authorization(Some(token));
-            answered_at_once(&via_rest, &session, call).await;
+        if moment == Moment::AcknowledgedAfter {
+            // Every pod knows A drains first (the other one then stops answering anything).
+            let a = scenario.a;
+            let draining = scenario.cluster.set_state(a, Some("draining")).await;
+            scenario.check(draining);
+            scenario.cluster.pods[1]
+                .signal_sidecar("STOP")
+                .await
+                .unwrap();
+            drain = Some(scenario.pod_a().start_drain());
+        } else {
+            drain = Some(scenario.drain_a().await);
+        }
+        if moment == Moment::JoinedBefore {
+            scenario.wait_moved(1.0).await;
+            answered_at_once(&via_rest, &session, &call).await;
         }
     });
-    let drain = drain.expect("A drains");
-    (scenario, drain, session)
+    if moment == Moment::AcknowledgedAfter {
+        scenario.cluster.pods[1]
+            .signal_sidecar("CONT")
+            .await
+            .unwrap();
+    }
+    scenario.wait_moved(1.0).await;
+    if moment != Moment::JoinedBefore {
+        // The new holder learnt that the call was not carried out, so it runs (it used to wait
+        // for an answer A would never send).
+        answered_at_once(&via_rest, &session, &call).await;
+    }
+    drop(scenario.stop_a(drain.expect("A drains")).await);
+    assert_eq!(scenario.executions().await, 1);
+    if moment == Moment::JoinedBefore {
+        let joined = scenario
+            .metric_of_rest("tether_requests_deduplicated_total")
+            .await;
+        assert!(joined >= 1.0, "the retry joined the request in flight");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_refused_after_its_session_moved_is_dispatched_again_on_the_new_holder() {
-    let issuer = Issuer::new().unwrap();
-    let call = quick_call("refused-mid-move");
-    let (mut scenario, drain, session) = refused_while_moving(&issuer, &call, None).await;
-    // The new holder learnt that the call was not carried out: the same message with a
-    // refreshed token runs there (it used to wait for an answer A would never send).
-    let via_rest = scenario.via_rest();
-    via_rest.set_authorization(Some(alices_token(&issuer, HOUR)));
-    answered_at_once(&via_rest, &session, &call).await;
-    drop(scenario.stop_a(drain).await);
-    assert_eq!(scenario.executions().await, 1);
+    refused_while_moving(Moment::MovedFirst, "refused-after-move").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_while_its_session_was_being_pushed_is_dispatched_on_the_new_holder() {
+    refused_while_moving(Moment::AcknowledgedAfter, "refused-mid-push").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_that_joined_a_request_refused_at_the_old_holder_is_dispatched_itself() {
-    let issuer = Issuer::new().unwrap();
-    let call = quick_call("joined-mid-move");
-    // The retry joins the request still at A's MCP server; when A's refusal arrives it is
-    // dispatched itself, with its own token, instead of getting a 401 it did not earn.
-    let fresh = alices_token(&issuer, HOUR);
-    let (mut scenario, drain, _) = refused_while_moving(&issuer, &call, Some(fresh)).await;
-    drop(scenario.stop_a(drain).await);
-    assert_eq!(scenario.executions().await, 1);
-    assert!(
-        scenario
-            .metric_of_rest("tether_requests_deduplicated_total")
-            .await
-            >= 1.0,
-        "the retry joined the request in flight"
-    );
+    // When A's refusal arrives, the retry is dispatched itself, with its own token, instead of
+    // getting a 401 it did not earn.
+    refused_while_moving(Moment::JoinedBefore, "joined-mid-move").await;
 }
 
 #[tokio::test]
