@@ -154,7 +154,7 @@ impl Broker {
                 {
                     // Nothing was answered: a retry may dispatch the request again.
                     self.metrics.rejection(&rejection);
-                    session.withdraw_post(&stream, &ids, StoredReply::from(&rejection));
+                    session.withdraw_post(&stream, StoredReply::from(&rejection));
                 } else {
                     self.fail(&stream, &ids, rejection);
                 }
@@ -193,7 +193,7 @@ impl Broker {
         if stored.is_refusal() {
             // Not the request's outcome: the client waiting gets it, and the same message sent
             // again (a refreshed token, after Retry-After) is dispatched.
-            session.withdraw_post(stream, ids, stored);
+            session.withdraw_post(stream, stored);
             return;
         }
         session.keep_reply(stream, stored, self.cfg().max_session_retry_bytes);

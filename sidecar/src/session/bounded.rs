@@ -64,15 +64,6 @@ impl<K: Eq + Hash + Clone, V> Bounded<K, V> {
         });
     }
 
-    /// Forgets `key`; returns whether it was held.
-    pub(crate) fn remove(&mut self, key: &K) -> bool {
-        let held = self.entries.remove(key).is_some();
-        if held && let Some(at) = self.order.iter().position(|k| k == key) {
-            self.order.remove(at);
-        }
-        held
-    }
-
     /// Every entry, oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.order
@@ -98,13 +89,13 @@ mod tests {
         b.forget_where(|k, _| *k == "b");
         assert!(!b.contains(&"b"), "forget_where forgets what it is told to");
         b.insert("b", 2);
-        b.remove(&"b");
+        b.forget_where(|k, _| *k == "b");
         b.insert("d", 5);
         b.insert("e", 6);
         assert_eq!(
             b.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
             ["d", "e"],
-            "a removed key no longer counts"
+            "a forgotten key no longer counts"
         );
     }
 }

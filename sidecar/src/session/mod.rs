@@ -396,15 +396,7 @@ impl Session {
         }
         // A request the writer did not carry out is no retry's outcome here either.
         for snapshot in streams.iter().filter(|s| s.withdrawn) {
-            let ids: Vec<RequestKey> = st
-                .requests
-                .iter()
-                .filter(|(_, rec)| rec.stream == snapshot.key)
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in &ids {
-                Self::remove_record(&mut st, id);
-            }
+            Self::forget_records_of(&mut st, &snapshot.key);
         }
         added
     }
@@ -898,25 +890,26 @@ impl Session {
         }
     }
 
-    /// Ends a POST whose requests `ids` were not carried out (refused for the caller, or
-    /// never received by the MCP server) with `reply` ([`Stream::withdraw`]): their records
-    /// go, so a retry dispatches them again. The stream stays until it is spent, so a follower
-    /// of a handoff under way tells the new holder.
-    pub(crate) fn withdraw_post(&self, stream: &Stream, ids: &[RequestKey], reply: StoredReply) {
-        {
-            let mut st = self.state.lock();
-            for id in ids {
-                Self::remove_record(&mut st, id);
-            }
-        }
+    /// Ends a POST whose requests were not carried out (refused for the caller, or never
+    /// received by the MCP server) with `reply` ([`Stream::withdraw`]): their records go, so
+    /// a retry dispatches them again. The stream stays until it is spent, so a follower of a
+    /// handoff under way tells the new holder.
+    pub(crate) fn withdraw_post(&self, stream: &Stream, reply: StoredReply) {
+        Self::forget_records_of(&mut self.state.lock(), stream.key());
         stream.withdraw(reply);
     }
 
-    fn remove_record(st: &mut State, id: &RequestKey) {
-        if st.requests.remove(id) {
-            let bytes = st.records_charge.bytes() - record_bytes(id);
-            st.records_charge.resize(bytes);
-        }
+    /// Forgets the retry records that lead to stream `key`.
+    fn forget_records_of(st: &mut State, key: &StreamKey) {
+        let mut bytes = st.records_charge.bytes();
+        st.requests.forget_where(|id, rec| {
+            let forget = rec.stream == *key;
+            if forget {
+                bytes -= record_bytes(id);
+            }
+            forget
+        });
+        st.records_charge.resize(bytes);
     }
 
     /// Registers a stream that no request id leads to (the `initialize` response stream).
@@ -1112,7 +1105,7 @@ mod tests {
             s.claim(&[key(1), key(2)], [1; 32], &other, ANY_ROOM),
             Dedupe::Conflict
         ));
-        s.withdraw_post(&st, &ids, refused());
+        s.withdraw_post(&st, refused());
         assert!(matches!(
             s.claim(&ids, [1; 32], &other, ANY_ROOM),
             Dedupe::New
@@ -1150,7 +1143,7 @@ mod tests {
         };
         assert!(!joined.is_withdrawn());
         // Then the MCP server refuses it: the follower still finds the stream and sends that.
-        sender.withdraw_post(&st, &ids, refused());
+        sender.withdraw_post(&st, refused());
         let tail: Vec<StreamSnapshot> = sender
             .streams()
             .iter()
