@@ -154,7 +154,11 @@ impl Broker {
                 {
                     // Nothing was answered: a retry may dispatch the request again.
                     self.metrics.rejection(&rejection);
-                    session.withdraw_post(&stream, StoredReply::from(&rejection));
+                    session.withdraw_post(
+                        &stream,
+                        StoredReply::from(&rejection),
+                        self.cfg().max_session_retry_bytes,
+                    );
                 } else {
                     self.fail(&stream, &ids, rejection);
                 }
@@ -193,7 +197,7 @@ impl Broker {
         if stored.is_refusal() {
             // Not the request's outcome: the client waiting gets it, and the same message sent
             // again (a refreshed token, after Retry-After) is dispatched.
-            session.withdraw_post(stream, stored);
+            session.withdraw_post(stream, stored, self.cfg().max_session_retry_bytes);
             return;
         }
         session.keep_reply(stream, stored, self.cfg().max_session_retry_bytes);

@@ -893,10 +893,12 @@ impl Session {
     /// Ends a POST whose requests were not carried out (refused for the caller, or never
     /// received by the MCP server) with `reply` ([`Stream::withdraw`]): their records go, so
     /// a retry dispatches them again. The stream stays until it is spent, so a follower of a
-    /// handoff under way tells the new holder.
-    pub(crate) fn withdraw_post(&self, stream: &Stream, reply: StoredReply) {
+    /// handoff under way tells the new holder; like [`Session::keep_reply`], room is made for
+    /// `reply` within `budget`.
+    pub(crate) fn withdraw_post(&self, stream: &Stream, reply: StoredReply, budget: u64) {
         Self::forget_records_of(&mut self.state.lock(), stream.key());
         stream.withdraw(reply);
+        self.shed_retry_state(budget);
     }
 
     /// Forgets the retry records that lead to stream `key`.
@@ -1105,7 +1107,7 @@ mod tests {
             s.claim(&[key(1), key(2)], [1; 32], &other, ANY_ROOM),
             Dedupe::Conflict
         ));
-        s.withdraw_post(&st, refused());
+        s.withdraw_post(&st, refused(), u64::MAX);
         assert!(matches!(
             s.claim(&ids, [1; 32], &other, ANY_ROOM),
             Dedupe::New
@@ -1143,7 +1145,7 @@ mod tests {
         };
         assert!(!joined.is_withdrawn());
         // Then the MCP server refuses it: the follower still finds the stream and sends that.
-        sender.withdraw_post(&st, refused());
+        sender.withdraw_post(&st, refused(), u64::MAX);
         let tail: Vec<StreamSnapshot> = sender
             .streams()
             .iter()

@@ -459,8 +459,7 @@ impl Stream {
 
     /// Records the upstream's non-SSE answer and completes the stream.
     pub(crate) fn store_reply(&self, reply: StoredReply) {
-        self.set_stored(&mut self.state.lock(), reply);
-        self.complete();
+        self.end_with_reply(reply, false);
     }
 
     /// Ends a POST stream whose request was not carried out — refused for its caller (401,
@@ -468,9 +467,14 @@ impl Stream {
     /// it get `reply`, a retry that joined it is dispatched again, and a handoff tells the
     /// new holder (`docs/design/handoff.md#moving-one-session`).
     pub(crate) fn withdraw(&self, reply: StoredReply) {
+        self.end_with_reply(reply, true);
+    }
+
+    /// Keeps `reply` (an outcome, or `withdrawn`) and completes the stream.
+    fn end_with_reply(&self, reply: StoredReply, withdrawn: bool) {
         {
             let mut st = self.state.lock();
-            st.withdrawn = true;
+            st.withdrawn = withdrawn;
             self.set_stored(&mut st, reply);
         }
         self.complete();
