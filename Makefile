@@ -122,13 +122,16 @@ demo: deps
 	$(CARGO) build --release --bins
 	./target/release/tether-demo $(DEMO_ARGS)
 
-## bench: ring lookup (criterion), forward-hop latency and what hostile input costs (release
-## build).
+## bench: ring lookup (criterion), forward-hop latency, what hostile input costs, and bounded
+## memory and backpressure (release build).
 bench: deps
 	$(CARGO) build --release --bins
 	$(CARGO) bench -p tether-sidecar --bench ring
 	./target/release/tether-bench-routing
 	./target/release/tether-bench-hostile
+# memory per session and request, streams at full speed and read slowly, churn (about five
+# minutes; --quick for a smoke, --baseline-bin-dir DIR beside another build's sidecar)
+	./target/release/tether-bench-memory
 
 ## crds: regenerate what the McpEndpoint types generate (a test fails while one is stale):
 ## crds/, the chart's CRD template and docs/reference/crd.md.

@@ -1,5 +1,5 @@
-//! Locating the workspace's binaries (`tether-sidecar`, `tether-example-server`), and the Python
-//! SDK fixture (`tests/fixtures/python-sdk-server/`) with its virtualenv.
+//! Locating the workspace's binaries (`tether-sidecar`, `tether-example-server`,
+//! `tether-bench-origin`), and the Python SDK fixture (`tests/fixtures/python-sdk-server/`) with its virtualenv.
 //!
 //! Integration tests run from `target/<profile>/deps/`, the demo from `target/<profile>/`; the
 //! binaries sit in `target/<profile>/`. `TETHER_BIN_DIR` overrides the directory. The fixture's

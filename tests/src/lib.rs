@@ -8,8 +8,8 @@
 //!
 //! - [`auth`]: bearer tokens for an upstream that requires them (`--auth-key`);
 //! - [`bins`]: finds the workspace's binaries and the Python SDK fixture's virtualenv;
-//! - [`pod`]: one pod (an MCP server, `tether-example-server` or the Python SDK fixture, +
-//!   sidecar) with its manifest, secret and logs;
+//! - [`pod`]: one pod (an MCP server, `tether-example-server`, the Python SDK fixture or the
+//!   benchmarks' `tether-bench-origin`, + sidecar) with its manifest, secret and logs;
 //! - [`cluster`]: several pods sharing a membership (`--peers-file`);
 //! - [`client`]: an MCP client on hyper that can cut its connection and resume with
 //!   `Last-Event-ID`;
@@ -37,6 +37,7 @@ pub mod relay;
 pub mod repo;
 pub mod rollout;
 pub mod scenario;
+pub mod serve;
 pub mod table;
 
 /// Errors of the harness.

@@ -2,9 +2,10 @@
 //!
 //! Each pod gets its own IP from [`crate::addr`] and fixed ports on it: the sidecar's MCP
 //! listener on [`LISTEN_PORT`], its admin listener on [`ADMIN_PORT`], the MCP server on
-//! [`UPSTREAM_PORT`]. The MCP server is [`PodSpec::server`]: `tether-example-server` (rmcp), or
-//! the fixture on the official Python SDK (`tests/fixtures/python-sdk-server/`), which answers
-//! the same tools and `/stats`. Its manifest, secret and both processes' logs live in a
+//! [`UPSTREAM_PORT`]. The MCP server is [`PodSpec::server`]: `tether-example-server` (rmcp), the
+//! fixture on the official Python SDK (`tests/fixtures/python-sdk-server/`), which answers the
+//! same tools and `/stats`, or `tether-bench-origin`, a fast origin with tools of its own for
+//! benchmarks. Its manifest, secret and both processes' logs live in a
 //! temporary directory. Processes are killed when the [`Pod`] is dropped, so tests stop by
 //! themselves.
 
@@ -40,8 +41,9 @@ const KEEP_LOGS: &str = "TETHER_TEST_KEEP_LOGS";
 /// The shared secret of test endpoints (every pod of a test uses the same one).
 pub const SECRET: &str = "tether-test-secret-0123456789abcdef";
 
-/// The MCP server of a pod, behind its sidecar. Both serve the tool contract of
-/// `tether-example-server` (`echo`, `slow`, `counter`, `notify`) and its `/stats`.
+/// The MCP server of a pod, behind its sidecar. The first two serve the tool contract of
+/// `tether-example-server` (`echo`, `slow`, `counter`, `notify`) and its `/stats`; the third
+/// only `echo` and `stream`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Upstream {
     /// `tether-example-server`, on the official Rust SDK (rmcp).
@@ -53,6 +55,12 @@ pub enum Upstream {
     /// loopback, and its `/stats` also count the requests that defence refused
     /// (`rejected_hosts`, `rejected_origins`).
     PythonSdk,
+    /// `tether-bench-origin` (`examples/src/bin/bench_origin.rs`): a minimal origin on hyper
+    /// that writes events as fast as the connection takes them, for benchmarks. Its tools are
+    /// `echo` and `stream` (`count` progress events, `size` bytes of padding each, `interval_us`
+    /// apart); its `/stats` have `executions`, `calls` and `duplicates` as the example
+    /// server's, and `sessions`. No standalone stream (GET: 405), no resumption.
+    Origin,
 }
 
 impl Upstream {
@@ -61,6 +69,7 @@ impl Upstream {
         match self {
             Self::Example => "tether-example-server",
             Self::PythonSdk => "the Python SDK fixture (server.py)",
+            Self::Origin => "tether-bench-origin",
         }
     }
 
@@ -78,6 +87,7 @@ impl Upstream {
                 command.arg("-u").arg(script);
                 command
             }
+            Self::Origin => Command::new(bins::path("tether-bench-origin")?),
         };
         command.arg("--listen").arg(format!("{ip}:{UPSTREAM_PORT}"));
         Ok(command)
@@ -115,13 +125,17 @@ pub struct PodSpec {
     pub server: Upstream,
     /// Extra flags of the MCP server.
     pub server_args: Vec<String>,
+    /// The `tether-sidecar` binary to run; `None`: the workspace's ([`bins::path`]). A
+    /// benchmark compares another build's sidecar with this one so.
+    pub sidecar_bin: Option<PathBuf>,
 }
 
 impl Default for PodSpec {
     /// The test endpoint: one allowed Origin (`https://app.example.com`; a missing one passes),
     /// a buffer of 1024 events, 4 MiB and 10 min, 30 min idle sessions under `Replay`, a 5 s
     /// drain, every protocol version, credentials revalidated after 60 s, the client's `Origin`
-    /// not passed to the MCP server, and `tether-example-server` as the MCP server.
+    /// not passed to the MCP server, `tether-example-server` as the MCP server and the
+    /// workspace's sidecar.
     fn default() -> Self {
         Self {
             versions: ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"]
@@ -140,6 +154,7 @@ impl Default for PodSpec {
             sidecar_args: Vec::new(),
             server: Upstream::Example,
             server_args: Vec::new(),
+            sidecar_bin: None,
         }
     }
 }
@@ -409,6 +424,19 @@ impl Pod {
     /// # Errors
     /// [`HarnessError`] when the sidecar exited or its status cannot be read.
     pub fn sidecar_peak_rss(&self) -> Result<u64> {
+        self.sidecar_status_bytes("VmHWM")
+    }
+
+    /// The sidecar's resident set size now, in bytes (`VmRSS` in `/proc/<pid>/status`).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the sidecar exited or its status cannot be read.
+    pub fn sidecar_rss(&self) -> Result<u64> {
+        self.sidecar_status_bytes("VmRSS")
+    }
+
+    /// Field `field` (a size in kB) of the sidecar's `/proc/<pid>/status`, in bytes.
+    fn sidecar_status_bytes(&self, field: &str) -> Result<u64> {
         let pid = self
             .sidecar
             .id()
@@ -416,10 +444,10 @@ impl Pod {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map(|kib| kib * 1024)
-            .ok_or_else(|| HarnessError::Protocol(format!("no VmHWM in /proc/{pid}/status")))
+            .ok_or_else(|| HarnessError::Protocol(format!("no {field} in /proc/{pid}/status")))
     }
 
     /// CPU time the sidecar has used so far, every thread's (the first field of each
@@ -633,7 +661,11 @@ fn spawn_server(ip: Ipv4Addr, spec: &PodSpec, log: PathBuf) -> Result<Child> {
 
 fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<Child> {
     let (out, err) = log_file(dir.join("sidecar.log"))?;
-    Ok(Command::new(bins::path("tether-sidecar")?)
+    let bin = match &spec.sidecar_bin {
+        Some(bin) => bin.clone(),
+        None => bins::path("tether-sidecar")?,
+    };
+    Ok(Command::new(bin)
         .arg("--endpoint")
         .arg(dir.join("endpoint.yaml"))
         .arg("--pod-ip")

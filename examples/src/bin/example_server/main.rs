@@ -52,7 +52,6 @@ use futures::Stream;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use rmcp::handler::server::wrapper::Parameters;
 // Logging (`notifications/message`) is deprecated by SEP-2577 but is part of this server's contract.
@@ -549,24 +548,11 @@ async fn main() -> std::io::Result<()> {
         stats,
         args,
     });
-    loop {
-        let (io, _) = tokio::select! {
-            accepted = listener.accept() => accepted?,
-            _ = shutdown_signal() => return Ok(()),
-        };
-        // Small SSE writes (an event, then the last chunk) must not wait for Nagle's algorithm.
-        let _ = io.set_nodelay(true);
+    tether_tests::serve::http1(listener, "tether-example-server", move |req| {
         let app = Arc::clone(&app);
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let app = Arc::clone(&app);
-                async move { Ok::<_, Infallible>(app.route(req).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(io), service)
-                .await;
-        });
-    }
+        async move { app.route(req).await }
+    })
+    .await
 }
 
 /// What the HTTP handler serves: the MCP service, its counters, its flags and `--auth-key`.
@@ -801,15 +787,4 @@ fn sse_messages(body: &[u8]) -> Vec<String> {
     }
     messages.retain(|m| !m.is_empty());
     messages
-}
-
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }
