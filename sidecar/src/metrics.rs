@@ -132,6 +132,8 @@ pub(crate) struct Metrics {
     buffer_events: Gauge,
     /// Bytes of event data buffered now.
     buffer_bytes: Gauge,
+    /// Bytes of buffered events no client was sent yet.
+    buffer_unsent_bytes: Gauge,
     /// Events received from the upstream and buffered.
     events_buffered: Counter,
     /// Buffered events evicted, by reason (count, bytes, ttl, pod_cap).
@@ -142,8 +144,16 @@ pub(crate) struct Metrics {
     replayed_events: Counter,
     /// Retried requests attached to their existing stream instead of dispatched again.
     requests_deduplicated: Counter,
+    /// Retries of requests answered and forgotten (beyond the retry window).
+    results_expired: Counter,
     /// Upstream SSE streams resumed by the sidecar after an early close (SEP-1699 polling).
     upstream_resumes: Counter,
+    /// Times an upstream task stopped reading its response for want of room (backpressure).
+    upstream_paused: Counter,
+    /// Seconds upstream tasks spent so paused, in all.
+    upstream_paused_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// Upstream tasks paused now.
+    upstream_paused_now: Gauge,
     /// Upstream failures, by kind.
     upstream_errors: Family<Reason, Counter>,
     /// Sessions whose upstream session was rebuilt from the journal.
@@ -226,12 +236,17 @@ impl Metrics {
             streams: Gauge::default(),
             buffer_events: Gauge::default(),
             buffer_bytes: Gauge::default(),
+            buffer_unsent_bytes: Gauge::default(),
             events_buffered: Counter::default(),
             evictions: Family::default(),
             resumes: Family::default(),
             replayed_events: Counter::default(),
             requests_deduplicated: Counter::default(),
+            results_expired: Counter::default(),
             upstream_resumes: Counter::default(),
+            upstream_paused: Counter::default(),
+            upstream_paused_seconds: Counter::default(),
+            upstream_paused_now: Gauge::default(),
             upstream_errors: Family::default(),
             sessions_rebuilt: Counter::default(),
             resume_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
@@ -305,6 +320,11 @@ impl Metrics {
             m.buffer_bytes.clone(),
         );
         r.register(
+            "buffer_unsent_bytes",
+            "Bytes of buffered events no client was sent yet",
+            m.buffer_unsent_bytes.clone(),
+        );
+        r.register(
             "events_buffered",
             "Events received from the upstream and buffered",
             m.events_buffered.clone(),
@@ -326,9 +346,29 @@ impl Metrics {
             m.requests_deduplicated.clone(),
         );
         r.register(
+            "results_expired",
+            "Retries of requests answered and forgotten beyond the retry window",
+            m.results_expired.clone(),
+        );
+        r.register(
             "upstream_resumes",
             "Upstream SSE streams resumed after an early close",
             m.upstream_resumes.clone(),
+        );
+        r.register(
+            "upstream_paused",
+            "Times an upstream response was not read for want of buffer room",
+            m.upstream_paused.clone(),
+        );
+        r.register(
+            "upstream_paused_seconds",
+            "Seconds upstream responses were not read for want of buffer room",
+            m.upstream_paused_seconds.clone(),
+        );
+        r.register(
+            "upstream_paused_streams",
+            "Upstream responses not read now for want of buffer room",
+            m.upstream_paused_now.clone(),
         );
         r.register(
             "upstream_errors",
@@ -554,12 +594,14 @@ impl Metrics {
     }
 
     /// The stream, event and byte gauges (`tether_streams`, `tether_buffer_events`,
-    /// `tether_buffer_bytes`), as the sweep counted them.
-    pub(crate) fn buffered(&self, streams: usize, events: usize, bytes: u64) {
+    /// `tether_buffer_bytes`), as the sweep counted them, and the pod's bytes of events no
+    /// client was sent yet (`tether_buffer_unsent_bytes`).
+    pub(crate) fn buffered(&self, streams: usize, events: usize, bytes: u64, unsent: u64) {
         let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.streams.set(gauge(streams as u64));
         self.buffer_events.set(gauge(events as u64));
         self.buffer_bytes.set(gauge(bytes));
+        self.buffer_unsent_bytes.set(gauge(unsent));
     }
 
     /// A resume served from the buffer: `tether_resumes_total{result="hit"}`, the events it
@@ -608,6 +650,26 @@ impl Metrics {
     /// An upstream SSE stream resumed after an early close (`tether_upstream_resumes_total`).
     pub(crate) fn upstream_resumed(&self) {
         self.upstream_resumes.inc();
+    }
+
+    /// A retry of a request answered and forgotten, answered "no longer available"
+    /// (`tether_results_expired_total`).
+    pub(crate) fn result_expired(&self) {
+        self.results_expired.inc();
+    }
+
+    /// An upstream task stopped reading its response: its stream holds its bounds of events
+    /// nobody was sent, or the pod is over its byte cap (`tether_upstream_paused_total`,
+    /// `tether_upstream_paused_streams`).
+    pub(crate) fn upstream_paused(&self) {
+        self.upstream_paused.inc();
+        self.upstream_paused_now.inc();
+    }
+
+    /// A paused upstream task reads again after `took` (`tether_upstream_paused_seconds_total`).
+    pub(crate) fn upstream_resumed_reading(&self, took: Duration) {
+        self.upstream_paused_now.dec();
+        self.upstream_paused_seconds.inc_by(took.as_secs_f64());
     }
 
     /// A forwarded request by the hop number it left with (`tether_forward_hops_total{hop}`).
@@ -777,13 +839,19 @@ mod tests {
             .lines()
             .map(str::trim_start)
             .filter(|l| {
-                [": Family<", ": Counter,", ": Gauge,", ": Histogram,"]
-                    .iter()
-                    .any(|t| l.contains(t))
+                [
+                    ": Family<",
+                    ": Counter,",
+                    ": Counter<",
+                    ": Gauge,",
+                    ": Histogram,",
+                ]
+                .iter()
+                .any(|t| l.contains(t))
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 43);
+        assert_eq!(fields, 48);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -816,7 +884,7 @@ mod tests {
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            43,
+            48,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -1,8 +1,9 @@
 //! The bytes a pod's sessions retain beyond their event buffers, counted per kind
 //! (`tether_retained_bytes{kind}`) and held against their bounds: each session's journal
 //! against `--max-journal-bytes`, every journal of the pod against `--pod-journal-bytes`; each
-//! session's retry state (records and stored replies) against `--max-session-retry-bytes`,
-//! the pod's against `--pod-retry-bytes` (`docs/design/architecture.md#bounds`).
+//! session's retry state (records, stored replies, tombstones) against
+//! `--max-session-retry-bytes`, the pod's against `--pod-retry-bytes`
+//! (`docs/design/architecture.md#bounds`).
 //!
 //! A [`Charge`] is what one session holds of one kind; a [`Held`] is what one of its streams
 //! holds of a [`Shared`] session tally (its stored reply). Both are given back when dropped, so
@@ -20,11 +21,18 @@ pub(crate) enum Kind {
     Records,
     /// Stored replies: the upstream's complete non-SSE answers, kept for retried requests.
     Replies,
+    /// Tombstones: digests of answered request ids whose records were forgotten.
+    Tombstones,
 }
 
 impl Kind {
     /// Every kind, in label order.
-    pub(crate) const ALL: [Kind; 3] = [Kind::Journal, Kind::Records, Kind::Replies];
+    pub(crate) const ALL: [Kind; 4] = [
+        Kind::Journal,
+        Kind::Records,
+        Kind::Replies,
+        Kind::Tombstones,
+    ];
 
     /// The `kind` label.
     pub(crate) fn label(self) -> &'static str {
@@ -32,6 +40,7 @@ impl Kind {
             Kind::Journal => "journal",
             Kind::Records => "records",
             Kind::Replies => "replies",
+            Kind::Tombstones => "tombstones",
         }
     }
 }
@@ -46,10 +55,10 @@ pub(crate) struct Retained(Arc<Tally>);
 
 #[derive(Debug)]
 struct Tally {
-    bytes: [AtomicU64; 3],
+    bytes: [AtomicU64; 4],
     /// `--pod-journal-bytes`.
     journal_cap: u64,
-    /// `--pod-retry-bytes`: records and replies together.
+    /// `--pod-retry-bytes`: records, replies and tombstones together.
     retry_cap: u64,
 }
 
@@ -58,7 +67,7 @@ impl Retained {
     /// state (records and replies) `retry_cap` bytes before new requests are refused.
     pub(crate) fn new(journal_cap: u64, retry_cap: u64) -> Self {
         Self(Arc::new(Tally {
-            bytes: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            bytes: Default::default(),
             journal_cap,
             retry_cap,
         }))
@@ -69,16 +78,17 @@ impl Retained {
         self.0.bytes[kind as usize].load(Ordering::Relaxed)
     }
 
-    /// Whether the pod's retry records and stored replies take more than `--pod-retry-bytes`.
+    /// Whether the pod's retry state (records, stored replies, tombstones) takes more than
+    /// `--pod-retry-bytes`.
     pub(crate) fn retry_over(&self) -> bool {
         self.retry_above(1, 1)
     }
 
-    /// Whether the pod's retry records and stored replies take more than `num / den` of
-    /// `--pod-retry-bytes` (the low-water mark enforcement sheds down to).
+    /// Whether the pod's retry state takes more than `num / den` of `--pod-retry-bytes` (the
+    /// low-water mark enforcement sheds down to).
     pub(crate) fn retry_above(&self, num: u64, den: u64) -> bool {
         let cap = self.0.retry_cap / den * num;
-        self.bytes(Kind::Records) + self.bytes(Kind::Replies) > cap
+        self.bytes(Kind::Records) + self.bytes(Kind::Replies) + self.bytes(Kind::Tombstones) > cap
     }
 
     /// An empty charge of `kind`.

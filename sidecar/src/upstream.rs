@@ -226,7 +226,9 @@ pub(crate) async fn read_body(
             Err(BodyError::TooLarge(limit))
         }
         Ok(Err(e)) => Err(BodyError::Broken(e.to_string())),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        // Copied: a one-frame body is a slice of the connection's read buffer (8 KiB or more),
+        // which a stored reply would otherwise keep alive for as long as it is kept.
+        Ok(Ok(collected)) => Ok(Bytes::copy_from_slice(&collected.to_bytes())),
     }
 }
 

@@ -91,9 +91,12 @@ pub(crate) struct BrokerConfig {
     pub(crate) max_initialize_bytes: usize,
     /// Largest journal of one session, in bytes (`--max-journal-bytes`).
     pub(crate) max_journal_bytes: usize,
-    /// Largest retry state (records and stored replies) of one session, in bytes
+    /// Largest retry state (records, stored replies, tombstones) of one session, in bytes
     /// (`--max-session-retry-bytes`).
     pub(crate) max_session_retry_bytes: u64,
+    /// Answered requests kept replayable per session (`--retry-window`,
+    /// `--retry-window-bytes`, `buffer.ttl`).
+    pub(crate) retry_window: crate::session::RetryWindow,
     /// The request headers that carry a client's credentials (`spec.auth.forwardHeaders`).
     pub(crate) forward_headers: Vec<http::HeaderName>,
     /// Whether the client's `Origin` is passed to the MCP server

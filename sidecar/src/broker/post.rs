@@ -24,9 +24,11 @@ use tether_crds::ProtocolVersion;
 use super::Broker;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
-use crate::mcp::jsonrpc::{self, Envelope, EnvelopeError, Message, RequestKey};
+use crate::mcp::jsonrpc::{
+    self, CODE_TRANSPORT, Envelope, EnvelopeError, Message, RequestKey, error_response,
+};
 use crate::mcp::rejection::{NotFound, Rejection};
-use crate::reply::Reply;
+use crate::reply::{Reply, ReplyBody};
 use crate::session::{Dedupe, EnterGuard, Entry, Session};
 use crate::stream::StoredReply;
 use crate::stream::{Head, Start, Stream, StreamKind};
@@ -95,6 +97,9 @@ impl Broker {
             drop(entered);
             return self.notify(call, &session, &envelope, body).await;
         }
+        if self.buffers_full() {
+            return Err(Rejection::PodBuffersFull);
+        }
         let kind = if envelope.batch {
             StreamKind::Batch
         } else {
@@ -108,6 +113,13 @@ impl Broker {
             Dedupe::Conflict => Err(Rejection::RequestIdReused),
             Dedupe::SessionFull(limit) => Err(Rejection::RetryStateFull(limit)),
             Dedupe::PodFull => Err(Rejection::PodRetryFull),
+            Dedupe::Ended => Err(Rejection::SessionNotFound(
+                self.registry.why_missing(session.digest()),
+            )),
+            Dedupe::Expired(id) => {
+                self.metrics.result_expired();
+                Ok(expired_reply(&id).with_session_id(session.id()))
+            }
             Dedupe::Retry(existing) => {
                 self.metrics.request_deduplicated();
                 tracing::debug!(session = session.digest(), stream = %existing.key(), following = ?existing.following(), "a retry joins its request's stream");
@@ -274,5 +286,28 @@ impl Broker {
             }
         }
         while requests.join_next().await.is_some() {}
+    }
+}
+
+/// The answer to a retry of a request the session answered and forgot (its retry window,
+/// `docs/design/buffering.md#retries`): a JSON-RPC error for its id, so the client's call
+/// fails instead of running twice.
+fn expired_reply(id: &RequestKey) -> Reply {
+    let body = error_response(
+        id,
+        CODE_TRANSPORT,
+        "the result of this request is no longer available: it was answered, and the session \
+         no longer keeps its answer (--retry-window); it was not run again",
+        "result_expired",
+    );
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Reply {
+        status: StatusCode::OK,
+        headers,
+        body: ReplyBody::Full(Bytes::from(body)),
     }
 }

@@ -36,6 +36,10 @@ const UPSTREAM_STREAM_LOST: &str = "upstream_stream_lost";
 /// Upstream event ids remembered per stream to drop events sent again on resume.
 const RECENT_IDS: usize = 64;
 
+/// How often a paused upstream task looks for room made without a reader (the pod's cap, the
+/// TTL of events nobody reads).
+const ROOM_POLL: Duration = Duration::from_millis(100);
+
 /// Where an upstream stream stands, for resuming it.
 #[derive(Debug, Default)]
 pub(crate) struct UpstreamCursor {
@@ -77,7 +81,10 @@ impl UpstreamCursor {
         {
             return None;
         }
-        Some((ev.event.filter(|e| e != "message"), Bytes::from(data)))
+        // Shrunk to its length: the decoder grows the string as it reads, and a buffered event
+        // keeps its allocation for as long as it is kept.
+        let data = Bytes::from(data.into_bytes().into_boxed_slice());
+        Some((ev.event.filter(|e| e != "message"), data))
     }
 
     /// The id of the newest upstream event that had one (the `Last-Event-ID` of a resume).
@@ -314,6 +321,9 @@ impl Broker {
             let Some((event, data)) = cursor.take(ev) else {
                 continue;
             };
+            if !self.room_for(stream).await {
+                return BodyEnd::Done;
+            }
             let appended = stream.append(event, data, Instant::now());
             self.metrics.event_buffered();
             self.metrics.evictions(&appended);
@@ -325,6 +335,34 @@ impl Broker {
                 return BodyEnd::Done;
             }
         }
+    }
+
+    /// Waits until `stream` may take another event (`docs/design/buffering.md#backpressure`):
+    /// meanwhile this task reads nothing more of the upstream response, so TCP holds the MCP
+    /// server back as it would behind a plain proxy. `false` when the task must stop instead
+    /// (the stream ended, the session ended).
+    async fn room_for(&self, stream: &Stream) -> bool {
+        if stream.has_room() {
+            return true;
+        }
+        self.metrics.upstream_paused();
+        let since = Instant::now();
+        let resumed = loop {
+            if self.budget.over() {
+                self.enforce_pod_cap_soon();
+            }
+            if stream.has_room() {
+                break true;
+            }
+            tokio::select! {
+                biased;
+                () = stream.cancel_token().cancelled() => break false,
+                () = stream.wait_room() => {}
+                () = tokio::time::sleep(ROOM_POLL) => {}
+            }
+        };
+        self.metrics.upstream_resumed_reading(since.elapsed());
+        resumed
     }
 
     async fn resume_upstream(

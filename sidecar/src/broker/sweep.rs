@@ -35,7 +35,8 @@ impl Broker {
         }
         self.enforce_pod_cap();
         self.enforce_retry_cap();
-        self.metrics.buffered(streams, events, bytes);
+        self.metrics
+            .buffered(streams, events, bytes, self.budget.unsent());
         for kind in Kind::ALL {
             self.metrics
                 .retained(kind.label(), self.retained().bytes(kind));
@@ -50,15 +51,27 @@ impl Broker {
         }
     }
 
+    /// Whether events no client was sent take the pod's whole `--pod-buffer-bytes`: a new
+    /// request then gets 429 `pod_buffers_full`, since its events would wait for room too.
+    /// When the pod is over its cap with events that were sent, those go (soon) instead.
+    pub(super) fn buffers_full(&self) -> bool {
+        if self.budget.over() {
+            self.enforce_pod_cap_soon();
+        }
+        self.budget.full_of_unsent()
+    }
+
     /// What a new request's retry records must fit in: the session's budget, and whether the
     /// pod's retry state is over its own once the oldest spent streams were forgotten.
     pub(super) fn retry_room(&self) -> RetryRoom {
         if self.retained().retry_over() && due(&self.last_retry_enforcement) {
             self.enforce_retry_cap();
         }
+        let cfg = self.cfg();
         RetryRoom {
-            session_bytes: self.cfg().max_session_retry_bytes,
+            session_bytes: cfg.max_session_retry_bytes,
             pod_full: self.retained().retry_over(),
+            window: cfg.retry_window,
         }
     }
 
@@ -97,9 +110,11 @@ impl Broker {
         }
     }
 
-    /// Keeps the pod under its buffer byte cap: when over, the buffers of complete streams that
-    /// nobody reads are emptied, oldest first (they become tombstones; a later resume into them
-    /// gets `cursor_evicted`). Live streams only evict their own oldest events as they grow.
+    /// Keeps the pod under its buffer byte cap: when over, the events client connections were
+    /// sent are evicted, the streams nobody reads first, oldest first (a later resume before
+    /// them gets `cursor_evicted`). Events nobody was sent stay: while they fill the cap, their
+    /// streams' upstream tasks wait and new requests are refused
+    /// (`docs/design/buffering.md#backpressure`).
     pub(crate) fn enforce_pod_cap(&self) {
         if !self.budget.over() {
             return;
@@ -109,16 +124,15 @@ impl Broker {
             .all()
             .iter()
             .flat_map(|s| s.streams())
-            .filter(|s| s.is_complete() && !s.is_active())
-            .filter_map(|s| s.oldest().map(|at| (at, s)))
+            .filter_map(|s| s.oldest().map(|at| (s.is_active(), at, s)))
             .collect();
-        candidates.sort_by_key(|(at, _)| *at);
+        candidates.sort_by_key(|(active, at, _)| (*active, *at));
         let mut evicted = 0;
-        for (_, stream) in candidates {
+        for (.., stream) in candidates {
             if !self.budget.over() {
                 break;
             }
-            evicted += stream.evict_if_idle();
+            evicted += stream.evict_sent();
         }
         self.metrics.evictions(&crate::stream::buffer::Evictions {
             pod_cap: evicted,

@@ -106,10 +106,21 @@ pub struct Cli {
     /// a new session or a journal's growth beyond gets 429 `pod_journals_full` + `Retry-After`.
     #[arg(long, env = "TETHER_POD_JOURNAL_BYTES", value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
     pub pod_journal_bytes: u64,
+    /// Answered requests per session whose answers stay replayable to a retry (the newest ones;
+    /// also bounded by `--retry-window-bytes` and `buffer.ttl`). An older request that is
+    /// retried gets a JSON-RPC error saying its result is no longer available
+    /// (`data.reason` = `result_expired`), never a second execution.
+    #[arg(long, env = "TETHER_RETRY_WINDOW", value_name = "REQUESTS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub retry_window: u32,
+    /// Bytes of retry state per session (records, stored replies, tombstones) within which
+    /// answered requests stay replayable; beyond it the oldest answered ones are forgotten.
+    #[arg(long, env = "TETHER_RETRY_WINDOW_BYTES", value_name = "BYTES", default_value_t = 1024 * 1024)]
+    pub retry_window_bytes: u64,
     /// Largest retry state of one session, in bytes: its retry records (request ids, body
-    /// digests) and stored replies (the MCP server's complete non-SSE answers, kept for retried
-    /// requests). Beyond it the oldest answered requests are forgotten first; a request that
-    /// still does not fit (the rest belongs to requests in flight) gets 413 `retry_state_full`.
+    /// digests), stored replies (the MCP server's complete non-SSE answers, kept for retried
+    /// requests) and tombstones (forgotten answered ids). Beyond it the oldest answered requests
+    /// are forgotten first; a request that still does not fit (the rest belongs to requests in
+    /// flight or unread) gets 413 `retry_state_full`.
     #[arg(long, env = "TETHER_MAX_SESSION_RETRY_BYTES", value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_session_retry_bytes: u64,
     /// Pod-wide cap of the sessions' retry state (`tether_retained_bytes{kind="records"}` and
@@ -154,7 +165,9 @@ pub struct Cli {
     /// and its request ends with a JSON-RPC error (`data.reason` = `event_too_large`).
     #[arg(long, env = "TETHER_MAX_EVENT_BYTES", value_name = "BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_event_bytes: usize,
-    /// Pod-wide cap of buffered event data, in bytes, shared by every stream.
+    /// Pod-wide cap of buffered event data, in bytes, shared by every stream: beyond it the
+    /// events clients were sent are evicted, oldest first; while events no client was sent
+    /// fill it, upstream responses are not read and new requests get 429 `pod_buffers_full`.
     #[arg(long, env = "TETHER_POD_BUFFER_BYTES", value_name = "BYTES", default_value_t = 256 * 1024 * 1024)]
     pub pod_buffer_bytes: u64,
     /// How long the upstream may take to send response headers (504 beyond).

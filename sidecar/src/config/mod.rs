@@ -318,6 +318,11 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         max_initialize_bytes: cli.max_initialize_bytes,
         max_journal_bytes: cli.max_journal_bytes,
         max_session_retry_bytes: cli.max_session_retry_bytes,
+        retry_window: crate::session::RetryWindow {
+            requests: cli.retry_window as usize,
+            bytes: cli.retry_window_bytes,
+            ttl: spec.buffer.ttl.into(),
+        },
         forward_headers: spec
             .auth
             .forward_headers

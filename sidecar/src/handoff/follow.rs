@@ -70,6 +70,12 @@ pub(super) async fn follow(
 ) {
     let wake = Arc::new(Notify::new());
     session.observe(&wake);
+    for stream in session.streams() {
+        if let Some(at) = sent.get(stream.key()) {
+            // The image carried them: here they may make room for the upstream's next.
+            stream.forwarded(at.position);
+        }
+    }
     let addr = handoff.peer_addr(target);
     let budget = handoff
         .max_message_bytes
@@ -91,7 +97,11 @@ pub(super) async fn follow(
             }
             handoff.metrics.tail_events_forwarded(events as u64);
             tracing::debug!(session = session.digest(), peer = %target.name, streams = push.streams.len(), events, "tail sent");
-            sent.extend(next);
+            for (stream, now) in next {
+                // The new holder has them: here they may make room for the upstream's next.
+                stream.forwarded(now.position);
+                sent.insert(stream.key().clone(), now);
+            }
         }
         if more {
             continue;
@@ -131,7 +141,7 @@ fn delta(
     session: &Session,
     sent: &HashMap<StreamKey, Sent>,
     budget: usize,
-) -> (TailPush, Vec<(StreamKey, Sent)>, bool) {
+) -> (TailPush, Vec<(Arc<Stream>, Sent)>, bool) {
     let mut streams = Vec::new();
     let mut next = Vec::new();
     let mut new_keys = Vec::new();
@@ -162,7 +172,7 @@ fn delta(
         if !sent.contains_key(stream.key()) {
             new_keys.push(stream.key().clone());
         }
-        next.push((stream.key().clone(), now));
+        next.push((Arc::clone(&stream), now));
         streams.push(image::stream_image(&snapshot));
     }
     let push = TailPush {

@@ -135,12 +135,21 @@ pub(crate) fn credential_headers(request: &HeaderMap, names: &[HeaderName]) -> H
     found
 }
 
-/// The upstream response headers to pass to the client.
+/// The upstream response headers to pass to the client, in a map of their own: the values are
+/// copied, so keeping the map (a stored reply, a stream's head) does not keep the connection's
+/// whole read buffer alive, which the parsed values are slices of.
 pub(crate) fn forwarded_response_headers(upstream: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(upstream.len());
+    let kept = upstream
+        .keys()
+        .filter(|name| forward_response_header(name))
+        .count();
+    let mut out = HeaderMap::with_capacity(kept);
     for (name, value) in upstream {
         if forward_response_header(name) {
-            out.append(name.clone(), value.clone());
+            let mut owned =
+                HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+            owned.set_sensitive(value.is_sensitive());
+            out.append(name.clone(), owned);
         }
     }
     out

@@ -124,6 +124,9 @@ pub(crate) enum Rejection {
     /// 429: the pod's retry records and stored replies take `--pod-retry-bytes` even after
     /// the oldest answered requests were forgotten; retry after `Retry-After`.
     PodRetryFull,
+    /// 429: the pod's event buffers take `--pod-buffer-bytes` of events no client was sent
+    /// yet (their upstream responses wait for readers); retry after `Retry-After`.
+    PodBuffersFull,
     /// 408: the body did not arrive in time (slow client).
     RequestTimeout,
     /// 400: body is not JSON (-32700).
@@ -185,7 +188,7 @@ impl Rejection {
             TooManySessions | TooManyConnections | PeerUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ResumeBudget | PodJournalsFull | PodRetryFull | TakeoverBudget => {
+            ResumeBudget | PodJournalsFull | PodRetryFull | PodBuffersFull | TakeoverBudget => {
                 StatusCode::TOO_MANY_REQUESTS
             }
             UpstreamUnavailable => StatusCode::BAD_GATEWAY,
@@ -231,6 +234,7 @@ impl Rejection {
             PodJournalsFull => "pod_journals_full",
             RetryStateFull(_) => "retry_state_full",
             PodRetryFull => "pod_retry_full",
+            PodBuffersFull => "pod_buffers_full",
             RequestTimeout => "request_timeout",
             ParseError(_) => "parse_error",
             InvalidRequest(_) => "invalid_request",
@@ -319,6 +323,11 @@ impl Rejection {
             PodRetryFull => {
                 "Too Many Requests: this pod's sessions keep --pod-retry-bytes of retry state; \
                  retry after Retry-After"
+                    .into()
+            }
+            PodBuffersFull => {
+                "Too Many Requests: this pod's streams hold --pod-buffer-bytes of events no \
+                 client has read yet; retry after Retry-After"
                     .into()
             }
             RequestTimeout => "Request Timeout: the body did not arrive in time".into(),
@@ -416,6 +425,7 @@ mod tests {
             PodJournalsFull,
             RetryStateFull(1),
             PodRetryFull,
+            PodBuffersFull,
             RequestTimeout,
             ParseError("x".into()),
             InvalidRequest("x".into()),
@@ -456,6 +466,7 @@ mod tests {
                 | PodJournalsFull
                 | RetryStateFull(_)
                 | PodRetryFull
+                | PodBuffersFull
                 | RequestTimeout
                 | ParseError(_)
                 | InvalidRequest(_)
@@ -548,6 +559,10 @@ mod tests {
             PodRetryFull => {
                 "the pod's retry records and stored replies take `--pod-retry-bytes` after its \
                  oldest answered requests were forgotten (with `Retry-After: 1`)"
+            }
+            PodBuffersFull => {
+                "the pod's event buffers hold `--pod-buffer-bytes` of events no client has read \
+                 yet, after the events clients were sent were evicted (with `Retry-After: 1`)"
             }
             UnsupportedMediaType => "POST `Content-Type` is not `application/json`",
             ResumeBudget => {

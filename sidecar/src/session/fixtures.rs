@@ -7,7 +7,7 @@ use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
 use super::journal::Journal;
-use super::{RetryRoom, Session};
+use super::{RetryRoom, RetryWindow, Session};
 use crate::mcp::jsonrpc::RequestKey;
 use crate::stream::buffer::{BufferLimits, PodBudget};
 use crate::stream::{Stream, StreamKind};
@@ -24,10 +24,15 @@ pub(crate) fn session() -> Arc<Session> {
     )
 }
 
-/// Room for any retry state: no session or pod budget in the way.
+/// Room for any retry state: no session or pod budget, no retry window in the way.
 pub(crate) const ANY_ROOM: RetryRoom = RetryRoom {
     session_bytes: u64::MAX,
     pod_full: false,
+    window: RetryWindow {
+        requests: usize::MAX,
+        bytes: u64::MAX,
+        ttl: Duration::from_secs(60),
+    },
 };
 
 /// The bounds of a test stream: 8 events, 1 KiB, 60 s.

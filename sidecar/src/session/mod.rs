@@ -15,6 +15,7 @@ pub(crate) mod fixtures;
 pub(crate) mod journal;
 mod registry;
 mod takeovers;
+mod tombstones;
 
 pub(crate) use registry::{Registry, TooManySessions};
 
@@ -41,6 +42,7 @@ use crate::stream::StoredReply;
 use crate::stream::buffer::{BufferLimits, Evictions, PodBudget};
 use crate::stream::{Stream, StreamKind, StreamSnapshot};
 use bounded::Bounded;
+use tombstones::Tombstones;
 
 /// Most streams (live or tombstones) one session keeps.
 pub(crate) const MAX_STREAMS: usize = 4096;
@@ -127,6 +129,12 @@ struct State {
     records_charge: Charge,
     /// The stored replies of the session's streams, counted in the pod's tally too.
     replies: Arc<Shared>,
+    /// Requests answered and forgotten: a retry of one gets "no longer available".
+    tombstones: Tombstones,
+    /// The tombstones' bytes, counted in the pod's tally.
+    tombstones_charge: Charge,
+    /// How many answered requests stay replayable (the latest a request brought).
+    window: RetryWindow,
     /// Requests admitted to this session that have not registered their stream yet.
     entering: u32,
     /// Where the session is in a handoff.
@@ -204,16 +212,46 @@ pub(crate) enum Dedupe {
     SessionFull(u64),
     /// New ids, but the pod's retry state is over its budget: 429.
     PodFull,
+    /// The session ended meanwhile: nothing was registered (its requests get 404).
+    Ended,
+    /// A request the session answered and forgot ([`RetryWindow`]): its result is no longer
+    /// available, and it is not dispatched again.
+    Expired(RequestKey),
 }
 
 /// What a new request's retry state must fit in ([`Session::claim`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RetryRoom {
-    /// The session's budget for retry records and stored replies, in bytes
-    /// (`--max-session-retry-bytes`).
+    /// The session's budget for retry records, stored replies and tombstones, in bytes
+    /// (`--max-session-retry-bytes`): beyond it, new requests get 413.
     pub(crate) session_bytes: u64,
     /// Whether the pod's retry state is over `--pod-retry-bytes`.
     pub(crate) pod_full: bool,
+    /// What stays replayable.
+    pub(crate) window: RetryWindow,
+}
+
+/// How many answered requests a session keeps replayable for retries
+/// (`docs/design/buffering.md#retries`): answered streams beyond the newest `requests`, beyond
+/// `bytes` of retry state, or older than `ttl` are forgotten once they are spent, and their ids
+/// leave a tombstone for `ttl`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RetryWindow {
+    /// Streams kept (`--retry-window`).
+    pub(crate) requests: usize,
+    /// Bytes of retry state kept (`--retry-window-bytes`).
+    pub(crate) bytes: u64,
+    /// `buffer.ttl`.
+    pub(crate) ttl: Duration,
+}
+
+impl RetryWindow {
+    /// The flags' defaults: 256 requests, 1 MiB, 10 minutes.
+    pub(crate) const DEFAULT: RetryWindow = RetryWindow {
+        requests: 256,
+        bytes: 1 << 20,
+        ttl: Duration::from_secs(600),
+    };
 }
 
 /// One client session held by this pod.
@@ -289,6 +327,9 @@ impl Session {
                 journal_charge,
                 records_charge: retained.charge(Kind::Records),
                 replies: Shared::new(retained, Kind::Replies),
+                tombstones: Tombstones::default(),
+                tombstones_charge: retained.charge(Kind::Tombstones),
+                window: RetryWindow::DEFAULT,
                 entering: 0,
                 handoff: HandoffState::Held,
                 observer: None,
@@ -751,6 +792,11 @@ impl Session {
         room: RetryRoom,
     ) -> Dedupe {
         let mut st = self.state.lock();
+        if self.is_ended() {
+            // [`Session::end`] cancels, then ends the streams it holds: a stream registered
+            // now would never be ended, and its client would wait for ever.
+            return Dedupe::Ended;
+        }
         let verdict = Self::classify(&st, ids, digest);
         if !matches!(verdict, Dedupe::New) {
             return verdict;
@@ -758,9 +804,14 @@ impl Session {
         if room.pod_full {
             return Dedupe::PodFull;
         }
-        let need: u64 = ids.iter().map(record_bytes).sum();
+        let now = Instant::now();
+        st.window = room.window;
+        Self::trim_window(&mut st, now);
+        // Tombstones count against the session's budget too; they are never forgotten early
+        // (a retry would run again), so a session full of them waits for them to expire.
+        let need = ids.iter().map(record_bytes).sum::<u64>() + st.tombstones_charge.bytes();
         let fits = room.session_bytes.saturating_sub(need);
-        if need > room.session_bytes || !Self::shed(&mut st, fits, Instant::now()) {
+        if need > room.session_bytes || !Self::shed(&mut st, fits, now) {
             return Dedupe::SessionFull(room.session_bytes);
         }
         Self::insert_stream(&mut st, stream);
@@ -770,9 +821,33 @@ impl Session {
         Dedupe::New
     }
 
-    /// Bytes of retry state (records and stored replies) the session holds.
+    /// Bytes of replayable retry state (records and stored replies) the session holds.
     fn retry_bytes(st: &State) -> u64 {
         st.records_charge.bytes() + st.replies.bytes()
+    }
+
+    /// Keeps the session within its [`RetryWindow`]: spent answered streams beyond the newest
+    /// `requests` are forgotten, oldest first (a walk that stops once within it, skipping only
+    /// streams still in use), then retry state beyond `bytes` ([`Session::shed`]).
+    fn trim_window(st: &mut State, now: Instant) {
+        let mut i = 0;
+        while st.streams.len() > st.window.requests && i < st.stream_order.len() {
+            match st.streams.get(&st.stream_order[i]) {
+                Some(s) if !(s.kind().answers_requests() && s.is_spent(now)) => i += 1,
+                _ => {
+                    if let Some(key) = st.stream_order.remove(i) {
+                        st.streams.remove(&key);
+                    }
+                }
+            }
+        }
+        Self::shed(st, st.window.bytes, now);
+    }
+
+    /// Leaves a tombstone for request `id`, until the window's TTL from now.
+    fn bury(st: &mut State, id: &RequestKey, now: Instant) {
+        st.tombstones.insert(id, now + st.window.ttl);
+        st.tombstones_charge.resize(st.tombstones.bytes());
     }
 
     /// Whether the session's retry state takes at most `limit` bytes, once spent streams were
@@ -805,14 +880,19 @@ impl Session {
             }
         });
         let mut bytes = records_charge.bytes();
+        let mut buried = Vec::new();
         requests.forget_where(|id, rec| {
             let forget = bytes + replies.bytes() > target && !streams.contains_key(&rec.stream);
             if forget {
                 bytes -= record_bytes(id);
+                buried.push(id.clone());
             }
             forget
         });
         records_charge.resize(bytes);
+        for id in &buried {
+            Self::bury(st, id, now);
+        }
         Self::retry_bytes(st) <= limit
     }
 
@@ -824,10 +904,14 @@ impl Session {
         self.shed_retry_state(budget);
     }
 
-    /// Forgets spent streams and records of streams no longer held until the session's retry
-    /// state takes at most `target` bytes; whether it does.
+    /// Keeps the session within its retry window, then forgets spent streams and records of
+    /// streams no longer held until its retry state takes at most `target` bytes; whether it
+    /// does.
     pub(crate) fn shed_retry_state(&self, target: u64) -> bool {
-        Self::shed(&mut self.state.lock(), target, Instant::now())
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        Self::trim_window(&mut st, now);
+        Self::shed(&mut st, target, now)
     }
 
     /// The session's spent streams ([`Stream::is_spent`]) at `now`, with their creation
@@ -862,6 +946,7 @@ impl Session {
             .insert(id.clone(), RequestRecord { digest, stream })
         {
             bytes -= record_bytes(&forgotten);
+            Self::bury(st, &forgotten, Instant::now());
         }
         st.records_charge.resize(bytes);
     }
@@ -869,22 +954,30 @@ impl Session {
     fn classify(st: &State, ids: &[RequestKey], digest: [u8; 32]) -> Dedupe {
         let mut found: Option<&StreamKey> = None;
         let mut unknown = 0;
+        let mut expired = None;
         for id in ids {
             match st.requests.get(id) {
+                None if st.tombstones.contains(id) => expired = expired.or(Some(id)),
                 None => unknown += 1,
                 Some(rec) if rec.digest != digest => return Dedupe::Conflict,
+                // Answered, and its stream forgotten: a tombstone in all but name.
+                Some(rec) if !st.streams.contains_key(&rec.stream) => {
+                    expired = expired.or(Some(id));
+                }
                 Some(rec) => match found {
                     Some(key) if *key != rec.stream => return Dedupe::Conflict,
                     _ => found = Some(&rec.stream),
                 },
             }
         }
+        if let Some(id) = expired {
+            return Dedupe::Expired(id.clone());
+        }
         match found {
             None => Dedupe::New,
             Some(_) if unknown > 0 => Dedupe::Conflict,
             Some(key) => match st.streams.get(key) {
                 Some(stream) => Dedupe::Retry(Arc::clone(stream)),
-                // The stream was forgotten (over MAX_STREAMS): its events cannot be replayed.
                 None => Dedupe::Conflict,
             },
         }
@@ -986,11 +1079,16 @@ impl Session {
         self.state.lock().standalone.clone()
     }
 
-    /// Sets the standalone stream state (an open stream is also registered for resumes).
+    /// Sets the standalone stream state (an open stream is also registered for resumes). A
+    /// stream opened while the session ended is complete at once: [`Session::end`] did not
+    /// see it, and its reader must not wait for ever.
     pub(crate) fn set_standalone(&self, standalone: Standalone) {
         let mut st = self.state.lock();
         if let Standalone::Open(stream) = &standalone {
             Self::insert_stream(&mut st, stream);
+            if self.is_ended() {
+                stream.complete();
+            }
         }
         st.standalone = standalone;
     }
@@ -1022,8 +1120,35 @@ impl Session {
                 .any(|s| s.kind().answers_requests() && !s.is_complete())
     }
 
-    /// Evicts expired events of every stream.
+    /// Evicts expired events of every stream, forgets answered streams spent for the TTL (the
+    /// oldest ones, in creation order: the walk stops at the first younger one) and expired
+    /// tombstones.
     pub(crate) fn evict_expired(&self, now: Instant) -> Evictions {
+        {
+            let mut st = self.state.lock();
+            let ttl = st.window.ttl;
+            let mut i = 0;
+            while i < st.stream_order.len() {
+                let Some(s) = st.streams.get(&st.stream_order[i]) else {
+                    st.stream_order.remove(i);
+                    continue;
+                };
+                if now.saturating_duration_since(s.created()) < ttl {
+                    break;
+                }
+                if s.kind().answers_requests() && s.is_spent(now) {
+                    let key = s.key().clone();
+                    st.streams.remove(&key);
+                    st.stream_order.remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            if st.tombstones.expire(now) > 0 {
+                let bytes = st.tombstones.bytes();
+                st.tombstones_charge.resize(bytes);
+            }
+        }
         let streams = self.streams();
         let mut total = Evictions::default();
         for s in streams {
@@ -1179,14 +1304,15 @@ mod tests {
         );
         let room = RetryRoom {
             session_bytes: 3_000,
-            pod_full: false,
+            ..ANY_ROOM
         };
         let reply = StoredReply {
             status: http::StatusCode::OK,
             headers: http::HeaderMap::new(),
             body: bytes::Bytes::from(vec![b'x'; 1_000]),
         };
-        let retry_bytes = || pod.bytes(Kind::Records) + pod.bytes(Kind::Replies);
+        let retry_bytes =
+            || pod.bytes(Kind::Records) + pod.bytes(Kind::Replies) + pod.bytes(Kind::Tombstones);
         let claim = |i: i64, room| {
             let st = stream(&s, &[key(i)]);
             (s.claim(&[key(i)], [i as u8; 32], &st, room), st)
@@ -1208,8 +1334,8 @@ mod tests {
             "the newest answer is still replayed"
         );
         assert!(
-            matches!(claim(1, room).0, Dedupe::Conflict),
-            "the oldest answer was forgotten; its record refuses a retry rather than run it twice"
+            matches!(claim(1, room).0, Dedupe::Expired(_)),
+            "the oldest answer was forgotten; a retry learns so rather than run it twice"
         );
         // Answers nobody was handed are kept: two of them and the records leave no room for a
         // third.
@@ -1320,6 +1446,108 @@ mod tests {
             "the pending request got an error event"
         );
         assert!(st.cancel_token().is_cancelled());
+    }
+
+    /// Room within a retry window of `requests` and `bytes` (60 s), and a small JSON answer.
+    fn window_of(requests: usize, bytes: u64) -> (RetryRoom, StoredReply) {
+        let room = RetryRoom {
+            window: RetryWindow {
+                requests,
+                bytes,
+                ttl: Duration::from_secs(60),
+            },
+            ..ANY_ROOM
+        };
+        let reply = StoredReply {
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::from_static(b"{}"),
+        };
+        (room, reply)
+    }
+
+    #[tokio::test]
+    async fn the_retry_window_keeps_the_newest_answers_and_buries_the_rest() {
+        let s = session();
+        let (room, reply) = window_of(4, u64::MAX);
+        let total = MAX_REQUEST_RECORDS as i64 + 100;
+        for i in 1..=total {
+            let st = stream(&s, &[key(i)]);
+            assert!(matches!(
+                s.claim(&[key(i)], [1; 32], &st, room),
+                Dedupe::New
+            ));
+            s.keep_reply(&st, reply.clone(), u64::MAX);
+            assert!(matches!(st.wait_head().await, Head::Stored(_)), "served");
+        }
+        assert!(s.streams().len() <= 5, "{} streams", s.streams().len());
+        let retry = |i: i64| {
+            let st = stream(&s, &[key(i)]);
+            s.claim(&[key(i)], [1; 32], &st, room)
+        };
+        assert!(
+            matches!(retry(total), Dedupe::Retry(_)),
+            "the newest is replayed"
+        );
+        assert!(
+            matches!(retry(total - 100), Dedupe::Expired(_)),
+            "forgotten, its record left: no longer available"
+        );
+        assert!(
+            matches!(retry(1), Dedupe::Expired(_)),
+            "its record forgotten too: a tombstone answers"
+        );
+        let st = s.state.lock();
+        assert!(st.requests.iter().count() <= MAX_REQUEST_RECORDS);
+        assert_eq!(
+            st.tombstones_charge.bytes(),
+            100 * tombstones::TOMBSTONE_BYTES,
+            "one tombstone per record forgotten"
+        );
+    }
+
+    #[test]
+    fn tombstones_expire_with_the_ttl() {
+        let s = session();
+        let (room, reply) = window_of(1, 0);
+        for i in 1..=3 {
+            let st = stream(&s, &[key(i)]);
+            s.claim(&[key(i)], [1; 32], &st, room);
+            s.keep_reply(&st, reply.clone(), u64::MAX);
+            drop(futures::executor::block_on(st.wait_head()));
+        }
+        let buried = s.state.lock().tombstones.bytes();
+        assert!(buried > 0, "a window of no bytes buries what it forgets");
+        s.evict_expired(Instant::now() + Duration::from_secs(61));
+        assert_eq!(s.state.lock().tombstones_charge.bytes(), 0);
+        let st = stream(&s, &[key(1)]);
+        assert!(
+            matches!(s.claim(&[key(1)], [1; 32], &st, room), Dedupe::New),
+            "beyond the TTL a request id is new again"
+        );
+    }
+
+    #[test]
+    fn streams_registered_after_the_session_ended_never_wait() {
+        let s = session();
+        s.end(&StoredReply {
+            status: http::StatusCode::NOT_FOUND,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::new(),
+        });
+        // A request that raced the end: nothing registered, so nothing waits unanswered.
+        let late = stream(&s, &[key(1)]);
+        assert!(matches!(
+            s.claim(&[key(1)], [0; 32], &late, ANY_ROOM),
+            Dedupe::Ended
+        ));
+        assert!(s.streams().is_empty());
+        let standalone = stream(&s, &[]);
+        s.set_standalone(Standalone::Open(Arc::clone(&standalone)));
+        assert!(
+            standalone.is_complete(),
+            "its reader ends instead of waiting"
+        );
     }
 
     #[tokio::test(start_paused = true)]

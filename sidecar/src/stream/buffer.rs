@@ -1,13 +1,16 @@
-//! The per-stream replay buffer (`docs/design/architecture.md#streams-and-the-replay-buffer`).
+//! The per-stream replay buffer (`docs/design/buffering.md`).
 //!
-//! A [`StreamBuffer`] holds the newest events of one stream, bounded by `buffer.maxEvents`
-//! (events), `buffer.maxBytes` (bytes of event data) and `buffer.ttl`, plus a pod-wide byte cap
-//! shared by every stream ([`PodBudget`]). The oldest events are evicted first; the newest event
-//! is kept, so a stream never loses the event it has just received (a single event larger than
-//! `maxBytes` is kept alone) — unless it alone is larger than the pod's cap, which no stream may
-//! hold (upstream events are smaller: `--max-event-bytes`). Once every event is gone the buffer
-//! is a *tombstone*: it still knows its last sequence number, so "nothing after the last event"
-//! is answered correctly.
+//! A [`StreamBuffer`] holds the events of one stream in two parts: those some client connection
+//! was sent — at or below the buffer's *floor*, which its [`Stream`](super::Stream) keeps — and
+//! those nobody was sent yet. The sent ones are the *replay window*: at most `buffer.maxEvents`
+//! events and `buffer.maxBytes` bytes of event data, for `buffer.ttl`, the oldest evicted first,
+//! and evicted first when the pod-wide byte cap shared by every stream ([`PodBudget`]) is over.
+//! The unsent ones are never evicted by a bound: the stream's upstream task waits for
+//! [`StreamBuffer::has_room`] (fewer than `maxEvents` and `maxBytes` of them, the pod under its
+//! cap) before it reads more — backpressure. The one exception is `buffer.ttl` on a stream
+//! nobody reads: its client had that long to come back. Once every event is gone the buffer is a
+//! *tombstone*: it still knows its last sequence number, so "nothing after the last event" is
+//! answered correctly.
 //!
 //! Every retained event has a sequence number in `(evicted_through, last_seq]`, in order. Some
 //! numbers in that range carry no event: [`StreamBuffer::reserve`] hands them out as the ids of
@@ -31,25 +34,37 @@ pub(crate) struct BufferLimits {
     pub(crate) ttl: Duration,
 }
 
-/// Pod-wide accounting of buffered bytes, shared by every stream of every session.
+/// Pod-wide accounting of buffered bytes, shared by every stream of every session: all of
+/// them, and those of events no client was sent yet.
 #[derive(Clone, Debug)]
 pub(crate) struct PodBudget {
-    used: Arc<AtomicU64>,
+    tally: Arc<Tally>,
     cap: u64,
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    used: AtomicU64,
+    unsent: AtomicU64,
 }
 
 impl PodBudget {
     /// A budget of `cap` bytes.
     pub(crate) fn new(cap: u64) -> Self {
         Self {
-            used: Arc::new(AtomicU64::new(0)),
+            tally: Arc::default(),
             cap,
         }
     }
 
     /// Bytes currently buffered on this pod.
     pub(crate) fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
+        self.tally.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of events no client was sent yet (which no bound evicts).
+    pub(crate) fn unsent(&self) -> u64 {
+        self.tally.unsent.load(Ordering::Relaxed)
     }
 
     /// Whether more than the cap is buffered.
@@ -57,12 +72,26 @@ impl PodBudget {
         self.used() > self.cap
     }
 
+    /// Whether events no client was sent take the whole cap: evicting what was sent makes no
+    /// room then.
+    pub(crate) fn full_of_unsent(&self) -> bool {
+        self.unsent() >= self.cap
+    }
+
     fn take(&self, n: u64) {
-        self.used.fetch_add(n, Ordering::Relaxed);
+        self.tally.used.fetch_add(n, Ordering::Relaxed);
     }
 
     fn give_back(&self, n: u64) {
-        self.used.fetch_sub(n, Ordering::Relaxed);
+        self.tally.used.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    fn adjust_unsent(&self, from: u64, to: u64) {
+        if to >= from {
+            self.tally.unsent.fetch_add(to - from, Ordering::Relaxed);
+        } else {
+            self.tally.unsent.fetch_sub(from - to, Ordering::Relaxed);
+        }
     }
 }
 
@@ -77,6 +106,9 @@ pub(crate) struct BufferedEvent {
     pub(crate) data: Bytes,
     /// When the sidecar received it.
     pub(crate) at: Instant,
+    /// Bytes of event data pushed into the buffer before this event (a running total, so the
+    /// bytes after any event are one subtraction).
+    start: u64,
 }
 
 impl BufferedEvent {
@@ -122,8 +154,15 @@ pub(crate) struct StreamBuffer {
     budget: PodBudget,
     events: VecDeque<BufferedEvent>,
     bytes: u64,
+    /// Bytes of event data ever pushed (the running total behind `BufferedEvent::start`).
+    pushed: u64,
     last_seq: u64,
     evicted_through: u64,
+    /// Events at or below this sequence were sent to some client connection (or forwarded to
+    /// the pod a session moved to) and may be evicted; later ones may not.
+    floor: u64,
+    /// Bytes of unsent events, as last counted in the pod's tally.
+    unsent_counted: u64,
 }
 
 impl StreamBuffer {
@@ -139,12 +178,63 @@ impl StreamBuffer {
             budget,
             events: VecDeque::new(),
             bytes: 0,
+            pushed: 0,
             last_seq: 0,
             evicted_through: 0,
+            floor: 0,
+            unsent_counted: 0,
         }
     }
 
-    /// Appends an event received at `now`; returns its sequence number and what was evicted.
+    /// Sets the floor: events at or below `seq` were sent and may be evicted; events after it
+    /// may not (a reader still needs them).
+    pub(crate) fn set_floor(&mut self, seq: u64) {
+        self.floor = seq;
+        self.count_unsent();
+    }
+
+    /// Brings the pod's tally of unsent bytes up to date with this buffer's.
+    fn count_unsent(&mut self) {
+        let now = self.unsent().1;
+        self.budget.adjust_unsent(self.unsent_counted, now);
+        self.unsent_counted = now;
+    }
+
+    /// Whether the oldest event may be evicted (it was sent).
+    fn front_sent(&self) -> bool {
+        self.events.front().is_some_and(|e| e.seq <= self.floor)
+    }
+
+    /// Bytes pushed before the `i`th event kept (all of them for `i` = the number kept).
+    fn start_of(&self, i: usize) -> u64 {
+        self.events.get(i).map_or(self.pushed, |e| e.start)
+    }
+
+    /// Events kept that no reader was sent yet, and their bytes.
+    pub(crate) fn unsent(&self) -> (usize, u64) {
+        let first = self.events.partition_point(|e| e.seq <= self.floor);
+        (
+            self.events.len() - first,
+            self.pushed - self.start_of(first),
+        )
+    }
+
+    /// Whether another event may be pushed: the stream holds fewer than its bounds of unsent
+    /// events (`maxEvents`, `maxBytes`) and the pod is under its cap — or nothing unsent at
+    /// all, so a reader that keeps up is never held back by other streams' slow readers (the
+    /// pod's buffers may go over the cap by one event per such stream). When not, the
+    /// stream's writer waits (the sidecar stops reading that upstream response).
+    pub(crate) fn has_room(&self) -> bool {
+        let (events, bytes) = self.unsent();
+        events == 0
+            || (events < self.limits.max_events.max(1)
+                && bytes < self.limits.max_bytes
+                && !self.budget.over())
+    }
+
+    /// Appends an event received at `now`; returns its sequence number and what was evicted to
+    /// stay within the bounds. Only sent events are evicted: an append beyond [`Self::has_room`]
+    /// (error events that end a request, events another pod forwards) is kept over the bounds.
     pub(crate) fn push(
         &mut self,
         event: Option<String>,
@@ -157,27 +247,34 @@ impl StreamBuffer {
             event,
             data,
             at: now,
+            start: self.pushed,
         };
         let size = ev.size();
         self.bytes += size;
+        self.pushed += size;
         self.budget.take(size);
         self.events.push_back(ev);
         let mut ev = Evictions::default();
-        while self.events.len() > self.limits.max_events.max(1) {
+        // The replay window: at most maxEvents and maxBytes of events already sent, oldest
+        // evicted first. Unsent events have bounds of their own: `has_room`.
+        let mut sent = self.events.partition_point(|e| e.seq <= self.floor);
+        while sent > 0 {
+            let sent_bytes = self.start_of(sent) - self.events[0].start;
+            if sent > self.limits.max_events.max(1) {
+                ev.count += 1;
+            } else if sent_bytes > self.limits.max_bytes {
+                ev.bytes += 1;
+            } else {
+                break;
+            }
             self.pop_front();
-            ev.count += 1;
+            sent -= 1;
         }
-        while self.bytes > self.limits.max_bytes && self.events.len() > 1 {
-            self.pop_front();
-            ev.bytes += 1;
-        }
-        // The newest event stays even over the bounds, but never when it alone is over the
-        // pod's cap (the upstream's events are bounded below it, `--max-event-bytes`; this holds
-        // for events from anywhere): then it goes too, and a reader learns it was evicted.
-        while self.budget.over() && (self.events.len() > 1 || size > self.budget.cap) {
+        while self.budget.over() && self.front_sent() {
             self.pop_front();
             ev.pod_cap += 1;
         }
+        self.count_unsent();
         (self.last_seq, ev)
     }
 
@@ -225,11 +322,20 @@ impl StreamBuffer {
         self.last_seq
     }
 
-    /// Evicts every event (the pod is over its byte cap and the stream is complete).
-    pub(crate) fn evict_all(&mut self) -> u64 {
-        let n = self.events.len() as u64;
+    /// Evicts every event (the holder this buffer follows evicted past them).
+    fn evict_all(&mut self) {
         while !self.events.is_empty() {
             self.pop_front();
+        }
+        self.count_unsent();
+    }
+
+    /// Evicts every event that was sent (the pod is over its byte cap); returns how many.
+    pub(crate) fn evict_sent(&mut self) -> u64 {
+        let mut n = 0;
+        while self.front_sent() {
+            self.pop_front();
+            n += 1;
         }
         n
     }
@@ -239,17 +345,18 @@ impl StreamBuffer {
         self.events.front().map(|e| e.at)
     }
 
-    /// Evicts events older than the TTL at `now`.
-    pub(crate) fn evict_expired(&mut self, now: Instant) -> Evictions {
+    /// Evicts events older than the TTL at `now`: sent ones, and with `unread` (nobody reads
+    /// the stream) unsent ones too — their client had the TTL to come back for them.
+    pub(crate) fn evict_expired(&mut self, now: Instant, unread: bool) -> Evictions {
         let mut ev = Evictions::default();
-        while self
-            .events
-            .front()
-            .is_some_and(|e| now.saturating_duration_since(e.at) >= self.limits.ttl)
-        {
+        while self.events.front().is_some_and(|e| {
+            now.saturating_duration_since(e.at) >= self.limits.ttl
+                && (unread || e.seq <= self.floor)
+        }) {
             self.pop_front();
             ev.ttl += 1;
         }
+        self.count_unsent();
         ev
     }
 
@@ -291,6 +398,7 @@ impl StreamBuffer {
         self.bytes
     }
 
+    /// Evicts the oldest event; callers bring the unsent tally up to date.
     fn pop_front(&mut self) {
         if let Some(e) = self.events.pop_front() {
             let size = e.size();
@@ -304,6 +412,7 @@ impl StreamBuffer {
 impl Drop for StreamBuffer {
     fn drop(&mut self) {
         self.budget.give_back(self.bytes);
+        self.budget.adjust_unsent(self.unsent_counted, 0);
     }
 }
 
@@ -326,6 +435,13 @@ mod tests {
 
     fn data(n: usize) -> Bytes {
         Bytes::from(vec![b'x'; n])
+    }
+
+    /// Pushes an event of `n` bytes after its reader was sent every earlier one (so the bounds
+    /// may evict those).
+    fn push_sent(b: &mut StreamBuffer, n: usize, now: Instant) -> (u64, Evictions) {
+        b.set_floor(b.last_seq());
+        b.push(None, data(n), now)
     }
 
     #[test]
@@ -358,44 +474,69 @@ mod tests {
     }
 
     #[test]
-    fn eviction_by_count() {
+    fn the_replay_window_keeps_max_events_sent_events() {
         let now = Instant::now();
         let mut b = StreamBuffer::new(limits(3, 1 << 20, 60_000), PodBudget::new(u64::MAX));
         let mut total = Evictions::default();
         for _ in 0..5 {
-            total.count += b.push(None, data(1), now).1.count;
+            total.count += push_sent(&mut b, 1, now).1.count;
         }
-        assert_eq!(total.count, 2);
-        assert_eq!(seqs(&b, 2), Ok(vec![3, 4, 5]));
-        assert_eq!(seqs(&b, 1), Err(ReplayError::Evicted { oldest_kept: 3 }));
-        assert_eq!(b.len(), 3);
+        assert_eq!(total.count, 1, "4 sent events in a window of 3");
+        assert_eq!(
+            seqs(&b, 1),
+            Ok(vec![2, 3, 4, 5]),
+            "3 sent, the newest unsent"
+        );
+        assert_eq!(seqs(&b, 0), Err(ReplayError::Evicted { oldest_kept: 2 }));
+        assert_eq!(b.len(), 4);
     }
 
     #[test]
-    fn eviction_by_bytes_keeps_the_newest_event() {
+    fn the_replay_window_of_sent_bytes_keeps_the_newest_event() {
         let now = Instant::now();
         let mut b = StreamBuffer::new(limits(100, 10, 60_000), PodBudget::new(u64::MAX));
-        b.push(None, data(4), now);
-        b.push(None, data(4), now);
-        assert_eq!(b.bytes(), 8);
-        let (_, ev) = b.push(None, data(4), now);
+        for _ in 0..3 {
+            assert_eq!(push_sent(&mut b, 4, now).1.bytes, 0);
+        }
+        let (_, ev) = push_sent(&mut b, 4, now);
+        assert_eq!(ev.bytes, 1, "12 sent bytes in a window of 10");
+        assert_eq!(seqs(&b, 1), Ok(vec![2, 3, 4]));
+        let (_, ev) = push_sent(&mut b, 50, now);
         assert_eq!(ev.bytes, 1);
-        assert_eq!(seqs(&b, 1), Ok(vec![2, 3]));
-        let (_, ev) = b.push(None, data(50), now);
-        assert_eq!(ev.bytes, 2, "older events go, the oversized newest stays");
-        assert_eq!(seqs(&b, 3), Ok(vec![4]));
-        assert_eq!(b.bytes(), 50);
+        assert_eq!(seqs(&b, 2), Ok(vec![3, 4, 5]));
+        assert_eq!(
+            b.bytes(),
+            58,
+            "the oversized newest event stays: nobody was sent it"
+        );
     }
 
     #[test]
     fn eviction_by_ttl_leaves_a_tombstone() {
         let t0 = Instant::now();
         let mut b = StreamBuffer::new(limits(100, 1 << 20, 1_000), PodBudget::new(u64::MAX));
-        b.push(None, data(1), t0);
-        b.push(None, data(1), t0 + Duration::from_millis(600));
-        assert_eq!(b.evict_expired(t0 + Duration::from_millis(999)).ttl, 0);
-        assert_eq!(b.evict_expired(t0 + Duration::from_millis(1_000)).ttl, 1);
-        assert_eq!(b.evict_expired(t0 + Duration::from_millis(1_600)).ttl, 1);
+        push_sent(&mut b, 1, t0);
+        push_sent(&mut b, 1, t0 + Duration::from_millis(600));
+        assert_eq!(
+            b.evict_expired(t0 + Duration::from_millis(999), false).ttl,
+            0
+        );
+        assert_eq!(
+            b.evict_expired(t0 + Duration::from_millis(1_000), false)
+                .ttl,
+            1
+        );
+        assert_eq!(
+            b.evict_expired(t0 + Duration::from_millis(1_600), false)
+                .ttl,
+            0,
+            "event 2 was not sent: a reader still needs it"
+        );
+        assert_eq!(
+            b.evict_expired(t0 + Duration::from_millis(1_600), true).ttl,
+            1,
+            "nobody reads the stream: its client had the TTL to come back"
+        );
         assert_eq!(b.len(), 0, "a tombstone");
         assert_eq!(b.last_seq(), 2);
         assert_eq!(seqs(&b, 2), Ok(vec![]), "nothing after the last event");
@@ -408,12 +549,12 @@ mod tests {
         let budget = PodBudget::new(10);
         let mut a = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
         let mut b = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
-        a.push(None, data(6), now);
-        a.push(None, data(1), now);
+        push_sent(&mut a, 6, now);
+        push_sent(&mut a, 1, now);
         assert_eq!(budget.used(), 7);
-        let (_, ev) = b.push(None, data(6), now);
+        let (_, ev) = push_sent(&mut b, 6, now);
         assert_eq!(ev.pod_cap, 0, "b keeps its only event even over the cap");
-        let (_, ev) = b.push(None, data(1), now);
+        let (_, ev) = push_sent(&mut b, 1, now);
         assert_eq!(ev.pod_cap, 1);
         assert_eq!(budget.used(), 8);
         drop(a);
@@ -423,31 +564,74 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_event_is_kept_only_within_the_pod_cap() {
+    fn unsent_events_are_never_evicted_and_fill_the_room() {
         let now = Instant::now();
-        let budget = PodBudget::new(10);
-        let mut b = StreamBuffer::new(limits(100, 4, 60_000), budget.clone());
-        let (_, ev) = b.push(None, data(10), now);
+        let budget = PodBudget::new(u64::MAX);
+        let mut b = StreamBuffer::new(limits(3, 1 << 20, 60_000), budget.clone());
+        for _ in 0..3 {
+            assert!(b.has_room());
+            let (_, ev) = b.push(None, data(2), now);
+            assert_eq!(ev, Evictions::default());
+        }
+        assert!(!b.has_room(), "maxEvents unsent events: the writer waits");
+        assert_eq!(b.unsent(), (3, 6));
+        // Pushed anyway (an error event that ends a request): kept over the bound.
+        let (_, ev) = b.push(None, data(2), now);
+        assert_eq!((ev, b.len()), (Evictions::default(), 4));
+        assert_eq!(b.evict_sent(), 0);
+        // A reader was sent events 1 and 2: room, and they stay in the replay window.
+        b.set_floor(2);
+        assert_eq!(b.unsent(), (2, 4));
+        assert!(b.has_room());
+        let (_, ev) = b.push(None, data(2), now);
+        assert_eq!(ev, Evictions::default());
+        // Sent all five: two more than the window of 3 go.
+        b.set_floor(5);
+        let (_, ev) = b.push(None, data(2), now);
+        assert_eq!(ev.count, 2);
+        assert_eq!(seqs(&b, 2), Ok(vec![3, 4, 5, 6]));
+    }
+
+    #[test]
+    fn unsent_bytes_fill_the_room_and_so_does_the_pod_cap() {
+        let now = Instant::now();
+        let budget = PodBudget::new(100);
+        let mut b = StreamBuffer::new(limits(100, 10, 60_000), budget.clone());
+        b.push(None, data(6), now);
+        assert!(b.has_room());
+        b.push(None, data(6), now);
+        assert!(!b.has_room(), "12 unsent bytes of a maxBytes of 10");
+        assert_eq!(budget.unsent(), 12);
+        b.set_floor(1);
+        assert_eq!(b.unsent(), (1, 6));
         assert_eq!(
-            (ev.bytes, ev.pod_cap, b.len()),
-            (0, 0, 1),
-            "over maxBytes, at the cap"
+            budget.unsent(),
+            6,
+            "the pod counts what its streams have not sent"
         );
-        let (seq, ev) = b.push(None, data(11), now);
-        assert_eq!(
-            (ev.bytes, ev.pod_cap),
-            (1, 1),
-            "the older event, then the newest itself"
+        assert!(b.has_room());
+        let mut other = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
+        other.push(None, data(90), now);
+        assert!(!b.has_room() && !other.has_room(), "the pod's cap is over");
+        let mut caught_up = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
+        assert!(
+            caught_up.has_room(),
+            "nothing unsent: one event at a time, whatever the pod"
         );
-        assert_eq!(b.len(), 0);
-        assert_eq!(budget.used(), 0);
-        assert_eq!(
-            seqs(&b, seq - 1),
-            Err(ReplayError::Evicted {
-                oldest_kept: seq + 1
-            }),
-            "a reader before it learns it is gone"
+        caught_up.push(None, data(1), now);
+        assert!(!caught_up.has_room());
+        drop(caught_up);
+        assert!(
+            !budget.full_of_unsent(),
+            "96 unsent bytes: evicting sent ones makes room"
         );
+        assert_eq!(b.evict_sent(), 1);
+        assert_eq!(budget.used(), 96);
+        assert!(b.has_room(), "back under the pod's cap");
+        other.push(None, data(4), now);
+        assert!(budget.full_of_unsent());
+        drop(other);
+        assert_eq!((budget.used(), budget.unsent()), (6, 6));
     }
 
     #[test]

@@ -33,11 +33,14 @@ impl Stream {
         if take_over {
             st.reader_gen += 1;
         }
-        st.readers += 1;
         let after = match start {
             Start::After(seq) => seq,
             Start::Undelivered => st.delivered,
         };
+        let reader = st.next_reader;
+        st.next_reader += 1;
+        st.readers.push(super::Reader { id: reader, after });
+        st.refloor();
         let generation = st.reader_gen;
         // The priming id must not let a resuming client skip anything: sequence 0 is the
         // position before the first event; at the stream's end a reserved number is unique
@@ -64,6 +67,7 @@ impl Stream {
         }
         Feed {
             stream: Arc::clone(self),
+            reader,
             after,
             generation,
             rx: self.changed.subscribe(),
@@ -96,6 +100,9 @@ pub(crate) enum FeedItem {
 #[derive(Debug)]
 pub(crate) struct Feed {
     stream: Arc<Stream>,
+    /// This reader's id among the stream's readers.
+    reader: u64,
+    /// The sequence this reader was sent up to.
     after: u64,
     generation: u64,
     rx: watch::Receiver<()>,
@@ -161,6 +168,12 @@ impl Feed {
         if last > self.after {
             self.after = last;
             st.delivered = st.delivered.max(last);
+            if let Some(r) = st.readers.iter_mut().find(|r| r.id == self.reader) {
+                r.after = last;
+            }
+            if st.refloor() {
+                self.stream.room.notify_one();
+            }
             return Some(FeedItem::Data(out.freeze()));
         }
         if let Some(hint) = st.moved_retry.filter(|_| !st.complete) {
@@ -173,6 +186,10 @@ impl Feed {
 
 impl Drop for Feed {
     fn drop(&mut self) {
-        self.stream.state.lock().readers -= 1;
+        let mut st = self.stream.state.lock();
+        st.readers.retain(|r| r.id != self.reader);
+        if st.refloor() {
+            self.stream.room.notify_one();
+        }
     }
 }

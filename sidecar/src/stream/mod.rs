@@ -88,10 +88,17 @@ struct State {
     /// Generation of readers; a reader that takes the stream over increments it, and readers
     /// of older generations end.
     reader_gen: u64,
-    /// Readers attached (of any generation).
-    readers: u32,
+    /// Readers attached (of any generation), each with its position: the sequence it was
+    /// sent up to. The buffer's floor is the lowest of these and `delivered`.
+    readers: Vec<Reader>,
+    /// Id of the next reader to attach.
+    next_reader: u64,
     /// Highest sequence number written to some connection.
     delivered: u64,
+    /// Highest sequence number forwarded to the pod the session moved to.
+    forwarded: u64,
+    /// The buffer's floor ([`State::refloor`]).
+    floor: u64,
     /// UID of the pod that still writes this stream (a handed-off stream whose request runs
     /// there; its events arrive through the peer protocol). No priming number is reserved
     /// here meanwhile, so the numbering stays the writer's.
@@ -102,6 +109,31 @@ struct State {
     /// The POST's request was not carried out ([`Stream::withdraw`]): `stored` answers the
     /// connections that waited for it, and it is no request's outcome.
     withdrawn: bool,
+}
+
+/// One attached reader ([`Feed`]) and the sequence it was sent up to.
+#[derive(Clone, Copy, Debug)]
+struct Reader {
+    id: u64,
+    after: u64,
+}
+
+impl State {
+    /// Moves the buffer's floor to what every reader was sent (the lowest of their positions,
+    /// and of the newest event written to a connection or forwarded to the new holder): events
+    /// up to there may be evicted, later ones wait for their reader. Returns whether the floor
+    /// rose (the writer may have room again).
+    fn refloor(&mut self) -> bool {
+        let floor = self
+            .readers
+            .iter()
+            .map(|r| r.after)
+            .fold(self.delivered.max(self.forwarded), u64::min);
+        let rose = floor > self.floor;
+        self.floor = floor;
+        self.buffer.set_floor(floor);
+        rose
+    }
 }
 
 /// A copy of a stream's state for another pod (a handoff): what it carries, where its
@@ -149,6 +181,9 @@ pub(crate) struct Stream {
     cancel: CancellationToken,
     state: Mutex<State>,
     changed: watch::Sender<()>,
+    /// Woken when the buffer's floor rises: its writer may have room again
+    /// ([`Stream::wait_room`]).
+    room: Notify,
     /// Woken on every change, for the handoff follower of a moved session.
     observer: Mutex<Option<Arc<Notify>>>,
     /// Woken (all waiters) when the stream completes: the pod's activity, which a drain waits on.
@@ -217,13 +252,17 @@ impl Stream {
                 reply_served: false,
                 sse: None,
                 reader_gen: 0,
-                readers: 0,
+                readers: Vec::new(),
+                next_reader: 0,
                 delivered: 0,
+                forwarded: 0,
+                floor: 0,
                 following,
                 moved_retry: None,
                 withdrawn: false,
             }),
             changed: watch::channel(()).0,
+            room: Notify::new(),
             observer: Mutex::new(None),
             activity: OnceLock::new(),
             replies: OnceLock::new(),
@@ -520,7 +559,7 @@ impl Stream {
             None => st.delivered >= st.buffer.last_seq(),
         };
         st.complete
-            && st.readers == 0
+            && st.readers.is_empty()
             && (handed_out || now.saturating_duration_since(self.created) >= st.buffer.ttl())
     }
 
@@ -588,14 +627,14 @@ impl Stream {
 
     /// Whether some client connection reads the stream now.
     pub(crate) fn is_read(&self) -> bool {
-        self.state.lock().readers > 0
+        !self.state.lock().readers.is_empty()
     }
 
     /// Whether the stream keeps its session alive: a reader is attached, or a POST is still
     /// waiting for its response.
     pub(crate) fn is_active(&self) -> bool {
         let st = self.state.lock();
-        st.readers > 0 || (self.kind.answers_requests() && !st.complete)
+        !st.readers.is_empty() || (self.kind.answers_requests() && !st.complete)
     }
 
     /// Sequence of the newest event.
@@ -609,15 +648,10 @@ impl Stream {
         (st.buffer.len(), st.buffer.bytes())
     }
 
-    /// Evicts every buffered event of a complete stream nobody reads (pod over its byte cap);
-    /// returns how many. Live or read streams are left alone.
-    pub(crate) fn evict_if_idle(&self) -> u64 {
-        let mut st = self.state.lock();
-        if st.complete && st.readers == 0 {
-            st.buffer.evict_all()
-        } else {
-            0
-        }
+    /// Evicts every buffered event some client connection was sent (the pod is over its byte
+    /// cap); returns how many. Events nobody was sent stay.
+    pub(crate) fn evict_sent(&self) -> u64 {
+        self.state.lock().buffer.evict_sent()
     }
 
     /// When the oldest buffered event was received.
@@ -625,9 +659,36 @@ impl Stream {
         self.state.lock().buffer.oldest()
     }
 
-    /// Evicts events older than the buffer TTL.
+    /// Evicts events older than the buffer TTL: sent ones, and unsent ones too when nobody
+    /// reads the stream.
     pub(crate) fn evict_expired(&self, now: Instant) -> Evictions {
-        self.state.lock().buffer.evict_expired(now)
+        let mut st = self.state.lock();
+        let unread = st.readers.is_empty();
+        st.buffer.evict_expired(now, unread)
+    }
+
+    /// Whether the writer may append another event: the stream holds less than its bounds of
+    /// events nobody was sent, and the pod is under its byte cap
+    /// (`docs/design/buffering.md#backpressure`).
+    pub(crate) fn has_room(&self) -> bool {
+        self.state.lock().buffer.has_room()
+    }
+
+    /// Waits until the buffer's floor rises (a reader was sent events, or a follower forwarded
+    /// them) — the moment [`Stream::has_room`] may turn true; callers check again, and poll
+    /// too, for room made otherwise (the pod's cap, the TTL).
+    pub(crate) async fn wait_room(&self) {
+        self.room.notified().await;
+    }
+
+    /// Records that events up to `seq` were forwarded to the pod the session moved to (the
+    /// handoff's follower): like events sent to a reader, they may be evicted now.
+    pub(crate) fn forwarded(&self, seq: u64) {
+        let mut st = self.state.lock();
+        st.forwarded = st.forwarded.max(seq);
+        if st.refloor() {
+            self.room.notify_one();
+        }
     }
 
     /// Checks that a reader can start after `seq` without skipping an evicted event.
@@ -817,7 +878,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_reader_behind_evicted_events_is_told_so() {
+    async fn a_reader_behind_is_never_dropped_and_holds_its_writer_back() {
         let s = Stream::new(
             StreamKind::Post,
             vec![],
@@ -829,10 +890,74 @@ mod tests {
             CancellationToken::new(),
         );
         let mut feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        for n in 1..=2 {
+            assert!(s.has_room());
+            s.append(None, progress(n), Instant::now());
+        }
+        assert!(
+            !s.has_room(),
+            "two events nobody was sent: the writer waits"
+        );
+        // An append anyway (an error event ending a request) evicts nothing unsent.
+        s.append(None, progress(3), Instant::now());
+        let got = text(feed.next().await);
+        for n in 1..=3 {
+            assert!(got.contains(&format!("-{n}\n")), "{got}");
+        }
+        assert!(s.has_room(), "the reader was sent them: they may go");
+        let woken = tokio::time::timeout(Duration::from_millis(100), s.wait_room()).await;
+        assert!(woken.is_ok(), "the writer was told there is room");
+        s.append(None, progress(4), Instant::now());
+        assert_eq!(
+            s.buffered().0,
+            3,
+            "2 sent events in the replay window, and the unsent one"
+        );
+        assert!(text(feed.next().await).contains("-4\n"));
+    }
+
+    #[tokio::test]
+    async fn a_reader_resuming_from_an_older_cursor_protects_the_events_it_still_needs() {
+        let s = Stream::new(
+            StreamKind::Post,
+            vec![],
+            BufferLimits {
+                max_events: 3,
+                ..limits()
+            },
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+        );
+        let mut first = s.attach(Start::After(0), true, false, Duration::from_secs(10));
         for n in 1..=3 {
             s.append(None, progress(n), Instant::now());
         }
-        assert_eq!(feed.next().await, FeedItem::Lost);
+        assert!(text(first.next().await).contains("-3\n"));
+        drop(first);
+        // Its client saw only event 1 arrive and resumes after it.
+        let mut resumed = s.attach(Start::After(1), true, false, Duration::from_secs(10));
+        s.append(None, progress(4), Instant::now());
+        assert!(!s.has_room(), "events 2..=4 wait for the resumed reader");
+        let got = text(resumed.next().await);
+        assert!(got.contains("-2\n") && got.contains("-4\n"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn events_forwarded_to_the_new_holder_count_as_sent() {
+        let s = Stream::new(
+            StreamKind::Post,
+            vec![],
+            BufferLimits {
+                max_events: 1,
+                ..limits()
+            },
+            PodBudget::new(u64::MAX),
+            CancellationToken::new(),
+        );
+        s.append(None, progress(1), Instant::now());
+        assert!(!s.has_room());
+        s.forwarded(1);
+        assert!(s.has_room());
     }
 
     /// A copy of a stream from its snapshot, following pod `pod-a`.

@@ -77,6 +77,7 @@ impl From<&Rejection> for StoredReply {
             | Rejection::ResumeBudget
             | Rejection::PodJournalsFull
             | Rejection::PodRetryFull
+            | Rejection::PodBuffersFull
             | Rejection::TooManyConnections
             | Rejection::TakeoverBudget
             | Rejection::UpstreamTimeout => {

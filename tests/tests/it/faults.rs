@@ -255,10 +255,10 @@ async fn r03_foreign_garbage_ahead_and_evicted_cursors_are_400_after_the_move() 
     let via_a = s.via_a();
     let mine = s.on_a("2025-06-18").await;
     let other = s.on_a("2025-11-25").await;
-    // 9 events 50 ms apart: the first is read long before 3 newer ones evict it.
-    let evicting = s.cut_on_a(&mine, (2, "evict"), (8, 50), 1).await;
-    let first = evicting.cursor();
+    // 9 events, all read: the replay window of 3 sent events keeps the last three only.
+    let evicting = s.cut_on_a(&mine, (2, "evict"), (8, 10), 9).await;
     let key = evicting.stream().unwrap().to_owned();
+    let first = format!("{key}-1");
     let foreign = s.completed_on_a(&other, 2, "foreign", 2).await;
     let theirs = foreign.cursor();
     let drain = s.drain_a().await;
@@ -292,7 +292,7 @@ async fn r03_foreign_garbage_ahead_and_evicted_cursors_are_400_after_the_move() 
             }
         }
     };
-    // The call ends while A drains; wait for the drain so the stream is complete everywhere.
+    // Wait for the drain, so the session moved.
     s.pod_a()
         .wait_for_metric("tether_drain_seconds_count", Duration::from_secs(3), |n| {
             n >= 1.0

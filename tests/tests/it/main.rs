@@ -6,6 +6,7 @@
 
 mod admission;
 mod auth;
+mod backpressure;
 mod bad_input;
 mod contract;
 mod drain;
@@ -13,6 +14,7 @@ mod faults;
 mod handoff;
 mod python_sdk;
 mod real_client;
+mod retention;
 mod rollout;
 mod routing;
 mod sessions;
