@@ -85,6 +85,7 @@ impl Broker {
             None => self.entered_session(call, entered.as_ref())?,
         };
         let _busy = session.busy();
+        session.forget_initialize_stream();
         let max_journal = self.cfg().max_journal_bytes;
         for (message, raw) in &envelope.messages {
             session.record(message, raw, max_journal)?;

@@ -135,6 +135,9 @@ struct State {
     tombstones_charge: Charge,
     /// How many answered requests stay replayable (the latest a request brought).
     window: RetryWindow,
+    /// The SSE stream that answered `initialize`, until it is spent and the session's next
+    /// message arrived ([`Session::forget_initialize_stream`]).
+    initialize_stream: Option<StreamKey>,
     /// Requests admitted to this session that have not registered their stream yet.
     entering: u32,
     /// Where the session is in a handoff.
@@ -330,6 +333,7 @@ impl Session {
                 tombstones: Tombstones::default(),
                 tombstones_charge: retained.charge(Kind::Tombstones),
                 window: RetryWindow::DEFAULT,
+                initialize_stream: None,
                 entering: 0,
                 handoff: HandoffState::Held,
                 observer: None,
@@ -1007,9 +1011,31 @@ impl Session {
         st.records_charge.resize(bytes);
     }
 
-    /// Registers a stream that no request id leads to (the `initialize` response stream).
+    /// Registers the stream that answered `initialize` (no retry record leads to it).
     pub(crate) fn register_stream(&self, stream: &Arc<Stream>) {
-        Self::insert_stream(&mut self.state.lock(), stream);
+        let mut st = self.state.lock();
+        st.initialize_stream = Some(stream.key().clone());
+        Self::insert_stream(&mut st, stream);
+    }
+
+    /// Forgets the stream that answered `initialize` once it is spent (every event handed to
+    /// a client, or older than the TTL): called on the session's next messages, which show the
+    /// client has its answer. An idle session keeps no stream so (its resume would get 400
+    /// `unknown_cursor`, never another stream's events).
+    pub(crate) fn forget_initialize_stream(&self) {
+        let mut st = self.state.lock();
+        let Some(key) = st.initialize_stream.as_ref() else {
+            return;
+        };
+        if st
+            .streams
+            .get(key)
+            .is_none_or(|s| s.is_spent(Instant::now()))
+            && let Some(key) = st.initialize_stream.take()
+        {
+            st.streams.remove(&key);
+            st.stream_order.retain(|k| *k != key);
+        }
     }
 
     fn insert_stream(st: &mut State, stream: &Arc<Stream>) {
@@ -1446,6 +1472,30 @@ mod tests {
             "the pending request got an error event"
         );
         assert!(st.cancel_token().is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn the_initialize_stream_goes_once_its_answer_was_read() {
+        let s = session();
+        let init = stream(&s, &[]);
+        init.append(None, bytes::Bytes::from_static(b"{}"), Instant::now());
+        init.complete();
+        s.register_stream(&init);
+        s.forget_initialize_stream();
+        assert_eq!(s.streams().len(), 1, "nobody read its answer yet");
+        let mut feed = init.attach(
+            crate::stream::Start::After(0),
+            true,
+            false,
+            Duration::from_secs(1),
+        );
+        assert!(matches!(
+            feed.next().await,
+            crate::stream::FeedItem::Data(_)
+        ));
+        drop(feed);
+        s.forget_initialize_stream();
+        assert!(s.streams().is_empty(), "an idle session keeps no stream");
     }
 
     /// Room within a retry window of `requests` and `bytes` (60 s), and a small JSON answer.
