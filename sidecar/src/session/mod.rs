@@ -1551,8 +1551,8 @@ mod tests {
         assert!(st.requests.iter().count() <= MAX_REQUEST_RECORDS);
         assert_eq!(
             st.tombstones_charge.bytes(),
-            100 * tombstones::TOMBSTONE_BYTES,
-            "one tombstone per record forgotten"
+            tombstones::RANGE_BYTES,
+            "the 100 records forgotten, ids 1 to 100: one range"
         );
     }
 

@@ -1,28 +1,40 @@
 //! What is left of a request a session answered and then forgot (`docs/design/buffering.md#retries`):
-//! a keyed 64-bit digest of its id, until `buffer.ttl` after it was forgotten. A retry of that
-//! id then gets a JSON-RPC error saying its result is no longer available, never a second
-//! dispatch upstream.
+//! its id, until `buffer.ttl` after it was forgotten. A retry of that id then gets a JSON-RPC
+//! error saying its result is no longer available, never a second dispatch upstream.
 //!
-//! A tombstone takes [`TOMBSTONE_BYTES`]; a session holds them in the order they were made, so
-//! expiring them costs what expires.
+//! Clients number their requests 1, 2, 3…: integer ids are kept as ranges, so a session's
+//! forgotten ids take a range or a few whatever their count ([`RANGE_BYTES`] each; a range
+//! expires with its newest id). Other ids are kept as keyed 64-bit digests
+//! ([`TOMBSTONE_BYTES`] each) in the order they were made, so expiring them costs what expires.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use crate::mcp::jsonrpc::RequestKey;
 
-/// Bytes one tombstone takes (its digest in the set and in the queue, its expiry, table slack),
-/// for `tether_retained_bytes{kind="tombstones"}`.
+/// Bytes one tombstone of a non-integer id takes (its digest in the set and in the queue, its
+/// expiry, table slack), for `tether_retained_bytes{kind="tombstones"}`.
 pub(crate) const TOMBSTONE_BYTES: u64 = 40;
+
+/// Bytes one range of integer ids takes (its bounds and expiry in a tree node, with slack).
+pub(crate) const RANGE_BYTES: u64 = 48;
 
 /// The tombstones of one session.
 #[derive(Debug, Default)]
 pub(crate) struct Tombstones {
+    /// Integer ids: first → (last, expiry of the newest).
+    ranges: BTreeMap<i64, (i64, Instant)>,
+    /// Digests of other ids.
     ids: HashSet<u64>,
-    /// Digests with their expiry, oldest first.
+    /// Those digests with their expiry, oldest first.
     order: VecDeque<(u64, Instant)>,
+}
+
+/// The id as an integer, when it is one (`RequestKey` writes integral ids as integers).
+fn integer(id: &RequestKey) -> Option<i64> {
+    id.as_json().parse().ok()
 }
 
 /// The keyed digest of a request id: random per process, so no client can aim collisions.
@@ -34,20 +46,69 @@ fn digest(id: &RequestKey) -> u64 {
 impl Tombstones {
     /// Remembers that request `id` was answered, until `until`.
     pub(crate) fn insert(&mut self, id: &RequestKey, until: Instant) {
+        if let Some(n) = integer(id) {
+            self.insert_integer(n, until);
+            return;
+        }
         let digest = digest(id);
         if self.ids.insert(digest) {
             self.order.push_back((digest, until));
         }
     }
 
-    /// Whether request `id` was answered and forgotten.
-    pub(crate) fn contains(&self, id: &RequestKey) -> bool {
-        self.ids.contains(&digest(id))
+    /// Adds `n` to the ranges: into the one it extends (merging it with the next one when it
+    /// closes the gap between them), or as a range of its own.
+    fn insert_integer(&mut self, n: i64, until: Instant) {
+        let below = self
+            .ranges
+            .range(..=n)
+            .next_back()
+            .map(|(&first, &(last, at))| (first, last, at));
+        let next = n.checked_add(1).and_then(|m| self.ranges.get(&m).copied());
+        match below {
+            Some((_, last, _)) if n <= last => {}
+            Some((first, last, at)) if last.checked_add(1) == Some(n) => {
+                let (last, until) = match next {
+                    Some((next_last, next_at)) => {
+                        self.ranges.remove(&(n + 1));
+                        (next_last, until.max(next_at))
+                    }
+                    None => (n, until),
+                };
+                self.ranges.insert(first, (last, until.max(at)));
+            }
+            _ => {
+                let value = match next {
+                    Some((next_last, next_at)) => {
+                        self.ranges.remove(&(n + 1));
+                        (next_last, until.max(next_at))
+                    }
+                    None => (n, until),
+                };
+                self.ranges.insert(n, value);
+            }
+        }
     }
 
-    /// Forgets the tombstones expired at `now`; returns how many.
+    /// Whether request `id` was answered and forgotten.
+    pub(crate) fn contains(&self, id: &RequestKey) -> bool {
+        match integer(id) {
+            Some(n) => self
+                .ranges
+                .range(..=n)
+                .next_back()
+                .is_some_and(|(_, &(last, _))| n <= last),
+            None => self.ids.contains(&digest(id)),
+        }
+    }
+
+    /// Forgets the tombstones expired at `now`; returns how many (ranges count one each).
+    /// Ranges are walked whole: a session has few of them unless its client numbers its
+    /// requests with gaps, and their bytes count against its budget either way.
     pub(crate) fn expire(&mut self, now: Instant) -> usize {
-        let mut n = 0;
+        let ranges = self.ranges.len();
+        self.ranges.retain(|_, &mut (_, until)| until > now);
+        let mut n = ranges - self.ranges.len();
         while let Some(&(digest, until)) = self.order.front() {
             if until > now {
                 break;
@@ -59,9 +120,9 @@ impl Tombstones {
         n
     }
 
-    /// Bytes held ([`TOMBSTONE_BYTES`] each).
+    /// Bytes held ([`RANGE_BYTES`] a range, [`TOMBSTONE_BYTES`] a digest).
     pub(crate) fn bytes(&self) -> u64 {
-        self.order.len() as u64 * TOMBSTONE_BYTES
+        self.ranges.len() as u64 * RANGE_BYTES + self.order.len() as u64 * TOMBSTONE_BYTES
     }
 }
 
@@ -76,7 +137,7 @@ mod tests {
         let now = Instant::now();
         let mut t = Tombstones::default();
         let (one, two) = (
-            RequestKey::of(&Value::from(1)),
+            RequestKey::of(&Value::from("1")),
             RequestKey::of(&Value::from("2")),
         );
         t.insert(&one, now + Duration::from_secs(1));
@@ -91,6 +152,38 @@ mod tests {
         assert_eq!(t.expire(now + Duration::from_millis(1_500)), 1);
         assert!(!t.contains(&one) && t.contains(&two));
         assert_eq!(t.expire(now + Duration::from_secs(2)), 1);
+        assert_eq!(t.bytes(), 0);
+    }
+
+    #[test]
+    fn integer_ids_are_ranges_whatever_their_count_and_order() {
+        let now = Instant::now();
+        let mut t = Tombstones::default();
+        let key = |n: i64| RequestKey::of(&Value::from(n));
+        // 10,000 ids forgotten a little out of order (concurrent requests), one range left.
+        for chunk in (1..=10_000i64).collect::<Vec<_>>().chunks(7) {
+            for &n in chunk.iter().rev() {
+                t.insert(&key(n), now + Duration::from_secs(1));
+            }
+        }
+        assert_eq!(t.bytes(), RANGE_BYTES);
+        assert!((1..=10_000).all(|n| t.contains(&key(n))));
+        assert!(!t.contains(&key(0)) && !t.contains(&key(10_001)));
+        // A gap, then the id that closes it: the two ranges become one.
+        t.insert(&key(10_002), now + Duration::from_secs(5));
+        assert_eq!(t.bytes(), 2 * RANGE_BYTES);
+        t.insert(&key(10_001), now + Duration::from_secs(1));
+        assert_eq!(t.bytes(), RANGE_BYTES);
+        t.insert(&key(i64::MAX), now);
+        t.insert(&key(i64::MIN), now);
+        assert!(t.contains(&key(i64::MAX)) && t.contains(&key(i64::MIN)));
+        assert_eq!(t.expire(now), 2, "the two lone ones");
+        assert_eq!(
+            t.expire(now + Duration::from_secs(2)),
+            0,
+            "a range expires with its newest id"
+        );
+        assert_eq!(t.expire(now + Duration::from_secs(5)), 1);
         assert_eq!(t.bytes(), 0);
     }
 }
