@@ -512,6 +512,17 @@ fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The next request id of `session`: each session numbers its requests 10, 11, 12… as MCP
+/// clients do (the SDKs count per session), over every loop of the run.
+fn next_id_in(session: &Session) -> u64 {
+    static IDS: std::sync::LazyLock<parking_lot::Mutex<std::collections::HashMap<String, u64>>> =
+        std::sync::LazyLock::new(Default::default);
+    let mut ids = IDS.lock();
+    let next = ids.entry(session.id.clone()).or_insert(10);
+    *next += 1;
+    *next - 1
+}
+
 /// `initialize` then `notifications/initialized`, bounded; the session and the time the
 /// `initialize` took (its answer read to the end).
 async fn handshake(client: &McpClient) -> Outcome<(Session, Duration)> {
@@ -595,9 +606,9 @@ async fn open_sessions(
     sessions
 }
 
-/// One `echo` call, bounded; `Ok` when answered 200 with the text.
-async fn echo(client: &McpClient, session: &Session) -> Outcome<()> {
-    let call = tool_call(next_id(), "echo", json!({"text": "bench"}), None);
+/// One `echo` call with request id `id`, bounded; `Ok` when answered 200 with the text.
+async fn echo(client: &McpClient, session: &Session, id: u64) -> Outcome<()> {
+    let call = tool_call(id, "echo", json!({"text": "bench"}), None);
     let exchange = async {
         let resp = client
             .post(Some(session), &call, &[])
@@ -640,7 +651,7 @@ async fn echo_loop(
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| l.checked_sub(1))
                 .is_ok()
             {
-                if let Err(e) = echo(&client, session).await {
+                if let Err(e) = echo(&client, session, next_id_in(session)).await {
                     failures.add(e);
                 }
             }

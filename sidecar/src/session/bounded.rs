@@ -64,6 +64,34 @@ impl<K: Eq + Hash + Clone, V> Bounded<K, V> {
         });
     }
 
+    /// Forgets the oldest entries `forget` says to until at most `keep` are left, walking from
+    /// the oldest and stepping over the ones it keeps (so the walk costs what it forgets plus
+    /// what it steps over); returns the keys forgotten.
+    pub(crate) fn forget_oldest_beyond(
+        &mut self,
+        keep: usize,
+        mut forget: impl FnMut(&K, &V) -> bool,
+    ) -> Vec<K> {
+        let mut forgotten = Vec::new();
+        let mut i = 0;
+        while self.entries.len() > keep && i < self.order.len() {
+            let key = &self.order[i];
+            match self.entries.get(key) {
+                Some(value) if !forget(key, value) => i += 1,
+                found => {
+                    let known = found.is_some();
+                    if let Some(key) = self.order.remove(i)
+                        && known
+                    {
+                        self.entries.remove(&key);
+                        forgotten.push(key);
+                    }
+                }
+            }
+        }
+        forgotten
+    }
+
     /// Every entry, oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.order
@@ -97,5 +125,17 @@ mod tests {
             ["d", "e"],
             "a forgotten key no longer counts"
         );
+    }
+
+    #[test]
+    fn the_oldest_beyond_a_count_are_forgotten_stepping_over_the_kept() {
+        let mut b = Bounded::new(10);
+        for (k, v) in [("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5)] {
+            b.insert(k, v);
+        }
+        // Keep 2, but never "b" (a request still running).
+        let forgotten = b.forget_oldest_beyond(2, |k, _| *k != "b");
+        assert_eq!(forgotten, ["a", "c", "d"]);
+        assert_eq!(b.iter().map(|(k, _)| *k).collect::<Vec<_>>(), ["b", "e"]);
     }
 }

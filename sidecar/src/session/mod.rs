@@ -830,10 +830,27 @@ impl Session {
         st.records_charge.bytes() + st.replies.bytes()
     }
 
-    /// Keeps the session within its [`RetryWindow`]: spent answered streams beyond the newest
-    /// `requests` are forgotten, oldest first (a walk that stops once within it, skipping only
-    /// streams still in use), then retry state beyond `bytes` ([`Session::shed`]).
+    /// Keeps the session within its [`RetryWindow`]: the records of requests beyond the newest
+    /// `requests` are forgotten, oldest first, once their streams are spent (a walk that steps
+    /// over requests still in use only), their ids buried and their streams forgotten; then
+    /// spent streams beyond the window (streams no record leads to) and retry state beyond
+    /// `bytes` ([`Session::shed`]).
     fn trim_window(st: &mut State, now: Instant) {
+        let State {
+            streams, requests, ..
+        } = st;
+        let forgotten = requests.forget_oldest_beyond(st.window.requests, |_, rec| {
+            streams
+                .get(&rec.stream)
+                .is_none_or(|s| s.kind().answers_requests() && s.is_spent(now))
+        });
+        if !forgotten.is_empty() {
+            let bytes = st.records_charge.bytes() - forgotten.iter().map(record_bytes).sum::<u64>();
+            st.records_charge.resize(bytes);
+            for id in &forgotten {
+                Self::bury(st, id, now);
+            }
+        }
         let mut i = 0;
         while st.streams.len() > st.window.requests && i < st.stream_order.len() {
             match st.streams.get(&st.stream_order[i]) {
