@@ -193,6 +193,11 @@ impl StreamBuffer {
         self.count_unsent();
     }
 
+    /// The floor: events at or below it were sent.
+    pub(crate) fn floor(&self) -> u64 {
+        self.floor
+    }
+
     /// Brings the pod's tally of unsent bytes up to date with this buffer's.
     fn count_unsent(&mut self) {
         let now = self.unsent().1;

@@ -97,8 +97,6 @@ struct State {
     delivered: u64,
     /// Highest sequence number forwarded to the pod the session moved to.
     forwarded: u64,
-    /// The buffer's floor ([`State::refloor`]).
-    floor: u64,
     /// UID of the pod that still writes this stream (a handed-off stream whose request runs
     /// there; its events arrive through the peer protocol). No priming number is reserved
     /// here meanwhile, so the numbering stays the writer's.
@@ -129,8 +127,7 @@ impl State {
             .iter()
             .map(|r| r.after)
             .fold(self.delivered.max(self.forwarded), u64::min);
-        let rose = floor > self.floor;
-        self.floor = floor;
+        let rose = floor > self.buffer.floor();
         self.buffer.set_floor(floor);
         rose
     }
@@ -256,7 +253,6 @@ impl Stream {
                 next_reader: 0,
                 delivered: 0,
                 forwarded: 0,
-                floor: 0,
                 following,
                 moved_retry: None,
                 withdrawn: false,
