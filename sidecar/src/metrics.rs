@@ -136,7 +136,7 @@ pub(crate) struct Metrics {
     buffer_unsent_bytes: Gauge,
     /// Events received from the upstream and buffered.
     events_buffered: Counter,
-    /// Buffered events evicted, by reason (count, bytes, ttl, pod_cap).
+    /// Buffered events evicted, by reason (count, bytes, ttl, pod_cap, session_cap).
     evictions: Family<Reason, Counter>,
     /// Resumes with `Last-Event-ID`, by result and miss reason.
     resumes: Family<ResumeLabels, Counter>,
@@ -146,6 +146,8 @@ pub(crate) struct Metrics {
     requests_deduplicated: Counter,
     /// Retries of requests answered and forgotten (beyond the retry window).
     results_expired: Counter,
+    /// Sessions the sweeper looked at (the ones due, not every one held).
+    sweep_sessions: Counter,
     /// Upstream SSE streams resumed by the sidecar after an early close (SEP-1699 polling).
     upstream_resumes: Counter,
     /// Times an upstream task stopped reading its response for want of room (backpressure).
@@ -243,6 +245,7 @@ impl Metrics {
             replayed_events: Counter::default(),
             requests_deduplicated: Counter::default(),
             results_expired: Counter::default(),
+            sweep_sessions: Counter::default(),
             upstream_resumes: Counter::default(),
             upstream_paused: Counter::default(),
             upstream_paused_seconds: Counter::default(),
@@ -349,6 +352,11 @@ impl Metrics {
             "results_expired",
             "Retries of requests answered and forgotten beyond the retry window",
             m.results_expired.clone(),
+        );
+        r.register(
+            "sweep_sessions",
+            "Sessions the sweeper looked at: those due to turn idle or with something expiring",
+            m.sweep_sessions.clone(),
         );
         r.register(
             "upstream_resumes",
@@ -596,10 +604,10 @@ impl Metrics {
     /// The stream, event and byte gauges (`tether_streams`, `tether_buffer_events`,
     /// `tether_buffer_bytes`), as the sweep counted them, and the pod's bytes of events no
     /// client was sent yet (`tether_buffer_unsent_bytes`).
-    pub(crate) fn buffered(&self, streams: usize, events: usize, bytes: u64, unsent: u64) {
+    pub(crate) fn buffered(&self, streams: u64, events: u64, bytes: u64, unsent: u64) {
         let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        self.streams.set(gauge(streams as u64));
-        self.buffer_events.set(gauge(events as u64));
+        self.streams.set(gauge(streams));
+        self.buffer_events.set(gauge(events));
         self.buffer_bytes.set(gauge(bytes));
         self.buffer_unsent_bytes.set(gauge(unsent));
     }
@@ -656,6 +664,11 @@ impl Metrics {
     /// (`tether_results_expired_total`).
     pub(crate) fn result_expired(&self) {
         self.results_expired.inc();
+    }
+
+    /// `n` sessions a sweep looked at (`tether_sweep_sessions_total`).
+    pub(crate) fn swept(&self, n: usize) {
+        self.sweep_sessions.inc_by(n as u64);
     }
 
     /// An upstream task stopped reading its response: its stream holds its bounds of events
@@ -782,6 +795,7 @@ impl Metrics {
             ("bytes", e.bytes),
             ("ttl", e.ttl),
             ("pod_cap", e.pod_cap),
+            ("session_cap", e.session_cap),
         ] {
             if n > 0 {
                 self.evictions.get_or_create(&Reason { reason }).inc_by(n);
@@ -851,7 +865,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 48);
+        assert_eq!(fields, 49);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -884,7 +898,7 @@ mod tests {
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            48,
+            49,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -1,9 +1,12 @@
-//! The bytes a pod's sessions retain beyond their event buffers, counted per kind
-//! (`tether_retained_bytes{kind}`) and held against their bounds: each session's journal
-//! against `--max-journal-bytes`, every journal of the pod against `--pod-journal-bytes`; each
-//! session's retry state (records, stored replies, tombstones) against
-//! `--max-session-retry-bytes`, the pod's against `--pod-retry-bytes`
-//! (`docs/design/architecture.md#bounds`).
+//! The pod's one byte budget (`--pod-retained-bytes`, `docs/design/buffering.md#the-pod-budget`):
+//! everything its sessions retain, counted per kind (`tether_retained_bytes{kind}`) — event
+//! buffers, journals, retry records, stored replies, tombstones — against one cap. What no
+//! enforcement can free (journals, tombstones, events no client was sent) is *pinned*: it
+//! alone may fill the budget, and then new sessions and requests are refused. The rest (sent
+//! events, spent answers) is given up, oldest first, when the budget is over. Per-session
+//! bounds (`--max-journal-bytes`, `--max-session-retry-bytes`, and the session's share of
+//! event buffers, `--max-session-buffer-bytes`, kept by a [`BufferAccount`]) keep one session
+//! from taking the pod's budget.
 //!
 //! A [`Charge`] is what one session holds of one kind; a [`Held`] is what one of its streams
 //! holds of a [`Shared`] session tally (its stored reply). Both are given back when dropped, so
@@ -23,15 +26,18 @@ pub(crate) enum Kind {
     Replies,
     /// Tombstones: digests of answered request ids whose records were forgotten.
     Tombstones,
+    /// Buffered SSE event data, sent or not.
+    Buffers,
 }
 
 impl Kind {
     /// Every kind, in label order.
-    pub(crate) const ALL: [Kind; 4] = [
+    pub(crate) const ALL: [Kind; 5] = [
         Kind::Journal,
         Kind::Records,
         Kind::Replies,
         Kind::Tombstones,
+        Kind::Buffers,
     ];
 
     /// The `kind` label.
@@ -41,35 +47,51 @@ impl Kind {
             Kind::Records => "records",
             Kind::Replies => "replies",
             Kind::Tombstones => "tombstones",
+            Kind::Buffers => "buffers",
         }
     }
 }
 
-/// The pod's journals would exceed `--pod-journal-bytes`.
+/// The growth would take the pod's pinned bytes past `--pod-retained-bytes`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PodFull;
 
-/// The pod-wide tally, shared by every session of the pod.
+/// The pod's budget and its tally, shared by every session and stream of the pod.
 #[derive(Clone, Debug)]
 pub(crate) struct Retained(Arc<Tally>);
 
 #[derive(Debug)]
 struct Tally {
-    bytes: [AtomicU64; 4],
-    /// `--pod-journal-bytes`.
-    journal_cap: u64,
-    /// `--pod-retry-bytes`: records, replies and tombstones together.
-    retry_cap: u64,
+    bytes: [AtomicU64; 5],
+    /// Bytes of buffered events no client was sent yet (part of `Buffers`).
+    unsent: AtomicU64,
+    /// Buffered events, and stream buffers (kept as they change, so the gauges cost no walk).
+    events: AtomicU64,
+    streams: AtomicU64,
+    /// `--pod-retained-bytes`.
+    cap: u64,
+    /// `--max-session-buffer-bytes`: each session's share of buffered event data.
+    session_buffers: u64,
 }
 
 impl Retained {
-    /// A tally whose journals may hold at most `journal_cap` bytes in all, and whose retry
-    /// state (records and replies) `retry_cap` bytes before new requests are refused.
-    pub(crate) fn new(journal_cap: u64, retry_cap: u64) -> Self {
+    /// An empty tally against a budget of `cap` bytes, each session's event buffers taking
+    /// at most the whole of it (tests and fuzzing).
+    #[cfg(any(test, fuzzing))]
+    pub(crate) fn new(cap: u64) -> Self {
+        Self::with_session_buffers(cap, cap)
+    }
+
+    /// An empty tally against a budget of `cap` bytes, each session's event buffers taking at
+    /// most `session_buffers` bytes of it.
+    pub(crate) fn with_session_buffers(cap: u64, session_buffers: u64) -> Self {
         Self(Arc::new(Tally {
+            session_buffers,
             bytes: Default::default(),
-            journal_cap,
-            retry_cap,
+            unsent: AtomicU64::new(0),
+            events: AtomicU64::new(0),
+            streams: AtomicU64::new(0),
+            cap,
         }))
     }
 
@@ -78,17 +100,87 @@ impl Retained {
         self.0.bytes[kind as usize].load(Ordering::Relaxed)
     }
 
-    /// Whether the pod's retry state (records, stored replies, tombstones) takes more than
-    /// `--pod-retry-bytes`.
-    pub(crate) fn retry_over(&self) -> bool {
-        self.retry_above(1, 1)
+    /// Bytes retained now, every kind together.
+    pub(crate) fn total(&self) -> u64 {
+        Kind::ALL.iter().map(|&k| self.bytes(k)).sum()
     }
 
-    /// Whether the pod's retry state takes more than `num / den` of `--pod-retry-bytes` (the
-    /// low-water mark enforcement sheds down to).
-    pub(crate) fn retry_above(&self, num: u64, den: u64) -> bool {
-        let cap = self.0.retry_cap / den * num;
-        self.bytes(Kind::Records) + self.bytes(Kind::Replies) + self.bytes(Kind::Tombstones) > cap
+    /// Whether the pod retains more than its budget: sent events and spent answers go then.
+    pub(crate) fn over(&self) -> bool {
+        self.above(1, 1)
+    }
+
+    /// Whether the pod retains more than `num / den` of its budget (the low-water mark
+    /// enforcement sheds down to).
+    pub(crate) fn above(&self, num: u64, den: u64) -> bool {
+        self.total() > self.0.cap / den * num
+    }
+
+    /// Bytes of events no client was sent yet (which no bound evicts).
+    pub(crate) fn unsent(&self) -> u64 {
+        self.0.unsent.load(Ordering::Relaxed)
+    }
+
+    /// Bytes nothing can free now: journals, tombstones and events no client was sent.
+    pub(crate) fn pinned(&self) -> u64 {
+        self.bytes(Kind::Journal) + self.bytes(Kind::Tombstones) + self.unsent()
+    }
+
+    /// Whether pinned bytes take the whole budget: shedding makes no room then, and new
+    /// requests that would add to them are refused.
+    pub(crate) fn is_full(&self) -> bool {
+        self.pinned() >= self.0.cap
+    }
+
+    /// Buffered events and stream buffers on the pod now.
+    pub(crate) fn events_and_streams(&self) -> (u64, u64) {
+        (
+            self.0.events.load(Ordering::Relaxed),
+            self.0.streams.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Counts one more buffered event of `bytes`.
+    pub(crate) fn take_event(&self, bytes: u64) {
+        self.0.bytes[Kind::Buffers as usize].fetch_add(bytes, Ordering::Relaxed);
+        self.0.events.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts `events` buffered events of `bytes` in all fewer.
+    pub(crate) fn give_back_events(&self, events: u64, bytes: u64) {
+        self.0.bytes[Kind::Buffers as usize].fetch_sub(bytes, Ordering::Relaxed);
+        self.0.events.fetch_sub(events, Ordering::Relaxed);
+    }
+
+    /// Counts a stream buffer made (`true`) or dropped.
+    pub(crate) fn count_stream(&self, made: bool) {
+        if made {
+            self.0.streams.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.0.streams.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Moves the tally of unsent bytes from `from` (a buffer's last count) to `to`.
+    pub(crate) fn adjust_unsent(&self, from: u64, to: u64) {
+        if to >= from {
+            self.0.unsent.fetch_add(to - from, Ordering::Relaxed);
+        } else {
+            self.0.unsent.fetch_sub(from - to, Ordering::Relaxed);
+        }
+    }
+
+    /// The account of a new session's event buffers: this pod's budget and the session's
+    /// share of it.
+    pub(crate) fn account(&self) -> BufferAccount {
+        BufferAccount {
+            pod: self.clone(),
+            session: Arc::new(SessionBuffers {
+                bytes: AtomicU64::new(0),
+                unsent: AtomicU64::new(0),
+                cap: self.0.session_buffers,
+            }),
+        }
     }
 
     /// An empty charge of `kind`.
@@ -98,6 +190,75 @@ impl Retained {
             kind,
             bytes: 0,
         }
+    }
+}
+
+/// What a stream buffer counts its events against: the pod's budget and its session's share
+/// (`--max-session-buffer-bytes`). Cloned into every stream of the session.
+#[derive(Clone, Debug)]
+pub(crate) struct BufferAccount {
+    pod: Retained,
+    session: Arc<SessionBuffers>,
+}
+
+#[derive(Debug)]
+struct SessionBuffers {
+    /// Bytes of event data the session's streams buffer.
+    bytes: AtomicU64,
+    /// Of which no client was sent yet.
+    unsent: AtomicU64,
+    cap: u64,
+}
+
+impl BufferAccount {
+    /// The pod's tally.
+    pub(crate) fn pod(&self) -> &Retained {
+        &self.pod
+    }
+
+    /// Bytes of event data the session's streams buffer.
+    pub(crate) fn session_bytes(&self) -> u64 {
+        self.session.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether the session's streams buffer more than its share: its sent events go then,
+    /// the oldest completed streams' first.
+    pub(crate) fn session_over(&self) -> bool {
+        self.session_bytes() > self.session.cap
+    }
+
+    /// Whether the pod is over its budget or the session over its share: events no client
+    /// was sent wait then (backpressure).
+    pub(crate) fn over(&self) -> bool {
+        self.pod.over() || self.session_over()
+    }
+
+    /// Counts one more buffered event of `bytes`.
+    pub(crate) fn take_event(&self, bytes: u64) {
+        self.pod.take_event(bytes);
+        self.session.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts `events` buffered events of `bytes` in all fewer.
+    pub(crate) fn give_back_events(&self, events: u64, bytes: u64) {
+        self.pod.give_back_events(events, bytes);
+        self.session.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Moves the tallies of unsent bytes from `from` (a buffer's last count) to `to`.
+    pub(crate) fn adjust_unsent(&self, from: u64, to: u64) {
+        self.pod.adjust_unsent(from, to);
+        let unsent = &self.session.unsent;
+        if to >= from {
+            unsent.fetch_add(to - from, Ordering::Relaxed);
+        } else {
+            unsent.fetch_sub(from - to, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a stream buffer made (`true`) or dropped.
+    pub(crate) fn count_stream(&self, made: bool) {
+        self.pod.count_stream(made);
     }
 }
 
@@ -115,21 +276,23 @@ impl Charge {
         self.bytes
     }
 
-    /// Holds `bytes` from now on when the pod's cap of this kind allows the growth (a shrink
-    /// always does); else changes nothing.
+    /// Holds `bytes` from now on when the pod's budget allows the growth of a journal (pinned
+    /// bytes stay within it; a shrink, and other kinds, always do); else changes nothing.
     ///
     /// # Errors
-    /// [`PodFull`] when growing past the pod's journal cap.
+    /// [`PodFull`] when a journal's growth takes the pod's pinned bytes past its budget.
     pub(crate) fn try_resize(&mut self, bytes: u64) -> Result<(), PodFull> {
         if bytes <= self.bytes || self.kind != Kind::Journal {
             self.apply(bytes);
             return Ok(());
         }
         let grow = bytes - self.bytes;
-        let cap = self.retained.0.journal_cap;
-        self.retained.0.bytes[self.kind as usize]
+        let pod = &self.retained;
+        let others = pod.bytes(Kind::Tombstones) + pod.unsent();
+        let cap = pod.0.cap;
+        pod.0.bytes[self.kind as usize]
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
-                (now + grow <= cap).then_some(now + grow)
+                (others + now + grow <= cap).then_some(now + grow)
             })
             .map_err(|_| PodFull)?;
         self.bytes = bytes;
@@ -214,8 +377,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn charges_add_up_respect_the_journal_cap_and_are_given_back_on_drop() {
-        let pod = Retained::new(100, u64::MAX);
+    fn charges_add_up_keep_pinned_bytes_within_the_budget_and_are_given_back_on_drop() {
+        let pod = Retained::new(100);
         let mut a = pod.charge(Kind::Journal);
         let mut b = pod.charge(Kind::Journal);
         a.try_resize(60).unwrap();
@@ -223,11 +386,19 @@ mod tests {
         assert_eq!(b.bytes(), 0, "a refused growth changes nothing");
         b.try_resize(40).unwrap();
         assert_eq!(pod.bytes(Kind::Journal), 100);
+        assert!(pod.is_full());
         a.try_resize(10).unwrap();
         assert_eq!(pod.bytes(Kind::Journal), 50);
+        pod.adjust_unsent(0, 30);
+        assert_eq!(
+            b.try_resize(61),
+            Err(PodFull),
+            "unsent events are pinned too"
+        );
         let mut records = pod.charge(Kind::Records);
         records.resize(1_000);
-        assert_eq!(pod.bytes(Kind::Records), 1_000, "records have no cap here");
+        assert!(pod.over() && !pod.is_full(), "records can be shed");
+        b.try_resize(60).unwrap();
         b.resize(500);
         assert_eq!(
             pod.bytes(Kind::Journal),
@@ -235,24 +406,48 @@ mod tests {
             "an adopted journal is accepted"
         );
         drop((a, b, records));
-        assert_eq!((pod.bytes(Kind::Journal), pod.bytes(Kind::Records)), (0, 0));
+        pod.adjust_unsent(30, 0);
+        assert_eq!((pod.total(), pod.pinned()), (0, 0));
     }
 
     #[test]
-    fn held_bytes_count_in_the_session_and_the_pod_and_the_retry_cap_covers_records_and_replies() {
-        let pod = Retained::new(u64::MAX, 1_000);
+    fn a_session_share_bounds_its_buffers_within_the_pod_budget() {
+        let pod = Retained::with_session_buffers(1_000, 300);
+        let (a, b) = (pod.account(), pod.account());
+        a.take_event(200);
+        b.take_event(250);
+        assert!(!a.over() && !b.over());
+        a.take_event(200);
+        assert!(
+            a.session_over() && a.over(),
+            "400 bytes over a share of 300"
+        );
+        assert!(!b.over(), "the other session is within its share");
+        b.take_event(300);
+        b.take_event(100);
+        assert!(pod.over() && a.over(), "1,050 bytes over the pod's 1,000");
+        a.give_back_events(2, 400);
+        b.give_back_events(3, 650);
+        assert_eq!((pod.total(), a.session_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn every_kind_counts_against_the_one_budget() {
+        let pod = Retained::new(1_000);
         let session = Shared::new(&pod, Kind::Replies);
         let a = session.hold(600);
         let b = session.hold(300);
         assert_eq!((session.bytes(), pod.bytes(Kind::Replies)), (900, 900));
-        assert!(!pod.retry_over());
-        let mut records = pod.charge(Kind::Records);
-        records.resize(101);
-        assert!(pod.retry_over(), "900 + 101 bytes exceed the cap of 1,000");
+        assert!(!pod.over());
+        pod.take_event(101);
+        assert!(pod.over(), "900 + 101 bytes exceed the budget of 1,000");
+        assert_eq!(pod.events_and_streams(), (1, 0));
+        assert!(pod.above(7, 8) && !pod.is_full());
         drop(a);
         assert_eq!((session.bytes(), pod.bytes(Kind::Replies)), (300, 300));
-        assert!(!pod.retry_over());
-        drop((b, records));
-        assert_eq!((session.bytes(), pod.bytes(Kind::Replies)), (0, 0));
+        assert!(!pod.over());
+        pod.give_back_events(1, 101);
+        drop(b);
+        assert_eq!((session.bytes(), pod.total()), (0, 0));
     }
 }

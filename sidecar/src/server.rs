@@ -33,7 +33,7 @@ use crate::ops::shutdown::DrainOnTerm;
 use crate::proxy::{ConnectionLimits, McpListener, McpProxy};
 use crate::retained::Retained;
 use crate::session::Registry;
-use crate::stream::buffer::PodBudget;
+
 use crate::upstream::Upstream;
 
 /// How often idle sessions and expired events are swept.
@@ -149,9 +149,11 @@ pub(crate) fn broker(cfg: &Config, upstream: Upstream, metrics: Arc<Metrics>) ->
         upstream,
         Registry::new(
             cfg.max_sessions,
-            Retained::new(cfg.pod_journal_bytes, cfg.pod_retry_bytes),
+            Retained::with_session_buffers(
+                cfg.pod_retained_bytes,
+                cfg.max_session_buffer_bytes.min(cfg.pod_retained_bytes),
+            ),
         ),
-        PodBudget::new(cfg.pod_buffer_bytes),
         metrics,
     )
 }

@@ -197,9 +197,10 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// refreshed every second.
 const SETTLE: Duration = Duration::from_millis(1500);
 /// The sidecar flags of every pod: caps raised so that 100,000 idle sessions, plus churn, fit.
-const SIDECAR_FLAGS: [(&str, &str); 2] = [
+const SIDECAR_FLAGS: [(&str, &str); 3] = [
     ("--max-sessions", "250000"),
-    // 4 GiB: a cap, not a reservation.
+    // 4 GiB: a cap, not a reservation (the pod's one budget; older builds' journal cap).
+    ("--pod-retained-bytes", "4294967296"),
     ("--pod-journal-bytes", "4294967296"),
 ];
 

@@ -223,6 +223,9 @@ fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value 
             {"name": "POD_UID", "valueFrom": field("metadata.uid")},
             {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
             {"name": "TETHER_POD_SETTINGS", "valueFrom": field(&format!("metadata.annotations['{POD_SETTINGS_ANNOTATION}']"))},
+            // The pod's byte budget defaults to half of it (`--pod-retained-bytes`); without a
+            // limit Kubernetes gives the node's allocatable memory.
+            {"name": "TETHER_MEMORY_LIMIT", "valueFrom": {"resourceFieldRef": {"containerName": SIDECAR_CONTAINER, "resource": "limits.memory"}}},
         ],
         "ports": [
             {"name": MCP_PORT_NAME, "containerPort": spec.listen.port, "protocol": "TCP"},

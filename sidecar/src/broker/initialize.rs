@@ -62,7 +62,7 @@ impl Broker {
         let mut reservation = self.retained().charge(Kind::Journal);
         reservation
             .try_resize(journal.bytes() as u64)
-            .map_err(|_| Rejection::PodJournalsFull)?;
+            .map_err(|_| Rejection::PodFull)?;
         let exchange = Exchange {
             upstream_session: None,
             headers,

@@ -41,7 +41,7 @@ use crate::retained::Retained;
 use crate::secret::Secret;
 use crate::session::{EnterGuard, Registry, Session};
 use crate::stream::StoredReply;
-use crate::stream::buffer::{BufferLimits, PodBudget};
+use crate::stream::buffer::BufferLimits;
 
 /// Where a genuine session id stands on this pod ([`Broker::locate`]).
 #[derive(Debug)]
@@ -122,11 +122,12 @@ pub(crate) struct Broker {
     secret: Secret,
     registry: Registry,
     upstream: Upstream,
-    budget: PodBudget,
     metrics: Arc<Metrics>,
-    last_cap_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
-    /// When the data path last enforced `--pod-retry-bytes` (at most every 50 ms).
-    last_retry_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// When the data path last enforced `--pod-retained-bytes` (at most every 50 ms).
+    last_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Whether the last enforcement left the pod over its budget: nothing it could give up
+    /// was left (what is over belongs to requests in flight), so new requests wait.
+    budget_stuck: std::sync::atomic::AtomicBool,
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
     rebuild_slots: tokio::sync::Semaphore,
@@ -140,7 +141,6 @@ impl Broker {
         secret: Secret,
         upstream: Upstream,
         registry: Registry,
-        budget: PodBudget,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -148,10 +148,9 @@ impl Broker {
             secret,
             registry,
             upstream,
-            budget,
             metrics,
-            last_cap_enforcement: parking_lot::Mutex::new(None),
-            last_retry_enforcement: parking_lot::Mutex::new(None),
+            last_enforcement: parking_lot::Mutex::new(None),
+            budget_stuck: std::sync::atomic::AtomicBool::new(false),
             resume_budget: cfg
                 .resume_budget
                 .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),
@@ -172,6 +171,8 @@ impl Broker {
     /// now on (open streams keep theirs); the resume budget stays the one given at start.
     pub(crate) fn reconfigure(&self, cfg: BrokerConfig) {
         self.cfg.store(Arc::new(cfg));
+        // The sweep schedule was made with the old timeouts.
+        self.registry.schedule_all(std::time::Instant::now());
     }
 
     /// Serves an admitted sessionful request with its complete body; `entered` is the session
@@ -262,11 +263,6 @@ impl Broker {
         self.registry.activity()
     }
 
-    /// The pod-wide byte budget every stream buffer counts against.
-    pub(crate) fn budget(&self) -> &PodBudget {
-        &self.budget
-    }
-
     /// A client request's headers as the MCP server gets them: end-to-end ones, the proxy
     /// hop's `X-Forwarded-Host` / `Forwarded`, `Origin` only with `spec.upstream.forwardOrigin`
     /// ([`forwarded_request_headers`]).
@@ -274,7 +270,7 @@ impl Broker {
         forwarded_request_headers(client, self.cfg().forward_origin)
     }
 
-    /// The pod-wide tally of what sessions retain besides event buffers.
+    /// The pod's byte budget (`--pod-retained-bytes`) and its tally of what sessions retain.
     pub(crate) fn retained(&self) -> &Retained {
         self.registry.retained()
     }
@@ -428,7 +424,7 @@ impl Broker {
             kind,
             pending,
             self.cfg().buffer,
-            self.budget.clone(),
+            session.account(),
             session.child_token(),
         )
     }

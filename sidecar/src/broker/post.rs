@@ -98,8 +98,8 @@ impl Broker {
             drop(entered);
             return self.notify(call, &session, &envelope, body).await;
         }
-        if self.buffers_full() {
-            return Err(Rejection::PodBuffersFull);
+        if self.pod_full() {
+            return Err(Rejection::PodFull);
         }
         let kind = if envelope.batch {
             StreamKind::Batch
@@ -113,7 +113,6 @@ impl Broker {
         match claimed {
             Dedupe::Conflict => Err(Rejection::RequestIdReused),
             Dedupe::SessionFull(limit) => Err(Rejection::RetryStateFull(limit)),
-            Dedupe::PodFull => Err(Rejection::PodRetryFull),
             Dedupe::Ended => Err(Rejection::SessionNotFound(
                 self.registry.why_missing(session.digest()),
             )),

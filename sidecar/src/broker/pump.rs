@@ -321,15 +321,14 @@ impl Broker {
             let Some((event, data)) = cursor.take(ev) else {
                 continue;
             };
-            if !self.room_for(stream).await {
+            if !self.room_for(session, stream).await {
                 return BodyEnd::Done;
             }
             let appended = stream.append(event, data, Instant::now());
             self.metrics.event_buffered();
             self.metrics.evictions(&appended);
-            if self.budget.over() {
-                self.enforce_pod_cap_soon();
-            }
+            self.enforce_budget_soon();
+            self.enforce_share(session);
             progressed = true;
             if stream.kind().answers_requests() && !stream.any_pending(ids) {
                 return BodyEnd::Done;
@@ -337,20 +336,31 @@ impl Broker {
         }
     }
 
+    /// Keeps `session`'s event buffers within its share when they are over it
+    /// ([`Session::evict_for_share`]).
+    fn enforce_share(&self, session: &Session) {
+        let evicted = session.evict_for_share();
+        if evicted > 0 {
+            self.metrics.evictions(&crate::stream::buffer::Evictions {
+                session_cap: evicted,
+                ..Default::default()
+            });
+        }
+    }
+
     /// Waits until `stream` may take another event (`docs/design/buffering.md#backpressure`):
     /// meanwhile this task reads nothing more of the upstream response, so TCP holds the MCP
     /// server back as it would behind a plain proxy. `false` when the task must stop instead
     /// (the stream ended, the session ended).
-    async fn room_for(&self, stream: &Stream) -> bool {
+    async fn room_for(&self, session: &Session, stream: &Stream) -> bool {
         if stream.has_room() {
             return true;
         }
         self.metrics.upstream_paused();
         let since = Instant::now();
         let resumed = loop {
-            if self.budget.over() {
-                self.enforce_pod_cap_soon();
-            }
+            self.enforce_budget_soon();
+            self.enforce_share(session);
             if stream.has_room() {
                 break true;
             }

@@ -1,7 +1,8 @@
-//! Periodic upkeep: buffer TTL, idle session expiry (`session.idleTimeout`), the pod-wide
-//! buffer and retry-state caps and the gauges (streams, buffers, `tether_retained_bytes`).
+//! Periodic upkeep: buffer TTL, idle session expiry (`session.idleTimeout`), the pod's byte
+//! budget (`--pod-retained-bytes`) and the gauges (streams, buffers, `tether_retained_bytes`).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Broker;
@@ -10,81 +11,129 @@ use crate::retained::Kind;
 use crate::session::RetryRoom;
 
 impl Broker {
-    /// Evicts expired events, ends idle sessions (later requests get 404, reason `expired`;
-    /// the upstream is told with DELETE) and refreshes the stream and buffer gauges.
+    /// Looks at the sessions due ([`Registry::due`](crate::session::registry::Registry::due)):
+    /// evicts their expired events, ends the idle ones (later requests get 404, reason
+    /// `expired`; the upstream is told with DELETE) and schedules the others for when they may
+    /// turn idle or something of theirs expires; then keeps the pod within its budget and
+    /// refreshes the gauges, which are kept as things change. So a sweep costs what is due,
+    /// not what the pod holds (`docs/design/buffering.md#what-expires`).
     pub(crate) fn sweep(self: &Arc<Self>, now: Instant) {
-        let (mut streams, mut events, mut bytes) = (0usize, 0usize, 0u64);
         let cfg = self.cfg();
         // A reload that shortened the timeout gives every session the new timeout from the
         // reload on, so sessions do not all expire in the next sweep.
-        let since_reload = cfg
-            .reloaded_at
-            .map_or(Duration::MAX, |at| now.saturating_duration_since(at));
-        let expire = since_reload >= cfg.idle_timeout;
-        for session in self.registry.all() {
+        let idle_from = cfg.reloaded_at.map(|at| at + cfg.idle_timeout);
+        let expire = idle_from.is_none_or(|at| at <= now);
+        let due = self.registry.due(now);
+        self.metrics.swept(due.len());
+        for session in due {
+            if !self.registry.holds(&session) {
+                continue;
+            }
             let evicted = session.evict_expired(now);
             self.metrics.evictions(&evicted);
             if expire && session.is_idle(now, cfg.idle_timeout) {
                 self.end_session(&session, NotFound::Expired);
                 continue;
             }
-            let (s, e, b) = session.buffered();
-            streams += s;
-            events += e;
-            bytes += b;
+            let next = session.next_sweep(now, cfg.idle_timeout, cfg.buffer.ttl);
+            let next = idle_from.map_or(next, |at| next.max(at.min(now + cfg.buffer.ttl)));
+            self.registry.schedule(&session, next);
         }
-        self.enforce_pod_cap();
-        self.enforce_retry_cap();
-        self.metrics
-            .buffered(streams, events, bytes, self.budget.unsent());
+        self.enforce_budget();
+        let retained = self.retained();
+        let (events, streams) = retained.events_and_streams();
+        self.metrics.buffered(
+            streams,
+            events,
+            retained.bytes(Kind::Buffers),
+            retained.unsent(),
+        );
         for kind in Kind::ALL {
             self.metrics
                 .retained(kind.label(), self.retained().bytes(kind));
         }
-        self.metrics.retained("buffers", self.budget.used());
     }
 
-    /// [`Broker::enforce_pod_cap`] from the data path, at most every 50 ms.
-    pub(super) fn enforce_pod_cap_soon(&self) {
-        if due(&self.last_cap_enforcement) {
-            self.enforce_pod_cap();
+    /// [`Broker::enforce_budget`] from the data path when the pod is over its budget, at most
+    /// every 50 ms.
+    pub(super) fn enforce_budget_soon(&self) {
+        if self.retained().over() && due(&self.last_enforcement) {
+            self.enforce_budget();
         }
     }
 
-    /// Whether events no client was sent take the pod's whole `--pod-buffer-bytes`: a new
-    /// request then gets 429 `pod_buffers_full`, since its events would wait for room too.
-    /// When the pod is over its cap with events that were sent, those go (soon) instead.
-    pub(super) fn buffers_full(&self) -> bool {
-        if self.budget.over() {
-            self.enforce_pod_cap_soon();
-        }
-        self.budget.full_of_unsent()
+    /// Whether a new request must wait for room (429 `pod_full`): what nothing can free
+    /// (journals, tombstones, events no client was sent) takes the pod's whole
+    /// `--pod-retained-bytes`, or the pod is over it and the last enforcement found nothing
+    /// left to give up (the rest belongs to requests in flight). While the pod is only over
+    /// its budget, what can be given up goes (soon) instead.
+    pub(super) fn pod_full(&self) -> bool {
+        self.enforce_budget_soon();
+        let retained = self.retained();
+        retained.is_full() || (retained.over() && self.budget_stuck.load(Ordering::Relaxed))
     }
 
-    /// What a new request's retry records must fit in: the session's budget, and whether the
-    /// pod's retry state is over its own once the oldest spent streams were forgotten.
+    /// What a new request's retry records must fit in: the session's budget and window.
     pub(super) fn retry_room(&self) -> RetryRoom {
-        if self.retained().retry_over() && due(&self.last_retry_enforcement) {
-            self.enforce_retry_cap();
-        }
         let cfg = self.cfg();
         RetryRoom {
             session_bytes: cfg.max_session_retry_bytes,
-            pod_full: self.retained().retry_over(),
             window: cfg.retry_window,
         }
     }
 
-    /// Keeps the pod's retry state (records and stored replies) under `--pod-retry-bytes`:
-    /// when over, the pod's spent streams are forgotten, oldest first, then the records of
-    /// streams no longer held, until it is ⅞ of the cap (room for the requests of the next
-    /// 50 ms, when the data path may not enforce it again).
-    pub(crate) fn enforce_retry_cap(&self) {
-        if !self.retained().retry_over() {
+    /// Keeps the pod within `--pod-retained-bytes` (`docs/design/buffering.md#the-pod-budget`):
+    /// when over, it gives up, in this order, the sent events of streams nobody reads (oldest
+    /// first), the answers of spent requests (down to ⅞ of the budget: room for the requests
+    /// of the next 50 ms, when the data path may not enforce it again), then the sent events
+    /// of streams being read. What is pinned stays.
+    pub(crate) fn enforce_budget(&self) {
+        if !self.retained().over() {
+            self.budget_stuck.store(false, Ordering::Relaxed);
             return;
         }
+        let mut evicted = self.evict_sent(false);
+        self.shed_spent();
+        evicted += self.evict_sent(true);
+        self.budget_stuck
+            .store(self.retained().over(), Ordering::Relaxed);
+        self.metrics.evictions(&crate::stream::buffer::Evictions {
+            pod_cap: evicted,
+            ..Default::default()
+        });
+    }
+
+    /// Evicts the events clients were sent of streams read now (`active`) or not, oldest
+    /// first, until the pod is within its budget; returns how many (a later resume before
+    /// them gets `cursor_evicted`).
+    fn evict_sent(&self, active: bool) -> u64 {
+        let mut candidates: Vec<_> = self
+            .registry
+            .all()
+            .iter()
+            .flat_map(|s| s.streams())
+            .filter(|s| s.is_active() == active)
+            .filter_map(|s| s.oldest().map(|at| (at, s)))
+            .collect();
+        candidates.sort_by_key(|(at, _)| *at);
+        let mut evicted = 0;
+        for (_, stream) in candidates {
+            if !self.retained().over() {
+                break;
+            }
+            evicted += stream.evict_sent();
+        }
+        evicted
+    }
+
+    /// Forgets the pod's spent streams, oldest first, then the records of streams no longer
+    /// held, until the pod is at ⅞ of its budget.
+    fn shed_spent(&self) {
         let retained = self.retained();
-        let over = || retained.retry_above(7, 8);
+        let over = || retained.above(7, 8);
+        if !over() {
+            return;
+        }
         let now = Instant::now();
         let sessions = self.registry.all();
         let mut spent: Vec<_> = sessions
@@ -108,36 +157,6 @@ impl Broker {
             }
             session.shed_retry_state(0);
         }
-    }
-
-    /// Keeps the pod under its buffer byte cap: when over, the events client connections were
-    /// sent are evicted, the streams nobody reads first, oldest first (a later resume before
-    /// them gets `cursor_evicted`). Events nobody was sent stay: while they fill the cap, their
-    /// streams' upstream tasks wait and new requests are refused
-    /// (`docs/design/buffering.md#backpressure`).
-    pub(crate) fn enforce_pod_cap(&self) {
-        if !self.budget.over() {
-            return;
-        }
-        let mut candidates: Vec<_> = self
-            .registry
-            .all()
-            .iter()
-            .flat_map(|s| s.streams())
-            .filter_map(|s| s.oldest().map(|at| (s.is_active(), at, s)))
-            .collect();
-        candidates.sort_by_key(|(active, at, _)| (*active, *at));
-        let mut evicted = 0;
-        for (.., stream) in candidates {
-            if !self.budget.over() {
-                break;
-            }
-            evicted += stream.evict_sent();
-        }
-        self.metrics.evictions(&crate::stream::buffer::Evictions {
-            pod_cap: evicted,
-            ..Default::default()
-        });
     }
 }
 

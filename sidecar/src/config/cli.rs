@@ -102,10 +102,6 @@ pub struct Cli {
     /// `resources/subscribe` or `logging/setLevel` beyond gets 413 `journal_full`.
     #[arg(long, env = "TETHER_MAX_JOURNAL_BYTES", value_name = "BYTES", default_value_t = 1024 * 1024)]
     pub max_journal_bytes: usize,
-    /// Pod-wide cap of the sessions' journals, in bytes (`tether_retained_bytes{kind="journal"}`);
-    /// a new session or a journal's growth beyond gets 429 `pod_journals_full` + `Retry-After`.
-    #[arg(long, env = "TETHER_POD_JOURNAL_BYTES", value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
-    pub pod_journal_bytes: u64,
     /// Answered requests per session whose answers stay replayable to a retry (the newest ones;
     /// also bounded by `--retry-window-bytes` and `buffer.ttl`). An older request that is
     /// retried gets a JSON-RPC error saying its result is no longer available
@@ -123,12 +119,6 @@ pub struct Cli {
     /// flight or unread) gets 413 `retry_state_full`.
     #[arg(long, env = "TETHER_MAX_SESSION_RETRY_BYTES", value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_session_retry_bytes: u64,
-    /// Pod-wide cap of the sessions' retry state (`tether_retained_bytes{kind="records"}` and
-    /// `{kind="replies"}`), in bytes: beyond it the oldest answered requests of the pod are
-    /// forgotten first; a new request that still does not fit gets 429 `pod_retry_full`
-    /// + `Retry-After`.
-    #[arg(long, env = "TETHER_POD_RETRY_BYTES", value_name = "BYTES", default_value_t = 128 * 1024 * 1024)]
-    pub pod_retry_bytes: u64,
     /// How long a request's head (request line and header fields) may take to arrive, from its
     /// first byte; a client still sending it then has its connection closed (slow-loris
     /// defence: pingora's own read timeout bounds each read, not the whole head).
@@ -161,15 +151,34 @@ pub struct Cli {
     )]
     pub max_takeovers: u32,
     /// Largest SSE event (or line) read from the upstream, in bytes (lowered to
-    /// `--pod-buffer-bytes` when larger); reading stops at a larger one, never buffered whole,
+    /// `--pod-retained-bytes` when larger); reading stops at a larger one, never buffered whole,
     /// and its request ends with a JSON-RPC error (`data.reason` = `event_too_large`).
     #[arg(long, env = "TETHER_MAX_EVENT_BYTES", value_name = "BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_event_bytes: usize,
-    /// Pod-wide cap of buffered event data, in bytes, shared by every stream: beyond it the
-    /// events clients were sent are evicted, oldest first; while events no client was sent
-    /// fill it, upstream responses are not read and new requests get 429 `pod_buffers_full`.
-    #[arg(long, env = "TETHER_POD_BUFFER_BYTES", value_name = "BYTES", default_value_t = 256 * 1024 * 1024)]
-    pub pod_buffer_bytes: u64,
+    /// The pod's one byte budget for everything its sessions retain
+    /// (`tether_retained_bytes{kind}`): event buffers, journals, retry records, stored
+    /// replies, tombstones. Default: half of `--memory-limit`, else 128 MiB. Over it, the
+    /// events clients were sent and the answers of spent requests are given up, oldest first;
+    /// while what cannot be freed (journals, tombstones, events no client was sent) fills it,
+    /// upstream responses are not read and new sessions and requests get 429 `pod_full`.
+    /// `--pod-buffer-bytes` is an older name of it.
+    #[arg(
+        long,
+        alias = "pod-buffer-bytes",
+        env = "TETHER_POD_RETAINED_BYTES",
+        value_name = "BYTES"
+    )]
+    pub pod_retained_bytes: Option<u64>,
+    /// Each session's share of buffered event data, in bytes (lowered to
+    /// `--pod-retained-bytes` when larger): beyond it the events clients were sent go, the
+    /// oldest completed streams' first; while events no client was sent fill it, the session's
+    /// upstream responses are not read, so one session cannot take the pod's budget.
+    #[arg(long, env = "TETHER_MAX_SESSION_BUFFER_BYTES", value_name = "BYTES", default_value_t = 32 * 1024 * 1024)]
+    pub max_session_buffer_bytes: u64,
+    /// The sidecar container's memory limit, in bytes (the operator sets it from the Downward
+    /// API, `resources.limits.memory`): the default `--pod-retained-bytes` is half of it.
+    #[arg(long, env = "TETHER_MEMORY_LIMIT", value_name = "BYTES")]
+    pub memory_limit: Option<u64>,
     /// How long the upstream may take to send response headers (504 beyond).
     #[arg(long, env = "TETHER_UPSTREAM_TIMEOUT", value_name = "DURATION", default_value = "300s", value_parser = parse_duration)]
     pub upstream_timeout: Duration,
@@ -232,6 +241,20 @@ pub struct Cli {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+}
+
+/// `--pod-retained-bytes` when `--memory-limit` and the flag are both absent: 128 MiB.
+pub(crate) const DEFAULT_POD_RETAINED_BYTES: u64 = 128 * 1024 * 1024;
+
+impl Cli {
+    /// The pod's byte budget: `--pod-retained-bytes`, else half of `--memory-limit`, else
+    /// [`DEFAULT_POD_RETAINED_BYTES`].
+    pub(crate) fn pod_retained_bytes(&self) -> u64 {
+        self.pod_retained_bytes.unwrap_or_else(|| {
+            self.memory_limit
+                .map_or(DEFAULT_POD_RETAINED_BYTES, |limit| limit / 2)
+        })
+    }
 }
 
 /// `tether-sidecar drain`: drains the sidecar running in this pod (the `preStop` hook the

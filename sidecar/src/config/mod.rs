@@ -113,13 +113,10 @@ pub struct Config {
     pub(crate) pod_uid: String,
     /// Most sessions held.
     pub(crate) max_sessions: usize,
-    /// Pod-wide buffer cap, in bytes.
-    pub(crate) pod_buffer_bytes: u64,
-    /// Pod-wide cap of the sessions' journals, in bytes (`--pod-journal-bytes`).
-    pub(crate) pod_journal_bytes: u64,
-    /// Pod-wide cap of the sessions' retry records and stored replies, in bytes
-    /// (`--pod-retry-bytes`).
-    pub(crate) pod_retry_bytes: u64,
+    /// The pod's byte budget for everything its sessions retain (`--pod-retained-bytes`).
+    pub(crate) pod_retained_bytes: u64,
+    /// Each session's share of buffered event data (`--max-session-buffer-bytes`).
+    pub(crate) max_session_buffer_bytes: u64,
     /// Request body deadline.
     pub(crate) request_timeout: std::time::Duration,
     /// Request head deadline, from its first byte (`--header-timeout`).
@@ -223,9 +220,8 @@ impl Config {
             secret,
             pod_uid: cli.pod_uid.clone(),
             max_sessions: cli.max_sessions,
-            pod_buffer_bytes: cli.pod_buffer_bytes,
-            pod_journal_bytes: cli.pod_journal_bytes,
-            pod_retry_bytes: cli.pod_retry_bytes,
+            pod_retained_bytes: cli.pod_retained_bytes(),
+            max_session_buffer_bytes: cli.max_session_buffer_bytes,
             request_timeout: cli.request_timeout,
             header_timeout: cli.header_timeout,
             client_write_timeout: cli.client_write_timeout,
@@ -334,10 +330,10 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         forward_origin: spec.upstream.forward_origin,
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit
-        // in the pod's cap.
+        // in the pod's budget.
         max_event_bytes: cli
             .max_event_bytes
-            .min(usize::try_from(cli.pod_buffer_bytes).unwrap_or(usize::MAX)),
+            .min(usize::try_from(cli.pod_retained_bytes()).unwrap_or(usize::MAX)),
     }
 }
 
@@ -457,5 +453,26 @@ mod tests {
         assert_eq!(event_limit(&["--pod-buffer-bytes", "20000"]), 20000);
         assert_eq!(event_limit(&["--max-event-bytes", "100"]), 100);
         assert!(Config::load(&test_cli(dir.path(), &["--max-event-bytes", "0"])).is_err());
+    }
+
+    #[test]
+    fn the_pod_budget_is_the_flag_else_half_the_memory_limit_else_128_mib() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = |extra: &[&str]| test_cli(dir.path(), extra).pod_retained_bytes();
+        assert_eq!(budget(&[]), 128 << 20);
+        assert_eq!(budget(&["--memory-limit", "268435456"]), 128 << 20);
+        assert_eq!(budget(&["--memory-limit", "1073741824"]), 512 << 20);
+        let both = [
+            "--memory-limit",
+            "1073741824",
+            "--pod-retained-bytes",
+            "1000",
+        ];
+        assert_eq!(budget(&both), 1000);
+        assert_eq!(
+            budget(&["--pod-buffer-bytes", "2000"]),
+            2000,
+            "the older name of the flag"
+        );
     }
 }

@@ -56,7 +56,6 @@ pub(crate) fn adopt(
         digest,
         &push.from,
         broker.buffer_limits(),
-        broker.budget(),
         broker.retained(),
     )
     .map_err(AdoptError::Invalid)?;
@@ -87,7 +86,6 @@ pub(crate) fn apply_tail(broker: &Broker, tail: &TailPush) -> Result<usize, Adop
         &tail.requests,
         &tail.from,
         broker.buffer_limits(),
-        broker.budget(),
     ))
 }
 

@@ -11,7 +11,8 @@ use serde::de::DeserializeOwned;
 
 use super::image;
 use super::wire::{CancelPush, SessionPush, TailPush};
-use crate::stream::buffer::{BufferLimits, PodBudget};
+use crate::retained::Retained;
+use crate::stream::buffer::BufferLimits;
 use crate::stream::{FeedItem, Start, Stream, StreamKind};
 
 /// The kinds of peer message.
@@ -126,27 +127,18 @@ pub(crate) fn adopt(input: &[u8]) -> Result<Adopted, String> {
         None => (input, None),
     };
     let push: SessionPush = serde_json::from_slice(push).map_err(|e| e.to_string())?;
-    let budget = PodBudget::new(u64::MAX);
-    let retained = crate::retained::Retained::new(u64::MAX, u64::MAX);
+    let retained = Retained::new(u64::MAX);
     let session = image::restore_session(
         &push.session,
         "digest".into(),
         &push.from,
         LIMITS,
-        &budget,
         &retained,
     )?;
     let tail: Option<TailPush> = tail.and_then(|t| serde_json::from_slice(t).ok());
     let tail_applied = tail.as_ref().is_some_and(|t| t.session == push.session.id);
     if let Some(tail) = tail.filter(|_| tail_applied) {
-        image::import(
-            &session,
-            &tail.streams,
-            &tail.requests,
-            &tail.from,
-            LIMITS,
-            &budget,
-        );
+        image::import(&session, &tail.streams, &tail.requests, &tail.from, LIMITS);
     }
     let (snapshot, _) = session.snapshot(usize::MAX);
     let mut reimage = image::session_image(&snapshot);

@@ -23,7 +23,7 @@ use crate::mcp::principal::{Binding, Principal};
 use crate::retained::Retained;
 use crate::session::journal::Journal;
 use crate::session::{RetryRecord, Session, SessionSnapshot};
-use crate::stream::buffer::{BufferLimits, PodBudget};
+use crate::stream::buffer::BufferLimits;
 use crate::stream::{SnapshotEvent, StoredReply, StreamKind, StreamSnapshot};
 
 /// Largest sequence number taken from a peer: 2^53, more events than a stream can number
@@ -118,7 +118,6 @@ pub(crate) fn restore_session(
     digest: String,
     from: &str,
     limits: BufferLimits,
-    budget: &PodBudget,
     retained: &Retained,
 ) -> Result<Arc<Session>, String> {
     let version = ProtocolVersion::parse(&image.version)
@@ -162,7 +161,7 @@ pub(crate) fn restore_session(
             .collect(),
     };
     Ok(Session::from_parts(
-        snapshot, digest, from, limits, budget, retained,
+        snapshot, digest, from, limits, retained,
     ))
 }
 
@@ -175,14 +174,13 @@ pub(crate) fn import(
     requests: &[RequestImage],
     from: &str,
     limits: BufferLimits,
-    budget: &PodBudget,
 ) -> usize {
     let streams: Vec<StreamSnapshot> = streams
         .iter()
         .filter(|s| numbered_within(s))
         .map(stream_snapshot)
         .collect();
-    session.import(&streams, &records(requests), from, limits, budget)
+    session.import(&streams, &records(requests), from, limits)
 }
 
 /// The stream snapshot an image describes.
@@ -282,8 +280,7 @@ mod tests {
             "digest".into(),
             "pod-a",
             limits(),
-            &PodBudget::new(u64::MAX),
-            &Retained::new(u64::MAX, u64::MAX),
+            &Retained::new(u64::MAX),
         )
     }
 
@@ -377,10 +374,9 @@ mod tests {
         st.append(None, bytes::Bytes::from_static(b"{}"), Instant::now());
         let (snapshot, _) = s.snapshot(1 << 20);
         let image = session_image(&snapshot);
-        let budget = PodBudget::new(u64::MAX);
-        let retained = Retained::new(u64::MAX, u64::MAX);
+        let retained = Retained::new(u64::MAX);
         let restore = |image: &SessionImage| {
-            restore_session(image, "d".into(), "pod-a", limits(), &budget, &retained).map(|_| ())
+            restore_session(image, "d".into(), "pod-a", limits(), &retained).map(|_| ())
         };
         assert_eq!(restore(&image), Ok(()));
         for (last_seq, evicted_through, seq) in [
@@ -395,12 +391,8 @@ mod tests {
             bad.streams[0].events[0].seq = seq;
             assert!(restore(&bad).is_err(), "{last_seq} {evicted_through} {seq}");
             // In a tail, such a stream is left out; the session keeps what it had.
-            let copy =
-                restore_session(&image, "d".into(), "pod-a", limits(), &budget, &retained).unwrap();
-            assert_eq!(
-                import(&copy, &bad.streams, &[], "pod-a", limits(), &budget),
-                0
-            );
+            let copy = restore_session(&image, "d".into(), "pod-a", limits(), &retained).unwrap();
+            assert_eq!(import(&copy, &bad.streams, &[], "pod-a", limits()), 0);
             assert_eq!(copy.streams()[0].last_seq(), 1);
         }
         let mut edge = image.clone();
@@ -430,10 +422,8 @@ mod tests {
         {
             ev.event = Some(name.into());
         }
-        let budget = PodBudget::new(u64::MAX);
-        let retained = Retained::new(u64::MAX, u64::MAX);
-        let copy =
-            restore_session(&image, "d".into(), "pod-a", limits(), &budget, &retained).unwrap();
+        let retained = Retained::new(u64::MAX);
+        let copy = restore_session(&image, "d".into(), "pod-a", limits(), &retained).unwrap();
         let (restored, _) = copy.streams()[0].snapshot(0, usize::MAX);
         let names: Vec<Option<&str>> = restored.events.iter().map(|e| e.event.as_deref()).collect();
         assert_eq!(names, [None, None, None, Some("progress")]);

@@ -115,18 +115,13 @@ pub(crate) enum Rejection {
     /// `logging/setLevel`) past `--max-journal-bytes` or its most subscriptions; the detail says
     /// which.
     JournalFull(String),
-    /// 429: the pod's journals hold `--pod-journal-bytes`; retry after `Retry-After` (or on
-    /// another pod).
-    PodJournalsFull,
+    /// 429: what the pod cannot free now — journals, tombstones, events no client was sent
+    /// yet (their upstream responses wait for readers) — takes its whole
+    /// `--pod-retained-bytes`; retry after `Retry-After` (or on another pod).
+    PodFull,
     /// 413: a new request of a session whose retry records and stored replies of requests in
     /// flight or unread already take `--max-session-retry-bytes`.
     RetryStateFull(u64),
-    /// 429: the pod's retry records and stored replies take `--pod-retry-bytes` even after
-    /// the oldest answered requests were forgotten; retry after `Retry-After`.
-    PodRetryFull,
-    /// 429: the pod's event buffers take `--pod-buffer-bytes` of events no client was sent
-    /// yet (their upstream responses wait for readers); retry after `Retry-After`.
-    PodBuffersFull,
     /// 408: the body did not arrive in time (slow client).
     RequestTimeout,
     /// 400: body is not JSON (-32700).
@@ -188,9 +183,7 @@ impl Rejection {
             TooManySessions | TooManyConnections | PeerUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ResumeBudget | PodJournalsFull | PodRetryFull | PodBuffersFull | TakeoverBudget => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ResumeBudget | PodFull | TakeoverBudget => StatusCode::TOO_MANY_REQUESTS,
             UpstreamUnavailable => StatusCode::BAD_GATEWAY,
             UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -231,10 +224,8 @@ impl Rejection {
             PayloadTooLarge(_) => "payload_too_large",
             InitializeTooLarge(_) => "initialize_too_large",
             JournalFull(_) => "journal_full",
-            PodJournalsFull => "pod_journals_full",
+            PodFull => "pod_full",
             RetryStateFull(_) => "retry_state_full",
-            PodRetryFull => "pod_retry_full",
-            PodBuffersFull => "pod_buffers_full",
             RequestTimeout => "request_timeout",
             ParseError(_) => "parse_error",
             InvalidRequest(_) => "invalid_request",
@@ -311,8 +302,9 @@ impl Rejection {
             JournalFull(detail) => {
                 format!("Payload Too Large: the session keeps too much to rebuild it: {detail}")
             }
-            PodJournalsFull => {
-                "Too Many Requests: this pod's sessions keep --pod-journal-bytes; retry after \
+            PodFull => {
+                "Too Many Requests: this pod's sessions keep --pod-retained-bytes it cannot free \
+                 now (journals, tombstones, events no client has read yet); retry after \
                  Retry-After"
                     .into()
             }
@@ -320,16 +312,6 @@ impl Rejection {
                 "Payload Too Large: the session's requests in flight keep {limit} bytes of retry \
                  state (--max-session-retry-bytes); send more once they are answered"
             ),
-            PodRetryFull => {
-                "Too Many Requests: this pod's sessions keep --pod-retry-bytes of retry state; \
-                 retry after Retry-After"
-                    .into()
-            }
-            PodBuffersFull => {
-                "Too Many Requests: this pod's streams hold --pod-buffer-bytes of events no \
-                 client has read yet; retry after Retry-After"
-                    .into()
-            }
             RequestTimeout => "Request Timeout: the body did not arrive in time".into(),
             ParseError(e) => format!("Parse error: {e}"),
             InvalidRequest(e) => format!("Invalid Request: {e}"),
@@ -422,10 +404,8 @@ mod tests {
             PayloadTooLarge(1),
             InitializeTooLarge(1),
             JournalFull("x".into()),
-            PodJournalsFull,
+            PodFull,
             RetryStateFull(1),
-            PodRetryFull,
-            PodBuffersFull,
             RequestTimeout,
             ParseError("x".into()),
             InvalidRequest("x".into()),
@@ -463,10 +443,8 @@ mod tests {
                 | PayloadTooLarge(_)
                 | InitializeTooLarge(_)
                 | JournalFull(_)
-                | PodJournalsFull
+                | PodFull
                 | RetryStateFull(_)
-                | PodRetryFull
-                | PodBuffersFull
                 | RequestTimeout
                 | ParseError(_)
                 | InvalidRequest(_)
@@ -548,21 +526,15 @@ mod tests {
                 "a `resources/subscribe` or `logging/setLevel` that would grow the session's \
                  journal past `--max-journal-bytes` or 1,024 subscriptions; the session goes on"
             }
-            PodJournalsFull => {
-                "the pod's journals hold `--pod-journal-bytes` (with `Retry-After: 1`)"
+            PodFull => {
+                "what the pod cannot free now — journals, tombstones, events no client has read \
+                 yet — takes its whole `--pod-retained-bytes`, after the events clients were \
+                 sent and the answers of spent requests were given up (with `Retry-After: 1`)"
             }
             RetryStateFull(_) => {
                 "a new request of a session whose retry records and stored replies still take \
                  `--max-session-retry-bytes` after its oldest answered requests were forgotten \
                  (what is left belongs to requests in flight or unread)"
-            }
-            PodRetryFull => {
-                "the pod's retry records and stored replies take `--pod-retry-bytes` after its \
-                 oldest answered requests were forgotten (with `Retry-After: 1`)"
-            }
-            PodBuffersFull => {
-                "the pod's event buffers hold `--pod-buffer-bytes` of events no client has read \
-                 yet, after the events clients were sent were evicted (with `Retry-After: 1`)"
             }
             UnsupportedMediaType => "POST `Content-Type` is not `application/json`",
             ResumeBudget => {

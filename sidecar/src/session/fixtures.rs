@@ -9,7 +9,7 @@ use tether_crds::ProtocolVersion;
 use super::journal::Journal;
 use super::{RetryRoom, RetryWindow, Session};
 use crate::mcp::jsonrpc::RequestKey;
-use crate::stream::buffer::{BufferLimits, PodBudget};
+use crate::stream::buffer::BufferLimits;
 use crate::stream::{Stream, StreamKind};
 
 /// A session with id `id` (digest `digest`), negotiated 2025-06-18, no upstream session yet.
@@ -20,14 +20,13 @@ pub(crate) fn session() -> Arc<Session> {
         None,
         ProtocolVersion::V2025_06_18,
         Journal::new(Value::Null),
-        &crate::retained::Retained::new(u64::MAX, u64::MAX),
+        &crate::retained::Retained::new(u64::MAX),
     )
 }
 
 /// Room for any retry state: no session or pod budget, no retry window in the way.
 pub(crate) const ANY_ROOM: RetryRoom = RetryRoom {
     session_bytes: u64::MAX,
-    pod_full: false,
     window: RetryWindow {
         requests: usize::MAX,
         bytes: u64::MAX,
@@ -50,7 +49,7 @@ pub(crate) fn stream(s: &Session, ids: &[RequestKey]) -> Arc<Stream> {
         StreamKind::Post,
         ids.to_vec(),
         limits(),
-        PodBudget::new(u64::MAX),
+        s.account(),
         s.child_token(),
     )
 }

@@ -36,10 +36,10 @@ use crate::mcp::headers::credential_headers;
 use crate::mcp::jsonrpc::{Message, RequestKey};
 use crate::mcp::principal::{Binding, Principal};
 use crate::mcp::rejection::Rejection;
-use crate::retained::{Charge, Kind, Retained, Shared};
+use crate::retained::{BufferAccount, Charge, Kind, Retained, Shared};
 use crate::session::journal::{Journal, JournalError, MAX_SUBSCRIPTIONS};
 use crate::stream::StoredReply;
-use crate::stream::buffer::{BufferLimits, Evictions, PodBudget};
+use crate::stream::buffer::{BufferLimits, Evictions};
 use crate::stream::{Stream, StreamKind, StreamSnapshot};
 use bounded::Bounded;
 use tombstones::Tombstones;
@@ -213,8 +213,6 @@ pub(crate) enum Dedupe {
     /// New ids, but the session's retry state would exceed its budget (this many bytes) even
     /// after its spent streams were forgotten: 413.
     SessionFull(u64),
-    /// New ids, but the pod's retry state is over its budget: 429.
-    PodFull,
     /// The session ended meanwhile: nothing was registered (its requests get 404).
     Ended,
     /// A request the session answered and forgot ([`RetryWindow`]): its result is no longer
@@ -228,8 +226,6 @@ pub(crate) struct RetryRoom {
     /// The session's budget for retry records, stored replies and tombstones, in bytes
     /// (`--max-session-retry-bytes`): beyond it, new requests get 413.
     pub(crate) session_bytes: u64,
-    /// Whether the pod's retry state is over `--pod-retry-bytes`.
-    pub(crate) pod_full: bool,
     /// What stays replayable.
     pub(crate) window: RetryWindow,
 }
@@ -294,6 +290,10 @@ pub(crate) struct Session {
     /// Digests of credentials the MCP server accepted for this session, with when (at most
     /// [`ACCEPTED_CREDENTIALS`], newest last).
     accepted: Mutex<VecDeque<(Principal, Instant)>>,
+    /// Its place in the registry's sweep schedule ([`registry::Registry::schedule`]).
+    pub(super) sweep_at: Mutex<Option<(Instant, u64)>>,
+    /// What its streams' buffers count against: the pod's budget and the session's share.
+    account: BufferAccount,
 }
 
 /// Most accepted credentials a session remembers (`spec.auth.revalidate`).
@@ -347,6 +347,8 @@ impl Session {
             handoff_settled: Notify::new(),
             entered: Notify::new(),
             takeovers: Mutex::default(),
+            sweep_at: Mutex::new(None),
+            account: retained.account(),
             credentials: Mutex::default(),
             credentialed: AtomicBool::new(false),
             binding: OnceLock::new(),
@@ -364,7 +366,6 @@ impl Session {
         digest: String,
         from: &str,
         limits: BufferLimits,
-        budget: &PodBudget,
         retained: &Retained,
     ) -> Arc<Self> {
         let SessionSnapshot {
@@ -401,7 +402,7 @@ impl Session {
         if let Some(reply) = standalone_unsupported {
             session.state.lock().standalone = Standalone::Unsupported(reply);
         }
-        session.import(&streams, &records, from, limits, budget);
+        session.import(&streams, &records, from, limits);
         session
     }
 
@@ -414,7 +415,6 @@ impl Session {
         records: &[RetryRecord],
         from: &str,
         limits: BufferLimits,
-        budget: &PodBudget,
     ) -> usize {
         let mut added = 0;
         let mut st = self.state.lock();
@@ -425,7 +425,7 @@ impl Session {
                     let stream = Stream::from_snapshot(
                         snapshot,
                         limits,
-                        budget.clone(),
+                        self.account.clone(),
                         self.cancel.child_token(),
                         from,
                     );
@@ -724,7 +724,7 @@ impl Session {
     /// `max_bytes` and the pod's journal budget.
     ///
     /// # Errors
-    /// [`Rejection::JournalFull`] (413) over the session's bounds, [`Rejection::PodJournalsFull`]
+    /// [`Rejection::JournalFull`] (413) over the session's bounds, [`Rejection::PodFull`]
     /// (429) over the pod's; the journal is unchanged then.
     pub(crate) fn record(
         &self,
@@ -747,7 +747,7 @@ impl Session {
             Err(JournalError::TooManySubscriptions) => Err(Rejection::JournalFull(format!(
                 "it holds {MAX_SUBSCRIPTIONS} resource subscriptions"
             ))),
-            Err(JournalError::PodFull) => Err(Rejection::PodJournalsFull),
+            Err(JournalError::PodFull) => Err(Rejection::PodFull),
         }
     }
 
@@ -764,6 +764,38 @@ impl Session {
     /// Whether clients of this session get priming events (negotiated ≥ 2025-11-25, R-05).
     pub(crate) fn primes(&self) -> bool {
         self.version >= ProtocolVersion::V2025_11_25
+    }
+
+    /// Keeps the session's event buffers within its share (`--max-session-buffer-bytes`): the
+    /// events clients were sent go, the oldest completed streams' first, then those of streams
+    /// still running; events no client was sent stay (their upstream tasks wait). Returns how
+    /// many were evicted.
+    pub(crate) fn evict_for_share(&self) -> u64 {
+        if !self.account.session_over() {
+            return 0;
+        }
+        let streams: Vec<Arc<Stream>> = {
+            let st = self.state.lock();
+            st.stream_order
+                .iter()
+                .filter_map(|key| st.streams.get(key).cloned())
+                .collect()
+        };
+        let mut evicted = 0;
+        for complete in [true, false] {
+            for stream in streams.iter().filter(|s| s.is_complete() == complete) {
+                if !self.account.session_over() {
+                    return evicted;
+                }
+                evicted += stream.evict_sent();
+            }
+        }
+        evicted
+    }
+
+    /// What a new stream's buffer counts against: the pod's budget and this session's share.
+    pub(crate) fn account(&self) -> BufferAccount {
+        self.account.clone()
     }
 
     /// A child token for a new stream's upstream task; cancelled when the session ends.
@@ -804,9 +836,6 @@ impl Session {
         let verdict = Self::classify(&st, ids, digest);
         if !matches!(verdict, Dedupe::New) {
             return verdict;
-        }
-        if room.pod_full {
-            return Dedupe::PodFull;
         }
         let now = Instant::now();
         st.window = room.window;
@@ -1200,6 +1229,7 @@ impl Session {
             total.bytes += e.bytes;
             total.ttl += e.ttl;
             total.pod_cap += e.pod_cap;
+            total.session_cap += e.session_cap;
         }
         total
     }
@@ -1209,16 +1239,33 @@ impl Session {
         self.state.lock().streams.values().cloned().collect()
     }
 
-    /// Streams held, and events and bytes buffered over all of them.
-    pub(crate) fn buffered(&self) -> (usize, usize, u64) {
+    /// When the sweeper should look at the session next, once it was swept at `now`: when it
+    /// turns idle (`idle` after its last activity; a quarter of `idle` from now while a request
+    /// or a reader keeps it busy), or when the first thing it holds expires — and no later
+    /// than `ttl` from now, after which anything it takes from now on expires. Expiries that
+    /// passed without an eviction (events a reader still needs) wait for one of the others.
+    pub(crate) fn next_sweep(&self, now: Instant, idle: Duration, ttl: Duration) -> Instant {
         let st = self.state.lock();
-        let (mut events, mut bytes) = (0, 0);
-        for s in st.streams.values() {
-            let (e, b) = s.buffered();
-            events += e;
-            bytes += b;
-        }
-        (st.streams.len(), events, bytes)
+        let busy = st.busy > 0 || st.streams.values().any(|s| s.is_active());
+        let idle_at = if busy {
+            now + idle / 4
+        } else {
+            st.last_activity + idle
+        };
+        let window_ttl = st.window.ttl;
+        let expiries = st
+            .streams
+            .values()
+            .flat_map(|s| {
+                let forgotten = s
+                    .kind()
+                    .answers_requests()
+                    .then(|| s.created() + window_ttl);
+                s.first_expiry().into_iter().chain(forgotten)
+            })
+            .chain(st.tombstones.first_expiry())
+            .filter(|&at| at > now);
+        expiries.fold(idle_at.min(now + ttl), Instant::min)
     }
 
     /// Ends the session: upstream tasks stop; a POST still waiting for its answer gets `gone`
@@ -1255,6 +1302,36 @@ mod tests {
     use super::fixtures::{ANY_ROOM, key, limits, session, stream};
     use super::*;
     use crate::stream::Head;
+
+    #[test]
+    fn the_next_sweep_is_when_the_session_turns_idle_or_something_of_it_expires() {
+        let s = session();
+        let now = Instant::now();
+        let (minute, hour) = (Duration::from_secs(60), Duration::from_secs(3_600));
+        let idle_at = s.state.lock().last_activity + minute;
+        assert_eq!(s.next_sweep(now, minute, hour), idle_at, "idle first");
+        assert_eq!(
+            s.next_sweep(now, hour, minute),
+            now + minute,
+            "what it takes expires"
+        );
+        s.state
+            .lock()
+            .tombstones
+            .insert(&key(1), now + Duration::from_secs(5));
+        assert_eq!(
+            s.next_sweep(now, hour, hour),
+            now + Duration::from_secs(5),
+            "a tombstone expires"
+        );
+        let busy = s.busy();
+        assert_eq!(
+            s.next_sweep(now + Duration::from_secs(9), minute, hour),
+            now + Duration::from_secs(9) + minute / 4,
+            "a busy session is looked at again in a quarter of the idle timeout"
+        );
+        drop(busy);
+    }
 
     #[test]
     fn retries_attach_and_conflicts_are_refused() {
@@ -1303,10 +1380,8 @@ mod tests {
         ));
         // The image is taken while the request is at the MCP server.
         let (image, positions) = sender.snapshot(usize::MAX);
-        let pod = Retained::new(u64::MAX, u64::MAX);
-        let budget = PodBudget::new(u64::MAX);
-        let receiver =
-            Session::from_parts(image, "digest".into(), "sender", limits(), &budget, &pod);
+        let pod = Retained::new(u64::MAX);
+        let receiver = Session::from_parts(image, "digest".into(), "sender", limits(), &pod);
         let other = stream(&receiver, &ids);
         let Dedupe::Retry(joined) = receiver.claim(&ids, [1; 32], &other, ANY_ROOM) else {
             panic!("the imported request is a retry's");
@@ -1322,7 +1397,7 @@ mod tests {
             .collect();
         assert_eq!(tail.len(), 1, "the withdrawn stream stays for the follower");
         assert!(tail[0].withdrawn && tail[0].complete);
-        receiver.import(&tail, &[], "sender", limits(), &budget);
+        receiver.import(&tail, &[], "sender", limits());
         match joined.wait_head().await {
             Head::Stored(reply) => assert_eq!(reply.status, http::StatusCode::UNAUTHORIZED),
             Head::Sse(_) => panic!("the refusal answers whoever waited"),
@@ -1336,7 +1411,7 @@ mod tests {
 
     #[tokio::test]
     async fn retry_state_stays_in_its_budget_by_forgetting_spent_streams_oldest_first() {
-        let pod = Retained::new(u64::MAX, u64::MAX);
+        let pod = Retained::new(u64::MAX);
         let s = Session::new(
             "id".into(),
             "digest".into(),
@@ -1394,15 +1469,6 @@ mod tests {
         assert!(
             matches!(claim(14, room).0, Dedupe::New),
             "once an answer was served its room is taken back"
-        );
-        let pod_full = RetryRoom {
-            pod_full: true,
-            ..room
-        };
-        assert!(matches!(claim(15, pod_full).0, Dedupe::PodFull));
-        assert!(
-            matches!(claim(14, pod_full).0, Dedupe::Retry(_)),
-            "a retry needs no room"
         );
         drop((unserved_b, unserved_c, s));
         assert_eq!(
@@ -1642,7 +1708,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_pods_activity_wakes_when_a_request_ends_or_a_stream_completes() {
-        let registry = Registry::new(4, Retained::new(u64::MAX, u64::MAX));
+        let registry = Registry::new(4, Retained::new(u64::MAX));
         let s = session();
         registry.insert(Arc::clone(&s)).unwrap();
         let woken = || {
@@ -1685,7 +1751,7 @@ mod tests {
         s.finish_move(Some("pod-b".into()));
         assert!(s.settled(Duration::from_millis(20)).await);
         assert!(matches!(s.enter(), Entry::Moved(uid) if uid == "pod-b"));
-        let r = Registry::new(4, Retained::new(u64::MAX, u64::MAX));
+        let r = Registry::new(4, Retained::new(u64::MAX));
         let kept = session();
         r.insert(Arc::clone(&kept)).unwrap();
         r.mark_moved(&kept, "pod-c");

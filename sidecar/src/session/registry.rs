@@ -1,9 +1,11 @@
 //! The sessions this pod holds, by client session id, and what it remembers of sessions it no
-//! longer holds: why they ended (the reason of a later 404) and where handed-off ones went; and
-//! the tally of what its sessions retain ([`Retained`]).
+//! longer holds: why they ended (the reason of a later 404) and where handed-off ones went; the
+//! tally of what its sessions retain ([`Retained`]); and when the sweeper looks at each session
+//! next, so a sweep costs what is due, not what is held.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
@@ -37,8 +39,35 @@ pub(crate) struct Registry {
     /// ended, a stream completed, a session left or a departed one was forgotten. A drain waits
     /// on it instead of polling.
     activity: Arc<Notify>,
-    /// What the sessions retain besides event buffers.
+    /// What the sessions retain.
     retained: Retained,
+    /// The held sessions by when the sweeper looks at them next, with a tie-breaking number.
+    schedule: Mutex<Schedule>,
+}
+
+#[derive(Debug, Default)]
+struct Schedule {
+    due: BTreeMap<(Instant, u64), Arc<Session>>,
+    next: u64,
+}
+
+impl Schedule {
+    fn put(&mut self, session: &Arc<Session>, at: Instant) {
+        let mut place = session.sweep_at.lock();
+        if let Some(old) = place.take() {
+            self.due.remove(&old);
+        }
+        let key = (at, self.next);
+        self.next += 1;
+        self.due.insert(key, Arc::clone(session));
+        *place = Some(key);
+    }
+
+    fn take(&mut self, session: &Session) {
+        if let Some(old) = session.sweep_at.lock().take() {
+            self.due.remove(&old);
+        }
+    }
 }
 
 impl Registry {
@@ -53,6 +82,37 @@ impl Registry {
             departed: Mutex::new(HashMap::new()),
             max_sessions,
             activity: Arc::new(Notify::new()),
+            schedule: Mutex::default(),
+        }
+    }
+
+    /// Has the sweeper look at `session` at `at` (instead of when it was to).
+    pub(crate) fn schedule(&self, session: &Arc<Session>, at: Instant) {
+        self.schedule.lock().put(session, at);
+    }
+
+    /// The sessions due for a sweep at `now`, taken off the schedule ([`Registry::schedule`]
+    /// puts them back).
+    pub(crate) fn due(&self, now: Instant) -> Vec<Arc<Session>> {
+        let mut schedule = self.schedule.lock();
+        let mut due = Vec::new();
+        while let Some(entry) = schedule.due.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let session = entry.remove();
+            *session.sweep_at.lock() = None;
+            due.push(session);
+        }
+        due
+    }
+
+    /// Puts every held session on the schedule at `at` (a reload changed the timeouts).
+    pub(crate) fn schedule_all(&self, at: Instant) {
+        let all = self.all();
+        let mut schedule = self.schedule.lock();
+        for session in &all {
+            schedule.put(session, at);
         }
     }
 
@@ -82,7 +142,9 @@ impl Registry {
         if map.len() >= self.max_sessions {
             return Err(TooManySessions(self.max_sessions));
         }
-        map.insert(session.id.clone(), session);
+        map.insert(session.id.clone(), Arc::clone(&session));
+        drop(map);
+        self.schedule(&session, Instant::now());
         Ok(())
     }
 
@@ -102,6 +164,7 @@ impl Registry {
             self.ended.lock().insert(session.digest.clone(), reason);
         }
         drop(map);
+        self.schedule.lock().take(session);
         if removed {
             self.activity.notify_waiters();
         }
@@ -119,6 +182,7 @@ impl Registry {
         self.moved.lock().insert(session.id.clone(), to.to_owned());
         map.remove(&session.id);
         drop(map);
+        self.schedule.lock().take(session);
         self.departed
             .lock()
             .insert(session.id.clone(), Arc::clone(session));
@@ -165,8 +229,9 @@ impl Registry {
         if map.len() >= self.max_sessions {
             return Err(TooManySessions(self.max_sessions));
         }
-        map.insert(session.id.clone(), session);
+        map.insert(session.id.clone(), Arc::clone(&session));
         drop(map);
+        self.schedule(&session, Instant::now());
         Ok(true)
     }
 
@@ -177,6 +242,14 @@ impl Registry {
             .get(digest)
             .copied()
             .unwrap_or(NotFound::Unknown)
+    }
+
+    /// Whether `session` is the one held under its id.
+    pub(crate) fn holds(&self, session: &Arc<Session>) -> bool {
+        self.sessions
+            .read()
+            .get(&session.id)
+            .is_some_and(|held| Arc::ptr_eq(held, session))
     }
 
     /// A snapshot of every session.
@@ -195,8 +268,8 @@ mod tests {
     #[test]
     fn a_session_being_moved_is_always_held_or_moved_never_absent() {
         const SESSIONS: usize = 20_000;
-        let r = Arc::new(Registry::new(SESSIONS, Retained::new(u64::MAX, u64::MAX)));
-        let retained = Retained::new(u64::MAX, u64::MAX);
+        let r = Arc::new(Registry::new(SESSIONS, Retained::new(u64::MAX)));
+        let retained = Retained::new(u64::MAX);
         let ids: Arc<Vec<String>> = Arc::new((0..SESSIONS).map(|k| format!("id{k}")).collect());
         let sessions: Vec<_> = ids
             .iter()
@@ -247,7 +320,7 @@ mod tests {
 
     #[test]
     fn the_registry_remembers_why_sessions_ended() {
-        let r = Registry::new(1, Retained::new(u64::MAX, u64::MAX));
+        let r = Registry::new(1, Retained::new(u64::MAX));
         let s = session();
         r.insert(Arc::clone(&s)).unwrap();
         assert_eq!(r.insert(session()), Err(TooManySessions(1)));
@@ -255,5 +328,51 @@ mod tests {
         assert!(r.get("id").is_none());
         assert_eq!(r.why_missing("digest"), NotFound::Deleted);
         assert_eq!(r.why_missing("other"), NotFound::Unknown);
+    }
+
+    #[test]
+    fn a_sweep_takes_what_is_due_and_nothing_else() {
+        let r = Registry::new(10_000, Retained::new(u64::MAX));
+        let retained = Retained::new(u64::MAX);
+        let sessions: Vec<_> = (0..10_000)
+            .map(|k| {
+                let s = Session::new(
+                    format!("id{k}"),
+                    "digest".into(),
+                    None,
+                    tether_crds::ProtocolVersion::V2025_06_18,
+                    crate::session::journal::Journal::new(serde_json::Value::Null),
+                    &retained,
+                );
+                r.insert(Arc::clone(&s)).unwrap();
+                s
+            })
+            .collect();
+        let now = Instant::now() + std::time::Duration::from_millis(1);
+        let due = r.due(now);
+        assert_eq!(due.len(), 10_000, "a new session is looked at once");
+        // Every tenth is due again in a minute, the others in an hour.
+        for (k, s) in due.iter().enumerate() {
+            let minutes = if k % 10 == 0 { 1 } else { 60 };
+            r.schedule(s, now + std::time::Duration::from_secs(60 * minutes));
+        }
+        assert!(r.due(now + std::time::Duration::from_secs(1)).is_empty());
+        r.remove(&sessions[0], NotFound::Deleted);
+        let in_a_minute = r.due(now + std::time::Duration::from_secs(61));
+        assert_eq!(
+            in_a_minute.len(),
+            999,
+            "a removed session is off the schedule"
+        );
+        assert!(r.due(now + std::time::Duration::from_secs(61)).is_empty());
+        r.schedule(&sessions[1], now);
+        r.schedule(&sessions[1], now + std::time::Duration::from_secs(7_200));
+        assert_eq!(
+            r.due(now + std::time::Duration::from_secs(3_601)).len(),
+            8_999,
+            "a session is on the schedule once, at its latest time"
+        );
+        r.schedule_all(now);
+        assert_eq!(r.due(now).len(), 9_999);
     }
 }

@@ -120,6 +120,13 @@ impl Tombstones {
         n
     }
 
+    /// When the first tombstone expires, if any.
+    pub(crate) fn first_expiry(&self) -> Option<Instant> {
+        let ranges = self.ranges.values().map(|&(_, until)| until).min();
+        let ids = self.order.front().map(|&(_, until)| until);
+        ranges.into_iter().chain(ids).min()
+    }
+
     /// Bytes held ([`RANGE_BYTES`] a range, [`TOMBSTONE_BYTES`] a digest).
     pub(crate) fn bytes(&self) -> u64 {
         self.ranges.len() as u64 * RANGE_BYTES + self.order.len() as u64 * TOMBSTONE_BYTES

@@ -4,7 +4,8 @@
 //! was sent — at or below the buffer's *floor*, which its [`Stream`](super::Stream) keeps — and
 //! those nobody was sent yet. The sent ones are the *replay window*: at most `buffer.maxEvents`
 //! events and `buffer.maxBytes` bytes of event data, for `buffer.ttl`, the oldest evicted first,
-//! and evicted first when the pod-wide byte cap shared by every stream ([`PodBudget`]) is over.
+//! and evicted first when the pod's byte budget or the session's share of it
+//! ([`BufferAccount`]) is over.
 //! The unsent ones are never evicted by a bound: the stream's upstream task waits for
 //! [`StreamBuffer::has_room`] (fewer than `maxEvents` and `maxBytes` of them, the pod under its
 //! cap) before it reads more — backpressure. The one exception is `buffer.ttl` on a stream
@@ -17,11 +18,11 @@
 //! priming events, so that every id sent on a session is unique (spec R-01).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+
+use crate::retained::BufferAccount;
 
 /// Bounds of one stream's buffer, from `spec.buffer`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,67 +33,6 @@ pub(crate) struct BufferLimits {
     pub(crate) max_bytes: u64,
     /// How long an event stays replayable (`buffer.ttl`).
     pub(crate) ttl: Duration,
-}
-
-/// Pod-wide accounting of buffered bytes, shared by every stream of every session: all of
-/// them, and those of events no client was sent yet.
-#[derive(Clone, Debug)]
-pub(crate) struct PodBudget {
-    tally: Arc<Tally>,
-    cap: u64,
-}
-
-#[derive(Debug, Default)]
-struct Tally {
-    used: AtomicU64,
-    unsent: AtomicU64,
-}
-
-impl PodBudget {
-    /// A budget of `cap` bytes.
-    pub(crate) fn new(cap: u64) -> Self {
-        Self {
-            tally: Arc::default(),
-            cap,
-        }
-    }
-
-    /// Bytes currently buffered on this pod.
-    pub(crate) fn used(&self) -> u64 {
-        self.tally.used.load(Ordering::Relaxed)
-    }
-
-    /// Bytes of events no client was sent yet (which no bound evicts).
-    pub(crate) fn unsent(&self) -> u64 {
-        self.tally.unsent.load(Ordering::Relaxed)
-    }
-
-    /// Whether more than the cap is buffered.
-    pub(crate) fn over(&self) -> bool {
-        self.used() > self.cap
-    }
-
-    /// Whether events no client was sent take the whole cap: evicting what was sent makes no
-    /// room then.
-    pub(crate) fn full_of_unsent(&self) -> bool {
-        self.unsent() >= self.cap
-    }
-
-    fn take(&self, n: u64) {
-        self.tally.used.fetch_add(n, Ordering::Relaxed);
-    }
-
-    fn give_back(&self, n: u64) {
-        self.tally.used.fetch_sub(n, Ordering::Relaxed);
-    }
-
-    fn adjust_unsent(&self, from: u64, to: u64) {
-        if to >= from {
-            self.tally.unsent.fetch_add(to - from, Ordering::Relaxed);
-        } else {
-            self.tally.unsent.fetch_sub(from - to, Ordering::Relaxed);
-        }
-    }
 }
 
 /// One buffered SSE event.
@@ -126,8 +66,10 @@ pub(crate) struct Evictions {
     pub(crate) bytes: u64,
     /// Older than `ttl`.
     pub(crate) ttl: u64,
-    /// Over the pod-wide byte cap.
+    /// Over the pod's budget (`--pod-retained-bytes`).
     pub(crate) pod_cap: u64,
+    /// Over the session's share of it (`--max-session-buffer-bytes`).
+    pub(crate) session_cap: u64,
 }
 
 /// Why events after a cursor cannot be replayed.
@@ -151,7 +93,7 @@ pub(crate) enum ReplayError {
 #[derive(Debug)]
 pub(crate) struct StreamBuffer {
     limits: BufferLimits,
-    budget: PodBudget,
+    budget: BufferAccount,
     events: VecDeque<BufferedEvent>,
     bytes: u64,
     /// Bytes of event data ever pushed (the running total behind `BufferedEvent::start`).
@@ -172,7 +114,8 @@ impl StreamBuffer {
     }
 
     /// An empty buffer (no event yet: last sequence 0).
-    pub(crate) fn new(limits: BufferLimits, budget: PodBudget) -> Self {
+    pub(crate) fn new(limits: BufferLimits, budget: BufferAccount) -> Self {
+        budget.count_stream(true);
         Self {
             limits,
             budget,
@@ -257,7 +200,7 @@ impl StreamBuffer {
         let size = ev.size();
         self.bytes += size;
         self.pushed += size;
-        self.budget.take(size);
+        self.budget.take_event(size);
         self.events.push_back(ev);
         let mut ev = Evictions::default();
         // The replay window: at most maxEvents and maxBytes of events already sent, oldest
@@ -275,7 +218,7 @@ impl StreamBuffer {
             self.pop_front();
             sent -= 1;
         }
-        while self.budget.over() && self.front_sent() {
+        while self.budget.pod().over() && self.front_sent() {
             self.pop_front();
             ev.pod_cap += 1;
         }
@@ -394,11 +337,13 @@ impl StreamBuffer {
     }
 
     /// Events kept.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.events.len()
     }
 
     /// Bytes of event data kept.
+    #[cfg(test)]
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -408,7 +353,7 @@ impl StreamBuffer {
         if let Some(e) = self.events.pop_front() {
             let size = e.size();
             self.bytes -= size;
-            self.budget.give_back(size);
+            self.budget.give_back_events(1, size);
             self.evicted_through = e.seq;
         }
     }
@@ -416,14 +361,17 @@ impl StreamBuffer {
 
 impl Drop for StreamBuffer {
     fn drop(&mut self) {
-        self.budget.give_back(self.bytes);
+        self.budget
+            .give_back_events(self.events.len() as u64, self.bytes);
         self.budget.adjust_unsent(self.unsent_counted, 0);
+        self.budget.count_stream(false);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::retained::{Kind, Retained};
 
     fn limits(max_events: usize, max_bytes: u64, ttl_ms: u64) -> BufferLimits {
         BufferLimits {
@@ -452,7 +400,10 @@ mod tests {
     #[test]
     fn r03_replay_is_strictly_after_the_cursor() {
         let now = Instant::now();
-        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        let mut b = StreamBuffer::new(
+            limits(10, 1 << 20, 60_000),
+            Retained::new(u64::MAX).account(),
+        );
         for _ in 0..5 {
             b.push(None, data(3), now);
         }
@@ -465,7 +416,10 @@ mod tests {
     #[test]
     fn r01_reserved_numbers_are_gaps_and_never_reused() {
         let now = Instant::now();
-        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        let mut b = StreamBuffer::new(
+            limits(10, 1 << 20, 60_000),
+            Retained::new(u64::MAX).account(),
+        );
         let primed = b.reserve();
         assert_eq!(primed, 1);
         b.push(None, data(1), now);
@@ -481,7 +435,10 @@ mod tests {
     #[test]
     fn the_replay_window_keeps_max_events_sent_events() {
         let now = Instant::now();
-        let mut b = StreamBuffer::new(limits(3, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        let mut b = StreamBuffer::new(
+            limits(3, 1 << 20, 60_000),
+            Retained::new(u64::MAX).account(),
+        );
         let mut total = Evictions::default();
         for _ in 0..5 {
             total.count += push_sent(&mut b, 1, now).1.count;
@@ -499,7 +456,7 @@ mod tests {
     #[test]
     fn the_replay_window_of_sent_bytes_keeps_the_newest_event() {
         let now = Instant::now();
-        let mut b = StreamBuffer::new(limits(100, 10, 60_000), PodBudget::new(u64::MAX));
+        let mut b = StreamBuffer::new(limits(100, 10, 60_000), Retained::new(u64::MAX).account());
         for _ in 0..3 {
             assert_eq!(push_sent(&mut b, 4, now).1.bytes, 0);
         }
@@ -519,7 +476,10 @@ mod tests {
     #[test]
     fn eviction_by_ttl_leaves_a_tombstone() {
         let t0 = Instant::now();
-        let mut b = StreamBuffer::new(limits(100, 1 << 20, 1_000), PodBudget::new(u64::MAX));
+        let mut b = StreamBuffer::new(
+            limits(100, 1 << 20, 1_000),
+            Retained::new(u64::MAX).account(),
+        );
         push_sent(&mut b, 1, t0);
         push_sent(&mut b, 1, t0 + Duration::from_millis(600));
         assert_eq!(
@@ -551,28 +511,28 @@ mod tests {
     #[test]
     fn the_pod_cap_is_shared_and_released() {
         let now = Instant::now();
-        let budget = PodBudget::new(10);
-        let mut a = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
-        let mut b = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
+        let budget = Retained::new(10);
+        let mut a = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.account());
+        let mut b = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.account());
         push_sent(&mut a, 6, now);
         push_sent(&mut a, 1, now);
-        assert_eq!(budget.used(), 7);
+        assert_eq!(budget.bytes(Kind::Buffers), 7);
         let (_, ev) = push_sent(&mut b, 6, now);
         assert_eq!(ev.pod_cap, 0, "b keeps its only event even over the cap");
         let (_, ev) = push_sent(&mut b, 1, now);
         assert_eq!(ev.pod_cap, 1);
-        assert_eq!(budget.used(), 8);
+        assert_eq!(budget.bytes(Kind::Buffers), 8);
         drop(a);
-        assert_eq!(budget.used(), 1);
+        assert_eq!(budget.bytes(Kind::Buffers), 1);
         drop(b);
-        assert_eq!(budget.used(), 0);
+        assert_eq!(budget.bytes(Kind::Buffers), 0);
     }
 
     #[test]
     fn unsent_events_are_never_evicted_and_fill_the_room() {
         let now = Instant::now();
-        let budget = PodBudget::new(u64::MAX);
-        let mut b = StreamBuffer::new(limits(3, 1 << 20, 60_000), budget.clone());
+        let budget = Retained::new(u64::MAX);
+        let mut b = StreamBuffer::new(limits(3, 1 << 20, 60_000), budget.account());
         for _ in 0..3 {
             assert!(b.has_room());
             let (_, ev) = b.push(None, data(2), now);
@@ -600,8 +560,8 @@ mod tests {
     #[test]
     fn unsent_bytes_fill_the_room_and_so_does_the_pod_cap() {
         let now = Instant::now();
-        let budget = PodBudget::new(100);
-        let mut b = StreamBuffer::new(limits(100, 10, 60_000), budget.clone());
+        let budget = Retained::new(100);
+        let mut b = StreamBuffer::new(limits(100, 10, 60_000), budget.account());
         b.push(None, data(6), now);
         assert!(b.has_room());
         b.push(None, data(6), now);
@@ -615,10 +575,10 @@ mod tests {
             "the pod counts what its streams have not sent"
         );
         assert!(b.has_room());
-        let mut other = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
+        let mut other = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.account());
         other.push(None, data(90), now);
         assert!(!b.has_room() && !other.has_room(), "the pod's cap is over");
-        let mut caught_up = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.clone());
+        let mut caught_up = StreamBuffer::new(limits(100, 1 << 20, 60_000), budget.account());
         assert!(
             caught_up.has_room(),
             "nothing unsent: one event at a time, whatever the pod"
@@ -627,22 +587,25 @@ mod tests {
         assert!(!caught_up.has_room());
         drop(caught_up);
         assert!(
-            !budget.full_of_unsent(),
+            !budget.is_full(),
             "96 unsent bytes: evicting sent ones makes room"
         );
         assert_eq!(b.evict_sent(), 1);
-        assert_eq!(budget.used(), 96);
+        assert_eq!(budget.bytes(Kind::Buffers), 96);
         assert!(b.has_room(), "back under the pod's cap");
         other.push(None, data(4), now);
-        assert!(budget.full_of_unsent());
+        assert!(budget.is_full());
         drop(other);
-        assert_eq!((budget.used(), budget.unsent()), (6, 6));
+        assert_eq!((budget.bytes(Kind::Buffers), budget.unsent()), (6, 6));
     }
 
     #[test]
     fn events_numbered_elsewhere_keep_their_numbers_and_gaps() {
         let now = Instant::now();
-        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        let mut b = StreamBuffer::new(
+            limits(10, 1 << 20, 60_000),
+            Retained::new(u64::MAX).account(),
+        );
         assert!(b.put(2, None, data(1), now).is_some());
         assert!(b.put(5, None, data(1), now).is_some());
         assert!(
@@ -663,7 +626,10 @@ mod tests {
     #[test]
     fn a_gap_the_writer_evicted_is_evicted_here_too() {
         let now = Instant::now();
-        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        let mut b = StreamBuffer::new(
+            limits(10, 1 << 20, 60_000),
+            Retained::new(u64::MAX).account(),
+        );
         b.put(1, None, data(1), now);
         b.put(2, None, data(1), now);
         // Events 3..=6 were evicted at the writer before they were sent here.
@@ -681,7 +647,10 @@ mod tests {
         // A holder's image claiming events evicted beyond its last sequence: numbers handed
         // out later (priming ids, events) are beyond the evicted ones, never among them.
         let now = Instant::now();
-        let mut b = StreamBuffer::new(limits(10, 1 << 20, 60_000), PodBudget::new(u64::MAX));
+        let mut b = StreamBuffer::new(
+            limits(10, 1 << 20, 60_000),
+            Retained::new(u64::MAX).account(),
+        );
         b.follow(6, 8);
         assert_eq!((b.last_seq(), b.evicted_through()), (8, 8));
         assert_eq!(seqs(&b, 8), Ok(vec![]));

@@ -26,8 +26,9 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::CODE_INTERNAL;
 use crate::mcp::jsonrpc::{RequestKey, error_response, response_id};
+use crate::retained::BufferAccount;
 use crate::retained::{Held, Shared};
-use crate::stream::buffer::{BufferLimits, Evictions, PodBudget, ReplayError, StreamBuffer};
+use crate::stream::buffer::{BufferLimits, Evictions, ReplayError, StreamBuffer};
 
 /// Sequence numbers skipped when a followed stream's writer dies: more than it can have
 /// numbered without forwarding them.
@@ -198,7 +199,7 @@ impl Stream {
         kind: StreamKind,
         pending: Vec<RequestKey>,
         limits: BufferLimits,
-        budget: PodBudget,
+        budget: BufferAccount,
         cancel: CancellationToken,
     ) -> Arc<Self> {
         let buffer = StreamBuffer::new(limits, budget);
@@ -210,7 +211,7 @@ impl Stream {
     pub(crate) fn from_snapshot(
         snapshot: &StreamSnapshot,
         limits: BufferLimits,
-        budget: PodBudget,
+        budget: BufferAccount,
         cancel: CancellationToken,
         following: &str,
     ) -> Arc<Self> {
@@ -639,6 +640,7 @@ impl Stream {
     }
 
     /// Events and bytes currently buffered.
+    #[cfg(test)]
     pub(crate) fn buffered(&self) -> (usize, u64) {
         let st = self.state.lock();
         (st.buffer.len(), st.buffer.bytes())
@@ -653,6 +655,12 @@ impl Stream {
     /// When the oldest buffered event was received.
     pub(crate) fn oldest(&self) -> Option<Instant> {
         self.state.lock().buffer.oldest()
+    }
+
+    /// When the oldest buffered event is older than the buffer TTL.
+    pub(crate) fn first_expiry(&self) -> Option<Instant> {
+        let st = self.state.lock();
+        st.buffer.oldest().map(|at| at + st.buffer.ttl())
     }
 
     /// Evicts events older than the buffer TTL: sent ones, and unsent ones too when nobody
@@ -722,7 +730,7 @@ mod tests {
                 .map(|i| RequestKey::of(&Value::from(*i)))
                 .collect(),
             limits(),
-            PodBudget::new(u64::MAX),
+            crate::retained::Retained::new(u64::MAX).account(),
             CancellationToken::new(),
         )
     }
@@ -775,7 +783,7 @@ mod tests {
             StreamKind::Standalone,
             vec![],
             limits(),
-            PodBudget::new(u64::MAX),
+            crate::retained::Retained::new(u64::MAX).account(),
             CancellationToken::new(),
         );
         let mut old = s.attach(Start::After(0), true, false, Duration::from_secs(10));
@@ -882,7 +890,7 @@ mod tests {
                 max_events: 2,
                 ..limits()
             },
-            PodBudget::new(u64::MAX),
+            crate::retained::Retained::new(u64::MAX).account(),
             CancellationToken::new(),
         );
         let mut feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
@@ -921,7 +929,7 @@ mod tests {
                 max_events: 3,
                 ..limits()
             },
-            PodBudget::new(u64::MAX),
+            crate::retained::Retained::new(u64::MAX).account(),
             CancellationToken::new(),
         );
         let mut first = s.attach(Start::After(0), true, false, Duration::from_secs(10));
@@ -947,7 +955,7 @@ mod tests {
                 max_events: 1,
                 ..limits()
             },
-            PodBudget::new(u64::MAX),
+            crate::retained::Retained::new(u64::MAX).account(),
             CancellationToken::new(),
         );
         s.append(None, progress(1), Instant::now());
@@ -961,7 +969,7 @@ mod tests {
         Stream::from_snapshot(
             snapshot,
             limits(),
-            PodBudget::new(u64::MAX),
+            crate::retained::Retained::new(u64::MAX).account(),
             CancellationToken::new(),
             "pod-a",
         )

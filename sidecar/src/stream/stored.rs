@@ -75,9 +75,7 @@ impl From<&Rejection> for StoredReply {
             | Rejection::UpstreamNotReady
             | Rejection::PeerUnavailable
             | Rejection::ResumeBudget
-            | Rejection::PodJournalsFull
-            | Rejection::PodRetryFull
-            | Rejection::PodBuffersFull
+            | Rejection::PodFull
             | Rejection::TooManyConnections
             | Rejection::TakeoverBudget
             | Rejection::UpstreamTimeout => {

@@ -174,7 +174,7 @@ async fn events_nobody_reads_wait_for_the_resume_and_arrive_once() {
 #[tokio::test]
 async fn a_pod_full_of_unsent_events_pauses_its_streams_and_refuses_new_requests() {
     // 256 KiB for the pod; each stream could take 4 MiB.
-    let pod = pod(100_000, &["--pod-buffer-bytes", "262144"]).await;
+    let pod = pod(100_000, &["--pod-retained-bytes", "262144"]).await;
     let client = pod.client();
     let session = client.initialize("2025-11-25").await.unwrap();
     let (streams, count) = (4u64, 20_000u64);
@@ -195,15 +195,15 @@ async fn a_pod_full_of_unsent_events_pauses_its_streams_and_refuses_new_requests
         .await
         .unwrap();
     assert_eq!(paused, streams as f64, "every stream waits for room");
-    // What was sent to the readers' sockets is evicted for the cap; then the events nobody
-    // was sent take all of it.
+    // What was sent to the readers' sockets is evicted for the budget; then the events nobody
+    // was sent take all of it but the session's journal and retry records (the same budget).
     let unsent = pod
         .wait_for_metric("tether_buffer_unsent_bytes", Duration::from_secs(10), |v| {
-            v >= 262_144.0
+            v >= 262_144.0 - 2_048.0
         })
         .await
         .unwrap();
-    assert!(unsent >= 262_144.0, "{unsent} unsent bytes");
+    assert!(unsent >= 262_144.0 - 2_048.0, "{unsent} unsent bytes");
     let used = pod
         .metric(r#"tether_retained_bytes{kind="buffers"}"#)
         .await
@@ -218,10 +218,7 @@ async fn a_pod_full_of_unsent_events_pauses_its_streams_and_refuses_new_requests
     let retry_after = header_str(&resp, "retry-after");
     let (status, body) = json_error(resp).await.unwrap();
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(
-        body.pointer("/data/reason"),
-        Some(&json!("pod_buffers_full"))
-    );
+    assert_eq!(body.pointer("/data/reason"), Some(&json!("pod_full")));
     assert_eq!(retry_after.as_deref(), Some("1"));
     // The readers read on and get every event: nothing unsent was evicted for the cap.
     for (events, got) in &mut readers {
@@ -232,4 +229,71 @@ async fn a_pod_full_of_unsent_events_pauses_its_streams_and_refuses_new_requests
     }
     let resp = client.post(Some(&session), &echo, &[]).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK, "room again");
+}
+
+/// The first event id of the stream whose last event id is `last` (`<key>-<seq>`).
+fn first_id(last: &str) -> String {
+    let (key, _) = last.rsplit_once('-').unwrap();
+    format!("{key}-1")
+}
+
+#[tokio::test]
+async fn a_session_keeps_its_share_and_its_oldest_completed_streams_go_first() {
+    // Each session may buffer 64 KiB; each call's 100 events of ~300 bytes take ~30 KiB.
+    let pod = pod(1_000, &["--max-session-buffer-bytes", "65536"]).await;
+    let client = pod.client();
+    let (a, b) = (
+        client.initialize("2025-11-25").await.unwrap(),
+        client.initialize("2025-11-25").await.unwrap(),
+    );
+    let mut last_ids = Vec::new();
+    for id in 1..=4 {
+        let mut events = start(&client, &a, id, 100, 200).await;
+        let mut got = Read::default();
+        read(&mut events, &mut got, usize::MAX, 0, Duration::ZERO).await;
+        assert!(got.is_complete(100) && got.result.is_some(), "{got:?}");
+        last_ids.push(got.last_id.unwrap());
+    }
+    let mut events = start(&client, &b, 9, 100, 200).await;
+    let mut in_b = Read::default();
+    read(&mut events, &mut in_b, usize::MAX, 0, Duration::ZERO).await;
+    let evicted = pod
+        .wait_for_metric(
+            r#"tether_buffer_evictions_total{reason="session_cap"}"#,
+            Duration::from_secs(5),
+            |v| v > 0.0,
+        )
+        .await
+        .unwrap();
+    assert!(evicted >= 100.0, "{evicted} events evicted for the share");
+    let buffered = pod.metric("tether_buffer_bytes").await.unwrap();
+    assert!(
+        buffered <= 2.0 * 65_536.0 + 2_048.0,
+        "{buffered} bytes buffered for two sessions of 64 KiB"
+    );
+    // The oldest completed call of A lost its events; its newest keeps them all; B, within
+    // its share, lost nothing.
+    let resume = |session: Session, last: String| {
+        let client = client.clone();
+        async move {
+            let resp = client.get(&session, Some(&first_id(&last))).await.unwrap();
+            let status = resp.status();
+            let body = tether_tests::client::body_text(resp).await.unwrap();
+            (status, body)
+        }
+    };
+    let (status, body) = resume(a.clone(), last_ids[0].clone()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("cursor_evicted"), "{body}");
+    for (session, last) in [
+        (a.clone(), last_ids[3].clone()),
+        (b.clone(), in_b.last_id.unwrap()),
+    ] {
+        let (status, body) = resume(session, last).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(
+            body.contains(r#""seq":100"#) && body.contains(r#""seq":2,"#),
+            "{body}"
+        );
+    }
 }

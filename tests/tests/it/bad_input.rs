@@ -435,7 +435,7 @@ async fn stored_replies_and_retry_records_are_bounded_per_session_and_per_pod() 
         sidecar_args: [
             "--max-session-retry-bytes",
             "20000",
-            "--pod-retry-bytes",
+            "--pod-retained-bytes",
             "30000",
         ]
         .map(String::from)
@@ -484,8 +484,9 @@ async fn stored_replies_and_retry_records_are_bounded_per_session_and_per_pod() 
     );
 
     // Requests in flight cannot be forgotten: 40 calls with 600-byte records leave no room in
-    // session A's 20,000 bytes for some (413); then session B's calls fill the pod's 30,000
-    // bytes (429 + Retry-After). Everyone else's calls are served.
+    // session A's 20,000 bytes for some (413); then session B's calls take the pod over its
+    // budget of 30,000 bytes with nothing to give up (429 + Retry-After). Everyone else's
+    // calls are served.
     let b = client.initialize("2025-11-25").await.unwrap();
     let spawn = |session: &Session, range: std::ops::Range<usize>| {
         range
@@ -519,7 +520,7 @@ async fn stored_replies_and_retry_records_are_bounded_per_session_and_per_pod() 
     );
     let (b_ok, b_full) = (
         count_of(&in_b, StatusCode::OK, ""),
-        count_of(&in_b, StatusCode::TOO_MANY_REQUESTS, "pod_retry_full"),
+        count_of(&in_b, StatusCode::TOO_MANY_REQUESTS, "pod_full"),
     );
     assert_eq!(b_ok + b_full, 30, "{in_b:?}");
     assert!(b_ok >= 1 && b_full >= 1, "{b_ok} served, {b_full} refused");

@@ -11,7 +11,7 @@ use std::path::Path;
 use clap::{CommandFactory, Parser};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tether_crds::McpEndpoint;
 use tether_operator::names::{CONFIG_KEY, Names, SECRET_KEY, SIDECAR_CONTAINER};
 use tether_operator::plan::{Defaults, plan};
@@ -47,19 +47,43 @@ fn field(path: &str, annotations: &Value) -> String {
     }
 }
 
-/// The sidecar's command line for the injected container's environment: each variable becomes
-/// the flag that reads it; every variable must be one.
-fn argv(env: &[Value], annotations: &Value) -> Vec<String> {
+/// The value the kubelet gives a downward-API `resourceFieldRef` of `container`: its memory
+/// limit in bytes (a quantity such as `256Mi`).
+fn resource(reference: &Value, container: &Value) -> String {
+    assert_eq!(reference["resource"], "limits.memory", "{reference}");
+    assert_eq!(reference["containerName"], container["name"]);
+    let limit = container["resources"]["limits"]["memory"]
+        .as_str()
+        .expect("the sidecar has a memory limit");
+    let (digits, unit) = limit.split_at(
+        limit
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(limit.len()),
+    );
+    let scale: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        other => panic!("a memory limit in {other}, which this contract does not know"),
+    };
+    (digits.parse::<u64>().unwrap() * scale).to_string()
+}
+
+/// The sidecar's command line for the injected `container`'s environment: each variable
+/// becomes the flag that reads it; every variable must be one.
+fn argv(container: &Value, annotations: &Value) -> Vec<String> {
     let command = Cli::command();
     let mut args = vec!["tether-sidecar".to_owned()];
-    for var in env {
+    for var in container["env"].as_array().unwrap() {
         let name = var["name"].as_str().unwrap();
+        let from = &var["valueFrom"];
         let value = match var["value"].as_str() {
             Some(v) => v.to_owned(),
-            None => field(
-                var["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap(),
-                annotations,
-            ),
+            None if from.get("resourceFieldRef").is_some() => {
+                resource(&from["resourceFieldRef"], container)
+            }
+            None => field(from["fieldRef"]["fieldPath"].as_str().unwrap(), annotations),
         };
         let flag = command
             .get_arguments()
@@ -99,8 +123,16 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
 
     // The environment parses as the sidecar's flags.
     let annotations = &plan.injection["spec"]["template"]["metadata"]["annotations"];
-    let cli = Cli::try_parse_from(argv(sidecar["env"].as_array().unwrap(), annotations))
+    let cli = Cli::try_parse_from(argv(sidecar, annotations))
         .unwrap_or_else(|e| panic!("the sidecar refuses the injected environment: {e}"));
+    // Its byte budget follows the container's memory limit: half of it.
+    let limit: u64 = resource(
+        &json!({"resource": "limits.memory", "containerName": SIDECAR_CONTAINER}),
+        sidecar,
+    )
+    .parse()
+    .unwrap();
+    assert_eq!(cli.memory_limit, Some(limit));
 
     // The files it loads are where the volumes are mounted, under the keys the operator writes.
     let mount_of = |volume_key: &str, source: &str| -> String {

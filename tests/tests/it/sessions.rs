@@ -221,6 +221,54 @@ async fn idle_sessions_expire_with_404() {
 }
 
 #[tokio::test]
+async fn a_sweep_looks_at_the_sessions_due_not_at_every_session_held() {
+    let pod = Pod::start(PodSpec {
+        idle_timeout: "10s".into(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let client = pod.client();
+    let started = std::time::Instant::now();
+    let mut sessions = Vec::new();
+    for _ in 0..200 {
+        sessions.push(client.initialize("2025-11-25").await.unwrap());
+    }
+    // Three sweeps later (and before the first of them could turn idle) each new session was
+    // looked at once, not once a sweep.
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    let swept = pod.metric("tether_sweep_sessions_total").await.unwrap();
+    if started.elapsed() < Duration::from_secs(9) {
+        assert!(
+            (200.0..=210.0).contains(&swept),
+            "{swept} sessions looked at"
+        );
+    }
+    // They are looked at again when they turn idle, and end then.
+    let ended = pod
+        .wait_for_metric(
+            "tether_sessions_ended_total{reason=\"expired\"}",
+            Duration::from_secs(20),
+            |v| v >= 200.0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(ended, 200.0);
+    let swept = pod.metric("tether_sweep_sessions_total").await.unwrap();
+    assert!(
+        (400.0..=420.0).contains(&swept),
+        "{swept} sessions looked at"
+    );
+    assert_404(
+        client
+            .post(Some(&sessions[0]), &tools_list(2), &[])
+            .await
+            .unwrap(),
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn too_many_sessions_get_503_with_retry_after() {
     let pod = Pod::start(PodSpec {
         sidecar_args: vec!["--max-sessions".into(), "2".into()],
