@@ -265,27 +265,30 @@ mod tests {
     use super::*;
     use crate::session::fixtures::session;
 
+    /// New sessions with `ids`, registered in `r`.
+    fn held(r: &Registry, ids: impl Iterator<Item = String>) -> Vec<Arc<Session>> {
+        let retained = Retained::new(u64::MAX);
+        ids.map(|id| {
+            let s = Session::new(
+                id,
+                "digest".into(),
+                None,
+                tether_crds::ProtocolVersion::V2025_06_18,
+                crate::session::journal::Journal::new(serde_json::Value::Null),
+                &retained,
+            );
+            r.insert(Arc::clone(&s)).unwrap();
+            s
+        })
+        .collect()
+    }
+
     #[test]
     fn a_session_being_moved_is_always_held_or_moved_never_absent() {
         const SESSIONS: usize = 20_000;
         let r = Arc::new(Registry::new(SESSIONS, Retained::new(u64::MAX)));
-        let retained = Retained::new(u64::MAX);
         let ids: Arc<Vec<String>> = Arc::new((0..SESSIONS).map(|k| format!("id{k}")).collect());
-        let sessions: Vec<_> = ids
-            .iter()
-            .map(|id| {
-                let s = Session::new(
-                    id.clone(),
-                    "digest".into(),
-                    None,
-                    tether_crds::ProtocolVersion::V2025_06_18,
-                    crate::session::journal::Journal::new(serde_json::Value::Null),
-                    &retained,
-                );
-                r.insert(Arc::clone(&s)).unwrap();
-                s
-            })
-            .collect();
+        let sessions = held(&r, ids.iter().cloned());
         let current = Arc::new(AtomicUsize::new(0));
         let done = Arc::new(AtomicBool::new(false));
         let checker = {
@@ -333,21 +336,7 @@ mod tests {
     #[test]
     fn a_sweep_takes_what_is_due_and_nothing_else() {
         let r = Registry::new(10_000, Retained::new(u64::MAX));
-        let retained = Retained::new(u64::MAX);
-        let sessions: Vec<_> = (0..10_000)
-            .map(|k| {
-                let s = Session::new(
-                    format!("id{k}"),
-                    "digest".into(),
-                    None,
-                    tether_crds::ProtocolVersion::V2025_06_18,
-                    crate::session::journal::Journal::new(serde_json::Value::Null),
-                    &retained,
-                );
-                r.insert(Arc::clone(&s)).unwrap();
-                s
-            })
-            .collect();
+        let sessions = held(&r, (0..10_000).map(|k| format!("id{k}")));
         let now = Instant::now() + std::time::Duration::from_millis(1);
         let due = r.due(now);
         assert_eq!(due.len(), 10_000, "a new session is looked at once");
