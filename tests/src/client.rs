@@ -439,6 +439,21 @@ impl McpClient {
             .await
     }
 
+    /// POSTs `body` (in `session`, when given) with the standard headers: the answer's status
+    /// and whole body as text.
+    ///
+    /// # Errors
+    /// [`HarnessError::Http`] when the exchange fails or the body does not arrive.
+    pub async fn post_text(
+        &self,
+        session: Option<&Session>,
+        body: &Value,
+    ) -> Result<(StatusCode, String)> {
+        let resp = self.post(session, body, &[]).await?;
+        let status = resp.status();
+        Ok((status, body_text(resp).await?))
+    }
+
     /// GET on the endpoint for `session`, resuming after `last_event_id` when given.
     ///
     /// # Errors

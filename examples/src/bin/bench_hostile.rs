@@ -239,12 +239,10 @@ async fn refused(client: &McpClient, h: &Hostile) -> Outcome<()> {
 async fn echo(client: &McpClient, session: &Session, id: u64) -> Outcome<()> {
     let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
         "params": {"name": "echo", "arguments": {"text": "bench"}}});
-    let resp = client
-        .post(Some(session), &call, &[])
+    let (status, text) = client
+        .post_text(Some(session), &call)
         .await
         .map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let text = body_text(resp).await.map_err(|e| e.to_string())?;
     if status == StatusCode::OK && text.contains("bench") {
         Ok(())
     } else {

@@ -611,12 +611,10 @@ async fn open_sessions(
 async fn echo(client: &McpClient, session: &Session, id: u64) -> Outcome<()> {
     let call = tool_call(id, "echo", json!({"text": "bench"}), None);
     let exchange = async {
-        let resp = client
-            .post(Some(session), &call, &[])
+        let (status, text) = client
+            .post_text(Some(session), &call)
             .await
             .map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let text = body_text(resp).await.map_err(|e| e.to_string())?;
         if status == StatusCode::OK && text.contains("bench") {
             Ok(())
         } else {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::{Value, json};
-use tether_tests::client::{Events, McpClient, Session, body_text, result_text, tool_call};
+use tether_tests::client::{Events, McpClient, Session, result_text, tool_call};
 use tether_tests::pod::{Pod, PodSpec, Upstream};
 
 async fn origin_pod() -> Pod {
@@ -31,9 +31,7 @@ fn echo(id: u64) -> Value {
 
 /// POSTs `body` in `session`; the status and the JSON answer.
 async fn post_json(client: &McpClient, session: &Session, body: &Value) -> (StatusCode, Value) {
-    let resp = client.post(Some(session), body, &[]).await.unwrap();
-    let status = resp.status();
-    let text = body_text(resp).await.unwrap();
+    let (status, text) = client.post_text(Some(session), body).await.unwrap();
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
