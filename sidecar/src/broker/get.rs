@@ -106,7 +106,7 @@ impl Broker {
     ) -> Result<Reply, Rejection> {
         let stream = match session.standalone() {
             Standalone::Open(stream) => stream,
-            Standalone::Unsupported(stored) => return Ok(stored.into()),
+            Standalone::Unsupported(stored) => return Ok((*stored).into()),
             Standalone::None => match self.open_standalone(&call.headers, session).await? {
                 Ok(stream) => stream,
                 Err(reply) => return Ok(reply),
@@ -177,7 +177,7 @@ impl Broker {
     ) -> Result<Result<Arc<Stream>, Reply>, Rejection> {
         match session.standalone() {
             Standalone::Open(stream) => return Ok(Ok(stream)),
-            Standalone::Unsupported(stored) => return Ok(Err(stored.into())),
+            Standalone::Unsupported(stored) => return Ok(Err((*stored).into())),
             Standalone::None => {}
         }
         let mut headers = self.upstream_headers(request_headers);
@@ -219,7 +219,7 @@ impl Broker {
         }
         let stored = self.read_stored(resp).await?;
         if status == StatusCode::METHOD_NOT_ALLOWED {
-            session.set_standalone(Standalone::Unsupported(stored.clone()));
+            session.set_standalone(Standalone::Unsupported(Box::new(stored.clone())));
         }
         Ok(Err(stored.into()))
     }

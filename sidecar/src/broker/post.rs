@@ -120,6 +120,17 @@ impl Broker {
                 self.metrics.result_expired();
                 Ok(expired_reply(&id).with_session_id(session.id()))
             }
+            Dedupe::Answered(stored) => {
+                self.metrics.request_deduplicated();
+                tracing::debug!(
+                    session = session.digest(),
+                    "a retry gets its request's answer again"
+                );
+                if let Err(refusal) = self.revalidate(&session, &call.headers).await {
+                    return Ok(refusal);
+                }
+                Ok(stored_reply(&session, stored))
+            }
             Dedupe::Retry(existing) => {
                 self.metrics.request_deduplicated();
                 tracing::debug!(session = session.digest(), stream = %existing.key(), following = ?existing.following(), "a retry joins its request's stream");
@@ -171,13 +182,9 @@ impl Broker {
     ) -> Result<Reply, Rejection> {
         match stream.wait_head().await {
             Head::Stored(stored) => {
-                let ok = stored.status.is_success();
-                let reply = Reply::from(stored);
-                Ok(if ok {
-                    reply.with_session_id(session.id())
-                } else {
-                    reply
-                })
+                // Handed to this connection: from now on a compact record stands for it.
+                session.settle(stream);
+                Ok(stored_reply(session, stored))
             }
             Head::Sse(headers) => {
                 stream
@@ -286,6 +293,17 @@ impl Broker {
             }
         }
         while requests.join_next().await.is_some() {}
+    }
+}
+
+/// The reply replaying the upstream's complete answer `stored`; a success names the session.
+fn stored_reply(session: &Session, stored: StoredReply) -> Reply {
+    let ok = stored.status.is_success();
+    let reply = Reply::from(stored);
+    if ok {
+        reply.with_session_id(session.id())
+    } else {
+        reply
     }
 }
 

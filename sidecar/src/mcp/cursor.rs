@@ -16,12 +16,13 @@ pub(crate) const STREAM_KEY_LEN: usize = 12;
 /// Longest `Last-Event-ID` value accepted, in bytes; longer values are malformed.
 pub(crate) const MAX_CURSOR_LEN: usize = 64;
 
-/// A stream's random key: 12 characters of lowercase base32.
+/// A stream's random key: 12 characters of lowercase base32, held inline (no allocation: a
+/// session keeps one per stream and per retry record).
 #[derive(
     Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 #[serde(try_from = "String", into = "String")]
-pub(crate) struct StreamKey(String);
+pub(crate) struct StreamKey([u8; STREAM_KEY_LEN]);
 
 impl TryFrom<String> for StreamKey {
     type Error = String;
@@ -33,7 +34,7 @@ impl TryFrom<String> for StreamKey {
 
 impl From<StreamKey> for String {
     fn from(k: StreamKey) -> String {
-        k.0
+        k.as_str().to_owned()
     }
 }
 
@@ -42,22 +43,26 @@ impl StreamKey {
     pub(crate) fn random() -> Self {
         let mut raw = [0u8; STREAM_KEY_LEN];
         rand::fill(&mut raw);
-        let key = raw
-            .iter()
-            .map(|b| KEY_ALPHABET[usize::from(b & 31)] as char)
-            .collect();
-        Self(key)
+        Self(raw.map(|b| KEY_ALPHABET[usize::from(b & 31)]))
     }
 
     fn parse(s: &str) -> Option<Self> {
-        let valid = s.len() == STREAM_KEY_LEN && s.bytes().all(|b| KEY_ALPHABET.contains(&b));
-        valid.then(|| Self(s.to_owned()))
+        let raw: [u8; STREAM_KEY_LEN] = s.as_bytes().try_into().ok()?;
+        raw.iter()
+            .all(|b| KEY_ALPHABET.contains(b))
+            .then_some(Self(raw))
+    }
+
+    /// The key as text.
+    pub(crate) fn as_str(&self) -> &str {
+        // Only alphabet bytes (ASCII) are ever stored.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
 impl fmt::Display for StreamKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 

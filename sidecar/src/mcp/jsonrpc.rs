@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
     Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 #[serde(transparent)]
-pub(crate) struct RequestKey(String);
+pub(crate) struct RequestKey(Box<str>);
 
 impl RequestKey {
     /// The key of a JSON id value (string or number). Integral numbers written as floats
@@ -27,9 +27,9 @@ impl RequestKey {
             && f.fract() == 0.0
             && f.abs() < 9.0e15
         {
-            return Self((f as i64).to_string());
+            return Self((f as i64).to_string().into());
         }
-        Self(id.to_string())
+        Self(id.to_string().into())
     }
 
     /// The id as JSON text, ready to embed in a message.

@@ -9,6 +9,7 @@
 //! streams forgotten first ([`Session::claim`]). The pod's sessions are found in the
 //! [`Registry`].
 
+mod answered;
 mod bounded;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -41,6 +42,7 @@ use crate::session::journal::{Journal, JournalError, MAX_SUBSCRIPTIONS};
 use crate::stream::StoredReply;
 use crate::stream::buffer::{BufferLimits, Evictions};
 use crate::stream::{Stream, StreamKind, StreamSnapshot};
+use answered::Answers;
 use bounded::Bounded;
 use tombstones::Tombstones;
 
@@ -64,8 +66,9 @@ pub(crate) enum Standalone {
     None,
     /// Open: every client GET without `Last-Event-ID` reads this stream.
     Open(Arc<Stream>),
-    /// The upstream offers none; its answer (405) is replayed to every GET.
-    Unsupported(StoredReply),
+    /// The upstream offers none; its answer (405) is replayed to every GET (boxed: most
+    /// sessions never hold one).
+    Unsupported(Box<StoredReply>),
 }
 
 #[derive(Debug)]
@@ -116,6 +119,11 @@ pub(crate) struct SessionSnapshot {
 #[derive(Debug)]
 struct State {
     streams: HashMap<StreamKey, Arc<Stream>>,
+    /// Streams of requests answered with a complete reply their clients were handed, as
+    /// compact records ([`Session::settle`]); their keys are in `stream_order` too.
+    answered: Answers,
+    /// The keys of `streams` and `answered`, oldest first (and keys of streams forgotten
+    /// since, until the next walk).
     stream_order: VecDeque<StreamKey>,
     requests: Bounded<RequestKey, RequestRecord>,
     standalone: Standalone,
@@ -147,6 +155,25 @@ struct State {
     /// The pod's activity (the registry's): woken when a request of this session ends or one
     /// of its streams completes.
     activity: Option<Arc<Notify>>,
+}
+
+impl State {
+    /// Whether the session keeps stream `key` (live, or as an answered record).
+    fn holds(&self, key: &StreamKey) -> bool {
+        self.streams.contains_key(key) || self.answered.contains_key(key)
+    }
+
+    /// How many streams the session keeps (live ones and answered records).
+    fn stream_count(&self) -> usize {
+        self.streams.len() + self.answered.len()
+    }
+
+    /// Forgets stream `key`, live or answered (its place in `stream_order` goes with the
+    /// walk that called this, or the next one).
+    fn forget(&mut self, key: &StreamKey) {
+        self.streams.remove(key);
+        self.answered.remove(key);
+    }
 }
 
 /// Where a session is in a handoff (`docs/design/handoff.md#moving-one-session`).
@@ -208,6 +235,9 @@ pub(crate) enum Dedupe {
     New,
     /// The same ids with the same body: a retry; attach to the existing stream.
     Retry(Arc<Stream>),
+    /// The same id with the same body: a retry of a request answered in full, whose client
+    /// was handed this reply ([`Session::settle`]); replay it.
+    Answered(StoredReply),
     /// A known id with a different body, or ids spread over several POSTs: 400 (spec S-09).
     Conflict,
     /// New ids, but the session's retry state would exceed its budget (this many bytes) even
@@ -320,6 +350,7 @@ impl Session {
             cancel: CancellationToken::new(),
             state: Mutex::new(State {
                 streams: HashMap::new(),
+                answered: Answers::new(retained.charge(Kind::Replies)),
                 stream_order: VecDeque::new(),
                 requests: Bounded::new(MAX_REQUEST_RECORDS),
                 standalone: Standalone::None,
@@ -400,7 +431,7 @@ impl Session {
             .reopen_standalone
             .store(standalone_open, Ordering::Relaxed);
         if let Some(reply) = standalone_unsupported {
-            session.state.lock().standalone = Standalone::Unsupported(reply);
+            session.state.lock().standalone = Standalone::Unsupported(Box::new(reply));
         }
         session.import(&streams, &records, from, limits);
         session
@@ -419,6 +450,10 @@ impl Session {
         let mut added = 0;
         let mut st = self.state.lock();
         for snapshot in streams {
+            if st.answered.contains_key(&snapshot.key) {
+                // Answered in full here already: a later copy has nothing new.
+                continue;
+            }
             match st.streams.get(&snapshot.key) {
                 Some(stream) => added += stream.apply(snapshot),
                 None => {
@@ -456,6 +491,10 @@ impl Session {
         let mut streams = Vec::with_capacity(st.streams.len());
         for key in &st.stream_order {
             let Some(stream) = st.streams.get(key) else {
+                if let Some(answered) = st.answered.get(key) {
+                    positions.insert(key.clone(), 0);
+                    streams.push(answered.snapshot(key));
+                }
                 continue;
             };
             let (snapshot, at) = stream.snapshot(0, budget);
@@ -471,7 +510,7 @@ impl Session {
             records: Self::records(&st, None),
             streams,
             standalone_unsupported: match &st.standalone {
-                Standalone::Unsupported(reply) => Some(reply.clone()),
+                Standalone::Unsupported(reply) => Some(StoredReply::clone(reply)),
                 _ => None,
             },
             credentialed: self.is_credentialed(),
@@ -856,7 +895,7 @@ impl Session {
 
     /// Bytes of replayable retry state (records and stored replies) the session holds.
     fn retry_bytes(st: &State) -> u64 {
-        st.records_charge.bytes() + st.replies.bytes()
+        st.records_charge.bytes() + st.replies.bytes() + st.answered.bytes()
     }
 
     /// Keeps the session within its [`RetryWindow`]: the records of requests beyond the newest
@@ -881,12 +920,12 @@ impl Session {
             }
         }
         let mut i = 0;
-        while st.streams.len() > st.window.requests && i < st.stream_order.len() {
+        while st.stream_count() > st.window.requests && i < st.stream_order.len() {
             match st.streams.get(&st.stream_order[i]) {
                 Some(s) if !(s.kind().answers_requests() && s.is_spent(now)) => i += 1,
                 _ => {
                     if let Some(key) = st.stream_order.remove(i) {
-                        st.streams.remove(&key);
+                        st.forget(&key);
                     }
                 }
             }
@@ -910,6 +949,7 @@ impl Session {
         let target = limit / 8 * 7;
         let State {
             streams,
+            answered,
             stream_order,
             requests,
             records_charge,
@@ -917,14 +957,15 @@ impl Session {
             ..
         } = st;
         stream_order.retain(|key| {
-            if records_charge.bytes() + replies.bytes() <= target {
+            if records_charge.bytes() + replies.bytes() + answered.bytes() <= target {
                 return true;
             }
             match streams.get(key) {
                 Some(s) if !s.is_spent(now) => true,
                 _ => {
-                    // The session's map held the last reference: its reply is given back now.
+                    // The session's maps held the last reference: its reply is given back now.
                     streams.remove(key);
+                    answered.remove(key);
                     false
                 }
             }
@@ -932,7 +973,9 @@ impl Session {
         let mut bytes = records_charge.bytes();
         let mut buried = Vec::new();
         requests.forget_where(|id, rec| {
-            let forget = bytes + replies.bytes() > target && !streams.contains_key(&rec.stream);
+            let forget = bytes + replies.bytes() + answered.bytes() > target
+                && !streams.contains_key(&rec.stream)
+                && !answered.contains_key(&rec.stream);
             if forget {
                 bytes -= record_bytes(id);
                 buried.push(id.clone());
@@ -968,10 +1011,12 @@ impl Session {
     /// times: what the pod forgets first when its retry budget is over.
     pub(crate) fn spent_streams(&self, now: Instant) -> Vec<(Instant, StreamKey)> {
         let st = self.state.lock();
+        let answered = st.answered.iter().map(|(key, a)| (a.created, key.clone()));
         st.streams
             .values()
             .filter(|s| s.is_spent(now))
             .map(|s| (s.created(), s.key().clone()))
+            .chain(answered)
             .collect()
     }
 
@@ -979,8 +1024,8 @@ impl Session {
     /// goes with the next trim.
     pub(crate) fn forget_spent(&self, key: &StreamKey, now: Instant) {
         let mut st = self.state.lock();
-        if st.streams.get(key).is_some_and(|s| s.is_spent(now)) {
-            st.streams.remove(key);
+        if st.streams.get(key).is_none_or(|s| s.is_spent(now)) {
+            st.forget(key);
         }
     }
 
@@ -1011,7 +1056,7 @@ impl Session {
                 None => unknown += 1,
                 Some(rec) if rec.digest != digest => return Dedupe::Conflict,
                 // Answered, and its stream forgotten: a tombstone in all but name.
-                Some(rec) if !st.streams.contains_key(&rec.stream) => {
+                Some(rec) if !st.holds(&rec.stream) => {
                     expired = expired.or(Some(id));
                 }
                 Some(rec) => match found {
@@ -1026,9 +1071,10 @@ impl Session {
         match found {
             None => Dedupe::New,
             Some(_) if unknown > 0 => Dedupe::Conflict,
-            Some(key) => match st.streams.get(key) {
-                Some(stream) => Dedupe::Retry(Arc::clone(stream)),
-                None => Dedupe::Conflict,
+            Some(key) => match (st.streams.get(key), st.answered.get(key)) {
+                (Some(stream), _) => Dedupe::Retry(Arc::clone(stream)),
+                (None, Some(answered)) => Dedupe::Answered(answered.reply()),
+                (None, None) => Dedupe::Conflict,
             },
         }
     }
@@ -1057,6 +1103,26 @@ impl Session {
         st.records_charge.resize(bytes);
     }
 
+    /// Replaces `stream` by a compact answered record once its client was handed its complete
+    /// reply ([`Stream::handed_answer`]): a retry of its request replays the reply, at a
+    /// fraction of a stream's memory (`docs/design/buffering.md#retries`). Only while the
+    /// session is held here (a handoff under way follows live streams).
+    pub(crate) fn settle(&self, stream: &Stream) {
+        let Some(reply) = stream.handed_answer() else {
+            return;
+        };
+        let mut st = self.state.lock();
+        if st.handoff != HandoffState::Held || !st.streams.contains_key(stream.key()) {
+            return;
+        }
+        if st
+            .answered
+            .insert(stream.key().clone(), &reply, stream.created())
+        {
+            st.streams.remove(stream.key());
+        }
+    }
+
     /// Registers the stream that answered `initialize` (no retry record leads to it).
     pub(crate) fn register_stream(&self, stream: &Arc<Stream>) {
         let mut st = self.state.lock();
@@ -1079,7 +1145,7 @@ impl Session {
             .is_none_or(|s| s.is_spent(Instant::now()))
             && let Some(key) = st.initialize_stream.take()
         {
-            st.streams.remove(&key);
+            st.forget(&key);
             st.stream_order.retain(|k| *k != key);
         }
     }
@@ -1106,7 +1172,7 @@ impl Session {
                     .get(&key)
                     .is_none_or(|s| s.is_complete() && !s.is_active());
             if forget {
-                st.streams.remove(&key);
+                st.forget(&key);
                 budget -= 1;
             } else {
                 kept.push_back(key);
@@ -1201,17 +1267,20 @@ impl Session {
             let ttl = st.window.ttl;
             let mut i = 0;
             while i < st.stream_order.len() {
-                let Some(s) = st.streams.get(&st.stream_order[i]) else {
-                    st.stream_order.remove(i);
-                    continue;
+                let key = &st.stream_order[i];
+                let (created, spent) = match (st.streams.get(key), st.answered.get(key)) {
+                    (Some(s), _) => (s.created(), s.kind().answers_requests() && s.is_spent(now)),
+                    (None, Some(a)) => (a.created, true),
+                    (None, None) => {
+                        st.stream_order.remove(i);
+                        continue;
+                    }
                 };
-                if now.saturating_duration_since(s.created()) < ttl {
+                if now.saturating_duration_since(created) < ttl {
                     break;
                 }
-                if s.kind().answers_requests() && s.is_spent(now) {
-                    let key = s.key().clone();
-                    st.streams.remove(&key);
-                    st.stream_order.remove(i);
+                if spent && let Some(key) = st.stream_order.remove(i) {
+                    st.forget(&key);
                 } else {
                     i += 1;
                 }
@@ -1263,6 +1332,7 @@ impl Session {
                     .then(|| s.created() + window_ttl);
                 s.first_expiry().into_iter().chain(forgotten)
             })
+            .chain(st.answered.iter().map(|(_, a)| a.created + window_ttl))
             .chain(st.tombstones.first_expiry())
             .filter(|&at| at > now);
         expiries.fold(idle_at.min(now + ttl), Instant::min)
@@ -1637,6 +1707,72 @@ mod tests {
             tombstones::RANGE_BYTES,
             "the 100 records forgotten, ids 1 to 100: one range"
         );
+    }
+
+    #[tokio::test]
+    async fn a_handed_answer_becomes_a_compact_record_that_retries_and_handoffs_replay() {
+        let s = session();
+        let (room, reply) = window_of(8, u64::MAX);
+        let ids = [key(1)];
+        let st = stream(&s, &ids);
+        assert!(matches!(s.claim(&ids, [1; 32], &st, room), Dedupe::New));
+        s.keep_reply(&st, reply.clone(), u64::MAX);
+        s.settle(&st);
+        assert_eq!(s.streams().len(), 1, "not handed to its client yet");
+        assert!(matches!(st.wait_head().await, Head::Stored(_)));
+        s.settle(&st);
+        assert!(s.streams().is_empty(), "the stream gave way to its record");
+        drop(st);
+        assert_eq!(
+            s.state.lock().replies.bytes(),
+            0,
+            "the stream's reply went with it"
+        );
+        assert_eq!(
+            s.state.lock().answered.bytes(),
+            answered::ANSWERED_OVERHEAD + reply.body.len() as u64,
+            "the record's bytes are counted"
+        );
+        let retry = |s: &Arc<Session>, digest| {
+            let other = stream(s, &ids);
+            s.claim(&ids, digest, &other, room)
+        };
+        match retry(&s, [1; 32]) {
+            Dedupe::Answered(again) => assert_eq!(again, reply),
+            v => panic!("expected the answer again, got {v:?}"),
+        }
+        assert!(matches!(retry(&s, [2; 32]), Dedupe::Conflict));
+        // A handoff image carries the record as a complete stream with its reply.
+        let (image, _) = s.snapshot(usize::MAX);
+        let pod = Retained::new(u64::MAX);
+        let receiver = Session::from_parts(image, "digest".into(), "sender", limits(), &pod);
+        match retry(&receiver, [1; 32]) {
+            Dedupe::Retry(copy) => {
+                assert!(copy.is_complete());
+                assert!(matches!(copy.wait_head().await, Head::Stored(r) if r == reply));
+            }
+            v => panic!("expected the copied stream, got {v:?}"),
+        }
+        // The TTL forgets the record and buries its id.
+        s.evict_expired(Instant::now() + Duration::from_secs(61));
+        assert_eq!(s.state.lock().answered.bytes(), 0);
+        assert_eq!(s.state.lock().answered.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_handoff_under_way_keeps_streams_live() {
+        let s = session();
+        let (room, reply) = window_of(8, u64::MAX);
+        let st = stream(&s, &[key(1)]);
+        s.claim(&[key(1)], [1; 32], &st, room);
+        s.keep_reply(&st, reply, u64::MAX);
+        drop(st.wait_head().await);
+        assert!(s.begin_move());
+        s.settle(&st);
+        assert_eq!(s.streams().len(), 1, "the follower still sees the stream");
+        s.finish_move(None);
+        s.settle(&st);
+        assert!(s.streams().is_empty());
     }
 
     #[test]

@@ -512,8 +512,11 @@ impl Stream {
             let mut st = self.state.lock();
             st.withdrawn = withdrawn;
             self.set_stored(&mut st, reply);
+            // Complete with its reply, at once: whoever sees the reply sees the stream complete.
+            st.complete = true;
         }
-        self.complete();
+        self.touch();
+        self.finished();
     }
 
     /// Whether the request was not carried out ([`Stream::withdraw`], here or at the pod
@@ -558,6 +561,21 @@ impl Stream {
         st.complete
             && st.readers.is_empty()
             && (handed_out || now.saturating_duration_since(self.created) >= st.buffer.ttl())
+    }
+
+    /// The complete answer of a POST with one request once its client was handed it — no
+    /// events, nobody reading, not withdrawn, written here — so a compact record can stand
+    /// for the stream from now on; `None` otherwise.
+    pub(crate) fn handed_answer(&self) -> Option<StoredReply> {
+        let st = self.state.lock();
+        let handed = self.kind == StreamKind::Post
+            && st.complete
+            && st.reply_served
+            && !st.withdrawn
+            && st.readers.is_empty()
+            && st.following.is_none()
+            && st.buffer.last_seq() == 0;
+        handed.then(|| st.stored.clone()).flatten()
     }
 
     /// Records that the upstream answered with an SSE stream carrying end-to-end `headers`
