@@ -50,13 +50,14 @@ use tombstones::Tombstones;
 pub(crate) const MAX_STREAMS: usize = 4096;
 /// Most request records one session keeps for retry de-duplication.
 pub(crate) const MAX_REQUEST_RECORDS: usize = 16384;
-/// Bytes a retry record takes besides its request id (the digest, the stream key, the map and
-/// queue entries), for `tether_retained_bytes{kind="records"}`.
+/// Bytes a retry record takes besides its request id's text (its slot of the window's ring:
+/// id, digest, stream key; the ring's room; its place in the index), for
+/// `tether_retained_bytes{kind="records"}`.
 const RECORD_OVERHEAD: u64 = 96;
 
-/// What the retry record of request `id` takes: its id twice (map and queue) and the rest.
+/// What the retry record of request `id` takes: its id and the rest.
 fn record_bytes(id: &RequestKey) -> u64 {
-    RECORD_OVERHEAD + 2 * id.as_json().len() as u64
+    RECORD_OVERHEAD + id.as_json().len() as u64
 }
 
 /// The session's standalone GET stream (spec T-09).

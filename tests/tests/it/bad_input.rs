@@ -483,19 +483,19 @@ async fn stored_replies_and_retry_records_are_bounded_per_session_and_per_pod() 
         "a new id runs the tool"
     );
 
-    // Requests in flight cannot be forgotten: 40 calls with 600-byte records leave no room in
-    // session A's 20,000 bytes for some (413); then session B's calls take the pod over its
-    // budget of 30,000 bytes with nothing to give up (429 + Retry-After). Everyone else's
-    // calls are served.
+    // Requests in flight cannot be forgotten: 70 calls with 348-byte records (96 + a 252-byte
+    // id) leave no room in session A's 20,000 bytes for some (413); then session B's 40 calls
+    // take the pod over its budget of 30,000 bytes with nothing to give up (429 +
+    // Retry-After). Everyone else's calls are served.
     let b = client.initialize("2025-11-25").await.unwrap();
     let spawn = |session: &Session, range: std::ops::Range<usize>| {
         range
             .map(|n| tokio::spawn(long_id_call(client.clone(), session.clone(), n)))
             .collect::<Vec<_>>()
     };
-    let in_a = spawn(&a, 0..40);
+    let in_a = spawn(&a, 0..70);
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let in_b = spawn(&b, 100..130);
+    let in_b = spawn(&b, 100..140);
     let outcomes = |calls: Vec<tokio::task::JoinHandle<(StatusCode, String)>>| async {
         let mut all = Vec::new();
         for call in calls {
@@ -513,16 +513,16 @@ async fn stored_replies_and_retry_records_are_bounded_per_session_and_per_pod() 
         count_of(&in_a, StatusCode::OK, ""),
         count_of(&in_a, StatusCode::PAYLOAD_TOO_LARGE, "retry_state_full"),
     );
-    assert_eq!(a_ok + a_full, 40, "{in_a:?}");
+    assert_eq!(a_ok + a_full, 70, "{in_a:?}");
     assert!(
-        (20..=33).contains(&a_ok) && a_full >= 7,
+        (35..=57).contains(&a_ok) && a_full >= 13,
         "{a_ok} served, {a_full} refused"
     );
     let (b_ok, b_full) = (
         count_of(&in_b, StatusCode::OK, ""),
         count_of(&in_b, StatusCode::TOO_MANY_REQUESTS, "pod_full"),
     );
-    assert_eq!(b_ok + b_full, 30, "{in_b:?}");
+    assert_eq!(b_ok + b_full, 40, "{in_b:?}");
     assert!(b_ok >= 1 && b_full >= 1, "{b_ok} served, {b_full} refused");
     // Answered and handed out, those calls' state makes room again.
     for session in [&a, &b] {
