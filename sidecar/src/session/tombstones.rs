@@ -21,9 +21,48 @@ pub(crate) const TOMBSTONE_BYTES: u64 = 40;
 /// Bytes one range of integer ids takes (its bounds and expiry in a tree node, with slack).
 pub(crate) const RANGE_BYTES: u64 = 48;
 
-/// The tombstones of one session.
+/// The tombstones of one session: nothing but a pointer until it buries a request (most
+/// sessions never leave their retry window).
 #[derive(Debug, Default)]
-pub(crate) struct Tombstones {
+pub(crate) struct Tombstones(Option<Box<Stones>>);
+
+impl Tombstones {
+    /// Buries request `id` until `until`.
+    pub(crate) fn insert(&mut self, id: &RequestKey, until: Instant) {
+        self.0.get_or_insert_default().insert(id, until);
+    }
+
+    /// Whether `id` is buried.
+    pub(crate) fn contains(&self, id: &RequestKey) -> bool {
+        self.0.as_ref().is_some_and(|s| s.contains(id))
+    }
+
+    /// Forgets the tombstones expired at `now`; returns how many (a range counts one).
+    pub(crate) fn expire(&mut self, now: Instant) -> usize {
+        let Some(stones) = &mut self.0 else {
+            return 0;
+        };
+        let n = stones.expire(now);
+        if stones.bytes() == 0 {
+            self.0 = None;
+        }
+        n
+    }
+
+    /// When the first tombstone expires.
+    pub(crate) fn first_expiry(&self) -> Option<Instant> {
+        self.0.as_ref().and_then(|s| s.first_expiry())
+    }
+
+    /// Bytes they take, as counted ([`RANGE_BYTES`], [`TOMBSTONE_BYTES`]).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.0.as_ref().map_or(0, |s| s.bytes())
+    }
+}
+
+/// The tombstones of a session that buried some.
+#[derive(Debug, Default)]
+struct Stones {
     /// Integer ids: first → (last, expiry of the newest).
     ranges: BTreeMap<i64, (i64, Instant)>,
     /// Digests of other ids.
@@ -43,9 +82,9 @@ fn digest(id: &RequestKey) -> u64 {
     KEY.get_or_init(RandomState::new).hash_one(id.as_json())
 }
 
-impl Tombstones {
+impl Stones {
     /// Remembers that request `id` was answered, until `until`.
-    pub(crate) fn insert(&mut self, id: &RequestKey, until: Instant) {
+    fn insert(&mut self, id: &RequestKey, until: Instant) {
         if let Some(n) = integer(id) {
             self.insert_integer(n, until);
             return;
@@ -91,7 +130,7 @@ impl Tombstones {
     }
 
     /// Whether request `id` was answered and forgotten.
-    pub(crate) fn contains(&self, id: &RequestKey) -> bool {
+    fn contains(&self, id: &RequestKey) -> bool {
         match integer(id) {
             Some(n) => self
                 .ranges
@@ -105,7 +144,7 @@ impl Tombstones {
     /// Forgets the tombstones expired at `now`; returns how many (ranges count one each).
     /// Ranges are walked whole: a session has few of them unless its client numbers its
     /// requests with gaps, and their bytes count against its budget either way.
-    pub(crate) fn expire(&mut self, now: Instant) -> usize {
+    fn expire(&mut self, now: Instant) -> usize {
         let ranges = self.ranges.len();
         self.ranges.retain(|_, &mut (_, until)| until > now);
         let mut n = ranges - self.ranges.len();
@@ -121,14 +160,14 @@ impl Tombstones {
     }
 
     /// When the first tombstone expires, if any.
-    pub(crate) fn first_expiry(&self) -> Option<Instant> {
+    fn first_expiry(&self) -> Option<Instant> {
         let ranges = self.ranges.values().map(|&(_, until)| until).min();
         let ids = self.order.front().map(|&(_, until)| until);
         ranges.into_iter().chain(ids).min()
     }
 
     /// Bytes held ([`RANGE_BYTES`] a range, [`TOMBSTONE_BYTES`] a digest).
-    pub(crate) fn bytes(&self) -> u64 {
+    fn bytes(&self) -> u64 {
         self.ranges.len() as u64 * RANGE_BYTES + self.order.len() as u64 * TOMBSTONE_BYTES
     }
 }
@@ -192,5 +231,25 @@ mod tests {
         );
         assert_eq!(t.expire(now + Duration::from_secs(5)), 1);
         assert_eq!(t.bytes(), 0);
+    }
+
+    #[test]
+    fn a_session_that_buried_nothing_or_saw_it_all_expire_holds_no_box() {
+        let mut t = Tombstones::default();
+        assert!(t.0.is_none() && t.bytes() == 0 && t.first_expiry().is_none());
+        let now = Instant::now();
+        t.insert(
+            &RequestKey::of(&Value::from(7)),
+            now + Duration::from_secs(1),
+        );
+        t.insert(
+            &RequestKey::of(&Value::from("x")),
+            now + Duration::from_secs(2),
+        );
+        assert!(t.0.is_some());
+        assert_eq!(t.expire(now + Duration::from_secs(1)), 1);
+        assert!(t.0.is_some(), "one left");
+        assert_eq!(t.expire(now + Duration::from_secs(2)), 1);
+        assert!(t.0.is_none(), "all expired: the box is given back");
     }
 }
