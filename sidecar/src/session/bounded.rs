@@ -44,22 +44,20 @@ impl<K: Eq + Hash, V> Bounded<K, V> {
     /// Sets `key` to `value`. A new key is the newest entry; a known one keeps its place.
     /// Returns the key forgotten to stay within the cap, if any.
     pub(crate) fn insert(&mut self, key: K, value: V) -> Option<K> {
-        if let Some(i) = self.find(&key) {
+        let hash = self.hasher.hash_one(&key);
+        if let Some(i) = self.find_hashed(hash, &key) {
             if let Some((_, old)) = &mut self.slots[i] {
                 *old = value;
             }
             return None;
         }
-        let hash = self.hasher.hash_one(&key);
         let position = self.front + self.slots.len() as u64;
         if self.slots.len() == self.slots.capacity() {
             // Grow by an eighth, not double: a window that just filled stays nearly full.
             self.slots.reserve_exact(self.slots.len() / 8 + 4);
         }
         self.slots.push_back(Some((key, value)));
-        let (slots, front, hasher) = (&self.slots, self.front, &self.hasher);
-        self.index
-            .insert_unique(hash, position, |&p| hash_at(slots, front, hasher, p));
+        self.index_position(hash, position);
         if self.index.len() <= self.cap {
             return None;
         }
@@ -127,7 +125,15 @@ impl<K: Eq + Hash, V> Bounded<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
+        self.find_hashed(self.hasher.hash_one(key), key)
+    }
+
+    /// The slot of `key`'s entry, `hash` being the key's hash.
+    fn find_hashed<Q>(&self, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
         let at = |p: u64| p.wrapping_sub(self.front) as usize;
         self.index
             .find(
@@ -166,15 +172,19 @@ impl<K: Eq + Hash, V> Bounded<K, V> {
         }
         self.slots.retain(Option::is_some);
         self.index.clear();
-        let (slots, front, hasher) = (&self.slots, self.front, &self.hasher);
-        for (i, slot) in slots.iter().enumerate() {
-            if let Some((key, _)) = slot {
-                self.index
-                    .insert_unique(hasher.hash_one(key), front + i as u64, |&p| {
-                        hash_at(slots, front, hasher, p)
-                    });
+        for i in 0..self.slots.len() {
+            if let Some((key, _)) = &self.slots[i] {
+                let hash = self.hasher.hash_one(key);
+                self.index_position(hash, self.front + i as u64);
             }
         }
+    }
+
+    /// Puts `position`, the slot of an entry whose key hashes to `hash`, in the index.
+    fn index_position(&mut self, hash: u64, position: u64) {
+        let (slots, front, hasher) = (&self.slots, self.front, &self.hasher);
+        self.index
+            .insert_unique(hash, position, |&p| hash_at(slots, front, hasher, p));
     }
 }
 
