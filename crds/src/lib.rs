@@ -10,6 +10,8 @@
 //! - [`crd_yaml`]: the CustomResourceDefinition as committed in `crds/` (`make crds`);
 //! - [`origin`]: the syntax of web origins (allowlist entries and `Origin` headers);
 //! - [`validate`]: checks that the schema cannot express (ports, paths, Origins, versions);
+//! - [`keyring`]: the endpoint Secret's key ring (HMAC keys, the peer CA and certificate), key
+//!   ids, and what a sidecar reports of it;
 //! - [`reload`]: which fields a running sidecar reloads and which need new pods
 //!   ([`PodSettings`]);
 //! - `duration`: reading the duration fields without letting a value out of range panic;
@@ -19,6 +21,7 @@
 //!   generated from the CRD's schema.
 
 mod duration;
+pub mod keyring;
 pub mod manifest;
 pub mod origin;
 pub mod reference;

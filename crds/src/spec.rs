@@ -303,6 +303,13 @@ pub struct PeerSpec {
     #[serde(default = "default_peer_port")]
     #[x_kube(validation = Rule::new("self >= 1").message("spec.peer.port must be between 1 and 65535"))]
     pub port: u16,
+    /// Mutual TLS between sidecars: the peer port accepts only TLS connections whose client
+    /// presents a certificate of the endpoint's CA (the operator generates it into the
+    /// endpoint's Secret), and every handoff message and forwarded request travels over it.
+    /// `false` leaves sidecar-to-sidecar traffic in plaintext (still authenticated by the
+    /// endpoint's key), for a network that encrypts it already. Default `true`.
+    #[serde(default = "default_true")]
+    pub tls: bool,
 }
 
 /// The `Origin` allowlist.
@@ -509,6 +516,7 @@ impl Default for PeerSpec {
     fn default() -> Self {
         Self {
             port: default_peer_port(),
+            tls: true,
         }
     }
 }
