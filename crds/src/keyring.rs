@@ -97,18 +97,28 @@ impl Generation {
     /// [`GenerateError`] when the certificates cannot be made (not expected: the parameters are
     /// fixed).
     pub fn new(label: &str) -> Result<Self, GenerateError> {
+        let key: [u8; KEY_BYTES] = rand::random();
+        Self::with_key(label, &key)
+    }
+
+    /// A generation around an existing HMAC `key` with a new CA and leaf, whose common names
+    /// carry the key's id as [`Generation::new`]'s do: the operator keeps the key of a Secret
+    /// from before the key ring and adds the certificates.
+    ///
+    /// # Errors
+    /// [`GenerateError`] as [`Generation::new`].
+    pub fn with_key(label: &str, key: &[u8]) -> Result<Self, GenerateError> {
         use rcgen::{
             BasicConstraints, CertificateParams, DistinguishedName, DnType,
             ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
         };
-        let key: [u8; KEY_BYTES] = rand::random();
         let name = |cn: String| {
             let mut dn = DistinguishedName::new();
             dn.push(DnType::CommonName, cn);
             dn
         };
         let mut ca = CertificateParams::new(Vec::<String>::new())?;
-        ca.distinguished_name = name(format!("tether peer CA {label} {}", key_id(&key)));
+        ca.distinguished_name = name(format!("tether peer CA {label} {}", key_id(key)));
         ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_key = KeyPair::generate()?;
@@ -198,6 +208,19 @@ mod tests {
         assert!(
             !format!("{a:?}").contains("PRIVATE"),
             "Debug hides the keys"
+        );
+    }
+
+    #[test]
+    fn a_generation_around_a_given_key_keeps_it() {
+        let key = [9_u8; KEY_BYTES];
+        let kept = Generation::with_key("ns/ep", &key).unwrap();
+        assert_eq!(kept.key, key);
+        assert_eq!(kept.id(), key_id(&key));
+        let other = Generation::with_key("ns/ep", &key).unwrap();
+        assert_ne!(
+            kept.ca_pem, other.ca_pem,
+            "each generation has a CA of its own"
         );
     }
 

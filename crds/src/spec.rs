@@ -225,6 +225,63 @@ pub struct McpEndpointStatus {
     /// Pods being deleted: their sidecars hand sessions off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draining: Option<i32>,
+    /// The endpoint's key ring: the Secret its sidecars mount, the ids of its keys and where a
+    /// key rotation stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeyRingStatus>,
+}
+
+/// The endpoint's key ring as the operator last wrote or read it. A key is named by its id, 8
+/// hex characters of a hash of it; the keys themselves are only in the Secret.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRingStatus {
+    /// The Secret that holds the key ring. Once it has existed the operator never creates another
+    /// on its own: while it is missing the endpoint is `Degraded` (`SecretMissing`) until it is
+    /// restored or the annotation `mcp.tether.dev/new-key` asks for a new key.
+    pub secret: String,
+    /// Id of the key that signs session ids and peer messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<String>,
+    /// Id of the key the last rotation replaced: it only verifies, while sessions minted with it
+    /// live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// Id of the key a rotation under way staged: it only verifies until it is promoted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// Where a rotation stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<KeyPhase>,
+    /// The value of the annotation `mcp.tether.dev/rotate-key` whose rotation the key ring holds
+    /// or last held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation: Option<String>,
+    /// The last value of the annotation `mcp.tether.dev/retire-previous-key` handled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired: Option<String>,
+    /// The last value of the annotation `mcp.tether.dev/new-key` handled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_key: Option<String>,
+    /// What the rotation under way waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Where a key rotation stands: `Stable` (none under way), `Staged` (a new key is staged as
+/// next; it is promoted once every pod verifies with it), `Promoted` (the new key signs; the
+/// previous one is retired once every pod signs with the new key and holds no session minted
+/// with the previous one).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum KeyPhase {
+    /// No rotation under way: one key signs and verifies.
+    #[default]
+    Stable,
+    /// A new key is staged as `next`; it is promoted once every pod verifies with it.
+    Staged,
+    /// The new key signs; the previous one is retired once every pod signs with the new key and
+    /// no session minted with the previous one is left.
+    Promoted,
 }
 
 /// Reference to the workload that serves the endpoint.

@@ -57,10 +57,12 @@ pub const CLUSTER: &[Access] = &[
         resources: &["serviceaccounts"],
         verbs: APPLY_DELETE,
     },
+    // Only Secrets of the names the operator gives them are read (no list, no watch: the
+    // operator never sees the namespace's other Secrets); `patch` takes a rotation's steps.
     Access {
         group: "",
         resources: &["secrets"],
-        verbs: &["get", "create"],
+        verbs: &["get", "create", "patch"],
     },
     Access {
         group: "rbac.authorization.k8s.io",
@@ -213,10 +215,15 @@ mod tests {
     fn the_rules_allow_what_they_list_and_nothing_else() {
         assert!(allows(CLUSTER, "", "secrets", "create"));
         assert!(
-            !allows(CLUSTER, "", "secrets", "patch"),
-            "the Secret is never written again"
+            allows(CLUSTER, "", "secrets", "patch"),
+            "a rotation patches the key ring"
         );
-        assert!(!allows(CLUSTER, "", "secrets", "list"));
+        for verb in ["list", "watch", "update", "delete"] {
+            assert!(
+                !allows(CLUSTER, "", "secrets", verb),
+                "{verb}: only the endpoint's own Secrets, by name, and none deleted"
+            );
+        }
         assert!(!allows(CLUSTER, "apps", "deployments", "delete"));
         assert!(allows(
             LEADER_ELECTION,

@@ -1,11 +1,13 @@
 //! Writing what the plan decided, with generic operations only: ensure (server-side apply with
 //! the endpoint's field manager, [`Names::field_manager`], sent only when the live object lacks
 //! something: `Ensure::covered`; forced on the endpoint's own children, never on the user's
-//! Deployment, where a conflict is reported instead), create once, delete a retired child (UID
+//! Deployment, where a conflict is reported instead), create once, patch the key-ring Secret (a
+//! JSON patch that tests the `resourceVersion` read), delete a retired child (UID
 //! precondition), and the unconditional applies of a status and of an empty body
 //! (`docs/design/operator.md`).
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -16,6 +18,7 @@ use crate::error::Error;
 use crate::fields;
 use crate::names::{LEGACY_FIELD_MANAGER, Names};
 use crate::plan::inject;
+use crate::plan::keys::KeyStep;
 use crate::plan::steps::{Ensure, Retire, Step, Steps};
 use crate::validate::Conflict;
 
@@ -52,9 +55,8 @@ pub(crate) async fn steps(
         w,
     )
     .await?;
-    if let Some(secret) = &steps.secret {
-        create(&Api::namespaced(client.clone(), ns), secret, w).await?;
-    }
+    let secrets = Api::namespaced(client.clone(), ns);
+    key_ring(&secrets, names, &steps.key_ring, w).await?;
     for service in &steps.services {
         ensure(&Api::namespaced(client.clone(), ns), service, &ours, w).await?;
     }
@@ -309,6 +311,29 @@ where
         Step::Ensure(e) => ensure(api, e, manager, written).await,
         Step::Retire(r) => delete(api, r, written).await,
         Step::Leave => Ok(()),
+    }
+}
+
+/// Writes the key-ring Secret as `step` says: a creation is listed in `written`; a patch (a
+/// rotation step, which an Event of its own reports) is not.
+async fn key_ring(
+    api: &Api<Secret>,
+    names: &Names,
+    step: &KeyStep,
+    written: &mut Vec<String>,
+) -> Result<(), Error> {
+    match step {
+        KeyStep::Leave => Ok(()),
+        KeyStep::Create(secret) => create(api, secret.as_ref(), written).await,
+        KeyStep::Patch { name, body } => {
+            let patch = Patch::Json::<()>(serde_json::from_value(body.clone())?);
+            let params = PatchParams {
+                field_manager: Some(names.field_manager()),
+                ..PatchParams::default()
+            };
+            api.patch(name, &params, &patch).await?;
+            Ok(())
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The reconcile of one `McpEndpoint`: dereference → validate → plan → apply → status under a
-//! finalizer (`mcp.tether.dev/injection`), with Events and the error policy (`docs/design/operator.md`).
+//! finalizer (`mcp.tether.dev/injection`), with the key ring's step (`crate::keys`), Events and
+//! the error policy (`docs/design/operator.md`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,13 +13,16 @@ use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::finalizer::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use tether_crds::McpEndpoint;
+use tether_crds::spec::KeyRingStatus;
 
 use crate::apply::{self, Written};
 use crate::dereference;
 use crate::error::Error;
 use crate::events::Events;
+use crate::keys::{self, Asks};
 use crate::names::{FINALIZER, Names, OPERATOR};
-use crate::plan::{Defaults, inject, plan};
+use crate::plan::{self, Defaults, inject, plan};
+use crate::reports::{self, HttpReports, KeyReports};
 use crate::status::{self, Outcome, PodCounts};
 use crate::validate::{Target, validate};
 
@@ -29,6 +33,9 @@ pub const RECHECK: Duration = Duration::from_secs(30);
 pub(crate) const WAIT_RECHECK: Duration = Duration::from_secs(5);
 /// Wait before retrying a reconcile that failed on an API error.
 pub(crate) const ERROR_BACKOFF: Duration = Duration::from_secs(15);
+/// Wait before looking again at an endpoint whose key rotation is under way or waits to start:
+/// each step waits for the pods' reports of the step before.
+pub const KEY_RECHECK: Duration = Duration::from_secs(10);
 
 /// What every reconcile shares.
 pub struct Context {
@@ -40,6 +47,8 @@ pub struct Context {
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Publishes Events on endpoints (`events.k8s.io/v1`).
     pub(crate) events: Events,
+    /// Asks the sidecars what they loaded of the key ring.
+    pub(crate) reports: Arc<dyn KeyReports>,
 }
 
 impl Context {
@@ -59,7 +68,16 @@ impl Context {
             client,
             defaults,
             metrics,
+            reports: Arc::new(HttpReports::default()),
         }
+    }
+
+    /// This context, asking the sidecars' key reports through `reports` instead of HTTP (tests
+    /// answer for pods that do not exist).
+    #[must_use]
+    pub fn with_reports(mut self, reports: Arc<dyn KeyReports>) -> Self {
+        self.reports = reports;
+        self
     }
 
     /// Publishes an Event on `ep` (`reason` PascalCase); a failure is logged, never fatal.
@@ -113,15 +131,25 @@ pub(crate) fn error_policy(_ep: Arc<McpEndpoint>, error: &Error, _ctx: Arc<Conte
 async fn converge(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     let names = Names::of(ep).ok_or(Error::Unnamed)?;
     let target_name = &ep.spec.target_ref.name;
-    let outcome = match dereference::target(&ctx.client, &names, target_name).await? {
-        None => Outcome::TargetNotFound(target_name.clone()),
+    let kept = |outcome| Injected {
+        outcome,
+        keys: ep.status.as_ref().and_then(|s| s.keys.clone()),
+        soon: false,
+    };
+    let injected = match dereference::target(&ctx.client, &names, target_name).await? {
+        None => kept(Outcome::TargetNotFound(target_name.clone())),
         Some(deployment) => match validate(ep, &names, &deployment) {
-            Err(conflict) => Outcome::Conflict(conflict),
+            Err(conflict) => kept(Outcome::Conflict(conflict)),
             Ok(target) => inject(ep, &names, &target, ctx).await?,
         },
     };
+    let Injected {
+        outcome,
+        keys,
+        soon,
+    } = injected;
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    if let Some(update) = status::update(ep, &outcome, &now) {
+    if let Some(update) = status::update(ep, &outcome, keys, &now) {
         let endpoints: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &names.namespace);
         apply::status(&endpoints, &names, &update.status).await?;
         if let Some(degraded) = update.degraded {
@@ -129,39 +157,79 @@ async fn converge(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
                 .await;
         }
     }
-    Ok(Action::requeue(RECHECK))
+    Ok(Action::requeue(if soon { KEY_RECHECK } else { RECHECK }))
 }
 
-/// Brings the children of `ep` on its valid `target` to the plan; returns the target's pods,
-/// or the conflict that stopped it (a child's name taken, a field of the Deployment another
+/// What [`inject`] did: the outcome, the key ring's status, whether to look again soon.
+struct Injected {
+    /// The target's pods, or the conflict that stopped the reconcile.
+    outcome: Outcome,
+    /// `status.keys` to write.
+    keys: Option<KeyRingStatus>,
+    /// A key rotation is under way or waits: look again after [`KEY_RECHECK`].
+    soon: bool,
+}
+
+/// Brings the children of `ep` on its valid `target` to the plan and takes the key ring's
+/// step; returns the target's pods, or the conflict that stopped it (the key ring's Secret
+/// missing or not the endpoint's, a child's name taken, a field of the Deployment another
 /// manager manages).
 async fn inject(
     ep: &McpEndpoint,
     names: &Names,
     target: &Target<'_>,
     ctx: &Context,
-) -> Result<Outcome, Error> {
+) -> Result<Injected, Error> {
     let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
-    let live = dereference::children(&ctx.client, names, &owner, target).await?;
-    let secret = live.secret_name(names);
-    let steps = plan(ep, names, target, &ctx.defaults, &owner, &secret).steps(
-        names,
-        &owner,
-        target,
-        &live,
-        rand::random,
-    );
+    let asks = Asks::of(ep);
+    let before = ep.status.as_ref().and_then(|s| s.keys.as_ref());
+    let waits = |found: &_| keys::waits_on_pods(found, &asks, before);
+    let live = dereference::children(&ctx.client, names, &owner, target, waits).await?;
+    let reports = match &live.key_pods {
+        Some(pods) => Some(reports::gather(ctx.reports.as_ref(), pods, ep.spec.admin.port).await),
+        None => None,
+    };
+    let label = format!("{}/{}", names.namespace, names.endpoint);
+    let secret = names.secret();
+    let decision = keys::decide(
+        &live.key_ring,
+        &asks,
+        before,
+        reports.as_deref(),
+        &secret,
+        &label,
+    )?;
+    let unchanged = |outcome| Injected {
+        outcome,
+        keys: before.cloned(),
+        soon: false,
+    };
+    if let Some(conflict) = decision.conflict {
+        return Ok(unchanged(Outcome::Conflict(conflict)));
+    }
+    let key_ring = plan::keys::step(names, &owner, &live.key_ring, &decision.write);
+    let steps = plan(ep, names, target, &ctx.defaults, &owner, &secret)
+        .steps(names, &owner, target, &live, key_ring);
     if let Err(conflict) = steps.check_taken(&owner) {
-        return Ok(Outcome::Conflict(conflict));
+        return Ok(unchanged(Outcome::Conflict(conflict)));
     }
     let written = apply::steps(&ctx.client, names, &steps).await?;
     if !written.objects.is_empty() {
         let note = applied_note(&written);
         ctx.event(ep, EventType::Normal, "Applied", note).await;
     }
-    Ok(match written.refused {
+    if let Some((reason, note)) = decision.event {
+        ctx.metrics.key_step(reason);
+        ctx.event(ep, EventType::Normal, reason, note).await;
+    }
+    let outcome = match written.refused {
         Some(conflict) => Outcome::Conflict(conflict),
         None => Outcome::Applied(PodCounts::of(target.deployment, written.rolled)),
+    };
+    Ok(Injected {
+        outcome,
+        keys: decision.status,
+        soon: decision.soon,
     })
 }
 

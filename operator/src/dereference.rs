@@ -16,6 +16,7 @@ use kube::api::{Api, ListParams};
 use kube::core::{Selector, SelectorExt};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
+use tether_crds::keyring::CURRENT_KEY;
 
 use crate::error::Error;
 use crate::names::{INJECTED_ANNOTATION, Names};
@@ -26,11 +27,10 @@ use crate::validate::{Target, render_selector};
 pub(crate) struct Live {
     /// The config ConfigMap.
     pub config_map: Option<ConfigMap>,
-    /// The HMAC Secret the pods mount, when it exists (metadata only: its key is never needed,
-    /// it is never rewritten) — the endpoint's Secret of the name before it carried the UID
-    /// ([`Names::legacy_secret`]) while the endpoint controls one, else the one named
-    /// [`Names::secret`], whoever controls it.
-    pub secret: Option<ObjectMeta>,
+    /// The key-ring Secret ([`Names::secret`]), whoever controls it, with its data; when it is
+    /// missing, the Secret from before the key ring that the endpoint controls and its pods
+    /// mounted ([`Names::legacy_secrets`]), whose key a new ring keeps.
+    pub key_ring: Found,
     /// The client Service, then the headless peer Service.
     pub services: [Option<Service>; 2],
     /// The sidecar's dedicated ServiceAccount, whoever owns it.
@@ -43,10 +43,55 @@ pub(crate) struct Live {
     pub role: Option<Role>,
     /// The sidecar's RoleBinding.
     pub role_binding: Option<RoleBinding>,
+    /// The target's pods, listed only when the key ring's decision waits for their reports
+    /// (`crate::keys::waits_on_pods`).
+    pub key_pods: Option<Vec<Pod>>,
     /// Every PodDisruptionBudget of the namespace (does one of the user's select the pods?).
     pub budgets: Vec<PodDisruptionBudget>,
     /// Our PodDisruptionBudget, whoever owns it.
     pub pdb: Option<PodDisruptionBudget>,
+}
+
+/// What the reconcile found of the endpoint's key ring.
+#[derive(Clone, Debug)]
+pub(crate) enum Found {
+    /// The key-ring Secret, controlled by the endpoint.
+    Ring(Box<Secret>),
+    /// A Secret of the key ring's name that the endpoint does not control.
+    NotOwned(Box<Secret>),
+    /// No key-ring Secret.
+    Missing {
+        /// A Secret from before the key ring that the endpoint controls, whose key the new ring
+        /// keeps.
+        legacy: Option<Legacy>,
+    },
+}
+
+impl Default for Found {
+    fn default() -> Self {
+        Self::Missing { legacy: None }
+    }
+}
+
+/// A Secret from before the key ring: one immutable HMAC key, `secret`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Legacy {
+    /// Its name.
+    pub(crate) name: String,
+    /// Its key, when it holds one.
+    pub(crate) key: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Legacy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Legacy")
+            .field("name", &self.name)
+            .field(
+                "key",
+                &self.key.as_deref().map(tether_crds::keyring::key_id),
+            )
+            .finish()
+    }
 }
 
 /// The Deployment `name` of the endpoint's namespace, if it exists.
@@ -64,6 +109,8 @@ pub(crate) async fn target(
 
 /// The live children of the endpoint whose controller owner reference is `owner`, on its valid
 /// `target`, as `reads` answers: the API server in a reconcile, a [`Snapshot`] in a preview.
+/// The target's pods are listed when `key_pods` says the key ring found needs their reports, or
+/// when they decide the retirement of the dedicated ServiceAccount; once either way.
 ///
 /// # Errors
 /// [`Error::Kube`] when a request fails.
@@ -72,22 +119,11 @@ pub(crate) async fn children(
     names: &Names,
     owner: &OwnerReference,
     target: &Target<'_>,
+    key_pods: impl FnOnce(&Found) -> bool,
 ) -> Result<Live, Error> {
     let ns = &names.namespace;
     let config_map = reads.get(ns, &names.config()).await?;
-    let metadata = |s: Secret| s.metadata;
-    let legacy = reads
-        .get::<Secret>(ns, &names.legacy_secret())
-        .await?
-        .map(metadata)
-        .filter(|meta| meta_controlled_by(meta, owner));
-    let secret = match legacy {
-        Some(meta) => Some(meta),
-        None => reads
-            .get::<Secret>(ns, &names.secret())
-            .await?
-            .map(metadata),
-    };
+    let key_ring = key_ring(reads, names, owner).await?;
     let services = [
         reads.get(ns, &names.client_service()).await?,
         reads.get(ns, &names.peer_service()).await?,
@@ -97,13 +133,21 @@ pub(crate) async fn children(
         .as_ref()
         .is_some_and(|ours| controlled_by(ours, owner))
         && target.users_service_account(names).is_some();
-    let pods_run_as_ours = retiring && runs_as(reads, ns, target, &names.sidecar_rbac()).await?;
+    let reports_needed = key_pods(&key_ring);
+    let pods: Vec<Pod> = if retiring || reports_needed {
+        let selector = target.deployment.spec.as_ref().map(|s| &s.selector);
+        reads.list(ns, selector).await?
+    } else {
+        Vec::new()
+    };
+    let pods_run_as_ours = retiring && runs_as(&pods, &names.sidecar_rbac());
     Ok(Live {
         config_map,
-        secret,
+        key_ring,
         services,
         service_account,
         pods_run_as_ours,
+        key_pods: reports_needed.then_some(pods),
         role: reads.get(ns, &names.sidecar_rbac()).await?,
         role_binding: reads.get(ns, &names.sidecar_rbac()).await?,
         budgets: reads.list(ns, None).await?,
@@ -125,14 +169,40 @@ pub(crate) fn meta_controlled_by(meta: &ObjectMeta, owner: &OwnerReference) -> b
         .any(|r| r.uid == owner.uid && r.controller == Some(true))
 }
 
-impl Live {
-    /// The name of the HMAC Secret the pods mount: the existing one, else a new one's.
-    pub(crate) fn secret_name(&self, names: &Names) -> String {
-        self.secret
-            .as_ref()
-            .and_then(|meta| meta.name.clone())
-            .unwrap_or_else(|| names.secret())
+/// The key-ring Secret of the endpoint `names` (controller owner reference `owner`): ours, a
+/// Secret of its name someone else controls, or missing, with the Secret from before the key
+/// ring that the endpoint controls and its pods mounted. Only Secrets of these names are read.
+async fn key_ring(
+    reads: &impl Reads,
+    names: &Names,
+    owner: &OwnerReference,
+) -> Result<Found, Error> {
+    let ns = &names.namespace;
+    if let Some(secret) = reads.get::<Secret>(ns, &names.secret()).await? {
+        let secret = Box::new(secret);
+        return Ok(if controlled_by(secret.as_ref(), owner) {
+            Found::Ring(secret)
+        } else {
+            Found::NotOwned(secret)
+        });
     }
+    for name in names.legacy_secrets() {
+        let ours = reads
+            .get::<Secret>(ns, &name)
+            .await?
+            .filter(|s| controlled_by(s, owner));
+        if let Some(secret) = ours {
+            let key = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(CURRENT_KEY))
+                .map(|k| k.0.clone());
+            return Ok(Found::Missing {
+                legacy: Some(Legacy { name, key }),
+            });
+        }
+    }
+    Ok(Found::Missing { legacy: None })
 }
 
 /// How many pods still run the endpoint's sidecar: pods labelled with [`INJECTED_ANNOTATION`]
@@ -170,21 +240,14 @@ pub(crate) async fn injected_pods(
     Ok(injected.len())
 }
 
-/// Whether a pod of `target` runs as ServiceAccount `account`.
-async fn runs_as(
-    reads: &impl Reads,
-    namespace: &str,
-    target: &Target<'_>,
-    account: &str,
-) -> Result<bool, Error> {
-    let selector = target.deployment.spec.as_ref().map(|s| &s.selector);
-    let pods: Vec<Pod> = reads.list(namespace, selector).await?;
-    Ok(pods.iter().any(|pod| {
+/// Whether one of `pods` runs as ServiceAccount `account`.
+fn runs_as(pods: &[Pod], account: &str) -> bool {
+    pods.iter().any(|pod| {
         pod.spec
             .as_ref()
             .and_then(|s| s.service_account_name.as_deref())
             == Some(account)
-    }))
+    })
 }
 
 /// A namespaced object [`Reads`] reads.

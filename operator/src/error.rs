@@ -19,6 +19,9 @@ pub enum Error {
     /// An object did not serialize to JSON (not expected).
     #[error("serialization: {0}")]
     Json(#[from] serde_json::Error),
+    /// New peer certificates could not be made (not expected: their parameters are fixed).
+    #[error("{0}")]
+    Generate(#[from] tether_crds::keyring::GenerateError),
     /// A deleted endpoint's pods still run its sidecar: its finalizer stays (and its children
     /// with it) until they are gone. Not a failure: the reconcile looks again soon.
     #[error("{0} pods still run the sidecar; the endpoint's children stay until they are gone")]
@@ -33,6 +36,7 @@ impl Error {
             Error::Unnamed => "unnamed",
             Error::Finalizer(_) => "finalizer",
             Error::Json(_) => "json",
+            Error::Generate(_) => "certificates",
             Error::PodsStillInjected(_) => "waiting_for_pods",
         }
     }

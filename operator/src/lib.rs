@@ -5,9 +5,12 @@
 //! - process: `watches` (the controller and what wakes it), `leader` (the Lease), `admin`;
 //! - reconcile: `controller` (the pipeline under a finalizer, Events, the error policy),
 //!   `preview` (the same pipeline on manifests, printed instead of sent: `tether-operator plan`);
-//! - writes: `apply` (ensure, create once, delete a retired child; the status);
-//! - pure steps: `plan` (the children and the steps against the live ones), `status`;
-//! - reads: `dereference` (the target and the live children, read once before any write);
+//! - writes: `apply` (ensure, create once, patch the key ring, delete a retired child; the
+//!   status);
+//! - pure steps: `plan` (the children and the steps against the live ones), `keys` (the key
+//!   ring: its creation and the steps of a rotation), `status`;
+//! - reads: `dereference` (the target and the live children, read once before any write),
+//!   `reports` (what each pod's sidecar loaded of the key ring);
 //! - checks: `validate` (the endpoint and its target Deployment, or the conflict);
 //! - ground: `names`, `diff`, `fields` (who manages a field), `access` (the RBAC rules),
 //!   `events` (publishing Events), `metrics`, `error`.
@@ -23,11 +26,13 @@ pub mod events;
 pub(crate) mod fields;
 #[cfg(test)]
 mod fixtures;
+pub mod keys;
 pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod plan;
 pub mod preview;
+pub mod reports;
 pub(crate) mod status;
 pub mod validate;
 pub mod watches;

@@ -5,6 +5,7 @@
 //! | `tether_operator_reconciles_total` | `result` (`ok`, `error`) | reconciles run |
 //! | `tether_operator_reconcile_seconds` | | duration of a reconcile, in seconds |
 //! | `tether_operator_reconcile_failures_total` | `reason` ([`crate::error::Error::metric_label`]) | reconciles that failed |
+//! | `tether_operator_key_steps_total` | `step` (`staged`, `promoted`, `retired`) | key-rotation steps written to an endpoint's key ring |
 
 use std::time::Duration;
 
@@ -28,6 +29,13 @@ pub(crate) struct ReasonLabel {
     pub(crate) reason: &'static str,
 }
 
+/// Label of a key-rotation step.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StepLabel {
+    /// `staged`, `promoted` or `retired`.
+    pub(crate) step: &'static str,
+}
+
 /// The operator's metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -35,6 +43,7 @@ pub struct Metrics {
     reconciles: Family<ResultLabel, Counter>,
     reconcile_seconds: Histogram,
     failures: Family<ReasonLabel, Counter>,
+    key_steps: Family<StepLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -59,11 +68,18 @@ impl Default for Metrics {
             "Reconciles that failed, by reason",
             failures.clone(),
         );
+        let key_steps = Family::<StepLabel, Counter>::default();
+        registry.register(
+            "key_steps",
+            "Key-rotation steps written to an endpoint's key ring, by step",
+            key_steps.clone(),
+        );
         Self {
             registry,
             reconciles,
             reconcile_seconds,
             failures,
+            key_steps,
         }
     }
 }
@@ -84,6 +100,18 @@ impl Metrics {
         self.reconcile_seconds.observe(elapsed.as_secs_f64());
     }
 
+    /// Records a step of the key ring by the reason of its Event (`KeyStaged`, `KeyPromoted`,
+    /// `KeyRetired`); other Events of the key ring are no rotation step.
+    pub(crate) fn key_step(&self, reason: &str) {
+        let step = match reason {
+            "KeyStaged" => "staged",
+            "KeyPromoted" => "promoted",
+            "KeyRetired" => "retired",
+            _ => return,
+        };
+        self.key_steps.get_or_create(&StepLabel { step }).inc();
+    }
+
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -101,12 +129,23 @@ mod tests {
     fn the_metrics_doc_lists_every_operator_metric_with_its_type() {
         use tether_tests::repo::{assert_documented, documented_metrics, exposed_families};
         let m = Metrics::default();
-        // One failed reconcile gives every family a sample.
+        // One failed reconcile and one rotation step give every family a sample.
         m.observe(Err("api"), Duration::from_millis(1));
-        let families = exposed_families(&m.encode());
+        m.key_step("KeyStaged");
+        m.key_step("NewKey");
+        let text = m.encode();
+        assert!(
+            text.contains("tether_operator_key_steps_total{step=\"staged\"} 1"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("NewKey") && !text.contains("new_key"),
+            "{text}"
+        );
+        let families = exposed_families(&text);
         assert_eq!(
             families.len(),
-            3,
+            4,
             "a family has no sample here: give each new one a sample"
         );
         assert_documented(

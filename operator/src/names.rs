@@ -22,7 +22,7 @@ pub const INJECTED_ANNOTATION: &str = "mcp.tether.dev/endpoint";
 pub(crate) const FINALIZER: &str = "mcp.tether.dev/injection";
 /// Volume (and mount) of the config ConfigMap in the pod.
 pub(crate) const CONFIG_VOLUME: &str = "tether-config";
-/// Volume (and mount) of the HMAC Secret in the pod.
+/// Volume (and mount) of the key-ring Secret in the pod.
 pub(crate) const SECRET_VOLUME: &str = "tether-secret";
 /// Volume (and mount) of the sidecar's projected ServiceAccount token.
 pub(crate) const TOKEN_VOLUME: &str = "tether-token";
@@ -30,12 +30,12 @@ pub(crate) const TOKEN_VOLUME: &str = "tether-token";
 pub(crate) const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// Mount path of the config volume; the sidecar reads `endpoint.yaml` there.
 pub(crate) const CONFIG_DIR: &str = "/etc/tether";
-/// Mount path of the Secret volume; the sidecar reads `secret` there.
-pub(crate) const SECRET_DIR: &str = "/etc/tether-secret";
+/// Mount path of the Secret volume: the sidecar reads the key ring there (`--secret-dir`).
+pub const SECRET_DIR: &str = "/etc/tether-secret";
 /// Key of the endpoint manifest in the ConfigMap.
 pub const CONFIG_KEY: &str = "endpoint.yaml";
-/// Key of the HMAC key in the Secret.
-pub const SECRET_KEY: &str = "secret";
+/// Key of the current HMAC key in the Secret ([`tether_crds::keyring::CURRENT_KEY`]).
+pub const SECRET_KEY: &str = tether_crds::keyring::CURRENT_KEY;
 /// Path on the sidecar's admin port that waits for the pod's drain to end (the MCP server's
 /// injected `preStop httpGet`); it never starts a drain.
 pub(crate) const DRAINED_PATH: &str = "/drained";
@@ -55,7 +55,7 @@ pub(crate) const DRAIN_SOCKET: &str = "/run/tether/drain.sock";
 /// Longest name of a Service (an RFC 1035 label).
 pub(crate) const MAX_SERVICE_NAME: usize = 63;
 
-/// Characters of the endpoint's UID in the name of its HMAC Secret ([`Names::secret`]).
+/// Characters of the endpoint's UID in the name of its key-ring Secret ([`Names::secret`]).
 const SECRET_UID_CHARS: usize = 8;
 
 /// The names of one endpoint's children.
@@ -85,19 +85,30 @@ impl Names {
         format!("{}-tether", self.endpoint)
     }
 
-    /// The HMAC Secret: `<endpoint>-tether-<first 8 characters of the endpoint's UID>`. The UID
-    /// makes the name new when an endpoint is deleted and re-created under the same name: a
-    /// kubelet may keep serving a cached Secret of a name it has mounted before, and pods that
-    /// read different keys reject each other's session ids and handoffs.
+    /// The key-ring Secret (`tether_crds::keyring`): `<endpoint>-tether-keys-<first 8
+    /// characters of the endpoint's UID>`. The UID makes the name new when an endpoint is
+    /// deleted and re-created under the same name: a kubelet may keep serving a cached Secret of
+    /// a name it has mounted before, and pods that read different keys reject each other's
+    /// session ids and handoffs. `keys` keeps it apart from the immutable Secrets of one key
+    /// that releases before the key ring created (`Names::legacy_secrets`).
     pub fn secret(&self) -> String {
-        let uid: String = self.uid.chars().take(SECRET_UID_CHARS).collect();
-        format!("{}-tether-{uid}", self.endpoint)
+        format!("{}-tether-keys-{}", self.endpoint, self.uid_prefix())
     }
 
-    /// The HMAC Secret's name before it carried the UID ([`Names::config`]'s): kept while the
-    /// endpoint controls a Secret of that name, so pods running with it keep their key.
-    pub(crate) fn legacy_secret(&self) -> String {
-        self.config()
+    /// The Secrets of one immutable HMAC key (`secret`) that releases before the key ring
+    /// created, in the order those releases chose the one their pods mount: `<endpoint>-tether`
+    /// (kept while the endpoint controlled it), then `<endpoint>-tether-<uid>`. The key ring of
+    /// an endpoint that controls one keeps its key.
+    pub(crate) fn legacy_secrets(&self) -> [String; 2] {
+        [
+            self.config(),
+            format!("{}-tether-{}", self.endpoint, self.uid_prefix()),
+        ]
+    }
+
+    /// The first [`SECRET_UID_CHARS`] characters of the endpoint's UID.
+    fn uid_prefix(&self) -> String {
+        self.uid.chars().take(SECRET_UID_CHARS).collect()
     }
 
     /// The field manager of the endpoint's applies, `tether-operator/<endpoint>`: one per
@@ -162,6 +173,17 @@ pub(crate) fn injected_by(
 mod tests {
     use super::*;
     use crate::fixtures::{self, DEPLOYMENT};
+
+    #[test]
+    fn the_key_ring_has_a_name_of_its_own_beside_the_older_secrets() {
+        let names = fixtures::names(&fixtures::endpoint(fixtures::MINIMAL_ENDPOINT));
+        assert_eq!(names.secret(), "weather-tether-keys-6f1c2a9e");
+        assert_eq!(
+            names.legacy_secrets(),
+            ["weather-tether", "weather-tether-6f1c2a9e"]
+        );
+        assert!(!names.legacy_secrets().contains(&names.secret()));
+    }
 
     #[test]
     fn an_injected_deployment_names_its_endpoint() {

@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use tether_crds::spec::{KeyPhase, KeyRingStatus};
 use tether_crds::{McpEndpoint, McpEndpointStatus};
 
 use crate::validate::Conflict;
@@ -52,15 +53,17 @@ pub(crate) enum Outcome {
     Conflict(Conflict),
 }
 
-/// The conditions for `outcome` at `generation`, keeping the `lastTransitionTime` of `previous`
-/// conditions whose status is unchanged; `now` stamps the others.
+/// The conditions for `outcome` at `generation`, `rotation` the message of a key rotation under
+/// way, keeping the `lastTransitionTime` of `previous` conditions whose status is unchanged;
+/// `now` stamps the others.
 pub(crate) fn conditions(
     outcome: &Outcome,
+    rotation: Option<&str>,
     generation: Option<i64>,
     previous: &[Condition],
     now: &Time,
 ) -> Vec<Condition> {
-    let (ready, progressing, degraded) = judge(outcome);
+    let (ready, progressing, degraded) = judge(outcome, rotation);
     [
         ("Ready", ready),
         ("Progressing", progressing),
@@ -95,21 +98,35 @@ pub(crate) struct Update {
     pub(crate) degraded: Option<Condition>,
 }
 
-/// The status `outcome` gives `ep` at `now`; `None` when it equals the stored one (nothing to
-/// write).
-pub(crate) fn update(ep: &McpEndpoint, outcome: &Outcome, now: &Time) -> Option<Update> {
+/// The status `outcome` and the key ring's `keys` give `ep` at `now`; `None` when it equals
+/// the stored one (nothing to write).
+pub(crate) fn update(
+    ep: &McpEndpoint,
+    outcome: &Outcome,
+    keys: Option<KeyRingStatus>,
+    now: &Time,
+) -> Option<Update> {
     let previous = ep.status.clone().unwrap_or_default();
     let generation = ep.metadata.generation;
     let counts = match outcome {
         Outcome::Applied(p) => Some(*p),
         _ => None,
     };
+    let rotation = keys
+        .as_ref()
+        .filter(|k| k.phase.is_some_and(|p| p != KeyPhase::Stable))
+        .map(|k| {
+            k.message
+                .as_deref()
+                .unwrap_or("a key rotation is under way")
+        });
     let status = McpEndpointStatus {
         observed_generation: generation,
-        conditions: conditions(outcome, generation, &previous.conditions, now),
+        conditions: conditions(outcome, rotation, generation, &previous.conditions, now),
         pods: counts.map(|p| p.total),
         routable: counts.map(|p| p.ready),
         draining: counts.map(|p| p.draining),
+        keys,
     };
     if status == previous {
         return None;
@@ -128,7 +145,7 @@ pub(crate) fn update(ep: &McpEndpoint, outcome: &Outcome, now: &Time) -> Option<
 
 type Judgement = (bool, &'static str, String);
 
-fn judge(outcome: &Outcome) -> (Judgement, Judgement, Judgement) {
+fn judge(outcome: &Outcome, rotation: Option<&str>) -> (Judgement, Judgement, Judgement) {
     let complete = (
         false,
         "Complete",
@@ -181,6 +198,8 @@ fn judge(outcome: &Outcome) -> (Judgement, Judgement, Judgement) {
                         p.updated, p.total
                     ),
                 )
+            } else if let Some(rotation) = rotation {
+                (true, "KeyRotation", rotation.to_owned())
             } else {
                 complete
             };
@@ -213,7 +232,7 @@ mod tests {
     #[test]
     fn a_rollout_then_ready_moves_the_transition_times_only_on_flips() {
         let rolling = pods(3, 1, 3, 1);
-        let first = conditions(&rolling, Some(2), &[], &at(100));
+        let first = conditions(&rolling, None, Some(2), &[], &at(100));
         assert_eq!(get(&first, "Ready").status, "False");
         assert_eq!(get(&first, "Ready").reason, "RollingOut");
         assert_eq!(get(&first, "Progressing").status, "True");
@@ -221,12 +240,12 @@ mod tests {
         assert!(first.iter().all(|c| c.observed_generation == Some(2)));
         // Still rolling: statuses unchanged, times kept, messages updated.
         let later = pods(3, 2, 3, 1);
-        let second = conditions(&later, Some(2), &first, &at(200));
+        let second = conditions(&later, None, Some(2), &first, &at(200));
         assert!(second.iter().all(|c| c.last_transition_time == at(100)));
         assert!(get(&second, "Progressing").message.starts_with("2 of 3"));
         // Done: Ready and Progressing flip (new time), Degraded keeps its time.
         let done = pods(3, 3, 3, 0);
-        let third = conditions(&done, Some(2), &second, &at(300));
+        let third = conditions(&done, None, Some(2), &second, &at(300));
         assert_eq!(
             (
                 get(&third, "Ready").status.as_str(),
@@ -245,7 +264,7 @@ mod tests {
             reason: "PreStopConflict",
             message: "container \"server\" already has a preStop hook".into(),
         });
-        let cs = conditions(&conflict, Some(1), &[], &at(1));
+        let cs = conditions(&conflict, None, Some(1), &[], &at(1));
         assert_eq!(
             (
                 get(&cs, "Degraded").status.as_str(),
@@ -256,6 +275,7 @@ mod tests {
         assert_eq!(get(&cs, "Ready").status, "False");
         let missing = conditions(
             &Outcome::TargetNotFound("weather".into()),
+            None,
             Some(1),
             &[],
             &at(1),
@@ -264,13 +284,29 @@ mod tests {
         assert!(get(&missing, "Degraded").message.contains("\"weather\""));
         let none = Outcome::Applied(PodCounts::default());
         assert_eq!(
-            get(&conditions(&none, None, &[], &at(1)), "Ready").reason,
+            get(&conditions(&none, None, None, &[], &at(1)), "Ready").reason,
             "NoPods"
         );
         let unready = pods(2, 2, 1, 0);
         assert_eq!(
-            get(&conditions(&unready, None, &[], &at(1)), "Ready").reason,
+            get(&conditions(&unready, None, None, &[], &at(1)), "Ready").reason,
             "PodsNotReady"
         );
+    }
+
+    #[test]
+    fn a_key_rotation_under_way_is_progressing_until_it_is_retired() {
+        let done = pods(3, 3, 3, 0);
+        let rotating = conditions(&done, Some("stage: waiting"), Some(1), &[], &at(1));
+        let progressing = get(&rotating, "Progressing");
+        assert_eq!(
+            (progressing.status.as_str(), progressing.reason.as_str()),
+            ("True", "KeyRotation")
+        );
+        assert_eq!(progressing.message, "stage: waiting");
+        assert_eq!(get(&rotating, "Ready").status, "True", "still serving");
+        // A rollout says so first.
+        let rolling = conditions(&pods(3, 1, 3, 1), Some("x"), Some(1), &[], &at(1));
+        assert_eq!(get(&rolling, "Progressing").reason, "RollingOut");
     }
 }

@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use tether_crds::{ADMIN_PORT_NAME, MCP_PORT_NAME, McpEndpoint, PEER_PORT_NAME, validate_spec};
 
 use crate::fields::tether_alone_manages_pre_stop;
@@ -20,7 +20,8 @@ use crate::names::{
 pub struct Conflict {
     /// PascalCase reason (condition and Event): `InvalidSpec`, `TargetWithoutSelector`,
     /// `ContainerNameClash`, `PreStopConflict`, `PortConflict`, `UpstreamContainerNotFound`,
-    /// `NameInvalid`, `NameTooLong`, `NameTaken`, `FieldConflict`.
+    /// `NameInvalid`, `NameTooLong`, `NameTaken`, `FieldConflict`, and those of the key ring:
+    /// `SecretNotOwned`, `SecretMissing`, `SecretInvalid`.
     pub reason: &'static str,
     /// What is wrong and what to do, for `kubectl describe`.
     pub message: String,
@@ -33,6 +34,18 @@ impl Conflict {
             message: message.into(),
         }
     }
+}
+
+/// Who controls the object with metadata `meta`, for the message of a conflict over it.
+pub(crate) fn controller_of(meta: &ObjectMeta) -> String {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map_or_else(
+            || "it has no controller owner".to_owned(),
+            |r| format!("{} {:?} (uid {}) controls it", r.kind, r.name, r.uid),
+        )
 }
 
 /// What the plan needs from a valid target.

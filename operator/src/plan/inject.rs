@@ -13,8 +13,8 @@ use super::{Defaults, GRACE_MARGIN_SECS};
 use crate::fields;
 use crate::names::{
     CONFIG_DIR, CONFIG_KEY, CONFIG_VOLUME, DRAIN_SOCKET, DRAINED_PATH, INJECTED_ANNOTATION,
-    LEGACY_FIELD_MANAGER, Names, RUN_DIR, RUN_VOLUME, SECRET_DIR, SECRET_KEY, SECRET_VOLUME,
-    SIDECAR_BINARY, SIDECAR_CONTAINER, TOKEN_DIR, TOKEN_VOLUME,
+    LEGACY_FIELD_MANAGER, Names, RUN_DIR, RUN_VOLUME, SECRET_DIR, SECRET_VOLUME, SIDECAR_BINARY,
+    SIDECAR_CONTAINER, TOKEN_DIR, TOKEN_VOLUME,
 };
 use crate::validate::Target;
 
@@ -27,7 +27,8 @@ pub(crate) const DEFAULT_GRACE_SECS: i64 = 30;
 const TOKEN_SECS: i64 = 3607;
 
 /// The Deployment apply body for `ep` on `target`; `own_service_account` when the pods get the
-/// sidecar's dedicated ServiceAccount; `secret` names the HMAC Secret the pods mount.
+/// sidecar's dedicated ServiceAccount; `secret` names the key-ring Secret the pods mount (whole:
+/// the sidecar reads the ring's files there and again when the kubelet updates them).
 ///
 /// Fields of the user's pod template are claimed only when no other field manager manages
 /// them ([`fields::managers`]): the grace period only when the template's is too short, the
@@ -215,7 +216,7 @@ fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value 
         "restartPolicy": "Always",
         "env": [
             {"name": "TETHER_ENDPOINT", "value": format!("{CONFIG_DIR}/{CONFIG_KEY}")},
-            {"name": "TETHER_SECRET_FILE", "value": format!("{SECRET_DIR}/{SECRET_KEY}")},
+            {"name": "TETHER_SECRET_DIR", "value": SECRET_DIR},
             {"name": "TETHER_POD_SELECTOR", "value": target.selector},
             {"name": "TETHER_LOG_FORMAT", "value": "json"},
             {"name": "TETHER_DRAIN_SOCKET", "value": DRAIN_SOCKET},

@@ -6,13 +6,15 @@
 //!
 //! - [`inject`]: the Deployment apply body (native sidecar, volumes, `preStop`, grace period,
 //!   ServiceAccount when the pods name none);
-//! - [`config`]: the config ConfigMap (the manifest the sidecars read) and the HMAC Secret;
+//! - [`config`]: the config ConfigMap (the manifest the sidecars read);
+//! - [`keys`]: the key-ring Secret, whole when it is created, a JSON patch per rotation step;
 //! - `network`: the client Service, the headless peer Service, the PodDisruptionBudget;
 //! - `rbac`: the sidecar's Role, RoleBinding and, when needed, ServiceAccount;
 //! - `steps`: the plan against the live objects, with the retirements.
 
 pub mod config;
 pub mod inject;
+pub mod keys;
 pub(crate) mod network;
 pub(crate) mod rbac;
 pub(crate) mod steps;
@@ -72,7 +74,8 @@ impl Defaults {
 pub struct Plan {
     /// Server-side apply body for the target Deployment.
     pub injection: serde_json::Value,
-    /// The config ConfigMap (the HMAC Secret is built only when missing: [`config::secret`]).
+    /// The config ConfigMap (the key-ring Secret is written as the reconcile decides:
+    /// [`keys::KeyStep`]).
     pub config_map: ConfigMap,
     /// Client Service, then headless peer Service.
     pub services: [Service; 2],
@@ -91,8 +94,8 @@ pub struct Plan {
 }
 
 /// Builds the [`Plan`] for `ep` on its validated `target`; `owner` is the endpoint's controller
-/// owner reference, `secret` the name of the HMAC Secret the pods mount (the endpoint's
-/// existing one, else [`Names::secret`]).
+/// owner reference, `secret` the name of the key-ring Secret the pods mount
+/// ([`Names::secret`]).
 pub fn plan(
     ep: &McpEndpoint,
     names: &Names,
@@ -177,9 +180,10 @@ mod tests {
             .map(|e| (e["name"].as_str().unwrap(), e))
             .collect();
         assert_eq!(env["TETHER_ENDPOINT"]["value"], "/etc/tether/endpoint.yaml");
-        assert_eq!(
-            env["TETHER_SECRET_FILE"]["value"],
-            "/etc/tether-secret/secret"
+        assert_eq!(env["TETHER_SECRET_DIR"]["value"], "/etc/tether-secret");
+        assert!(
+            !env.contains_key("TETHER_SECRET_FILE"),
+            "the whole ring, not one key"
         );
         assert_eq!(env["TETHER_POD_SELECTOR"]["value"], "app=weather");
         assert_eq!(
@@ -220,7 +224,7 @@ mod tests {
             pod["volumes"],
             json!([
                 {"name": "tether-config", "configMap": {"name": "weather-tether"}},
-                {"name": "tether-secret", "secret": {"secretName": "weather-tether-6f1c2a9e"}},
+                {"name": "tether-secret", "secret": {"secretName": "weather-tether-keys-6f1c2a9e"}},
                 {"name": "tether-token", "projected": {"sources": [
                     {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
                     {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
@@ -382,9 +386,6 @@ mod tests {
             p.config_map.metadata.owner_references.as_ref().unwrap()[0].kind,
             "McpEndpoint"
         );
-        let secret = config::secret(&fixtures::names(&ep), &fixtures::owner(&ep), &[7; 32]);
-        assert_eq!(secret.immutable, Some(true));
-        assert_eq!(secret.data.as_ref().unwrap()["secret"].0, vec![7; 32]);
     }
 
     #[test]

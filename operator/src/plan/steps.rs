@@ -3,20 +3,20 @@
 //! ServiceAccount (`docs/design/operator.md`, "Plan").
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use super::config::{self, HMAC_KEY_BYTES};
+use super::keys::KeyStep;
 use super::network::covering_pdb;
 use super::{Plan, rbac};
 use crate::dereference::{Live, controlled_by, meta_controlled_by};
 use crate::diff::covers;
 use crate::fields;
 use crate::names::{LEGACY_FIELD_MANAGER, Names};
-use crate::validate::{Conflict, Target};
+use crate::validate::{Conflict, Target, controller_of};
 
 /// A child to server-side apply unless its live object already holds every field of `desired`.
 #[derive(Clone, Debug)]
@@ -84,10 +84,8 @@ pub(crate) enum Step<'a, K> {
 pub(crate) struct Steps<'a> {
     /// The config ConfigMap.
     pub config_map: Ensure<'a, ConfigMap>,
-    /// The HMAC Secret, when none exists: created once, never written again.
-    pub secret: Option<Secret>,
-    /// The HMAC Secret as read, if it exists (metadata only).
-    pub secret_live: Option<&'a ObjectMeta>,
+    /// The key-ring Secret: created, or patched by a rotation step (`crate::keys::decide`).
+    pub key_ring: KeyStep,
     /// The client Service, then the headless peer Service.
     pub services: [Ensure<'a, Service>; 2],
     /// The sidecar's dedicated ServiceAccount.
@@ -125,7 +123,8 @@ impl Steps<'_> {
 
     /// Checks that every live child these steps would write is the endpoint's: an object of a
     /// child's name that someone else created, or that another owner controls, is never taken
-    /// over (nor garbage-collected with the endpoint).
+    /// over (nor garbage-collected with the endpoint). The key-ring Secret is checked before,
+    /// with a reason of its own (`SecretNotOwned`, `crate::keys::decide`).
     ///
     /// # Errors
     /// A `NameTaken` [`Conflict`] naming the first such object.
@@ -133,7 +132,6 @@ impl Steps<'_> {
         let [client, peers] = &self.services;
         let mut written: Vec<(&str, Option<&ObjectMeta>)> = vec![
             ("ConfigMap", self.config_map.live.map(|o| &o.metadata)),
-            ("Secret", self.secret_live),
             ("Service", client.live.map(|o| &o.metadata)),
             ("Service", peers.live.map(|o| &o.metadata)),
             ("Role", self.role.live.map(|o| &o.metadata)),
@@ -153,15 +151,7 @@ impl Steps<'_> {
             return Ok(());
         };
         let name = meta.name.as_deref().unwrap_or_default();
-        let holder = meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|r| r.controller == Some(true))
-            .map_or_else(
-                || "it has no controller owner".to_owned(),
-                |r| format!("{} {:?} (uid {}) controls it", r.kind, r.name, r.uid),
-            );
+        let holder = controller_of(meta);
         Err(Conflict::new(
             "NameTaken",
             format!(
@@ -173,15 +163,15 @@ impl Steps<'_> {
 
 impl Plan {
     /// The steps that bring `live` to this plan for the endpoint `names` (controller owner
-    /// reference `owner`) on its valid `target`; `new_key` draws the HMAC key, called only when
-    /// the Secret is missing.
+    /// reference `owner`) on its valid `target`; `key_ring` is what the key ring's decision
+    /// writes to its Secret.
     pub(crate) fn steps<'a>(
         self,
         names: &Names,
         owner: &OwnerReference,
         target: &Target<'a>,
         live: &'a Live,
-        new_key: impl FnOnce() -> [u8; HMAC_KEY_BYTES],
+        key_ring: KeyStep,
     ) -> Steps<'a> {
         let Plan {
             injection,
@@ -227,11 +217,7 @@ impl Plan {
                 desired: config_map,
                 live: live.config_map.as_ref(),
             },
-            secret: live
-                .secret
-                .is_none()
-                .then(|| config::secret(names, owner, &new_key())),
-            secret_live: live.secret.as_ref(),
+            key_ring,
             services: [
                 Ensure {
                     desired: client,
@@ -276,25 +262,19 @@ mod tests {
     use crate::plan::{Defaults, plan};
     use crate::validate::validate;
 
-    /// The steps for `ep` on `deployment` against `live`, drawing HMAC keys of sevens.
+    /// The steps for `ep` on `deployment` against `live`, writing nothing to the key ring.
     fn steps_for<'a>(ep: &McpEndpoint, deployment: &'a Deployment, live: &'a Live) -> Steps<'a> {
-        steps_drawing(ep, deployment, live, || [7; HMAC_KEY_BYTES])
-    }
-
-    /// The steps for `ep` on `deployment` against `live`, drawing HMAC keys from `new_key`.
-    fn steps_drawing<'a>(
-        ep: &McpEndpoint,
-        deployment: &'a Deployment,
-        live: &'a Live,
-        new_key: impl FnOnce() -> [u8; HMAC_KEY_BYTES],
-    ) -> Steps<'a> {
         let names = fixtures::names(ep);
         let owner = fixtures::owner(ep);
         let target = validate(ep, &names, deployment).expect("a valid target");
         let defaults = Defaults::with_image("tether-sidecar:test");
-        let secret = live.secret_name(&names);
-        plan(ep, &names, &target, &defaults, &owner, &secret)
-            .steps(&names, &owner, &target, live, new_key)
+        plan(ep, &names, &target, &defaults, &owner, &names.secret()).steps(
+            &names,
+            &owner,
+            &target,
+            live,
+            KeyStep::Leave,
+        )
     }
 
     /// A live object named `name`, controlled by `owner_uid`'s endpoint.
@@ -319,23 +299,28 @@ mod tests {
     }
 
     #[test]
-    fn the_secret_is_created_only_when_missing_and_the_injection_goes_to_the_target() {
+    fn the_injection_goes_to_the_target_and_a_foreign_child_is_name_taken() {
         let ep = fixtures::endpoint(MINIMAL_ENDPOINT);
         let deployment = fixtures::deployment(DEPLOYMENT);
         let missing = Live::default();
         let steps = steps_for(&ep, &deployment, &missing);
-        let secret = steps.secret.expect("a new Secret");
-        assert_eq!(secret.data.unwrap()["secret"].0, vec![7; HMAC_KEY_BYTES]);
         assert!(std::ptr::eq(steps.injection.live.unwrap(), &deployment));
         assert!(steps.config_map.live.is_none());
-        let present = Live {
-            secret: Some(ObjectMeta::default()),
+        assert_eq!(steps.check_taken(&fixtures::owner(&ep)), Ok(()));
+        let theirs = Live {
+            config_map: Some(owned_by("weather-tether", "someone-else")),
             ..Live::default()
         };
-        let steps = steps_drawing(&ep, &deployment, &present, || {
-            panic!("no key is drawn for an existing Secret")
-        });
-        assert!(steps.secret.is_none());
+        let taken = steps_for(&ep, &deployment, &theirs)
+            .check_taken(&fixtures::owner(&ep))
+            .unwrap_err();
+        assert_eq!(taken.reason, "NameTaken");
+        assert!(
+            taken.message.starts_with("ConfigMap/weather-tether exists")
+                && taken.message.contains("(uid someone-else) controls it"),
+            "{}",
+            taken.message
+        );
     }
 
     #[test]

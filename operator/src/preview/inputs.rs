@@ -351,7 +351,7 @@ mod tests {
         let deployment = write("deployment.yaml", DEPLOYMENT);
         write(
             "live/a.yaml",
-            "apiVersion: v1\nkind: Secret\nmetadata: {name: weather-tether-6f1c2a9e, ownerReferences: \
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: weather-tether-keys-6f1c2a9e, ownerReferences: \
              [{apiVersion: mcp.tether.dev/v1alpha1, kind: McpEndpoint, name: weather, \
              uid: 6f1c2a9e-0000-4000-8000-000000000001, controller: true}]}\n---\n\
              apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: weather}\n",
@@ -372,7 +372,8 @@ mod tests {
             "{:?}",
             inputs.notes()
         );
-        // The live Secret exists and the listed budget of the user's covers the pods.
+        // The live key ring exists (its data left out, as the guide says) and the listed budget
+        // of the user's covers the pods.
         let outcome = futures::executor::block_on(preview(&inputs, &defaults())).unwrap();
         let kinds = summary(&planned(outcome));
         assert!(!kinds.iter().any(|s| s.starts_with("Secret/")), "{kinds:?}");

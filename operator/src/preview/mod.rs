@@ -2,7 +2,9 @@
 //! sent, like `helm template` (`docs/guide/install.md#preview-what-the-operator-will-write`).
 //! It runs the controller's own steps on manifests read from files — [`validate`], [`plan`],
 //! `Plan::steps`, with the live children read by [`dereference::children`] from a
-//! [`Snapshot`](dereference::Snapshot) instead of the API server — and contacts no API server.
+//! [`Snapshot`](dereference::Snapshot) instead of the API server, and the key ring's creation
+//! decided by `keys::decide` — and contacts no API server. It asks no pod for its key report,
+//! so the steps of a rotation are not previewed; the keys are always redacted.
 //!
 //! - `inputs`: reading the files into [`Inputs`] (the endpoint, its target, the live objects);
 //! - `yaml`: rendering a [`Preview`] as the YAML stream the command prints ([`Preview::to_yaml`]).
@@ -16,16 +18,17 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::dereference;
+use crate::dereference::{self, Found};
 use crate::error::Error;
-use crate::plan::config::HMAC_KEY_BYTES;
+use crate::keys::{self, Asks};
+use crate::plan::keys::KeyStep;
 use crate::plan::steps::{Ensure, Step};
-use crate::plan::{Defaults, plan};
+use crate::plan::{self, Defaults, plan};
 use crate::validate::{Conflict, validate};
 
 pub use inputs::{InputError, Inputs};
 
-/// What the HMAC Secret's data shows instead of a key.
+/// What the key-ring Secret's data shows instead of a key or a certificate.
 const REDACTED: &str = "<redacted>";
 
 /// What one reconcile would do with one object.
@@ -33,7 +36,7 @@ const REDACTED: &str = "<redacted>";
 pub enum Write {
     /// Server-side apply of this body.
     Apply(Value),
-    /// Create this object (the HMAC Secret, its data [`REDACTED`]).
+    /// Create this object (the key-ring Secret, its data [`REDACTED`]).
     Create(Value),
     /// Delete the object with this UID (a precondition), for this reason.
     Delete {
@@ -98,22 +101,29 @@ pub async fn preview(inputs: &Inputs, defaults: &Defaults) -> Result<Outcome, Er
         Ok(target) => target,
         Err(conflict) => return Ok(Outcome::Degraded(conflict)),
     };
-    let live = dereference::children(live, names, owner, &target).await?;
-    // The key is never shown: a placeholder, redacted below, stands for the random one.
-    let secret = live.secret_name(names);
-    let steps = plan(ep, names, &target, defaults, owner, &secret).steps(
-        names,
-        owner,
-        &target,
-        &live,
-        || [0; HMAC_KEY_BYTES],
-    );
+    // No pod is asked for its key report: a rotation is not previewed.
+    let live = dereference::children(live, names, owner, &target, |_| false).await?;
+    let key_ring = match &live.key_ring {
+        Found::Ring(_) => KeyStep::Leave,
+        found => {
+            let before = ep.status.as_ref().and_then(|s| s.keys.as_ref());
+            let label = format!("{}/{}", names.namespace, names.endpoint);
+            let asks = Asks::of(ep);
+            let decision = keys::decide(found, &asks, before, None, &names.secret(), &label)?;
+            if let Some(conflict) = decision.conflict {
+                return Ok(Outcome::Degraded(conflict));
+            }
+            plan::keys::step(names, owner, found, &decision.write)
+        }
+    };
+    let steps = plan(ep, names, &target, defaults, owner, &names.secret())
+        .steps(names, owner, &target, &live, key_ring);
     if let Err(conflict) = steps.check_taken(owner) {
         return Ok(Outcome::Degraded(conflict));
     }
-    // The order of `apply::steps`.
+    // The order of `apply::steps`; the keys are never shown (`created` redacts them).
     let mut items = vec![ensure(&steps.config_map)?];
-    if let Some(secret) = &steps.secret {
+    if let KeyStep::Create(secret) = &steps.key_ring {
         items.push(created(secret)?);
     }
     for service in &steps.services {
@@ -158,7 +168,7 @@ fn applied<K: Resource<DynamicType = ()>>(body: Value, sent: bool) -> Result<Ite
     Ok(item::<K>(name, write))
 }
 
-/// The item of the HMAC Secret's creation, its data redacted.
+/// The item of the key-ring Secret's creation, its data redacted.
 fn created(secret: &Secret) -> Result<Item, Error> {
     let mut body = serde_json::to_value(secret)?;
     for value in body["data"]
@@ -264,7 +274,7 @@ mod tests {
             summary(&p),
             [
                 "ConfigMap/weather-tether: apply",
-                "Secret/weather-tether-6f1c2a9e: create",
+                "Secret/weather-tether-keys-6f1c2a9e: create",
                 "Service/weather-mcp: apply",
                 "Service/weather-peers: apply",
                 "ServiceAccount/weather-tether-sidecar: apply",
@@ -274,7 +284,10 @@ mod tests {
                 "Deployment/weather: apply",
             ]
         );
-        assert_eq!(body(&p, "Secret")["data"], json!({"secret": REDACTED}));
+        assert_eq!(
+            body(&p, "Secret")["data"],
+            json!({"ca.crt": REDACTED, "secret": REDACTED, "tls.crt": REDACTED, "tls.key": REDACTED})
+        );
         let sidecar = &body(&p, "Deployment")["spec"]["template"]["spec"]["initContainers"][0];
         assert_eq!(sidecar["name"], "tether-sidecar");
         assert_eq!(sidecar["image"], "tether-sidecar:test");

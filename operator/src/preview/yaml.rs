@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::{Preview, Write};
-use crate::plan::config::HMAC_KEY_BYTES;
+use tether_crds::keyring::KEY_BYTES;
 
 impl Preview {
     /// The preview as a YAML stream: each object written is a document (`---` between them)
@@ -31,8 +31,9 @@ impl Preview {
                 Write::Apply(body) => (format!("apply {what} (server-side apply)"), body.clone()),
                 Write::Create(body) => (
                     format!(
-                        "create {what}, once; its data is redacted: the operator draws a random \
-                         {HMAC_KEY_BYTES}-byte key when it creates it"
+                        "create {what}; its data is redacted: the operator draws a random \
+                         {KEY_BYTES}-byte key and a peer CA and certificate when it creates it \
+                         (or keeps the key of the endpoint's Secret from before the key ring)"
                     ),
                     body.clone(),
                 ),

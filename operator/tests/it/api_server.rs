@@ -1,10 +1,13 @@
 //! The in-memory API server ([`crate::support`]) held to what a Kubernetes API server does: apply
 //! conflicts and forcing, shared ownership, pruning, updates taking ownership (and the defaults
-//! they add), canonical quantities, name validation, label selectors and finalizers.
+//! they add), canonical quantities, name validation, label selectors, finalizers, immutable
+//! Secrets and JSON patches that test what they change.
 
 use crate::support::defaults::canonical_quantity;
 use crate::support::fields::owners;
-use crate::support::{Shared, api_with, apply_as, client_of, create_as, delete, stored, update_as};
+use crate::support::{
+    Shared, api_with, apply_as, client_of, create_as, delete, json_patch_as, stored, update_as,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
@@ -309,4 +312,46 @@ fn a_taken_name_is_refused_and_a_deletion_waits_for_the_finalizers() {
         !api.lock().unwrap().objects.contains_key(CM),
         "gone with its last finalizer"
     );
+}
+
+#[test]
+fn an_immutable_secret_keeps_its_data_and_a_json_patch_tests_what_it_read() {
+    const SECRETS: &str = "/api/v1/namespaces/tools/secrets";
+    let secret = |name: &str, immutable: bool| {
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": name, "namespace": "tools"},
+               "immutable": immutable, "data": {"secret": "AAAA"}})
+    };
+    let api = api_with(&[]);
+    let frozen = create_as(&api, "tether", SECRETS, &secret("frozen", true)).unwrap();
+    let change = json!([{"op": "add", "path": "/data/secret", "value": "BBBB"}]);
+    let refused = json_patch_as(&api, "tether", &format!("{SECRETS}/frozen"), &change).unwrap_err();
+    assert_refused(&refused, 422, "Invalid");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("data: Forbidden: field is immutable"),
+        "{refused}"
+    );
+    let thaw = json!([{"op": "replace", "path": "/immutable", "value": false}]);
+    let refused = json_patch_as(&api, "tether", &format!("{SECRETS}/frozen"), &thaw).unwrap_err();
+    assert_refused(&refused, 422, "Invalid");
+    assert_eq!(
+        stored(&api, &format!("{SECRETS}/frozen"))["data"],
+        frozen["data"]
+    );
+    // A mutable one changes, only at the version a patch tested.
+    let path = format!("{SECRETS}/ring");
+    let created = create_as(&api, "tether", SECRETS, &secret("ring", false)).unwrap();
+    let version = created["metadata"]["resourceVersion"].clone();
+    let guarded = |value: &str| {
+        json!([{"op": "test", "path": "/metadata/resourceVersion", "value": version},
+               {"op": "add", "path": "/data/next", "value": value}])
+    };
+    let patched = json_patch_as(&api, "tether", &path, &guarded("CCCC")).unwrap();
+    assert_eq!(patched["data"]["next"], "CCCC");
+    let stale = json_patch_as(&api, "tether", &path, &guarded("DDDD")).unwrap_err();
+    assert_refused(&stale, 422, "Invalid");
+    assert_eq!(stored(&api, &path)["data"]["next"], "CCCC");
 }

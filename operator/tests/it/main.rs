@@ -2,13 +2,14 @@
 //! ([`support`]), in one test binary: that server itself (`api_server`), whole reconciles
 //! (`reconcile`), what a real cluster does to the operator (`cluster`), Events (`events`),
 //! leader election (`leader`), the example manifests with `tether-operator plan`
-//! (`examples`), and what a platform team meets over an endpoint's life, an operator upgrade
+//! (`examples`), the key ring and its rotation (`keys`), and what a platform team meets over an endpoint's life, an operator upgrade
 //! first (`upgrade`). The real-cluster tests are the gated `e2e` binary.
 
 mod api_server;
 mod cluster;
 mod events;
 mod examples;
+mod keys;
 mod leader;
 mod reconcile;
 mod support;

@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 use crate::support::cluster::collect_garbage;
 use crate::support::fields::{managed_fields, owners};
 use crate::support::operator::{
-    DEPLOY_PATH, ENDPOINTS, EP_PATH, NS, Operator, applied_by_kubectl, degraded, deployment,
-    endpoint, injected, injected_example, manifest, pod_spec, pods_rolled,
+    DEPLOY_PATH, ENDPOINTS, EP_PATH, NS, Operator, SECRET_PATH, SECRETS, applied_by_kubectl,
+    degraded, deployment, endpoint, injected, injected_example, manifest, pod_spec, pods_rolled,
 };
 use crate::support::{
     Shared, api_created_by, api_with, apply_as, create_as, delete, paths, stored, update_as,
@@ -21,7 +21,6 @@ use crate::support::{
 /// The field manager of every apply of the previous operator release.
 const LEGACY_MANAGER: &str = "tether-operator";
 const GRACE: &str = ".spec.template.spec.terminationGracePeriodSeconds";
-const SECRETS: &str = "/api/v1/namespaces/tools/secrets";
 const PODS: &str = "/api/v1/namespaces/tools/pods";
 const CONFIG_MAP_PATH: &str = "/api/v1/namespaces/tools/configmaps/weather-tether";
 
@@ -158,8 +157,19 @@ async fn assert_upgrade_takes_over(api: &Shared, rollouts: usize) {
     );
     assert_eq!(
         mounted_secret(api),
-        "weather-tether",
+        "weather-tether-keys-e-1",
+        "the key ring"
+    );
+    let ring = stored(api, SECRET_PATH);
+    assert_eq!(
+        ring["data"]["secret"],
+        legacy_secret()["data"]["secret"],
         "running pods keep their key"
+    );
+    assert_eq!(
+        stored(api, &format!("{SECRETS}/weather-tether"))["data"],
+        legacy_secret()["data"],
+        "the old Secret stays as it was, for the pods that still mount it"
     );
     let deployment_managers = managers(api, DEPLOY_PATH);
     assert!(
@@ -187,8 +197,9 @@ async fn assert_upgrade_takes_over(api: &Shared, rollouts: usize) {
 #[tokio::test]
 async fn an_injection_of_the_previous_release_is_taken_over_with_one_rollout() {
     // The release before today's injected no template label, no token volume, no seccomp
-    // profile, and `preStop` hooks that started the drain over the network (`httpGet /drain`)
-    // instead of the drain socket.
+    // profile, `preStop` hooks that started the drain over the network (`httpGet /drain`)
+    // instead of the drain socket, and one key from the Secret of the name without the UID
+    // instead of the key ring.
     let api = left_by_the_previous_operator(|body| {
         let t = &mut body["spec"]["template"];
         t["metadata"].as_object_mut().unwrap().remove("labels");
@@ -199,14 +210,20 @@ async fn an_injection_of_the_previous_release_is_taken_over_with_one_rollout() {
             .as_array_mut()
             .unwrap()
             .retain(|v| v["name"] != "tether-token" && v["name"] != "tether-run");
+        for volume in pod["volumes"].as_array_mut().unwrap() {
+            if volume["name"] == "tether-secret" {
+                volume["secret"]["secretName"] = json!("weather-tether");
+            }
+        }
         let sidecar = &mut pod["initContainers"][0];
         sidecar["lifecycle"] = network_drain;
         let mounts = sidecar["volumeMounts"].as_array_mut().unwrap();
         mounts.retain(|m| m["name"] != "tether-token" && m["name"] != "tether-run");
-        sidecar["env"]
-            .as_array_mut()
-            .unwrap()
-            .retain(|e| e["name"] != "TETHER_DRAIN_SOCKET");
+        let env = sidecar["env"].as_array_mut().unwrap();
+        env.retain(|e| e["name"] != "TETHER_DRAIN_SOCKET");
+        for var in env.iter_mut().filter(|e| e["name"] == "TETHER_SECRET_DIR") {
+            *var = json!({"name": "TETHER_SECRET_FILE", "value": "/etc/tether-secret/secret"});
+        }
         sidecar["securityContext"]
             .as_object_mut()
             .unwrap()

@@ -535,6 +535,7 @@ impl ApiServer {
         }
         validation::check(route.kind, &route.group, &object)?;
         if let Some(live) = &live {
+            validation::frozen(route.kind, live, &object)?;
             let same_sets = |a: &[Entry], b: &[Entry]| {
                 a.len() == b.len()
                     && a.iter()
@@ -850,6 +851,23 @@ pub fn apply_as(
 pub fn update_as(api: &Shared, manager: &str, path: &str, object: &Value) -> Result<Value, Value> {
     let query = format!("fieldManager={manager}");
     as_user(api, Method::PUT, path, &query, "application/json", object)
+}
+
+/// Sends the JSON patch (RFC 6902) `ops` to the object at `path` as field manager `manager`,
+/// as `kubectl patch --type=json` does.
+///
+/// # Errors
+/// The `Status` of the failure (422 when an operation fails, a `test` included).
+pub fn json_patch_as(api: &Shared, manager: &str, path: &str, ops: &Value) -> Result<Value, Value> {
+    let query = format!("fieldManager={manager}");
+    as_user(
+        api,
+        Method::PATCH,
+        path,
+        &query,
+        "application/json-patch+json",
+        ops,
+    )
 }
 
 /// Creates `object` in the collection at `collection` as field manager `manager`.

@@ -1,16 +1,22 @@
 //! The operator's reconcile against the in-memory API server, as the reconcile and cluster tests
 //! run it: the endpoint and Deployment fixtures (the user's Deployment as applied with
-//! `kubectl`), reconciles with the writes they sent, and readers of those writes (objects,
-//! Events, conditions) and of what is stored (the pod spec, the conditions).
+//! `kubectl`), reconciles with the writes they sent, the sidecars' key reports the tests set
+//! ([`Reports`]), and readers of those writes (objects, Events, conditions) and of what is
+//! stored (the pod spec, the conditions).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 
+use futures::future::BoxFuture;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 use tether_crds::McpEndpoint;
+use tether_crds::keyring::KeyReport;
 use tether_operator::controller::{Context, reconcile};
 use tether_operator::error::Error;
 use tether_operator::plan::Defaults;
+use tether_operator::reports::KeyReports;
 
 use super::{Shared, Write, api_with, apply_as, client_of, paths, stored};
 
@@ -22,9 +28,10 @@ pub const ENDPOINTS: &str = "/apis/mcp.tether.dev/v1alpha1/namespaces/tools/mcpe
 pub const EP_PATH: &str = "/apis/mcp.tether.dev/v1alpha1/namespaces/tools/mcpendpoints/weather";
 /// Its target Deployment.
 pub const DEPLOY_PATH: &str = "/apis/apps/v1/namespaces/tools/deployments/weather";
-/// Its HMAC Secret.
-/// The HMAC Secret: its name carries the first characters of the endpoint's UID (`e-1`).
-pub const SECRET_PATH: &str = "/api/v1/namespaces/tools/secrets/weather-tether-e-1";
+/// The key-ring Secret: its name carries the first characters of the endpoint's UID (`e-1`).
+pub const SECRET_PATH: &str = "/api/v1/namespaces/tools/secrets/weather-tether-keys-e-1";
+/// Where Secrets are created.
+pub const SECRETS: &str = "/api/v1/namespaces/tools/secrets";
 /// Where Events are created.
 pub const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/tools/events";
 
@@ -65,23 +72,65 @@ pub fn deployment() -> Value {
     })
 }
 
+/// The sidecars' key reports as the tests set them, by pod IP; a pod without one is
+/// unreachable. Records every address asked.
+#[derive(Default)]
+pub struct Reports {
+    answers: Mutex<BTreeMap<IpAddr, KeyReport>>,
+    asked: Mutex<Vec<SocketAddr>>,
+}
+
+impl Reports {
+    /// The sidecar at `ip` reports `report` from now on.
+    ///
+    /// # Panics
+    /// When `ip` is no IP address.
+    pub fn set(&self, ip: &str, report: KeyReport) {
+        let ip = ip.parse().expect("an IP address");
+        self.answers.lock().unwrap().insert(ip, report);
+    }
+
+    /// Every address asked so far, in order.
+    pub fn asked(&self) -> Vec<SocketAddr> {
+        self.asked.lock().unwrap().clone()
+    }
+}
+
+impl KeyReports for Reports {
+    fn report(&self, addr: SocketAddr) -> BoxFuture<'_, Result<KeyReport, String>> {
+        self.asked.lock().unwrap().push(addr);
+        let answer = self.answers.lock().unwrap().get(&addr.ip()).cloned();
+        Box::pin(async move { answer.ok_or_else(|| "unreachable: connection refused".to_owned()) })
+    }
+}
+
 /// The operator as its controller runs it: one context, so one Event recorder, for every
 /// reconcile.
 pub struct Operator {
     api: Shared,
     ctx: Arc<Context>,
+    reports: Arc<Reports>,
 }
 
 impl Operator {
-    /// The operator against `api`, with the sidecar image `tether-sidecar:test`.
+    /// The operator against `api`, with the sidecar image `tether-sidecar:test`; the sidecars'
+    /// key reports are [`Operator::reports`].
     pub fn new(api: &Shared) -> Self {
         let metrics = Arc::clone(&api.lock().unwrap().metrics);
         let defaults = Defaults::with_image("tether-sidecar:test");
-        let ctx = Context::new(client_of(api, NS), defaults, metrics, None);
+        let reports = Arc::new(Reports::default());
+        let ctx = Context::new(client_of(api, NS), defaults, metrics, None)
+            .with_reports(Arc::clone(&reports) as Arc<dyn KeyReports>);
         Self {
             api: Arc::clone(api),
             ctx: Arc::new(ctx),
+            reports,
         }
+    }
+
+    /// What the sidecars report of their key rings.
+    pub fn reports(&self) -> &Reports {
+        &self.reports
     }
 
     /// Reconciles the endpoint stored at `path` once; returns the result and the writes sent.

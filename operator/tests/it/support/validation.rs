@@ -111,6 +111,36 @@ pub(super) fn check(kind: &str, group: &str, obj: &Value) -> Result<(), Value> {
     ))
 }
 
+/// Checks that a write of `obj`, which was `live`, keeps what `immutable: true` freezes in a
+/// Secret or ConfigMap: its data and the mark itself.
+///
+/// # Errors
+/// The 422 `Status` the API server answers.
+pub(super) fn frozen(kind: &str, live: &Value, obj: &Value) -> Result<(), Value> {
+    if !matches!(kind, "Secret" | "ConfigMap") || live["immutable"] != true {
+        return Ok(());
+    }
+    let changed: Vec<&str> = ["data", "binaryData", "immutable"]
+        .into_iter()
+        .filter(|f| live[*f] != obj[*f])
+        .collect();
+    let Some(first) = changed.first() else {
+        return Ok(());
+    };
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    let message = "Forbidden: field is immutable when `immutable` is set";
+    let causes: Vec<Value> = changed
+        .iter()
+        .map(|f| json!({"reason": "FieldValueForbidden", "message": message, "field": f}))
+        .collect();
+    Err(failure(
+        422,
+        "Invalid",
+        &format!("{kind} {name:?} is invalid: {first}: {message}"),
+        json!({"name": name, "group": "", "kind": kind, "causes": causes}),
+    ))
+}
+
 /// Why `name` is no valid name of a `kind`, if it is not.
 fn name_problem(kind: &str, name: &str) -> Option<String> {
     match kind {
