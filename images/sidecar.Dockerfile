@@ -44,5 +44,5 @@ USER 65532:65532
 # peer.port (session handoff). The listeners bind to POD_IP; the ports follow the endpoint spec.
 EXPOSE 8080 9901 9902
 # Configured by flags or environment variables (TETHER_ENDPOINT, POD_IP, POD_UID,
-# TETHER_SECRET_FILE, ...): the operator passes environment variables only.
+# TETHER_SECRET_DIR, ...): the operator passes environment variables only.
 ENTRYPOINT ["/usr/local/bin/tether-sidecar"]

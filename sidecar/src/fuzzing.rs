@@ -29,12 +29,12 @@ use tether_crds::McpEndpointSpec;
 use crate::broker::UpstreamCursor;
 use crate::cluster::membership::peers_file::{self, PeersFileError};
 use crate::cluster::membership::{Peer, PeerState, Snapshot, View};
+use crate::keys::{DOMAIN_SESSION_ID, Key, KeyRing};
 use crate::mcp::cursor::{EventId, StreamKey};
 use crate::mcp::jsonrpc::{self, EnvelopeError, EnvelopeLimits, Message};
 use crate::mcp::origin::{OriginCheck, OriginPolicy};
 use crate::mcp::session_id::{HomeToken, IdError, IdMinter};
 use crate::mcp::sse;
-use crate::secret::{DOMAIN_SESSION_ID, Secret};
 
 pub use crate::handoff::fuzzing::{Adopted, PeerMessage, RestoredStream, WireTrip};
 
@@ -98,8 +98,9 @@ impl Minter {
     /// The minter of pod `pod_uid` with endpoint secret `secret`.
     pub fn new(secret: &[u8], pod_uid: &str) -> Self {
         Self(IdMinter::new(
-            Secret::from_bytes(secret.to_vec()),
+            KeyRing::from_bytes(secret.to_vec()),
             HomeToken::for_pod(pod_uid),
+            std::sync::Arc::default(),
         ))
     }
 
@@ -128,7 +129,7 @@ pub fn home_token(pod_uid: &str) -> [u8; 8] {
 
 /// The full HMAC the session-id MAC is truncated from, over `signed` (version, random, home).
 pub fn session_id_mac(secret: &[u8], signed: &[u8]) -> [u8; 32] {
-    Secret::from_bytes(secret.to_vec()).mac(DOMAIN_SESSION_ID, signed)
+    Key::new(secret.to_vec()).mac(DOMAIN_SESSION_ID, signed)
 }
 
 // ---- JSON-RPC envelopes ----------------------------------------------------------------------

@@ -9,9 +9,9 @@
 //! - `stream/` and `session/`: the state a pod holds — streams with their replay buffers and
 //!   stored replies; sessions with their retry records and journal, and the registry;
 //! - `cluster/`: membership, the session ring, routing between sidecars, peer health;
-//! - `upstream.rs`, `metrics.rs`, `lifecycle.rs`, `secret.rs`, `reply.rs`: the MCP server client,
-//!   the Prometheus metrics, the pod's serving/draining state, the endpoint secret, what a client
-//!   is answered;
+//! - `keys/`: the endpoint's key ring (HMAC keys, the peer TLS material) and its reloads;
+//! - `upstream.rs`, `metrics.rs`, `lifecycle.rs`, `reply.rs`: the MCP server client, the
+//!   Prometheus metrics, the pod's serving/draining state, what a client is answered;
 //! - `broker/`: what the sidecar does with a sessionful request (initialize, POST, GET,
 //!   DELETE, upstream pumps, rebuilds, sweeps);
 //! - `handoff/`: moving sessions between sidecars, and the peer protocol it speaks;
@@ -30,6 +30,7 @@ mod config;
 #[cfg(fuzzing)]
 pub mod fuzzing;
 mod handoff;
+mod keys;
 mod lifecycle;
 mod mcp;
 mod metrics;
@@ -37,7 +38,6 @@ mod ops;
 mod proxy;
 mod reply;
 mod retained;
-mod secret;
 mod server;
 mod session;
 mod stream;
@@ -46,7 +46,8 @@ mod upstream;
 pub use cluster::membership::kubernetes::peer_of;
 pub use cluster::membership::{Peer, PeerState};
 pub use cluster::ring::{HrwRing, SessionRing};
-pub use config::cli::{Cli, DrainCli, LogFormat};
+pub use config::cli::{Cli, DrainCli, KeygenCli, LogFormat};
 pub use config::{Config, ConfigError, ConfigSource, MembershipConfig};
+pub use keys::{KeygenError, keygen};
 pub use ops::control::{DrainRequestError, request as request_drain};
 pub use server::run;

@@ -1,11 +1,12 @@
 //! `tether-sidecar` binary: parse flags, load the endpoint manifest, run the pingora server;
-//! `tether-sidecar drain` drains the sidecar of this pod through its drain socket.
+//! `tether-sidecar drain` drains the sidecar of this pod through its drain socket;
+//! `tether-sidecar keygen DIR` writes a key ring for sidecars run by hand.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tether_sidecar::{Cli, Config, DrainCli, LogFormat};
+use tether_sidecar::{Cli, Config, DrainCli, KeygenCli, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 /// The log filter: `RUST_LOG` (default `info`). pingora's own debug logs print request headers,
@@ -54,9 +55,33 @@ fn drain(cli: &DrainCli) -> ExitCode {
     }
 }
 
+/// `tether-sidecar keygen DIR`: 0 written, 1 a key ring is there already, 2 an I/O error.
+fn keygen(cli: &KeygenCli) -> ExitCode {
+    match tether_sidecar::keygen(&cli.dir, &cli.label) {
+        Ok(id) => {
+            println!("wrote key ring {id} to {}", cli.dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(e @ tether_sidecar::KeygenError::Exists(_)) => {
+            eprintln!("tether-sidecar keygen: {e}");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("tether-sidecar keygen: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    if std::env::args_os().nth(1).is_some_and(|a| a == "drain") {
-        return drain(&DrainCli::parse_from(std::env::args_os().skip(1)));
+    match std::env::args_os().nth(1) {
+        Some(a) if a == "drain" => {
+            return drain(&DrainCli::parse_from(std::env::args_os().skip(1)));
+        }
+        Some(a) if a == "keygen" => {
+            return keygen(&KeygenCli::parse_from(std::env::args_os().skip(1)));
+        }
+        _ => {}
     }
     let cli = Cli::parse();
     let filter = EnvFilter::try_new(log_directives(std::env::var("RUST_LOG").ok()))

@@ -190,6 +190,8 @@ pub(crate) struct Metrics {
     requests_cut: Counter,
     /// Changes of the endpoint file seen, by result (`applied`, `invalid`, `unreadable`).
     config_reloads: Family<ResultLabel, Counter>,
+    /// Changes of the key ring's files seen, by result (`applied`, `invalid`).
+    key_ring_reloads: Family<ResultLabel, Counter>,
     /// 1 while the endpoint file asks for pod settings other than the running ones (they take
     /// effect when the pod restarts), else 0.
     config_restart_pending: Gauge,
@@ -204,6 +206,12 @@ pub(crate) struct Metrics {
     upstream_events_too_large: Counter,
     /// Client connections open on the MCP listener.
     client_connections: Gauge,
+    /// Connections open on the peer listener.
+    peer_connections: Gauge,
+    /// Peer messages and connections refused before anything was spent on them, by reason.
+    peer_auth_failures: Family<Reason, Counter>,
+    /// Nonces of peer messages remembered within the time window.
+    peer_nonces: Gauge,
     /// Connections closed because a request head was not complete `--header-timeout` after its
     /// first byte.
     header_timeouts: Counter,
@@ -266,12 +274,16 @@ impl Metrics {
             tail_events_forwarded: Counter::default(),
             requests_cut: Counter::default(),
             config_reloads: Family::default(),
+            key_ring_reloads: Family::default(),
             config_restart_pending: Gauge::default(),
             admin_refused: Family::default(),
             retained_bytes: Family::default(),
             revalidations: Family::default(),
             upstream_events_too_large: Counter::default(),
             client_connections: Gauge::default(),
+            peer_connections: Gauge::default(),
+            peer_auth_failures: Family::default(),
+            peer_nonces: Gauge::default(),
             header_timeouts: Counter::default(),
             request_heads_refused: Counter::default(),
             client_write_timeouts: Counter::default(),
@@ -454,6 +466,11 @@ impl Metrics {
             m.requests_cut.clone(),
         );
         r.register(
+            "key_ring_reloads",
+            "Changes of the key ring's files seen, by result",
+            m.key_ring_reloads.clone(),
+        );
+        r.register(
             "config_reloads",
             "Changes of the endpoint file seen, by result",
             m.config_reloads.clone(),
@@ -487,6 +504,21 @@ impl Metrics {
             "client_connections",
             "Client connections open on the MCP listener",
             m.client_connections.clone(),
+        );
+        r.register(
+            "peer_connections",
+            "Connections open on the peer listener",
+            m.peer_connections.clone(),
+        );
+        r.register(
+            "peer_auth_failures",
+            "Peer messages and connections refused before anything was spent on them, by reason",
+            m.peer_auth_failures.clone(),
+        );
+        r.register(
+            "peer_nonces",
+            "Nonces of peer messages remembered within the time window",
+            m.peer_nonces.clone(),
         );
         r.register(
             "header_timeouts",
@@ -732,6 +764,14 @@ impl Metrics {
         self.requests_cut.inc_by(requests);
     }
 
+    /// A change of the key ring's files seen, by `result`
+    /// (`tether_key_ring_reloads_total{result}`: `applied`, `invalid`).
+    pub(crate) fn key_ring_reload(&self, result: &'static str) {
+        self.key_ring_reloads
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
     /// A change of the endpoint file seen, by `result` (`tether_config_reloads_total{result}`:
     /// `applied`, `invalid`, `unreadable`).
     pub(crate) fn config_reload(&self, result: &'static str) {
@@ -751,14 +791,34 @@ impl Metrics {
         self.upstream_events_too_large.inc();
     }
 
-    /// A client connection opened (`true`) or closed (`false`) on the MCP listener
-    /// (`tether_client_connections`).
-    pub(crate) fn client_connection(&self, opened: bool) {
-        if opened {
-            self.client_connections.inc();
+    /// A connection opened (`true`) or closed (`false`) on the MCP listener
+    /// (`tether_client_connections`) or, `peer`, the peer listener (`tether_peer_connections`).
+    pub(crate) fn connection(&self, peer: bool, opened: bool) {
+        let gauge = if peer {
+            &self.peer_connections
         } else {
-            self.client_connections.dec();
+            &self.client_connections
+        };
+        if opened {
+            gauge.inc();
+        } else {
+            gauge.dec();
         }
+    }
+
+    /// A peer message or connection refused before anything was spent on it
+    /// (`tether_peer_auth_failures_total{reason}`: `header`, `mac`, `misaddressed`, `skew`,
+    /// `message_too_large`, `replayed`, `digest_mismatch`, `tls`).
+    pub(crate) fn peer_auth_failure(&self, reason: &'static str) {
+        self.peer_auth_failures
+            .get_or_create(&Reason { reason })
+            .inc();
+    }
+
+    /// Nonces remembered now (`tether_peer_nonces`).
+    pub(crate) fn peer_nonces(&self, nonces: usize) {
+        self.peer_nonces
+            .set(i64::try_from(nonces).unwrap_or(i64::MAX));
     }
 
     /// A connection closed for a request head past `--header-timeout`
@@ -865,7 +925,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 49);
+        assert_eq!(fields, 53);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -892,13 +952,15 @@ mod tests {
         m.peers_down("refused", 1);
         m.handoff_failed("x");
         m.config_reload("applied");
+        m.key_ring_reload("applied");
+        m.peer_auth_failure("mac");
         m.admin_refused("drain_not_local");
         m.retained("journal", 1);
         m.revalidation(StatusCode::OK);
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            49,
+            53,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -4,6 +4,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -17,12 +18,13 @@ use crate::broker::Broker;
 use crate::cluster::membership::kubernetes::KubernetesPods;
 use crate::cluster::membership::peers_file::PeersFile;
 use crate::cluster::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
-use crate::cluster::peer_health::{PeerHealth, Prober};
+use crate::cluster::peer_health::{FIRST_PROTOCOL, PeerHealth, Prober};
 use crate::cluster::routing::Router;
 use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigError, MembershipConfig};
 use crate::handoff::Handoff;
 use crate::handoff::listener::PeerListener;
+use crate::keys::{KeyRing, RELOAD_INTERVAL};
 use crate::lifecycle::Lifecycle;
 use crate::mcp::session_id::{HomeToken, IdMinter};
 use crate::metrics::Metrics;
@@ -30,7 +32,7 @@ use crate::ops::admin::Admin;
 use crate::ops::control::DrainControl;
 use crate::ops::drain::Drain;
 use crate::ops::shutdown::DrainOnTerm;
-use crate::proxy::{ConnectionLimits, McpListener, McpProxy};
+use crate::proxy::{ConnectionLimits, Listening, McpListener, McpProxy};
 use crate::retained::Retained;
 use crate::session::Registry;
 
@@ -139,13 +141,42 @@ fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
     }
 }
 
+/// Reads the key ring again (`docs/design/peer-trust.md#the-key-ring`): a change is applied
+/// whole and logged with the key ids; a ring that does not load keeps the last good one.
+fn reload_keys(keys: &KeyRing, metrics: &Metrics) {
+    match keys.reload() {
+        Ok(false) => {}
+        Ok(true) => {
+            metrics.key_ring_reload("applied");
+            let ring = keys.load();
+            let ids: Vec<String> = ring
+                .keys()
+                .map(|(role, key)| format!("{role:?}={}", key.id()))
+                .collect();
+            tracing::info!(keys = %ids.join(" "), tls = ring.tls().is_some(), "key ring reloaded");
+        }
+        Err(e) => {
+            metrics.key_ring_reload("invalid");
+            tracing::warn!(error = %e, "keeping the last good key ring");
+        }
+    }
+}
+
 /// Builds the broker from the configuration, with its client of the upstream and the pod's
-/// metrics.
-pub(crate) fn broker(cfg: &Config, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Broker> {
+/// metrics; new session ids take the first format while `first_format_ids` is set.
+pub(crate) fn broker(
+    cfg: &Config,
+    upstream: Upstream,
+    metrics: Arc<Metrics>,
+    first_format_ids: Arc<AtomicBool>,
+) -> Arc<Broker> {
     Broker::new(
         cfg.broker.clone(),
-        IdMinter::new(cfg.secret.clone(), HomeToken::for_pod(&cfg.pod_uid)),
-        cfg.secret.clone(),
+        IdMinter::new(
+            cfg.keys.clone(),
+            HomeToken::for_pod(&cfg.pod_uid),
+            first_format_ids,
+        ),
         upstream,
         Registry::new(
             cfg.max_sessions,
@@ -191,6 +222,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         })?;
     }
     check_drain_socket(&cfg.drain_socket)?;
+    crate::keys::tls::install_default_provider();
     let conf = ServerConf {
         threads: cfg.threads,
         grace_period_seconds: Some(GRACE_SECS),
@@ -206,21 +238,28 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         &cfg.upstream_host,
         cfg.broker.upstream_body_timeout,
     );
-    let broker = broker(&cfg, upstream.clone(), Arc::clone(&metrics));
+    let (initial, source) = membership(&cfg);
+    let health = PeerHealth::new(cfg.peer_min_protocol);
+    // Until the first round of probes tells, a peer may be one that reads only first-format ids.
+    let first_format_ids = Arc::new(AtomicBool::new(source.is_some() && health.accepts_first()));
+    let broker = broker(
+        &cfg,
+        upstream.clone(),
+        Arc::clone(&metrics),
+        Arc::clone(&first_format_ids),
+    );
     let authority = cfg
         .upstream
         .authority()
         .map(|a| a.as_str().to_owned())
         .unwrap_or_default();
-    let (initial, source) = membership(&cfg);
     let sink = MembershipSink::new(initial, Arc::clone(&metrics));
-    let health = PeerHealth::new();
     let router = Router::new(
         sink.clone(),
         Arc::clone(&health),
         cfg.listen_addr,
         cfg.pod_uid.clone(),
-        cfg.secret.clone(),
+        cfg.keys.clone(),
     );
     // Only a peer that stopped answering exceeds this: a live one answers within its upstream
     // deadline and sends keep-alive comments on idle streams.
@@ -232,6 +271,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Arc::clone(&lifecycle),
         Arc::clone(&metrics),
         cfg.peer_addr.port(),
+        cfg.peer_tls,
         cfg.peer_max_message_bytes,
         cfg.handoff,
     );
@@ -256,15 +296,44 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         body_timeout: cfg.request_timeout,
         peer_read_timeout,
         client_write_timeout: cfg.client_write_timeout,
+        peer: Arc::new(PeerListener::new(
+            Arc::clone(&broker),
+            Arc::clone(&lifecycle),
+            Arc::clone(&metrics),
+            cfg.keys.clone(),
+            cfg.pod_uid.clone(),
+            cfg.peer_max_message_bytes,
+            cfg.peer_min_protocol <= FIRST_PROTOCOL,
+        )),
+        peer_port: cfg.peer_addr.port(),
+        peer_tls: cfg.peer_tls,
     };
     let limits = ConnectionLimits {
         max_connections: cfg.max_connections,
         header_timeout: cfg.header_timeout,
     };
-    let proxy = pingora::proxy::http_proxy(&server.configuration, proxy);
-    let listener = McpListener::new(proxy, limits, Arc::clone(&metrics));
+    let proxy = Arc::new(pingora::proxy::http_proxy(&server.configuration, proxy));
+    let listener = McpListener::new(
+        Arc::clone(&proxy),
+        limits,
+        Arc::clone(&metrics),
+        Listening::Mcp,
+    );
     let mut mcp = Service::new("mcp".to_owned(), listener);
     mcp.add_tcp(&cfg.listen_addr.to_string());
+    // The peer port: peers' messages and requests forwarded to this pod, through the same proxy.
+    let listener = McpListener::new(
+        proxy,
+        limits,
+        Arc::clone(&metrics),
+        Listening::Peer {
+            keys: cfg.keys.clone(),
+            tls: cfg.peer_tls,
+            accept_first: cfg.peer_min_protocol <= FIRST_PROTOCOL,
+        },
+    );
+    let mut peer = Service::new("peer".to_owned(), listener);
+    peer.add_tcp(&cfg.peer_addr.to_string());
     let drain = Drain::new(
         Arc::clone(&broker),
         Arc::clone(&handoff),
@@ -272,16 +341,6 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Arc::clone(&metrics),
         cfg.drain_timeout,
     );
-    let mut peer = Service::new(
-        "peer".to_owned(),
-        PeerListener::new(
-            Arc::clone(&broker),
-            Arc::clone(&lifecycle),
-            cfg.secret.clone(),
-            cfg.peer_max_message_bytes,
-        ),
-    );
-    peer.add_tcp(&cfg.peer_addr.to_string());
     let mut admin = Service::new(
         "admin".to_owned(),
         Admin::new(
@@ -290,6 +349,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             Arc::clone(&drain),
             lifecycle,
             Arc::clone(&metrics),
+            cfg.keys.clone(),
+            Arc::clone(&broker),
         ),
     );
     admin.add_tcp(&cfg.admin_addr.to_string());
@@ -329,6 +390,18 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             },
         },
     ));
+    let keys = cfg.keys.clone();
+    let key_metrics = Arc::clone(&metrics);
+    server.add_service(background_service(
+        "key-ring-reload",
+        Periodic {
+            interval: RELOAD_INTERVAL,
+            task: move || {
+                reload_keys(&keys, &key_metrics);
+                std::future::ready(())
+            },
+        },
+    ));
     server.add_service(background_service(
         "rebalancer",
         Periodic {
@@ -348,7 +421,13 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     ));
     if let Some(source) = source {
         let name = source.name();
-        let prober = Prober::new(health, sink.clone(), metrics, cfg.pod_uid.clone());
+        let prober = Prober::new(
+            health,
+            sink.clone(),
+            metrics,
+            cfg.pod_uid.clone(),
+            first_format_ids,
+        );
         server.add_service(background_service("peer-prober", prober));
         server.add_service(background_service(name, MembershipService { source, sink }));
     }

@@ -38,8 +38,31 @@ const DRAIN_SOCKET: &str = "drain.sock";
 /// When set, each pod's directory (`sidecar.log`, `server.log`, its manifest) stays after the
 /// test, for reading a failure's whole story; its path is printed at start.
 const KEEP_LOGS: &str = "TETHER_TEST_KEEP_LOGS";
-/// The shared secret of test endpoints (every pod of a test uses the same one).
-pub const SECRET: &str = "tether-test-secret-0123456789abcdef";
+/// The directory of a pod's key ring, in the pod's directory (`--secret-dir`).
+pub const KEYS_DIR: &str = "keys";
+
+/// The key ring of test endpoints: every pod of a test process shares it, as the pods of one
+/// endpoint share its Secret (an HMAC key, the per-endpoint CA and the peer certificate).
+pub fn key_ring() -> &'static tether_crds::keyring::Generation {
+    static RING: std::sync::OnceLock<tether_crds::keyring::Generation> = std::sync::OnceLock::new();
+    RING.get_or_init(|| {
+        tether_crds::keyring::Generation::new("test/endpoint")
+            .expect("the test key ring is generated")
+    })
+}
+
+/// Writes the files of [`key_ring`] into `dir` (created when missing), as the kubelet mounts the
+/// endpoint's Secret.
+///
+/// # Errors
+/// [`HarnessError`] when a file cannot be written.
+pub fn write_key_ring(dir: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (name, bytes) in key_ring().files() {
+        std::fs::write(dir.join(name), bytes)?;
+    }
+    Ok(())
+}
 
 /// The MCP server of a pod, behind its sidecar. The first two serve the tool contract of
 /// `tether-example-server` (`echo`, `slow`, `counter`, `notify`) and its `/stats`; the third
@@ -128,6 +151,8 @@ pub struct PodSpec {
     /// The `tether-sidecar` binary to run; `None`: the workspace's ([`bins::path`]). A
     /// benchmark compares another build's sidecar with this one so.
     pub sidecar_bin: Option<PathBuf>,
+    /// `spec.peer.tls`: mutual TLS between the sidecars (the default, as in production).
+    pub peer_tls: bool,
 }
 
 impl Default for PodSpec {
@@ -155,6 +180,7 @@ impl Default for PodSpec {
             server: Upstream::Example,
             server_args: Vec::new(),
             sidecar_bin: None,
+            peer_tls: true,
         }
     }
 }
@@ -177,7 +203,7 @@ impl PodSpec {
              \x20 upstream: {{port: {UPSTREAM_PORT}, path: /mcp, forwardOrigin: {}}}\n\
              \x20 listen: {{port: {LISTEN_PORT}, path: /mcp}}\n\
              \x20 admin: {{port: {ADMIN_PORT}}}\n\
-             \x20 peer: {{port: {PEER_PORT}}}\n\
+             \x20 peer: {{port: {PEER_PORT}, tls: {}}}\n\
              \x20 origins: {{allow: [{}], allowMissing: {}}}\n\
              \x20 protocolVersions: [{}]\n\
              \x20 buffer: {{maxEvents: {}, maxBytes: {}, ttl: {}}}\n\
@@ -185,6 +211,7 @@ impl PodSpec {
              \x20 drain: {{timeout: {}}}\n\
              \x20 auth: {{revalidate: {}}}\n",
             self.forward_origin,
+            self.peer_tls,
             quote(&self.origins),
             self.allow_missing_origin,
             quote(&self.versions),
@@ -247,7 +274,7 @@ impl Pod {
             eprintln!("pod {ip}: logs kept in {}", dir.path().display());
         }
         std::fs::write(dir.path().join("endpoint.yaml"), spec.manifest())?;
-        std::fs::write(dir.path().join("secret"), SECRET)?;
+        write_key_ring(&dir.path().join(KEYS_DIR))?;
         let server = spawn_server(ip, &spec, dir.path().join("server.log"))?;
         let sidecar = spawn_sidecar(ip, &spec, dir.path())?;
         let mut pod = Self {
@@ -672,8 +699,8 @@ fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<
         .arg(ip.to_string())
         .arg("--pod-uid")
         .arg(uid(ip))
-        .arg("--secret-file")
-        .arg(dir.join("secret"))
+        .arg("--secret-dir")
+        .arg(dir.join(KEYS_DIR))
         .arg("--upstream")
         .arg(format!("{ip}:{UPSTREAM_PORT}"))
         .arg("--drain-socket")

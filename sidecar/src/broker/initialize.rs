@@ -113,11 +113,11 @@ impl Broker {
                 VersionMismatch::new(&negotiated, &self.cfg().versions),
             ));
         };
-        let id = self.minter.mint();
+        let (id, key) = self.minter.mint();
         drop(reservation);
         let session = Session::new(
             id.clone(),
-            self.secret.log_digest(&id),
+            key,
             upstream_id.clone(),
             version,
             journal,
@@ -128,7 +128,7 @@ impl Broker {
             &call.headers,
             &cfg.forward_headers,
             cfg.binding,
-            &self.secret,
+            session.key(),
         ));
         session.remember_credentials(&call.headers, &cfg.forward_headers);
         if self.registry.insert(Arc::clone(&session)).is_err() {

@@ -38,7 +38,6 @@ use crate::mcp::rejection::{NotFound, Rejection, VersionMismatch};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::retained::Retained;
-use crate::secret::Secret;
 use crate::session::{EnterGuard, Registry, Session};
 use crate::stream::StoredReply;
 use crate::stream::buffer::BufferLimits;
@@ -53,8 +52,9 @@ pub(crate) enum Here {
     /// Not held here.
     Absent,
 }
+use crate::keys::KeyId;
 use crate::mcp::headers::forwarded_request_headers;
-use crate::mcp::session_id::{HomeToken, IdMinter};
+use crate::mcp::session_id::{HomeToken, IdMinter, Verified};
 use crate::stream::{Feed, Start, Stream, StreamKind};
 use crate::upstream::{Exchange, Upstream, own_headers};
 
@@ -119,7 +119,6 @@ pub(crate) struct BrokerConfig {
 pub(crate) struct Broker {
     cfg: arc_swap::ArcSwap<BrokerConfig>,
     minter: IdMinter,
-    secret: Secret,
     registry: Registry,
     upstream: Upstream,
     metrics: Arc<Metrics>,
@@ -138,14 +137,12 @@ impl Broker {
     pub(crate) fn new(
         cfg: BrokerConfig,
         minter: IdMinter,
-        secret: Secret,
         upstream: Upstream,
         registry: Registry,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
             minter,
-            secret,
             registry,
             upstream,
             metrics,
@@ -216,7 +213,7 @@ impl Broker {
     /// # Errors
     /// [`NotFound::Forged`] for an id that fails the MAC (answered 404 at once, no hop).
     pub(crate) fn locate(&self, id: &str) -> Result<(HomeToken, Here), NotFound> {
-        let home = self.minter.verify(id).map_err(|_| NotFound::Forged)?;
+        let home = self.minter.verify(id).map_err(|_| NotFound::Forged)?.home;
         let here = match self.registry.get(id) {
             Some(session) => Here::Held(session),
             None => self.registry.moved_to(id).map_or(Here::Absent, Here::Moved),
@@ -227,6 +224,27 @@ impl Broker {
     /// Every session held here.
     pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
         self.registry.all()
+    }
+
+    /// Whether this pod took session `id` at `epoch` or a later one (held, forwarding its tail,
+    /// or handed on since).
+    pub(crate) fn took(&self, id: &str, epoch: u64) -> bool {
+        self.registry.took(id, epoch)
+    }
+
+    /// Sessions held here or handed off and still forwarding, by the id of the key that minted
+    /// them (`GET /keys`).
+    pub(crate) fn sessions_by_key(&self) -> std::collections::BTreeMap<KeyId, u64> {
+        let mut counts = std::collections::BTreeMap::new();
+        for session in self
+            .registry
+            .all()
+            .iter()
+            .chain(&self.registry.all_departed())
+        {
+            *counts.entry(session.key().id()).or_default() += 1;
+        }
+        counts
     }
 
     /// Records that peer `to` acknowledged `session`: it leaves this pod's registry and its
@@ -275,14 +293,15 @@ impl Broker {
         self.registry.retained()
     }
 
-    /// Whether `id` is a session id of this endpoint (its MAC verifies).
-    pub(crate) fn is_genuine(&self, id: &str) -> bool {
-        self.minter.verify(id).is_ok()
+    /// The home and key of `id` when it is a session id of this endpoint (its MAC verifies
+    /// with a key of the ring).
+    pub(crate) fn genuine(&self, id: &str) -> Option<Verified> {
+        self.minter.verify(id).ok()
     }
 
     /// The keyed digest that stands for session id `id` in logs.
     pub(crate) fn log_digest(&self, id: &str) -> String {
-        self.secret.log_digest(id)
+        self.minter.log_digest(id)
     }
 
     /// The session with client id `id` held here.
@@ -298,11 +317,11 @@ impl Broker {
     /// The session a client id names: 404 at once for a forged id (no lookup), or for a genuine
     /// id this pod does not hold (spec S-05).
     fn session_for(&self, id: &str) -> Result<Arc<Session>, Rejection> {
-        if self.minter.verify(id).is_err() {
+        let Ok(verified) = self.minter.verify(id) else {
             return Err(Rejection::SessionNotFound(NotFound::Forged));
-        }
+        };
         self.registry.get(id).ok_or_else(|| {
-            Rejection::SessionNotFound(self.registry.why_missing(&self.secret.log_digest(id)))
+            Rejection::SessionNotFound(self.registry.why_missing(&verified.key.log_digest(id)))
         })
     }
 
@@ -324,7 +343,7 @@ impl Broker {
         };
         let cfg = self.cfg();
         if let Some(binding) = session.binding()
-            && !binding.admits(&call.headers, &cfg.forward_headers, &self.secret)
+            && !binding.admits(&call.headers, &cfg.forward_headers, session.key())
         {
             // Nothing is served, dispatched or remembered: the id alone opens nothing.
             return Err(Rejection::SessionNotFound(NotFound::PrincipalMismatch));

@@ -32,8 +32,8 @@ use super::Broker;
 use super::initialize::{Messages, negotiated_version, sse_messages};
 use crate::mcp::headers::MCP_SESSION_ID;
 use crate::mcp::jsonrpc::RequestKey;
-use crate::mcp::rejection::NotFound;
-use crate::session::{Session, TooManySessions};
+use crate::mcp::rejection::{NotFound, Rejection};
+use crate::session::{Adopted, Refused, Session};
 use crate::stream::StoredReply;
 use crate::upstream::{Exchange, UpstreamError, is_sse, own_headers, post_headers, session_gone};
 
@@ -166,17 +166,28 @@ impl Broker {
     /// rebuilding its upstream session in the background, a few at a time (a drain hands over
     /// hundreds of sessions at once); a request for the session rebuilds it at once if it comes
     /// first. A session whose clients presented credentials is rebuilt by its next request
-    /// only, with that request's credentials. Returns whether the session was new (a repeated push of a session already held is
-    /// acknowledged again without change).
+    /// only, with that request's credentials. Returns whether the session was new (a repeated
+    /// push of a session already held is acknowledged again without change); a copy of an
+    /// earlier epoch it replaces has its upstream session ended
+    /// (`docs/design/handoff.md#one-holder-per-session`).
     ///
     /// # Errors
-    /// [`TooManySessions`] when the pod is full.
-    pub(crate) fn adopt_session(
-        self: &Arc<Self>,
-        session: Arc<Session>,
-    ) -> Result<bool, TooManySessions> {
-        if !self.registry.adopt(Arc::clone(&session))? {
-            return Ok(false);
+    /// [`Refused`]: the pod is full, the push is stale, or the session ended here.
+    pub(crate) fn adopt_session(self: &Arc<Self>, session: Arc<Session>) -> Result<bool, Refused> {
+        match self.registry.adopt(Arc::clone(&session))? {
+            Adopted::Repeated => return Ok(false),
+            Adopted::New => {}
+            Adopted::Replaced(stale) => {
+                tracing::info!(
+                    session = session.digest(),
+                    stale = stale.epoch(),
+                    epoch = session.epoch(),
+                    "a copy of an earlier push replaced"
+                );
+                stale.end(&StoredReply::from(&Rejection::PeerUnavailable));
+                let broker = Arc::clone(self);
+                tokio::spawn(async move { broker.delete_upstream(&stale).await });
+            }
         }
         self.metrics.session_adopted();
         if session.is_credentialed() {
@@ -309,7 +320,7 @@ impl Broker {
         let init = journal.initialize();
         let headers = |version| session.with_credentials(post_headers(version));
         let sent = headers(None);
-        let accepted = self.credential_key(&sent);
+        let accepted = self.credential_key(session, &sent);
         let (upstream_id, messages) = self.exchange("initialize", None, sent, &init).await?;
         if let Some(key) = accepted {
             // The MCP server accepted these credentials for the session it opened.

@@ -28,15 +28,19 @@ use crate::upstream::{Exchange, post_headers};
 const PING: &[u8] = br#"{"jsonrpc":"2.0","id":"tether-revalidate","method":"ping"}"#;
 
 impl Broker {
-    /// The digest standing for the credential a request with `headers` presents (`None`:
-    /// none).
-    pub(super) fn credential_key(&self, headers: &HeaderMap) -> Option<Principal> {
+    /// The digest standing for the credential a request of `session` with `headers` presents
+    /// (`None`: none), keyed by the session's key.
+    pub(super) fn credential_key(
+        &self,
+        session: &Session,
+        headers: &HeaderMap,
+    ) -> Option<Principal> {
         let cfg = self.cfg();
         principal(
             headers,
             &cfg.forward_headers,
             AuthBinding::Credential,
-            &self.secret,
+            session.key(),
         )
     }
 
@@ -50,7 +54,7 @@ impl Broker {
         status: StatusCode,
     ) {
         if !refuses_caller(status)
-            && let Some(key) = self.credential_key(headers)
+            && let Some(key) = self.credential_key(session, headers)
         {
             session.accept_credential(key);
         }
@@ -67,7 +71,7 @@ impl Broker {
         headers: &HeaderMap,
     ) -> Result<(), Reply> {
         let window = self.cfg().revalidate;
-        let Some(key) = self.credential_key(headers) else {
+        let Some(key) = self.credential_key(session, headers) else {
             return Ok(());
         };
         if window.is_zero() || session.credential_accepted(key, window) {

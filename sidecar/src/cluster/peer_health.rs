@@ -10,6 +10,11 @@
 //!   A refused probe is [`Down::Refused`]; a probe that gets no answer in time (a frozen pod
 //!   still accepts connections) is [`Down::Unresponsive`].
 //!
+//! A probe's answer also says which peer protocol the peer speaks (`Tether-Peer-Protocol`; a
+//! sidecar of the first protocol sends none): [`PeerHealth::protocol`] remembers the highest
+//! seen per peer (`docs/design/peer-trust.md#protocol-versions`), and after each round the
+//! prober tells the session-id minter whether some live peer reads only the first id format.
+//!
 //! A successful probe clears the mark at once. Routing skips a down peer like a visited one,
 //! except the live home of a session that is merely unresponsive: that request gets 503 +
 //! `Retry-After` (the session may well survive a stall), while a refused home's sessions are
@@ -19,6 +24,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -44,6 +50,14 @@ pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 pub(crate) const FAILURES_TO_MARK_DOWN: u32 = 2;
 /// The path every sidecar answers `200 ok` on, on its MCP listener, for its peers' probes.
 pub(crate) const PEER_PROBE_PATH: &str = "/.tether/ping";
+/// The header of a probe's answer naming the highest peer protocol the sidecar speaks.
+pub(crate) const TETHER_PEER_PROTOCOL: http::HeaderName =
+    http::HeaderName::from_static("tether-peer-protocol");
+/// The peer protocol this sidecar speaks (`docs/design/peer-trust.md#protocol-versions`).
+pub(crate) const PEER_PROTOCOL: u8 = 2;
+/// The first peer protocol, spoken to and accepted from its sidecars while
+/// `--peer-min-protocol` is 1.
+pub(crate) const FIRST_PROTOCOL: u8 = 1;
 
 /// Why a peer is down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,16 +68,93 @@ pub(crate) enum Down {
     Unresponsive,
 }
 
-/// Peers currently considered down, by UID, with the cause and the instant the mark expires.
-#[derive(Debug, Default)]
+/// Peers currently considered down, by UID, with the cause and the instant the mark expires;
+/// and the peer protocol each peer was last seen to speak.
+#[derive(Debug)]
 pub(crate) struct PeerHealth {
     down: ArcSwap<HashMap<String, (Down, Instant)>>,
+    /// Per probed peer: the protocol its answers showed, `None` while it answered none.
+    protocols: ArcSwap<HashMap<String, Option<u8>>>,
+    /// The lowest protocol spoken to or accepted from a peer (`--peer-min-protocol`).
+    min_protocol: u8,
+    /// Woken after each round of probes.
+    probed: tokio::sync::Notify,
 }
 
 impl PeerHealth {
-    /// Nobody down.
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    /// Nobody down, no protocol known; peers are spoken to in `min_protocol` at least.
+    pub(crate) fn new(min_protocol: u8) -> Arc<Self> {
+        Arc::new(Self {
+            down: ArcSwap::default(),
+            protocols: ArcSwap::default(),
+            min_protocol,
+            probed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Records a probe of `uid`: answered speaking `protocol`, or not answered (`None`). A
+    /// peer never goes back to an older protocol: the highest seen is kept.
+    pub(crate) fn record_protocol(&self, uid: &str, protocol: Option<u8>) {
+        let known = self.protocols.load().get(uid).copied();
+        if known.is_some_and(|k| k >= protocol) {
+            return;
+        }
+        self.protocols.rcu(|map| {
+            let mut map = HashMap::clone(map);
+            let known = map.entry(uid.to_owned()).or_insert(protocol);
+            *known = (*known).max(protocol);
+            map
+        });
+    }
+
+    /// Forgets the protocols of peers no longer in `alive`.
+    fn retain_protocols(&self, alive: &[&str]) {
+        if self
+            .protocols
+            .load()
+            .keys()
+            .all(|uid| alive.contains(&uid.as_str()))
+        {
+            return;
+        }
+        self.protocols.rcu(|map| {
+            let mut map = HashMap::clone(map);
+            map.retain(|uid, _| alive.contains(&uid.as_str()));
+            map
+        });
+    }
+
+    /// The protocol `uid` was seen to speak, if it answered a probe.
+    pub(crate) fn protocol(&self, uid: &str) -> Option<u8> {
+        self.protocols.load().get(uid).copied().flatten()
+    }
+
+    /// The protocol to speak to `uid`: the one it was seen to speak (at least
+    /// `--peer-min-protocol`). A peer not probed yet (it just joined: the prober probes a new
+    /// peer at once) is waited for, at most one round of probes; one that does not answer its
+    /// probes gets the current protocol (its connection will fail or tell).
+    pub(crate) async fn protocol_for(&self, uid: &str) -> u8 {
+        if self.min_protocol >= PEER_PROTOCOL {
+            return PEER_PROTOCOL;
+        }
+        let round = PROBE_INTERVAL + PROBE_TIMEOUT;
+        let _ = tokio::time::timeout(round, async {
+            loop {
+                let probed = self.probed.notified();
+                if self.protocols.load().contains_key(uid) {
+                    return;
+                }
+                probed.await;
+            }
+        })
+        .await;
+        self.protocol(uid)
+            .map_or(PEER_PROTOCOL, |p| p.clamp(self.min_protocol, PEER_PROTOCOL))
+    }
+
+    /// Whether the first protocol is spoken at all (`--peer-min-protocol 1`).
+    pub(crate) fn accepts_first(&self) -> bool {
+        self.min_protocol <= FIRST_PROTOCOL
     }
 
     /// Marks `uid` down for `cause`, for [`DOWN_HOLD`] from `now`.
@@ -107,6 +198,8 @@ pub(crate) struct Prober {
     sink: MembershipSink,
     metrics: Arc<Metrics>,
     own_uid: String,
+    /// Set while some live peer reads only the first session-id format (the minter's flag).
+    first_format_ids: Arc<AtomicBool>,
     client: Client<HttpConnector, Empty<Bytes>>,
     /// Time between rounds ([`PROBE_INTERVAL`]).
     interval: Duration,
@@ -116,12 +209,14 @@ pub(crate) struct Prober {
 
 impl Prober {
     /// A prober of the peers in `sink` (all but `own_uid`); `tether_peers_down` goes to
-    /// `metrics`.
+    /// `metrics`; `first_format_ids` is set while a live peer speaks only the first protocol
+    /// (or has not answered yet, while that protocol is accepted).
     pub(crate) fn new(
         health: Arc<PeerHealth>,
         sink: MembershipSink,
         metrics: Arc<Metrics>,
         own_uid: String,
+        first_format_ids: Arc<AtomicBool>,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(PROBE_TIMEOUT));
@@ -131,6 +226,7 @@ impl Prober {
             sink,
             metrics,
             own_uid,
+            first_format_ids,
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build(connector),
@@ -149,15 +245,21 @@ impl Prober {
         }
     }
 
-    /// Probes the sidecar listening on `addr`: `None` when it answers 200 in time.
-    async fn probe(&self, addr: SocketAddr) -> Option<Down> {
+    /// Probes the sidecar listening on `addr`: the peer protocol it speaks when it answers
+    /// 200 in time.
+    async fn probe(&self, addr: SocketAddr) -> Result<u8, Down> {
         let Ok(uri) = format!("http://{addr}{PEER_PROBE_PATH}").parse::<http::Uri>() else {
-            return Some(Down::Unresponsive);
+            return Err(Down::Unresponsive);
         };
         match tokio::time::timeout(self.timeout, self.client.get(uri)).await {
-            Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => None,
-            Ok(Err(e)) if refused(&e) => Some(Down::Refused),
-            _ => Some(Down::Unresponsive),
+            Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => Ok(resp
+                .headers()
+                .get(&TETHER_PEER_PROTOCOL)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(FIRST_PROTOCOL)),
+            Ok(Err(e)) if refused(&e) => Err(Down::Refused),
+            _ => Err(Down::Unresponsive),
         }
     }
 }
@@ -168,9 +270,12 @@ impl BackgroundService for Prober {
         let mut failures: HashMap<String, u32> = HashMap::new();
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut changes = self.sink.changes();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                // A new view may hold a peer never probed: its protocol is needed now.
+                Ok(()) = changes.changed() => {}
                 _ = shutdown.changed() => return,
             }
             let view = self.sink.view();
@@ -186,8 +291,18 @@ impl BackgroundService for Prober {
             failures.retain(|uid, _| peers.iter().any(|(u, _, _)| u == uid));
             let now = Instant::now();
             let mut down = [(Down::Refused, 0i64), (Down::Unresponsive, 0i64)];
-            for ((uid, name, addr), failed) in peers.iter().zip(results) {
-                let Some(cause) = failed else {
+            for ((uid, name, addr), result) in peers.iter().zip(results) {
+                let cause = match result {
+                    Ok(protocol) => {
+                        self.health.record_protocol(uid, Some(protocol));
+                        None
+                    }
+                    Err(cause) => {
+                        self.health.record_protocol(uid, None);
+                        Some(cause)
+                    }
+                };
+                let Some(cause) = cause else {
                     if failures
                         .remove(uid)
                         .is_some_and(|n| n >= FAILURES_TO_MARK_DOWN)
@@ -209,6 +324,14 @@ impl BackgroundService for Prober {
                     }
                 }
             }
+            let alive: Vec<&str> = peers.iter().map(|(uid, _, _)| uid.as_str()).collect();
+            self.health.retain_protocols(&alive);
+            let first_format = self.health.accepts_first()
+                && alive
+                    .iter()
+                    .any(|uid| self.health.protocol(uid).is_none_or(|p| p < PEER_PROTOCOL));
+            self.first_format_ids.store(first_format, Ordering::Relaxed);
+            self.health.probed.notify_waiters();
             for (cause, n) in down {
                 let reason = match cause {
                     Down::Refused => "refused",
@@ -238,7 +361,7 @@ mod tests {
 
     #[test]
     fn marks_expire_and_clear() {
-        let h = PeerHealth::new();
+        let h = PeerHealth::new(PEER_PROTOCOL);
         let t0 = Instant::now();
         assert_eq!(h.down("a", t0), None);
         h.mark_down("a", Down::Refused, t0);
@@ -288,7 +411,7 @@ mod tests {
                 });
             }
         });
-        let health = PeerHealth::new();
+        let health = PeerHealth::new(FIRST_PROTOCOL);
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let peer = |uid: &str, port: u16| Peer {
             uid: uid.into(),
@@ -311,8 +434,14 @@ mod tests {
             );
             // Shorter clocks than in production, in the same proportions.
             let (interval, timeout) = (Duration::from_millis(50), Duration::from_millis(250));
-            let prober = Prober::new(Arc::clone(&health), sink, Arc::clone(&metrics), "me".into())
-                .with_timing(interval, timeout);
+            let prober = Prober::new(
+                Arc::clone(&health),
+                sink,
+                Arc::clone(&metrics),
+                "me".into(),
+                Arc::default(),
+            )
+            .with_timing(interval, timeout);
             let (stop, shutdown) = tokio::sync::watch::channel(false);
             let task = tokio::spawn(async move { prober.start(shutdown).await });
             tokio::time::sleep((interval + timeout) * (FAILURES_TO_MARK_DOWN + 1)).await;

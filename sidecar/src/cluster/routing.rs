@@ -6,127 +6,14 @@
 //! Peers that [`PeerHealth`] marks down are skipped like visited ones; forged session ids never
 //! get here (404 at the entry).
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use http::{HeaderMap, HeaderName, HeaderValue};
-
 use std::sync::Arc;
 
+pub(crate) use crate::cluster::hop::{Hop, MAX_HOPS, MAX_WALK_HOPS};
 use crate::cluster::membership::{MembershipSink, Peer, PeerState, View};
 use crate::cluster::peer_health::{Down, PeerHealth};
+use crate::keys::KeyRing;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::session_id::HomeToken;
-use crate::secret::{DOMAIN_HOP, Secret};
-
-/// Most hops a request takes between sidecars looking for the session's holder.
-pub(crate) const MAX_WALK_HOPS: u8 = 2;
-/// Most hops in all: the walk plus one "moved" forward from a holder that handed the session off.
-pub(crate) const MAX_HOPS: u8 = 3;
-/// The hop number of a forwarded request (`1` or `2`).
-pub(crate) const TETHER_HOP: HeaderName = HeaderName::from_static("tether-hop");
-/// Comma-separated UIDs of the pods a forwarded request already visited.
-pub(crate) const TETHER_VISITED: HeaderName = HeaderName::from_static("tether-visited");
-/// base64url (no padding) of the first 16 bytes of HMAC-SHA256 over
-/// `"{hop}\n{visited}\n{session id}"`, domain `tether/hop/v1`.
-pub(crate) const TETHER_HOP_MAC: HeaderName = HeaderName::from_static("tether-hop-mac");
-const MAC_LEN: usize = 16;
-
-/// Where a request has been: its hop count and the pods it visited.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Hop {
-    /// Hops taken so far (0 at the entry pod).
-    pub(crate) count: u8,
-    /// UIDs of the pods that forwarded it, in order.
-    pub(crate) visited: Vec<String>,
-}
-
-impl Hop {
-    /// Reads the hop headers of a request for `session_id` (`None` without a session).
-    /// A request without them is at its entry pod (hop 0).
-    ///
-    /// # Errors
-    /// [`Rejection::ForgedHop`] when the headers are malformed, exceed [`MAX_HOPS`], or their
-    /// MAC does not verify.
-    pub(crate) fn read(
-        headers: &HeaderMap,
-        secret: &Secret,
-        session_id: Option<&str>,
-    ) -> Result<Self, Rejection> {
-        let (Some(count), visited, mac) = (
-            headers.get(&TETHER_HOP),
-            headers.get(&TETHER_VISITED),
-            headers.get(&TETHER_HOP_MAC),
-        ) else {
-            if headers.contains_key(&TETHER_VISITED) || headers.contains_key(&TETHER_HOP_MAC) {
-                return Err(Rejection::ForgedHop);
-            }
-            return Ok(Self::default());
-        };
-        let count: u8 = count
-            .to_str()
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .filter(|c| (1..=MAX_HOPS).contains(c))
-            .ok_or(Rejection::ForgedHop)?;
-        let visited = visited
-            .and_then(|v| v.to_str().ok())
-            .ok_or(Rejection::ForgedHop)?;
-        let mac = mac
-            .and_then(|m| m.to_str().ok())
-            .and_then(|m| URL_SAFE_NO_PAD.decode(m).ok())
-            .filter(|m| m.len() == MAC_LEN)
-            .ok_or(Rejection::ForgedHop)?;
-        if !secret.verify(DOMAIN_HOP, &message(count, visited, session_id), &mac) {
-            return Err(Rejection::ForgedHop);
-        }
-        Ok(Self {
-            count,
-            visited: visited
-                .split(',')
-                .filter(|u| !u.is_empty())
-                .map(str::to_owned)
-                .collect(),
-        })
-    }
-
-    /// The hop state a request leaves this pod (`uid`) with.
-    pub(crate) fn next(&self, uid: &str) -> Self {
-        let mut visited = self.visited.clone();
-        visited.push(uid.to_owned());
-        Self {
-            count: self.count.saturating_add(1),
-            visited,
-        }
-    }
-
-    /// Whether the request already visited `uid`.
-    pub(crate) fn visited(&self, uid: &str) -> bool {
-        self.visited.iter().any(|v| v == uid)
-    }
-
-    /// The signed headers of this hop state, to set on the forwarded request.
-    pub(crate) fn headers(
-        &self,
-        secret: &Secret,
-        session_id: Option<&str>,
-    ) -> [(HeaderName, HeaderValue); 3] {
-        let visited = self.visited.join(",");
-        let mac = secret.mac(DOMAIN_HOP, &message(self.count, &visited, session_id));
-        let mac = URL_SAFE_NO_PAD.encode(&mac[..MAC_LEN]);
-        // UIDs are visible ASCII (checked by the membership sources); base64url and digits are.
-        let value =
-            |s: String| HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static(""));
-        [
-            (TETHER_HOP, value(self.count.to_string())),
-            (TETHER_VISITED, value(visited)),
-            (TETHER_HOP_MAC, value(mac)),
-        ]
-    }
-}
-
-fn message(count: u8, visited: &str, session_id: Option<&str>) -> Vec<u8> {
-    format!("{count}\n{visited}\n{}", session_id.unwrap_or("")).into_bytes()
-}
 
 /// Why a request is forwarded (the `kind` label of `tether_forwards_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,7 +101,7 @@ pub(crate) struct Router {
     address: std::net::SocketAddr,
     uid: String,
     home: HomeToken,
-    secret: Secret,
+    secret: KeyRing,
 }
 
 impl Router {
@@ -225,7 +112,7 @@ impl Router {
         health: Arc<PeerHealth>,
         address: std::net::SocketAddr,
         uid: String,
-        secret: Secret,
+        secret: KeyRing,
     ) -> Self {
         Self {
             sink,
@@ -255,7 +142,7 @@ impl Router {
     }
 
     /// The endpoint secret (keys the hop MAC).
-    pub(crate) fn secret(&self) -> &Secret {
+    pub(crate) fn secret(&self) -> &KeyRing {
         &self.secret
     }
 
@@ -451,13 +338,13 @@ mod tests {
                 .map(|(u, st)| peer(u, *st))
                 .collect(),
         };
-        let health = PeerHealth::new();
+        let health = PeerHealth::new(crate::cluster::peer_health::PEER_PROTOCOL);
         let router = Router::new(
             MembershipSink::new(snapshot, Arc::default()),
             Arc::clone(&health),
             "127.0.0.1:8080".parse().unwrap(),
             "a".into(),
-            Secret::from_bytes(*b"0123456789abcdef"),
+            KeyRing::from_bytes(*b"0123456789abcdef"),
         );
         let fresh = Hop::default();
         assert_eq!(router.moved_to("b", &fresh).unwrap().uid, "b");
@@ -687,43 +574,6 @@ mod tests {
                 &|_| None
             ),
             Route::Local
-        );
-    }
-
-    #[test]
-    fn hop_headers_round_trip_and_reject_forgery() {
-        let secret = Secret::from_bytes(b"0123456789abcdef0123".to_vec());
-        let hop = Hop::default().next("pod-a");
-        let mut headers = HeaderMap::new();
-        for (n, v) in hop.headers(&secret, Some("sid")) {
-            headers.insert(n, v);
-        }
-        assert_eq!(Hop::read(&headers, &secret, Some("sid")), Ok(hop));
-        // Bound to the session id, the secret and the values.
-        assert_eq!(
-            Hop::read(&headers, &secret, Some("other")),
-            Err(Rejection::ForgedHop)
-        );
-        let other = Secret::from_bytes(b"fedcba9876543210fedc".to_vec());
-        assert_eq!(
-            Hop::read(&headers, &other, Some("sid")),
-            Err(Rejection::ForgedHop)
-        );
-        let mut tampered = headers.clone();
-        tampered.insert(TETHER_VISITED, HeaderValue::from_static(""));
-        assert_eq!(
-            Hop::read(&tampered, &secret, Some("sid")),
-            Err(Rejection::ForgedHop)
-        );
-        let mut partial = HeaderMap::new();
-        partial.insert(TETHER_VISITED, HeaderValue::from_static("x"));
-        assert_eq!(
-            Hop::read(&partial, &secret, None),
-            Err(Rejection::ForgedHop)
-        );
-        assert_eq!(
-            Hop::read(&HeaderMap::new(), &secret, None),
-            Ok(Hop::default())
         );
     }
 

@@ -39,9 +39,22 @@ pub struct Cli {
     /// This pod's UID: identifies the pod in session ids (the session's home).
     #[arg(long, env = "POD_UID", value_name = "UID")]
     pub pod_uid: String,
-    /// File holding the endpoint's shared secret (at least 16 bytes), which keys session-id MACs.
+    /// The endpoint's key ring: a directory in the layout of the operator's Secret (`secret`,
+    /// optional `previous` and `next`, `tls.crt`, `tls.key`, `ca.crt`;
+    /// `docs/design/peer-trust.md#the-key-ring`), read again whenever a file changes.
+    /// `tether-sidecar keygen DIR` writes one for a sidecar run by hand.
+    #[arg(
+        long,
+        env = "TETHER_SECRET_DIR",
+        value_name = "DIR",
+        required_unless_present = "secret_file",
+        conflicts_with = "secret_file"
+    )]
+    pub secret_dir: Option<PathBuf>,
+    /// A single key file (at least 16 bytes) instead of `--secret-dir`: no rotation, and no
+    /// peer TLS (`spec.peer.tls` must be `false`).
     #[arg(long, env = "TETHER_SECRET_FILE", value_name = "FILE")]
-    pub secret_file: PathBuf,
+    pub secret_file: Option<PathBuf>,
     /// Static membership: a YAML list of the endpoint's pods (uid, name, address, state,
     /// revision; the format is in `docs/design/routing.md#membership`), polled every 200 ms and
     /// applied once two reads agree. Without it (and without `--pod-selector`) the sidecar is
@@ -213,6 +226,12 @@ pub struct Cli {
     /// buffers travel in several messages.
     #[arg(long, env = "TETHER_PEER_MAX_MESSAGE_BYTES", value_name = "BYTES", default_value_t = 16 * 1024 * 1024)]
     pub peer_max_message_bytes: usize,
+    /// The oldest peer protocol spoken to and accepted from other sidecars
+    /// (`docs/design/peer-trust.md#protocol-versions`): 1 lets sidecars of the previous release
+    /// (plaintext messages, session ids without a key id) take part, as during a rollout of
+    /// tether itself; 2 refuses them.
+    #[arg(long, env = "TETHER_PEER_MIN_PROTOCOL", value_name = "VERSION", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub peer_min_protocol: u8,
     /// This pod's pod settings (ports, paths, upstream, migration, drain) as the JSON of the
     /// `mcp.tether.dev/pod-settings` annotation, which the operator passes through the downward
     /// API; they override the endpoint file's, so a sidecar restarted in an old pod during a
@@ -271,6 +290,22 @@ pub struct DrainCli {
     pub drain_socket: PathBuf,
 }
 
+/// `tether-sidecar keygen`: writes a new key ring (an HMAC key, a CA and a peer certificate,
+/// `docs/design/peer-trust.md#the-key-ring`) into a directory, for sidecars run by hand; give
+/// every sidecar of one endpoint the same directory's files (`--secret-dir`). Exits 0 when
+/// written, 1 when the directory already holds a key ring (it is never overwritten), 2 on an
+/// I/O error.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "tether-sidecar keygen", version)]
+pub struct KeygenCli {
+    /// The directory to write (created when missing; files are readable by their owner only).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Written into the certificates' common names, e.g. `<namespace>/<endpoint>`.
+    #[arg(long, value_name = "LABEL", default_value = "local")]
+    pub label: String,
+}
+
 /// Parses a positive Kubernetes-style duration (`500ms`, `15s`, `5m`, `1h30m`).
 ///
 /// # Errors
@@ -304,6 +339,7 @@ mod tests {
         use clap::CommandFactory;
         Cli::command().debug_assert();
         DrainCli::command().debug_assert();
+        KeygenCli::command().debug_assert();
     }
 
     /// `docs/reference/sidecar-flags.md`: every flag with its environment variable, default
@@ -329,6 +365,14 @@ mod tests {
              cannot be reached.\n\n",
         );
         out.push_str(&flag_table(&DrainCli::command()));
+        out.push_str(
+            "\n## `tether-sidecar keygen DIR`\n\n\
+             Writes a new key ring (an HMAC key, a per-endpoint CA and the peer certificate it \
+             signed) into `DIR`, for sidecars run by hand: give every sidecar of one endpoint the \
+             same files with `--secret-dir`. Never overwrites a key ring; exits 0 when written, 1 \
+             when `DIR` holds one already, 2 on an I/O error.\n\n",
+        );
+        out.push_str(&flag_table(&KeygenCli::command()));
         out
     }
 

@@ -13,10 +13,10 @@ use crate::broker::BrokerConfig;
 use crate::cluster::membership::Snapshot;
 use crate::cluster::membership::peers_file::{self, valid_uid};
 use crate::config::cli::Cli;
+use crate::keys::{KeyError, KeyRing};
 use crate::mcp::admission::AdmissionPolicy;
 use crate::mcp::jsonrpc::EnvelopeLimits;
 use crate::mcp::origin::OriginPolicy;
-use crate::secret::{Secret, SecretError};
 use crate::stream::buffer::BufferLimits;
 
 /// Consecutive failed upstream stream resumes before a stream is given up.
@@ -28,9 +28,16 @@ pub enum ConfigError {
     /// The McpEndpoint manifest is unreadable or invalid.
     #[error(transparent)]
     Manifest(#[from] tether_crds::ManifestError),
-    /// The secret file is unreadable or too short.
+    /// The key ring is unreadable, too short or its TLS files do not fit together.
     #[error(transparent)]
-    Secret(#[from] SecretError),
+    Keys(#[from] KeyError),
+    /// `spec.peer.tls` is on and the key ring holds no TLS files.
+    #[error(
+        "spec.peer.tls is true but the key ring has no tls.crt, tls.key and ca.crt: give \
+         --secret-dir the endpoint's Secret (or `tether-sidecar keygen DIR`), or set \
+         spec.peer.tls: false"
+    )]
+    NoPeerTls,
     /// `--upstream` is not `http://host:port[/path]` or `host:port`.
     #[error("--upstream {0:?}: expected http://host:port[/path] or host:port")]
     Upstream(String),
@@ -107,8 +114,12 @@ pub struct Config {
     pub(crate) admission: AdmissionPolicy,
     /// Broker settings.
     pub(crate) broker: BrokerConfig,
-    /// The endpoint secret.
-    pub(crate) secret: Secret,
+    /// The endpoint's key ring.
+    pub(crate) keys: KeyRing,
+    /// Whether sidecar-to-sidecar traffic is mutual TLS (`spec.peer.tls`).
+    pub(crate) peer_tls: bool,
+    /// The oldest peer protocol spoken and accepted (`--peer-min-protocol`).
+    pub(crate) peer_min_protocol: u8,
     /// This pod's UID.
     pub(crate) pod_uid: String,
     /// Most sessions held.
@@ -146,11 +157,23 @@ impl Config {
     /// [`ConfigError`] naming the field or flag at fault.
     pub fn load(cli: &Cli) -> Result<Self, ConfigError> {
         let endpoint = load_manifest(&cli.endpoint)?;
-        let secret = Secret::from_file(&cli.secret_file)?;
         let spec = &match &cli.pod_settings {
             None => endpoint.spec.clone(),
             Some(json) => own_pod_settings(&endpoint.spec, json)?,
         };
+        let keys = match (&cli.secret_dir, &cli.secret_file) {
+            (Some(dir), _) => KeyRing::from_dir(dir)?,
+            (None, Some(file)) => KeyRing::from_file(file)?,
+            (None, None) => {
+                return Err(ConfigError::Flag {
+                    flag: "--secret-dir",
+                    message: "the key ring is required (or --secret-file)".into(),
+                });
+            }
+        };
+        if spec.peer.tls && keys.load().tls().is_none() {
+            return Err(ConfigError::NoPeerTls);
+        }
         let upstream = match &cli.upstream {
             Some(u) => parse_upstream(u, &spec.upstream.path)?,
             None => format!(
@@ -217,7 +240,9 @@ impl Config {
             upstream,
             admission: source.admission(spec),
             broker: source.broker(spec),
-            secret,
+            keys,
+            peer_tls: spec.peer.tls,
+            peer_min_protocol: cli.peer_min_protocol,
             pod_uid: cli.pod_uid.clone(),
             max_sessions: cli.max_sessions,
             pod_retained_bytes: cli.pod_retained_bytes(),
@@ -362,18 +387,22 @@ fn parse_upstream(value: &str, default_path: &str) -> Result<Uri, ConfigError> {
     .map_err(|_| err())
 }
 
-/// A test pod's flags: the endpoint file `dir/endpoint.yaml` (written by the test), a secret
-/// written to `dir/secret`, pod IP 127.0.0.1, UID `pod-a`, then `extra`.
+/// A test pod's flags: the endpoint file `dir/endpoint.yaml` (written by the test), a key ring
+/// written to `dir/keys`, pod IP 127.0.0.1, UID `pod-a`, then `extra`.
 #[cfg(test)]
 pub(crate) fn test_cli(dir: &std::path::Path, extra: &[&str]) -> Cli {
     use clap::Parser;
-    let secret = dir.join("secret");
-    std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
-    let (endpoint, secret) = (dir.join("endpoint.yaml"), secret);
+    let keys = dir.join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    let generation = tether_crds::keyring::Generation::new("test/endpoint").unwrap();
+    for (name, bytes) in generation.files() {
+        std::fs::write(keys.join(name), bytes).unwrap();
+    }
+    let endpoint = dir.join("endpoint.yaml");
     let mut args = vec![
         "tether-sidecar".to_owned(),
         format!("--endpoint={}", endpoint.display()),
-        format!("--secret-file={}", secret.display()),
+        format!("--secret-dir={}", keys.display()),
         "--pod-ip=127.0.0.1".to_owned(),
         "--pod-uid=pod-a".to_owned(),
     ];

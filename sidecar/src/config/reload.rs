@@ -195,7 +195,7 @@ mod tests {
             &cfg.upstream_host,
             cfg.broker.upstream_body_timeout,
         );
-        let broker = crate::server::broker(&cfg, upstream, Arc::clone(&metrics));
+        let broker = crate::server::broker(&cfg, upstream, Arc::clone(&metrics), Arc::default());
         let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));
         let reloader = Reloader::new(
             cfg.source.clone(),

@@ -1,5 +1,6 @@
 //! The receiving side of a handoff (`docs/design/handoff.md`): a session pushed by a peer is
-//! restored from its image and registered ([`adopt`]); later events of its streams still written
+//! restored from its image and registered by its epoch ([`adopt`]); a sender whose push went
+//! unacknowledged asks whether it was taken ([`took`]); later events of its streams still written
 //! at the sender arrive as tails ([`apply_tail`]); cancellations of requests still running here
 //! after a session left come back from its new holder ([`cancel_here`]); followed streams whose
 //! writer died end ([`abandon_orphans`]).
@@ -8,9 +9,9 @@ use std::sync::Arc;
 
 use super::image;
 use crate::broker::Broker;
-use crate::handoff::wire::{CancelPush, SessionPush, TailPush};
+use crate::handoff::wire::{CancelPush, HeldQuery, SessionPush, TailPush};
 use crate::lifecycle::Lifecycle;
-use crate::session::TooManySessions;
+use crate::session::Refused;
 
 /// Why a pushed session or tail was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -25,8 +26,15 @@ pub(crate) enum AdoptError {
     #[error("this pod is draining")]
     Draining,
     /// This pod holds its maximum of sessions.
-    #[error(transparent)]
-    Full(#[from] TooManySessions),
+    #[error("this pod holds its maximum of sessions")]
+    Full,
+    /// The push is stale: the session is held here at a later epoch, or was handed on from
+    /// here at that epoch or later (a replay, an earlier attempt).
+    #[error("the push is older than the session's epoch here ({0})")]
+    Stale(u64),
+    /// The session ended on this pod; it is never taken again.
+    #[error("the session ended on this pod")]
+    Ended,
     /// A tail for a session this pod does not hold.
     #[error("this pod does not hold the session")]
     NotHeld,
@@ -44,30 +52,43 @@ pub(crate) fn adopt(
     push: &SessionPush,
 ) -> Result<(), AdoptError> {
     let pushed = &push.session;
-    if !broker.is_genuine(&pushed.id) {
+    let Some(genuine) = broker.genuine(&pushed.id) else {
         return Err(AdoptError::Forged);
-    }
+    };
     if lifecycle.is_draining() {
         return Err(AdoptError::Draining);
     }
-    let digest = broker.log_digest(&pushed.id);
     let session = image::restore_session(
         pushed,
-        digest,
+        genuine.key,
         &push.from,
         broker.buffer_limits(),
         broker.retained(),
     )
     .map_err(AdoptError::Invalid)?;
-    if broker.adopt_session(Arc::clone(&session))? {
+    let adopted = broker
+        .adopt_session(Arc::clone(&session))
+        .map_err(|refused| match refused {
+            Refused::Full(_) => AdoptError::Full,
+            Refused::Stale(epoch) => AdoptError::Stale(epoch),
+            Refused::Ended => AdoptError::Ended,
+        })?;
+    if adopted {
         tracing::info!(
             session = session.digest(),
             from = %push.from,
+            epoch = session.epoch(),
             streams = pushed.streams.len(),
             "session adopted"
         );
     }
     Ok(())
+}
+
+/// Whether this pod took the session of `query` at its epoch or a later one (it holds it, or
+/// handed it on since): the answer a sender waits for before it tries another pod.
+pub(crate) fn took(broker: &Broker, query: &HeldQuery) -> bool {
+    broker.took(&query.session, query.epoch)
 }
 
 /// Applies a tail message to a session adopted from its sender; returns the new events. A

@@ -1,32 +1,52 @@
-//! The sending side of the peer protocol: authenticated `POST`s to a peer's peer listener.
+//! The sending side of the peer protocol: signed `POST`s to a peer's peer port, over mutual TLS
+//! when `spec.peer.tls` is on (`docs/design/peer-trust.md`).
+//!
+//! A message counts only when its answer carries an acknowledgement that verifies for the
+//! receiver addressed, the message's nonce and body, and the status received; anything else is
+//! [`SendError::Unacknowledged`], 2xx included. A 401 `skew` is answered with the receiver's
+//! clock: the message is signed again once, with the time corrected. A peer of the first
+//! protocol gets that protocol's plaintext message, which it does not acknowledge.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use http::{Method, Request, StatusCode, header};
+use http::{HeaderMap, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 
-use super::auth;
-use crate::secret::Secret;
+use super::auth::{self, Signed};
+use crate::cluster::peer_health::FIRST_PROTOCOL;
+use crate::keys::KeyRing;
+use crate::keys::tls::{PeerTls, server_name};
 use crate::upstream::http_client;
 
 /// How long connecting to a peer may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a peer may take to answer one message.
 pub(crate) const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle pooled connections to peers are closed after this long.
+const POOL_IDLE: Duration = Duration::from_secs(20);
 /// Longest error body kept for logs, in bytes.
 const ERROR_BODY: usize = 512;
 
 /// Why a message was not acknowledged.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SendError {
-    /// No connection, a timeout or a broken exchange: worth retrying.
+    /// No connection could be made: the message never reached the peer. Worth retrying.
     #[error("peer unreachable: {0}")]
     Unreachable(String),
-    /// The peer answered with an error status (its body says why).
+    /// The message was sent, but no answer came (a timeout, a broken exchange): the peer may
+    /// have carried it out. Worth retrying — a push is asked about first
+    /// (`docs/design/handoff.md#one-holder-per-session`).
+    #[error("no answer from the peer: {0}")]
+    Lost(String),
+    /// The peer answered with an error status (its body says why), acknowledged.
     #[error("peer answered {status}: {reason}")]
     Refused {
         /// The status.
@@ -34,88 +54,277 @@ pub(crate) enum SendError {
         /// The body, shortened.
         reason: String,
     },
+    /// An answer without a valid acknowledgement: not from the peer addressed, or not to
+    /// this message.
+    #[error("answer {0} without a valid acknowledgement")]
+    Unacknowledged(StatusCode),
 }
 
 impl SendError {
     /// Whether trying the same peer again may help (unreachable, or busy: 429/503).
     pub(crate) fn is_transient(&self) -> bool {
         match self {
-            Self::Unreachable(_) => true,
+            Self::Unreachable(_) | Self::Lost(_) => true,
             Self::Refused { status, .. } => {
                 *status == StatusCode::SERVICE_UNAVAILABLE
                     || *status == StatusCode::TOO_MANY_REQUESTS
             }
+            Self::Unacknowledged(_) => false,
         }
     }
 
     /// Metric label.
     pub(crate) fn label(&self) -> &'static str {
         match self {
-            Self::Unreachable(_) => "unreachable",
+            Self::Unreachable(_) | Self::Lost(_) => "unreachable",
             Self::Refused { .. } => "refused",
+            Self::Unacknowledged(_) => "unacknowledged",
         }
     }
 }
 
+/// Where a message goes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Destination<'a> {
+    /// The receiving pod's UID.
+    pub(crate) uid: &'a str,
+    /// Its peer port.
+    pub(crate) addr: SocketAddr,
+    /// The peer protocol it speaks.
+    pub(crate) protocol: u8,
+}
+
+/// The TLS client of one key-ring load.
+struct TlsClient {
+    tls: Arc<PeerTls>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
 /// A client of peers' listeners, signing as pod `uid`.
-#[derive(Clone, Debug)]
 pub(crate) struct PeerClient {
-    http: Client<HttpConnector, Full<Bytes>>,
-    secret: Secret,
+    plain: Client<HttpConnector, Full<Bytes>>,
+    tls: ArcSwapOption<TlsClient>,
+    keys: KeyRing,
     uid: String,
+    use_tls: bool,
+}
+
+impl std::fmt::Debug for PeerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerClient")
+            .field("uid", &self.uid)
+            .field("tls", &self.use_tls)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PeerClient {
-    /// A client signing with `secret` as pod `uid`.
-    pub(crate) fn new(secret: Secret, uid: String) -> Self {
-        let http = http_client(CONNECT_TIMEOUT, Duration::from_secs(20));
-        Self { http, secret, uid }
+    /// A client signing with `keys` as pod `uid`; `use_tls` dials the peer port with mutual TLS.
+    pub(crate) fn new(keys: KeyRing, uid: String, use_tls: bool) -> Self {
+        Self {
+            plain: http_client(CONNECT_TIMEOUT, POOL_IDLE),
+            tls: ArcSwapOption::empty(),
+            keys,
+            uid,
+            use_tls,
+        }
     }
 
-    /// POSTs `body` (JSON) to `path` on the peer listener at `addr`; `Ok` on 2xx.
+    /// The TLS client of the key ring loaded now (made again when the ring's TLS changed).
+    fn tls_client(&self) -> Result<Arc<TlsClient>, SendError> {
+        let ring = self.keys.load();
+        let tls = ring
+            .tls()
+            .ok_or_else(|| SendError::Unreachable("the key ring has no TLS material".into()))?;
+        if let Some(current) = self.tls.load_full()
+            && Arc::ptr_eq(&current.tls, tls)
+        {
+            return Ok(current);
+        }
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(rustls::ClientConfig::clone(&tls.client))
+            .https_only()
+            .with_server_name_resolver(FixedServerNameResolver::new(server_name()))
+            .enable_http1()
+            .wrap_connector(http);
+        let made = Arc::new(TlsClient {
+            tls: Arc::clone(tls),
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(POOL_IDLE)
+                .build(connector),
+        });
+        self.tls.store(Some(Arc::clone(&made)));
+        Ok(made)
+    }
+
+    /// POSTs `body` (JSON) to `path` (a protocol-2 path, `/v2/…`) on the peer listener of `to`;
+    /// `Ok` once acknowledged with 2xx.
     ///
     /// # Errors
     /// [`SendError`].
     pub(crate) async fn post(
         &self,
-        addr: SocketAddr,
+        to: Destination<'_>,
         path: &str,
         body: Bytes,
     ) -> Result<(), SendError> {
+        if to.protocol <= FIRST_PROTOCOL {
+            return self.post_first(to.addr, path, body).await;
+        }
+        self.ask(to, path, body).await.map(|_| ())
+    }
+
+    /// POSTs `body` to `path` on the peer listener of `to`, which speaks protocol 2; the body of
+    /// its acknowledged 2xx answer.
+    ///
+    /// # Errors
+    /// [`SendError`].
+    pub(crate) async fn ask(
+        &self,
+        to: Destination<'_>,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Bytes, SendError> {
+        let mut correction = 0i64;
+        for attempt in 0..2 {
+            let time =
+                u64::try_from(i64::try_from(auth::now_ms()).unwrap_or(i64::MAX) + correction)
+                    .unwrap_or(0);
+            let signed = auth::sign(
+                &self.keys,
+                &Method::POST,
+                path,
+                &self.uid,
+                to.uid,
+                &body,
+                time,
+            );
+            let (status, headers, answer) = self.exchange(to.addr, path, &signed, &body).await?;
+            if attempt == 0
+                && status == StatusCode::UNAUTHORIZED
+                && reason_of(&answer).as_deref() == Some("skew")
+                && let Some(c) = auth::skew_correction(&headers, time)
+            {
+                tracing::warn!(
+                    peer = to.uid,
+                    correction_ms = c,
+                    "peer clock differs; signing again"
+                );
+                correction = c;
+                continue;
+            }
+            return judge(&self.keys, to.uid, &signed, status, &headers, answer);
+        }
+        Err(SendError::Unreachable("clock skew persists".into()))
+    }
+
+    async fn exchange(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        signed: &Signed,
+        body: &Bytes,
+    ) -> Result<(StatusCode, HeaderMap, Bytes), SendError> {
+        let scheme = if self.use_tls { "https" } else { "http" };
         let mut req = Request::builder()
             .method(Method::POST)
-            .uri(format!("http://{addr}{path}"))
+            .uri(format!("{scheme}://{addr}{path}"))
             .header(header::CONTENT_TYPE, "application/json");
-        for (name, value) in auth::sign(&self.secret, path, &self.uid, &body) {
+        for (name, value) in &signed.headers {
+            req = req.header(name, value);
+        }
+        let req = req
+            .body(Full::new(body.clone()))
+            .map_err(|e| SendError::Unreachable(e.to_string()))?;
+        if self.use_tls {
+            let tls = self.tls_client()?;
+            timed(tls.client.request(req)).await
+        } else {
+            timed(self.plain.request(req)).await
+        }
+    }
+
+    /// The first protocol's message: plaintext, its MAC over the body, no acknowledgement.
+    async fn post_first(&self, addr: SocketAddr, path: &str, body: Bytes) -> Result<(), SendError> {
+        let first = path.replacen("/v2/", "/v1/", 1);
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("http://{addr}{first}"))
+            .header(header::CONTENT_TYPE, "application/json");
+        for (name, value) in auth::v1::sign(&self.keys, &first, &self.uid, &body) {
             req = req.header(name, value);
         }
         let req = req
             .body(Full::new(body))
             .map_err(|e| SendError::Unreachable(e.to_string()))?;
-        let exchange = async {
-            let resp = self
-                .http
-                .request(req)
-                .await
-                .map_err(|e| SendError::Unreachable(e.to_string()))?;
-            let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| SendError::Unreachable(e.to_string()))?
-                .to_bytes();
-            if status.is_success() {
-                return Ok(());
-            }
-            let end = body.len().min(ERROR_BODY);
-            Err(SendError::Refused {
-                status,
-                reason: String::from_utf8_lossy(&body[..end]).trim().to_owned(),
-            })
-        };
-        tokio::time::timeout(MESSAGE_TIMEOUT, exchange)
-            .await
-            .unwrap_or_else(|_| Err(SendError::Unreachable("timed out".into())))
+        let (status, _, answer) = timed(self.plain.request(req)).await?;
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(refused(status, &answer))
     }
+}
+
+/// Runs one exchange within [`MESSAGE_TIMEOUT`]: status, headers, body.
+async fn timed(
+    response: impl Future<
+        Output = Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
+    >,
+) -> Result<(StatusCode, HeaderMap, Bytes), SendError> {
+    let exchange = async {
+        let resp = response.await.map_err(|e| {
+            if e.is_connect() {
+                SendError::Unreachable(e.to_string())
+            } else {
+                SendError::Lost(e.to_string())
+            }
+        })?;
+        let (parts, body) = resp.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| SendError::Lost(e.to_string()))?
+            .to_bytes();
+        Ok((parts.status, parts.headers, body))
+    };
+    tokio::time::timeout(MESSAGE_TIMEOUT, exchange)
+        .await
+        .unwrap_or_else(|_| Err(SendError::Lost("timed out".into())))
+}
+
+/// What an answer to `signed` means: acknowledged success, an acknowledged refusal, or
+/// nothing that counts.
+fn judge(
+    keys: &KeyRing,
+    to: &str,
+    signed: &Signed,
+    status: StatusCode,
+    headers: &HeaderMap,
+    answer: Bytes,
+) -> Result<Bytes, SendError> {
+    if !auth::verify_ack(keys, headers, to, signed, status) {
+        return Err(SendError::Unacknowledged(status));
+    }
+    if status.is_success() {
+        return Ok(answer);
+    }
+    Err(refused(status, &answer))
+}
+
+fn refused(status: StatusCode, answer: &Bytes) -> SendError {
+    let end = answer.len().min(ERROR_BODY);
+    SendError::Refused {
+        status,
+        reason: String::from_utf8_lossy(&answer[..end]).trim().to_owned(),
+    }
+}
+
+/// The `reason` of a JSON error body.
+fn reason_of(answer: &Bytes) -> Option<String> {
+    let body: serde_json::Value = serde_json::from_slice(answer).ok()?;
+    Some(body.get("reason")?.as_str()?.to_owned())
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+use super::client::Destination;
 use super::image;
 use super::listener::TAIL_PATH;
 use super::wire::TailPush;
@@ -76,7 +77,8 @@ pub(super) async fn follow(
             stream.forwarded(at.position);
         }
     }
-    let addr = handoff.peer_addr(target);
+    let protocol = handoff.router.health().protocol_for(&target.uid).await;
+    let to = handoff.destination(target, protocol);
     let budget = handoff
         .max_message_bytes
         .saturating_sub(MESSAGE_OVERHEAD)
@@ -90,7 +92,7 @@ pub(super) async fn follow(
             let Ok(body) = serde_json::to_vec(&push) else {
                 return;
             };
-            if !send(handoff, addr, Bytes::from(body)).await {
+            if !send(handoff, to, Bytes::from(body)).await {
                 tracing::warn!(session = session.digest(), peer = %target.name, "tail forwarding stopped");
                 handoff.metrics.handoff_failed("tail");
                 return;
@@ -190,10 +192,10 @@ fn delta(
 
 /// Sends one tail message, retrying transient failures; `false` when the target refused it or
 /// stayed unreachable.
-async fn send(handoff: &Handoff, addr: std::net::SocketAddr, body: Bytes) -> bool {
+async fn send(handoff: &Handoff, to: Destination<'_>, body: Bytes) -> bool {
     let mut attempt = 0;
     loop {
-        match handoff.client.post(addr, TAIL_PATH, body.clone()).await {
+        match handoff.client.post(to, TAIL_PATH, body.clone()).await {
             Ok(()) => return true,
             Err(e) if e.is_transient() && attempt < BACKOFF.len() => {
                 tokio::time::sleep(BACKOFF[attempt]).await;

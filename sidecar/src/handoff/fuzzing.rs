@@ -130,7 +130,7 @@ pub(crate) fn adopt(input: &[u8]) -> Result<Adopted, String> {
     let retained = Retained::new(u64::MAX);
     let session = image::restore_session(
         &push.session,
-        "digest".into(),
+        crate::keys::test_key(),
         &push.from,
         LIMITS,
         &retained,

@@ -19,6 +19,7 @@ use super::wire::{
     AcceptedImage, EventImage, JournalImage, KindImage, ReplyImage, RequestImage, SessionImage,
     StreamImage,
 };
+use crate::keys::Key;
 use crate::mcp::principal::{Binding, Principal};
 use crate::retained::Retained;
 use crate::session::journal::Journal;
@@ -64,6 +65,7 @@ pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
                 age_ms: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
             })
             .collect(),
+        epoch: snapshot.epoch,
     }
 }
 
@@ -107,7 +109,8 @@ pub(crate) fn request_images(records: &[RetryRecord]) -> Vec<RequestImage> {
         .collect()
 }
 
-/// The session an image describes, handed over by pod `from` (see [`Session::from_parts`]).
+/// The session an image describes, handed over by pod `from`, whose id `key` minted (see
+/// [`Session::from_parts`]).
 ///
 /// # Errors
 /// A message when the image names an unknown or stateless protocol version, has a stream
@@ -115,7 +118,7 @@ pub(crate) fn request_images(records: &[RetryRecord]) -> Vec<RequestImage> {
 /// with the id in).
 pub(crate) fn restore_session(
     image: &SessionImage,
-    digest: String,
+    key: Arc<Key>,
     from: &str,
     limits: BufferLimits,
     retained: &Retained,
@@ -159,10 +162,9 @@ pub(crate) fn restore_session(
                 Some((key, std::time::Duration::from_millis(a.age_ms)))
             })
             .collect(),
+        epoch: image.epoch,
     };
-    Ok(Session::from_parts(
-        snapshot, digest, from, limits, retained,
-    ))
+    Ok(Session::from_parts(snapshot, key, from, limits, retained))
 }
 
 /// Applies the streams and retry records of a tail message from pod `from` to `session`;
@@ -277,7 +279,7 @@ mod tests {
     fn restore_unbounded(image: &SessionImage) -> Result<Arc<Session>, String> {
         restore_session(
             image,
-            "digest".into(),
+            crate::keys::test_key(),
             "pod-a",
             limits(),
             &Retained::new(u64::MAX),
@@ -376,7 +378,8 @@ mod tests {
         let image = session_image(&snapshot);
         let retained = Retained::new(u64::MAX);
         let restore = |image: &SessionImage| {
-            restore_session(image, "d".into(), "pod-a", limits(), &retained).map(|_| ())
+            restore_session(image, crate::keys::test_key(), "pod-a", limits(), &retained)
+                .map(|_| ())
         };
         assert_eq!(restore(&image), Ok(()));
         for (last_seq, evicted_through, seq) in [
@@ -391,7 +394,14 @@ mod tests {
             bad.streams[0].events[0].seq = seq;
             assert!(restore(&bad).is_err(), "{last_seq} {evicted_through} {seq}");
             // In a tail, such a stream is left out; the session keeps what it had.
-            let copy = restore_session(&image, "d".into(), "pod-a", limits(), &retained).unwrap();
+            let copy = restore_session(
+                &image,
+                crate::keys::test_key(),
+                "pod-a",
+                limits(),
+                &retained,
+            )
+            .unwrap();
             assert_eq!(import(&copy, &bad.streams, &[], "pod-a", limits()), 0);
             assert_eq!(copy.streams()[0].last_seq(), 1);
         }
@@ -423,7 +433,14 @@ mod tests {
             ev.event = Some(name.into());
         }
         let retained = Retained::new(u64::MAX);
-        let copy = restore_session(&image, "d".into(), "pod-a", limits(), &retained).unwrap();
+        let copy = restore_session(
+            &image,
+            crate::keys::test_key(),
+            "pod-a",
+            limits(),
+            &retained,
+        )
+        .unwrap();
         let (restored, _) = copy.streams()[0].snapshot(0, usize::MAX);
         let names: Vec<Option<&str>> = restored.events.iter().map(|e| e.event.as_deref()).collect();
         assert_eq!(names, [None, None, None, Some("progress")]);

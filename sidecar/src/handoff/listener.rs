@@ -1,40 +1,52 @@
-//! The peer listener (`spec.peer.port`): where sidecars push sessions and tails to this pod
-//! (`docs/design/handoff.md`).
+//! The peer protocol's messages on the peer port (`spec.peer.port`): where sidecars push
+//! sessions and tails to this pod (`docs/design/handoff.md`, `docs/design/peer-trust.md`).
+//! The peer port's connections (TLS, limits) and its forwarded requests are the proxy's; the
+//! proxy hands every request under `/v2/` (and `/v1/`, while the first protocol is accepted)
+//! to [`PeerListener::serve`].
 //!
 //! | request | answer |
 //! |---|---|
-//! | `POST /v1/sessions` ([`SessionPush`]) | 200 once the session is held here (the acknowledgement); 503 draining or full; 403 forged id; 400 unusable |
-//! | `POST /v1/tail` ([`TailPush`]) | 200 applied; 404 the session is not held here (the sender stops) |
-//! | `POST /v1/cancel` ([`CancelPush`]) | 200 once the cancellation went to this pod's upstream; 404 the session is not here |
-//! | bad MAC or time | 401 |
-//! | body over `--peer-max-message-bytes` | 413 |
-//! | more than [`MAX_CONCURRENT`] messages at once for [`QUEUE_WAIT`] | 503 |
+//! | `POST /v2/sessions` ([`SessionPush`]) | 200 once the session is held here (the acknowledgement); 503 draining or full; 403 forged id; 400 unusable |
+//! | `POST /v2/tail` ([`TailPush`]) | 200 applied; 404 the session is not held here (the sender stops) |
+//! | `POST /v2/cancel` ([`CancelPush`]) | 200 once the cancellation went to this pod's upstream; 404 the session is not here |
+//! | `POST /v2/held` ([`HeldQuery`]) | 200 `{"held": bool}`: whether this pod took the session at that epoch or a later one |
+//! | a head that does not authenticate | 401 (`skew`: with this pod's time in `Tether-Peer-Time`), 421 another receiver, 413 too long — before a slot is taken or a body byte read |
+//! | a nonce seen within the window | 409 `replayed` |
+//! | a body other than the signed one | 400 `digest_mismatch` |
+//! | more than [`MAX_CONCURRENT`] messages at once for [`QUEUE_WAIT`], or [`MAX_NONCES`] nonces in the window | 503 `busy` |
 //!
+//! Every answer to a message that authenticated carries `Tether-Peer-Ack`. The same paths under
+//! `/v1/` speak the first protocol: authenticated after the body is read, not acknowledged.
 //! Error bodies are JSON `{"error": "...", "reason": "..."}`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use http::{Method, Response, StatusCode, header};
-use pingora::apps::http_app::ServeHttp;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use pingora::protocols::http::ServerSession;
 use tokio::sync::Semaphore;
 
 use super::adopt::{self, AdoptError};
-use super::auth;
-use super::wire::{CancelPush, SessionPush, TailPush};
+use super::auth::{self, BodyCheck, Claim, TETHER_PEER_ACK, TETHER_PEER_TIME};
+use super::nonces::{MAX_NONCES, NonceError, Nonces};
+use super::wire::{CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPush};
 use crate::broker::Broker;
+use crate::keys::KeyRing;
 use crate::lifecycle::Lifecycle;
-use crate::secret::Secret;
+use crate::metrics::Metrics;
+use crate::reply::{Reply, ReplyBody};
 
 /// Path of session pushes.
-pub(crate) const SESSIONS_PATH: &str = "/v1/sessions";
+pub(crate) const SESSIONS_PATH: &str = "/v2/sessions";
 /// Path of tail messages.
-pub(crate) const TAIL_PATH: &str = "/v1/tail";
+pub(crate) const TAIL_PATH: &str = "/v2/tail";
 /// Path of relayed cancellations.
-pub(crate) const CANCEL_PATH: &str = "/v1/cancel";
+pub(crate) const CANCEL_PATH: &str = "/v2/cancel";
+/// Path of the question whether a session was taken.
+pub(crate) const HELD_PATH: &str = "/v2/held";
+/// The first protocol's paths, in the order of the current ones.
+pub(crate) const FIRST_PATHS: [&str; 3] = ["/v1/sessions", "/v1/tail", "/v1/cancel"];
 /// Messages handled at the same time; more wait.
 pub(crate) const MAX_CONCURRENT: usize = 64;
 /// How long a message waits for a slot before 503.
@@ -45,125 +57,291 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// A refused message: status, reason label, message.
 type Refusal = (StatusCode, &'static str, String);
 
-/// The peer HTTP application.
+/// Whether a path is the peer protocol's (the proxy hands it to [`PeerListener::serve`]).
+pub(crate) fn is_peer_path(path: &str) -> bool {
+    path.starts_with("/v2/") || path.starts_with("/v1/")
+}
+
+/// What a message asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Sessions,
+    Tail,
+    Cancel,
+    Held,
+}
+
+impl Kind {
+    fn of(path: &str, first: bool) -> Option<Self> {
+        if first {
+            let at = FIRST_PATHS.iter().position(|p| *p == path)?;
+            return Some([Self::Sessions, Self::Tail, Self::Cancel][at]);
+        }
+        match path {
+            SESSIONS_PATH => Some(Self::Sessions),
+            TAIL_PATH => Some(Self::Tail),
+            CANCEL_PATH => Some(Self::Cancel),
+            HELD_PATH => Some(Self::Held),
+            _ => None,
+        }
+    }
+}
+
+/// The receiving side of the peer protocol of one pod.
 pub(crate) struct PeerListener {
     broker: Arc<Broker>,
     lifecycle: Arc<Lifecycle>,
-    secret: Secret,
+    metrics: Arc<Metrics>,
+    keys: KeyRing,
+    uid: String,
     max_message_bytes: usize,
-    slots: Arc<Semaphore>,
+    accept_first: bool,
+    slots: Semaphore,
+    nonces: Nonces,
 }
 
 impl PeerListener {
-    /// A listener adopting into `broker` (unless `lifecycle` says this pod drains), checking
-    /// MACs with `secret`, refusing bodies over `max_message_bytes`.
+    /// The listener of pod `uid`, adopting into `broker` (unless `lifecycle` says this pod
+    /// drains), checking MACs with `keys`, refusing bodies over `max_message_bytes`;
+    /// `accept_first` takes the first protocol's messages too.
     pub(crate) fn new(
         broker: Arc<Broker>,
         lifecycle: Arc<Lifecycle>,
-        secret: Secret,
+        metrics: Arc<Metrics>,
+        keys: KeyRing,
+        uid: String,
         max_message_bytes: usize,
+        accept_first: bool,
     ) -> Self {
         Self {
             broker,
             lifecycle,
-            secret,
+            metrics,
+            keys,
+            uid,
             max_message_bytes,
-            slots: Arc::new(Semaphore::new(MAX_CONCURRENT)),
+            accept_first,
+            slots: Semaphore::new(MAX_CONCURRENT),
+            nonces: Nonces::new(auth::WINDOW * 2, MAX_NONCES),
         }
     }
 
-    async fn read_body(&self, session: &mut ServerSession) -> Result<Bytes, Refusal> {
-        let limit = self.max_message_bytes;
-        let read = async {
-            let mut body = BytesMut::new();
-            loop {
-                match session.read_request_body().await {
-                    Ok(Some(chunk)) => {
-                        if body.len() + chunk.len() > limit {
-                            return Err((
-                                StatusCode::PAYLOAD_TOO_LARGE,
-                                "message_too_large",
-                                format!("messages are limited to {limit} bytes"),
-                            ));
-                        }
-                        body.extend_from_slice(&chunk);
-                    }
-                    Ok(None) => return Ok(body.freeze()),
-                    Err(e) => {
-                        return Err((StatusCode::BAD_REQUEST, "body", e.to_string()));
-                    }
-                }
-            }
-        };
-        tokio::time::timeout(BODY_TIMEOUT, read)
-            .await
-            .unwrap_or_else(|_| {
-                Err((
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body_timeout",
-                    "the message body did not arrive in time".to_owned(),
-                ))
-            })
-    }
-
-    async fn handle(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+    /// Answers the peer-protocol request `session` carries (its head read, its body not).
+    pub(crate) async fn serve(&self, session: &mut ServerSession) -> Reply {
         let (method, path) = {
             let req = session.req_header();
             (req.method.clone(), req.uri.path().to_owned())
         };
-        if ![SESSIONS_PATH, TAIL_PATH, CANCEL_PATH].contains(&path.as_str()) {
+        let first = path.starts_with("/v1/");
+        let Some(kind) = Kind::of(&path, first).filter(|_| !first || self.accept_first) else {
             return error(StatusCode::NOT_FOUND, "unknown_path", "unknown path");
-        }
+        };
         if method != Method::POST {
             return error(StatusCode::METHOD_NOT_ALLOWED, "method", "use POST");
         }
+        if first {
+            return self.serve_first(session, &path, kind).await;
+        }
+        let claim = match self.authenticate(session, &method, &path) {
+            Ok(claim) => claim,
+            Err(reply) => {
+                session.set_keepalive(None);
+                return *reply;
+            }
+        };
+        let (status, body) = self.dispatch(session, kind, &claim).await;
+        let mut reply = json(status, body);
+        reply.headers.insert(
+            TETHER_PEER_ACK,
+            auth::ack(&self.keys, &self.uid, &claim.nonce, &claim.digest, status),
+        );
+        reply
+    }
+
+    /// Checks a message's head and nonce: the [`Claim`] its body must meet, or the refusal.
+    fn authenticate(
+        &self,
+        session: &ServerSession,
+        method: &Method,
+        path: &str,
+    ) -> Result<Claim, Box<Reply>> {
+        let now = auth::now_ms();
+        let headers = &session.req_header().headers;
+        let claim = auth::check(
+            &self.keys,
+            method,
+            path,
+            headers,
+            &self.uid,
+            now,
+            self.max_message_bytes,
+        )
+        .map_err(|refused| {
+            self.metrics.peer_auth_failure(refused.reason());
+            let mut reply = error(refused.status(), refused.reason(), &refused.to_string());
+            if matches!(refused, auth::Refused::Skew(_)) {
+                reply
+                    .headers
+                    .insert(TETHER_PEER_TIME, HeaderValue::from(now));
+            }
+            Box::new(reply)
+        })?;
+        match self.nonces.admit(claim.nonce, Instant::now()) {
+            Ok(()) => {
+                self.metrics.peer_nonces(self.nonces.len());
+                Ok(claim)
+            }
+            Err(NonceError::Replayed) => {
+                self.metrics.peer_auth_failure("replayed");
+                let mut reply = error(StatusCode::CONFLICT, "replayed", "message seen before");
+                reply.headers.insert(
+                    TETHER_PEER_ACK,
+                    auth::ack(
+                        &self.keys,
+                        &self.uid,
+                        &claim.nonce,
+                        &claim.digest,
+                        StatusCode::CONFLICT,
+                    ),
+                );
+                Err(Box::new(reply))
+            }
+            Err(NonceError::Full) => Err(Box::new(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "too many messages in the time window",
+            ))),
+        }
+    }
+
+    /// Takes a slot, reads the body against `claim`, and carries the message out.
+    async fn dispatch(
+        &self,
+        session: &mut ServerSession,
+        kind: Kind,
+        claim: &Claim,
+    ) -> (StatusCode, serde_json::Value) {
+        let Ok(Ok(_slot)) = tokio::time::timeout(QUEUE_WAIT, self.slots.acquire()).await else {
+            return refusal((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "too many messages".into(),
+            ));
+        };
+        let mut check = BodyCheck::new(claim);
+        let body = match read_body(session, claim.length, |chunk| check.update(chunk)).await {
+            Ok(body) => body,
+            Err(refused) => {
+                session.set_keepalive(None);
+                return refusal(refused);
+            }
+        };
+        if !check.matches() {
+            self.metrics.peer_auth_failure("digest_mismatch");
+            session.set_keepalive(None);
+            return refusal((
+                StatusCode::BAD_REQUEST,
+                "digest_mismatch",
+                "the body is not the signed one".into(),
+            ));
+        }
+        self.carry_out(kind, &claim.from, &body).await
+    }
+
+    /// A message of the first protocol: the body is read, then authenticated.
+    async fn serve_first(&self, session: &mut ServerSession, path: &str, kind: Kind) -> Reply {
         let Ok(Ok(_slot)) = tokio::time::timeout(QUEUE_WAIT, self.slots.acquire()).await else {
             return error(StatusCode::SERVICE_UNAVAILABLE, "busy", "too many messages");
         };
-        let body = match self.read_body(session).await {
+        let limit = self.max_message_bytes;
+        let body = match read_body(session, limit, |_| true).await {
             Ok(body) => body,
-            Err(refusal) => return refuse(refusal),
+            Err((status, reason, message)) => return error(status, reason, &message),
         };
-        let headers = session.req_header().headers.clone();
-        let from = match auth::verify(&self.secret, &path, &headers, &body) {
+        let headers: HeaderMap = session.req_header().headers.clone();
+        let from = match auth::v1::verify(&self.keys, path, &headers, &body) {
             Ok(uid) => uid,
-            Err(e) => return error(StatusCode::UNAUTHORIZED, "unauthenticated", &e.to_string()),
+            Err(e) => {
+                self.metrics.peer_auth_failure("mac");
+                return error(StatusCode::UNAUTHORIZED, "unauthenticated", &e.to_string());
+            }
         };
-        match path.as_str() {
-            SESSIONS_PATH => self.adopt(&from, &body),
-            TAIL_PATH => self.tail(&from, &body),
-            _ => self.cancel(&from, &body).await,
-        }
+        let (status, body) = self.carry_out(kind, &from, &body).await;
+        json(status, body)
     }
 
-    async fn cancel(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        let push: CancelPush = match parse(from, body) {
-            Ok(push) => push,
-            Err(refusal) => return refuse(refusal),
+    /// Applies an authenticated message from `from`.
+    async fn carry_out(
+        &self,
+        kind: Kind,
+        from: &str,
+        body: &[u8],
+    ) -> (StatusCode, serde_json::Value) {
+        let outcome = match kind {
+            Kind::Held => {
+                return match parse::<HeldQuery>(from, body) {
+                    Ok(query) => {
+                        let held = adopt::took(&self.broker, &query);
+                        (StatusCode::OK, serde_json::json!(HeldAnswer { held }))
+                    }
+                    Err(refused) => refusal(refused),
+                };
+            }
+            Kind::Sessions => parse::<SessionPush>(from, body)
+                .map(|push| adopt::adopt(&self.broker, &self.lifecycle, &push)),
+            Kind::Tail => parse::<TailPush>(from, body)
+                .map(|tail| adopt::apply_tail(&self.broker, &tail).map(|_| ())),
+            Kind::Cancel => match parse::<CancelPush>(from, body) {
+                Ok(push) => Ok(adopt::cancel_here(&self.broker, &push).await),
+                Err(refused) => Err(refused),
+            },
         };
-        match adopt::cancel_here(&self.broker, &push).await {
-            Ok(()) => ok(),
-            Err(e) => adopt_error(&e),
+        match outcome {
+            Ok(Ok(())) => (StatusCode::OK, serde_json::json!({"ok": true})),
+            Ok(Err(e)) => refusal(adopt_error(&e)),
+            Err(refused) => refusal(refused),
         }
     }
+}
 
-    fn adopt(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        match parse::<SessionPush>(from, body)
-            .map(|push| adopt::adopt(&self.broker, &self.lifecycle, &push))
-        {
-            Ok(Ok(())) => ok(),
-            Ok(Err(e)) => adopt_error(&e),
-            Err(refusal) => refuse(refusal),
+/// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`], each chunk offered to
+/// `take` first (`false`: longer than announced).
+async fn read_body(
+    session: &mut ServerSession,
+    limit: usize,
+    mut take: impl FnMut(&[u8]) -> bool,
+) -> Result<Bytes, Refusal> {
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "message_too_large",
+            format!("messages are limited to {limit} bytes"),
+        )
+    };
+    let read = async {
+        let mut body = BytesMut::new();
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > limit || !take(&chunk) {
+                        return Err(too_large());
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => return Ok(body.freeze()),
+                Err(e) => return Err((StatusCode::BAD_REQUEST, "body", e.to_string())),
+            }
         }
-    }
-
-    fn tail(&self, from: &str, body: &[u8]) -> Response<Vec<u8>> {
-        match parse::<TailPush>(from, body).map(|tail| adopt::apply_tail(&self.broker, &tail)) {
-            Ok(Ok(_)) => ok(),
-            Ok(Err(e)) => adopt_error(&e),
-            Err(refusal) => refuse(refusal),
-        }
-    }
+    };
+    tokio::time::timeout(BODY_TIMEOUT, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err((
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "the message body did not arrive in time".to_owned(),
+            ))
+        })
 }
 
 /// A message whose `from` names its authenticated sender.
@@ -189,6 +367,12 @@ impl FromPeer for CancelPush {
     }
 }
 
+impl FromPeer for HeldQuery {
+    fn sender(&self) -> &str {
+        &self.from
+    }
+}
+
 /// Decodes a message body and checks that it comes from `from` (the authenticated sender).
 fn parse<M: FromPeer>(from: &str, body: &[u8]) -> Result<M, Refusal> {
     let message: M = serde_json::from_slice(body)
@@ -203,45 +387,40 @@ fn parse<M: FromPeer>(from: &str, body: &[u8]) -> Result<M, Refusal> {
     Ok(message)
 }
 
-fn refuse((status, reason, message): Refusal) -> Response<Vec<u8>> {
-    error(status, reason, &message)
-}
-
-fn adopt_error(e: &AdoptError) -> Response<Vec<u8>> {
+fn adopt_error(e: &AdoptError) -> Refusal {
     let (status, reason) = match e {
         AdoptError::Forged => (StatusCode::FORBIDDEN, "forged_session_id"),
         AdoptError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_image"),
         AdoptError::Draining => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
-        AdoptError::Full(_) => (StatusCode::SERVICE_UNAVAILABLE, "full"),
+        AdoptError::Full => (StatusCode::SERVICE_UNAVAILABLE, "full"),
+        AdoptError::Stale(_) => (StatusCode::CONFLICT, "stale_epoch"),
+        AdoptError::Ended => (StatusCode::CONFLICT, "ended"),
         AdoptError::NotHeld => (StatusCode::NOT_FOUND, "not_held"),
     };
-    error(status, reason, &e.to_string())
+    (status, reason, e.to_string())
 }
 
-fn ok() -> Response<Vec<u8>> {
-    json(StatusCode::OK, serde_json::json!({"ok": true}))
-}
-
-fn error(status: StatusCode, reason: &str, message: &str) -> Response<Vec<u8>> {
-    json(
+fn refusal((status, reason, message): Refusal) -> (StatusCode, serde_json::Value) {
+    (
         status,
         serde_json::json!({"error": message, "reason": reason}),
     )
 }
 
-fn json(status: StatusCode, value: serde_json::Value) -> Response<Vec<u8>> {
-    let body = format!("{value}\n").into_bytes();
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::CONTENT_LENGTH, body.len())
-        .body(body)
-        .unwrap_or_default()
+fn error(status: StatusCode, reason: &'static str, message: &str) -> Reply {
+    let (status, body) = refusal((status, reason, message.to_owned()));
+    json(status, body)
 }
 
-#[async_trait]
-impl ServeHttp for PeerListener {
-    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
-        self.handle(session).await
+fn json(status: StatusCode, value: serde_json::Value) -> Reply {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Reply {
+        status,
+        headers,
+        body: ReplyBody::Full(Bytes::from(format!("{value}\n"))),
     }
 }

@@ -13,6 +13,7 @@ mod follow;
 pub(crate) mod fuzzing;
 mod image;
 pub(crate) mod listener;
+mod nonces;
 pub(crate) mod wire;
 
 use std::collections::HashMap;
@@ -28,13 +29,14 @@ use serde_json::Value;
 use crate::broker::{Broker, CancelRelay, Here};
 use crate::cluster::membership::{Peer, PeerState};
 use crate::cluster::peer_health::Down;
+use crate::cluster::peer_health::FIRST_PROTOCOL;
 use crate::cluster::routing::Router;
 use crate::lifecycle::Lifecycle;
 use crate::mcp::jsonrpc::RequestKey;
 use crate::metrics::Metrics;
 use crate::session::Session;
-use client::{PeerClient, SendError};
-use wire::{CancelPush, SessionPush};
+use client::{Destination, PeerClient, SendError};
+use wire::{CancelPush, HeldAnswer, HeldQuery, SessionPush};
 
 /// Sessions pushed at the same time.
 pub(crate) const MAX_PARALLEL_MOVES: usize = 8;
@@ -67,7 +69,20 @@ pub(crate) enum MoveError {
     /// Every candidate failed; the last error.
     #[error("every candidate failed, last: {0}")]
     Failed(SendError),
+    /// A push got no answer and the target could not say whether it took the session: no other
+    /// pod is tried (that could make two holders); the session stays here, at an epoch after
+    /// the one in doubt.
+    #[error("the target may hold the session; none other is tried")]
+    InDoubt,
 }
+
+/// Waits before each question whether a push in doubt was taken.
+const CONFIRM_BACKOFF: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::from_millis(200),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+];
 
 /// Sends cancellations to the pod running the request (a weak handle: no reference cycle with
 /// the broker).
@@ -97,10 +112,11 @@ impl CancelRelay for Relay {
             return;
         };
         tokio::spawn(async move {
-            let addr = handoff.peer_addr(&peer);
+            let protocol = handoff.router.health().protocol_for(&peer.uid).await;
+            let to = handoff.destination(&peer, protocol);
             if let Err(e) = handoff
                 .client
-                .post(addr, listener::CANCEL_PATH, Bytes::from(body))
+                .post(to, listener::CANCEL_PATH, Bytes::from(body))
                 .await
             {
                 tracing::warn!(peer = %peer.name, error = %e, "cannot relay a cancellation");
@@ -124,18 +140,21 @@ pub(crate) struct Handoff {
 
 impl Handoff {
     /// The handoff of `broker`'s pod: targets from `router`'s membership, messages to peers'
-    /// listeners on `peer_port` of at most `max_message_bytes`; `enabled` false never moves a
-    /// session (`--handoff false`, `migration: Pin`) but still adopts.
+    /// listeners on `peer_port` (over mutual TLS with `tls`) of at most `max_message_bytes`;
+    /// `enabled` false never moves a session (`--handoff false`, `migration: Pin`) but still
+    /// adopts.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         broker: Arc<Broker>,
         router: Router,
         lifecycle: Arc<Lifecycle>,
         metrics: Arc<Metrics>,
         peer_port: u16,
+        tls: bool,
         max_message_bytes: usize,
         enabled: bool,
     ) -> Arc<Self> {
-        let client = PeerClient::new(router.secret().clone(), router.uid().to_owned());
+        let client = PeerClient::new(router.secret().clone(), router.uid().to_owned(), tls);
         Arc::new(Self {
             broker,
             router,
@@ -163,6 +182,15 @@ impl Handoff {
 
     fn peer_addr(&self, peer: &Peer) -> SocketAddr {
         SocketAddr::new(peer.address.ip(), peer.peer_port.unwrap_or(self.peer_port))
+    }
+
+    /// Where a message to `peer`, which speaks `protocol`, goes.
+    fn destination<'a>(&self, peer: &'a Peer, protocol: u8) -> Destination<'a> {
+        Destination {
+            uid: &peer.uid,
+            addr: self.peer_addr(peer),
+            protocol,
+        }
     }
 
     /// Where session `id` may go, best first: `owner(S)` over the preferred set, then routable
@@ -211,29 +239,41 @@ impl Handoff {
             .saturating_sub(MESSAGE_OVERHEAD)
             .max(1);
         let (snapshot, positions) = session.snapshot(budget);
-        let push = SessionPush {
+        let mut push = SessionPush {
             from: self.router.uid().to_owned(),
             session: image::session_image(&snapshot),
         };
         let imaged = follow::imaged(&snapshot, &positions);
-        let body = match serde_json::to_vec(&push) {
-            Ok(body) => Bytes::from(body),
-            Err(e) => {
-                session.finish_move(None);
-                return Err(MoveError::Failed(SendError::Unreachable(e.to_string())));
-            }
-        };
         let mut last = None;
         for target in candidates {
-            match self.push_to(&target, &body).await {
+            // Each candidate gets a later epoch than any before: a copy an earlier attempt left
+            // anywhere is stale against it.
+            push.session.epoch = session.advance_epoch();
+            let body = match serde_json::to_vec(&push) {
+                Ok(body) => Bytes::from(body),
+                Err(e) => {
+                    session.finish_move(None);
+                    return Err(MoveError::Failed(SendError::Unreachable(e.to_string())));
+                }
+            };
+            match self
+                .push_to(&target, &body, session.id(), push.session.epoch)
+                .await
+            {
                 Ok(()) => {
                     self.moved(&session, &target, imaged, started);
                     return Ok(target.uid);
                 }
-                Err(e) => {
+                Err(MoveError::Failed(e)) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, error = %e, "handoff to peer failed");
                     self.metrics.handoff_failed(e.label());
                     last = Some(e);
+                }
+                Err(e) => {
+                    tracing::warn!(session = session.digest(), peer = %target.name, error = %e, "handoff to peer in doubt; the session stays here");
+                    self.metrics.handoff_failed("in_doubt");
+                    session.finish_move(None);
+                    return Err(e);
                 }
             }
         }
@@ -241,14 +281,27 @@ impl Handoff {
         Err(last.map_or(MoveError::NoTarget, MoveError::Failed))
     }
 
-    /// Pushes a session body to one peer, retrying transient failures with backoff.
-    async fn push_to(&self, target: &Peer, body: &Bytes) -> Result<(), SendError> {
-        let addr = self.peer_addr(target);
+    /// Pushes the body of session `session` (at `epoch`) to one peer, retrying transient failures with
+    /// backoff. A push that may have arrived but got no valid answer is settled by asking the
+    /// peer whether it took the session ([`Handoff::confirm`]) before another pod is tried.
+    ///
+    /// # Errors
+    /// [`MoveError::Failed`] when the peer did not take it (another may be tried);
+    /// [`MoveError::InDoubt`] when nobody can say.
+    async fn push_to(
+        &self,
+        target: &Peer,
+        body: &Bytes,
+        session: &str,
+        epoch: u64,
+    ) -> Result<(), MoveError> {
+        let protocol = self.router.health().protocol_for(&target.uid).await;
+        let to = self.destination(target, protocol);
         let mut attempt = 0;
-        loop {
+        let failed = loop {
             match self
                 .client
-                .post(addr, listener::SESSIONS_PATH, body.clone())
+                .post(to, listener::SESSIONS_PATH, body.clone())
                 .await
             {
                 Ok(()) => return Ok(()),
@@ -256,16 +309,56 @@ impl Handoff {
                     tokio::time::sleep(BACKOFF[attempt]).await;
                     attempt += 1;
                 }
-                Err(e) => {
-                    if matches!(e, SendError::Unreachable(_)) {
-                        self.router
-                            .health()
-                            .mark_down(&target.uid, Down::Refused, Instant::now());
-                    }
-                    return Err(e);
+                Err(e) => break e,
+            }
+        };
+        if matches!(failed, SendError::Unreachable(_)) {
+            self.router
+                .health()
+                .mark_down(&target.uid, Down::Refused, Instant::now());
+        }
+        let maybe_taken = matches!(failed, SendError::Lost(_) | SendError::Unacknowledged(_));
+        if !maybe_taken || protocol <= FIRST_PROTOCOL {
+            return Err(MoveError::Failed(failed));
+        }
+        match self.confirm(to, session, epoch).await {
+            Some(true) => {
+                tracing::info!(peer = %target.name, "a push without an answer was taken");
+                Ok(())
+            }
+            Some(false) => Err(MoveError::Failed(failed)),
+            None => Err(MoveError::InDoubt),
+        }
+    }
+
+    /// Asks `to` whether it took `session` at `epoch` (`POST /v2/held`), a few times: its
+    /// acknowledged answer; `Some(false)` when it cannot be reached (a pod that accepts no
+    /// connection holds nothing) or does not acknowledge (it is no peer); `None` when it never
+    /// answers.
+    async fn confirm(&self, to: Destination<'_>, session: &str, epoch: u64) -> Option<bool> {
+        let query = HeldQuery {
+            from: self.router.uid().to_owned(),
+            session: session.to_owned(),
+            epoch,
+        };
+        let body = Bytes::from(serde_json::to_vec(&query).ok()?);
+        let mut reached = false;
+        for pause in CONFIRM_BACKOFF {
+            tokio::time::sleep(pause).await;
+            match self.client.ask(to, listener::HELD_PATH, body.clone()).await {
+                Ok(answer) => {
+                    return serde_json::from_slice::<HeldAnswer>(&answer)
+                        .ok()
+                        .map(|a| a.held);
                 }
+                Err(SendError::Unacknowledged(_) | SendError::Refused { .. }) => {
+                    return Some(false);
+                }
+                Err(SendError::Lost(_)) => reached = true,
+                Err(SendError::Unreachable(_)) => {}
             }
         }
+        (!reached).then_some(false)
     }
 
     /// The target acknowledged: forward requests there, close ≥ 2025-11-25 readers with

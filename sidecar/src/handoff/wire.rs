@@ -1,6 +1,8 @@
-//! The messages of the peer protocol, version 1 (`docs/design/handoff.md`): JSON bodies of
-//! `POST /v1/sessions` (a session pushed to its new holder) and `POST /v1/tail` (events of a
-//! handed-off stream that arrived after the push).
+//! The messages of the peer protocol (`docs/design/handoff.md`): JSON bodies of
+//! `POST /v2/sessions` (a session pushed to its new holder), `POST /v2/tail` (events of a
+//! handed-off stream that arrived after the push), `POST /v2/cancel` and `POST /v2/held`. The
+//! first protocol's messages (`/v1/…`) are the same bodies without the fields protocol 2 added,
+//! which are left out when empty or zero so a receiver of that protocol reads them.
 //!
 //! Event data travels as text (SSE `data:` is UTF-8 by definition); request ids as their
 //! JSON text ([`RequestKey`]); stream keys in their 12-character form ([`StreamKey`], checked on
@@ -15,7 +17,7 @@ use serde_json::Value;
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::RequestKey;
 
-/// `POST /v1/sessions`: a session handed to the receiver, which answers 200 once it holds it.
+/// `POST /v2/sessions`: a session handed to the receiver, which answers 200 once it holds it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct SessionPush {
@@ -26,7 +28,7 @@ pub(crate) struct SessionPush {
 }
 
 /// Everything a pod needs to serve a session it did not create
-/// (`docs/design/handoff.md#post-v1sessions`).
+/// (`docs/design/handoff.md#post-v2sessions`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct SessionImage {
@@ -56,6 +58,15 @@ pub(crate) struct SessionImage {
     /// rest of the window, as the sender would have. Left out when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) accepted: Vec<AcceptedImage>,
+    /// The push's handoff epoch (`docs/design/handoff.md#one-holder-per-session`): a receiver
+    /// holding the session at a later epoch refuses it, one holding an earlier copy replaces
+    /// it. Left out when 0, so a receiver of the first protocol reads it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) epoch: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A credential the MCP server accepted for a session.
@@ -160,7 +171,7 @@ pub(crate) struct ReplyImage {
     pub(crate) body: String,
 }
 
-/// `POST /v1/tail`: what happened on streams of a handed-off session since the last message.
+/// `POST /v2/tail`: what happened on streams of a handed-off session since the last message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct TailPush {
@@ -175,7 +186,29 @@ pub(crate) struct TailPush {
     pub(crate) requests: Vec<RequestImage>,
 }
 
-/// `POST /v1/cancel`: a client cancelled (spec L-02) a request that still runs at the pod that
+/// `POST /v2/held`: whether the receiver holds a session at an epoch, asked by a sender whose
+/// push of it got no acknowledgement (a lost answer, a timeout) before it tries another pod.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct HeldQuery {
+    /// UID of the asking pod.
+    pub(crate) from: String,
+    /// The client session id.
+    pub(crate) session: String,
+    /// The epoch of the push in doubt.
+    pub(crate) epoch: u64,
+}
+
+/// The answer to a [`HeldQuery`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct HeldAnswer {
+    /// The receiver took the session at that epoch or a later one (it holds it, or handed it
+    /// on).
+    pub(crate) held: bool,
+}
+
+/// `POST /v2/cancel`: a client cancelled (spec L-02) a request that still runs at the pod that
 /// handed the session off; that pod sends the notification to its upstream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -236,6 +269,7 @@ mod tests {
                     credential: "ab".repeat(16),
                     age_ms: 1500,
                 }],
+                epoch: 3,
             },
         };
         let text = serde_json::to_string(&push).unwrap();
@@ -251,8 +285,9 @@ mod tests {
         anonymous.credentialed = false;
         anonymous.accepted.clear();
         anonymous.streams[0].withdrawn = false;
+        anonymous.epoch = 0;
         let v = serde_json::to_value(&anonymous).unwrap();
-        for field in ["credentialed", "binding", "accepted"] {
+        for field in ["credentialed", "binding", "accepted", "epoch"] {
             assert!(v.get(field).is_none(), "{field} left out: {v}");
         }
         assert!(v["streams"][0].get("withdrawn").is_none(), "{v}");

@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderName, header};
 use serde::Deserialize;
 use tether_crds::AuthBinding;
 
-use crate::secret::{DOMAIN_PRINCIPAL, Secret};
+use crate::keys::{DOMAIN_PRINCIPAL, Key};
 
 /// Bytes of the digest kept.
 const DIGEST_LEN: usize = 16;
@@ -54,22 +54,17 @@ impl Binding {
         headers: &HeaderMap,
         names: &[HeaderName],
         binding: AuthBinding,
-        secret: &Secret,
+        key: &Key,
     ) -> Option<Self> {
         (binding != AuthBinding::None).then(|| Self {
             kind: binding,
-            principal: principal(headers, names, binding, secret),
+            principal: principal(headers, names, binding, key),
         })
     }
 
     /// Whether a request with `headers` presents the session's principal.
-    pub(crate) fn admits(
-        &self,
-        headers: &HeaderMap,
-        names: &[HeaderName],
-        secret: &Secret,
-    ) -> bool {
-        principal(headers, names, self.kind, secret) == self.principal
+    pub(crate) fn admits(&self, headers: &HeaderMap, names: &[HeaderName], key: &Key) -> bool {
+        principal(headers, names, self.kind, key) == self.principal
     }
 
     /// The form a handoff image carries: `anonymous`, `subject:<hex>` or `credential:<hex>`.
@@ -108,13 +103,14 @@ struct Subject {
     sub: String,
 }
 
-/// The principal of a request with `headers` under `binding`, keyed by `secret`: `None` for a
+/// The principal of a request with `headers` under `binding`, keyed by `key` (the key of the
+/// session's id: a session's digests never change with a rotation): `None` for a
 /// request without credentials, and always with [`AuthBinding::None`].
 pub(crate) fn principal(
     headers: &HeaderMap,
     names: &[HeaderName],
     binding: AuthBinding,
-    secret: &Secret,
+    key: &Key,
 ) -> Option<Principal> {
     if binding == AuthBinding::None {
         return None;
@@ -144,7 +140,7 @@ pub(crate) fn principal(
             message
         }
     };
-    let mac = secret.mac(DOMAIN_PRINCIPAL, &message);
+    let mac = key.mac(DOMAIN_PRINCIPAL, &message);
     let mut digest = [0; DIGEST_LEN];
     digest.copy_from_slice(&mac[..DIGEST_LEN]);
     Some(Principal(digest))
@@ -185,8 +181,8 @@ mod tests {
         if let Some(v) = authorization {
             headers.insert(header::AUTHORIZATION, v.parse().unwrap());
         }
-        let secret = Secret::from_bytes("test-secret-0123456789");
-        principal(&headers, &[header::AUTHORIZATION], binding, &secret)
+        let key = Key::new("test-secret-0123456789");
+        principal(&headers, &[header::AUTHORIZATION], binding, &key)
     }
 
     #[test]

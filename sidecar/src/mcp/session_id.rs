@@ -1,32 +1,45 @@
 //! Client session ids minted by the sidecar (`docs/design/architecture.md#sessions`).
 //!
-//! Wire format: `base64url(version ‖ 128 random bits ‖ home token ‖ MAC)` without padding, 55
-//! characters of `[A-Za-z0-9_-]` (visible ASCII, spec S-02).
+//! Two formats, both `base64url` without padding (visible ASCII, spec S-02):
 //!
-//! | bytes | field |
-//! |---|---|
-//! | 1 | format version, [`ID_VERSION`] |
-//! | 16 | random (CSPRNG), makes the id unguessable (spec S-08) |
-//! | 8 | home token: first 8 bytes of SHA-256(`tether/home/v1` ‖ pod UID) |
-//! | 16 | HMAC-SHA256 over the first 25 bytes, keyed by the endpoint secret, truncated |
+//! | bytes | format 1 (55 characters) | format 2 (60 characters) |
+//! |---|---|---|
+//! | 1 | format version, `1` | format version, `2` |
+//! | 4 | — | id of the key that signed it ([`KeyId`]) |
+//! | 16 | random (CSPRNG), makes the id unguessable (spec S-08) | the same |
+//! | 8 | home token: first 8 bytes of SHA-256(`tether/home/v1` ‖ pod UID) | the same |
+//! | 16 | HMAC-SHA256 over the bytes before it, truncated | the same |
 //!
-//! A forged or foreign id fails the MAC and is answered 404 at once (spec S-05), with no hop.
+//! Format 2 names its key, so a verifier picks it from the ring
+//! (`docs/design/peer-trust.md#the-key-ring`); format 1 verifies with any key of the ring. A pod
+//! mints format 2 unless its first-format flag says a peer of the endpoint reads only
+//! format 1 (a sidecar of the first peer protocol, during a rollout of tether itself,
+//! `docs/design/peer-trust.md#protocol-versions`). A forged or foreign id fails the MAC and is
+//! answered 404 at once (spec S-05), with no hop.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 
-use crate::secret::{DOMAIN_SESSION_ID, Secret};
+use crate::keys::{DOMAIN_SESSION_ID, Key, KeyId, KeyRing};
 
-/// Format version carried in the first byte.
-pub(crate) const ID_VERSION: u8 = 1;
+/// Format version of ids that do not name their key.
+pub(crate) const FIRST_FORMAT: u8 = 1;
+/// Format version of ids that name their key.
+pub(crate) const ID_VERSION: u8 = 2;
+const KEY_ID_LEN: usize = 4;
 const RANDOM_LEN: usize = 16;
 const HOME_LEN: usize = 8;
 const MAC_LEN: usize = 16;
-const SIGNED_LEN: usize = 1 + RANDOM_LEN + HOME_LEN;
-const RAW_LEN: usize = SIGNED_LEN + MAC_LEN;
-/// Length of an encoded id in characters.
-pub(crate) const ENCODED_LEN: usize = 55;
+/// Bytes after the version and key id: random, home, MAC.
+const BODY_LEN: usize = RANDOM_LEN + HOME_LEN + MAC_LEN;
+/// Length of an encoded id of the first format, in characters.
+pub(crate) const FIRST_FORMAT_LEN: usize = 55;
+/// Length of an encoded id of the current format, in characters.
+pub(crate) const ENCODED_LEN: usize = 60;
 
 /// The pod a session was created on, as carried inside its id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,102 +67,203 @@ pub(crate) enum IdError {
     /// A format version this sidecar does not know.
     #[error("unknown session id version")]
     UnknownVersion,
-    /// The MAC does not match: forged, or minted for another endpoint.
+    /// The MAC does not match: forged, minted for another endpoint, or with a key the ring no
+    /// longer holds.
     #[error("session id MAC mismatch")]
     BadMac,
+}
+
+/// A genuine id: its home, and the key that minted it (which keys the session's digests).
+#[derive(Clone, Debug)]
+pub(crate) struct Verified {
+    /// The pod that created the session.
+    pub(crate) home: HomeToken,
+    /// The key that signed the id.
+    pub(crate) key: Arc<Key>,
 }
 
 /// Mints and verifies session ids for one pod.
 #[derive(Clone, Debug)]
 pub(crate) struct IdMinter {
-    secret: Secret,
+    keys: KeyRing,
     home: HomeToken,
+    first_format: Arc<AtomicBool>,
 }
 
 impl IdMinter {
-    /// A minter for the pod whose home token is `home`.
-    pub(crate) fn new(secret: Secret, home: HomeToken) -> Self {
-        Self { secret, home }
+    /// A minter for the pod whose home token is `home`, signing with `keys`' current key; new
+    /// ids take the first format while `first_format` is set (the peer prober sets it while a
+    /// live peer reads only that one).
+    pub(crate) fn new(keys: KeyRing, home: HomeToken, first_format: Arc<AtomicBool>) -> Self {
+        Self {
+            keys,
+            home,
+            first_format,
+        }
     }
 
-    /// A fresh session id homed on this pod.
-    pub(crate) fn mint(&self) -> String {
-        let mut raw = [0u8; RAW_LEN];
-        raw[0] = ID_VERSION;
-        rand::fill(&mut raw[1..1 + RANDOM_LEN]);
-        raw[1 + RANDOM_LEN..SIGNED_LEN].copy_from_slice(&self.home.0);
-        let mac = self.secret.mac(DOMAIN_SESSION_ID, &raw[..SIGNED_LEN]);
-        raw[SIGNED_LEN..].copy_from_slice(&mac[..MAC_LEN]);
-        URL_SAFE_NO_PAD.encode(raw)
+    /// A fresh session id homed on this pod, and the key that signed it.
+    pub(crate) fn mint(&self) -> (String, Arc<Key>) {
+        let key = self.keys.current();
+        let mut raw = Vec::with_capacity(1 + KEY_ID_LEN + BODY_LEN);
+        if self.first_format.load(Ordering::Relaxed) {
+            raw.push(FIRST_FORMAT);
+        } else {
+            raw.push(ID_VERSION);
+            raw.extend_from_slice(&key.id().0);
+        }
+        let mut random = [0u8; RANDOM_LEN];
+        rand::fill(&mut random);
+        raw.extend_from_slice(&random);
+        raw.extend_from_slice(&self.home.0);
+        let mac = key.mac(DOMAIN_SESSION_ID, &raw);
+        raw.extend_from_slice(&mac[..MAC_LEN]);
+        (URL_SAFE_NO_PAD.encode(raw), key)
     }
 
-    /// Checks that `id` was minted by a sidecar of this endpoint; returns its home token.
+    /// The keyed digest that stands for `id` in logs: with the key that minted it, else (an id
+    /// that is not genuine) with the current key.
+    pub(crate) fn log_digest(&self, id: &str) -> String {
+        match self.verify(id) {
+            Ok(v) => v.key.log_digest(id),
+            Err(_) => self.keys.current().log_digest(id),
+        }
+    }
+
+    /// Checks that `id` was minted by a sidecar of this endpoint with a key of the ring; returns
+    /// its home token and that key.
     ///
     /// # Errors
     /// [`IdError`] for anything that is not a genuine id of this endpoint.
-    pub(crate) fn verify(&self, id: &str) -> Result<HomeToken, IdError> {
-        if id.len() != ENCODED_LEN {
-            return Err(IdError::Malformed);
-        }
+    pub(crate) fn verify(&self, id: &str) -> Result<Verified, IdError> {
+        let key_len = match id.len() {
+            FIRST_FORMAT_LEN => 0,
+            ENCODED_LEN => KEY_ID_LEN,
+            _ => return Err(IdError::Malformed),
+        };
         let raw = URL_SAFE_NO_PAD.decode(id).map_err(|_| IdError::Malformed)?;
-        if raw.len() != RAW_LEN {
+        if raw.len() != 1 + key_len + BODY_LEN {
             return Err(IdError::Malformed);
         }
-        if raw[0] != ID_VERSION {
+        let expected = if key_len == 0 {
+            FIRST_FORMAT
+        } else {
+            ID_VERSION
+        };
+        if raw[0] != expected {
             return Err(IdError::UnknownVersion);
         }
-        if !self
-            .secret
-            .verify(DOMAIN_SESSION_ID, &raw[..SIGNED_LEN], &raw[SIGNED_LEN..])
-        {
-            return Err(IdError::BadMac);
-        }
+        let (signed, mac) = raw.split_at(raw.len() - MAC_LEN);
+        let key = if key_len == 0 {
+            self.keys.verifying(DOMAIN_SESSION_ID, signed, mac)
+        } else {
+            let named = KeyId(
+                raw[1..=KEY_ID_LEN]
+                    .try_into()
+                    .map_err(|_| IdError::Malformed)?,
+            );
+            self.keys
+                .get(named)
+                .filter(|k| k.verify(DOMAIN_SESSION_ID, signed, mac))
+        };
+        let key = key.ok_or(IdError::BadMac)?;
+        let home_at = 1 + key_len + RANDOM_LEN;
         let mut home = [0; HOME_LEN];
-        home.copy_from_slice(&raw[1 + RANDOM_LEN..SIGNED_LEN]);
-        Ok(HomeToken(home))
+        home.copy_from_slice(&raw[home_at..home_at + HOME_LEN]);
+        Ok(Verified {
+            home: HomeToken(home),
+            key,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::Ring;
     use proptest::prelude::*;
 
     fn minter(secret: &[u8], pod: &str) -> IdMinter {
-        IdMinter::new(Secret::from_bytes(secret.to_vec()), HomeToken::for_pod(pod))
+        IdMinter::new(
+            KeyRing::from_bytes(secret.to_vec()),
+            HomeToken::for_pod(pod),
+            Arc::default(),
+        )
+    }
+
+    fn home(m: &IdMinter, id: &str) -> Result<HomeToken, IdError> {
+        m.verify(id).map(|v| v.home)
     }
 
     #[test]
     fn s02_minted_ids_are_visible_ascii_and_verify() {
         let m = minter(b"0123456789abcdef", "pod-a");
-        let id = m.mint();
+        let (id, key) = m.mint();
         assert_eq!(id.len(), ENCODED_LEN);
         assert!(id.bytes().all(|b| (0x21..=0x7e).contains(&b)));
-        assert_eq!(m.verify(&id), Ok(HomeToken::for_pod("pod-a")));
-        assert_ne!(m.mint(), id, "ids are random");
+        assert_eq!(home(&m, &id), Ok(HomeToken::for_pod("pod-a")));
+        assert_eq!(m.verify(&id).unwrap().key.id(), key.id());
+        assert_ne!(m.mint().0, id, "ids are random");
+        m.first_format.store(true, Ordering::Relaxed);
+        let (first, _) = m.mint();
+        assert_eq!(first.len(), FIRST_FORMAT_LEN);
+        assert_eq!(home(&m, &first), Ok(HomeToken::for_pod("pod-a")));
     }
 
     #[test]
     fn s05_forged_and_foreign_ids_fail_the_mac() {
         let a = minter(b"0123456789abcdef", "pod-a");
         let other_endpoint = minter(b"fedcba9876543210", "pod-a");
-        let id = other_endpoint.mint();
-        assert_eq!(a.verify(&id), Err(IdError::BadMac));
-        assert_eq!(a.verify("not-an-id"), Err(IdError::Malformed));
-        assert_eq!(
-            a.verify(&"A".repeat(ENCODED_LEN)),
-            Err(IdError::UnknownVersion)
-        );
+        let (id, _) = other_endpoint.mint();
+        assert_eq!(home(&a, &id), Err(IdError::BadMac));
+        other_endpoint.first_format.store(true, Ordering::Relaxed);
+        assert_eq!(home(&a, &other_endpoint.mint().0), Err(IdError::BadMac));
+        assert_eq!(home(&a, "not-an-id"), Err(IdError::Malformed));
+        for len in [FIRST_FORMAT_LEN, ENCODED_LEN] {
+            assert_eq!(home(&a, &"A".repeat(len)), Err(IdError::UnknownVersion));
+        }
         // A peer of the same endpoint mints ids this pod accepts, with the peer as home.
         let peer = minter(b"0123456789abcdef", "pod-b");
-        assert_eq!(a.verify(&peer.mint()), Ok(HomeToken::for_pod("pod-b")));
+        assert_eq!(home(&a, &peer.mint().0), Ok(HomeToken::for_pod("pod-b")));
+    }
+
+    #[test]
+    fn ids_of_the_previous_key_verify_until_it_leaves_the_ring() {
+        let old = Key::new(b"old key 0123456789".to_vec());
+        let new = Key::new(b"new key 0123456789".to_vec());
+        let before = IdMinter::new(
+            KeyRing::fixed(Ring::single(Key::new(b"old key 0123456789".to_vec()))),
+            HomeToken::for_pod("pod-a"),
+            Arc::default(),
+        );
+        let (named, _) = before.mint();
+        before.first_format.store(true, Ordering::Relaxed);
+        let (unnamed, _) = before.mint();
+        let rotated = IdMinter::new(
+            KeyRing::fixed(Ring::rotated(new, Some(old))),
+            HomeToken::for_pod("pod-b"),
+            Arc::default(),
+        );
+        for id in [&named, &unnamed] {
+            let v = rotated.verify(id).unwrap();
+            assert_eq!(v.home, HomeToken::for_pod("pod-a"));
+            assert_eq!(v.key.id(), KeyId::of(b"old key 0123456789"));
+        }
+        assert_eq!(
+            rotated.mint().1.id(),
+            KeyId::of(b"new key 0123456789"),
+            "new ids are signed with the current key"
+        );
+        let retired = minter(b"new key 0123456789", "pod-b");
+        assert_eq!(home(&retired, &named), Err(IdError::BadMac));
+        assert_eq!(home(&retired, &unnamed), Err(IdError::BadMac));
     }
 
     proptest! {
         #[test]
         fn any_single_character_change_is_rejected(pos in 0..ENCODED_LEN, c in "[A-Za-z0-9_-]") {
             let m = minter(b"0123456789abcdef", "pod-a");
-            let id = m.mint();
+            let (id, _) = m.mint();
             let mut bytes = id.clone().into_bytes();
             let c = c.as_bytes()[0];
             prop_assume!(bytes[pos] != c);

@@ -7,6 +7,9 @@
 //!   connections, else 503 (the pod gets no new clients before its listener is up, while its
 //!   server is down or while it drains);
 //! - `GET /metrics` → Prometheus text format;
+//! - `GET /keys` → the key ring loaded here and how many sessions each key minted
+//!   ([`tether_crds::keyring::KeyReport`], JSON): what the operator waits for between the steps
+//!   of a rotation (`docs/design/peer-trust.md#rotation`); key ids only, never a key;
 //! - `GET /drained` (the MCP server container's `preStop httpGet`) → waits until this pod's
 //!   drain has ended — it never starts one — and answers with the drain's outcome
 //!   ([`drain_answer`]); 503 `{"drained":false,"draining":bool}` when none ended within
@@ -26,6 +29,8 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use tokio::sync::Semaphore;
 
+use crate::broker::Broker;
+use crate::keys::{KeyRing, Role};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::ops::drain::{Drain, DrainOutcome};
@@ -51,17 +56,22 @@ pub(crate) struct Admin {
     lifecycle: Arc<Lifecycle>,
     metrics: Arc<Metrics>,
     waiters: Semaphore,
+    keys: KeyRing,
+    broker: Arc<Broker>,
 }
 
 impl Admin {
     /// Admin endpoints of a pod whose MCP server is `upstream` and whose MCP listener is
-    /// `listener`, draining with `drain`, ready unless `lifecycle` drains, serving `metrics`.
+    /// `listener`, draining with `drain`, ready unless `lifecycle` drains, serving `metrics`,
+    /// reporting the key ring `keys` and the sessions of `broker`.
     pub(crate) fn new(
         upstream: Upstream,
         listener: SocketAddr,
         drain: Arc<Drain>,
         lifecycle: Arc<Lifecycle>,
         metrics: Arc<Metrics>,
+        keys: KeyRing,
+        broker: Arc<Broker>,
     ) -> Self {
         Self {
             upstream,
@@ -71,7 +81,36 @@ impl Admin {
             lifecycle,
             metrics,
             waiters: Semaphore::new(MAX_DRAINED_WAITERS),
+            keys,
+            broker,
         }
+    }
+
+    /// `GET /keys`: the ring loaded here and the sessions (held, or handed off and still
+    /// forwarding) each key minted.
+    fn keys(&self) -> Response<Vec<u8>> {
+        let ring = self.keys.load();
+        let id_of = |role: Role| {
+            ring.keys()
+                .find(|(r, _)| *r == role)
+                .map(|(_, key)| key.id().to_string())
+        };
+        let report = tether_crds::keyring::KeyReport {
+            current: id_of(Role::Current).unwrap_or_default(),
+            previous: id_of(Role::Previous),
+            next: id_of(Role::Next),
+            sessions: self
+                .broker
+                .sessions_by_key()
+                .into_iter()
+                .map(|(id, n)| (id.to_string(), n))
+                .collect(),
+        };
+        text(
+            StatusCode::OK,
+            "application/json",
+            serde_json::to_vec(&report).unwrap_or_default(),
+        )
     }
 
     /// Whether the MCP listener accepts connections (checked until it first does).
@@ -197,6 +236,7 @@ impl ServeHttp for Admin {
                 }
             }
             "/drained" => self.drained().await,
+            "/keys" => self.keys(),
             "/metrics" => text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",

@@ -36,7 +36,20 @@ impl Head {
     }
 }
 
-/// One client connection of the MCP listener.
+/// Which listener a connection came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Port {
+    /// The MCP port: clients, and forwards of sidecars of the first peer protocol.
+    Mcp,
+    /// The peer port: peer messages and forwarded requests only; `tls` when the connection is
+    /// mutual TLS with a certificate of the endpoint's CA.
+    Peer {
+        /// The connection is mutual TLS.
+        tls: bool,
+    },
+}
+
+/// One connection of the MCP or the peer listener.
 #[derive(Debug)]
 pub(crate) struct Connection {
     head: Mutex<Head>,
@@ -47,19 +60,26 @@ pub(crate) struct Connection {
     /// Bytes were written while a head was pending: only pingora answers then, refusing it.
     refused_head: AtomicBool,
     over_cap: bool,
+    port: Port,
 }
 
 impl Connection {
-    /// A new connection, before its first request; `over_cap` when it is beyond
-    /// `--max-connections`.
-    pub(crate) fn new(over_cap: bool) -> Self {
+    /// A new connection to `port`, before its first request; `over_cap` when it is beyond the
+    /// listener's connection cap.
+    pub(crate) fn new(over_cap: bool, port: Port) -> Self {
         Self {
             head: Mutex::new(Head::Delivered),
             pending: AtomicBool::new(false),
             changed: Notify::new(),
             refused_head: AtomicBool::new(false),
             over_cap,
+            port,
         }
+    }
+
+    /// The listener it came to.
+    pub(crate) fn port(&self) -> Port {
+        self.port
     }
 
     /// Whether the connection is beyond `--max-connections` (its first request is refused).
@@ -148,7 +168,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_clock_starts_at_the_first_byte_of_a_head() {
-        let conn = Connection::new(false);
+        let conn = Connection::new(false, Port::Mcp);
         conn.await_head();
         assert!(
             !overdue_within(&conn, 3 * TIMEOUT).await,
@@ -165,7 +185,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_delivered_head_is_never_overdue() {
-        let conn = Connection::new(false);
+        let conn = Connection::new(false, Port::Mcp);
         conn.await_head();
         conn.bytes_read(Instant::now());
         let waiting = conn.head_overdue(TIMEOUT);
@@ -186,7 +206,7 @@ mod tests {
 
     #[test]
     fn a_write_while_a_head_is_pending_is_pingora_refusing_it() {
-        let conn = Connection::new(false);
+        let conn = Connection::new(false, Port::Mcp);
         conn.bytes_written();
         assert!(!conn.take_refused_head(), "a response before any head");
         conn.await_head();

@@ -36,6 +36,8 @@ pub(crate) struct Forwarding {
     pub(crate) fallback: Option<Rejection>,
     /// The request was sent back to this pod's own listener after every candidate failed.
     pub(crate) to_self: bool,
+    /// The peer protocol spoken to `peer` (decided when its connection is made).
+    pub(crate) protocol: u8,
 }
 
 impl Forwarding {
@@ -56,6 +58,7 @@ impl Forwarding {
             unreachable: Vec::new(),
             fallback: None,
             to_self: false,
+            protocol: crate::cluster::peer_health::PEER_PROTOCOL,
         }
     }
 

@@ -1,5 +1,5 @@
-//! The MCP listener's connections: pingora's HTTP/1 keep-alive loop around the proxy
-//! ([`McpListener`]), with the limits a trusted proxy puts on its clients
+//! The connections of the MCP and the peer listener: pingora's HTTP/1 keep-alive loop around
+//! the proxy ([`McpListener`]), with the limits a trusted proxy puts on its clients
 //! (`docs/design/architecture.md#connection-limits`):
 //!
 //! - at most `--max-connections` connections hold a [`Slot`]; the first request of one beyond
@@ -8,6 +8,14 @@
 //!   connection ([`Connection::head_overdue`]): pingora's read timeout bounds each read only;
 //! - heads pingora answers itself (400: malformed, over its fixed 256 header fields or 1 MiB of
 //!   head; 405: `CONNECT`) are counted.
+//!
+//! The peer port ([`Listening::Peer`], `docs/design/peer-trust.md#transport`) tells a TLS
+//! connection from a plaintext one by its first byte (a TLS handshake record starts with
+//! `0x16`, no HTTP method does): TLS is accepted with the key ring's current configuration
+//! (mutual: a client certificate of the endpoint's CA is required); plaintext only when peer
+//! TLS is off, or from a sidecar of the first peer protocol (which then may send only that
+//! protocol's messages). Its connections are counted in `tether_peer_connections`, not among
+//! the clients'.
 //!
 //! A connection's [`Connection`] reaches each of its requests as pingora's connection user
 //! context, which the proxy hands to `ProxyHttp::on_connection_reuse` before any other
@@ -25,9 +33,29 @@ use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 
 use super::McpProxy;
-use super::connection::Connection;
+use super::connection::{Connection, Port};
 use super::watched::Watched;
+use crate::keys::KeyRing;
 use crate::metrics::Metrics;
+
+/// The first byte of a TLS handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// Which listener an [`McpListener`] serves.
+#[derive(Clone, Debug)]
+pub(crate) enum Listening {
+    /// The MCP port.
+    Mcp,
+    /// The peer port.
+    Peer {
+        /// The key ring whose TLS configuration is used for each new connection.
+        keys: KeyRing,
+        /// Peer TLS is on (`spec.peer.tls`).
+        tls: bool,
+        /// Plaintext connections of first-protocol sidecars are taken (`--peer-min-protocol 1`).
+        accept_first: bool,
+    },
+}
 
 /// Seconds an idle keep-alive connection waits for its next request (pingora's own default).
 const KEEPALIVE_SECS: u64 = 60;
@@ -78,39 +106,98 @@ impl Drop for Slot {
     }
 }
 
-/// An open connection: counted in `tether_client_connections` until dropped.
+/// An open connection: counted in `tether_client_connections` (or, on the peer port,
+/// `tether_peer_connections`) until dropped.
 struct Open {
     metrics: Arc<Metrics>,
+    peer: bool,
     _slot: Option<Slot>,
+}
+
+impl Open {
+    fn new(metrics: &Arc<Metrics>, peer: bool, slot: Option<Slot>) -> Self {
+        metrics.connection(peer, true);
+        Self {
+            metrics: Arc::clone(metrics),
+            peer,
+            _slot: slot,
+        }
+    }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.metrics.client_connection(false);
+        self.metrics.connection(self.peer, false);
     }
 }
 
-/// The MCP listener's application: every accepted connection, its requests served by the
-/// proxy.
+/// The application of the MCP or the peer listener: every accepted connection, its requests
+/// served by the proxy.
 pub(crate) struct McpListener {
     proxy: Arc<HttpProxy<McpProxy>>,
     slots: Arc<Slots>,
     header_timeout: Duration,
     metrics: Arc<Metrics>,
+    listening: Listening,
 }
 
 impl McpListener {
-    /// The listener serving `proxy` within `limits`.
+    /// The listener serving `proxy` within `limits`, as `listening` says.
     pub(crate) fn new(
-        proxy: HttpProxy<McpProxy>,
+        proxy: Arc<HttpProxy<McpProxy>>,
         limits: ConnectionLimits,
         metrics: Arc<Metrics>,
+        listening: Listening,
     ) -> Self {
         Self {
-            proxy: Arc::new(proxy),
+            proxy,
             slots: Slots::new(limits.max_connections),
             header_timeout: limits.header_timeout,
             metrics,
+            listening,
+        }
+    }
+
+    /// Which port a new connection is on: on the peer port, TLS when its first byte starts a
+    /// handshake; `None` closes it (a plaintext peer when TLS is required, nothing sent within
+    /// `--header-timeout`).
+    async fn port(&self, stream: &mut Stream) -> Option<Port> {
+        let Listening::Peer {
+            tls, accept_first, ..
+        } = &self.listening
+        else {
+            return Some(Port::Mcp);
+        };
+        let mut first = [0u8; 1];
+        let peeked = tokio::time::timeout(self.header_timeout, stream.try_peek(&mut first)).await;
+        if !matches!(peeked, Ok(Ok(true))) {
+            return None;
+        }
+        if first[0] == TLS_HANDSHAKE {
+            return Some(Port::Peer { tls: true });
+        }
+        (!*tls || *accept_first).then_some(Port::Peer { tls: false })
+    }
+
+    /// Accepts mutual TLS on `stream` with the key ring's current configuration; `None` (the
+    /// connection closes) when the handshake fails or takes longer than `--header-timeout`.
+    async fn handshake(&self, stream: Watched) -> Option<Stream> {
+        let Listening::Peer { keys, .. } = &self.listening else {
+            return Some(Box::new(stream));
+        };
+        let config = Arc::clone(&keys.load().tls()?.server);
+        let acceptor = pingora::listeners::tls::Acceptor::from_server_config(config);
+        match tokio::time::timeout(self.header_timeout, acceptor.tls_handshake(stream)).await {
+            Ok(Ok(secured)) => Some(Box::new(secured)),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "peer TLS handshake failed");
+                self.metrics.peer_auth_failure("tls");
+                None
+            }
+            Err(_) => {
+                self.metrics.peer_auth_failure("tls");
+                None
+            }
         }
     }
 
@@ -154,14 +241,18 @@ impl ServerApp for McpListener {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
+        let mut stream = stream;
+        let peer = matches!(self.listening, Listening::Peer { .. });
         let slot = self.slots.take();
-        let conn = Arc::new(Connection::new(slot.is_none()));
-        self.metrics.client_connection(true);
-        let _open = Open {
-            metrics: Arc::clone(&self.metrics),
-            _slot: slot,
+        let over_cap = slot.is_none();
+        let _open = Open::new(&self.metrics, peer, slot);
+        let port = self.port(&mut stream).await?;
+        let conn = Arc::new(Connection::new(over_cap, port));
+        let watched = Watched::new(stream, Arc::clone(&conn));
+        let stream = match port {
+            Port::Peer { tls: true } => self.handshake(watched).await?,
+            _ => Box::new(watched),
         };
-        let stream = Box::new(Watched::new(stream, Arc::clone(&conn)));
         self.serve(stream, &conn, shutdown).await;
         None
     }

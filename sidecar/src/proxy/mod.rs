@@ -24,7 +24,7 @@ mod listener;
 mod respond;
 mod watched;
 
-pub(crate) use listener::{ConnectionLimits, McpListener};
+pub(crate) use listener::{ConnectionLimits, Listening, McpListener};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,19 +32,23 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use connection::Connection;
+use connection::{Connection, Port};
 use forward::{Failure, Forwarding, Next, World, failed_answer, is_connect_error};
 use http::{HeaderValue, Method, StatusCode, header};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{ErrorSource, ErrorType};
+use tether_crds::keyring::PEER_SERVER_NAME;
 
 use crate::broker::{Broker, Here};
-use crate::cluster::peer_health::PEER_PROBE_PATH;
-use crate::cluster::routing::{
-    ForwardKind, Hop, Route, Router, TETHER_HOP, TETHER_HOP_MAC, TETHER_VISITED, Target,
+use crate::cluster::hop::{Accept, HOP_HEADERS, Signing};
+use crate::cluster::peer_health::{
+    FIRST_PROTOCOL, PEER_PROBE_PATH, PEER_PROTOCOL, TETHER_PEER_PROTOCOL,
 };
+use crate::cluster::routing::{ForwardKind, Hop, Route, Router, Target};
+use crate::handoff::auth::now_ms;
+use crate::handoff::listener::{PeerListener, is_peer_path};
 use crate::lifecycle::Lifecycle;
 use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::mcp::headers::{LAST_EVENT_ID, MCP_SESSION_ID, identity_edits};
@@ -91,6 +95,13 @@ pub(crate) struct McpProxy {
     pub(crate) peer_read_timeout: Duration,
     /// Bounds each write to the client (a client that stopped reading is cut off).
     pub(crate) client_write_timeout: Duration,
+    /// The peer protocol's messages on the peer port.
+    pub(crate) peer: Arc<PeerListener>,
+    /// This pod's peer port (`spec.peer.port`), where forwards of protocol 2 go (a peer's own
+    /// port when membership knows it).
+    pub(crate) peer_port: u16,
+    /// Peer traffic is mutual TLS (`spec.peer.tls`).
+    pub(crate) peer_tls: bool,
 }
 
 impl McpProxy {
@@ -190,10 +201,28 @@ impl ProxyHttp for McpProxy {
             req.uri.path().to_owned(),
             req.headers.clone(),
         );
+        let port = ctx.connection.as_ref().map_or(Port::Mcp, |c| c.port());
+        if let Port::Peer { tls } = port {
+            if self.peer_tls && !tls && !path.starts_with("/v1/") {
+                // Plaintext on a TLS peer port: only a first-protocol sidecar's messages.
+                let rejection = Rejection::ForgedHop;
+                self.metrics.rejection(&rejection);
+                return respond(session, ctx, rejection.into()).await;
+            }
+            if is_peer_path(&path) {
+                let reply = self.peer.serve(session.as_downstream_mut()).await;
+                return respond(session, ctx, reply).await;
+            }
+        }
         if method == Method::GET && path == PEER_PROBE_PATH {
-            // Peers' liveness probe (`peer_health`): answered here, on the port they forward to.
+            // Peers' liveness probe (`peer_health`): answered here, on the port they forward to,
+            // with the peer protocol this sidecar speaks.
             let mut headers = http::HeaderMap::new();
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            headers.insert(
+                TETHER_PEER_PROTOCOL,
+                HeaderValue::from(u16::from(PEER_PROTOCOL)),
+            );
             let reply = Reply {
                 status: StatusCode::OK,
                 headers,
@@ -226,7 +255,7 @@ impl ProxyHttp for McpProxy {
         // A POST for a session nobody holds may still be an `initialize` that kept an old session
         // id (`fr15_an_initialize_with_a_stale_session_id_starts_a_new_session`): the body decides,
         // so the 404 waits for it.
-        let miss = match self.route(&admitted, ctx).await {
+        let miss = match self.route(&admitted, ctx, port).await {
             Ok(None) => None,
             Ok(Some(forwarding)) => {
                 ctx.forward = Some(forwarding);
@@ -270,8 +299,13 @@ impl ProxyHttp for McpProxy {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
-        if let Some(f) = &ctx.forward {
-            let mut peer = HttpPeer::new(f.peer.address, false, String::new());
+        if let Some(f) = ctx.forward.as_mut() {
+            f.protocol = if f.peer.uid == self.router.uid() {
+                PEER_PROTOCOL
+            } else {
+                self.router.health().protocol_for(&f.peer.uid).await
+            };
+            let mut peer = self.peer_of(f)?;
             peer.options.connection_timeout = Some(PEER_CONNECT_TIMEOUT);
             peer.options.idle_timeout = Some(PEER_IDLE_TIMEOUT);
             peer.options.read_timeout = Some(self.peer_read_timeout);
@@ -308,12 +342,22 @@ impl ProxyHttp for McpProxy {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        for name in [TETHER_HOP, TETHER_VISITED, TETHER_HOP_MAC] {
-            upstream_request.remove_header(&name);
+        for name in &HOP_HEADERS {
+            upstream_request.remove_header(name);
         }
         if let Some(f) = &ctx.forward {
             let next = f.hop_so_far().next(self.router.uid());
-            for (name, value) in next.headers(self.router.secret(), f.session_id.as_deref()) {
+            let signing = if f.protocol <= FIRST_PROTOCOL {
+                Signing::First
+            } else {
+                Signing::Current {
+                    to: &f.peer.uid,
+                    now_ms: now_ms(),
+                }
+            };
+            for (name, value) in
+                next.headers(self.router.secret(), f.session_id.as_deref(), signing)
+            {
                 upstream_request.insert_header(name, value)?;
             }
             return Ok(());
@@ -493,15 +537,25 @@ impl McpProxy {
         &self,
         admitted: &Admitted,
         ctx: &mut RequestCtx,
+        port: Port,
     ) -> Result<Option<Forwarding>, Rejection> {
         let session_id = match admitted.era {
             Era::Stateless => None,
             _ => admitted.session_id.clone(),
         };
+        let accept = match port {
+            Port::Peer { .. } => Accept::Current {
+                me: self.router.uid(),
+                now_ms: now_ms(),
+            },
+            Port::Mcp if self.router.health().accepts_first() => Accept::First,
+            Port::Mcp => Accept::Nothing,
+        };
         let hop = Hop::read(
             &admitted.headers,
             self.router.secret(),
             session_id.as_deref(),
+            accept,
         )?;
         let nonce;
         let (target, home) = match session_id.as_deref() {
@@ -537,6 +591,30 @@ impl McpProxy {
                 Ok(Some(Forwarding::new(peer, kind, hop, session_id, home)))
             }
         }
+    }
+
+    /// The connection of a forward: to a sidecar of the first protocol, its MCP port in
+    /// plaintext; otherwise its peer port, over mutual TLS with the key ring's current
+    /// certificate when peer TLS is on.
+    fn peer_of(&self, f: &Forwarding) -> pingora::Result<HttpPeer> {
+        if f.protocol <= FIRST_PROTOCOL {
+            return Ok(HttpPeer::new(f.peer.address, false, String::new()));
+        }
+        let addr = std::net::SocketAddr::new(
+            f.peer.address.ip(),
+            f.peer.peer_port.unwrap_or(self.peer_port),
+        );
+        if !self.peer_tls {
+            return Ok(HttpPeer::new(addr, false, String::new()));
+        }
+        let ring = self.router.secret().load();
+        let tls = ring.tls().ok_or_else(|| {
+            pingora::Error::explain(ErrorType::InternalError, "the key ring has no TLS material")
+        })?;
+        let mut peer = HttpPeer::new(addr, true, PEER_SERVER_NAME.to_owned());
+        peer.client_cert_key = Some(Arc::clone(&tls.cert_key));
+        peer.options.ca = Some(Arc::clone(&tls.ca));
+        Ok(peer)
     }
 
     /// Carries out [`forward::after_failure`] for `f` after `failure` (`error`): counts and

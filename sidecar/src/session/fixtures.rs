@@ -16,7 +16,7 @@ use crate::stream::{Stream, StreamKind};
 pub(crate) fn session() -> Arc<Session> {
     Session::new(
         "id".into(),
-        "digest".into(),
+        crate::keys::test_key(),
         None,
         ProtocolVersion::V2025_06_18,
         Journal::new(Value::Null),

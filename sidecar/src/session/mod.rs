@@ -18,10 +18,10 @@ mod registry;
 mod takeovers;
 mod tombstones;
 
-pub(crate) use registry::{Registry, TooManySessions};
+pub(crate) use registry::{Adopted, Refused, Registry};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,7 @@ use tether_crds::ProtocolVersion;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::keys::Key;
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::headers::credential_headers;
 use crate::mcp::jsonrpc::{Message, RequestKey};
@@ -115,6 +116,8 @@ pub(crate) struct SessionSnapshot {
     /// Credentials (keyed digests) the MCP server accepted for the session, with how long ago,
     /// oldest first.
     pub(crate) accepted: Vec<(Principal, Duration)>,
+    /// Its handoff epoch (`docs/design/handoff.md#one-holder-per-session`).
+    pub(crate) epoch: u64,
 }
 
 #[derive(Debug)]
@@ -288,6 +291,9 @@ impl RetryWindow {
 #[derive(Debug)]
 pub(crate) struct Session {
     id: String,
+    /// The key that minted the id: it keys the session's digests (its log digest, principal,
+    /// accepted credentials), which therefore never change with a rotation.
+    key: Arc<Key>,
     digest: String,
     version: ProtocolVersion,
     cancel: CancellationToken,
@@ -323,6 +329,10 @@ pub(crate) struct Session {
     accepted: Mutex<VecDeque<(Principal, Instant)>>,
     /// Its place in the registry's sweep schedule ([`registry::Registry::schedule`]).
     pub(super) sweep_at: Mutex<Option<(Instant, u64)>>,
+    /// The handoff epoch: 0 at `initialize`, one more for every push of the session to a peer,
+    /// carried in its images; a copy of an older epoch is stale
+    /// (`docs/design/handoff.md#one-holder-per-session`).
+    epoch: AtomicU64,
     /// What its streams' buffers count against: the pod's budget and the session's share.
     account: BufferAccount,
 }
@@ -331,12 +341,12 @@ pub(crate) struct Session {
 const ACCEPTED_CREDENTIALS: usize = 8;
 
 impl Session {
-    /// A new session. `digest` is the id's keyed digest, used in logs instead of the id;
+    /// A new session whose id `key` minted (its keyed digest stands for the id in logs);
     /// `journal` starts with the `initialize` request sent upstream; what the session retains
     /// is counted in `retained` (the caller checked the pod had room for the journal).
     pub(crate) fn new(
         id: String,
-        digest: String,
+        key: Arc<Key>,
         upstream_id: Option<String>,
         version: ProtocolVersion,
         journal: Journal,
@@ -345,8 +355,9 @@ impl Session {
         let mut journal_charge = retained.charge(Kind::Journal);
         journal_charge.resize(journal.bytes() as u64);
         Arc::new(Self {
+            digest: key.log_digest(&id),
             id,
-            digest,
+            key,
             version,
             cancel: CancellationToken::new(),
             state: Mutex::new(State {
@@ -385,6 +396,7 @@ impl Session {
             credentialed: AtomicBool::new(false),
             binding: OnceLock::new(),
             accepted: Mutex::default(),
+            epoch: AtomicU64::new(0),
         })
     }
 
@@ -395,7 +407,7 @@ impl Session {
     /// opens one here too ([`Session::take_reopen_standalone`]).
     pub(crate) fn from_parts(
         snapshot: SessionSnapshot,
-        digest: String,
+        key: Arc<Key>,
         from: &str,
         limits: BufferLimits,
         retained: &Retained,
@@ -410,8 +422,10 @@ impl Session {
             credentialed,
             binding,
             accepted,
+            epoch,
         } = snapshot;
-        let session = Self::new(id, digest, None, version, journal, retained);
+        let session = Self::new(id, key, None, version, journal, retained);
+        session.epoch.store(epoch, Ordering::Relaxed);
         session.needs_rebuild.store(true, Ordering::Relaxed);
         session.credentialed.store(credentialed, Ordering::Relaxed);
         session.bind(binding);
@@ -522,6 +536,7 @@ impl Session {
                 .iter()
                 .map(|(key, at)| (*key, at.elapsed()))
                 .collect(),
+            epoch: self.epoch(),
         };
         (snapshot, positions)
     }
@@ -623,6 +638,17 @@ impl Session {
         self.state.lock().entering
     }
 
+    /// Its handoff epoch.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// The epoch of a new push of the session: one more than any before, so a copy an earlier
+    /// push may have left at a peer is stale against it.
+    pub(crate) fn advance_epoch(&self) -> u64 {
+        self.epoch.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
     /// Ends a handoff: acknowledged by `to`, or refused everywhere (`None`: served here again).
     pub(crate) fn finish_move(&self, to: Option<String>) {
         self.state.lock().handoff = match to {
@@ -688,6 +714,11 @@ impl Session {
     /// The keyed digest that stands for the id in logs.
     pub(crate) fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// The key that minted the id, which keys the session's digests.
+    pub(crate) fn key(&self) -> &Arc<Key> {
+        &self.key
     }
 
     /// Keeps the headers `names` of a client request of the session (`spec.auth.forwardHeaders`)
@@ -1452,7 +1483,8 @@ mod tests {
         // The image is taken while the request is at the MCP server.
         let (image, positions) = sender.snapshot(usize::MAX);
         let pod = Retained::new(u64::MAX);
-        let receiver = Session::from_parts(image, "digest".into(), "sender", limits(), &pod);
+        let receiver =
+            Session::from_parts(image, crate::keys::test_key(), "sender", limits(), &pod);
         let other = stream(&receiver, &ids);
         let Dedupe::Retry(joined) = receiver.claim(&ids, [1; 32], &other, ANY_ROOM) else {
             panic!("the imported request is a retry's");
@@ -1485,7 +1517,7 @@ mod tests {
         let pod = Retained::new(u64::MAX);
         let s = Session::new(
             "id".into(),
-            "digest".into(),
+            crate::keys::test_key(),
             None,
             ProtocolVersion::V2025_06_18,
             Journal::new(Value::Null),
@@ -1746,7 +1778,8 @@ mod tests {
         // A handoff image carries the record as a complete stream with its reply.
         let (image, _) = s.snapshot(usize::MAX);
         let pod = Retained::new(u64::MAX);
-        let receiver = Session::from_parts(image, "digest".into(), "sender", limits(), &pod);
+        let receiver =
+            Session::from_parts(image, crate::keys::test_key(), "sender", limits(), &pod);
         match retry(&receiver, [1; 32]) {
             Dedupe::Retry(copy) => {
                 assert!(copy.is_complete());
@@ -1891,6 +1924,7 @@ mod tests {
         let r = Registry::new(4, Retained::new(u64::MAX));
         let kept = session();
         r.insert(Arc::clone(&kept)).unwrap();
+        assert_eq!(kept.advance_epoch(), 1, "the push to pod-c is epoch 1");
         r.mark_moved(&kept, "pod-c");
         assert!(r.get("id").is_none());
         assert_eq!(r.moved_to("id").as_deref(), Some("pod-c"));
@@ -1898,13 +1932,45 @@ mod tests {
             r.departed("id").is_some(),
             "followed until its streams are sent"
         );
+        assert!(r.took("id", 1) && !r.took("id", 2));
         r.forget_departed("id");
         assert!(r.departed("id").is_none());
-        assert_eq!(r.adopt(session()), Ok(true));
-        assert_eq!(
-            r.adopt(session()),
-            Ok(false),
+    }
+
+    /// A session at `epoch`.
+    fn at_epoch(epoch: u64) -> Arc<Session> {
+        let s = session();
+        for _ in 0..epoch {
+            s.advance_epoch();
+        }
+        s
+    }
+
+    #[test]
+    fn one_holder_a_push_is_taken_by_its_epoch() {
+        let r = Registry::new(4, Retained::new(u64::MAX));
+        assert!(matches!(r.adopt(at_epoch(2)), Ok(Adopted::New)));
+        assert!(r.took("id", 2) && !r.took("id", 3));
+        assert!(
+            matches!(r.adopt(at_epoch(2)), Ok(Adopted::Repeated)),
             "a repeated push is acknowledged again"
         );
+        assert!(matches!(r.adopt(at_epoch(1)), Err(Refused::Stale(2))));
+        let Ok(Adopted::Replaced(stale)) = r.adopt(at_epoch(3)) else {
+            panic!("a later epoch replaces an earlier copy");
+        };
+        assert_eq!(stale.epoch(), 2);
+        let held = r.get("id").unwrap();
+        assert_eq!(held.epoch(), 3);
+        // Handed on at epoch 4: a replay of that push or an older one is never taken again;
+        // a later one (the session came back) is.
+        held.advance_epoch();
+        r.mark_moved(&held, "pod-b");
+        assert!(matches!(r.adopt(at_epoch(4)), Err(Refused::Stale(4))));
+        assert!(matches!(r.adopt(at_epoch(5)), Ok(Adopted::New)));
+        // Ended here: never taken again, whatever the epoch.
+        let back = r.get("id").unwrap();
+        assert!(r.remove(&back, crate::mcp::rejection::NotFound::Deleted));
+        assert!(matches!(r.adopt(at_epoch(9)), Err(Refused::Ended)));
     }
 }

@@ -24,14 +24,42 @@ const ENDED_LOG: usize = 16384;
 #[error("this pod holds its maximum of {0} sessions")]
 pub(crate) struct TooManySessions(pub usize);
 
+/// Why a session pushed by a peer was not taken (`docs/design/handoff.md#one-holder-per-session`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Refused {
+    /// This pod holds its maximum of sessions.
+    #[error(transparent)]
+    Full(#[from] TooManySessions),
+    /// This pod holds the session at a later epoch, or handed it on at the pushed epoch or a
+    /// later one: the push is stale (a replay, or an earlier attempt).
+    #[error("the session is held or was handed on at epoch {0}, after the pushed one")]
+    Stale(u64),
+    /// The session ended here: it is never taken again.
+    #[error("the session ended on this pod")]
+    Ended,
+}
+
+/// What adopting a pushed session did.
+#[derive(Debug)]
+pub(crate) enum Adopted {
+    /// It is held here now.
+    New,
+    /// It was held here at that epoch already (a repeated push): nothing changed.
+    Repeated,
+    /// It replaced a copy of an earlier epoch (left by a push whose answer was lost), which is
+    /// returned so its upstream session can be ended.
+    Replaced(Arc<Session>),
+}
+
 /// The sessions this pod holds, by client session id.
 #[derive(Debug)]
 pub(crate) struct Registry {
     sessions: RwLock<HashMap<String, Arc<Session>>>,
     /// Why sessions ended, by id digest.
     ended: Mutex<Bounded<String, NotFound>>,
-    /// Where handed-off sessions went: client session id → UID of the new holder.
-    moved: Mutex<Bounded<String, String>>,
+    /// Where handed-off sessions went: client session id → UID of the new holder and the
+    /// epoch it was pushed at.
+    moved: Mutex<Bounded<String, (String, u64)>>,
     /// Handed-off sessions whose streams are still forwarded to the new holder, by id.
     departed: Mutex<HashMap<String, Arc<Session>>>,
     max_sessions: usize,
@@ -179,7 +207,9 @@ impl Registry {
     /// absent — its home would answer that 404 `unknown`.
     pub(crate) fn mark_moved(&self, session: &Arc<Session>, to: &str) {
         let mut map = self.sessions.write();
-        self.moved.lock().insert(session.id.clone(), to.to_owned());
+        self.moved
+            .lock()
+            .insert(session.id.clone(), (to.to_owned(), session.epoch()));
         map.remove(&session.id);
         drop(map);
         self.schedule.lock().take(session);
@@ -212,27 +242,57 @@ impl Registry {
 
     /// The UID of the peer a session was handed to, if it was handed off from here.
     pub(crate) fn moved_to(&self, id: &str) -> Option<String> {
-        self.moved.lock().get(id).cloned()
+        self.moved.lock().get(id).map(|(to, _)| to.clone())
     }
 
-    /// Registers a session handed over by a peer; a session already held is kept (a repeated
-    /// push is acknowledged again). Returns whether it was new.
+    /// Registers a session handed over by a peer, by its epoch: a session held here at the same
+    /// epoch is kept (a repeated push is acknowledged again), a copy of an earlier epoch is
+    /// replaced; one held at a later epoch, handed on from here at the pushed epoch or later, or
+    /// ended here is refused.
     ///
     /// # Errors
-    /// [`TooManySessions`] when the pod is full.
-    pub(crate) fn adopt(&self, session: Arc<Session>) -> Result<bool, TooManySessions> {
-        session.report_to(&self.activity);
+    /// [`Refused`].
+    pub(crate) fn adopt(&self, session: Arc<Session>) -> Result<Adopted, Refused> {
+        let epoch = session.epoch();
         let mut map = self.sessions.write();
-        if map.contains_key(&session.id) {
-            return Ok(false);
+        if self.ended.lock().get(&session.digest).is_some() {
+            return Err(Refused::Ended);
         }
-        if map.len() >= self.max_sessions {
-            return Err(TooManySessions(self.max_sessions));
+        if let Some(&(_, passed)) = self.moved.lock().get(&session.id)
+            && passed >= epoch
+        {
+            return Err(Refused::Stale(passed));
         }
+        let replaced = match map.get(&session.id) {
+            Some(held) if held.epoch() > epoch => return Err(Refused::Stale(held.epoch())),
+            Some(held) if held.epoch() == epoch => return Ok(Adopted::Repeated),
+            Some(held) => Some(Arc::clone(held)),
+            None if map.len() >= self.max_sessions => {
+                return Err(TooManySessions(self.max_sessions).into());
+            }
+            None => None,
+        };
+        session.report_to(&self.activity);
         map.insert(session.id.clone(), Arc::clone(&session));
         drop(map);
+        if let Some(stale) = &replaced {
+            self.schedule.lock().take(stale);
+        }
         self.schedule(&session, Instant::now());
-        Ok(true)
+        Ok(replaced.map_or(Adopted::New, Adopted::Replaced))
+    }
+
+    /// Whether this pod took session `id` at `epoch` or a later one: it holds it, still
+    /// forwards its tail, or handed it on since (the answer to a sender whose push went
+    /// unacknowledged).
+    pub(crate) fn took(&self, id: &str, epoch: u64) -> bool {
+        let held = self.sessions.read().get(id).map(|s| s.epoch());
+        let departed = self.departed.lock().get(id).map(|s| s.epoch());
+        let passed = self.moved.lock().get(id).map(|(_, e)| *e);
+        [held, departed, passed]
+            .into_iter()
+            .flatten()
+            .any(|e| e >= epoch)
     }
 
     /// Why a genuine id with this digest is not held: how it ended, or [`NotFound::Unknown`].
@@ -271,7 +331,7 @@ mod tests {
         ids.map(|id| {
             let s = Session::new(
                 id,
-                "digest".into(),
+                crate::keys::test_key(),
                 None,
                 tether_crds::ProtocolVersion::V2025_06_18,
                 crate::session::journal::Journal::new(serde_json::Value::Null),
@@ -329,7 +389,7 @@ mod tests {
         assert_eq!(r.insert(session()), Err(TooManySessions(1)));
         assert!(r.remove(&s, NotFound::Deleted));
         assert!(r.get("id").is_none());
-        assert_eq!(r.why_missing("digest"), NotFound::Deleted);
+        assert_eq!(r.why_missing(s.digest()), NotFound::Deleted);
         assert_eq!(r.why_missing("other"), NotFound::Unknown);
     }
 

@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Value, json};
 use tether_crds::McpEndpoint;
-use tether_operator::names::{CONFIG_KEY, Names, SECRET_KEY, SIDECAR_CONTAINER};
+use tether_operator::names::{CONFIG_KEY, Names, SIDECAR_CONTAINER};
 use tether_operator::plan::{Defaults, plan};
 use tether_operator::validate::validate;
 use tether_sidecar::Cli;
@@ -154,11 +154,17 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
     let config_dir = mount_of("configMap", &names.config());
     let secret_dir = mount_of("secret", &names.secret());
     assert_eq!(cli.endpoint, Path::new(&config_dir).join(CONFIG_KEY));
-    assert_eq!(cli.secret_file, Path::new(&secret_dir).join(SECRET_KEY));
-    let manifest = plan.config_map.data.as_ref().unwrap()[CONFIG_KEY].clone();
-    let secret = tether_operator::plan::config::secret(&names, &owner, &[7; 32]);
+    assert_eq!(cli.secret_dir.as_deref(), Some(Path::new(&secret_dir)));
+    assert_eq!(cli.secret_file, None);
+    // The key ring the operator writes is one the sidecar loads, whole.
+    let generation = tether_crds::keyring::Generation::new("default/test").unwrap();
+    let secret = tether_operator::plan::keys::secret(&names, &owner, &generation);
     assert_eq!(secret.metadata.name, Some(names.secret()));
-    assert!(secret.data.unwrap().contains_key(SECRET_KEY));
+    let ring_dir = tempfile::tempdir().unwrap();
+    for (key, value) in secret.data.unwrap() {
+        std::fs::write(ring_dir.path().join(key), value.0).unwrap();
+    }
+    let manifest = plan.config_map.data.as_ref().unwrap()[CONFIG_KEY].clone();
 
     // The membership watch's in-cluster client finds a token, the cluster CA and the namespace
     // where Kubernetes clients look, from a volume of the sidecar's own (so it works with
@@ -202,9 +208,8 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
     let dir = tempfile::tempdir().unwrap();
     let mut local = cli.clone();
     local.endpoint = dir.path().join(CONFIG_KEY);
-    local.secret_file = dir.path().join(SECRET_KEY);
+    local.secret_dir = Some(ring_dir.path().to_owned());
     std::fs::write(&local.endpoint, &manifest).unwrap();
-    std::fs::write(&local.secret_file, [7; 32]).unwrap();
     let cfg = Config::load(&local).unwrap_or_else(|e| panic!("the sidecar cannot start: {e}"));
     assert_eq!(cfg.source.started_with, ep.spec);
     assert!(

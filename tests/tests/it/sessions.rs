@@ -365,13 +365,13 @@ async fn an_unreachable_upstream_is_502_with_retry_after_and_readiness_fails() {
 async fn sidecar_exit(manifest: &str, ip: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("endpoint.yaml"), manifest).unwrap();
-    std::fs::write(dir.path().join("secret"), tether_tests::pod::SECRET).unwrap();
+    tether_tests::pod::write_key_ring(&dir.path().join("keys")).unwrap();
     let out = tokio::process::Command::new(tether_tests::bins::path("tether-sidecar").unwrap())
         .arg("--endpoint")
         .arg(dir.path().join("endpoint.yaml"))
         .args(["--pod-ip", ip, "--pod-uid", "twin"])
-        .arg("--secret-file")
-        .arg(dir.path().join("secret"))
+        .arg("--secret-dir")
+        .arg(dir.path().join("keys"))
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(20), out)

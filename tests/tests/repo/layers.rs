@@ -120,14 +120,17 @@ fn sidecar_layers_keep_their_rules() {
     check(
         &graph,
         &[
-            // The protocol rules are pure: nothing but the secret (session-id MACs).
-            ("mcp", &["secret"]),
+            // The key ring is a leaf; the protocol rules are pure: nothing but the keys
+            // (session-id MACs).
+            ("keys", &[]),
+            ("mcp", &["keys"]),
             // The tally of retained bytes is a leaf; state never reaches up.
             ("retained", &[]),
             ("stream", &["mcp", "retained"]),
-            ("session", &["mcp", "stream", "retained"]),
+            // A session's digests are keyed by the key that minted its id.
+            ("session", &["mcp", "stream", "retained", "keys"]),
             // Membership and routing know no state and no broker.
-            ("cluster", &["mcp", "metrics", "secret"]),
+            ("cluster", &["mcp", "metrics", "keys"]),
         ],
     );
     let broker = graph.get("broker").cloned().unwrap_or_default();
@@ -151,6 +154,7 @@ fn operator_modules_form_no_circle_and_the_pure_steps_stay_pure() {
     assert_eq!(circle(&graph), None, "an import circle in the operator");
     for pure in [
         "operator/src/plan",
+        "operator/src/keys",
         "operator/src/validate.rs",
         "operator/src/status.rs",
         "operator/src/diff.rs",

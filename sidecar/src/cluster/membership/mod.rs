@@ -227,6 +227,8 @@ pub(crate) struct MembershipSink {
     view: Arc<ArcSwap<View>>,
     metrics: Arc<Metrics>,
     terminating: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Counts the views published.
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for MembershipSink {
@@ -244,6 +246,7 @@ impl MembershipSink {
             view: Arc::new(ArcSwap::from_pointee(View::new(initial))),
             metrics,
             terminating: Arc::new(tokio::sync::watch::channel(false).0),
+            changes: Arc::new(tokio::sync::watch::channel(0).0),
         };
         sink.update_gauges(&sink.view.load());
         sink
@@ -271,7 +274,13 @@ impl MembershipSink {
         );
         self.view.store(view);
         self.metrics.membership_change(source);
+        self.changes.send_modify(|n| *n += 1);
         true
+    }
+
+    /// Changes with every view published (the peer prober probes new peers at once).
+    pub(crate) fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// Records that this pod is being deleted (its deletion timestamp is set): the sidecar

@@ -1,4 +1,6 @@
-//! Authentication of peer-protocol messages with the endpoint Secret (`docs/design/handoff.md`).
+//! Authentication of the first peer protocol's messages, spoken to and accepted from sidecars of
+//! that version while `--peer-min-protocol` is 1 (a rollout of tether itself,
+//! `docs/design/peer-trust.md#protocol-versions`).
 //!
 //! Every request carries `Tether-Peer` (the sender's pod UID), `Tether-Peer-Time` (Unix time in
 //! milliseconds) and `Tether-Peer-Mac`: base64url (no padding) of HMAC-SHA256, domain
@@ -7,21 +9,16 @@
 //! own clock, which bounds how long a captured message could be replayed (a replayed push or
 //! tail is idempotent anyway: known sessions and events are ignored).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use crate::secret::{DOMAIN_PEER, Secret};
+use super::{TETHER_PEER, TETHER_PEER_MAC, TETHER_PEER_TIME, now_ms};
+use crate::keys::{DOMAIN_PEER, KeyRing};
 
-/// The sender's pod UID.
-pub(crate) const TETHER_PEER: HeaderName = HeaderName::from_static("tether-peer");
-/// Unix time of the message, in milliseconds.
-pub(crate) const TETHER_PEER_TIME: HeaderName = HeaderName::from_static("tether-peer-time");
-/// The message MAC.
-pub(crate) const TETHER_PEER_MAC: HeaderName = HeaderName::from_static("tether-peer-mac");
 /// Largest accepted distance between the message time and the receiver's clock.
 pub(crate) const MAX_SKEW: Duration = Duration::from_secs(60);
 
@@ -39,12 +36,6 @@ pub(crate) enum AuthError {
     Mac,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 fn message(path: &str, uid: &str, time: u64, body: &[u8]) -> Vec<u8> {
     let mut m = format!("{path}\n{uid}\n{time}\n").into_bytes();
     m.extend_from_slice(&Sha256::digest(body));
@@ -53,7 +44,7 @@ fn message(path: &str, uid: &str, time: u64, body: &[u8]) -> Vec<u8> {
 
 /// The three authentication headers of a message from pod `uid` to `path` with `body`.
 pub(crate) fn sign(
-    secret: &Secret,
+    secret: &KeyRing,
     path: &str,
     uid: &str,
     body: &[u8],
@@ -76,7 +67,7 @@ pub(crate) fn sign(
 /// [`AuthError`] when a header is missing, the time is off by more than [`MAX_SKEW`], or the
 /// MAC does not verify.
 pub(crate) fn verify(
-    secret: &Secret,
+    secret: &KeyRing,
     path: &str,
     headers: &HeaderMap,
     body: &[u8],
@@ -99,7 +90,11 @@ pub(crate) fn verify(
     if skew > u64::try_from(MAX_SKEW.as_millis()).unwrap_or(u64::MAX) {
         return Err(AuthError::Skew(skew));
     }
-    if mac.len() != 32 || !secret.verify(DOMAIN_PEER, &message(path, uid, time, body), &mac) {
+    if mac.len() != 32
+        || secret
+            .verifying(DOMAIN_PEER, &message(path, uid, time, body), &mac)
+            .is_none()
+    {
         return Err(AuthError::Mac);
     }
     Ok(uid.to_owned())
@@ -115,7 +110,7 @@ mod tests {
 
     #[test]
     fn signed_messages_verify_and_tampering_is_refused() {
-        let secret = Secret::from_bytes(*b"0123456789abcdef0123");
+        let secret = KeyRing::from_bytes(*b"0123456789abcdef0123");
         let h = headers(sign(&secret, "/v1/sessions", "pod-a", b"{}"));
         assert_eq!(
             verify(&secret, "/v1/sessions", &h, b"{}"),
@@ -126,7 +121,7 @@ mod tests {
             verify(&secret, "/v1/sessions", &h, b"{ }"),
             Err(AuthError::Mac)
         );
-        let other = Secret::from_bytes(*b"another secret, 20by");
+        let other = KeyRing::from_bytes(*b"another secret, 20by");
         assert_eq!(
             verify(&other, "/v1/sessions", &h, b"{}"),
             Err(AuthError::Mac)
