@@ -59,6 +59,9 @@ pub const MCP_PORT_NAME: &str = "mcp";
 pub const ADMIN_PORT_NAME: &str = "tether-admin";
 /// Name of the sidecar container's peer port (`spec.peer.port`).
 pub const PEER_PORT_NAME: &str = "tether-peer";
+/// Pod-template annotation naming the endpoint whose sidecar the operator injected: written by
+/// the operator, read by the sidecar's membership, which admits only the pods that carry it.
+pub const ENDPOINT_ANNOTATION: &str = "mcp.tether.dev/endpoint";
 
 /// Name of the committed CRD file in `crds/` (`kubectl apply -f crds/`).
 pub const CRD_FILE: &str = "mcpendpoints.mcp.tether.dev.yaml";

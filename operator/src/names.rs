@@ -17,7 +17,7 @@ pub use tether_crds::SIDECAR_CONTAINER;
 pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Pod-template annotation naming the endpoint whose sidecar is injected; a `tether-sidecar`
 /// container without it is the user's, and a clash.
-pub const INJECTED_ANNOTATION: &str = "mcp.tether.dev/endpoint";
+pub const INJECTED_ANNOTATION: &str = tether_crds::ENDPOINT_ANNOTATION;
 /// Finalizer that removes the injection when the endpoint is deleted.
 pub(crate) const FINALIZER: &str = "mcp.tether.dev/injection";
 /// Volume (and mount) of the config ConfigMap in the pod.

@@ -74,10 +74,19 @@ pub fn random_stream_key() -> String {
 
 // ---- session ids -----------------------------------------------------------------------------
 
-/// Length of a session id, in characters.
+/// Length of a session id of the current format (it names its key), in characters.
 pub const SESSION_ID_LEN: usize = crate::mcp::session_id::ENCODED_LEN;
-/// The format version in the first byte of a session id.
+/// The format version in the first byte of a session id of the current format.
 pub const SESSION_ID_VERSION: u8 = crate::mcp::session_id::ID_VERSION;
+/// Length of a session id of the first format (no key id), in characters.
+pub const FIRST_FORMAT_LEN: usize = crate::mcp::session_id::FIRST_FORMAT_LEN;
+/// The format version in the first byte of a session id of the first format.
+pub const FIRST_FORMAT_VERSION: u8 = crate::mcp::session_id::FIRST_FORMAT;
+
+/// The id of the key `secret` (4 bytes), as a session id of the current format carries it.
+pub fn key_id(secret: &[u8]) -> [u8; 4] {
+    Key::new(secret.to_vec()).id().0
+}
 
 /// Why the sidecar refuses a presented session id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,18 +104,19 @@ pub enum IdRejection {
 pub struct Minter(IdMinter);
 
 impl Minter {
-    /// The minter of pod `pod_uid` with endpoint secret `secret`.
-    pub fn new(secret: &[u8], pod_uid: &str) -> Self {
+    /// The minter of pod `pod_uid` with endpoint secret `secret`; `first_format` mints ids of
+    /// the first format (for peers that read only those).
+    pub fn new(secret: &[u8], pod_uid: &str, first_format: bool) -> Self {
         Self(IdMinter::new(
             KeyRing::from_bytes(secret.to_vec()),
             HomeToken::for_pod(pod_uid),
-            std::sync::Arc::default(),
+            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(first_format)),
         ))
     }
 
     /// A fresh session id.
     pub fn mint(&self) -> String {
-        self.0.mint()
+        self.0.mint().0
     }
 
     /// The home token of a genuine id, or why it is refused.
@@ -114,7 +124,7 @@ impl Minter {
     /// # Errors
     /// [`IdRejection`] for an id that is not one of this endpoint's.
     pub fn verify(&self, id: &str) -> Result<[u8; 8], IdRejection> {
-        self.0.verify(id).map(|home| home.0).map_err(|e| match e {
+        self.0.verify(id).map(|v| v.home.0).map_err(|e| match e {
             IdError::Malformed => IdRejection::Malformed,
             IdError::UnknownVersion => IdRejection::UnknownVersion,
             IdError::BadMac => IdRejection::BadMac,

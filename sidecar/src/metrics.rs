@@ -166,6 +166,8 @@ pub(crate) struct Metrics {
     membership_changes: Family<SourceLabel, Counter>,
     /// Pods in the current membership, by state.
     ring_pods: Family<StateLabel, Gauge>,
+    /// Seconds since membership's source last confirmed its view (0 while it reads its input).
+    membership_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Requests forwarded to a peer, by kind and outcome.
     forwards: Family<ForwardLabels, Counter>,
     /// Forwarded requests by the hop number they left with.
@@ -263,6 +265,7 @@ impl Metrics {
             resume_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             membership_changes: Family::default(),
             ring_pods: Family::default(),
+            membership_age_seconds: Gauge::default(),
             forwards: Family::default(),
             forward_hops: Family::default(),
             peers_down: Family::default(),
@@ -414,6 +417,11 @@ impl Metrics {
             "ring_pods",
             "Pods in the current membership, by state",
             m.ring_pods.clone(),
+        );
+        r.register(
+            "membership_age_seconds",
+            "Seconds since membership's source last confirmed its view (0 while it reads its input)",
+            m.membership_age_seconds.clone(),
         );
         r.register(
             "forwards",
@@ -600,10 +608,19 @@ impl Metrics {
         self.sessions_created.inc();
     }
 
-    /// A session adopted from a peer: `tether_sessions` up, `tether_handoffs_received_total`.
-    pub(crate) fn session_adopted(&self) {
-        self.sessions.inc();
+    /// A session adopted from a peer: `tether_handoffs_received_total`, and `tether_sessions`
+    /// up when it is `new` here (not a copy of an earlier push it replaces).
+    pub(crate) fn session_adopted(&self, new: bool) {
+        if new {
+            self.sessions.inc();
+        }
         self.handoffs_received.inc();
+    }
+
+    /// A session handed off from here and taken back (its new holder is gone): `tether_sessions`
+    /// up.
+    pub(crate) fn session_reclaimed(&self) {
+        self.sessions.inc();
     }
 
     /// A session handed to a peer that acknowledged it: `tether_sessions` down,
@@ -875,6 +892,11 @@ impl Metrics {
             .inc();
     }
 
+    /// How old membership's view may be (`tether_membership_age_seconds`).
+    pub(crate) fn membership_age(&self, age: Duration) {
+        self.membership_age_seconds.set(age.as_secs_f64());
+    }
+
     /// Sets the number of pods in `state`.
     pub(crate) fn set_ring_size(&self, state: &'static str, pods: usize) {
         self.ring_pods
@@ -918,6 +940,7 @@ mod tests {
                     ": Counter,",
                     ": Counter<",
                     ": Gauge,",
+                    ": Gauge<",
                     ": Histogram,",
                 ]
                 .iter()
@@ -925,7 +948,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 53);
+        assert_eq!(fields, 54);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -960,7 +983,7 @@ mod tests {
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            53,
+            54,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

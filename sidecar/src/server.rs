@@ -18,7 +18,7 @@ use crate::broker::Broker;
 use crate::cluster::membership::kubernetes::KubernetesPods;
 use crate::cluster::membership::peers_file::PeersFile;
 use crate::cluster::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
-use crate::cluster::peer_health::{FIRST_PROTOCOL, PeerHealth, Prober};
+use crate::cluster::peer_health::{PeerHealth, Prober};
 use crate::cluster::routing::Router;
 use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigError, MembershipConfig};
@@ -131,11 +131,13 @@ fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
         MembershipConfig::Kubernetes {
             namespace,
             selector,
+            deployment,
         } => (
             alone,
             Some(Box::new(
                 KubernetesPods::new(namespace.clone(), selector.clone(), cfg.listen_addr.port())
-                    .watching_own_pod(cfg.pod_uid.clone()),
+                    .watching_own_pod(cfg.pod_uid.clone())
+                    .of_target(cfg.endpoint.clone(), deployment.clone()),
             )),
         ),
     }
@@ -239,9 +241,11 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         cfg.broker.upstream_body_timeout,
     );
     let (initial, source) = membership(&cfg);
-    let health = PeerHealth::new(cfg.peer_min_protocol);
+    let health = PeerHealth::new(cfg.peer_protocols);
     // Until the first round of probes tells, a peer may be one that reads only first-format ids.
-    let first_format_ids = Arc::new(AtomicBool::new(source.is_some() && health.accepts_first()));
+    let first_format_ids = Arc::new(AtomicBool::new(
+        !cfg.peer_protocols.current() || (source.is_some() && cfg.peer_protocols.first()),
+    ));
     let broker = broker(
         &cfg,
         upstream.clone(),
@@ -254,13 +258,20 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         .map(|a| a.as_str().to_owned())
         .unwrap_or_default();
     let sink = MembershipSink::new(initial, Arc::clone(&metrics));
+    sink.set_dwell(cfg.rebalance_dwell);
+    if !matches!(cfg.membership, MembershipConfig::Kubernetes { .. }) {
+        // Alone, or a peers file read at start: the view is complete from the start; a Pod
+        // watch's is once its first list arrived.
+        sink.confirm();
+    }
     let router = Router::new(
         sink.clone(),
         Arc::clone(&health),
         cfg.listen_addr,
         cfg.pod_uid.clone(),
         cfg.keys.clone(),
-    );
+    )
+    .stale_after(cfg.membership_stale_after);
     // Only a peer that stopped answering exceeds this: a live one answers within its upstream
     // deadline and sends keep-alive comments on idle streams.
     let peer_read_timeout =
@@ -274,6 +285,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         cfg.peer_tls,
         cfg.peer_max_message_bytes,
         cfg.handoff,
+        cfg.drain_timeout,
+        cfg.rebalance_dwell,
     );
     handoff.relay_cancellations();
     let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));
@@ -285,7 +298,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     );
     let proxy = McpProxy {
         broker: Arc::clone(&broker),
-        router,
+        router: router.clone(),
         policy: admission,
         lifecycle: Arc::clone(&lifecycle),
         metrics: Arc::clone(&metrics),
@@ -303,10 +316,12 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             cfg.keys.clone(),
             cfg.pod_uid.clone(),
             cfg.peer_max_message_bytes,
-            cfg.peer_min_protocol <= FIRST_PROTOCOL,
+            cfg.peer_protocols,
+            router.clone(),
         )),
         peer_port: cfg.peer_addr.port(),
         peer_tls: cfg.peer_tls,
+        handoff: Arc::clone(&handoff),
     };
     let limits = ConnectionLimits {
         max_connections: cfg.max_connections,
@@ -329,7 +344,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Listening::Peer {
             keys: cfg.keys.clone(),
             tls: cfg.peer_tls,
-            accept_first: cfg.peer_min_protocol <= FIRST_PROTOCOL,
+            accept_first: cfg.peer_protocols.first(),
         },
     );
     let mut peer = Service::new("peer".to_owned(), listener);
@@ -351,6 +366,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             Arc::clone(&metrics),
             cfg.keys.clone(),
             Arc::clone(&broker),
+            router.clone(),
         ),
     );
     admin.add_tcp(&cfg.admin_addr.to_string());

@@ -264,10 +264,34 @@ impl Broker {
         self.registry.departed_count()
     }
 
-    /// A handed-off session's streams are all forwarded: forget it and end its upstream session.
-    pub(crate) async fn release_departed(&self, session: &Session) {
-        self.registry.forget_departed(session.id());
+    /// A handed-off session's streams are all forwarded: end its upstream session, and forget
+    /// it, or (`keep`) keep it as the copy pushed again should its new holder `keep` leave.
+    pub(crate) async fn release_departed(&self, session: &Session, keep: Option<&str>) {
+        self.registry.forget_departed(session.id(), keep);
         self.delete_upstream(session).await;
+    }
+
+    /// Takes back a session handed off from here whose new holder is gone: held here again, as
+    /// it was before the move (see [`Registry::reclaim`]); `false` without a copy of it.
+    pub(crate) fn reclaim(&self, id: &str, lost: &str) -> bool {
+        let reclaimed = self
+            .registry
+            .reclaim(id, lost, |session| session.finish_move(None));
+        if reclaimed {
+            self.metrics.session_reclaimed();
+        }
+        reclaimed
+    }
+
+    /// Whether `session` is the one held here under its id (not ended, not handed off).
+    pub(crate) fn holds(&self, session: &Arc<Session>) -> bool {
+        self.registry.holds(session)
+    }
+
+    /// Sessions handed off from here and kept whose new holder `lost` says is gone, with that
+    /// holder's UID.
+    pub(crate) fn kept_lost(&self, lost: &dyn Fn(&str) -> bool) -> Vec<(Arc<Session>, String)> {
+        self.registry.kept_lost(lost)
     }
 
     /// The buffer bounds of new streams.
@@ -302,6 +326,14 @@ impl Broker {
     /// The keyed digest that stands for session id `id` in logs.
     pub(crate) fn log_digest(&self, id: &str) -> String {
         self.minter.log_digest(id)
+    }
+
+    /// Whether the session with client id `id` ended on this pod (`DELETE`, expiry, its
+    /// upstream gone): it is never taken again.
+    pub(crate) fn ended_here(&self, id: &str) -> bool {
+        self.genuine(id).is_some_and(|verified| {
+            self.registry.why_missing(&verified.key.log_digest(id)) != NotFound::Unknown
+        })
     }
 
     /// The session with client id `id` held here.

@@ -176,8 +176,9 @@ impl Broker {
     pub(crate) fn adopt_session(self: &Arc<Self>, session: Arc<Session>) -> Result<bool, Refused> {
         match self.registry.adopt(Arc::clone(&session))? {
             Adopted::Repeated => return Ok(false),
-            Adopted::New => {}
+            Adopted::New => self.metrics.session_adopted(true),
             Adopted::Replaced(stale) => {
+                self.metrics.session_adopted(false);
                 tracing::info!(
                     session = session.digest(),
                     stale = stale.epoch(),
@@ -189,7 +190,6 @@ impl Broker {
                 tokio::spawn(async move { broker.delete_upstream(&stale).await });
             }
         }
-        self.metrics.session_adopted();
         if session.is_credentialed() {
             // Its credentials stayed on the sender: the session's next request rebuilds it with
             // its own (`docs/design/handoff.md#credentials`).

@@ -22,10 +22,12 @@ use std::time::Duration;
 use crate::keys::{DOMAIN_HOP, KeyId, KeyRing};
 use crate::mcp::rejection::Rejection;
 
-/// Most hops a request takes between sidecars looking for the session's holder.
-pub(crate) const MAX_WALK_HOPS: u8 = 2;
+/// Most hops a request takes between sidecars looking for the session's holder: the owner, the
+/// owner among the settled pods, and the one before it (a session still on its way there,
+/// `docs/design/routing.md#placement-and-routing`).
+pub(crate) const MAX_WALK_HOPS: u8 = 3;
 /// Most hops in all: the walk plus one "moved" forward from a holder that handed the session off.
-pub(crate) const MAX_HOPS: u8 = 3;
+pub(crate) const MAX_HOPS: u8 = 4;
 /// The hop number of a forwarded request.
 pub(crate) const TETHER_HOP: HeaderName = HeaderName::from_static("tether-hop");
 /// Comma-separated UIDs of the pods a forwarded request already visited.

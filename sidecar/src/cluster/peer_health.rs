@@ -59,6 +59,34 @@ pub(crate) const PEER_PROTOCOL: u8 = 2;
 /// `--peer-min-protocol` is 1.
 pub(crate) const FIRST_PROTOCOL: u8 = 1;
 
+/// The peer protocols a sidecar speaks: `--peer-min-protocol` to `--peer-max-protocol`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Protocols {
+    /// The oldest one spoken to and accepted from a peer.
+    pub(crate) min: u8,
+    /// The newest one (1: this sidecar behaves as one of the previous release).
+    pub(crate) max: u8,
+}
+
+impl Protocols {
+    /// Both, first and current.
+    #[cfg(test)]
+    pub(crate) const BOTH: Self = Self {
+        min: FIRST_PROTOCOL,
+        max: PEER_PROTOCOL,
+    };
+
+    /// Whether the first protocol is spoken at all.
+    pub(crate) fn first(self) -> bool {
+        self.min <= FIRST_PROTOCOL
+    }
+
+    /// Whether protocol 2 is spoken.
+    pub(crate) fn current(self) -> bool {
+        self.max >= PEER_PROTOCOL
+    }
+}
+
 /// Why a peer is down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Down {
@@ -75,21 +103,26 @@ pub(crate) struct PeerHealth {
     down: ArcSwap<HashMap<String, (Down, Instant)>>,
     /// Per probed peer: the protocol its answers showed, `None` while it answered none.
     protocols: ArcSwap<HashMap<String, Option<u8>>>,
-    /// The lowest protocol spoken to or accepted from a peer (`--peer-min-protocol`).
-    min_protocol: u8,
+    /// The protocols this sidecar speaks.
+    speaks: Protocols,
     /// Woken after each round of probes.
     probed: tokio::sync::Notify,
 }
 
 impl PeerHealth {
-    /// Nobody down, no protocol known; peers are spoken to in `min_protocol` at least.
-    pub(crate) fn new(min_protocol: u8) -> Arc<Self> {
+    /// Nobody down, no protocol known; peers are spoken to in one of `speaks`.
+    pub(crate) fn new(speaks: Protocols) -> Arc<Self> {
         Arc::new(Self {
             down: ArcSwap::default(),
             protocols: ArcSwap::default(),
-            min_protocol,
+            speaks,
             probed: tokio::sync::Notify::new(),
         })
+    }
+
+    /// The protocols this sidecar speaks.
+    pub(crate) fn speaks(&self) -> Protocols {
+        self.speaks
     }
 
     /// Records a probe of `uid`: answered speaking `protocol`, or not answered (`None`). A
@@ -134,8 +167,9 @@ impl PeerHealth {
     /// peer at once) is waited for, at most one round of probes; one that does not answer its
     /// probes gets the current protocol (its connection will fail or tell).
     pub(crate) async fn protocol_for(&self, uid: &str) -> u8 {
-        if self.min_protocol >= PEER_PROTOCOL {
-            return PEER_PROTOCOL;
+        let Protocols { min, max } = self.speaks;
+        if min == max {
+            return max;
         }
         let round = PROBE_INTERVAL + PROBE_TIMEOUT;
         let _ = tokio::time::timeout(round, async {
@@ -148,13 +182,7 @@ impl PeerHealth {
             }
         })
         .await;
-        self.protocol(uid)
-            .map_or(PEER_PROTOCOL, |p| p.clamp(self.min_protocol, PEER_PROTOCOL))
-    }
-
-    /// Whether the first protocol is spoken at all (`--peer-min-protocol 1`).
-    pub(crate) fn accepts_first(&self) -> bool {
-        self.min_protocol <= FIRST_PROTOCOL
+        self.protocol(uid).map_or(max, |p| p.clamp(min, max))
     }
 
     /// Marks `uid` down for `cause`, for [`DOWN_HOLD`] from `now`.
@@ -326,10 +354,12 @@ impl BackgroundService for Prober {
             }
             let alive: Vec<&str> = peers.iter().map(|(uid, _, _)| uid.as_str()).collect();
             self.health.retain_protocols(&alive);
-            let first_format = self.health.accepts_first()
-                && alive
-                    .iter()
-                    .any(|uid| self.health.protocol(uid).is_none_or(|p| p < PEER_PROTOCOL));
+            let speaks = self.health.speaks();
+            let first_format = !speaks.current()
+                || (speaks.first()
+                    && alive
+                        .iter()
+                        .any(|uid| self.health.protocol(uid).is_none_or(|p| p < PEER_PROTOCOL)));
             self.first_format_ids.store(first_format, Ordering::Relaxed);
             self.health.probed.notify_waiters();
             for (cause, n) in down {
@@ -361,7 +391,10 @@ mod tests {
 
     #[test]
     fn marks_expire_and_clear() {
-        let h = PeerHealth::new(PEER_PROTOCOL);
+        let h = PeerHealth::new(Protocols {
+            min: PEER_PROTOCOL,
+            max: PEER_PROTOCOL,
+        });
         let t0 = Instant::now();
         assert_eq!(h.down("a", t0), None);
         h.mark_down("a", Down::Refused, t0);
@@ -411,7 +444,7 @@ mod tests {
                 });
             }
         });
-        let health = PeerHealth::new(FIRST_PROTOCOL);
+        let health = PeerHealth::new(Protocols::BOTH);
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let peer = |uid: &str, port: u16| Peer {
             uid: uid.into(),

@@ -15,6 +15,9 @@ use crate::keys::KeyRing;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::session_id::HomeToken;
 
+/// How long membership may go unconfirmed and still be trusted, unless set otherwise.
+pub(crate) const DEFAULT_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Why a request is forwarded (the `kind` label of `tether_forwards_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ForwardKind {
@@ -102,6 +105,7 @@ pub(crate) struct Router {
     uid: String,
     home: HomeToken,
     secret: KeyRing,
+    stale_after: std::time::Duration,
 }
 
 impl Router {
@@ -121,6 +125,7 @@ impl Router {
             home: HomeToken::for_pod(&uid),
             uid,
             secret,
+            stale_after: DEFAULT_STALE_AFTER,
         }
     }
 
@@ -166,7 +171,8 @@ impl Router {
     /// session it handed off unknown: 404 `hop_limit` when the hop budget is spent; 503 +
     /// `Retry-After` when the new holder is alive but does not answer in time (the session may
     /// survive: an adopter stalled by load); 404 `no_holder` when the new holder left
-    /// membership (the session went with it).
+    /// membership or refuses connections (the session went with it; a pod that kept a copy
+    /// pushes it again instead).
     pub(crate) fn moved_to(&self, uid: &str, hop: &Hop) -> Result<Peer, Rejection> {
         let now = std::time::Instant::now();
         if hop.count >= MAX_HOPS {
@@ -178,10 +184,11 @@ impl Router {
             .filter(|p| p.state.is_alive() && p.uid != self.uid)
         {
             None => Err(Rejection::SessionNotFound(NotFound::NoHolder)),
-            Some(_) if self.health.down(uid, now) == Some(Down::Unresponsive) => {
-                Err(Rejection::PeerUnavailable)
-            }
-            Some(p) => Ok(p.clone()),
+            Some(p) => match self.health.down(uid, now) {
+                Some(Down::Refused) => Err(Rejection::SessionNotFound(NotFound::NoHolder)),
+                Some(Down::Unresponsive) => Err(Rejection::PeerUnavailable),
+                None => Ok(p.clone()),
+            },
         }
     }
 
@@ -195,12 +202,45 @@ impl Router {
     }
 
     /// [`route`] with this pod's identity, the current view and the peers now down.
+    ///
+    /// While membership is not known to be current (no complete view yet, or its source has
+    /// failed for longer than `--membership-stale-after`), a session found on no pod is
+    /// [`Route::Unavailable`] (503 + `Retry-After`), not 404: the pod holding it may be one this
+    /// view does not know.
     pub(crate) fn route(&self, draining: bool, target: Target<'_>, hop: &Hop) -> Route {
         let me = self.me(draining);
         let now = std::time::Instant::now();
-        route(&self.view(), &me, target, hop, &|uid| {
+        let route = route(&self.view(), &me, target, hop, &|uid| {
             self.health.down(uid, now)
-        })
+        });
+        match route {
+            Route::NotFound(_) if !self.trusted(now) => Route::Unavailable,
+            route => route,
+        }
+    }
+
+    /// How old membership's view may be at `now` (`tether_membership_age_seconds`).
+    pub(crate) fn membership_age(&self, now: std::time::Instant) -> std::time::Duration {
+        self.sink.age(now)
+    }
+
+    /// Whether membership's first complete view arrived (until then the pod is not ready).
+    pub(crate) fn membership_known(&self) -> bool {
+        self.sink.is_known()
+    }
+
+    /// Whether membership is known to be current at `now` (see [`Router::route`]).
+    pub(crate) fn trusted(&self, now: std::time::Instant) -> bool {
+        self.sink.is_known() && self.sink.age(now) <= self.stale_after
+    }
+
+    /// Sets how long membership may go unconfirmed and still be trusted
+    /// (`--membership-stale-after`).
+    pub(crate) fn stale_after(self, stale_after: std::time::Duration) -> Self {
+        Self {
+            stale_after,
+            ..self
+        }
     }
 }
 
@@ -338,7 +378,7 @@ mod tests {
                 .map(|(u, st)| peer(u, *st))
                 .collect(),
         };
-        let health = PeerHealth::new(crate::cluster::peer_health::PEER_PROTOCOL);
+        let health = PeerHealth::new(crate::cluster::peer_health::Protocols::BOTH);
         let router = Router::new(
             MembershipSink::new(snapshot, Arc::default()),
             Arc::clone(&health),
@@ -362,9 +402,13 @@ mod tests {
             router.moved_to("b", &spent).unwrap_err(),
             Rejection::SessionNotFound(NotFound::HopLimit)
         );
-        // Refused or broken connections: still asked, it alone holds the session.
+        // Refused or broken connections: its sidecar is gone, and the session with it (a pod
+        // that kept a copy pushes it again).
         health.mark_down("b", Down::Refused, std::time::Instant::now());
-        assert_eq!(router.moved_to("b", &fresh).unwrap().uid, "b");
+        assert_eq!(
+            router.moved_to("b", &fresh).unwrap_err(),
+            Rejection::SessionNotFound(NotFound::NoHolder)
+        );
         // Alive but not answering (an adopter stalled by load): 503, the session may survive.
         health.mark_down("b", Down::Unresponsive, std::time::Instant::now());
         assert_eq!(
@@ -459,7 +503,7 @@ mod tests {
     #[test]
     fn the_hop_limit_ends_in_404() {
         let v = view(&[("a", R), ("b", R), ("c", R)]);
-        let hop = Hop::default().next("x").next("y");
+        let hop = (0..MAX_WALK_HOPS).fold(Hop::default(), |h, i| h.next(&format!("x{i}")));
         assert_eq!(
             route(&v, &me("a"), session("s", "b", false), &hop, &|_| None),
             Route::NotFound(NotFound::HopLimit)
@@ -584,7 +628,7 @@ mod tests {
     proptest! {
         /// Membership disagreement (`docs/design/routing.md#membership`): every pod has its own
         /// view of five pods; following the forwards from any entry always ends (at a holder, a
-        /// local 404 or a routing 404) within two hops and never visits a pod twice.
+        /// local 404 or a routing 404) within [`MAX_WALK_HOPS`] hops and never visits a pod twice.
         #[test]
         fn disagreeing_views_never_loop(
             views in proptest::collection::vec(proptest::collection::vec(any_state(), 5), 5),

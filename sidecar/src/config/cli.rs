@@ -232,6 +232,12 @@ pub struct Cli {
     /// tether itself; 2 refuses them.
     #[arg(long, env = "TETHER_PEER_MIN_PROTOCOL", value_name = "VERSION", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     pub peer_min_protocol: u8,
+    /// The newest peer protocol spoken: 2, or 1 to behave as a sidecar of the previous release
+    /// (plaintext messages without acknowledgements, first-protocol hop headers, session ids
+    /// without a key id, no peer TLS) — for testing a rollout of tether itself
+    /// (`docs/design/peer-trust.md#protocol-versions`).
+    #[arg(long, env = "TETHER_PEER_MAX_PROTOCOL", value_name = "VERSION", default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub peer_max_protocol: u8,
     /// This pod's pod settings (ports, paths, upstream, migration, drain) as the JSON of the
     /// `mcp.tether.dev/pod-settings` annotation, which the operator passes through the downward
     /// API; they override the endpoint file's, so a sidecar restarted in an old pod during a
@@ -243,6 +249,16 @@ pub struct Cli {
     /// (`tether_crds::reload`).
     #[arg(long, env = "TETHER_CONFIG_POLL", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub config_poll: Duration,
+    /// How long membership may go without its source confirming it (a failing Pod watch, an
+    /// unreadable peers file) before a request for a session this pod cannot find gets 503 +
+    /// `Retry-After` instead of 404 (`tether_membership_age_seconds`).
+    #[arg(long, env = "TETHER_MEMBERSHIP_STALE_AFTER", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub membership_stale_after: Duration,
+    /// How long a pod must have been routable before sessions adopted elsewhere follow it as
+    /// their new `owner(S)`, and the least time between two such moves of one session
+    /// (`docs/design/handoff.md#adopted-sessions-follow-the-owner`).
+    #[arg(long, env = "TETHER_REBALANCE_DWELL", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub rebalance_dwell: Duration,
     /// Unix socket on which the sidecar takes the request to drain (`tether-sidecar drain`
     /// sends it); mode 0600, in a directory only the sidecar's container mounts, so nothing
     /// outside the sidecar — not the MCP server's container, not the network — can start a

@@ -12,6 +12,7 @@ use tether_crds::{McpEndpointSpec, PodSettings, ProtocolVersion, load_manifest, 
 use crate::broker::BrokerConfig;
 use crate::cluster::membership::Snapshot;
 use crate::cluster::membership::peers_file::{self, valid_uid};
+use crate::cluster::peer_health::Protocols;
 use crate::config::cli::Cli;
 use crate::keys::{KeyError, KeyRing};
 use crate::mcp::admission::AdmissionPolicy;
@@ -85,6 +86,8 @@ pub enum MembershipConfig {
         namespace: String,
         /// Label selector of the endpoint's pods.
         selector: String,
+        /// The target Deployment (`spec.targetRef.name`): only its pods are peers.
+        deployment: String,
     },
 }
 
@@ -118,8 +121,8 @@ pub struct Config {
     pub(crate) keys: KeyRing,
     /// Whether sidecar-to-sidecar traffic is mutual TLS (`spec.peer.tls`).
     pub(crate) peer_tls: bool,
-    /// The oldest peer protocol spoken and accepted (`--peer-min-protocol`).
-    pub(crate) peer_min_protocol: u8,
+    /// The peer protocols spoken (`--peer-min-protocol`, `--peer-max-protocol`).
+    pub(crate) peer_protocols: Protocols,
     /// This pod's UID.
     pub(crate) pod_uid: String,
     /// Most sessions held.
@@ -146,6 +149,11 @@ pub struct Config {
     pub membership: MembershipConfig,
     /// How often the endpoint file is checked for changes (`--config-poll`).
     pub(crate) config_poll: std::time::Duration,
+    /// How long membership may go unconfirmed before lookups of sessions found nowhere get 503
+    /// (`--membership-stale-after`).
+    pub(crate) membership_stale_after: std::time::Duration,
+    /// How long a pod is routable before adopted sessions follow it (`--rebalance-dwell`).
+    pub(crate) rebalance_dwell: std::time::Duration,
     /// What a reload of the endpoint file needs.
     pub source: ConfigSource,
 }
@@ -171,7 +179,19 @@ impl Config {
                 });
             }
         };
-        if spec.peer.tls && keys.load().tls().is_none() {
+        let peer_protocols = Protocols {
+            min: cli.peer_min_protocol,
+            max: cli.peer_max_protocol,
+        };
+        if peer_protocols.min > peer_protocols.max {
+            return Err(ConfigError::Flag {
+                flag: "--peer-min-protocol",
+                message: "must not be above --peer-max-protocol".into(),
+            });
+        }
+        // A sidecar of the first protocol speaks no TLS to its peers.
+        let peer_tls = spec.peer.tls && peer_protocols.current();
+        if peer_tls && keys.load().tls().is_none() {
             return Err(ConfigError::NoPeerTls);
         }
         let upstream = match &cli.upstream {
@@ -215,6 +235,7 @@ impl Config {
             (None, Some(selector)) => MembershipConfig::Kubernetes {
                 namespace: cli.namespace.clone(),
                 selector: selector.clone(),
+                deployment: endpoint.spec.target_ref.name.clone(),
             },
             (None, None) => MembershipConfig::Alone,
         };
@@ -241,8 +262,8 @@ impl Config {
             admission: source.admission(spec),
             broker: source.broker(spec),
             keys,
-            peer_tls: spec.peer.tls,
-            peer_min_protocol: cli.peer_min_protocol,
+            peer_tls,
+            peer_protocols,
             pod_uid: cli.pod_uid.clone(),
             max_sessions: cli.max_sessions,
             pod_retained_bytes: cli.pod_retained_bytes(),
@@ -256,6 +277,8 @@ impl Config {
             threads: cli.threads,
             membership,
             config_poll: cli.config_poll,
+            membership_stale_after: cli.membership_stale_after,
+            rebalance_dwell: cli.rebalance_dwell,
             source,
         })
     }

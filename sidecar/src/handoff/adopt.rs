@@ -95,12 +95,20 @@ pub(crate) fn took(broker: &Broker, query: &HeldQuery) -> bool {
 /// session this pod handed on meanwhile still takes it (its own follower passes it on).
 ///
 /// # Errors
-/// [`AdoptError::NotHeld`] when this pod does not hold the session (the sender stops).
+/// [`AdoptError::Ended`] when the session ended here (the sender ends its copy too);
+/// [`AdoptError::NotHeld`] when this pod does not hold it otherwise (it lost it: the sender
+/// pushes the session again).
 pub(crate) fn apply_tail(broker: &Broker, tail: &TailPush) -> Result<usize, AdoptError> {
-    let session = broker
+    let Some(session) = broker
         .held(&tail.session)
         .or_else(|| broker.departed_session(&tail.session))
-        .ok_or(AdoptError::NotHeld)?;
+    else {
+        return Err(if broker.ended_here(&tail.session) {
+            AdoptError::Ended
+        } else {
+            AdoptError::NotHeld
+        });
+    };
     Ok(image::import(
         &session,
         &tail.streams,

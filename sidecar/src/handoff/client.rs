@@ -73,6 +73,16 @@ impl SendError {
         }
     }
 
+    /// Whether the peer refused with this `reason` (the `reason` of its JSON error body).
+    pub(crate) fn refused_for(&self, reason: &str) -> bool {
+        match self {
+            Self::Refused { reason: body, .. } => {
+                reason_of(&Bytes::copy_from_slice(body.as_bytes())).as_deref() == Some(reason)
+            }
+            _ => false,
+        }
+    }
+
     /// Metric label.
     pub(crate) fn label(&self) -> &'static str {
         match self {

@@ -1,6 +1,11 @@
 //! Forwarding the tail of a handed-off session (`docs/design/handoff.md#moving-one-session`, step
 //! 5): every event its still-running requests produce here, and the end of each stream, is sent to
-//! the new holder (`POST /v1/tail`) as soon as it happens, until every stream is complete and sent.
+//! the new holder (`POST /v2/tail`) as soon as it happens, until every stream is complete and sent.
+//! A message the new holder does not take is sent again with backoff ([`RETRY_PAUSES`]) for up to
+//! `spec.drain.timeout` of failures in a row; a new holder that left membership, refuses
+//! connections or lost the session ends the follow with [`Followed::HolderLost`], and the session
+//! is pushed again from here; one where the session ended (409 `ended`: the client deleted it,
+//! it expired) ends it here too ([`Followed::Ended`]), so it never lives on elsewhere.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,11 +14,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use super::client::Destination;
+use http::StatusCode;
+
+use super::client::{Destination, SendError};
 use super::image;
 use super::listener::TAIL_PATH;
 use super::wire::TailPush;
-use super::{BACKOFF, Handoff, MESSAGE_OVERHEAD};
+use super::{Handoff, MESSAGE_OVERHEAD};
 use crate::cluster::membership::Peer;
 use crate::mcp::cursor::StreamKey;
 use crate::session::{Session, SessionSnapshot, Standalone};
@@ -23,6 +30,37 @@ use crate::stream::{Stream, StreamKind};
 const IDLE_CHECK: Duration = Duration::from_millis(500);
 /// How long the standalone stream stays open after the last call that ran here finished.
 const STANDALONE_LINGER: Duration = Duration::from_millis(500);
+/// Pauses between attempts at a tail message the new holder did not take (the last repeats).
+const RETRY_PAUSES: [Duration; 5] = [
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+];
+
+/// How a follow ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Followed {
+    /// Every stream is complete and sent.
+    Done,
+    /// The new holder left, refuses connections, or lost the session.
+    HolderLost,
+    /// The session ended at the new holder.
+    Ended,
+    /// The new holder, still alive, took no message for `spec.drain.timeout`.
+    GaveUp,
+    /// The session was taken back here meanwhile.
+    Reclaimed,
+}
+
+/// What became of one tail message.
+enum Delivery {
+    Taken,
+    HolderLost,
+    Ended,
+    GaveUp,
+}
 
 /// What the receiver has of one stream.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -61,14 +99,14 @@ pub(super) fn imaged(
 }
 
 /// Follows `session` (moved to `target`, which has `sent` of it: [`imaged`]) until every
-/// stream is complete and sent, or the target refuses (it no longer holds the session, or
-/// cannot be reached after retries).
+/// stream is complete and sent, the target is lost, or it takes nothing for
+/// `spec.drain.timeout`.
 pub(super) async fn follow(
     handoff: &Handoff,
     session: &Arc<Session>,
     target: &Peer,
     mut sent: HashMap<StreamKey, Sent>,
-) {
+) -> Followed {
     let wake = Arc::new(Notify::new());
     session.observe(&wake);
     for stream in session.streams() {
@@ -85,17 +123,21 @@ pub(super) async fn follow(
         .max(1);
     let mut calls_done_at: Option<Instant> = None;
     loop {
+        if handoff.broker.departed_session(session.id()).is_none() {
+            return Followed::Reclaimed;
+        }
         let woken = wake.notified();
         let (push, next, more) = delta(handoff, session, &sent, budget);
         if !push.streams.is_empty() {
             let events: usize = push.streams.iter().map(|s| s.events.len()).sum();
             let Ok(body) = serde_json::to_vec(&push) else {
-                return;
+                return Followed::GaveUp;
             };
-            if !send(handoff, to, Bytes::from(body)).await {
-                tracing::warn!(session = session.digest(), peer = %target.name, "tail forwarding stopped");
-                handoff.metrics.handoff_failed("tail");
-                return;
+            match send(handoff, target, to, Bytes::from(body)).await {
+                Delivery::Taken => {}
+                Delivery::HolderLost => return Followed::HolderLost,
+                Delivery::Ended => return Followed::Ended,
+                Delivery::GaveUp => return Followed::GaveUp,
             }
             handoff.metrics.tail_events_forwarded(events as u64);
             tracing::debug!(session = session.digest(), peer = %target.name, streams = push.streams.len(), events, "tail sent");
@@ -116,7 +158,7 @@ pub(super) async fn follow(
                 .filter(|s| s.kind() != StreamKind::Standalone)
                 .all(done);
         if requests_done && streams.iter().all(done) {
-            return;
+            return Followed::Done;
         }
         // The calls that ran here are over: once the messages they sent on the standalone
         // stream had time to arrive (they travel on another connection than the calls'
@@ -190,18 +232,32 @@ fn delta(
     (push, next, more)
 }
 
-/// Sends one tail message, retrying transient failures; `false` when the target refused it or
-/// stayed unreachable.
-async fn send(handoff: &Handoff, to: Destination<'_>, body: Bytes) -> bool {
-    let mut attempt = 0;
+/// Sends one tail message to `target` until it is taken, the target is lost (see
+/// [`Followed::HolderLost`]; a 404 `not_held` says it lost the session), the session ended there
+/// (409 `ended`), or it has taken nothing for `spec.drain.timeout`.
+async fn send(handoff: &Handoff, target: &Peer, to: Destination<'_>, body: Bytes) -> Delivery {
+    let give_up = Instant::now() + handoff.patience;
+    let mut pauses = RETRY_PAUSES.iter().copied();
     loop {
         match handoff.client.post(to, TAIL_PATH, body.clone()).await {
-            Ok(()) => return true,
-            Err(e) if e.is_transient() && attempt < BACKOFF.len() => {
-                tokio::time::sleep(BACKOFF[attempt]).await;
-                attempt += 1;
+            Ok(()) => return Delivery::Taken,
+            Err(SendError::Refused { status, .. }) if status == StatusCode::NOT_FOUND => {
+                return Delivery::HolderLost;
             }
-            Err(_) => return false,
+            Err(e) if e.refused_for("ended") => return Delivery::Ended,
+            Err(e) if !e.is_transient() => {
+                tracing::warn!(peer = %target.name, error = %e, "a tail message was refused");
+                return Delivery::GaveUp;
+            }
+            Err(_) if handoff.holder_gone(&target.uid) => return Delivery::HolderLost,
+            Err(_) if Instant::now() >= give_up => return Delivery::GaveUp,
+            Err(e) => {
+                tracing::debug!(peer = %target.name, error = %e, "a tail message was not taken; retrying");
+                let pause = pauses
+                    .next()
+                    .unwrap_or(RETRY_PAUSES[RETRY_PAUSES.len() - 1]);
+                tokio::time::sleep(pause).await;
+            }
         }
     }
 }

@@ -16,7 +16,10 @@
 //! | more than [`MAX_CONCURRENT`] messages at once for [`QUEUE_WAIT`], or [`MAX_NONCES`] nonces in the window | 503 `busy` |
 //!
 //! Every answer to a message that authenticated carries `Tether-Peer-Ack`. The same paths under
-//! `/v1/` speak the first protocol: authenticated after the body is read, not acknowledged.
+//! `/v1/` speak the first protocol: authenticated after the body is read, not acknowledged — so
+//! they are taken only while membership holds a pod whose probe answers say it speaks only that
+//! protocol (401 at once otherwise), and only [`MAX_FIRST_CONCURRENT`] at a time, in slots of
+//! their own: what they hold never delays a message of protocol 2.
 //! Error bodies are JSON `{"error": "...", "reason": "..."}`.
 
 use std::sync::Arc;
@@ -32,6 +35,8 @@ use super::auth::{self, BodyCheck, Claim, TETHER_PEER_ACK, TETHER_PEER_TIME};
 use super::nonces::{MAX_NONCES, NonceError, Nonces};
 use super::wire::{CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPush};
 use crate::broker::Broker;
+use crate::cluster::peer_health::{FIRST_PROTOCOL, Protocols};
+use crate::cluster::routing::Router;
 use crate::keys::KeyRing;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
@@ -49,6 +54,8 @@ pub(crate) const HELD_PATH: &str = "/v2/held";
 pub(crate) const FIRST_PATHS: [&str; 3] = ["/v1/sessions", "/v1/tail", "/v1/cancel"];
 /// Messages handled at the same time; more wait.
 pub(crate) const MAX_CONCURRENT: usize = 64;
+/// First-protocol messages handled at the same time, in slots of their own.
+pub(crate) const MAX_FIRST_CONCURRENT: usize = 8;
 /// How long a message waits for a slot before 503.
 pub(crate) const QUEUE_WAIT: Duration = Duration::from_secs(5);
 /// How long a message body may take to arrive.
@@ -95,15 +102,19 @@ pub(crate) struct PeerListener {
     keys: KeyRing,
     uid: String,
     max_message_bytes: usize,
-    accept_first: bool,
+    speaks: Protocols,
+    router: Router,
     slots: Semaphore,
+    first_slots: Semaphore,
     nonces: Nonces,
 }
 
 impl PeerListener {
     /// The listener of pod `uid`, adopting into `broker` (unless `lifecycle` says this pod
     /// drains), checking MACs with `keys`, refusing bodies over `max_message_bytes`;
-    /// `accept_first` takes the first protocol's messages too.
+    /// the protocols `speaks` says: the first one's messages only from the pods of `router`'s
+    /// membership that speak only that one.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         broker: Arc<Broker>,
         lifecycle: Arc<Lifecycle>,
@@ -111,7 +122,8 @@ impl PeerListener {
         keys: KeyRing,
         uid: String,
         max_message_bytes: usize,
-        accept_first: bool,
+        speaks: Protocols,
+        router: Router,
     ) -> Self {
         Self {
             broker,
@@ -120,8 +132,10 @@ impl PeerListener {
             keys,
             uid,
             max_message_bytes,
-            accept_first,
+            speaks,
+            router,
             slots: Semaphore::new(MAX_CONCURRENT),
+            first_slots: Semaphore::new(MAX_FIRST_CONCURRENT),
             nonces: Nonces::new(auth::WINDOW * 2, MAX_NONCES),
         }
     }
@@ -133,7 +147,12 @@ impl PeerListener {
             (req.method.clone(), req.uri.path().to_owned())
         };
         let first = path.starts_with("/v1/");
-        let Some(kind) = Kind::of(&path, first).filter(|_| !first || self.accept_first) else {
+        let spoken = if first {
+            self.speaks.first()
+        } else {
+            self.speaks.current()
+        };
+        let Some(kind) = Kind::of(&path, first).filter(|_| spoken) else {
             return error(StatusCode::NOT_FOUND, "unknown_path", "unknown path");
         };
         if method != Method::POST {
@@ -248,9 +267,28 @@ impl PeerListener {
         self.carry_out(kind, &claim.from, &body).await
     }
 
+    /// Whether first-protocol messages may be read: membership holds a live pod whose probes
+    /// show it speaks only the first protocol (a rollout of tether itself is under way).
+    fn first_protocol_peers(&self) -> bool {
+        let view = self.router.view();
+        view.snapshot().peers.iter().any(|p| {
+            p.state.is_alive() && self.router.health().protocol(&p.uid) == Some(FIRST_PROTOCOL)
+        })
+    }
+
     /// A message of the first protocol: the body is read, then authenticated.
     async fn serve_first(&self, session: &mut ServerSession, path: &str, kind: Kind) -> Reply {
-        let Ok(Ok(_slot)) = tokio::time::timeout(QUEUE_WAIT, self.slots.acquire()).await else {
+        if !self.first_protocol_peers() {
+            self.metrics.peer_auth_failure("header");
+            session.set_keepalive(None);
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "no pod of the first peer protocol is left: its messages are refused",
+            );
+        }
+        let Ok(Ok(_slot)) = tokio::time::timeout(QUEUE_WAIT, self.first_slots.acquire()).await
+        else {
             return error(StatusCode::SERVICE_UNAVAILABLE, "busy", "too many messages");
         };
         let limit = self.max_message_bytes;

@@ -36,6 +36,7 @@ use crate::mcp::jsonrpc::RequestKey;
 use crate::metrics::Metrics;
 use crate::session::Session;
 use client::{Destination, PeerClient, SendError};
+use follow::Followed;
 use wire::{CancelPush, HeldAnswer, HeldQuery, SessionPush};
 
 /// Sessions pushed at the same time.
@@ -60,8 +61,8 @@ const MESSAGE_OVERHEAD: usize = 256 * 1024;
 /// Why a session did not move.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum MoveError {
-    /// A move of this session is already under way or done.
-    #[error("the session is already being moved")]
+    /// A move of this session is already under way or done, or the session ended meanwhile.
+    #[error("the session is already being moved, or ended")]
     Busy,
     /// No routable peer to move to.
     #[error("no routable peer")]
@@ -74,6 +75,12 @@ pub(crate) enum MoveError {
     /// the one in doubt.
     #[error("the target may hold the session; none other is tried")]
     InDoubt,
+    /// A candidate holds the session at a later epoch (or handed it on since): the copy here is
+    /// stale (a copy kept or taken back after another pod moved the session on). It is dropped
+    /// and requests for it are sent to that candidate; no other pod is tried (that could make
+    /// two holders).
+    #[error("a peer holds the session at a later epoch; the copy here is dropped")]
+    Superseded,
 }
 
 /// Waits before each question whether a push in doubt was taken.
@@ -136,13 +143,20 @@ pub(crate) struct Handoff {
     max_message_bytes: usize,
     enabled: bool,
     moves: Semaphore,
+    /// How long the tail of a moved session is sent again while its new holder takes nothing
+    /// (`spec.drain.timeout`).
+    patience: Duration,
+    /// How long a pod is routable before adopted sessions follow it, and the least time
+    /// between two such moves of one session (`--rebalance-dwell`).
+    dwell: Duration,
 }
 
 impl Handoff {
     /// The handoff of `broker`'s pod: targets from `router`'s membership, messages to peers'
-    /// listeners on `peer_port` (over mutual TLS with `tls`) of at most `max_message_bytes`;
-    /// `enabled` false never moves a session (`--handoff false`, `migration: Pin`) but still
-    /// adopts.
+    /// listeners on `peer_port` (over mutual TLS with `tls`) of at most `max_message_bytes`,
+    /// tails retried for up to `patience` (`spec.drain.timeout`), adopted sessions following a new
+    /// owner routable for `dwell`; `enabled` false never moves a session (`--handoff false`,
+    /// `migration: Pin`) but still adopts.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         broker: Arc<Broker>,
@@ -153,6 +167,8 @@ impl Handoff {
         tls: bool,
         max_message_bytes: usize,
         enabled: bool,
+        patience: Duration,
+        dwell: Duration,
     ) -> Arc<Self> {
         let client = PeerClient::new(router.secret().clone(), router.uid().to_owned(), tls);
         Arc::new(Self {
@@ -165,6 +181,8 @@ impl Handoff {
             max_message_bytes,
             enabled,
             moves: Semaphore::new(MAX_PARALLEL_MOVES),
+            patience,
+            dwell,
         })
     }
 
@@ -234,6 +252,12 @@ impl Handoff {
         }
         let started = Instant::now();
         session.all_entered(ENTERING_WAIT).await;
+        if !self.broker.holds(&session) {
+            // A request that entered before the move ended the session (its DELETE): an ended
+            // session is never pushed, or it would live on at the target.
+            session.finish_move(None);
+            return Err(MoveError::Busy);
+        }
         let budget = self
             .max_message_bytes
             .saturating_sub(MESSAGE_OVERHEAD)
@@ -247,8 +271,10 @@ impl Handoff {
         let mut last = None;
         for target in candidates {
             // Each candidate gets a later epoch than any before: a copy an earlier attempt left
-            // anywhere is stale against it.
-            push.session.epoch = session.advance_epoch();
+            // anywhere is stale against it. A sidecar of the first protocol knows no epoch.
+            let epoch = session.advance_epoch();
+            let protocol = self.router.health().protocol_for(&target.uid).await;
+            push.session.epoch = if protocol > FIRST_PROTOCOL { epoch } else { 0 };
             let body = match serde_json::to_vec(&push) {
                 Ok(body) => Bytes::from(body),
                 Err(e) => {
@@ -257,12 +283,20 @@ impl Handoff {
                 }
             };
             match self
-                .push_to(&target, &body, session.id(), push.session.epoch)
+                .push_to(&target, &body, session.id(), epoch, protocol)
                 .await
             {
                 Ok(()) => {
                     self.moved(&session, &target, imaged, started);
                     return Ok(target.uid);
+                }
+                Err(MoveError::Failed(e)) if e.refused_for("stale_epoch") => {
+                    tracing::warn!(session = session.digest(), peer = %target.name, "a peer holds the session at a later epoch; the copy here is dropped");
+                    self.metrics.handoff_failed("superseded");
+                    session.finish_move(Some(target.uid.clone()));
+                    self.broker.mark_moved(&session, &target.uid);
+                    self.broker.release_departed(&session, None).await;
+                    return Err(MoveError::Superseded);
                 }
                 Err(MoveError::Failed(e)) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, error = %e, "handoff to peer failed");
@@ -281,7 +315,8 @@ impl Handoff {
         Err(last.map_or(MoveError::NoTarget, MoveError::Failed))
     }
 
-    /// Pushes the body of session `session` (at `epoch`) to one peer, retrying transient failures with
+    /// Pushes the body of session `session` (at `epoch`) to one peer, which speaks `protocol`,
+    /// retrying transient failures with
     /// backoff. A push that may have arrived but got no valid answer is settled by asking the
     /// peer whether it took the session ([`Handoff::confirm`]) before another pod is tried.
     ///
@@ -294,8 +329,8 @@ impl Handoff {
         body: &Bytes,
         session: &str,
         epoch: u64,
+        protocol: u8,
     ) -> Result<(), MoveError> {
-        let protocol = self.router.health().protocol_for(&target.uid).await;
         let to = self.destination(target, protocol);
         let mut attempt = 0;
         let failed = loop {
@@ -384,9 +419,62 @@ impl Handoff {
         let session = Arc::clone(session);
         let target = target.clone();
         tokio::spawn(async move {
-            follow::follow(&handoff, &session, &target, imaged).await;
-            handoff.broker.release_departed(&session).await;
+            match follow::follow(&handoff, &session, &target, imaged).await {
+                Followed::Done => {
+                    // While this pod drains it keeps the copy: should the new holder leave, the
+                    // session is pushed again instead of lost.
+                    let keep = handoff
+                        .lifecycle
+                        .is_draining()
+                        .then_some(target.uid.as_str());
+                    handoff.broker.release_departed(&session, keep).await;
+                }
+                Followed::HolderLost => {
+                    tracing::warn!(session = session.digest(), peer = %target.name, "the new holder left or lost the session; pushing it again");
+                    handoff.metrics.handoff_failed("holder_lost");
+                    handoff.push_again(session.id(), &target.uid).await;
+                }
+                Followed::Ended => {
+                    // The client ended it there (or it expired): it ends here too.
+                    tracing::info!(session = session.digest(), peer = %target.name, "the session ended at its new holder");
+                    handoff.broker.release_departed(&session, None).await;
+                }
+                Followed::GaveUp => {
+                    // Its calls still run here: the upstream session stays until the pod
+                    // stops (the drain's cut ends what is left).
+                    tracing::warn!(session = session.digest(), peer = %target.name, "tail forwarding stopped");
+                    handoff.metrics.handoff_failed("tail");
+                }
+                Followed::Reclaimed => {}
+            }
         });
+    }
+
+    /// Takes back session `id`, handed off from here to `lost`, which is gone, and moves it to
+    /// another pod (at a later epoch); `false` when this pod has no copy of it, or moved it on
+    /// from `lost` already.
+    pub(crate) async fn push_again(self: &Arc<Self>, id: &str, lost: &str) -> bool {
+        if !self.broker.reclaim(id, lost) {
+            return false;
+        }
+        let Some(session) = self.broker.held(id) else {
+            return true;
+        };
+        if let Err(e) = self.move_session(session).await {
+            tracing::warn!(error = %e, "a session taken back could not move; it is served here");
+        }
+        true
+    }
+
+    /// Whether the pod `uid` that took a session from here is gone: out of membership, or its
+    /// address refuses connections.
+    fn holder_gone(&self, uid: &str) -> bool {
+        let alive = self
+            .router
+            .view()
+            .peer(uid)
+            .is_some_and(|p| p.state.is_alive());
+        !alive || self.router.health().down(uid, Instant::now()) == Some(Down::Refused)
     }
 
     /// Moves every session held here, in parallel (bounded), until none is left, none can move,
@@ -411,7 +499,7 @@ impl Handoff {
             let mut progress = false;
             for task in tasks {
                 match task.await {
-                    Ok(Ok(_)) => {
+                    Ok(Ok(_) | Err(MoveError::Superseded)) => {
                         moved += 1;
                         progress = true;
                     }
@@ -465,11 +553,21 @@ impl Handoff {
     pub(crate) async fn rebalance(self: &Arc<Self>) {
         let view = self.router.view();
         let now = Instant::now();
+        self.metrics.membership_age(self.router.membership_age(now));
         let alive = |uid: &str| {
             view.peer(uid).is_some_and(|p| p.state.is_alive())
                 && self.router.health().down(uid, now) != Some(Down::Refused)
         };
         adopt::abandon_orphans(&self.broker, &alive);
+        for (session, lost) in self.broker.kept_lost(&|uid| self.holder_gone(uid)) {
+            tracing::warn!(
+                session = session.digest(),
+                "the pod a session was handed to left; pushing it again"
+            );
+            self.metrics.handoff_failed("holder_lost");
+            let h = Arc::clone(self);
+            tokio::spawn(async move { h.push_again(session.id(), &lost).await });
+        }
         if !self.enabled || self.lifecycle.is_draining() {
             return;
         }
@@ -485,8 +583,15 @@ impl Handoff {
             {
                 continue;
             }
+            // Hysteresis: a pod that just became routable (it may flap) is not followed yet, and
+            // a session that just arrived does not move again.
+            let settled = |uid: &str| view.is_settled(uid);
+            if now.saturating_duration_since(session.arrived()) < self.dwell {
+                continue;
+            }
             let owner = view.owner(session.id());
-            if owner.is_some_and(|o| o.uid != self.router.uid() && alive(&o.uid)) {
+            if owner.is_some_and(|o| o.uid != self.router.uid() && alive(&o.uid) && settled(&o.uid))
+            {
                 let h = Arc::clone(self);
                 tasks.push(tokio::spawn(async move { h.move_session(session).await }));
                 if tasks.len() == REBALANCE_PER_ROUND {

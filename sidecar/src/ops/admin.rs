@@ -4,8 +4,10 @@
 //!
 //! - `GET /healthz` → 200 while the process serves;
 //! - `GET /readyz` → 200 when the sidecar's MCP listener and the upstream MCP server accept
-//!   connections, else 503 (the pod gets no new clients before its listener is up, while its
-//!   server is down or while it drains);
+//!   connections and membership's first complete view arrived, else 503 (the pod gets no new
+//!   clients before its listener is up, before it knows its peers — it would answer 404 for
+//!   sessions homed on pods it does not know yet —, while its server is down or while it
+//!   drains);
 //! - `GET /metrics` → Prometheus text format;
 //! - `GET /keys` → the key ring loaded here and how many sessions each key minted
 //!   ([`tether_crds::keyring::KeyReport`], JSON): what the operator waits for between the steps
@@ -30,6 +32,7 @@ use pingora::protocols::http::ServerSession;
 use tokio::sync::Semaphore;
 
 use crate::broker::Broker;
+use crate::cluster::routing::Router;
 use crate::keys::{KeyRing, Role};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
@@ -58,12 +61,15 @@ pub(crate) struct Admin {
     waiters: Semaphore,
     keys: KeyRing,
     broker: Arc<Broker>,
+    router: Router,
 }
 
 impl Admin {
     /// Admin endpoints of a pod whose MCP server is `upstream` and whose MCP listener is
     /// `listener`, draining with `drain`, ready unless `lifecycle` drains, serving `metrics`,
-    /// reporting the key ring `keys` and the sessions of `broker`.
+    /// reporting the key ring `keys` and the sessions of `broker`, ready once `router`'s
+    /// membership is known.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         upstream: Upstream,
         listener: SocketAddr,
@@ -72,6 +78,7 @@ impl Admin {
         metrics: Arc<Metrics>,
         keys: KeyRing,
         broker: Arc<Broker>,
+        router: Router,
     ) -> Self {
         Self {
             upstream,
@@ -83,6 +90,7 @@ impl Admin {
             waiters: Semaphore::new(MAX_DRAINED_WAITERS),
             keys,
             broker,
+            router,
         }
     }
 
@@ -218,6 +226,11 @@ impl ServeHttp for Admin {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "text/plain",
                 "not ready: draining\n",
+            ),
+            "/readyz" if !self.router.membership_known() => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "not ready: no complete list of the endpoint's pods yet\n",
             ),
             "/readyz" if !self.listening().await => text(
                 StatusCode::SERVICE_UNAVAILABLE,

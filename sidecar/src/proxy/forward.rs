@@ -436,7 +436,7 @@ mod tests {
                 ..row("a body that cannot be sent again: no retry")
             },
             Row {
-                hops: 2,
+                hops: crate::cluster::routing::MAX_WALK_HOPS,
                 then: Some("a"),
                 marked: Some(("b", Down::Refused)),
                 ..row("hop budget spent: nobody left, this pod answers through its listener")

@@ -43,10 +43,9 @@ use tether_crds::keyring::PEER_SERVER_NAME;
 
 use crate::broker::{Broker, Here};
 use crate::cluster::hop::{Accept, HOP_HEADERS, Signing};
-use crate::cluster::peer_health::{
-    FIRST_PROTOCOL, PEER_PROBE_PATH, PEER_PROTOCOL, TETHER_PEER_PROTOCOL,
-};
+use crate::cluster::peer_health::{FIRST_PROTOCOL, PEER_PROBE_PATH, TETHER_PEER_PROTOCOL};
 use crate::cluster::routing::{ForwardKind, Hop, Route, Router, Target};
+use crate::handoff::Handoff;
 use crate::handoff::auth::now_ms;
 use crate::handoff::listener::{PeerListener, is_peer_path};
 use crate::lifecycle::Lifecycle;
@@ -54,7 +53,7 @@ use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::mcp::headers::{LAST_EVENT_ID, MCP_SESSION_ID, identity_edits};
 use crate::mcp::jsonrpc::Envelope;
 use crate::mcp::origin::{OriginCheck, add_response_headers};
-use crate::mcp::rejection::Rejection;
+use crate::mcp::rejection::{NotFound, Rejection};
 use crate::metrics::Metrics;
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{EnterGuard, Entry};
@@ -102,6 +101,8 @@ pub(crate) struct McpProxy {
     pub(crate) peer_port: u16,
     /// Peer traffic is mutual TLS (`spec.peer.tls`).
     pub(crate) peer_tls: bool,
+    /// Takes back a session whose new holder left before a request for it came here.
+    pub(crate) handoff: Arc<Handoff>,
 }
 
 impl McpProxy {
@@ -203,8 +204,11 @@ impl ProxyHttp for McpProxy {
         );
         let port = ctx.connection.as_ref().map_or(Port::Mcp, |c| c.port());
         if let Port::Peer { tls } = port {
-            if self.peer_tls && !tls && !path.starts_with("/v1/") {
-                // Plaintext on a TLS peer port: only a first-protocol sidecar's messages.
+            let plaintext_not_first = self.peer_tls && !tls && !path.starts_with("/v1/");
+            let forward_to_first = !is_peer_path(&path) && !self.router.health().speaks().current();
+            if plaintext_not_first || forward_to_first {
+                // Plaintext on a TLS peer port: only a first-protocol sidecar's messages; and a
+                // sidecar of the first protocol takes forwarded requests on its MCP port only.
                 let rejection = Rejection::ForgedHop;
                 self.metrics.rejection(&rejection);
                 return respond(session, ctx, rejection.into()).await;
@@ -221,7 +225,7 @@ impl ProxyHttp for McpProxy {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
             headers.insert(
                 TETHER_PEER_PROTOCOL,
-                HeaderValue::from(u16::from(PEER_PROTOCOL)),
+                HeaderValue::from(u16::from(self.router.health().speaks().max)),
             );
             let reply = Reply {
                 status: StatusCode::OK,
@@ -301,7 +305,7 @@ impl ProxyHttp for McpProxy {
     ) -> pingora::Result<Box<HttpPeer>> {
         if let Some(f) = ctx.forward.as_mut() {
             f.protocol = if f.peer.uid == self.router.uid() {
-                PEER_PROTOCOL
+                self.router.health().speaks().max
             } else {
                 self.router.health().protocol_for(&f.peer.uid).await
             };
@@ -444,6 +448,9 @@ impl ProxyHttp for McpProxy {
             ErrorType::ReadTimedout | ErrorType::WriteTimedout
         );
         match ctx.forward.as_mut() {
+            // The client left (or broke its side): the peer did nothing wrong, and nobody is
+            // there to answer.
+            Some(_) if e.esource() == &ErrorSource::Downstream => e.set_retry(false),
             Some(f) => {
                 let failure = Failure::Broken {
                     replayable,
@@ -543,13 +550,14 @@ impl McpProxy {
             Era::Stateless => None,
             _ => admitted.session_id.clone(),
         };
+        let speaks = self.router.health().speaks();
         let accept = match port {
-            Port::Peer { .. } => Accept::Current {
+            Port::Peer { .. } if speaks.current() => Accept::Current {
                 me: self.router.uid(),
                 now_ms: now_ms(),
             },
-            Port::Mcp if self.router.health().accepts_first() => Accept::First,
-            Port::Mcp => Accept::Nothing,
+            Port::Mcp if speaks.first() => Accept::First,
+            _ => Accept::Nothing,
         };
         let hop = Hop::read(
             &admitted.headers,
@@ -560,7 +568,16 @@ impl McpProxy {
         let nonce;
         let (target, home) = match session_id.as_deref() {
             Some(id) => {
-                let (home, moved) = self.enter(id, ctx).await?;
+                let (mut home, mut moved) = self.enter(id, ctx).await?;
+                if let Some(uid) = &moved
+                    && self.router.moved_to(uid, &hop)
+                        == Err(Rejection::SessionNotFound(NotFound::NoHolder))
+                {
+                    // The pod it was handed to is gone: if this one kept a copy, it moves again
+                    // (or is served here); it may have moved on already.
+                    self.handoff.push_again(id, uid).await;
+                    (home, moved) = self.enter(id, ctx).await?;
+                }
                 if let Some(uid) = moved {
                     let peer = self.router.moved_to(&uid, &hop)?;
                     return Ok(Some(Forwarding::new(
@@ -584,7 +601,18 @@ impl McpProxy {
             .route(self.lifecycle.is_draining(), target, &hop)
         {
             Route::Local => Ok(None),
-            Route::NotFound(reason) => Err(Rejection::SessionNotFound(reason)),
+            Route::NotFound(reason) => {
+                if let Some(id) = session_id.as_deref() {
+                    tracing::debug!(
+                        session = self.broker.log_digest(id),
+                        reason = reason.label(),
+                        hop = hop.count,
+                        visited = hop.visited.join(","),
+                        "no pod holds the session"
+                    );
+                }
+                Err(Rejection::SessionNotFound(reason))
+            }
             Route::Unavailable => Err(Rejection::PeerUnavailable),
             Route::Forward { peer, kind } => {
                 tracing::debug!(peer = %peer.name, kind = kind.label(), hop = hop.count + 1, "forwarding");

@@ -329,6 +329,9 @@ pub(crate) struct Session {
     accepted: Mutex<VecDeque<(Principal, Instant)>>,
     /// Its place in the registry's sweep schedule ([`registry::Registry::schedule`]).
     pub(super) sweep_at: Mutex<Option<(Instant, u64)>>,
+    /// When it was created here, or adopted (the least time between two rebalancing moves
+    /// counts from it).
+    arrived: Instant,
     /// The handoff epoch: 0 at `initialize`, one more for every push of the session to a peer,
     /// carried in its images; a copy of an older epoch is stale
     /// (`docs/design/handoff.md#one-holder-per-session`).
@@ -397,6 +400,7 @@ impl Session {
             binding: OnceLock::new(),
             accepted: Mutex::default(),
             epoch: AtomicU64::new(0),
+            arrived: Instant::now(),
         })
     }
 
@@ -636,6 +640,11 @@ impl Session {
     /// Requests admitted and not registered yet.
     pub(crate) fn entering(&self) -> u32 {
         self.state.lock().entering
+    }
+
+    /// When it was created here, or adopted.
+    pub(crate) fn arrived(&self) -> Instant {
+        self.arrived
     }
 
     /// Its handoff epoch.
@@ -1933,7 +1942,7 @@ mod tests {
             "followed until its streams are sent"
         );
         assert!(r.took("id", 1) && !r.took("id", 2));
-        r.forget_departed("id");
+        r.forget_departed("id", None);
         assert!(r.departed("id").is_none());
     }
 

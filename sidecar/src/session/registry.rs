@@ -62,6 +62,10 @@ pub(crate) struct Registry {
     moved: Mutex<Bounded<String, (String, u64)>>,
     /// Handed-off sessions whose streams are still forwarded to the new holder, by id.
     departed: Mutex<HashMap<String, Arc<Session>>>,
+    /// Handed-off sessions whose streams were all forwarded, kept while this pod drains with the
+    /// UID of their new holder: if that pod leaves, the session is pushed again
+    /// (`docs/design/handoff.md#a-pod-killed-mid-handoff`).
+    kept: Mutex<HashMap<String, (Arc<Session>, String)>>,
     max_sessions: usize,
     /// Woken (all waiters) whenever what the pod has in flight may have shrunk: a request
     /// ended, a stream completed, a session left or a departed one was forgotten. A drain waits
@@ -108,6 +112,7 @@ impl Registry {
             ended: Mutex::new(Bounded::new(ENDED_LOG)),
             moved: Mutex::new(Bounded::new(ENDED_LOG)),
             departed: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
             max_sessions,
             activity: Arc::new(Notify::new()),
             schedule: Mutex::default(),
@@ -234,10 +239,54 @@ impl Registry {
         self.departed.lock().values().cloned().collect()
     }
 
-    /// The streams of a departed session are all forwarded: forget it.
-    pub(crate) fn forget_departed(&self, id: &str) {
-        self.departed.lock().remove(id);
+    /// The streams of a departed session are all forwarded: forget it, or (`keep`) keep it as
+    /// the copy pushed again if its new holder `to` leaves.
+    pub(crate) fn forget_departed(&self, id: &str, keep: Option<&str>) {
+        let session = self.departed.lock().remove(id);
+        if let (Some(session), Some(to)) = (session, keep) {
+            self.kept
+                .lock()
+                .insert(id.to_owned(), (session, to.to_owned()));
+        }
         self.activity.notify_waiters();
+    }
+
+    /// Kept sessions whose new holder `lost` says is gone, with that holder's UID.
+    pub(crate) fn kept_lost(&self, lost: &dyn Fn(&str) -> bool) -> Vec<(Arc<Session>, String)> {
+        self.kept
+            .lock()
+            .values()
+            .filter(|(_, to)| lost(to))
+            .map(|(session, to)| (Arc::clone(session), to.clone()))
+            .collect()
+    }
+
+    /// Takes back a session handed off from here (departed or kept) to the pod `lost`: it is
+    /// held here again, and `held_again` runs under the session map's lock, before any request
+    /// can find it (it puts the session's handoff state back to held). `false` when this pod
+    /// has no copy of it, holds it already, or handed it to another pod since (an earlier
+    /// take-back moved it on: that holder is not lost).
+    pub(crate) fn reclaim(
+        &self,
+        id: &str,
+        lost: &str,
+        held_again: impl FnOnce(&Arc<Session>),
+    ) -> bool {
+        let mut map = self.sessions.write();
+        if map.contains_key(id) || self.moved_to(id).is_some_and(|to| to != lost) {
+            return false;
+        }
+        let departed = self.departed.lock().remove(id);
+        let Some(session) = departed.or_else(|| self.kept.lock().remove(id).map(|(s, _)| s)) else {
+            return false;
+        };
+        held_again(&session);
+        self.moved.lock().forget_where(|k, _| k == id);
+        map.insert(id.to_owned(), Arc::clone(&session));
+        drop(map);
+        self.schedule(&session, Instant::now());
+        self.activity.notify_waiters();
+        true
     }
 
     /// The UID of the peer a session was handed to, if it was handed off from here.

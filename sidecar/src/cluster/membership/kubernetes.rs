@@ -9,6 +9,11 @@
 //! keeps its initial view; every relist (`Init` … `InitDone`, after a restart or a `410 Gone`)
 //! replaces the whole set.
 //!
+//! Only pods of the endpoint's target are peers ([`KubernetesPods::of_target`], [`belongs_to`]):
+//! a pod whose template carries the operator's [`ENDPOINT_ANNOTATION`] naming this endpoint and
+//! whose controller is a ReplicaSet of the target Deployment. Another Ready pod that happens to
+//! match the label selector never joins the ring, so it never becomes a handoff target.
+//!
 //! # Runtime
 //! The [`kube::Client`] is created inside [`Membership::run`] (with [`Client::try_default`]:
 //! in-cluster service-account config, or `KUBECONFIG` outside a cluster), i.e. on the runtime of
@@ -38,7 +43,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use kube::{Api, Client, ResourceExt};
 use pingora::server::ShutdownWatch;
-use tether_crds::{MCP_PORT_NAME, PEER_PORT_NAME, SIDECAR_CONTAINER};
+use tether_crds::{ENDPOINT_ANNOTATION, MCP_PORT_NAME, PEER_PORT_NAME, SIDECAR_CONTAINER};
 
 use super::{Membership, MembershipSink, Peer, PeerState, Snapshot};
 
@@ -59,6 +64,8 @@ pub(crate) struct KubernetesPods {
     /// This pod's UID: its deletion timestamp starts the drain
     /// (`docs/design/handoff.md#when-a-pod-drains`).
     own_uid: Option<String>,
+    /// The endpoint and its target Deployment: only their pods are peers.
+    target: Option<(String, String)>,
 }
 
 impl fmt::Debug for KubernetesPods {
@@ -86,7 +93,24 @@ impl KubernetesPods {
             listen_port,
             client: None,
             own_uid: None,
+            target: None,
         }
+    }
+
+    /// Admits only the pods of endpoint `endpoint`'s target Deployment `deployment`
+    /// ([`belongs_to`]).
+    pub(crate) fn of_target(self, endpoint: String, deployment: String) -> Self {
+        Self {
+            target: Some((endpoint, deployment)),
+            ..self
+        }
+    }
+
+    /// Whether `pod` is a peer (every pod of the selector without a target).
+    fn admits(&self, pod: &Pod) -> bool {
+        self.target
+            .as_ref()
+            .is_none_or(|(endpoint, deployment)| belongs_to(pod, endpoint, deployment))
     }
 
     /// Also watches this pod (`uid`): once its deletion timestamp is set, the sink is told
@@ -175,8 +199,13 @@ impl Membership for KubernetesPods {
             };
             match event {
                 Some(Ok(event)) => {
-                    if pods.apply(event) {
-                        sink.publish(SOURCE, snapshot_of(pods.live(), self.listen_port));
+                    let changed = pods.apply(event);
+                    if pods.listed {
+                        sink.confirm();
+                    }
+                    if changed {
+                        let peers = pods.live().filter(|pod| self.admits(pod));
+                        sink.publish(SOURCE, snapshot_of(peers, self.listen_port));
                         if let Some(uid) = &self.own_uid
                             && is_terminating(pods.live(), uid)
                         {
@@ -184,12 +213,15 @@ impl Membership for KubernetesPods {
                         }
                     }
                 }
-                Some(Err(error)) => tracing::warn!(
-                    %error,
-                    namespace = %self.namespace,
-                    selector = %self.label_selector,
-                    "pod watch failed; keeping the last good membership and retrying with backoff"
-                ),
+                Some(Err(error)) => {
+                    sink.failing();
+                    tracing::warn!(
+                        %error,
+                        namespace = %self.namespace,
+                        selector = %self.label_selector,
+                        "pod watch failed; keeping the last good membership and retrying with backoff"
+                    );
+                }
                 None => {
                     // The watcher retries forever; an end of stream is unexpected.
                     tracing::error!(
@@ -209,6 +241,8 @@ struct PodSet {
     live: HashMap<String, Pod>,
     /// Pods of the list in progress (`Init` … `InitDone`); replaces `live` on `InitDone`.
     relist: Option<HashMap<String, Pod>>,
+    /// A first complete list arrived.
+    listed: bool,
 }
 
 impl PodSet {
@@ -229,6 +263,7 @@ impl PodSet {
             }
             Event::InitDone => {
                 self.live = self.relist.take().unwrap_or_default();
+                self.listed = true;
                 true
             }
             Event::Apply(pod) => match uid_of(&pod) {
@@ -328,6 +363,26 @@ fn sidecar_port(pod: &Pod, name: &str) -> Option<u16> {
         .filter(|p| *p != 0)
 }
 
+/// Whether `pod` belongs to endpoint `endpoint` targeting Deployment `deployment`: its template
+/// carries [`ENDPOINT_ANNOTATION`] naming the endpoint, and its controller is a ReplicaSet of
+/// the Deployment (named `<deployment>-<pod-template-hash>`).
+pub(crate) fn belongs_to(pod: &Pod, endpoint: &str, deployment: &str) -> bool {
+    let annotated = pod
+        .annotations()
+        .get(ENDPOINT_ANNOTATION)
+        .is_some_and(|e| e == endpoint);
+    let hash = pod.labels().get(REVISION_LABEL);
+    let owned = pod.owner_references().iter().any(|o| {
+        o.controller == Some(true)
+            && o.kind == "ReplicaSet"
+            && o.name
+                .strip_prefix(deployment)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|rest| hash.is_some_and(|h| h == rest))
+    });
+    annotated && owned
+}
+
 /// Whether the pod with `uid` among `pods` has its deletion timestamp set.
 pub(crate) fn is_terminating<'a>(pods: impl IntoIterator<Item = &'a Pod>, uid: &str) -> bool {
     pods.into_iter()
@@ -389,6 +444,11 @@ mod tests {
                 "resourceVersion": "1",
                 "creationTimestamp": format!("2026-01-01T00:00:{created:02}Z"),
                 "labels": {"app": "weather", "pod-template-hash": "rev1"},
+                "annotations": {ENDPOINT_ANNOTATION: "weather"},
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "weather-rev1",
+                    "uid": "rs-uid", "controller": true,
+                }],
                 "managedFields": [{"manager": "kubelet", "operation": "Update"}],
             },
             "status": {
@@ -414,6 +474,54 @@ mod tests {
             peer_port: None,
             state,
             revision: "rev1".into(),
+        }
+    }
+
+    #[test]
+    fn only_pods_of_the_endpoints_target_are_peers() {
+        let ours = pod_json("a", 1, 1, true);
+        assert!(belongs_to(
+            &serde_json::from_value(ours.clone()).unwrap(),
+            "weather",
+            "weather"
+        ));
+        let variant = |path: &str, value: Value| {
+            let mut p = ours.clone();
+            *p.pointer_mut(path).unwrap() = value;
+            serde_json::from_value::<Pod>(p).unwrap()
+        };
+        let refused = [
+            ("no annotation", variant("/metadata/annotations", json!({}))),
+            (
+                "another endpoint's",
+                variant(
+                    &format!(
+                        "/metadata/annotations/{}",
+                        ENDPOINT_ANNOTATION.replace('/', "~1")
+                    ),
+                    json!("other"),
+                ),
+            ),
+            ("no owner", variant("/metadata/ownerReferences", json!([]))),
+            (
+                "another Deployment's ReplicaSet",
+                variant("/metadata/ownerReferences/0/name", json!("weatherx-rev1")),
+            ),
+            (
+                "a ReplicaSet of another revision",
+                variant("/metadata/ownerReferences/0/name", json!("weather-rev2")),
+            ),
+            (
+                "not the controller",
+                variant("/metadata/ownerReferences/0/controller", json!(false)),
+            ),
+            (
+                "a StatefulSet's",
+                variant("/metadata/ownerReferences/0/kind", json!("StatefulSet")),
+            ),
+        ];
+        for (what, pod) in refused {
+            assert!(!belongs_to(&pod, "weather", "weather"), "{what}");
         }
     }
 
@@ -641,9 +749,11 @@ mod tests {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let source = KubernetesPods::with_client(client, NAMESPACE.into(), SELECTOR.into(), PORT)
-            .watching_own_pod("uid-a".into());
+            .watching_own_pod("uid-a".into())
+            .of_target("weather".into(), "weather".into());
         assert_eq!(source.name(), "kubernetes");
         let sink = MembershipSink::new(Snapshot::default(), Arc::new(Metrics::new()));
+        assert!(!sink.is_known(), "no list yet: the pod is not ready");
         let deleting = sink.terminating();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         let task = {
@@ -651,11 +761,18 @@ mod tests {
             tokio::spawn(async move { source.run(sink, shutdown).await })
         };
 
-        // 1. The initial LIST: two ready pods.
+        // 1. The initial LIST: two ready pods of the target, and a ready pod that matches the
+        //    selector but is not the target's.
         let (_, respond) = next_request(&mut handle, false).await;
+        let mut stranger = pod_json("s", 1, 9, true);
+        stranger["metadata"]["annotations"] = json!({});
         respond.send_response(pod_list(
             "100",
-            vec![pod_json("a", 1, 1, true), pod_json("b", 2, 2, true)],
+            vec![
+                pod_json("a", 1, 1, true),
+                pod_json("b", 2, 2, true),
+                stranger,
+            ],
         ));
         wait_for(
             &sink,
@@ -665,6 +782,8 @@ mod tests {
             ],
         )
         .await;
+        assert!(sink.is_known(), "listed: the pod may be ready");
+        assert_eq!(sink.age(std::time::Instant::now()), Duration::ZERO);
         assert!(!*deleting.borrow(), "this pod is not being deleted yet");
 
         // 2. WATCH from the list's version: `a` starts terminating, a new ready `c` appears.

@@ -119,6 +119,11 @@ pub(crate) struct View {
     /// Per pod index: whether it is in the preferred set.
     in_preferred: Vec<bool>,
     routable: Vec<usize>,
+    /// Per pod index: since when this sidecar has seen it routable without a break (`None`:
+    /// not routable).
+    routable_since: Vec<Option<std::time::Instant>>,
+    /// How long a pod is routable before it counts as settled (`--rebalance-dwell`).
+    dwell: std::time::Duration,
 }
 
 impl View {
@@ -151,14 +156,63 @@ impl View {
         for &i in &preferred_idx {
             in_preferred[i] = true;
         }
+        let now = std::time::Instant::now();
+        let routable_since = peers
+            .iter()
+            .map(|p| (p.state == PeerState::Routable).then_some(now))
+            .collect();
         Self {
             in_preferred,
             by_home,
             alive,
             preferred,
             routable,
+            routable_since,
+            dwell: std::time::Duration::ZERO,
             snapshot,
         }
+    }
+
+    /// This view with pods counting as settled once routable for `dwell`.
+    pub(crate) fn with_dwell(mut self, dwell: std::time::Duration) -> Self {
+        self.dwell = dwell;
+        self
+    }
+
+    /// Whether pod index `i` has been routable for the dwell at `now`.
+    fn settled_at(&self, i: usize, now: std::time::Instant) -> bool {
+        self.routable_since[i].is_some_and(|s| now.saturating_duration_since(s) >= self.dwell)
+    }
+
+    /// Whether pod `uid` has been routable for `--rebalance-dwell`: sessions adopted elsewhere
+    /// follow it as their owner only then.
+    pub(crate) fn is_settled(&self, uid: &str) -> bool {
+        let now = std::time::Instant::now();
+        self.snapshot
+            .peers
+            .iter()
+            .position(|p| p.uid == uid)
+            .is_some_and(|i| self.settled_at(i, now))
+    }
+
+    /// The view of `snapshot`, following `previous`: a pod routable in both keeps the instant
+    /// it became routable.
+    pub(crate) fn after(snapshot: Snapshot, previous: &View) -> Self {
+        let mut view = Self::new(snapshot).with_dwell(previous.dwell);
+        for (i, peer) in view.snapshot.peers.iter().enumerate() {
+            if view.routable_since[i].is_some()
+                && let Some(since) = previous.routable_since(&peer.uid)
+            {
+                view.routable_since[i] = Some(since);
+            }
+        }
+        view
+    }
+
+    /// Since when this sidecar has seen pod `uid` routable without a break.
+    pub(crate) fn routable_since(&self, uid: &str) -> Option<std::time::Instant> {
+        let i = self.snapshot.peers.iter().position(|p| p.uid == uid)?;
+        self.routable_since[i]
     }
 
     /// The snapshot this view was built from.
@@ -193,17 +247,31 @@ impl View {
     /// `key`'s HRW order (adopted sessions live on `owner(S)`, and the runner-up is the owner
     /// from before the last join, still holding S until it moves), then the other routable or
     /// draining pods in `ranked(S)` order.
+    ///
+    /// After the owner come the settled pods of the preferred set, then the others: a session
+    /// adopted elsewhere follows a new owner only once it settled (`--rebalance-dwell`), so
+    /// until then it is on the owner among the settled pods, which the walk asks second however
+    /// many pods joined meanwhile.
     pub(crate) fn walk(&self, key: &str) -> impl Iterator<Item = &Peer> {
+        let now = std::time::Instant::now();
         let preferred = self.preferred.ranked(key);
+        let (owner, others) = preferred.split_first().unwrap_or((&usize::MAX, &[]));
+        let settled = others.iter().copied().filter(|&i| self.settled_at(i, now));
+        let unsettled = others.iter().copied().filter(|&i| !self.settled_at(i, now));
         let rest = self
             .alive
             .ranked(key)
             .into_iter()
             .filter(|&i| !self.in_preferred[i]);
-        preferred
+        (*owner != usize::MAX)
+            .then_some(*owner)
             .into_iter()
+            .chain(settled)
+            .chain(unsettled)
             .chain(rest)
             .map(|i| &self.snapshot.peers[i])
+            .collect::<Vec<_>>()
+            .into_iter()
     }
 
     /// Routable pods, oldest first.
@@ -229,6 +297,19 @@ pub(crate) struct MembershipSink {
     terminating: Arc<tokio::sync::watch::Sender<bool>>,
     /// Counts the views published.
     changes: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Whether the view is known to be current, and since when it may not be.
+    freshness: Arc<parking_lot::Mutex<Freshness>>,
+}
+
+/// Whether a sink's view is current (`docs/design/routing.md#membership`).
+#[derive(Debug, Clone, Copy)]
+struct Freshness {
+    /// The source delivered a complete view at least once.
+    known: bool,
+    /// The source fails to read its input.
+    failing: bool,
+    /// When the source last confirmed its view (or the sink was made).
+    confirmed: std::time::Instant,
 }
 
 impl std::fmt::Debug for MembershipSink {
@@ -247,6 +328,11 @@ impl MembershipSink {
             metrics,
             terminating: Arc::new(tokio::sync::watch::channel(false).0),
             changes: Arc::new(tokio::sync::watch::channel(0).0),
+            freshness: Arc::new(parking_lot::Mutex::new(Freshness {
+                known: false,
+                failing: false,
+                confirmed: std::time::Instant::now(),
+            })),
         };
         sink.update_gauges(&sink.view.load());
         sink
@@ -263,7 +349,7 @@ impl MembershipSink {
         if self.view.load().snapshot == snapshot {
             return false;
         }
-        let view = Arc::new(View::new(snapshot));
+        let view = Arc::new(View::after(snapshot, &self.view.load()));
         self.update_gauges(&view);
         tracing::info!(
             source,
@@ -276,6 +362,42 @@ impl MembershipSink {
         self.metrics.membership_change(source);
         self.changes.send_modify(|n| *n += 1);
         true
+    }
+
+    /// The source's view is complete and current now: it read its input (the peers file), or
+    /// its watch delivered an event after its first complete list.
+    pub(crate) fn confirm(&self) {
+        *self.freshness.lock() = Freshness {
+            known: true,
+            failing: false,
+            confirmed: std::time::Instant::now(),
+        };
+    }
+
+    /// The source cannot read its input now; the view it last confirmed stays in force.
+    pub(crate) fn failing(&self) {
+        self.freshness.lock().failing = true;
+    }
+
+    /// Whether the source delivered a complete view yet (until then the pod is not ready).
+    pub(crate) fn is_known(&self) -> bool {
+        self.freshness.lock().known
+    }
+
+    /// How old the view may be at `now`: zero while the source reads its input, else the time
+    /// since it last did (since the sink was made, before a first complete view).
+    pub(crate) fn age(&self, now: std::time::Instant) -> std::time::Duration {
+        let f = *self.freshness.lock();
+        if f.known && !f.failing {
+            return std::time::Duration::ZERO;
+        }
+        now.saturating_duration_since(f.confirmed)
+    }
+
+    /// Pods count as settled once routable for `dwell` (`--rebalance-dwell`).
+    pub(crate) fn set_dwell(&self, dwell: std::time::Duration) {
+        let view = View::after(self.view.load().snapshot.clone(), &self.view.load());
+        self.view.store(Arc::new(view.with_dwell(dwell)));
     }
 
     /// Changes with every view published (the peer prober probes new peers at once).
@@ -333,6 +455,111 @@ mod tests {
             state,
             revision: revision.into(),
         }
+    }
+
+    #[test]
+    fn a_view_is_trusted_once_known_and_ages_while_its_source_fails() {
+        let sink = MembershipSink::new(Snapshot::default(), Arc::new(Metrics::new()));
+        let later = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        assert!(!sink.is_known());
+        assert!(
+            sink.age(later) >= std::time::Duration::from_secs(5),
+            "unknown: as old as the sink"
+        );
+        sink.confirm();
+        assert!(sink.is_known());
+        assert_eq!(sink.age(later), std::time::Duration::ZERO);
+        sink.failing();
+        assert!(sink.is_known(), "a failing source keeps its last view");
+        assert!(sink.age(later) >= std::time::Duration::from_secs(4));
+        sink.confirm();
+        assert_eq!(sink.age(later), std::time::Duration::ZERO);
+    }
+
+    #[test]
+    fn a_pod_stays_routable_since_it_first_was_until_it_is_not() {
+        let first = View::new(Snapshot {
+            peers: vec![
+                peer("a", PeerState::Routable, "v1"),
+                peer("b", PeerState::Draining, "v1"),
+            ],
+        });
+        let a_since = first.routable_since("a").unwrap();
+        assert_eq!(first.routable_since("b"), None);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let second = View::after(
+            Snapshot {
+                peers: vec![
+                    peer("a", PeerState::Routable, "v1"),
+                    peer("b", PeerState::Routable, "v1"),
+                ],
+            },
+            &first,
+        );
+        assert_eq!(
+            second.routable_since("a"),
+            Some(a_since),
+            "still routable: the same instant"
+        );
+        assert!(
+            second.routable_since("b").unwrap() > a_since,
+            "newly routable: now"
+        );
+        let third = View::after(
+            Snapshot {
+                peers: vec![
+                    peer("a", PeerState::Draining, "v1"),
+                    peer("b", PeerState::Routable, "v1"),
+                ],
+            },
+            &second,
+        );
+        assert_eq!(third.routable_since("a"), None);
+        let fourth = View::after(
+            Snapshot {
+                peers: vec![peer("a", PeerState::Routable, "v1")],
+            },
+            &third,
+        );
+        assert!(
+            fourth.routable_since("a").unwrap() > a_since,
+            "a break starts the clock again"
+        );
+    }
+
+    #[test]
+    fn the_walk_asks_the_owner_then_the_settled_pods() {
+        let snap = Snapshot {
+            peers: ["a", "b", "c", "d"]
+                .map(|u| peer(u, PeerState::Routable, "v1"))
+                .to_vec(),
+        };
+        let mut view = View::new(snap).with_dwell(std::time::Duration::from_secs(60));
+        // a and b have been routable for an hour, c and d just joined.
+        let long_ago = std::time::Instant::now() - std::time::Duration::from_secs(3600);
+        view.routable_since[0] = Some(long_ago);
+        view.routable_since[1] = Some(long_ago);
+        for i in 0..200 {
+            let key = format!("session-{i}");
+            let walk: Vec<&str> = view.walk(&key).map(|p| p.uid.as_str()).collect();
+            let hrw: Vec<&str> = view.ranked(&key).map(|p| p.uid.as_str()).collect();
+            assert_eq!(walk[0], hrw[0], "the owner first");
+            let settled_owner = hrw.iter().find(|u| ["a", "b"].contains(u)).unwrap();
+            let second = if ["a", "b"].contains(&walk[0]) {
+                hrw.iter()
+                    .filter(|u| ["a", "b"].contains(u))
+                    .nth(1)
+                    .unwrap()
+            } else {
+                settled_owner
+            };
+            assert_eq!(
+                walk[1], *second,
+                "then the settled pods in HRW order: {walk:?}"
+            );
+            assert_eq!(walk.len(), 4);
+        }
+        assert!(view.is_settled("a") && !view.is_settled("c"));
     }
 
     #[test]

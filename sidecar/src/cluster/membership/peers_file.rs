@@ -163,6 +163,7 @@ impl Membership for PeersFile {
             let text = match tokio::fs::read_to_string(&self.path).await {
                 Ok(text) => text,
                 Err(e) => {
+                    sink.failing();
                     report(
                         &mut last_error,
                         PeersFileError::Read {
@@ -175,6 +176,9 @@ impl Membership for PeersFile {
             };
             if last_text.as_deref() == Some(text.as_str()) {
                 pending = None;
+                if last_error.is_none() {
+                    sink.confirm();
+                }
                 continue;
             }
             if pending.as_deref() != Some(text.as_str()) {
@@ -187,8 +191,12 @@ impl Membership for PeersFile {
                 Ok(snapshot) => {
                     last_error = None;
                     sink.publish(SOURCE, snapshot);
+                    sink.confirm();
                 }
-                Err(e) => report(&mut last_error, e),
+                Err(e) => {
+                    sink.failing();
+                    report(&mut last_error, e);
+                }
             }
             last_text = Some(text);
         }
