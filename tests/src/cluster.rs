@@ -30,6 +30,9 @@ pub struct Member {
     /// The pod's revision (a Deployment's `pod-template-hash`); the youngest routable pod's is
     /// the newest.
     pub revision: String,
+    /// Where its peers reach it (its MCP port there, and the peer port of the same address):
+    /// its IP, or the address of something in front of it ([`Cluster::reach_via`]).
+    pub address: Ipv4Addr,
 }
 
 impl Member {
@@ -39,6 +42,7 @@ impl Member {
             ip,
             state,
             revision: FIRST_REVISION.to_owned(),
+            address: ip,
         }
     }
 }
@@ -100,6 +104,19 @@ impl Cluster {
         self.revision = revision.into();
     }
 
+    /// Sets the spec of the pods [`Cluster::add`] starts from now on (a new sidecar, as in a
+    /// rollout of tether itself).
+    pub fn set_spec(&mut self, spec: PodSpec) {
+        self.spec = spec;
+    }
+
+    /// Sets the endpoint's Secret the pods [`Cluster::add`] starts from now on mount
+    /// ([`PodSpec::key_ring`]): the key ring as it is at that moment of a rotation. The running
+    /// pods' volumes are not touched ([`Pod::mount_keys`]).
+    pub fn set_key_ring(&mut self, files: Option<crate::keyring::KeyFiles>) {
+        self.spec.key_ring = files;
+    }
+
     /// Starts a pod on `ip`, then adds it (routable, as the youngest, of the current revision)
     /// to everyone's membership. Returns its index in [`Cluster::pods`].
     ///
@@ -108,9 +125,8 @@ impl Cluster {
     pub async fn add(&mut self, ip: Ipv4Addr) -> Result<usize> {
         let mut members = self.members.clone();
         members.push(Member {
-            ip,
-            state: "routable",
             revision: self.revision.clone(),
+            ..Member::new(ip, "routable")
         });
         let path = self.peers_path(ip);
         std::fs::write(&path, render(&members))?;
@@ -135,6 +151,20 @@ impl Cluster {
                 }
             }
             None => members.retain(|m| m.ip != ip),
+        }
+        self.publish(members).await
+    }
+
+    /// Makes everyone's membership name `address` as where the pod on `ip` is reached (its UID
+    /// unchanged): peers then probe, push to and forward to whatever listens there, e.g. relays
+    /// in front of the pod's ports.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the change does not propagate.
+    pub async fn reach_via(&mut self, ip: Ipv4Addr, address: Ipv4Addr) -> Result<()> {
+        let mut members = self.members.clone();
+        for m in members.iter_mut().filter(|m| m.ip == ip) {
+            m.address = address;
         }
         self.publish(members).await
     }
@@ -328,7 +358,7 @@ pub fn render(members: &[Member]) -> String {
             out,
             "- {{uid: {}, address: '{}:{LISTEN_PORT}', state: {}, revision: '{}'}}",
             uid(m.ip),
-            m.ip,
+            m.address,
             m.state,
             m.revision
         );

@@ -11,6 +11,9 @@
 //! - [`pod`]: one pod (an MCP server, `tether-example-server`, the Python SDK fixture or the
 //!   benchmarks' `tether-bench-origin`, + sidecar) with its manifest, secret and logs;
 //! - [`cluster`]: several pods sharing a membership (`--peers-file`);
+//! - [`keyring`]: an endpoint's key ring through a rotation, mounted as the kubelet mounts a
+//!   Secret;
+//! - [`kube_api`]: a fake Kubernetes API server for the sidecar's Pod watch;
 //! - [`client`]: an MCP client on hyper that can cut its connection and resume with
 //!   `Last-Event-ID`;
 //! - [`call`]: one `slow` tool call with cuts and resumes, checked event by event;
@@ -19,7 +22,12 @@
 //! - [`rollout`]: a rolling replacement of every pod under such a load, in a [`rollout::RolloutReport`];
 //! - [`scenario`]: a cluster whose first pod drains and hands its sessions off, for faults
 //!   injected around the move;
-//! - [`relay`]: a TCP relay that cuts every connection on demand (for clients we do not control);
+//! - [`relay`]: a TCP relay that cuts every connection on demand (for clients we do not control),
+//!   or refuses connections for a while (a pod's port unavailable);
+//! - [`tap`]: a relay in front of a plaintext peer port that records each request passing and can
+//!   withhold answers (to replay a captured message, to lose an acknowledgement);
+//! - [`trickle`]: slow connections that send their bytes one at a time (slow-loris clients);
+//! - [`stand_in`]: something in the membership that is no sidecar and answers 200 to everything;
 //! - [`addr`]: unique loopback addresses per test;
 //! - [`repo`]: files of this repository, for the tests that check them;
 //! - [`table`]: the plain-text tables the reports print.
@@ -31,6 +39,8 @@ pub mod call;
 pub mod client;
 pub mod cluster;
 pub mod follow;
+pub mod keyring;
+pub mod kube_api;
 pub mod load;
 pub mod pod;
 pub mod relay;
@@ -38,7 +48,10 @@ pub mod repo;
 pub mod rollout;
 pub mod scenario;
 pub mod serve;
+pub mod stand_in;
 pub mod table;
+pub mod tap;
+pub mod trickle;
 
 /// Errors of the harness.
 #[derive(Debug, thiserror::Error)]

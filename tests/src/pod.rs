@@ -151,8 +151,20 @@ pub struct PodSpec {
     /// The `tether-sidecar` binary to run; `None`: the workspace's ([`bins::path`]). A
     /// benchmark compares another build's sidecar with this one so.
     pub sidecar_bin: Option<PathBuf>,
-    /// `spec.peer.tls`: mutual TLS between the sidecars (the default, as in production).
+    /// `spec.peer.tls`: mutual TLS between the sidecars (the default, as in production). The
+    /// manifest names it only when `false`, so a sidecar of a release before the field reads it.
     pub peer_tls: bool,
+    /// Give the sidecar its key as one file (`--secret-file`, the current key of the ring),
+    /// as a sidecar of a release before the key ring takes it.
+    pub secret_file: bool,
+    /// The endpoint's Secret this pod mounts (`--secret-dir`), written as the kubelet writes a
+    /// Secret volume ([`crate::keyring::mount`]) so that [`Pod::mount_keys`] can update it
+    /// atomically later: an endpoint whose key ring rotates. `None`: the key ring every test
+    /// endpoint of the process shares ([`key_ring`]), as plain files.
+    pub key_ring: Option<crate::keyring::KeyFiles>,
+    /// Environment variables added to the sidecar's, e.g. `KUBECONFIG` for a Pod watch against
+    /// a fake API server ([`crate::kube_api`]).
+    pub sidecar_env: Vec<(String, String)>,
 }
 
 impl Default for PodSpec {
@@ -181,6 +193,9 @@ impl Default for PodSpec {
             server_args: Vec::new(),
             sidecar_bin: None,
             peer_tls: true,
+            secret_file: false,
+            key_ring: None,
+            sidecar_env: Vec::new(),
         }
     }
 }
@@ -203,7 +218,7 @@ impl PodSpec {
              \x20 upstream: {{port: {UPSTREAM_PORT}, path: /mcp, forwardOrigin: {}}}\n\
              \x20 listen: {{port: {LISTEN_PORT}, path: /mcp}}\n\
              \x20 admin: {{port: {ADMIN_PORT}}}\n\
-             \x20 peer: {{port: {PEER_PORT}, tls: {}}}\n\
+             \x20 peer: {{port: {PEER_PORT}{}}}\n\
              \x20 origins: {{allow: [{}], allowMissing: {}}}\n\
              \x20 protocolVersions: [{}]\n\
              \x20 buffer: {{maxEvents: {}, maxBytes: {}, ttl: {}}}\n\
@@ -211,7 +226,7 @@ impl PodSpec {
              \x20 drain: {{timeout: {}}}\n\
              \x20 auth: {{revalidate: {}}}\n",
             self.forward_origin,
-            self.peer_tls,
+            if self.peer_tls { "" } else { ", tls: false" },
             quote(&self.origins),
             self.allow_missing_origin,
             quote(&self.versions),
@@ -268,16 +283,30 @@ impl Pod {
     /// # Errors
     /// [`HarnessError`] when a binary is missing or a process does not become ready.
     pub async fn start_at(ip: Ipv4Addr, spec: PodSpec) -> Result<Self> {
+        let mut pod = Self::launch_at(ip, spec)?;
+        pod.wait_ready().await?;
+        Ok(pod)
+    }
+
+    /// Starts the MCP server and the sidecar on `ip` without waiting for the sidecar to be
+    /// ready: for a test of what a pod does before it is ([`Pod::wait_ready`] waits).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when a binary is missing or a file cannot be written.
+    pub fn launch_at(ip: Ipv4Addr, spec: PodSpec) -> Result<Self> {
         let mut dir = tempfile::tempdir()?;
         if std::env::var_os(KEEP_LOGS).is_some() {
             dir.disable_cleanup(true);
             eprintln!("pod {ip}: logs kept in {}", dir.path().display());
         }
         std::fs::write(dir.path().join("endpoint.yaml"), spec.manifest())?;
-        write_key_ring(&dir.path().join(KEYS_DIR))?;
+        match &spec.key_ring {
+            Some(files) => crate::keyring::mount(&dir.path().join(KEYS_DIR), files)?,
+            None => write_key_ring(&dir.path().join(KEYS_DIR))?,
+        }
         let server = spawn_server(ip, &spec, dir.path().join("server.log"))?;
         let sidecar = spawn_sidecar(ip, &spec, dir.path())?;
-        let mut pod = Self {
+        Ok(Self {
             ip,
             mcp_url: format!("http://{ip}:{LISTEN_PORT}/mcp"),
             admin_url: format!("http://{ip}:{ADMIN_PORT}"),
@@ -288,9 +317,37 @@ impl Pod {
             server,
             sidecar,
             http: Http::new(),
-        };
-        pod.wait_ready().await?;
-        Ok(pod)
+        })
+    }
+
+    /// Updates the pod's Secret volume to `files`, atomically, as the kubelet does when the
+    /// endpoint's Secret changed ([`crate::keyring::mount`]); the sidecar reloads its key ring
+    /// within a second.
+    ///
+    /// # Errors
+    /// [`HarnessError::Io`] when a file cannot be written.
+    pub fn mount_keys(&self, files: &crate::keyring::KeyFiles) -> Result<()> {
+        crate::keyring::mount(&self.dir.path().join(KEYS_DIR), files)
+    }
+
+    /// The sidecar's `GET /keys`: the key ring it loaded and its sessions by minting key.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when it cannot be read.
+    pub async fn key_report(&self) -> Result<tether_crds::keyring::KeyReport> {
+        crate::keyring::key_report(&self.http, &self.admin_url).await
+    }
+
+    /// The status of the sidecar's `GET /readyz`.
+    ///
+    /// # Errors
+    /// [`HarnessError::Http`] when the exchange fails.
+    pub async fn readyz(&self) -> Result<StatusCode> {
+        Ok(self
+            .http
+            .get_text(&format!("{}/readyz", self.admin_url))
+            .await?
+            .0)
     }
 
     /// Replaces the sidecar's endpoint file with `manifest`, atomically (written aside, then
@@ -310,7 +367,11 @@ impl Pod {
         McpClient::new(self.mcp_url.clone())
     }
 
-    async fn wait_ready(&mut self) -> Result<()> {
+    /// Waits (at most [`READY_TIMEOUT`]) until the sidecar's `/readyz` answers 200.
+    ///
+    /// # Errors
+    /// [`HarnessError::Start`] when a process exits first or the time is up.
+    pub async fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let url = format!("{}/readyz", self.admin_url);
         loop {
@@ -686,6 +747,19 @@ fn spawn_server(ip: Ipv4Addr, spec: &PodSpec, log: PathBuf) -> Result<Child> {
         .spawn()?)
 }
 
+/// The flags that give the sidecar the endpoint's key ring (see [`PodSpec::secret_file`]).
+fn secret_args(spec: &PodSpec, dir: &std::path::Path) -> [std::ffi::OsString; 2] {
+    let keys = dir.join(KEYS_DIR);
+    if spec.secret_file {
+        [
+            "--secret-file".into(),
+            keys.join(tether_crds::keyring::CURRENT_KEY).into(),
+        ]
+    } else {
+        ["--secret-dir".into(), keys.into()]
+    }
+}
+
 fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<Child> {
     let (out, err) = log_file(dir.join("sidecar.log"))?;
     let bin = match &spec.sidecar_bin {
@@ -699,13 +773,13 @@ fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<
         .arg(ip.to_string())
         .arg("--pod-uid")
         .arg(uid(ip))
-        .arg("--secret-dir")
-        .arg(dir.join(KEYS_DIR))
+        .args(secret_args(spec, dir))
         .arg("--upstream")
         .arg(format!("{ip}:{UPSTREAM_PORT}"))
         .arg("--drain-socket")
         .arg(dir.join(DRAIN_SOCKET))
         .args(&spec.sidecar_args)
+        .envs(spec.sidecar_env.iter().map(|(k, v)| (k, v)))
         .env(
             "RUST_LOG",
             std::env::var("TETHER_TEST_LOG").unwrap_or_else(|_| "info".into()),

@@ -1,6 +1,7 @@
 //! Serving HTTP/1 on hyper, for the workspace's own MCP servers (`tether-example-server`,
 //! `tether-bench-origin`): every connection in a task of its own, `TCP_NODELAY` set (small SSE
-//! writes must not wait for Nagle's algorithm), until SIGTERM or Ctrl-C.
+//! writes must not wait for Nagle's algorithm), until SIGTERM or Ctrl-C — or, for a server
+//! inside a test process ([`crate::stand_in`]), until a future of the caller's.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,6 +24,26 @@ where
     Fut: Future<Output = Response<B>> + Send + 'static,
     B: Body<Data = Bytes, Error = Infallible> + Send + 'static,
 {
+    http1_until(listener, name, handle, shutdown_signal()).await
+}
+
+/// [`http1`] until `stop` resolves instead of a signal (a server inside a test process, which
+/// must leave the process's signals alone).
+///
+/// # Errors
+/// None so far: the result is the server's exit, `Ok` once `stop` resolved.
+pub async fn http1_until<F, Fut, B>(
+    listener: TcpListener,
+    name: &str,
+    handle: F,
+    stop: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes, Error = Infallible> + Send + 'static,
+{
+    tokio::pin!(stop);
     loop {
         let (io, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -33,7 +54,7 @@ where
                     continue;
                 }
             },
-            () = shutdown_signal() => return Ok(()),
+            () = &mut stop => return Ok(()),
         };
         let _ = io.set_nodelay(true);
         let handle = handle.clone();

@@ -10,6 +10,8 @@
 //! By default the MCP servers require bearer tokens (`--auth false` turns that off): each client
 //! is its own user with short-lived tokens, refreshed before expiry or — for some clients —
 //! only after a 401, and now and then another user tries a client's session.
+//! With `--old-bin-dir DIR` the old pods run the sidecar in `DIR` (a previous release's build)
+//! and the new pods this build's: a rolling upgrade of tether itself.
 //! Exits 1 when the handoff column is not clean (a client-visible 404, a lost, duplicated or
 //! foreign event, a tool executed twice, a request without credentials at an MCP server, another
 //! user served in a session, any other client error), 2 when the demo itself could not run.
@@ -18,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tether_tests::rollout::{self, AuthLoad, RolloutConfig, RolloutReport};
+use tether_tests::rollout::{self, AuthLoad, OldSidecar, RolloutConfig, RolloutReport};
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -77,11 +79,27 @@ struct Args {
     /// Probability that, after a `slow` call, another user sends a request in the session.
     #[arg(long, default_value_t = 0.05)]
     probe_probability: f64,
+    /// A directory holding the `tether-sidecar` of another build (a previous release): the old
+    /// pods run it, the new pods this build's — a rolling upgrade of tether itself.
+    #[arg(long, value_name = "DIR")]
+    old_bin_dir: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    let old_sidecar = match args
+        .old_bin_dir
+        .as_deref()
+        .map(OldSidecar::in_dir)
+        .transpose()
+    {
+        Ok(old) => old,
+        Err(e) => {
+            eprintln!("tether-demo: the old sidecar: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let cfg = RolloutConfig {
         pods: args.pods,
         sessions: args.sessions,
@@ -99,6 +117,7 @@ async fn main() -> ExitCode {
             lazy_fraction: args.lazy_refresh_fraction,
             probe_probability: args.probe_probability,
         }),
+        old_sidecar,
         ..RolloutConfig::default()
     };
     println!(

@@ -29,7 +29,7 @@ use crate::client::{McpClient, Session, result_text};
 use crate::{HarnessError, load};
 
 /// The `iss` of every token of a rollout.
-const ISSUER: &str = "https://idp.example";
+pub(super) const ISSUER: &str = "https://idp.example";
 /// How long a finishing session waits for the notifications of its GET stream.
 const NOTIFY_WAIT: Duration = Duration::from_secs(5);
 /// Pause after a failed exchange (an `initialize`, a round) before the next try.

@@ -29,9 +29,14 @@
 //! 4. its sidecar metrics and peak RSS are read, SIGTERM goes to the sidecar (waited for), the
 //!    example server's `/stats` are read and the server stops;
 //! 5. the pod leaves every peers file.
+//!
+//! With [`RolloutConfig::rotate_key`], the endpoint's key rotates during the rollout, in the
+//! operator's three steps interleaved with the replacements (module `rotation`, its
+//! [`RotationReport`] in the report).
 
 mod clients;
 mod report;
+mod rotation;
 mod standalone;
 
 use std::net::Ipv4Addr;
@@ -39,6 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use report::{AuthFigures, DrainRecord, RolloutReport, SidecarCounters, table};
+pub use rotation::{RotationReport, RotationStep};
 
 use crate::auth::Issuer;
 use crate::client::{McpClient, PUBLIC_HEADERS};
@@ -100,6 +106,46 @@ pub struct RolloutConfig {
     pub auth: Option<AuthLoad>,
     /// The MCP server of every pod.
     pub upstream: Upstream,
+    /// The sidecar the pods run before the rollout, when it is not the new pods' (a rollout of
+    /// tether itself); `None`: the same sidecar before and after.
+    pub old_sidecar: Option<OldSidecar>,
+    /// Rotate the endpoint's key during the rollout: stage after the first replacement,
+    /// promote after the second, retire once no session of the old key is left (module
+    /// `rotation`). The pods then mount a key ring of their own, each in its own Secret volume.
+    pub rotate_key: bool,
+}
+
+/// The sidecar of the pods before a rollout of tether itself.
+#[derive(Clone, Debug, Default)]
+pub struct OldSidecar {
+    /// Its binary; `None`: the workspace's.
+    pub bin: Option<std::path::PathBuf>,
+    /// Flags added to its command line (e.g. `--peer-max-protocol 1`, the previous release's
+    /// peer protocol).
+    pub args: Vec<String>,
+    /// It takes its key as one file (`--secret-file`): a release before the key ring.
+    pub secret_file: bool,
+}
+
+impl OldSidecar {
+    /// The previous release's sidecar in `dir` (its `tether-sidecar`), as a rollout of tether
+    /// runs it: with `--secret-file` when it does not know `--secret-dir`.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the binary cannot be run.
+    pub fn in_dir(dir: &std::path::Path) -> Result<Self> {
+        let bin = dir.join("tether-sidecar");
+        let help = std::process::Command::new(&bin)
+            .arg("--help")
+            .output()
+            .map_err(|e| HarnessError::Start(format!("{}: {e}", bin.display())))?;
+        let key_ring = String::from_utf8_lossy(&help.stdout).contains("--secret-dir");
+        Ok(Self {
+            bin: Some(bin),
+            args: Vec::new(),
+            secret_file: !key_ring,
+        })
+    }
 }
 
 /// How the clients of an authenticated rollout use their tokens.
@@ -149,6 +195,8 @@ impl Default for RolloutConfig {
             ramp_up: Duration::from_secs(1),
             auth: Some(AuthLoad::default()),
             upstream: Upstream::Example,
+            old_sidecar: None,
+            rotate_key: false,
         }
     }
 }
@@ -162,16 +210,33 @@ impl RolloutConfig {
         }
     }
 
-    /// The run's name, the title of its column: `handoff`, `baseline` or the migration mode
-    /// when it is not `Replay` (e.g. `Pin`).
+    /// The run's name, the title of its column: `handoff`, `baseline`, the migration mode
+    /// when it is not `Replay` (e.g. `Pin`), `upgrade` for a rollout of tether itself, or
+    /// `rotation` for one during which the key rotates.
     pub fn label(&self) -> String {
         if self.migration != "Replay" {
             self.migration.clone()
-        } else if self.handoff {
-            "handoff".into()
-        } else {
+        } else if !self.handoff {
             "baseline".into()
+        } else if self.old_sidecar.is_some() {
+            "upgrade".into()
+        } else if self.rotate_key {
+            "rotation".into()
+        } else {
+            "handoff".into()
         }
+    }
+
+    /// The spec of the pods before the rollout: [`RolloutConfig::pod_spec`] with the old
+    /// sidecar, when there is one.
+    fn old_pod_spec(&self, issuer: Option<&Issuer>) -> PodSpec {
+        let mut spec = self.pod_spec(issuer);
+        if let Some(old) = &self.old_sidecar {
+            spec.sidecar_bin.clone_from(&old.bin);
+            spec.sidecar_args.extend(old.args.iter().cloned());
+            spec.secret_file = old.secret_file;
+        }
+        spec
     }
 
     /// The pods' spec: MCP servers defending against DNS rebinding, accepting `issuer`'s
@@ -211,6 +276,12 @@ impl RolloutConfig {
                 "a rollout needs at least one pod".into(),
             ));
         }
+        if self.rotate_key && self.old_sidecar.as_ref().is_some_and(|o| o.secret_file) {
+            return Err(HarnessError::Start(
+                "a sidecar given one key file (--secret-file) never reloads it: no key rotation"
+                    .into(),
+            ));
+        }
         let old = (0..self.pods).map(|_| addr::next_ip()).collect();
         let new = (0..self.pods).map(|_| addr::next_ip()).collect();
         Ok((old, new))
@@ -230,8 +301,16 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
         Some(_) => Some(Arc::new(Issuer::new()?)),
         None => None,
     };
-    let mut cluster = Cluster::start(&old, cfg.pod_spec(issuer.as_deref())).await?;
+    let mut rotation = cfg
+        .rotate_key
+        .then(|| rotation::Rotation::new(issuer.as_deref()))
+        .transpose()?;
+    let mut old_spec = cfg.old_pod_spec(issuer.as_deref());
+    old_spec.key_ring = rotation.as_ref().map(rotation::Rotation::files);
+    let mut cluster = Cluster::start(&old, old_spec).await?;
     cluster.set_revision(NEW_REVISION);
+    cluster.set_spec(cfg.pod_spec(issuer.as_deref()));
+    cluster.set_key_ring(rotation.as_ref().map(rotation::Rotation::files));
     let client = McpClient::spread(cluster.routable_urls()).honouring_retry_after();
     client.set_headers(&PUBLIC_HEADERS);
     let mut rollout = Rollout {
@@ -251,12 +330,34 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
         ));
     }
     rollout.step("every session initialized; rolling out".into());
-    for (&old, &new) in old.iter().zip(&new) {
+    if let Some(rotation) = &mut rotation {
+        rotation.mint_witness(&cluster).await;
+    }
+    for (i, (&old, &new)) in old.iter().zip(&new).enumerate() {
         rollout.replace(&mut cluster, &client, old, new).await?;
+        if let Some(rotation) = &mut rotation {
+            rotation.joined(&cluster, new).await;
+            if i == 0 {
+                rotation.stage(&mut cluster, &mut rollout).await;
+            }
+            if i == 1.min(cfg.pods - 1) {
+                rotation.promote(&mut cluster, &mut rollout).await;
+            }
+        }
+    }
+    let mut retired = true;
+    if let Some(rotation) = &mut rotation {
+        retired = rotation.retire_if_unused(&mut cluster, &mut rollout).await;
     }
     rollout.step("rollout done; every session makes its last calls".into());
     let figures = load.finish(FINISH_TIMEOUT).await;
     rollout.step("load done".into());
+    if let Some(rotation) = &mut rotation
+        && !retired
+    {
+        rotation.retire(&mut cluster, &mut rollout).await;
+    }
+    rollout.report.rotation = rotation.map(|r| r.report);
     for pod in &cluster.pods {
         rollout.read_sidecar(pod).await;
         rollout.read_stats(pod).await;

@@ -139,6 +139,8 @@ pub struct RolloutReport {
     /// Requests the MCP servers refused as not local (their DNS-rebinding defence: a `Host` or
     /// `Origin` tether should not have passed on).
     pub upstream_not_local: u64,
+    /// The key rotation during the rollout, with [`super::RolloutConfig::rotate_key`].
+    pub rotation: Option<super::RotationReport>,
 }
 
 impl RolloutReport {

@@ -233,11 +233,14 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
     let MembershipConfig::Kubernetes {
         namespace,
         selector,
+        deployment: target_name,
     } = &cfg.membership
     else {
         panic!("the injected sidecar must use the Kubernetes membership source")
     };
     assert_eq!(namespace, NAMESPACE);
+    // Only the target Deployment's pods are peers: the one the endpoint names.
+    assert_eq!(Some(target_name), deployment.metadata.name.as_ref());
     let pod_labels = deployment
         .spec
         .as_ref()
