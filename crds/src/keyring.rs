@@ -3,14 +3,16 @@
 //!
 //! | Secret key | what | who uses it |
 //! |---|---|---|
-//! | [`CURRENT_KEY`] (`secret`) | the current HMAC key (32 random bytes) | signs session ids, hop headers and peer messages |
+//! | [`CURRENT_KEY`] (`secret`) | the current HMAC key (32 random bytes as 64 hex characters) | signs session ids, hop headers and peer messages |
 //! | [`PREVIOUS_KEY`] (`previous`) | the key before the last rotation, while sessions minted with it live | verifies |
 //! | [`NEXT_KEY`] (`next`) | the key a rotation under way will promote | verifies |
 //! | [`TLS_CERT`], [`TLS_KEY`] (`tls.crt`, `tls.key`) | the current peer certificate and its PKCS#8 key (PEM) | presented on the peer port, both ways |
 //! | [`CA_BUNDLE`] (`ca.crt`) | the per-endpoint CA certificates a peer certificate must chain to (PEM, one or more) | trusted |
 //! | [`NEXT_TLS_CERT`], [`NEXT_TLS_KEY`] | the certificate a rotation under way will promote (staged; sidecars ignore them) | the operator |
 //!
-//! A **key id** names a key without revealing it: the first 4 bytes of
+//! A key file's **key** is its content without surrounding ASCII whitespace ([`key_material`]):
+//! a Secret made by hand with `echo` ends in a newline that is not part of the key. A **key id**
+//! names a key without revealing it: the first 4 bytes of
 //! SHA-256(`tether/key-id/v1\0` ‖ key), as 8 lowercase hex characters ([`key_id`]). Session ids,
 //! hop headers and peer MACs carry it, so a verifier picks the right key of the ring.
 //!
@@ -48,18 +50,26 @@ pub const NEXT_TLS_KEY: &str = "next-tls.key";
 /// The DNS name every peer certificate carries and every sidecar asks for (TLS SNI): peers are
 /// reached by pod IP, so the name is the endpoint's, not a host's.
 pub const PEER_SERVER_NAME: &str = "tether-peer";
-/// Bytes of a new HMAC key.
+/// Random bytes of a new HMAC key (written as twice as many hex characters, so no byte of it is
+/// whitespace a reader would trim).
 pub const KEY_BYTES: usize = 32;
 /// Shortest HMAC key a sidecar accepts, in bytes (128 bits).
 pub const MIN_KEY_BYTES: usize = 16;
 /// Characters of a key id.
 pub const KEY_ID_LEN: usize = 8;
 
-/// The id of an HMAC key: 8 lowercase hex characters (module docs).
+/// The key a key file holds: its content `raw` without surrounding ASCII whitespace (module
+/// docs). The operator and the sidecar both read keys through it, so they agree on key ids.
+pub fn key_material(raw: &[u8]) -> &[u8] {
+    raw.trim_ascii()
+}
+
+/// The id of the HMAC key in the key file content `key`: 8 lowercase hex characters of its
+/// [`key_material`] (module docs).
 pub fn key_id(key: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update(b"tether/key-id/v1\0");
-    h.update(key);
+    h.update(key_material(key));
     hex::encode(&h.finalize()[..KEY_ID_LEN / 2])
 }
 
@@ -71,7 +81,7 @@ pub struct GenerateError(#[from] rcgen::Error);
 /// One HMAC key with its CA and peer certificate (module docs).
 #[derive(Clone)]
 pub struct Generation {
-    /// The HMAC key ([`KEY_BYTES`] random bytes).
+    /// The HMAC key: [`KEY_BYTES`] random bytes as lowercase hex text.
     pub key: Vec<u8>,
     /// The CA certificate, PEM.
     pub ca_pem: String,
@@ -97,8 +107,8 @@ impl Generation {
     /// [`GenerateError`] when the certificates cannot be made (not expected: the parameters are
     /// fixed).
     pub fn new(label: &str) -> Result<Self, GenerateError> {
-        let key: [u8; KEY_BYTES] = rand::random();
-        Self::with_key(label, &key)
+        let key = hex::encode(rand::random::<[u8; KEY_BYTES]>());
+        Self::with_key(label, key.as_bytes())
     }
 
     /// A generation around an existing HMAC `key` with a new CA and leaf, whose common names
@@ -190,13 +200,23 @@ mod tests {
         );
         assert_eq!(id, key_id(b"0123456789abcdef"));
         assert_ne!(id, key_id(b"0123456789abcdeg"));
+        assert_eq!(
+            id,
+            key_id(b" 0123456789abcdef\n"),
+            "surrounding whitespace is not part of the key"
+        );
+        assert_eq!(key_material(b"\t\x0cab c\r\n"), b"ab c");
     }
 
     #[test]
     fn a_generation_holds_a_ca_a_leaf_and_a_fresh_key() {
         let a = Generation::new("ns/ep").unwrap();
         let b = Generation::new("ns/ep").unwrap();
-        assert_eq!(a.key.len(), KEY_BYTES);
+        assert_eq!(a.key.len(), 2 * KEY_BYTES);
+        assert!(
+            a.key.iter().all(u8::is_ascii_hexdigit),
+            "text, nothing to trim"
+        );
         assert_ne!(a.key, b.key, "keys are random");
         assert_ne!(a.id(), b.id());
         assert!(a.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));

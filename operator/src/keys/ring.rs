@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use tether_crds::keyring::{
     CA_BUNDLE, CURRENT_KEY, Generation, MIN_KEY_BYTES, NEXT_KEY, NEXT_TLS_CERT, NEXT_TLS_KEY,
-    PREVIOUS_KEY, TLS_CERT, TLS_KEY, key_id,
+    PREVIOUS_KEY, TLS_CERT, TLS_KEY, key_id, key_material,
 };
 use tether_crds::spec::KeyPhase;
 
@@ -96,10 +96,15 @@ impl Ring {
         let key = |file: &'static str| -> Result<Option<Vec<u8>>, RingError> {
             match data.get(file) {
                 None => Ok(None),
-                Some(ByteString(k)) if k.len() < MIN_KEY_BYTES => Err(RingError::new(
-                    file,
-                    format!("{} bytes, fewer than {MIN_KEY_BYTES}", k.len()),
-                )),
+                Some(ByteString(k)) if key_material(k).len() < MIN_KEY_BYTES => {
+                    Err(RingError::new(
+                        file,
+                        format!(
+                            "{} bytes without surrounding whitespace, fewer than {MIN_KEY_BYTES}",
+                            key_material(k).len()
+                        ),
+                    ))
+                }
                 Some(ByteString(k)) => Ok(Some(k.clone())),
             }
         };

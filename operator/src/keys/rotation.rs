@@ -15,7 +15,7 @@
 //!
 //! Values present when the ring is created count as handled: only a change asks again.
 
-use tether_crds::keyring::{GenerateError, Generation, KeyReport, MIN_KEY_BYTES};
+use tether_crds::keyring::{GenerateError, Generation, KeyReport, MIN_KEY_BYTES, key_material};
 use tether_crds::spec::{KeyPhase, KeyRingStatus};
 
 use super::ring::{Ids, Ring};
@@ -343,7 +343,7 @@ fn create(
 ) -> Result<Decision, GenerateError> {
     let kept = legacy
         .and_then(|l| Some((l.name.as_str(), l.key.as_ref()?)))
-        .filter(|(_, key)| key.len() >= MIN_KEY_BYTES);
+        .filter(|(_, key)| key_material(key).len() >= MIN_KEY_BYTES);
     let generation = match kept {
         Some((_, key)) => Generation::with_key(label, key)?,
         None => Generation::new(label)?,

@@ -167,7 +167,11 @@ async fn a_new_endpoint_gets_a_key_ring_whose_certificate_chains_to_its_ca() {
     let ring = ring(&api);
     let files: Vec<&str> = ring.keys().map(String::as_str).collect();
     assert_eq!(files, ["ca.crt", "secret", "tls.crt", "tls.key"]);
-    assert_eq!(ring["secret"].len(), 32, "a fresh key, 16 bytes at least");
+    assert_eq!(ring["secret"].len(), 64, "32 random bytes as hex");
+    assert!(
+        ring["secret"].iter().all(u8::is_ascii_hexdigit),
+        "no byte a reader would trim"
+    );
     let stored_secret = stored(&api, SECRET_PATH);
     assert!(
         stored_secret.get("immutable").is_none(),

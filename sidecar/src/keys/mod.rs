@@ -420,7 +420,7 @@ fn read_files(dir: &Path) -> Result<Files, KeyError> {
 /// A key from the raw content of file `path`, trimmed of surrounding whitespace (a trailing
 /// newline from `echo` is common).
 fn key_of(path: &Path, raw: &[u8]) -> Result<Key, KeyError> {
-    let bytes = raw.trim_ascii();
+    let bytes = tether_crds::keyring::key_material(raw);
     if bytes.len() < MIN_KEY_BYTES {
         return Err(KeyError::TooShort {
             path: path.display().to_string(),
@@ -572,6 +572,18 @@ mod tests {
                 .id()
                 .to_string(),
             id
+        );
+    }
+
+    #[test]
+    fn the_sidecar_and_the_operator_agree_on_the_id_of_a_padded_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = b"\n 0123456789abcdef0123\t\n";
+        write(dir.path(), &[(CURRENT_KEY, raw)]);
+        let ring = KeyRing::from_dir(dir.path()).unwrap();
+        assert_eq!(
+            ring.current().id().to_string(),
+            tether_crds::keyring::key_id(raw)
         );
     }
 
