@@ -106,6 +106,13 @@ struct HopLabel {
     hop: u8,
 }
 
+/// Labels of `tether_peer_connects_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReusedLabel {
+    /// Whether a pooled connection was reused (`true`) or a new one opened (`false`).
+    reused: &'static str,
+}
+
 /// The sidecar's metrics.
 #[derive(Debug)]
 pub(crate) struct Metrics {
@@ -172,6 +179,8 @@ pub(crate) struct Metrics {
     forwards: Family<ForwardLabels, Counter>,
     /// Forwarded requests by the hop number they left with.
     forward_hops: Family<HopLabel, Counter>,
+    /// Connections forwarded requests went out on, pooled or new.
+    peer_connects: Family<ReusedLabel, Counter>,
     /// Peers the health probes currently find down, by cause (`refused`, `unresponsive`).
     peers_down: Family<Reason, Gauge>,
     /// Time from the start of a drain to its end (all requests done, or the deadline), in
@@ -268,6 +277,7 @@ impl Metrics {
             membership_age_seconds: Gauge::default(),
             forwards: Family::default(),
             forward_hops: Family::default(),
+            peer_connects: Family::default(),
             peers_down: Family::default(),
             drain_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             handoffs_sent: Counter::default(),
@@ -432,6 +442,11 @@ impl Metrics {
             "forward_hops",
             "Forwarded requests by hop number",
             m.forward_hops.clone(),
+        );
+        r.register(
+            "peer_connects",
+            "Connections forwarded requests went out on, by whether a pooled one was reused",
+            m.peer_connects.clone(),
         );
         r.register(
             "peers_down",
@@ -737,6 +752,15 @@ impl Metrics {
     /// A forwarded request by the hop number it left with (`tether_forward_hops_total{hop}`).
     pub(crate) fn forward_hop(&self, hop: u8) {
         self.forward_hops.get_or_create(&HopLabel { hop }).inc();
+    }
+
+    /// A forwarded request went out on a pooled connection (`reused`) or a new one
+    /// (`tether_peer_connects_total{reused}`).
+    pub(crate) fn peer_connect(&self, reused: bool) {
+        let reused = if reused { "true" } else { "false" };
+        self.peer_connects
+            .get_or_create(&ReusedLabel { reused })
+            .inc();
     }
 
     /// The number of peers down now for `cause` (`tether_peers_down{reason}`: `refused`,

@@ -229,6 +229,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         threads: cfg.threads,
         grace_period_seconds: Some(GRACE_SECS),
         graceful_shutdown_timeout_seconds: Some(SHUTDOWN_TIMEOUT_SECS),
+        upstream_keepalive_pool_size: cfg.peer_pool_size,
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);

@@ -83,6 +83,9 @@ struct Args {
     /// pods run it, the new pods this build's — a rolling upgrade of tether itself.
     #[arg(long, value_name = "DIR")]
     old_bin_dir: Option<std::path::PathBuf>,
+    /// `spec.peer.tls`: mutual TLS between the sidecars; `false` measures what it costs.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    peer_tls: bool,
 }
 
 #[tokio::main]
@@ -118,6 +121,7 @@ async fn main() -> ExitCode {
             probe_probability: args.probe_probability,
         }),
         old_sidecar,
+        peer_tls: args.peer_tls,
         ..RolloutConfig::default()
     };
     println!(

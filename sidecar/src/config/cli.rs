@@ -152,6 +152,16 @@ pub struct Cli {
         default_value_t = 4096
     )]
     pub max_connections: usize,
+    /// Idle connections to peer sidecars (and to the MCP server, for requests passed through
+    /// as they are) kept open for reuse, across all peers: a forwarded request that finds one
+    /// skips a new connection and its TLS handshake. Each closes after 20 s unused.
+    #[arg(
+        long,
+        env = "TETHER_PEER_POOL_SIZE",
+        value_name = "N",
+        default_value_t = 1024
+    )]
+    pub peer_pool_size: usize,
     /// Most take-overs of one session's streams per second: a GET that ends another
     /// connection's read of the same stream (spec T-09). More get 429 `takeover_budget` +
     /// `Retry-After`, so a client reopening GETs in a loop cannot churn the session. 0 = no

@@ -139,6 +139,8 @@ pub struct Config {
     pub(crate) client_write_timeout: std::time::Duration,
     /// Most open client connections of the MCP listener (`--max-connections`).
     pub(crate) max_connections: usize,
+    /// Most idle pooled connections to peers and the MCP server (`--peer-pool-size`).
+    pub(crate) peer_pool_size: usize,
     /// `spec.drain.timeout`: the grace period of a shutdown.
     pub(crate) drain_timeout: std::time::Duration,
     /// The Unix socket that takes the request to drain (`--drain-socket`).
@@ -209,6 +211,7 @@ impl Config {
             ("--threads", cli.threads),
             ("--peer-max-message-bytes", cli.peer_max_message_bytes),
             ("--max-connections", cli.max_connections),
+            ("--peer-pool-size", cli.peer_pool_size),
             ("--max-event-bytes", cli.max_event_bytes),
         ] {
             if value == 0 {
@@ -272,6 +275,7 @@ impl Config {
             header_timeout: cli.header_timeout,
             client_write_timeout: cli.client_write_timeout,
             max_connections: cli.max_connections,
+            peer_pool_size: cli.peer_pool_size,
             drain_timeout: spec.drain.timeout.into(),
             drain_socket: cli.drain_socket.clone(),
             threads: cli.threads,

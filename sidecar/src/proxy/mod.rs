@@ -58,7 +58,8 @@ use crate::metrics::Metrics;
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{EnterGuard, Entry};
 
-/// How long connecting to a peer sidecar may take before the next candidate is tried.
+/// How long connecting to a peer sidecar may take before the next candidate is tried: the TCP
+/// connection and, with peer TLS, its handshake (pingora bounds both with it).
 pub(crate) const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a request for a session being handed off waits for the handoff to end before it
 /// gets 503 + `Retry-After`.
@@ -338,6 +339,21 @@ impl ProxyHttp for McpProxy {
             e.set_retry(retry);
         }
         e
+    }
+
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        reused: bool,
+        _peer: &HttpPeer,
+        _fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora::protocols::Digest>,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        if ctx.forward.is_some() {
+            self.metrics.peer_connect(reused);
+        }
+        Ok(())
     }
 
     async fn upstream_request_filter(

@@ -113,6 +113,8 @@ pub struct RolloutConfig {
     /// promote after the second, retire once no session of the old key is left (module
     /// `rotation`). The pods then mount a key ring of their own, each in its own Secret volume.
     pub rotate_key: bool,
+    /// `spec.peer.tls` of every pod: mutual TLS between sidecars (on by default).
+    pub peer_tls: bool,
 }
 
 /// The sidecar of the pods before a rollout of tether itself.
@@ -197,6 +199,7 @@ impl Default for RolloutConfig {
             upstream: Upstream::Example,
             old_sidecar: None,
             rotate_key: false,
+            peer_tls: true,
         }
     }
 }
@@ -253,6 +256,7 @@ impl RolloutConfig {
             sidecar_args: vec!["--handoff".into(), self.handoff.to_string()],
             server: self.upstream,
             server_args,
+            peer_tls: self.peer_tls,
             ..PodSpec::default()
         }
     }

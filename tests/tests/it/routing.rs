@@ -115,6 +115,23 @@ async fn a_1000_sessions_through_random_entry_pods_reach_their_holder_while_a_4t
         .unwrap();
     println!("sessions created per pod {per_pod:?}; follow-ups forwarded to their home: {ok}");
     assert!(ok > 2000.0, "forwards to the home: {ok}");
+    // Forwards go out on pooled connections (`--peer-pool-size`): a new connection, with its
+    // TLS handshake, only for concurrency the pool had not seen yet and after a cut.
+    let mut connects = [0.0; 2];
+    for (n, reused) in connects.iter_mut().zip(["true", "false"]) {
+        let sample = format!("tether_peer_connects_total{{reused=\"{reused}\"}}");
+        *n = cluster.metric_sum(&sample).await.unwrap();
+    }
+    let [reused, new] = connects;
+    println!("forwards on pooled connections: {reused}, on new ones: {new}");
+    assert!(
+        reused + new >= ok,
+        "every forward is counted: {reused} + {new} < {ok}"
+    );
+    assert!(
+        reused > new,
+        "most forwards reuse a connection: {reused} vs {new}"
+    );
     for outcome in ["connect_error", "error"] {
         let bad = cluster
             .metric_sum(&format!(
