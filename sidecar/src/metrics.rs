@@ -972,7 +972,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 54);
+        assert_eq!(fields, 55);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -996,6 +996,7 @@ mod tests {
         m.set_ring_size("routable", 1);
         m.forward("home", "ok");
         m.forward_hop(1);
+        m.peer_connect(true);
         m.peers_down("refused", 1);
         m.handoff_failed("x");
         m.config_reload("applied");
@@ -1007,7 +1008,7 @@ mod tests {
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            54,
+            55,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -290,6 +290,15 @@ pub(crate) fn route(
                     _ => {}
                 }
             }
+            // Handoffs move a session to its owner: an owner that does not answer in time (an
+            // adopter stalled by load) most likely holds it, and the pods after it do not.
+            if let Some(o) = view.owner(id)
+                && o.uid != me.uid
+                && !hop.visited(&o.uid)
+                && down(&o.uid) == Some(Down::Unresponsive)
+            {
+                return Route::Unavailable;
+            }
             let next = view
                 .owner(id)
                 .filter(|p| !skip(p))
@@ -548,12 +557,22 @@ mod tests {
         // A stalled home keeps its sessions: retry later, never 404.
         let stalled = |uid: &str| (uid == "b").then_some(Down::Unresponsive);
         assert_eq!(at_a(&stalled, "b", "s"), Route::Unavailable);
-        // An unresponsive walk candidate is skipped (home "z" is unknown: gone).
+        // Home "z" is unknown (gone): a stalled owner most likely holds the session (handoffs
+        // move it there), so 503; a stalled candidate after the owner is skipped.
         let stalled_c = |uid: &str| (uid == "c").then_some(Down::Unresponsive);
+        let (mut owned_by_c, mut walked) = (0, 0);
         for i in 0..20 {
-            let r = at_a(&stalled_c, "z", &format!("k{i}"));
-            assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Walk)));
+            let key = format!("k{i}");
+            let r = at_a(&stalled_c, "z", &key);
+            if v.owner(&key).is_some_and(|o| o.uid == "c") {
+                assert_eq!(r, Route::Unavailable, "{key}");
+                owned_by_c += 1;
+            } else {
+                assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Walk)), "{key}");
+                walked += 1;
+            }
         }
+        assert!(owned_by_c > 0 && walked > 0, "{owned_by_c} {walked}");
         // Every candidate left stalled (an adopter slowed down by load may hold it): 503.
         let stalled_all = |uid: &str| (uid != "a").then_some(Down::Unresponsive);
         assert_eq!(at_a(&stalled_all, "z", "s"), Route::Unavailable);

@@ -181,9 +181,10 @@ pub(crate) fn after_failure(f: &mut Forwarding, failure: Failure, world: &World<
 /// nobody left, the request goes once to this pod's own listener, where the body can be read (an
 /// `initialize` with a stale session id starts a new session; a draining pod serves a new
 /// session itself); the hop headers name the peers to skip. When that fails too, or this pod
-/// was the one that failed: 404 `no_holder` for a session, 503 without. A candidate alive but
-/// unresponsive is 503 at once (the session may survive a stall; a 404 would make the client
-/// drop it).
+/// was the one that failed: 404 `no_holder` for a session, 503 without. A session request whose
+/// candidate did not connect in time (connection or TLS handshake) is 503 at once, wherever the
+/// walk stood: the candidate may hold it, stalled by load, and a 404 from the pods after it would
+/// make the client drop a session that survives.
 fn reroute(f: &mut Forwarding, cause: Down, world: &World<'_>) -> Decision {
     let failed_self = f.peer.uid == world.me.uid;
     let mark_down = (!failed_self).then(|| (f.peer.uid.clone(), cause));
@@ -193,6 +194,12 @@ fn reroute(f: &mut Forwarding, cause: Down, world: &World<'_>) -> Decision {
         mark_down: mark_down.clone(),
         rerouted: true,
     };
+    if cause == Down::Unresponsive && f.session_id.is_some() && !failed_self {
+        // A connection or TLS handshake not made in time: the peer may be the holder, slowed
+        // down by load; the pods after it would answer 404 and the client drop the session.
+        f.fallback = Some(Rejection::PeerUnavailable);
+        return decided(Next::GiveUp);
+    }
     let next = if failed_self || f.unreachable.len() >= MAX_CONNECT_ATTEMPTS {
         None
     } else {
@@ -493,6 +500,26 @@ mod tests {
                 fallback: Some(Rejection::PeerUnavailable),
                 marked: Some(("c", Down::Refused)),
                 ..row("holder refused, the only other candidate stalled: 503, it may hold it")
+            },
+            Row {
+                home: Some("g"),
+                to: "c",
+                kind: ForwardKind::Walk,
+                failure: connect_timeout(),
+                next: Next::GiveUp,
+                fallback: Some(Rejection::PeerUnavailable),
+                marked: Some(("c", Down::Unresponsive)),
+                ..row("walk candidate stalled (home gone): 503, the pods after it would say 404")
+            },
+            Row {
+                home: None,
+                draining: true,
+                kind: ForwardKind::Placement,
+                pods: &[("a", D), ("b", R), ("c", R)],
+                failure: connect_timeout(),
+                then: Some("c"),
+                marked: Some(("b", Down::Unresponsive)),
+                ..row("a placement stalled: the next routable peer, no session to lose")
             },
             Row {
                 home: Some("g"),
