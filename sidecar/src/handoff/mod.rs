@@ -81,6 +81,10 @@ pub(crate) enum MoveError {
     /// two holders).
     #[error("a peer holds the session at a later epoch; the copy here is dropped")]
     Superseded,
+    /// The drain's deadline passed while the session waited for a push slot: it stays here, and
+    /// the drain ends on time (a pod stopped past its grace period is killed mid-push).
+    #[error("the drain's deadline passed before the session's turn")]
+    Deadline,
 }
 
 /// Waits before each question whether a push in doubt was taken.
@@ -233,13 +237,15 @@ impl Handoff {
         out
     }
 
-    /// Moves `session` to a peer (module docs, steps 1–3); returns the new holder's UID.
+    /// Moves `session` to a peer (module docs, steps 1–3); returns the new holder's UID. A move
+    /// that gets its push slot only after `deadline` (a drain's) does not start.
     ///
     /// # Errors
     /// [`MoveError`]; the session then stays here, served as before.
     pub(crate) async fn move_session(
         self: &Arc<Self>,
         session: Arc<Session>,
+        deadline: Option<Instant>,
     ) -> Result<String, MoveError> {
         let candidates = self.candidates(session.id());
         if candidates.is_empty() {
@@ -247,6 +253,10 @@ impl Handoff {
             return Err(MoveError::NoTarget);
         }
         let _slot = self.moves.acquire().await;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            self.metrics.handoff_failed("deadline");
+            return Err(MoveError::Deadline);
+        }
         if !session.begin_move() {
             return Err(MoveError::Busy);
         }
@@ -460,7 +470,7 @@ impl Handoff {
         let Some(session) = self.broker.held(id) else {
             return true;
         };
-        if let Err(e) = self.move_session(session).await {
+        if let Err(e) = self.move_session(session, None).await {
             tracing::warn!(error = %e, "a session taken back could not move; it is served here");
         }
         true
@@ -493,7 +503,7 @@ impl Handoff {
                 .into_iter()
                 .map(|s| {
                     let h = Arc::clone(self);
-                    tokio::spawn(async move { h.move_session(s).await })
+                    tokio::spawn(async move { h.move_session(s, Some(deadline)).await })
                 })
                 .collect();
             let mut progress = false;
@@ -593,7 +603,9 @@ impl Handoff {
             if owner.is_some_and(|o| o.uid != self.router.uid() && alive(&o.uid) && settled(&o.uid))
             {
                 let h = Arc::clone(self);
-                tasks.push(tokio::spawn(async move { h.move_session(session).await }));
+                tasks.push(tokio::spawn(
+                    async move { h.move_session(session, None).await },
+                ));
                 if tasks.len() == REBALANCE_PER_ROUND {
                     break;
                 }

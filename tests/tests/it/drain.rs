@@ -7,6 +7,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
+use futures::StreamExt;
 use http::{Method, StatusCode};
 use tether_tests::addr;
 use tether_tests::call::{self, CallOutcome, CallPlan};
@@ -186,4 +187,38 @@ async fn the_network_cannot_drain_a_pod_and_drained_only_waits() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(pod.drain().await.unwrap().done);
     assert_eq!(waiting.await.unwrap(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_drain_starts_no_push_after_its_deadline() {
+    let ips: [_; 2] = addr::ips();
+    let spec = PodSpec {
+        drain_timeout: "200ms".into(),
+        ..PodSpec::default()
+    };
+    let cluster = Cluster::start(&ips, spec).await.unwrap();
+    let via_a = cluster.client_of(&ips[..1]);
+    // Pushing this many, 8 at a time, takes well over a second: far past the deadline.
+    let sessions = 1500;
+    let started: Vec<_> = futures::stream::iter(0..sessions)
+        .map(|_| via_a.initialize("2025-06-18"))
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    assert!(started.iter().all(Result::is_ok));
+    let Drained { body, .. } = cluster.pods[0].drain().await.unwrap();
+    let count = |field: &str| body[field].as_u64().unwrap_or_else(|| panic!("{body}"));
+    let (moved, stayed) = (count("handedOff"), count("notMoved"));
+    assert_eq!(moved + stayed, sessions, "{body}");
+    assert!(
+        moved > 0 && stayed > 0,
+        "the deadline fell amid the handoff: {body}"
+    );
+    let late = cluster.pods[0]
+        .metric("tether_handoffs_failed_total{reason=\"deadline\"}")
+        .await
+        .unwrap();
+    assert_eq!(late, stayed as f64, "every session left behind is counted");
+    // The pushes under way at the deadline finish; no other starts.
+    assert!(count("elapsedMs") < 1000, "{body}");
 }
