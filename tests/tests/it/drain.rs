@@ -220,5 +220,5 @@ async fn a_drain_starts_no_push_after_its_deadline() {
         .unwrap();
     assert_eq!(late, stayed as f64, "every session left behind is counted");
     // The pushes under way at the deadline finish; no other starts.
-    assert!(count("elapsedMs") < 1000, "{body}");
+    assert!(count("elapsedMs") < 1500, "{body}");
 }
