@@ -54,8 +54,9 @@ struct Args {
     /// Fraction of sessions that call `counter` (tool state the journal does not carry).
     #[arg(long, default_value_t = 0.2)]
     counter_fraction: f64,
-    /// `spec.drain.timeout` of the pods, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
+    /// `spec.drain.timeout` of the pods, in milliseconds: room for a `slow` call that started
+    /// just before its session moved (3 s by default) and the handoff itself.
+    #[arg(long, default_value_t = 8000)]
     drain_timeout_ms: u64,
     /// Milliseconds over which the sessions start (clients arrive spread out, as real ones do).
     #[arg(long, default_value_t = 3000)]
