@@ -217,6 +217,25 @@ async fn echo_failures(
     failures
 }
 
+/// Stops pod `a` (the first of `cluster`) with SIGTERM, which must exit cleanly after its drain,
+/// takes it out of membership, and checks that `b` alone serves every one of `sessions`.
+async fn stop_and_serve_from(
+    cluster: &mut Cluster,
+    a: Ipv4Addr,
+    b: Ipv4Addr,
+    sessions: &[Session],
+) {
+    let exit = cluster.pods[0]
+        .terminate_sidecar(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(exit.is_some_and(|e| e.success()), "{exit:?}");
+    let old = cluster.take(a).unwrap();
+    cluster.set_state(a, None).await.unwrap();
+    drop(old);
+    echo_in_each(&cluster.client_of(&[b]), sessions, 4, "after").await;
+}
+
 /// Puts `front`, a fresh address, in front of the pod on `ip` in everyone's membership: a relay
 /// on its MCP port passes the peers' probes to the pod's; its peer port is whatever the caller
 /// started there (a [`Relay`], a [`Tap`]). Returns the MCP port's relay.
@@ -412,15 +431,7 @@ async fn drain_past_a_stand_in(spec: PodSpec, claim: bool) -> (Value, StandIn) {
         family_samples(&metrics, "tether_handoffs_failed_total")
             .map(|(labels, n)| (labels.to_owned(), json!(n)))
             .collect();
-    let exit = cluster.pods[0]
-        .terminate_sidecar(Duration::from_secs(10))
-        .await
-        .unwrap();
-    assert!(exit.is_some_and(|e| e.success()), "{exit:?}");
-    let old = cluster.take(a).unwrap();
-    cluster.set_state(a, None).await.unwrap();
-    drop(old);
-    echo_in_each(&cluster.client_of(&[b]), &sessions, 4, "after").await;
+    stop_and_serve_from(&mut cluster, a, b, &sessions).await;
     let not_found = cluster.metric_sum("tether_not_found_total").await.unwrap();
     assert_eq!(not_found, 0.0, "{}", cluster.logs());
     (Value::Object(failed), stand_in)
@@ -644,15 +655,7 @@ async fn a_lost_acknowledgement_leaves_one_holder() {
     assert_eq!(executions, [json!(N), json!(0)], "the calls ran once, on A");
     assert_eq!(executed_twice(&[pod_a, pod_b]).await, 0);
     echo_in_each(&via_a, &sessions, 3, "moved").await;
-    let exit = cluster.pods[0]
-        .terminate_sidecar(Duration::from_secs(10))
-        .await
-        .unwrap();
-    assert!(exit.is_some_and(|e| e.success()), "{exit:?}");
-    let old = cluster.take(a).unwrap();
-    cluster.set_state(a, None).await.unwrap();
-    drop(old);
-    echo_in_each(&cluster.client_of(&[b]), &sessions, 4, "after").await;
+    stop_and_serve_from(&mut cluster, a, b, &sessions).await;
 }
 
 /// A new holder lost after its acknowledgement leaves the session to the next

@@ -47,6 +47,21 @@ fn assert_complete(report: &RolloutReport, sessions: u64, events: u64) {
     assert!(harness.is_empty(), "{}: {harness:?}", report.label);
 }
 
+/// Prints the first failures of `report`'s load, for reading a failed run.
+fn print_failures(report: &RolloutReport) {
+    for failure in report.load.failures.iter().take(10) {
+        println!("{} failure: {failure}", report.label);
+    }
+}
+
+/// Runs the rollout `cfg` and prints its table and first failures.
+async fn run_printed(cfg: &RolloutConfig) -> RolloutReport {
+    let report = rollout::run(cfg).await.unwrap();
+    println!("{}", report.table());
+    print_failures(&report);
+    report
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_with_handoff_is_invisible_to_clients_unlike_the_baseline() {
     let _heavy = load::heavy().await;
@@ -54,11 +69,8 @@ async fn a_rollout_with_handoff_is_invisible_to_clients_unlike_the_baseline() {
     let handoff = rollout::run(&cfg).await.unwrap();
     let baseline = rollout::run(&cfg.baseline()).await.unwrap();
     println!("{}", rollout::table(&[&handoff, &baseline]));
-    for report in [&handoff, &baseline] {
-        for failure in report.load.failures.iter().take(10) {
-            println!("{} failure: {failure}", report.label);
-        }
-    }
+    print_failures(&handoff);
+    print_failures(&baseline);
 
     assert_complete(&baseline, 200, 10_000);
     assert!(
@@ -123,19 +135,14 @@ fn assert_invisible(report: &RolloutReport) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollout_of_tether_itself_from_the_first_peer_protocol_is_invisible_to_clients() {
     let _heavy = load::heavy().await;
-    let report = rollout::run(&RolloutConfig {
+    let report = run_printed(&RolloutConfig {
         old_sidecar: Some(OldSidecar {
             args: vec!["--peer-max-protocol".into(), "1".into()],
             ..OldSidecar::default()
         }),
         ..RolloutConfig::default()
     })
-    .await
-    .unwrap();
-    println!("{}", report.table());
-    for failure in report.load.failures.iter().take(10) {
-        println!("{} failure: {failure}", report.label);
-    }
+    .await;
     assert_complete(&report, 200, 10_000);
     assert_invisible(&report);
 }
@@ -143,18 +150,13 @@ async fn a_rollout_of_tether_itself_from_the_first_peer_protocol_is_invisible_to
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_pin_no_session_sees_its_counter_restart() {
     let _heavy = load::heavy().await;
-    let report = rollout::run(&RolloutConfig {
+    let report = run_printed(&RolloutConfig {
         sessions: 200,
         counter_fraction: 1.0,
         migration: "Pin".into(),
         ..RolloutConfig::default()
     })
-    .await
-    .unwrap();
-    println!("{}", report.table());
-    for failure in report.load.failures.iter().take(10) {
-        println!("{} failure: {failure}", report.label);
-    }
+    .await;
     assert_complete(&report, 200, 10_000);
     assert_eq!(report.counter_restarts, 0, "Pin never moves a session");
 }
@@ -166,11 +168,7 @@ async fn a_key_rotation_during_a_rolling_upgrade_loses_nothing() {
         rotate_key: true,
         ..RolloutConfig::default()
     };
-    let report = rollout::run(&cfg).await.unwrap();
-    println!("{}", report.table());
-    for failure in report.load.failures.iter().take(10) {
-        println!("{} failure: {failure}", report.label);
-    }
+    let report = run_printed(&cfg).await;
     let rotation = report.rotation.as_ref().expect("the key rotated");
     println!("{}", rotation.lines().join("\n"));
     assert_complete(&report, 200, 10_000);
