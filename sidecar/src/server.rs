@@ -322,6 +322,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         )),
         peer_port: cfg.peer_addr.port(),
         peer_tls: cfg.peer_tls,
+        peer_max_streams: cfg.peer_max_streams,
         handoff: Arc::clone(&handoff),
     };
     let limits = ConnectionLimits {
@@ -346,6 +347,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             keys: cfg.keys.clone(),
             tls: cfg.peer_tls,
             accept_first: cfg.peer_protocols.first(),
+            max_streams: cfg.peer_max_streams,
         },
     );
     let mut peer = Service::new("peer".to_owned(), listener);

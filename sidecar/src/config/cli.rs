@@ -162,6 +162,17 @@ pub struct Cli {
         default_value_t = 1024
     )]
     pub peer_pool_size: usize,
+    /// Requests carried at once by one HTTP/2 connection between sidecars (peer TLS on: hops
+    /// multiplex over a few connections, so a client that cuts its stream costs no handshake).
+    /// Each request may have 256 KiB of its answer in flight on the connection, so one
+    /// connection buffers at most N × 256 KiB; more requests to a peer open another connection.
+    #[arg(
+        long,
+        env = "TETHER_PEER_MAX_STREAMS",
+        value_name = "N",
+        default_value_t = 100
+    )]
+    pub peer_max_streams: u32,
     /// Most take-overs of one session's streams per second: a GET that ends another
     /// connection's read of the same stream (spec T-09). More get 429 `takeover_budget` +
     /// `Retry-After`, so a client reopening GETs in a loop cannot churn the session. 0 = no

@@ -141,6 +141,8 @@ pub struct Config {
     pub(crate) max_connections: usize,
     /// Most idle pooled connections to peers and the MCP server (`--peer-pool-size`).
     pub(crate) peer_pool_size: usize,
+    /// Most requests at once on one HTTP/2 connection between sidecars (`--peer-max-streams`).
+    pub(crate) peer_max_streams: u32,
     /// `spec.drain.timeout`: the grace period of a shutdown.
     pub(crate) drain_timeout: std::time::Duration,
     /// The Unix socket that takes the request to drain (`--drain-socket`).
@@ -212,6 +214,7 @@ impl Config {
             ("--peer-max-message-bytes", cli.peer_max_message_bytes),
             ("--max-connections", cli.max_connections),
             ("--peer-pool-size", cli.peer_pool_size),
+            ("--peer-max-streams", cli.peer_max_streams as usize),
             ("--max-event-bytes", cli.max_event_bytes),
         ] {
             if value == 0 {
@@ -276,6 +279,7 @@ impl Config {
             client_write_timeout: cli.client_write_timeout,
             max_connections: cli.max_connections,
             peer_pool_size: cli.peer_pool_size,
+            peer_max_streams: cli.peer_max_streams,
             drain_timeout: spec.drain.timeout.into(),
             drain_socket: cli.drain_socket.clone(),
             threads: cli.threads,

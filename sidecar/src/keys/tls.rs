@@ -19,8 +19,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
-/// ALPN of the peer port: HTTP/1.1 only.
-const ALPN_HTTP1: &[u8] = b"http/1.1";
+/// ALPN of the peer port, in the order it prefers them: HTTP/2 (pingora's forwards), then
+/// HTTP/1.1 (the handoff client, sidecars that offer only it).
+const ALPN_PEER: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// The TLS material and configurations of one load.
 pub(crate) struct PeerTls {
@@ -94,7 +95,7 @@ impl PeerTls {
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), private.clone_key())
             .map_err(|e| format!("tls.key does not fit tls.crt: {e}"))?;
-        server.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+        server.alpn_protocols = ALPN_PEER.iter().map(|p| p.to_vec()).collect();
         // No resumption tickets: peers keep their connections pooled, and a ticket written
         // after the handshake would look like an answer to no request.
         server.send_tls13_tickets = 0;

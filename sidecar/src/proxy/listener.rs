@@ -14,8 +14,9 @@
 //! `0x16`, no HTTP method does): TLS is accepted with the key ring's current configuration
 //! (mutual: a client certificate of the endpoint's CA is required); plaintext only when peer
 //! TLS is off, or from a sidecar of the first peer protocol (which then may send only that
-//! protocol's messages). Its connections are counted in `tether_peer_connections`, not among
-//! the clients'.
+//! protocol's messages). A TLS connection that negotiated `h2` carries its requests as HTTP/2
+//! streams, each served in a task of its own, at most `--peer-max-streams` at once. The peer
+//! port's connections are counted in `tether_peer_connections`, not among the clients'.
 //!
 //! A connection's [`Connection`] reaches each of its requests as pingora's connection user
 //! context, which the proxy hands to `ProxyHttp::on_connection_reuse` before any other
@@ -27,8 +28,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, ServerApp};
-use pingora::protocols::Stream;
 use pingora::protocols::http::ServerSession;
+use pingora::protocols::http::v2::server::{self as h2_server, H2Accept};
+use pingora::protocols::{ALPN, Digest, Stream};
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 
@@ -54,6 +56,8 @@ pub(crate) enum Listening {
         tls: bool,
         /// Plaintext connections of first-protocol sidecars are taken (`--peer-min-protocol 1`).
         accept_first: bool,
+        /// Most requests at once on one HTTP/2 connection (`--peer-max-streams`).
+        max_streams: u32,
     },
 }
 
@@ -232,6 +236,95 @@ impl McpListener {
             }
         }
     }
+
+    /// Serves the HTTP/2 streams of one peer connection, each in a task of its own. The
+    /// connection closes when the peer closes it, after [`KEEPALIVE_SECS`] without a stream,
+    /// after [`MAX_MALFORMED_STREAMS`] streams refused as malformed, or at shutdown (a GOAWAY,
+    /// then once its streams ended).
+    async fn serve_h2(&self, stream: Stream, max_streams: u32, shutdown: &ShutdownWatch) {
+        let digest = Arc::new(Digest {
+            ssl_digest: stream.get_ssl_digest(),
+            timing_digest: stream.get_timing_digest(),
+            proxy_digest: stream.get_proxy_digest(),
+            socket_digest: stream.get_socket_digest(),
+        });
+        let mut options = h2_server::default_h2_options();
+        options.max_concurrent_streams(max_streams);
+        let mut conn = match h2_server::handshake(stream, Some(options)).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::debug!(error = %e, "peer HTTP/2 handshake failed");
+                return;
+            }
+        };
+        let active = Arc::new(tokio::sync::watch::channel(0usize).0);
+        let mut shutdown = shutdown.clone();
+        let mut closing = *shutdown.borrow();
+        if closing {
+            conn.graceful_shutdown();
+        }
+        let mut malformed = 0;
+        loop {
+            let idle = async {
+                let mut streams = active.subscribe();
+                let _ = streams.wait_for(|n| *n == 0).await;
+                tokio::time::sleep(Duration::from_secs(KEEPALIVE_SECS)).await;
+            };
+            let accepted = tokio::select! {
+                biased;
+                _ = shutdown.changed(), if !closing => {
+                    conn.graceful_shutdown();
+                    closing = true;
+                    continue;
+                }
+                accepted = h2_server::HttpSession::from_h2_conn(&mut conn, Arc::clone(&digest)) => accepted,
+                () = idle, if !closing => return,
+            };
+            let h2_stream = match accepted {
+                Ok(Some(H2Accept::Session(h2_stream))) => h2_stream,
+                Ok(Some(H2Accept::Rejected)) => {
+                    malformed += 1;
+                    if malformed >= MAX_MALFORMED_STREAMS {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "peer HTTP/2 connection ended");
+                    return;
+                }
+            };
+            let proxy = Arc::clone(&self.proxy);
+            let shutdown = shutdown.clone();
+            let serving = Serving::new(&active);
+            tokio::spawn(async move {
+                let _serving = serving;
+                proxy
+                    .process_new_http(ServerSession::new_http2(h2_stream), &shutdown)
+                    .await;
+            });
+        }
+    }
+}
+
+/// Streams of one HTTP/2 connection refused as malformed before the connection is closed.
+const MAX_MALFORMED_STREAMS: usize = 32;
+
+/// One HTTP/2 stream being served, counted in its connection's active streams until dropped.
+struct Serving(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl Serving {
+    fn new(active: &Arc<tokio::sync::watch::Sender<usize>>) -> Self {
+        active.send_modify(|n| *n += 1);
+        Self(Arc::clone(active))
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 #[async_trait]
@@ -253,6 +346,12 @@ impl ServerApp for McpListener {
             Port::Peer { tls: true } => self.handshake(watched).await?,
             _ => Box::new(watched),
         };
+        if let Listening::Peer { max_streams, .. } = self.listening
+            && stream.selected_alpn_proto() == Some(ALPN::H2)
+        {
+            self.serve_h2(stream, max_streams, shutdown).await;
+            return None;
+        }
         self.serve(stream, &conn, shutdown).await;
         None
     }

@@ -37,6 +37,7 @@ use forward::{Failure, Forwarding, Next, World, failed_answer, is_connect_error}
 use http::{HeaderValue, Method, StatusCode, header};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
+use pingora::protocols::ALPN;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{ErrorSource, ErrorType};
 use tether_crds::keyring::PEER_SERVER_NAME;
@@ -67,6 +68,11 @@ pub(crate) const MOVE_WAIT: Duration = Duration::from_secs(5);
 /// Idle pooled connections to peers are closed after this long (shorter than a peer's own
 /// keep-alive timeout, so a pooled connection is never stale).
 pub(crate) const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Bytes of one hop's answer in flight on an HTTP/2 connection to a peer (its stream's receive
+/// window): SSE events are small, and a reader slower than the peer holds no more than this.
+const PEER_STREAM_WINDOW: u32 = 256 * 1024;
+/// The largest HTTP/2 window (RFC 9113 §6.9.1).
+const H2_MAX_WINDOW: u32 = (1 << 31) - 1;
 
 /// The MCP endpoint service: the pingora callbacks of the MCP listener.
 pub(crate) struct McpProxy {
@@ -102,6 +108,8 @@ pub(crate) struct McpProxy {
     pub(crate) peer_port: u16,
     /// Peer traffic is mutual TLS (`spec.peer.tls`).
     pub(crate) peer_tls: bool,
+    /// Most requests at once on one HTTP/2 connection to a peer (`--peer-max-streams`).
+    pub(crate) peer_max_streams: u32,
     /// Takes back a session whose new holder left before a request for it came here.
     pub(crate) handoff: Arc<Handoff>,
 }
@@ -203,7 +211,18 @@ impl ProxyHttp for McpProxy {
             req.uri.path().to_owned(),
             req.headers.clone(),
         );
-        let port = ctx.connection.as_ref().map_or(Port::Mcp, |c| c.port());
+        let port = ctx.connection.as_ref().map_or_else(
+            || {
+                // HTTP/2 is negotiated only on the peer port's mutual TLS (`listener.rs`), and
+                // its requests carry no connection context.
+                if session.as_downstream().is_http2() {
+                    Port::Peer { tls: true }
+                } else {
+                    Port::Mcp
+                }
+            },
+            |c| c.port(),
+        );
         if let Port::Peer { tls } = port {
             let plaintext_not_first = self.peer_tls && !tls && !path.starts_with("/v1/");
             let forward_to_first = !is_peer_path(&path) && !self.router.health().speaks().current();
@@ -658,6 +677,17 @@ impl McpProxy {
         let mut peer = HttpPeer::new(addr, true, PEER_SERVER_NAME.to_owned());
         peer.client_cert_key = Some(Arc::clone(&tls.cert_key));
         peer.options.ca = Some(Arc::clone(&tls.ca));
+        // HTTP/2 when the peer offers it: its hops share a few connections, and a hop the client
+        // cuts resets one stream instead of a connection (and its next one's handshake).
+        peer.options.alpn = ALPN::H2H1;
+        peer.options.max_h2_streams = self.peer_max_streams as usize;
+        peer.options.h2_stream_window_size = Some(PEER_STREAM_WINDOW);
+        // Room for every stream's window: a stream whose reader is slow never stalls the others.
+        peer.options.h2_connection_window_size = Some(
+            PEER_STREAM_WINDOW
+                .saturating_mul(self.peer_max_streams)
+                .min(H2_MAX_WINDOW),
+        );
         Ok(peer)
     }
 

@@ -198,7 +198,7 @@ async fn a_drain_starts_no_push_after_its_deadline() {
     };
     let cluster = Cluster::start(&ips, spec).await.unwrap();
     let via_a = cluster.client_of(&ips[..1]);
-    // Pushing this many, 8 at a time, takes well over a second: far past the deadline.
+    // Pushing this many, 32 at a time, takes well over a second: far past the deadline.
     let sessions = 1500;
     let started: Vec<_> = futures::stream::iter(0..sessions)
         .map(|_| via_a.initialize("2025-06-18"))

@@ -115,8 +115,10 @@ async fn a_1000_sessions_through_random_entry_pods_reach_their_holder_while_a_4t
         .unwrap();
     println!("sessions created per pod {per_pod:?}; follow-ups forwarded to their home: {ok}");
     assert!(ok > 2000.0, "forwards to the home: {ok}");
-    // Forwards go out on pooled connections (`--peer-pool-size`): a new connection, with its
-    // TLS handshake, only for concurrency the pool had not seen yet and after a cut.
+    // Forwards go out on pooled HTTP/2 connections (`--peer-pool-size`, `--peer-max-streams`):
+    // a new connection, with its TLS handshake, only for concurrency beyond a connection's
+    // streams, never for a cut (over HTTP/1.1 every cut hop closed its connection: about one
+    // forward in ten made a new one).
     let mut connects = [0.0; 2];
     for (n, reused) in connects.iter_mut().zip(["true", "false"]) {
         let sample = format!("tether_peer_connects_total{{reused=\"{reused}\"}}");
@@ -129,8 +131,8 @@ async fn a_1000_sessions_through_random_entry_pods_reach_their_holder_while_a_4t
         "every forward is counted: {reused} + {new} < {ok}"
     );
     assert!(
-        reused > new,
-        "most forwards reuse a connection: {reused} vs {new}"
+        new * 20.0 < reused,
+        "forwards share connections, cut ones too: {new} new vs {reused} reused"
     );
     for outcome in ["connect_error", "error"] {
         let bad = cluster
