@@ -558,8 +558,8 @@ impl Handoff {
     /// Adopted sessions follow the owner
     /// (`docs/design/handoff.md#adopted-sessions-follow-the-owner`): sessions adopted here whose
     /// home is gone move to `owner(S)` when that is another routable pod, at most
-    /// [`REBALANCE_PER_ROUND`] per call (the rest in the next rounds). Also ends followed streams
-    /// whose writer died.
+    /// [`REBALANCE_PER_ROUND`] per call (the rest in the next rounds), and none while a peer
+    /// drains. Also ends followed streams whose writer died.
     pub(crate) async fn rebalance(self: &Arc<Self>) {
         let view = self.router.view();
         let now = Instant::now();
@@ -578,7 +578,9 @@ impl Handoff {
             let h = Arc::clone(self);
             tokio::spawn(async move { h.push_again(session.id(), &lost).await });
         }
-        if !self.enabled || self.lifecycle.is_draining() {
+        // A drain's handoffs come first: while a peer drains, its pushes go to the pods these
+        // sessions would follow, which have no time to spare.
+        if !self.enabled || self.lifecycle.is_draining() || view.count(PeerState::Draining) > 0 {
             return;
         }
         let mut tasks = Vec::new();

@@ -222,3 +222,52 @@ async fn a_drain_starts_no_push_after_its_deadline() {
     // The pushes under way at the deadline finish; no other starts.
     assert!(count("elapsedMs") < 1500, "{body}");
 }
+
+/// Adopted sessions follow their owner (`docs/design/handoff.md#adopted-sessions-follow-the-owner`)
+/// only while no peer drains: a drain's pushes go first to the pods they would follow.
+#[tokio::test]
+async fn adopted_sessions_wait_to_follow_their_owner_while_a_peer_drains() {
+    let ips: [_; 3] = addr::ips();
+    let [a, b, e] = ips;
+    let spec = PodSpec {
+        sidecar_args: vec!["--rebalance-dwell".into(), "200ms".into()],
+        ..PodSpec::default()
+    };
+    let mut cluster = Cluster::start(&ips, spec).await.unwrap();
+    let via_a = cluster.client_of(&[a]);
+    let sessions = 40;
+    for _ in 0..sessions {
+        via_a.initialize("2025-06-18").await.unwrap();
+    }
+    // E drains (in everyone's membership); A drains into B and leaves: B holds every session,
+    // adopted, with its home gone.
+    cluster.set_state(e, Some("draining")).await.unwrap();
+    let Drained { body, .. } = cluster.pods[0].drain().await.unwrap();
+    assert_eq!(body["handedOff"].as_u64(), Some(sessions), "{body}");
+    cluster.set_state(a, None).await.unwrap();
+    // C joins: about half the sessions now have C as their owner, but E still drains.
+    cluster.add(addr::next_ip()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        sent_by(&cluster, b).await,
+        0.0,
+        "no session follows its owner while a peer drains"
+    );
+    // E leaves: the sessions whose owner is C follow it.
+    cluster.set_state(e, None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while sent_by(&cluster, b).await == 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sessions follow their owner once no peer drains\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `tether_handoffs_sent_total` of the pod on `ip`.
+async fn sent_by(cluster: &Cluster, ip: std::net::Ipv4Addr) -> f64 {
+    let pod = cluster.pod(ip).unwrap();
+    pod.metric("tether_handoffs_sent_total").await.unwrap()
+}
