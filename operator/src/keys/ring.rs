@@ -96,16 +96,15 @@ impl Ring {
         let key = |file: &'static str| -> Result<Option<Vec<u8>>, RingError> {
             match data.get(file) {
                 None => Ok(None),
-                Some(ByteString(k)) if key_material(k).len() < MIN_KEY_BYTES => {
-                    Err(RingError::new(
+                Some(ByteString(k)) => match key_material(k).len() {
+                    n if n < MIN_KEY_BYTES => Err(RingError::new(
                         file,
                         format!(
-                            "{} bytes without surrounding whitespace, fewer than {MIN_KEY_BYTES}",
-                            key_material(k).len()
+                            "{n} bytes without surrounding whitespace, fewer than {MIN_KEY_BYTES}"
                         ),
-                    ))
-                }
-                Some(ByteString(k)) => Ok(Some(k.clone())),
+                    )),
+                    _ => Ok(Some(k.clone())),
+                },
             }
         };
         let text = |file: &'static str| -> Result<Option<String>, RingError> {

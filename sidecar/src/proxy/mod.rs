@@ -154,6 +154,19 @@ pub(crate) struct RequestCtx {
     connection: Option<Arc<Connection>>,
 }
 
+impl RequestCtx {
+    /// The listener the request came to: its connection's. An HTTP/2 request carries no
+    /// connection context, and HTTP/2 is negotiated only on the peer port's mutual TLS
+    /// (`listener.rs`).
+    fn port(&self, session: &Session) -> Port {
+        match &self.connection {
+            Some(c) => c.port(),
+            None if session.as_downstream().is_http2() => Port::Peer { tls: true },
+            None => Port::Mcp,
+        }
+    }
+}
+
 #[async_trait]
 impl ProxyHttp for McpProxy {
     type CTX = RequestCtx;
@@ -211,18 +224,7 @@ impl ProxyHttp for McpProxy {
             req.uri.path().to_owned(),
             req.headers.clone(),
         );
-        let port = ctx.connection.as_ref().map_or_else(
-            || {
-                // HTTP/2 is negotiated only on the peer port's mutual TLS (`listener.rs`), and
-                // its requests carry no connection context.
-                if session.as_downstream().is_http2() {
-                    Port::Peer { tls: true }
-                } else {
-                    Port::Mcp
-                }
-            },
-            |c| c.port(),
-        );
+        let port = ctx.port(session);
         if let Port::Peer { tls } = port {
             let plaintext_not_first = self.peer_tls && !tls && !path.starts_with("/v1/");
             let forward_to_first = !is_peer_path(&path) && !self.router.health().speaks().current();
