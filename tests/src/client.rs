@@ -246,7 +246,8 @@ pub async fn messages(resp: Response<Incoming>, within: Duration) -> Result<Vec<
     }
 }
 
-fn parse(text: &str) -> Result<Value> {
+/// `text` as JSON, or a [`HarnessError::Protocol`] quoting it.
+pub(crate) fn parse(text: &str) -> Result<Value> {
     serde_json::from_str(text)
         .map_err(|e| HarnessError::Protocol(format!("not JSON ({e}): {text:.200}")))
 }

@@ -3,14 +3,17 @@
 //! again after its `Retry-After`, and stop at 404: the session is gone (spec R-03, S-05).
 //!
 //! [`reconnect`] is one reconnect; [`crate::call::Tracked::follow`] follows a `slow` call's
-//! stream to its answer with it, on a [`Follow`] policy.
+//! stream to its answer with it, on a [`Follow`] policy, and [`call_to_answer`] any other tool
+//! call's.
 
 use std::time::Duration;
 
 use http::{Response, StatusCode};
+use serde_json::Value;
 
 use crate::client::{
     Events, McpClient, Session, body_text, expect_lost_session, header_str, is_sse, json_error,
+    messages, parse, tool_call, unexpected,
 };
 use crate::{HarnessError, Result};
 
@@ -153,4 +156,67 @@ pub async fn nothing_after(client: &McpClient, session: &Session, cursor: &str) 
         )));
     }
     Ok(())
+}
+
+/// `tools/call` `name` with `arguments` as request `id`, followed to its answer as `how` says:
+/// a stream that ends before the response to `id` (a session handed off closes its clients'
+/// streams with a `retry` hint, spec) is resumed after its last event. Returns every
+/// message received, the answer last.
+///
+/// # Errors
+/// [`HarnessError`] when the POST is not answered 200, or the stream cannot be followed to the
+/// answer (no event id to resume from, a resume refused or answered 404, `how.reconnects`
+/// spent).
+pub async fn call_to_answer(
+    client: &McpClient,
+    session: &Session,
+    id: u64,
+    name: &str,
+    arguments: Value,
+    how: &Follow,
+) -> Result<Vec<Value>> {
+    let resp = client
+        .post(Some(session), &tool_call(id, name, arguments, None), &[])
+        .await?;
+    if resp.status() != StatusCode::OK {
+        return Err(unexpected(&format!("tools/call {name}"), resp).await);
+    }
+    if !is_sse(&resp) {
+        return messages(resp, how.stall).await;
+    }
+    let (mut events, mut out) = (Events::new(resp), Vec::new());
+    let (mut cursor, mut hint) = (None, None);
+    for _ in 0..=how.reconnects {
+        while let Some(ev) = events.next_within(how.stall).await {
+            cursor = ev.id.or(cursor);
+            hint = ev.retry.map(Duration::from_millis).or(hint);
+            let Some(data) = ev.data.filter(|d| !d.is_empty()) else {
+                continue;
+            };
+            let message = parse(&data)?;
+            let answered = message.get("id").and_then(Value::as_u64) == Some(id);
+            out.push(message);
+            if answered {
+                return Ok(out);
+            }
+        }
+        let Some(after) = cursor.as_deref() else {
+            break;
+        };
+        tokio::time::sleep(hint.unwrap_or(how.retry)).await;
+        match reconnect(client, session, Some(after), &how.retry_on, &mut Vec::new()).await {
+            Ok(Resumed::Stream(resumed)) => events = resumed,
+            Ok(Resumed::Gone) => {
+                return Err(HarnessError::Status {
+                    what: format!("resume of tools/call {name}"),
+                    status: StatusCode::NOT_FOUND,
+                    body: String::new(),
+                });
+            }
+            Err(e) => return Err(HarnessError::Protocol(format!("tools/call {name}: {e}"))),
+        }
+    }
+    Err(HarnessError::Protocol(format!(
+        "tools/call {name}: the stream ended without the answer, after {out:?}"
+    )))
 }

@@ -26,6 +26,7 @@ use super::standalone::Standalone;
 use crate::auth::{Issuer, Refresh, Tokens};
 use crate::call::{self, CallPlan};
 use crate::client::{McpClient, Session, result_text};
+use crate::follow::{self, Follow};
 use crate::{HarnessError, load};
 
 /// The `iss` of every token of a rollout.
@@ -292,6 +293,8 @@ impl Client {
             next_id += 1;
             next_id - 1
         };
+        // `counter` and `notify` are followed to their answer like `slow` calls.
+        let follow = Follow::default();
         let mut counter = 0u64;
         let mut restarted = false;
         let mut round = 0u64;
@@ -301,7 +304,16 @@ impl Client {
             let failures = self.figures.report.failures.len();
             if self.counter {
                 self.figures.report.tool_calls += 1;
-                match self.client.call(session, id(), "counter", json!({})).await {
+                let called = follow::call_to_answer(
+                    &self.client,
+                    session,
+                    id(),
+                    "counter",
+                    json!({}),
+                    &follow,
+                )
+                .await;
+                match called {
                     Ok(messages) => {
                         let value = messages
                             .iter()
@@ -329,7 +341,10 @@ impl Client {
                 stream.expect(&text, self.cfg.notify_count);
                 self.figures.report.tool_calls += 1;
                 let args = json!({"text": text, "count": self.cfg.notify_count});
-                if let Err(e) = self.client.call(session, id(), "notify", args).await {
+                let called =
+                    follow::call_to_answer(&self.client, session, id(), "notify", args, &follow)
+                        .await;
+                if let Err(e) = called {
                     stream.forget(&text);
                     if self.record_error(&format!("{tag}: notify"), e) {
                         break Ended::Lost;
