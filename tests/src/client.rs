@@ -390,6 +390,10 @@ impl McpClient {
                 Some(secs) if self.honour_retry_after && attempt < RETRY_AFTER_ATTEMPTS => {
                     tokio::time::sleep(Duration::from_secs(secs).min(RETRY_AFTER_CAP)).await;
                     attempt += 1;
+                    if let Some(tokens) = &self.tokens {
+                        // The token may have come near its expiry while the client waited.
+                        authorization = Some(tokens.authorization());
+                    }
                 }
                 _ => return Ok(resp),
             }

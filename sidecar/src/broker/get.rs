@@ -158,7 +158,7 @@ impl Broker {
     ) -> Result<Result<Arc<Stream>, Reply>, Rejection> {
         // An adopted session is rebuilt first, outside the lock: the rebuild opens the
         // standalone stream itself when the sender had one (lock order: rebuild, then open).
-        match self.ensure_upstream(session).await {
+        match self.ensure_upstream(session, request_headers).await {
             Rebuild::Done => {}
             Rebuild::NotReady => return Err(Rejection::UpstreamNotReady),
             Rebuild::Denied(reply) => return Ok(Err(reply.into())),

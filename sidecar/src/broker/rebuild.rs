@@ -30,7 +30,7 @@ use tether_crds::Migration;
 
 use super::Broker;
 use super::initialize::{Messages, negotiated_version, sse_messages};
-use crate::mcp::headers::MCP_SESSION_ID;
+use crate::mcp::headers::{MCP_SESSION_ID, credential_headers, replace_credentials};
 use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::session::{Adopted, Refused, Session};
@@ -113,7 +113,7 @@ impl Broker {
         resend: bool,
     ) -> Result<Sent, UpstreamError> {
         let before = session.upstream_id();
-        match self.ensure_upstream(session).await {
+        match self.ensure_upstream(session, headers).await {
             // A request that belongs to the upstream session it was made for (the resume of an
             // upstream stream) is not sent to the one rebuilt meanwhile.
             Rebuild::Done if !resend && session.upstream_id() != before => {
@@ -142,7 +142,7 @@ impl Broker {
             let recovered = if rebuilt {
                 Rebuild::Ended
             } else {
-                self.recover(session, used.as_deref()).await
+                self.recover(session, used.as_deref(), headers).await
             };
             match recovered {
                 Rebuild::Done => {}
@@ -200,7 +200,7 @@ impl Broker {
             let _slot = broker.rebuild_slots.acquire().await;
             let (mut pause, longest) = BACKGROUND_RETRY;
             // Bounded: after --rebuild-retry-for a rebuild that still fails ends the session.
-            while broker.ensure_upstream(&session).await == Rebuild::NotReady {
+            while broker.ensure_upstream(&session, &HeaderMap::new()).await == Rebuild::NotReady {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(longest);
             }
@@ -210,8 +210,14 @@ impl Broker {
 
     /// Rebuilds the upstream session of an adopted session (or one waiting for a server that
     /// was not ready) from its journal, once; returns where that leaves the session (a failed
-    /// rebuild ends it: later requests get 404).
-    pub(super) async fn ensure_upstream(self: &Arc<Self>, session: &Arc<Session>) -> Rebuild {
+    /// rebuild ends it: later requests get 404). The rebuild presents the credentials of
+    /// `request` (the headers of the request that needs it; none: the session's latest), so
+    /// the MCP server's judgement is of the credentials of the request that gets its answer.
+    pub(super) async fn ensure_upstream(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        request: &HeaderMap,
+    ) -> Rebuild {
         let usable = || {
             if session.is_ended() {
                 Rebuild::Ended
@@ -227,7 +233,7 @@ impl Broker {
                 if !session.needs_rebuild() || session.is_ended() {
                     return usable();
                 }
-                let rebuilt = self.rebuild_now(session).await;
+                let rebuilt = self.rebuild_now(session, request).await;
                 if rebuilt != Rebuild::Done {
                     return rebuilt;
                 }
@@ -236,8 +242,11 @@ impl Broker {
                 // upstream, so server messages of calls made here are buffered for the
                 // client's next GET.
                 if session.take_reopen_standalone() {
-                    let headers =
-                        session.with_credentials(own_headers(session.version().as_str(), true));
+                    let headers = self.rebuild_headers(
+                        session,
+                        request,
+                        own_headers(session.version().as_str(), true),
+                    );
                     if let Err(e) = Arc::clone(self)
                         .open_standalone_boxed(headers, Arc::clone(session))
                         .await
@@ -251,12 +260,13 @@ impl Broker {
     }
 
     /// Recovers `session` after the upstream said it does not know upstream session `lost`:
-    /// rebuilt ([`Rebuild::Done`]), waiting for a server that is not ready, or ended (later
-    /// requests get 404).
+    /// rebuilt ([`Rebuild::Done`]) with the credentials of `request`, waiting for a server
+    /// that is not ready, or ended (later requests get 404).
     pub(super) async fn recover(
         self: &Arc<Self>,
         session: &Arc<Session>,
         lost: Option<&str>,
+        request: &HeaderMap,
     ) -> Rebuild {
         if self.cfg().migration == Migration::Pin || session.is_ended() {
             self.end_session(session, NotFound::UpstreamGone);
@@ -270,7 +280,7 @@ impl Broker {
                 if session.upstream_id().as_deref() != lost && !session.needs_rebuild() {
                     return Rebuild::Done; // another request rebuilt it meanwhile
                 }
-                self.rebuild_now(session).await
+                self.rebuild_now(session, request).await
             })
             .await
     }
@@ -279,12 +289,16 @@ impl Broker {
     /// [`Session::rebuild_once`]). An MCP server that is not ready leaves the session waiting
     /// for the next attempt, within `--rebuild-retry-for` of the first; any other failure ends
     /// it (404 from then on).
-    pub(super) async fn rebuild_now(self: &Arc<Self>, session: &Arc<Session>) -> Rebuild {
+    pub(super) async fn rebuild_now(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        request: &HeaderMap,
+    ) -> Rebuild {
         tracing::debug!(
             session = session.digest(),
             "rebuilding the upstream session"
         );
-        match self.rebuild(session).await {
+        match self.rebuild(session, request).await {
             Ok(id) => {
                 session.set_upstream_id(id);
                 session.rebuilt();
@@ -314,11 +328,32 @@ impl Broker {
         }
     }
 
-    async fn rebuild(&self, session: &Session) -> Result<Option<String>, RebuildError> {
+    /// `headers` with the credentials of `request` when it carries any, else with the session's
+    /// latest: a rebuild is judged on the credentials of the request waiting for it, not on
+    /// those of another request of the session that may have come since with an expired token.
+    fn rebuild_headers(
+        &self,
+        session: &Session,
+        request: &HeaderMap,
+        headers: HeaderMap,
+    ) -> HeaderMap {
+        let own = credential_headers(request, &self.cfg().forward_headers);
+        if own.is_empty() {
+            session.with_credentials(headers)
+        } else {
+            replace_credentials(headers, &own)
+        }
+    }
+
+    async fn rebuild(
+        &self,
+        session: &Session,
+        request: &HeaderMap,
+    ) -> Result<Option<String>, RebuildError> {
         let journal = session.journal();
         let version = session.version().as_str();
         let init = journal.initialize();
-        let headers = |version| session.with_credentials(post_headers(version));
+        let headers = |version| self.rebuild_headers(session, request, post_headers(version));
         let sent = headers(None);
         let accepted = self.credential_key(session, &sent);
         let (upstream_id, messages) = self.exchange("initialize", None, sent, &init).await?;
@@ -333,8 +368,11 @@ impl Broker {
             .unwrap_or_default();
         if negotiated != version {
             if let Some(id) = &upstream_id {
-                self.end_upstream_session(id, session.with_credentials(HeaderMap::new()))
-                    .await;
+                self.end_upstream_session(
+                    id,
+                    self.rebuild_headers(session, request, HeaderMap::new()),
+                )
+                .await;
             }
             return Err(RebuildError::Version(negotiated, version.to_owned()));
         }
@@ -349,7 +387,7 @@ impl Broker {
             && let Some(id) = &upstream_id
         {
             // Do not leave the half-built upstream session behind.
-            self.end_upstream_session(id, session.with_credentials(HeaderMap::new()))
+            self.end_upstream_session(id, self.rebuild_headers(session, request, HeaderMap::new()))
                 .await;
         }
         replayed.map(|()| upstream_id)

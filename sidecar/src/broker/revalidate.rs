@@ -78,10 +78,9 @@ impl Broker {
             return Ok(());
         }
         if session.needs_rebuild() {
-            // A session handed over, not rebuilt here yet: the rebuild (with the session's
-            // latest credentials, this request's unless another came since) is the MCP
-            // server's judgement of those it sent; a credential it did not judge is pinged.
-            match self.ensure_upstream(session).await {
+            // A session handed over, not rebuilt here yet: the rebuild, with this request's
+            // credentials, is the MCP server's judgement of them.
+            match self.ensure_upstream(session, headers).await {
                 Rebuild::Done if session.credential_accepted(key, window) => return Ok(()),
                 Rebuild::Done => {}
                 Rebuild::Denied(refusal) => return Err(Reply::from(refusal)),

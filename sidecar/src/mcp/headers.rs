@@ -135,6 +135,18 @@ pub(crate) fn credential_headers(request: &HeaderMap, names: &[HeaderName]) -> H
     found
 }
 
+/// `headers` with `credentials` (as [`credential_headers`] finds them) in place of any
+/// credential headers of the same names it had.
+pub(crate) fn replace_credentials(mut headers: HeaderMap, credentials: &HeaderMap) -> HeaderMap {
+    for name in credentials.keys() {
+        headers.remove(name);
+    }
+    for (name, value) in credentials {
+        headers.append(name.clone(), value.clone());
+    }
+    headers
+}
+
 /// The upstream response headers to pass to the client, in a map of their own: the values are
 /// copied, so keeping the map (a stored reply, a stream's head) does not keep the connection's
 /// whole read buffer alive, which the parsed values are slices of.

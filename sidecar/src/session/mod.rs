@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::keys::Key;
 use crate::mcp::cursor::StreamKey;
-use crate::mcp::headers::credential_headers;
+use crate::mcp::headers::{credential_headers, replace_credentials};
 use crate::mcp::jsonrpc::{Message, RequestKey};
 use crate::mcp::principal::{Binding, Principal};
 use crate::mcp::rejection::Rejection;
@@ -743,15 +743,8 @@ impl Session {
 
     /// `headers` with the session's credentials (the latest a client request presented) in
     /// place of any the headers had.
-    pub(crate) fn with_credentials(&self, mut headers: HeaderMap) -> HeaderMap {
-        let kept = self.credentials.lock();
-        for name in kept.keys() {
-            headers.remove(name);
-        }
-        for (name, value) in kept.iter() {
-            headers.append(name.clone(), value.clone());
-        }
-        headers
+    pub(crate) fn with_credentials(&self, headers: HeaderMap) -> HeaderMap {
+        replace_credentials(headers, &self.credentials.lock())
     }
 
     /// Binds the session to `binding` (once, before it is used; `None` leaves it unbound).

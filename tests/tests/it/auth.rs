@@ -297,6 +297,56 @@ async fn a_rebuild_refused_for_an_expired_token_waits_for_the_refreshed_one() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_is_judged_on_the_credentials_of_the_request_that_waits_for_it() {
+    // Requests of one session with an expired and a fresh token interleave on the new holder
+    // (a client's requests sent before and after its refresh): each gets the MCP server's
+    // judgement of its own token, never a 401 earned by another request's.
+    let issuer = Issuer::new().unwrap();
+    let mut spec = authenticated(&issuer);
+    spec.server_args
+        .extend(["--auth-latency-ms".into(), SLOW_CHECK_MS.to_string()]);
+    let mut scenario = Scenario::start(2, spec).await;
+    let via_a = scenario.via_a();
+    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let drain = scenario.drain_a().await;
+    scenario.wait_moved(1.0).await;
+    let expired = scenario.via_rest();
+    expired.set_authorization(Some(alices_token(&issuer, Duration::ZERO)));
+    let fresh = scenario.via_rest();
+    fresh.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let call = |id: u64, call_id: &str| {
+        tool_call(
+            id,
+            "slow",
+            json!({"count": 0, "interval_ms": 10, "call_id": call_id}),
+            None,
+        )
+    };
+    let later = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
+    // The first, expired, triggers the rebuild (refused after SLOW_CHECK_MS); the fresh one
+    // waits for it, and a second expired one comes after the fresh one.
+    let (first, refreshed, after) = (
+        call(11, "expired-first"),
+        call(12, "fresh"),
+        call(13, "expired-after"),
+    );
+    tokio::join!(
+        refused_as_expired(&expired, &session, &first),
+        async {
+            later(SLOW_CHECK_MS / 5).await;
+            answered_at_once(&fresh, &session, &refreshed).await;
+        },
+        async {
+            later(SLOW_CHECK_MS * 2 / 5).await;
+            refused_as_expired(&expired, &session, &after).await;
+        },
+    );
+    drop(scenario.stop_a(drain).await);
+    assert_eq!(scenario.executions().await, 1, "only the fresh call ran");
+}
+
 /// How long the MCP servers of [`refused_while_moving`] take to check a token, in ms: long
 /// enough for A to hand the session off while a request waits for its refusal.
 const SLOW_CHECK_MS: u64 = 1500;
