@@ -53,7 +53,7 @@ pub(crate) const HELD_PATH: &str = "/v2/held";
 /// The first protocol's paths, in the order of the current ones.
 pub(crate) const FIRST_PATHS: [&str; 3] = ["/v1/sessions", "/v1/tail", "/v1/cancel"];
 /// Messages handled at the same time; more wait.
-pub(crate) const MAX_CONCURRENT: usize = 64;
+pub(crate) const MAX_CONCURRENT: usize = 128;
 /// First-protocol messages handled at the same time, in slots of their own.
 pub(crate) const MAX_FIRST_CONCURRENT: usize = 8;
 /// How long a message waits for a slot before 503.

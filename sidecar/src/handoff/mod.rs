@@ -40,7 +40,7 @@ use follow::Followed;
 use wire::{CancelPush, HeldAnswer, HeldQuery, SessionPush};
 
 /// Sessions pushed at the same time.
-pub(crate) const MAX_PARALLEL_MOVES: usize = 32;
+pub(crate) const MAX_PARALLEL_MOVES: usize = 64;
 /// Candidates tried for one session (the owner, then the next routable pods of `ranked(S)`).
 pub(crate) const MAX_CANDIDATES: usize = 3;
 /// Waits between attempts at one candidate.

@@ -34,9 +34,9 @@ use pingora::protocols::{ALPN, Digest, Stream};
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 
-use super::McpProxy;
 use super::connection::{Connection, Port};
 use super::watched::Watched;
+use super::{McpProxy, PEER_STREAM_WINDOW, peer_connection_window};
 use crate::keys::KeyRing;
 use crate::metrics::Metrics;
 
@@ -250,6 +250,8 @@ impl McpListener {
         });
         let mut options = h2_server::default_h2_options();
         options.max_concurrent_streams(max_streams);
+        options.initial_window_size(PEER_STREAM_WINDOW);
+        options.initial_connection_window_size(peer_connection_window(max_streams));
         let mut conn = match h2_server::handshake(stream, Some(options)).await {
             Ok(conn) => conn,
             Err(e) => {

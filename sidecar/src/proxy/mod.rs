@@ -68,11 +68,22 @@ pub(crate) const MOVE_WAIT: Duration = Duration::from_secs(5);
 /// Idle pooled connections to peers are closed after this long (shorter than a peer's own
 /// keep-alive timeout, so a pooled connection is never stale).
 pub(crate) const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
-/// Bytes of one hop's answer in flight on an HTTP/2 connection to a peer (its stream's receive
-/// window): SSE events are small, and a reader slower than the peer holds no more than this.
+/// Bytes of one stream in flight on an HTTP/2 connection between peers (its receive window, on
+/// either side): SSE events are small, and a reader slower than the peer holds no more than this.
 const PEER_STREAM_WINDOW: u32 = 256 * 1024;
 /// The largest HTTP/2 window (RFC 9113 §6.9.1).
 const H2_MAX_WINDOW: u32 = (1 << 31) - 1;
+
+/// The receive window of an HTTP/2 connection between peers with `max_streams` streams, in
+/// bytes: room for every stream's [`PEER_STREAM_WINDOW`], so a stream whose reader is slow (or
+/// a message waiting for its slot) never stalls the others. With the protocol's default of
+/// 64 KiB, the few dozen pushes and tails of a drain sharing one connection were paced by how
+/// fast the busy receiver read them.
+fn peer_connection_window(max_streams: u32) -> u32 {
+    PEER_STREAM_WINDOW
+        .saturating_mul(max_streams)
+        .min(H2_MAX_WINDOW)
+}
 
 /// The MCP endpoint service: the pingora callbacks of the MCP listener.
 pub(crate) struct McpProxy {
@@ -684,12 +695,8 @@ impl McpProxy {
         peer.options.alpn = ALPN::H2H1;
         peer.options.max_h2_streams = self.peer_max_streams as usize;
         peer.options.h2_stream_window_size = Some(PEER_STREAM_WINDOW);
-        // Room for every stream's window: a stream whose reader is slow never stalls the others.
-        peer.options.h2_connection_window_size = Some(
-            PEER_STREAM_WINDOW
-                .saturating_mul(self.peer_max_streams)
-                .min(H2_MAX_WINDOW),
-        );
+        peer.options.h2_connection_window_size =
+            Some(peer_connection_window(self.peer_max_streams));
         Ok(peer)
     }
 
