@@ -271,6 +271,27 @@ impl Broker {
         self.delete_upstream(session).await;
     }
 
+    /// Ends the upstream session of `session`, handed off from here, once no call runs in it
+    /// any more: the MCP server then ends its standalone stream after the messages it had sent
+    /// on it, which the stream's pump forwards before it sees the end. Returns whether the
+    /// server ended it (a 2xx; a server that forbids client termination answers 405). Nothing
+    /// is sent again when the session is released.
+    pub(crate) async fn end_departed_upstream(&self, session: &Session) -> bool {
+        let Some(upstream_id) = session.upstream_id() else {
+            return false;
+        };
+        // Forgotten first: the end of the standalone stream may be read before the answer to
+        // the DELETE, and a pump that still knew the upstream session would resume it.
+        session.set_upstream_id(None);
+        let headers = session.with_credentials(own_headers(session.version().as_str(), false));
+        let status = self.end_upstream_session(&upstream_id, headers).await;
+        let ended = status.is_some_and(|s| s.is_success());
+        if !ended {
+            session.set_upstream_id(Some(upstream_id));
+        }
+        ended
+    }
+
     /// Takes back a session handed off from here whose new holder is gone: held here again, as
     /// it was before the move (see [`Registry::reclaim`]); `false` without a copy of it.
     pub(crate) fn reclaim(&self, id: &str, lost: &str) -> bool {

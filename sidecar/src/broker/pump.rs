@@ -233,6 +233,16 @@ impl Broker {
                     BodyEnd::Closed { progressed: true } => failures = 0,
                     BodyEnd::Closed { progressed: false } => {}
                 }
+                if stream.kind() == StreamKind::Standalone
+                    && session.upstream_id().is_none()
+                    && self.registry.departed(session.id()).is_some()
+                {
+                    // The session was handed off and its upstream session ended here
+                    // (`Broker::end_departed_upstream`): everything it sent is in the stream.
+                    session.clear_standalone(stream);
+                    stream.complete();
+                    return;
+                }
             }
             let answers = stream.kind().answers_requests();
             if answers && !stream.any_pending(ids) {

@@ -28,8 +28,12 @@ use crate::stream::{Stream, StreamKind};
 
 /// Longest wait between checks when nothing wakes the follower.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
-/// How long the standalone stream stays open after the last call that ran here finished.
+/// How long the standalone stream stays open after the last call that ran here finished, when
+/// the MCP server does not end the upstream session (it forbids client termination).
 const STANDALONE_LINGER: Duration = Duration::from_millis(500);
+/// How long the standalone stream may take to end after its upstream session ended (its pump
+/// reads what the MCP server sent before the end; a busy pod may take a while).
+const STANDALONE_END_WAIT: Duration = Duration::from_secs(5);
 /// Pauses between attempts at a tail message the new holder did not take (the last repeats).
 const RETRY_PAUSES: [Duration; 5] = [
     Duration::from_millis(50),
@@ -121,7 +125,8 @@ pub(super) async fn follow(
         .max_message_bytes
         .saturating_sub(MESSAGE_OVERHEAD)
         .max(1);
-    let mut calls_done_at: Option<Instant> = None;
+    // When the calls that ran here were over, and how long the standalone stream may stay.
+    let mut calls_done_at: Option<(Instant, Duration)> = None;
     loop {
         if handoff.broker.departed_session(session.id()).is_none() {
             return Followed::Reclaimed;
@@ -160,19 +165,32 @@ pub(super) async fn follow(
         if requests_done && streams.iter().all(done) {
             return Followed::Done;
         }
-        // The calls that ran here are over: once the messages they sent on the standalone
-        // stream had time to arrive (they travel on another connection than the calls'
-        // answers), nothing this upstream sends is for the client any more, so this pod's
-        // standalone stream ends (the client's next GET gets the new holder's).
+        // The calls that ran here are over, so nothing this upstream session sends any more is
+        // for the client but the messages they sent on the standalone stream, which travel on
+        // another connection than their answers and may still be on their way. Ending the
+        // upstream session makes the MCP server end the standalone stream after them: its pump
+        // forwards them, then ends the stream (the client's next GET gets the new holder's). A
+        // server that does not end it (or not in time) gets a short linger instead.
         let mut wait = IDLE_CHECK;
         if requests_done && let Standalone::Open(standalone) = session.standalone() {
-            let since = *calls_done_at.get_or_insert_with(Instant::now);
-            if since.elapsed() >= STANDALONE_LINGER {
+            let (since, linger) = match calls_done_at {
+                Some(done) => done,
+                None => {
+                    let ended = handoff.broker.end_departed_upstream(session).await;
+                    let linger = if ended {
+                        STANDALONE_END_WAIT
+                    } else {
+                        STANDALONE_LINGER
+                    };
+                    *calls_done_at.insert((Instant::now(), linger))
+                }
+            };
+            if since.elapsed() >= linger {
                 standalone.complete();
                 session.clear_standalone(&standalone);
                 continue;
             }
-            wait = STANDALONE_LINGER.saturating_sub(since.elapsed());
+            wait = linger.saturating_sub(since.elapsed());
         }
         let _ = tokio::time::timeout(wait, woken).await;
     }

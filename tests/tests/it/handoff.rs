@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use serde_json::{Value, json};
 use tether_tests::addr;
-use tether_tests::client::{McpClient, Session, messages, result_text, tool_call};
+use tether_tests::client::{Events, McpClient, Session, messages, result_text, tool_call};
 use tether_tests::cluster::Cluster;
 use tether_tests::load::{self, LoadConfig};
 use tether_tests::pod::{Drained, PodSpec};
+use tether_tests::scenario::Scenario;
 
 /// Calls `echo` with `text` in every session through `client`; each answers with the text.
 async fn echo_everywhere(client: &McpClient, sessions: &[Session], id: u64, text: &str) {
@@ -238,4 +239,59 @@ async fn a_call_cut_by_the_drain_deadline_ends_with_a_json_rpc_error() {
         let expected_moves = u64::from(migration == "Replay");
         assert_eq!(body["handedOff"], expected_moves, "{migration}: {body}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_messages_still_on_their_way_when_the_calls_end_reach_the_client() {
+    // The MCP servers' GET streams reach their sidecars late (each frame held back 800 ms, longer
+    // than a guess at how long such messages take would wait): a `notify` call on A is over
+    // when A drains, and its two messages are still on their way on the standalone stream. A
+    // ends the upstream session, reads the stream to its end and forwards them: the client
+    // resuming the standalone stream at the new holder gets both.
+    let spec = PodSpec {
+        server_args: vec!["--standalone-delay-ms".into(), "800".into()],
+        ..PodSpec::default()
+    };
+    let mut scenario = Scenario::start(2, spec).await;
+    let via_a = scenario.via_a();
+    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let mut standalone = via_a.standalone(&session).await.unwrap();
+    let cursor = loop {
+        let ev = standalone
+            .next_within(Duration::from_secs(10))
+            .await
+            .expect("the standalone stream's priming event");
+        if let Some(id) = ev.id {
+            break id;
+        }
+    };
+    drop(standalone);
+    let answer = via_a
+        .call(&session, 2, "notify", json!({"text": "late", "count": 2}))
+        .await
+        .unwrap();
+    assert!(answer.iter().any(|m| m["result"].is_object()), "{answer:?}");
+    let drain = scenario.drain_a().await;
+    scenario.wait_moved(1.0).await;
+    drop(scenario.stop_a(drain).await);
+    let via_rest = scenario.via_rest();
+    let resumed = via_rest.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let mut events = Events::new(resumed);
+    let mut seqs = Vec::new();
+    while seqs.len() < 2 {
+        let Some(ev) = events.next_within(Duration::from_secs(10)).await else {
+            break;
+        };
+        let data: Value =
+            serde_json::from_str(ev.data.as_deref().unwrap_or("null")).unwrap_or_default();
+        if data["params"]["data"]["text"] == "late" {
+            seqs.push(data["params"]["data"]["seq"].as_u64().unwrap_or_default());
+        }
+    }
+    assert_eq!(
+        seqs,
+        vec![1, 2],
+        "both messages reach the client, once, in order"
+    );
 }

@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Parser;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
@@ -104,6 +104,10 @@ struct Args {
     /// Answer a POST whose stream carries only its response with `application/json`.
     #[arg(long)]
     json_replies: bool,
+    /// Hold back each frame of a GET stream this long, in ms, as a busy network does: a
+    /// standalone message reaches the client well after the answer of the call that sent it.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    standalone_delay_ms: u64,
     /// Answer the first N `initialize` requests after start 503 (a server still warming up).
     #[arg(long, value_name = "N", default_value_t = 0)]
     unready_initializes: u64,
@@ -705,10 +709,13 @@ impl App {
             );
             return resp;
         }
-        let post = req.method() == Method::POST;
+        let method = req.method().clone();
         let resp = self.mcp.handle(req).await;
-        if self.args.json_replies && post {
+        if self.args.json_replies && method == Method::POST {
             return as_json(resp).await;
+        }
+        if self.args.standalone_delay_ms > 0 && method == Method::GET {
+            return delayed(resp, Duration::from_millis(self.args.standalone_delay_ms));
         }
         resp
     }
@@ -743,6 +750,16 @@ fn not_local(headers: &http::HeaderMap) -> Option<Response<HttpBody>> {
         ));
     }
     None
+}
+
+/// `--standalone-delay-ms`: `resp` with each frame of its body held back `delay`, in order.
+fn delayed(resp: Response<HttpBody>, delay: Duration) -> Response<HttpBody> {
+    let (parts, body) = resp.into_parts();
+    let frames = http_body_util::BodyStream::new(body).then(move |frame| async move {
+        tokio::time::sleep(delay).await;
+        frame
+    });
+    Response::from_parts(parts, BoxBody::new(http_body_util::StreamBody::new(frames)))
 }
 
 /// `--json-replies`: an SSE answer that carries one JSON-RPC message, as `application/json`
