@@ -295,9 +295,14 @@ impl Broker {
     /// Takes back a session handed off from here whose new holder is gone: held here again, as
     /// it was before the move (see [`Registry::reclaim`]); `false` without a copy of it.
     pub(crate) fn reclaim(&self, id: &str, lost: &str) -> bool {
-        let reclaimed = self
-            .registry
-            .reclaim(id, lost, |session| session.finish_move(None));
+        let reclaimed = self.registry.reclaim(id, lost, |session| {
+            session.finish_move(None);
+            if session.upstream_id().is_none() {
+                // Its upstream session ended here after the move
+                // (`Broker::end_departed_upstream`): rebuilt from the journal on first use.
+                session.rebuild_on_next_use();
+            }
+        });
         if reclaimed {
             self.metrics.session_reclaimed();
         }

@@ -603,8 +603,14 @@ impl Session {
     /// client's request; an idle session still expires), and it ends a streak of the server
     /// not being ready.
     pub(crate) fn await_credentials(&self) {
-        self.needs_rebuild.store(true, Ordering::Relaxed);
         // The MCP server answered: a streak of it not being ready is over.
+        self.rebuild_on_next_use();
+    }
+
+    /// Records that the session has no upstream session: its next request rebuilds one from
+    /// the journal (a session taken back after this pod ended its upstream session).
+    pub(crate) fn rebuild_on_next_use(&self) {
+        self.needs_rebuild.store(true, Ordering::Relaxed);
         *self.rebuild_failing_since.lock() = None;
     }
 
