@@ -540,6 +540,27 @@ impl McpClient {
         Ok(session)
     }
 
+    /// Posts a `tools/call` of `name` with `arguments` (request id `id`): its answer, which the
+    /// caller reads (SSE or JSON).
+    ///
+    /// # Errors
+    /// [`HarnessError`] when the POST fails or is not answered 200.
+    pub async fn post_call(
+        &self,
+        session: &Session,
+        id: u64,
+        name: &str,
+        arguments: Value,
+    ) -> Result<Response<Incoming>> {
+        let resp = self
+            .post(Some(session), &tool_call(id, name, arguments, None), &[])
+            .await?;
+        if resp.status() != StatusCode::OK {
+            return Err(unexpected(&format!("tools/call {name}"), resp).await);
+        }
+        Ok(resp)
+    }
+
     /// Calls a tool and returns all messages of the answer.
     ///
     /// # Errors
@@ -551,12 +572,7 @@ impl McpClient {
         name: &str,
         arguments: Value,
     ) -> Result<Vec<Value>> {
-        let resp = self
-            .post(Some(session), &tool_call(id, name, arguments, None), &[])
-            .await?;
-        if resp.status() != StatusCode::OK {
-            return Err(unexpected(&format!("tools/call {name}"), resp).await);
-        }
+        let resp = self.post_call(session, id, name, arguments).await?;
         messages(resp, Duration::from_secs(30)).await
     }
 }

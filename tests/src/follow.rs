@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::client::{
     Events, McpClient, Session, body_text, expect_lost_session, header_str, is_sse, json_error,
-    messages, parse, tool_call, unexpected,
+    messages, parse,
 };
 use crate::{HarnessError, Result};
 
@@ -175,12 +175,7 @@ pub async fn call_to_answer(
     arguments: Value,
     how: &Follow,
 ) -> Result<Vec<Value>> {
-    let resp = client
-        .post(Some(session), &tool_call(id, name, arguments, None), &[])
-        .await?;
-    if resp.status() != StatusCode::OK {
-        return Err(unexpected(&format!("tools/call {name}"), resp).await);
-    }
+    let resp = client.post_call(session, id, name, arguments).await?;
     if !is_sse(&resp) {
         return messages(resp, how.stall).await;
     }

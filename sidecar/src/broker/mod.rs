@@ -283,10 +283,12 @@ impl Broker {
         // Forgotten first: the end of the standalone stream may be read before the answer to
         // the DELETE, and a pump that still knew the upstream session would resume it.
         session.set_upstream_id(None);
-        let headers = session.with_credentials(own_headers(session.version().as_str(), false));
-        let status = self.end_upstream_session(&upstream_id, headers).await;
+        let status = self.delete_upstream_id(session, &upstream_id).await;
         let ended = status.is_some_and(|s| s.is_success());
-        if !ended {
+        if ended {
+            // Taken back later (its new holder lost), it is rebuilt from the journal.
+            session.rebuild_on_next_use();
+        } else {
             session.set_upstream_id(Some(upstream_id));
         }
         ended
@@ -295,14 +297,9 @@ impl Broker {
     /// Takes back a session handed off from here whose new holder is gone: held here again, as
     /// it was before the move (see [`Registry::reclaim`]); `false` without a copy of it.
     pub(crate) fn reclaim(&self, id: &str, lost: &str) -> bool {
-        let reclaimed = self.registry.reclaim(id, lost, |session| {
-            session.finish_move(None);
-            if session.upstream_id().is_none() {
-                // Its upstream session ended here after the move
-                // (`Broker::end_departed_upstream`): rebuilt from the journal on first use.
-                session.rebuild_on_next_use();
-            }
-        });
+        let reclaimed = self
+            .registry
+            .reclaim(id, lost, |session| session.finish_move(None));
         if reclaimed {
             self.metrics.session_reclaimed();
         }
@@ -449,9 +446,19 @@ impl Broker {
     /// Tells the upstream a session is over (best effort).
     async fn delete_upstream(&self, session: &Session) {
         if let Some(upstream_id) = session.upstream_id() {
-            let headers = session.with_credentials(own_headers(session.version().as_str(), false));
-            self.end_upstream_session(&upstream_id, headers).await;
+            self.delete_upstream_id(session, &upstream_id).await;
         }
+    }
+
+    /// Sends `DELETE` for `session`'s upstream session `upstream_id` with the session's
+    /// credentials (best effort); returns the status.
+    async fn delete_upstream_id(
+        &self,
+        session: &Session,
+        upstream_id: &str,
+    ) -> Option<http::StatusCode> {
+        let headers = session.with_credentials(own_headers(session.version().as_str(), false));
+        self.end_upstream_session(upstream_id, headers).await
     }
 
     /// Sends `DELETE` for upstream session `upstream_id` (best effort); returns the status.

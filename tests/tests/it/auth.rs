@@ -32,11 +32,24 @@ async fn authenticated_pod(issuer: &Issuer) -> Pod {
 /// Two authenticated pods, and alice's session on A (the pod that drains), initialized with
 /// `token`.
 async fn alices_session_on_a(issuer: &Issuer, token: String) -> (Scenario, McpClient, Session) {
-    let scenario = Scenario::start(2, authenticated(issuer)).await;
+    alices_session_on_a_of(authenticated(issuer), token).await
+}
+
+/// [`alices_session_on_a`] with pods of `spec`.
+async fn alices_session_on_a_of(spec: PodSpec, token: String) -> (Scenario, McpClient, Session) {
+    let scenario = Scenario::start(2, spec).await;
     let via_a = scenario.via_a();
     via_a.set_authorization(Some(token));
     let session = via_a.initialize("2025-11-25").await.unwrap();
     (scenario, via_a, session)
+}
+
+/// [`authenticated`] pods whose MCP servers check tokens slowly ([`SLOW_CHECK_MS`]).
+fn slowly_authenticated(issuer: &Issuer) -> PodSpec {
+    let mut spec = authenticated(issuer);
+    spec.server_args
+        .extend(["--auth-latency-ms".into(), SLOW_CHECK_MS.to_string()]);
+    spec
 }
 
 /// `Bearer <token>` of alice from the usual issuer, valid for `ttl` (expired for a zero
@@ -303,13 +316,8 @@ async fn a_rebuild_is_judged_on_the_credentials_of_the_request_that_waits_for_it
     // (a client's requests sent before and after its refresh): each gets the MCP server's
     // judgement of its own token, never a 401 earned by another request's.
     let issuer = Issuer::new().unwrap();
-    let mut spec = authenticated(&issuer);
-    spec.server_args
-        .extend(["--auth-latency-ms".into(), SLOW_CHECK_MS.to_string()]);
-    let mut scenario = Scenario::start(2, spec).await;
-    let via_a = scenario.via_a();
-    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
-    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let (mut scenario, _, session) =
+        alices_session_on_a_of(slowly_authenticated(&issuer), alices_token(&issuer, HOUR)).await;
     let drain = scenario.drain_a().await;
     scenario.wait_moved(1.0).await;
     let expired = scenario.via_rest();
@@ -372,13 +380,8 @@ enum Moment {
 async fn refused_while_moving(moment: Moment, call_id: &str) {
     let issuer = Issuer::new().unwrap();
     let call = quick_call(call_id);
-    let mut spec = authenticated(&issuer);
-    spec.server_args
-        .extend(["--auth-latency-ms".into(), SLOW_CHECK_MS.to_string()]);
-    let mut scenario = Scenario::start(2, spec).await;
-    let via_a = scenario.via_a();
-    via_a.set_authorization(Some(alices_token(&issuer, HOUR)));
-    let session = via_a.initialize("2025-11-25").await.unwrap();
+    let (mut scenario, via_a, session) =
+        alices_session_on_a_of(slowly_authenticated(&issuer), alices_token(&issuer, HOUR)).await;
     via_a.set_authorization(Some(alices_token(&issuer, Duration::ZERO)));
     let via_rest = scenario.via_rest();
     via_rest.set_authorization(Some(alices_token(&issuer, HOUR)));
