@@ -1,11 +1,17 @@
-//! What the sidecar writes to a client: a [`Reply`] (status, headers, a full body or an SSE
-//! feed of a stream's buffer).
+//! What the sidecar writes to a client: a [`Reply`] (status, headers, a full body, an SSE
+//! feed of a stream's buffer, or an upstream answer relayed as it comes: [`Relay`]).
+
+use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use crate::mcp::headers::MCP_SESSION_ID;
+use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::rejection::Rejection;
+use crate::mcp::sse;
 use crate::stream::{Feed, StoredReply};
 
 /// The body of a [`Reply`].
@@ -17,6 +23,9 @@ pub(crate) enum ReplyBody {
     Full(Bytes),
     /// An SSE stream served from a session stream's buffer.
     Sse(Feed),
+    /// An upstream answer relayed as it comes (2026-07-28 requests); the client going away
+    /// drops it, which cancels the request.
+    Relay(Relay),
 }
 
 /// A response the sidecar writes to the client.
@@ -52,6 +61,16 @@ impl From<StoredReply> for Reply {
 }
 
 impl Reply {
+    /// The reply of rejection `r` to the request whose JSON-RPC id is `id` (its error body
+    /// echoes it; `None`: `"id": null`).
+    pub(crate) fn rejection(r: &Rejection, id: Option<&RequestKey>) -> Self {
+        let mut reply = Reply::from(StoredReply::from(r));
+        if id.is_some() {
+            reply.body = ReplyBody::Full(r.body_for(id));
+        }
+        reply
+    }
+
     /// An empty reply with `status` (e.g. 202 Accepted for notifications, spec T-05).
     pub(crate) fn empty(status: StatusCode) -> Self {
         Reply {
@@ -104,6 +123,78 @@ impl Reply {
     }
 }
 
+/// An upstream answer relayed to the client as it arrives: its body's chunks and, for SSE,
+/// keep-alive comments in its silences. Dropping it ends the upstream exchange.
+pub(crate) struct Relay {
+    body: BoxStream<'static, Result<Bytes, String>>,
+    /// `Some(interval)` for SSE: a `: keep-alive` comment after this much silence, written only
+    /// between lines (where a comment line cannot split an event).
+    keep_alive: Option<Duration>,
+    /// Whether the last byte relayed ended a line (or nothing was relayed yet).
+    at_line_start: bool,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("keep_alive", &self.keep_alive)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a [`Relay`] yields next.
+#[derive(Debug)]
+pub(crate) enum Relayed {
+    /// Bytes to write and flush.
+    Data(Bytes),
+    /// The answer is complete.
+    End,
+    /// The upstream broke the answer off: the client's connection is cut, not ended cleanly,
+    /// so that it knows the answer is incomplete.
+    Broken(String),
+}
+
+impl Relay {
+    /// Relays `body` (its chunks, or why it broke), with keep-alive comments after
+    /// `keep_alive` of silence when it is SSE.
+    pub(crate) fn new(
+        body: impl futures::Stream<Item = Result<Bytes, String>> + Send + 'static,
+        keep_alive: Option<Duration>,
+    ) -> Self {
+        Self {
+            body: body.boxed(),
+            keep_alive,
+            at_line_start: true,
+        }
+    }
+
+    /// The next chunk of the answer, a keep-alive comment, or its end.
+    pub(crate) async fn next(&mut self) -> Relayed {
+        let chunk = match self.keep_alive {
+            Some(interval) => loop {
+                match tokio::time::timeout(interval, self.body.next()).await {
+                    Ok(chunk) => break chunk,
+                    Err(_) if self.at_line_start => {
+                        return Relayed::Data(Bytes::from_static(sse::KEEP_ALIVE_LINE));
+                    }
+                    Err(_) => {}
+                }
+            },
+            None => self.body.next().await,
+        };
+        match chunk {
+            None => Relayed::End,
+            Some(Err(e)) => Relayed::Broken(e),
+            Some(Ok(bytes)) => {
+                if let Some(last) = bytes.last() {
+                    self.at_line_start = *last == b'\n';
+                }
+                Relayed::Data(bytes)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +205,52 @@ mod tests {
         let reply = Reply::from(Rejection::SessionNotFound(NotFound::Unknown));
         assert_eq!(reply.status, StatusCode::NOT_FOUND);
         assert!(reply.headers.get(MCP_SESSION_ID).is_none());
+    }
+
+    fn relay(chunks: Vec<Result<&'static [u8], &'static str>>, gap: Duration) -> Relay {
+        let body = futures::stream::iter(chunks).then(move |chunk| async move {
+            tokio::time::sleep(gap).await;
+            chunk.map(Bytes::from_static).map_err(str::to_owned)
+        });
+        Relay::new(body, Some(Duration::from_millis(100)))
+    }
+
+    async fn collect(mut relay: Relay) -> (Vec<Bytes>, Relayed) {
+        let mut out = Vec::new();
+        loop {
+            match relay.next().await {
+                Relayed::Data(bytes) => out.push(bytes),
+                end => return (out, end),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn l05_silences_get_keep_alive_lines_between_lines_only() {
+        let chunks = vec![Ok(&b"data: a\n\n"[..]), Ok(b"data: b"), Ok(b"c\n\n")];
+        let (out, end) = collect(relay(chunks, Duration::from_millis(250))).await;
+        assert!(matches!(end, Relayed::End), "{end:?}");
+        let text: Vec<&[u8]> = out.iter().map(|b| b.as_ref()).collect();
+        // Two silences before the first chunk and after it; none inside the split line.
+        assert_eq!(
+            text,
+            [
+                sse::KEEP_ALIVE_LINE,
+                sse::KEEP_ALIVE_LINE,
+                b"data: a\n\n",
+                sse::KEEP_ALIVE_LINE,
+                sse::KEEP_ALIVE_LINE,
+                b"data: b",
+                b"c\n\n",
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_upstream_body_is_not_a_clean_end() {
+        let chunks = vec![Ok(&b"{"[..]), Err("reset")];
+        let (out, end) = collect(relay(chunks, Duration::ZERO)).await;
+        assert_eq!(out.len(), 1);
+        assert!(matches!(end, Relayed::Broken(e) if e == "reset"));
     }
 }

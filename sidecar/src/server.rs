@@ -253,11 +253,6 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Arc::clone(&metrics),
         Arc::clone(&first_format_ids),
     );
-    let authority = cfg
-        .upstream
-        .authority()
-        .map(|a| a.as_str().to_owned())
-        .unwrap_or_default();
     let sink = MembershipSink::new(initial, Arc::clone(&metrics));
     sink.set_dwell(cfg.rebalance_dwell);
     if !matches!(cfg.membership, MembershipConfig::Kubernetes { .. }) {
@@ -303,10 +298,6 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         policy: admission,
         lifecycle: Arc::clone(&lifecycle),
         metrics: Arc::clone(&metrics),
-        upstream_addr: authority,
-        upstream_host: cfg.upstream_host.clone(),
-        forward_origin: cfg.forward_origin,
-        upstream_path: cfg.upstream.path().to_owned(),
         body_timeout: cfg.request_timeout,
         peer_read_timeout,
         client_write_timeout: cfg.client_write_timeout,

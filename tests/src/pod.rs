@@ -165,6 +165,9 @@ pub struct PodSpec {
     /// Environment variables added to the sidecar's, e.g. `KUBECONFIG` for a Pod watch against
     /// a fake API server ([`crate::kube_api`]).
     pub sidecar_env: Vec<(String, String)>,
+    /// Where the sidecar dials its MCP server (`--upstream`): something in front of the server
+    /// (a [`crate::tap::Tap`] that records what reaches it); `None`: the server itself.
+    pub upstream_via: Option<std::net::SocketAddr>,
 }
 
 impl Default for PodSpec {
@@ -196,6 +199,7 @@ impl Default for PodSpec {
             secret_file: false,
             key_ring: None,
             sidecar_env: Vec::new(),
+            upstream_via: None,
         }
     }
 }
@@ -775,7 +779,10 @@ fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<
         .arg(uid(ip))
         .args(secret_args(spec, dir))
         .arg("--upstream")
-        .arg(format!("{ip}:{UPSTREAM_PORT}"))
+        .arg(
+            spec.upstream_via
+                .map_or_else(|| format!("{ip}:{UPSTREAM_PORT}"), |via| via.to_string()),
+        )
         .arg("--drain-socket")
         .arg(dir.join(DRAIN_SOCKET))
         .args(&spec.sidecar_args)

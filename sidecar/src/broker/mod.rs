@@ -5,6 +5,7 @@
 //!   notifications (202, `notifications/cancelled`);
 //! - [`get`](self::get): resumes with `Last-Event-ID` and the standalone GET stream;
 //! - [`delete`](self::delete): ends a session;
+//! - [`stateless`](self::stateless): 2026-07-28 requests, relayed without a session;
 //! - [`pump`](self::pump): upstream tasks that fill stream buffers and resume upstream streams
 //!   closed early (SEP-1699);
 //! - [`sweep`](self::sweep): idle expiry, buffer TTL, gauges.
@@ -19,6 +20,7 @@ mod post;
 mod pump;
 mod rebuild;
 mod revalidate;
+mod stateless;
 mod sweep;
 
 pub(crate) use cancel::CancelRelay;

@@ -24,9 +24,7 @@ use tether_crds::ProtocolVersion;
 use super::Broker;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
-use crate::mcp::jsonrpc::{
-    self, CODE_TRANSPORT, Envelope, EnvelopeError, Message, RequestKey, error_response,
-};
+use crate::mcp::jsonrpc::{self, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response};
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{Dedupe, EnterGuard, Entry, Session};
@@ -66,10 +64,7 @@ impl Broker {
             }
             _ => None,
         };
-        let envelope = Envelope::parse(&body, call.limits).map_err(|e| match e {
-            EnvelopeError::Parse(m) => Rejection::ParseError(m),
-            EnvelopeError::Invalid(m) => Rejection::InvalidRequest(m),
-        })?;
+        let envelope = Envelope::parse(&body, call.limits).map_err(Rejection::from)?;
         if envelope.is_initialize() {
             let id = envelope.request_ids().remove(0);
             self.metrics

@@ -111,8 +111,6 @@ pub struct Config {
     /// `Host` of every request to the MCP server: `spec.upstream.host`, else the authority of
     /// [`Config::upstream`].
     pub(crate) upstream_host: String,
-    /// Whether the client's `Origin` is passed to the MCP server (`spec.upstream.forwardOrigin`).
-    pub(crate) forward_origin: bool,
     /// Admission settings.
     pub(crate) admission: AdmissionPolicy,
     /// Broker settings.
@@ -263,7 +261,6 @@ impl Config {
                     .map(|a| a.as_str().to_owned())
                     .unwrap_or_default()
             }),
-            forward_origin: spec.upstream.forward_origin,
             upstream,
             admission: source.admission(spec),
             broker: source.broker(spec),

@@ -11,9 +11,11 @@
 //! 7. `Mcp-Session-Id` syntax, visible ASCII 0x21–0x7E (400; S-02);
 //! 8. `Last-Event-ID` length (400);
 //! 9. `Content-Length` against the body limit (413);
-//! 10. for 2026-07-28 POSTs, `Mcp-Method` present (400; P-05) and not `initialize` (404).
+//! 10. for 2026-07-28 POSTs, `Mcp-Method` not `initialize` (404; P-04).
 //!
-//! JSON-RPC envelope checks (batches B-01/B-02, S-04) need the body and run in the broker.
+//! JSON-RPC envelope checks (batches B-01/B-02, S-04) need the body and run in the broker; so do
+//! the checks of a 2026-07-28 request's standard headers against its body
+//! ([`crate::mcp::modern`]).
 
 use http::{HeaderMap, Method, header};
 use tether_crds::ProtocolVersion;
@@ -135,7 +137,7 @@ impl AdmissionPolicy {
         };
         check_media_types(method, era, headers).map_err(refuse)?;
         if era == Era::Stateless && *method == Method::POST {
-            check_mcp_method(headers).map_err(refuse)?;
+            refuse_initialize(headers).map_err(refuse)?;
         }
         let (session_id, last_event_id) = match era {
             Era::Stateless => (None, None),
@@ -226,15 +228,15 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<String>, Rejection> {
     Ok(Some(value.to_owned()))
 }
 
-/// 2026-07-28 POSTs name their method in `Mcp-Method` (spec P-05); `initialize` does not
-/// exist in that version (SEP-2575) and would open an upstream session nobody ends.
-fn check_mcp_method(headers: &HeaderMap) -> Result<(), Rejection> {
+/// `initialize` does not exist in 2026-07-28 (SEP-2575) and would open an upstream session
+/// nobody ends: a POST that names it in `Mcp-Method` gets 404 before its body is read (one that
+/// names it in the body only, [`crate::mcp::modern::check`]).
+fn refuse_initialize(headers: &HeaderMap) -> Result<(), Rejection> {
     match single(headers, &MCP_METHOD, "Mcp-Method")? {
-        None => Err(Rejection::MissingMcpMethod),
-        Some(m) if m.eq_ignore_ascii_case("initialize") => {
+        Some(m) if m.trim().eq_ignore_ascii_case("initialize") => {
             Err(Rejection::MethodNotFound("initialize"))
         }
-        Some(_) => Ok(()),
+        _ => Ok(()),
     }
 }
 
@@ -423,13 +425,14 @@ mod tests {
     }
 
     #[test]
-    fn p05_stateless_posts_need_mcp_method_and_initialize_does_not_exist() {
+    fn p04_initialize_does_not_exist_in_2026_07_28() {
         let mut h = headers(&POST_OK);
         h.insert(
             "mcp-protocol-version",
             HeaderValue::from_static("2026-07-28"),
         );
-        assert_eq!(reject(Method::POST, &h), Rejection::MissingMcpMethod);
+        // Without `Mcp-Method` the body decides (`crate::mcp::modern`).
+        assert!(policy().admit(&Method::POST, "/mcp", &h).is_ok());
         h.insert("mcp-method", HeaderValue::from_static("initialize"));
         assert_eq!(
             reject(Method::POST, &h),

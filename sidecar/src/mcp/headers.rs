@@ -21,6 +21,8 @@ pub(crate) const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-sessi
 pub(crate) const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 /// `Mcp-Method` (spec P-05, 2026-07-28).
 pub(crate) const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+/// `Mcp-Name` (spec P-05, 2026-07-28): the tool, prompt or resource a request names.
+pub(crate) const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 /// `Last-Event-ID` (spec R-03; WHATWG SSE).
 pub(crate) const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 

@@ -359,10 +359,18 @@ pub(crate) fn error_response(id: &RequestKey, code: i64, message: &str, reason: 
     )
 }
 
-/// JSON-RPC error code used for transport-level rejections (implementation-defined range).
+/// JSON-RPC error code used for transport-level rejections. MCP leaves -32000..-32019 to
+/// implementations and allocates its own codes from -32020 on (2026-07-28, "Error codes").
 pub(crate) const CODE_TRANSPORT: i64 = -32000;
-/// JSON-RPC error code for an unknown session, as the TypeScript SDK uses.
+/// JSON-RPC error code for an unknown session, as the TypeScript SDK uses (implementation-defined
+/// range).
 pub(crate) const CODE_SESSION_NOT_FOUND: i64 = -32001;
+/// MCP `HeaderMismatch` (2026-07-28): the standard headers (`Mcp-Method`, `Mcp-Name`,
+/// `MCP-Protocol-Version`) are missing, malformed or do not match the body (SEP-2243).
+pub(crate) const CODE_HEADER_MISMATCH: i64 = -32020;
+/// MCP `UnsupportedProtocolVersionError` (2026-07-28, SEP-2575): `data.supported` lists the
+/// versions the server implements, `data.requested` echoes the one asked for.
+pub(crate) const CODE_UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 /// JSON-RPC parse error.
 pub(crate) const CODE_PARSE_ERROR: i64 = -32700;
 /// JSON-RPC invalid request.

@@ -3,6 +3,7 @@
 //!
 //! - [`admission`]: the checks every request passes, with [`origin`] (the allowlist and CORS);
 //! - [`jsonrpc`]: envelopes, request ids, error codes;
+//! - [`modern`]: a 2026-07-28 request's standard headers checked against its body;
 //! - [`rejection`]: the catalogue of errors the sidecar answers itself;
 //! - [`session_id`]: the client session ids the sidecar mints; [`cursor`]: event ids;
 //! - [`headers`]: header names and what passes through; [`sse`]: SSE framing; [`sse_limit`]:
@@ -12,6 +13,7 @@ pub(crate) mod admission;
 pub(crate) mod cursor;
 pub(crate) mod headers;
 pub(crate) mod jsonrpc;
+pub(crate) mod modern;
 pub(crate) mod origin;
 pub(crate) mod principal;
 pub(crate) mod rejection;

@@ -3,8 +3,14 @@
 //! Every error the sidecar produces itself is a [`Rejection`]: one place fixes its HTTP status
 //! (per the spec checklist ids noted on each variant), its JSON-RPC error code, its message and
 //! the `reason` label used in metrics. Error bodies are JSON-RPC errors without an id
-//! (`"id": null`), which the spec allows for transport errors (T-05, O-02). No error reply ever
-//! carries `Mcp-Session-Id` (`rejection_bodies_are_json_rpc_errors_without_id`).
+//! (`"id": null`), which the spec allows for transport errors (T-05, O-02), unless the request's
+//! body was read: then they carry its id ([`Rejection::body_for`]; 2026-07-28 requires it). No
+//! error reply ever carries `Mcp-Session-Id` (`rejection_bodies_are_json_rpc_errors_without_id`).
+//!
+//! Codes are JSON-RPC's own, MCP's where the rejection means what MCP's code means
+//! (`HeaderMismatch` -32020, `UnsupportedProtocolVersionError` -32022), else in the range MCP
+//! leaves to implementations (-32000..-32019): a client that speaks both eras reads an MCP code as
+//! a server of the 2026-07-28 era, so an endpoint without that version never answers one.
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -12,8 +18,9 @@ use serde_json::json;
 use tether_crds::ProtocolVersion;
 
 use super::jsonrpc::{
-    CODE_INTERNAL, CODE_INVALID_PARAMS, CODE_INVALID_REQUEST, CODE_METHOD_NOT_FOUND,
-    CODE_PARSE_ERROR, CODE_SESSION_NOT_FOUND, CODE_TRANSPORT,
+    CODE_HEADER_MISMATCH, CODE_INTERNAL, CODE_INVALID_PARAMS, CODE_INVALID_REQUEST,
+    CODE_METHOD_NOT_FOUND, CODE_PARSE_ERROR, CODE_SESSION_NOT_FOUND, CODE_TRANSPORT,
+    CODE_UNSUPPORTED_PROTOCOL_VERSION, EnvelopeError, RequestKey,
 };
 
 /// Why a session id is answered 404 (spec S-05); the `reason` label of
@@ -74,6 +81,26 @@ impl VersionMismatch {
             supported: supported.to_vec(),
         }
     }
+
+    /// The versions of the 2026-07-28 era the endpoint admits: those a client uses without a
+    /// handshake, which an `UnsupportedProtocolVersionError` lists (a client of both eras reaches
+    /// the older ones through `initialize`). Empty for an endpoint of the 2025 era only.
+    pub(crate) fn modern(&self) -> Vec<ProtocolVersion> {
+        self.supported
+            .iter()
+            .copied()
+            .filter(|v| v.is_stateless())
+            .collect()
+    }
+}
+
+impl From<EnvelopeError> for Rejection {
+    fn from(e: EnvelopeError) -> Self {
+        match e {
+            EnvelopeError::Parse(m) => Rejection::ParseError(m),
+            EnvelopeError::Invalid(m) => Rejection::InvalidRequest(m),
+        }
+    }
 }
 
 /// An error answered by the sidecar itself.
@@ -88,7 +115,8 @@ pub(crate) enum Rejection {
     MethodNotFound(&'static str),
     /// 403: `Origin` not in the allowlist, or missing while `allowMissing` is false (O-01/O-02).
     OriginForbidden,
-    /// 400: `MCP-Protocol-Version` unknown or not in `spec.protocolVersions` (P-03).
+    /// 400: `MCP-Protocol-Version` unknown or not in `spec.protocolVersions` (P-03); MCP's
+    /// `UnsupportedProtocolVersionError` (-32022) when the endpoint admits 2026-07-28 (P-04).
     UnsupportedVersion(VersionMismatch),
     /// 400: the negotiated version is not in `spec.protocolVersions` (I-02).
     UnsupportedNegotiatedVersion(VersionMismatch),
@@ -102,8 +130,10 @@ pub(crate) enum Rejection {
     MalformedSessionId,
     /// 400: a request other than `initialize` without `Mcp-Session-Id` (S-04).
     SessionRequired,
-    /// 400: a 2026-07-28 POST without `Mcp-Method` (spec P-05).
-    MissingMcpMethod,
+    /// 400 with MCP's `HeaderMismatch` (-32020): a 2026-07-28 request whose standard headers
+    /// (`Mcp-Method`, `Mcp-Name`, `MCP-Protocol-Version`) are missing, malformed or disagree with
+    /// its body (P-04, P-05, SEP-2243); the detail says which.
+    HeaderMismatch(String),
     /// 400: a header value that is not visible ASCII / UTF-8.
     MalformedHeader(&'static str),
     /// 413: body larger than the limit.
@@ -191,7 +221,7 @@ impl Rejection {
             | UnsupportedNegotiatedVersion(_)
             | MalformedSessionId
             | SessionRequired
-            | MissingMcpMethod
+            | HeaderMismatch(_)
             | MalformedHeader(_)
             | ParseError(_)
             | InvalidRequest(_)
@@ -219,7 +249,7 @@ impl Rejection {
             MethodNotAllowed => "method_not_allowed",
             MalformedSessionId => "malformed_session_id",
             SessionRequired => "session_required",
-            MissingMcpMethod => "missing_mcp_method",
+            HeaderMismatch(_) => "header_mismatch",
             MalformedHeader(_) => "malformed_header",
             PayloadTooLarge(_) => "payload_too_large",
             InitializeTooLarge(_) => "initialize_too_large",
@@ -257,6 +287,8 @@ impl Rejection {
                 CODE_INVALID_REQUEST
             }
             UnsupportedNegotiatedVersion(_) => CODE_INVALID_PARAMS,
+            HeaderMismatch(_) => CODE_HEADER_MISMATCH,
+            UnsupportedVersion(v) if !v.modern().is_empty() => CODE_UNSUPPORTED_PROTOCOL_VERSION,
             UpstreamUnavailable | UpstreamNotReady | UpstreamTimeout | PeerUnavailable => {
                 CODE_INTERNAL
             }
@@ -291,9 +323,7 @@ impl Rejection {
                 "Bad Request: Mcp-Session-Id must be visible ASCII (0x21-0x7E)".into()
             }
             SessionRequired => "Bad Request: Mcp-Session-Id header is required".into(),
-            MissingMcpMethod => {
-                "Bad Request: Mcp-Method header is required in protocol version 2026-07-28".into()
-            }
+            HeaderMismatch(detail) => format!("Bad Request: header mismatch: {detail}"),
             MalformedHeader(name) => format!("Bad Request: malformed {name} header"),
             PayloadTooLarge(limit) => format!("Payload Too Large: body exceeds {limit} bytes"),
             InitializeTooLarge(limit) => format!(
@@ -361,18 +391,32 @@ impl Rejection {
         }
     }
 
-    /// The JSON-RPC error body (no `id`); `data.reason` is [`Rejection::reason`], and version
-    /// errors add `data.requested` and `data.supported` (spec I-02).
+    /// The JSON-RPC error body without an id ([`Rejection::body_for`]).
     pub(crate) fn body(&self) -> Bytes {
+        self.body_for(None)
+    }
+
+    /// The JSON-RPC error body answering request `id` (`null` when unknown): `data.reason` is
+    /// [`Rejection::reason`], and version errors add `data.requested` and `data.supported`
+    /// (spec I-02; for MCP's `UnsupportedProtocolVersionError` the versions of
+    /// [`VersionMismatch::modern`]).
+    pub(crate) fn body_for(&self, id: Option<&RequestKey>) -> Bytes {
         let mut data = json!({"reason": self.reason()});
         if let Rejection::UnsupportedVersion(v) | Rejection::UnsupportedNegotiatedVersion(v) = self
         {
+            let listed = match self.code() {
+                CODE_UNSUPPORTED_PROTOCOL_VERSION => v.modern(),
+                _ => v.supported.clone(),
+            };
             data["requested"] = json!(v.requested);
-            data["supported"] = json!(v.supported.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+            data["supported"] = json!(listed.iter().map(|s| s.as_str()).collect::<Vec<_>>());
         }
+        let id: serde_json::Value = id
+            .and_then(|k| serde_json::from_str(k.as_json()).ok())
+            .unwrap_or_default();
         let body = json!({
             "jsonrpc": "2.0",
-            "id": null,
+            "id": id,
             "error": {"code": self.code(), "message": self.message(), "data": data}
         });
         Bytes::from(body.to_string())
@@ -399,7 +443,7 @@ mod tests {
             MethodNotAllowed,
             MalformedSessionId,
             SessionRequired,
-            MissingMcpMethod,
+            HeaderMismatch("x".into()),
             MalformedHeader("x"),
             PayloadTooLarge(1),
             InitializeTooLarge(1),
@@ -437,7 +481,7 @@ mod tests {
                 | UnsupportedMediaType
                 | MethodNotAllowed
                 | MalformedSessionId
-                | MissingMcpMethod
+                | HeaderMismatch(_)
                 | SessionRequired
                 | MalformedHeader(_)
                 | PayloadTooLarge(_)
@@ -478,12 +522,19 @@ mod tests {
             UnsupportedVersion(_) => {
                 "`MCP-Protocol-Version` unknown or not in `protocolVersions` (P-03), unless it is \
                  the session's own negotiated version (a reload that removes a version leaves its \
-                 sessions working); `data.supported` lists them"
+                 sessions working); `data.supported` lists them. An endpoint that admits \
+                 2026-07-28 answers MCP's `UnsupportedProtocolVersionError` (-32022, P-04) with \
+                 the request's id and lists its 2026-07-28-era versions; one that does not \
+                 answers -32000, which dual-era clients read as a server to `initialize`"
             }
             UnsupportedNegotiatedVersion(_) => {
                 "the MCP server negotiated a version not in `protocolVersions` (I-02)"
             }
-            MissingMcpMethod => "a 2026-07-28 POST without `Mcp-Method` (P-05)",
+            HeaderMismatch(_) => {
+                "a 2026-07-28 request without `Mcp-Method` (P-05), or whose `Mcp-Method`, \
+                 `Mcp-Name` or `MCP-Protocol-Version` disagrees with its body (P-04, SEP-2243; \
+                 -32020 `HeaderMismatch`, with the request's id)"
+            }
             MalformedHeader(_) => "a header value that is not text, or repeated",
             ParseError(_) => "body is not JSON (-32700)",
             InvalidRequest(_) => "body is not JSON-RPC 2.0 (-32600)",
@@ -645,6 +696,54 @@ mod tests {
         if let Err(e) = tether_crds::reference::check_generated(&root, path, &reference) {
             panic!("{e}");
         }
+    }
+
+    /// MCP allocates -32020..-32099 for its own codes (2026-07-28, "Error codes"): a rejection
+    /// uses one only for what it means there, every other code is JSON-RPC's or in -32000..-32019.
+    #[test]
+    fn every_code_is_json_rpc_s_implementation_defined_or_mcp_s_own_meaning() {
+        for r in every_rejection() {
+            let code = r.code();
+            let mcp_meaning = match &r {
+                Rejection::HeaderMismatch(_) => code == CODE_HEADER_MISMATCH,
+                Rejection::UnsupportedVersion(v) if !v.modern().is_empty() => {
+                    code == CODE_UNSUPPORTED_PROTOCOL_VERSION
+                }
+                _ => false,
+            };
+            let allowed = (-32019..=-32000).contains(&code)
+                || (-32700..=-32600).contains(&code)
+                || mcp_meaning;
+            assert!(allowed, "{r:?} answers {code}");
+        }
+    }
+
+    /// A dual-era client falls back to `initialize` on a 400 whose body is no MCP code (SEP-2575,
+    /// "Backwards compatibility"); one that speaks 2026-07-28 retries with a listed version.
+    #[test]
+    fn p04_unsupported_versions_speak_the_era_the_endpoint_admits() {
+        use ProtocolVersion::*;
+        let old = Rejection::UnsupportedVersion(VersionMismatch::new(
+            "2026-07-28",
+            &[V2025_06_18, V2025_11_25],
+        ));
+        let v: serde_json::Value = serde_json::from_slice(&old.body()).unwrap();
+        assert_eq!(v["error"]["code"], CODE_TRANSPORT);
+        assert_eq!(
+            v["error"]["data"]["supported"],
+            json!(["2025-06-18", "2025-11-25"])
+        );
+        let dual = Rejection::UnsupportedVersion(VersionMismatch::new(
+            "2099-01-01",
+            &[V2025_11_25, V2026_07_28],
+        ));
+        let id = RequestKey::of(&json!(301));
+        let v: serde_json::Value = serde_json::from_slice(&dual.body_for(Some(&id))).unwrap();
+        assert_eq!(v["id"], 301);
+        assert_eq!(v["error"]["code"], CODE_UNSUPPORTED_PROTOCOL_VERSION);
+        assert_eq!(v["error"]["data"]["supported"], json!(["2026-07-28"]));
+        assert_eq!(v["error"]["data"]["requested"], "2099-01-01");
+        assert_eq!(dual.status(), StatusCode::BAD_REQUEST);
     }
 
     #[test]

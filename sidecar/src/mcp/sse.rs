@@ -12,6 +12,9 @@ use crate::mcp::cursor::EventId;
 
 /// The comment sent on idle streams so proxies and clients see the connection is alive.
 pub(crate) const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+/// A keep-alive comment line without the blank line that ends an event: safe between any two
+/// lines of a relayed stream (it neither ends nor splits the event it falls in).
+pub(crate) const KEEP_ALIVE_LINE: &[u8] = b": keep-alive\n";
 
 /// Appends one event frame: `id`, optional `event`, then one `data:` line per line of `data`.
 ///

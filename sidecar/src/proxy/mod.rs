@@ -4,9 +4,12 @@
 //! - Sessionful requests (2025-03-26 … 2025-11-25) are answered by the sidecar itself: the body
 //!   is read (bounded in size and time), the broker produces a [`Reply`], and SSE replies are
 //!   written event by event from the stream buffer, each chunk flushed at once.
-//! - Stateless requests (2026-07-28) take pingora's proxy path to the upstream unchanged, except
-//!   that `Mcp-Session-Id` and `Last-Event-ID` are dropped (spec S-10, R-08). A client
-//!   disconnect aborts the upstream exchange, which is the cancellation (spec L-05).
+//! - Stateless requests (2026-07-28) are read (bounded), their standard headers checked against
+//!   the body ([`crate::mcp::modern`]), and relayed to the upstream by the broker without a
+//!   session (`broker::stateless`): `Mcp-Session-Id` and `Last-Event-ID` are dropped (spec S-10,
+//!   R-08), and a client disconnect drops the relay, which is the cancellation (spec L-05). An
+//!   unknown version of an endpoint that admits 2026-07-28 gets MCP's
+//!   `UnsupportedProtocolVersionError` with the request's id.
 //! - Requests for a session held by another pod, and requests without a session on a draining pod,
 //!   are forwarded to the peer [`crate::cluster::routing`] picks, through pingora's proxy path: the
 //!   client's headers and the peer's status, headers and body pass unchanged (SSE chunks are
@@ -35,7 +38,7 @@ use bytes::{Bytes, BytesMut};
 use connection::{Connection, Port};
 use forward::{Failure, Forwarding, Next, World, failed_answer, is_connect_error};
 use http::{HeaderValue, Method, StatusCode, header};
-use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::http::RequestHeader;
 use pingora::prelude::HttpPeer;
 use pingora::protocols::ALPN;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -51,9 +54,9 @@ use crate::handoff::auth::now_ms;
 use crate::handoff::listener::{PeerListener, is_peer_path};
 use crate::lifecycle::Lifecycle;
 use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
-use crate::mcp::headers::{LAST_EVENT_ID, MCP_SESSION_ID, identity_edits};
-use crate::mcp::jsonrpc::Envelope;
-use crate::mcp::origin::{OriginCheck, add_response_headers};
+use crate::mcp::jsonrpc::{Envelope, RequestKey};
+use crate::mcp::modern;
+use crate::mcp::origin::OriginCheck;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::metrics::Metrics;
 use crate::reply::{Reply, ReplyBody};
@@ -97,14 +100,6 @@ pub(crate) struct McpProxy {
     pub(crate) lifecycle: Arc<Lifecycle>,
     /// Requests, rejections and forwards are counted here.
     pub(crate) metrics: Arc<Metrics>,
-    /// The upstream's `host:port` (stateless requests are proxied there).
-    pub(crate) upstream_addr: String,
-    /// `Host` towards the MCP server (`spec.upstream.host`, else `upstream_addr`).
-    pub(crate) upstream_host: String,
-    /// Whether the client's `Origin` is passed to the MCP server (`spec.upstream.forwardOrigin`).
-    pub(crate) forward_origin: bool,
-    /// The MCP path at the upstream.
-    pub(crate) upstream_path: String,
     /// How long a request body may take to arrive (slow clients get 408).
     pub(crate) body_timeout: Duration,
     /// Bounds each read from a peer a request was forwarded to: it exceeds the peer's own
@@ -146,6 +141,54 @@ impl McpProxy {
         tokio::time::timeout(self.body_timeout, read)
             .await
             .unwrap_or(Err(Rejection::RequestTimeout))
+    }
+
+    /// The JSON-RPC id of the request in the body, read for an error that echoes it (a body
+    /// that cannot be read or parsed has none).
+    async fn request_id(&self, session: &mut Session) -> Option<RequestKey> {
+        let body = self.read_body(session).await.ok()?;
+        let limits = self.policy.load().envelope;
+        Envelope::parse(&body, limits)
+            .ok()?
+            .request_ids()
+            .into_iter()
+            .next()
+    }
+
+    /// Serves a 2026-07-28 request here: its body read and checked against its standard
+    /// headers ([`modern::check`]), then relayed to the upstream (`broker::stateless`). Errors
+    /// carry the request's id once the body is read.
+    async fn serve_stateless(&self, session: &mut Session, admitted: &Admitted) -> Reply {
+        let refuse = |rejection: Rejection, id: Option<&RequestKey>| {
+            self.metrics.rejection(&rejection);
+            Reply::rejection(&rejection, id)
+        };
+        let body = match self.read_body(session).await {
+            Ok(body) => body,
+            Err(rejection) => {
+                session.set_keepalive(None);
+                return refuse(rejection, None);
+            }
+        };
+        let mut id = None;
+        if admitted.method == Method::POST {
+            let envelope = match Envelope::parse(&body, admitted.limits) {
+                Ok(envelope) => envelope,
+                Err(e) => return refuse(e.into(), None),
+            };
+            id = envelope.request_ids().into_iter().next();
+            if let Err(rejection) = modern::check(&admitted.headers, &envelope) {
+                return refuse(rejection, id.as_ref());
+            }
+        }
+        match self
+            .broker
+            .stateless(admitted.method.clone(), &admitted.headers, body)
+            .await
+        {
+            Ok(reply) => reply,
+            Err(rejection) => refuse(rejection, id.as_ref()),
+        }
     }
 }
 
@@ -271,7 +314,17 @@ impl ProxyHttp for McpProxy {
             Err(refused) => {
                 self.metrics.rejection(&refused.rejection);
                 ctx.origin = refused.origin;
-                return respond(session, ctx, refused.rejection.into()).await;
+                // MCP's `UnsupportedProtocolVersionError` answers the request by its id.
+                let id = match &refused.rejection {
+                    Rejection::UnsupportedVersion(v)
+                        if method == Method::POST && !v.modern().is_empty() =>
+                    {
+                        self.request_id(session).await
+                    }
+                    _ => None,
+                };
+                let reply = Reply::rejection(&refused.rejection, id.as_ref());
+                return respond(session, ctx, reply).await;
             }
             Ok(Admission::Preflight(headers)) => {
                 let reply = Reply {
@@ -311,7 +364,8 @@ impl ProxyHttp for McpProxy {
             if let Some(v) = admitted.version {
                 self.metrics.protocol_version(v);
             }
-            return Ok(false);
+            let reply = self.serve_stateless(session, &admitted).await;
+            return respond(session, ctx, reply).await;
         }
         let body = match self.read_body(session).await {
             Ok(body) => body,
@@ -349,11 +403,12 @@ impl ProxyHttp for McpProxy {
             peer.options.write_timeout = Some(self.peer_read_timeout);
             return Ok(Box::new(peer));
         }
-        Ok(Box::new(HttpPeer::new(
-            self.upstream_addr.as_str(),
-            false,
-            String::new(),
-        )))
+        // Only forwards take pingora's proxy path; everything else is answered in
+        // `request_filter`.
+        Err(pingora::Error::explain(
+            ErrorType::InternalError,
+            "a request that is not forwarded reached the proxy path",
+        ))
     }
 
     fn fail_to_connect(
@@ -412,26 +467,7 @@ impl ProxyHttp for McpProxy {
             {
                 upstream_request.insert_header(name, value)?;
             }
-            return Ok(());
         }
-        upstream_request.remove_header(&MCP_SESSION_ID);
-        upstream_request.remove_header(&LAST_EVENT_ID);
-        let path_and_query = match upstream_request.uri.query() {
-            Some(q) => format!("{}?{q}", self.upstream_path),
-            None => self.upstream_path.clone(),
-        };
-        let uri = path_and_query
-            .parse()
-            .map_err(|_| pingora::Error::explain(ErrorType::InvalidHTTPHeader, "upstream path"))?;
-        upstream_request.set_uri(uri);
-        let (set, remove) = identity_edits(&upstream_request.headers, self.forward_origin);
-        for name in remove {
-            upstream_request.remove_header(&name);
-        }
-        for (name, value) in set {
-            upstream_request.insert_header(name, value)?;
-        }
-        upstream_request.insert_header(header::HOST, self.upstream_host.as_str())?;
         Ok(())
     }
 
@@ -448,34 +484,6 @@ impl ProxyHttp for McpProxy {
                 ErrorType::HTTPStatus(413),
                 "request body too large",
             ));
-        }
-        Ok(())
-    }
-
-    async fn response_filter(
-        &self,
-        _session: &mut Session,
-        upstream_response: &mut ResponseHeader,
-        ctx: &mut RequestCtx,
-    ) -> pingora::Result<()> {
-        if ctx.forward.is_some() {
-            // The peer's answer is authoritative and already carries the CORS headers.
-            return Ok(());
-        }
-        // Stateless traffic never carries a session id (spec S-10); one the upstream opened
-        // anyway is ended.
-        if let Some(id) = upstream_response
-            .headers
-            .get(&MCP_SESSION_ID)
-            .and_then(|v| v.to_str().ok())
-        {
-            self.broker.abandon_upstream_session(id.to_owned());
-        }
-        upstream_response.remove_header(&MCP_SESSION_ID);
-        let mut cors = http::HeaderMap::new();
-        add_response_headers(&mut cors, &ctx.origin);
-        for (name, value) in &cors {
-            upstream_response.insert_header(name.clone(), value.clone())?;
         }
         Ok(())
     }

@@ -1,5 +1,7 @@
 //! Writing a [`Reply`] to the client through pingora: status and headers (with CORS), then a
-//! full body, or an SSE feed chunk by chunk, each flushed at once.
+//! full body, an SSE feed or an upstream relay chunk by chunk, each flushed at once. While a relay
+//! waits for the MCP server, the client's connection is watched: a client that goes away
+//! drops the relay, which cancels its request (spec L-05).
 
 use http::{HeaderValue, StatusCode, header};
 use pingora::ErrorType;
@@ -7,7 +9,7 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
 use crate::mcp::origin::{OriginCheck, add_response_headers};
-use crate::reply::{Reply, ReplyBody};
+use crate::reply::{Relayed, Reply, ReplyBody};
 use crate::stream::FeedItem;
 
 /// Writes `reply` with the CORS headers of the request. `Ok(true)` tells pingora the response
@@ -41,12 +43,7 @@ pub(super) async fn write(
             session.write_response_body(Some(bytes), true).await?;
         }
         ReplyBody::Sse(mut feed) => {
-            // Chunked, so the connection stays reusable after a clean end.
-            head.insert_header(
-                header::TRANSFER_ENCODING,
-                HeaderValue::from_static("chunked"),
-            )?;
-            session.write_response_header(Box::new(head), false).await?;
+            start_chunked(session, head).await?;
             loop {
                 match feed.next().await {
                     FeedItem::Data(bytes) => {
@@ -68,6 +65,46 @@ pub(super) async fn write(
                 }
             }
         }
+        ReplyBody::Relay(mut relay) => {
+            start_chunked(session, head).await?;
+            loop {
+                let next = tokio::select! {
+                    next = relay.next() => next,
+                    // Resolves only when the client closed its connection or stream.
+                    left = session.as_downstream_mut().read_body_or_idle(true) => {
+                        let reason = left.err().map_or_else(String::new, |e| e.to_string());
+                        tracing::debug!(%reason, "the client left; its request is cancelled");
+                        return Err(pingora::Error::explain(
+                            ErrorType::ConnectionClosed,
+                            "the client left before the answer ended",
+                        ));
+                    }
+                };
+                match next {
+                    Relayed::Data(bytes) => session.write_response_body(Some(bytes), false).await?,
+                    Relayed::End => {
+                        session.write_response_body(None, true).await?;
+                        break;
+                    }
+                    Relayed::Broken(reason) => {
+                        tracing::debug!(%reason, "the MCP server broke its answer off");
+                        return Err(pingora::Error::explain(
+                            ErrorType::ReadError,
+                            "the MCP server broke its answer off",
+                        ));
+                    }
+                }
+            }
+        }
     }
     Ok(true)
+}
+
+/// Writes `head` for a chunked body: the connection stays reusable after a clean end.
+async fn start_chunked(session: &mut Session, mut head: ResponseHeader) -> pingora::Result<()> {
+    head.insert_header(
+        header::TRANSFER_ENCODING,
+        HeaderValue::from_static("chunked"),
+    )?;
+    session.write_response_header(Box::new(head), false).await
 }

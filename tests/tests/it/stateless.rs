@@ -145,19 +145,310 @@ async fn p04_initialize_does_not_exist_in_2026_07_28() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     assert!(body_text(resp).await.unwrap().contains("-32601"));
-    // Without `Mcp-Method` (required in 2026-07-28, P-05) it is refused before the upstream.
+    // Named in the body only, it is refused the same way before the upstream, with its id.
     let resp = pod
         .client()
         .http()
         .send(Method::POST, &pod.mcp_url, &h[..3], Some(body))
         .await
         .unwrap();
-    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     assert!(resp.headers().get("mcp-session-id").is_none());
-    assert!(
-        body_text(resp)
+    let answer: Value = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
+    assert_eq!(answer["error"]["code"], -32601);
+    assert_eq!(answer["id"], 1);
+    assert_eq!(
+        pod.metric("tether_sessions_created_total").await.unwrap(),
+        0.0
+    );
+}
+
+/// A 2026-07-28 POST of `body` (`method` in the body) with the standard headers `extra` and
+/// the usual ones; its status and JSON answer.
+async fn post_v4(url: &str, extra: &[(&str, &str)], body: &Value) -> (StatusCode, Value) {
+    let mut h = vec![
+        ("accept", ACCEPT_BOTH),
+        ("content-type", "application/json"),
+        ("mcp-protocol-version", V4),
+    ];
+    h.extend_from_slice(extra);
+    let resp = tether_tests::client::Http::new()
+        .send(Method::POST, url, &h, Some(Bytes::from(body.to_string())))
+        .await
+        .unwrap();
+    let status = resp.status();
+    let text = body_text(resp).await.unwrap();
+    let json = serde_json::from_str(&text)
+        .or_else(|_| {
+            // An SSE answer: its last data line.
+            let data = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .next_back();
+            serde_json::from_str(data.unwrap_or_default().trim())
+        })
+        .unwrap_or_else(|_| panic!("not JSON: {text}"));
+    (status, json)
+}
+
+fn meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": V4,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    })
+}
+
+/// SEP-2243 ("HTTP Header Standardization"), 2026-07-28 Streamable HTTP "Standard headers":
+/// a header that disagrees with the body, or names nothing, is refused with `HeaderMismatch`
+/// before the MCP server sees the request; `Mcp-Param-*` headers reach it unchanged.
+#[tokio::test]
+async fn p05_mismatched_headers_never_reach_the_server_and_mcp_param_headers_do() {
+    let ip = tether_tests::addr::next_ip();
+    let front = tether_tests::addr::next_ip();
+    let tap = tether_tests::tap::Tap::start(
+        (front, tether_tests::pod::UPSTREAM_PORT).into(),
+        (ip, tether_tests::pod::UPSTREAM_PORT).into(),
+        std::sync::Arc::new(|_: &str| false),
+    )
+    .await
+    .unwrap();
+    let spec = tether_tests::pod::PodSpec {
+        upstream_via: Some(tap.addr),
+        ..tether_tests::pod::PodSpec::default()
+    };
+    let pod = Pod::start_at(ip, spec).await.unwrap();
+    let echo = json!({"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": {
+        "name": "echo", "arguments": {"text": "eu"}, "_meta": meta()}});
+    let list = json!({"jsonrpc": "2.0", "id": 42, "method": "tools/list",
+        "params": {"_meta": meta()}});
+    let refused = [
+        (
+            &echo,
+            vec![("mcp-method", "tools/list"), ("mcp-name", "echo")],
+        ),
+        (
+            &echo,
+            vec![
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "wrong_tool_name"),
+            ],
+        ),
+        (&echo, vec![("mcp-method", "tools/call")]),
+        (
+            &list,
+            vec![("mcp-method", "tools/list"), ("mcp-name", "echo")],
+        ),
+        (&list, vec![]),
+    ];
+    for (body, extra) in &refused {
+        let (status, answer) = post_v4(&pod.mcp_url, extra, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra:?}: {answer}");
+        assert_eq!(answer["error"]["code"], -32020, "{answer}");
+        assert_eq!(answer["id"], body["id"], "the request's id: {answer}");
+    }
+    assert!(tap.recorded().is_empty(), "refused before the MCP server");
+    let extra = [
+        ("mcp-method", "tools/call"),
+        ("mcp-name", " echo "),
+        ("mcp-param-region", "eu-west"),
+    ];
+    let (status, answer) = post_v4(&pod.mcp_url, &extra, &echo).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["id"], 41);
+    let seen = tap.recorded();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].header("mcp-param-region").as_deref(),
+        Some("eu-west")
+    );
+    assert_eq!(seen[0].header("mcp-method").as_deref(), Some("tools/call"));
+    // Optional whitespace is not part of a field value (RFC 9110 §5.5).
+    assert_eq!(seen[0].header("mcp-name").as_deref(), Some("echo"));
+    assert_eq!(
+        pod.metric("tether_rejections_total{status=\"400\",reason=\"header_mismatch\"}")
             .await
-            .unwrap()
-            .contains("missing_mcp_method")
+            .unwrap(),
+        refused.len() as f64
+    );
+}
+
+/// The standard headers mean nothing before 2026-07-28: a session's request that carries wrong
+/// ones is served as its body says.
+#[tokio::test]
+async fn p05_sessionful_requests_are_not_checked_on_the_standard_headers() {
+    let pod = Pod::start_default().await.unwrap();
+    let client = pod.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let resp = client
+        .post(
+            Some(&session),
+            &tether_tests::client::tools_list(2),
+            &[("mcp-method", "prompts/get"), ("mcp-name", "nothing")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let listed = tether_tests::client::messages(resp, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        listed.iter().any(|m| m["result"]["tools"].is_array()),
+        "{listed:?}"
+    );
+}
+
+/// SEP-2575 (2026-07-28 "Protocol version negotiation"; spec P-04): an endpoint that admits
+/// 2026-07-28 answers an unknown version with `UnsupportedProtocolVersionError` (-32022, the
+/// request's id, the versions usable without a handshake); one that does not answers a modern
+/// request with a 400 whose body is no MCP code, so that a dual-era client falls back to
+/// `initialize` (2026-07-28 "Backwards compatibility").
+#[tokio::test]
+async fn p04_era_signalling_with_and_without_2026_07_28() {
+    let discover = |version: &str| {
+        json!({"jsonrpc": "2.0", "id": 301, "method": "server/discover", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": version,
+            "io.modelcontextprotocol/clientCapabilities": {}}}})
+    };
+    let dual = Pod::start_default().await.unwrap();
+    let (status, answer) = post_v4(
+        &dual.mcp_url,
+        &[("mcp-method", "server/discover")],
+        &discover(V4),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "server/discover passes through: {answer}"
+    );
+    let mut h = vec![
+        ("accept", ACCEPT_BOTH),
+        ("content-type", "application/json"),
+        ("mcp-protocol-version", "2099-01-01"),
+        ("mcp-method", "server/discover"),
+    ];
+    let resp = tether_tests::client::Http::new()
+        .send(
+            Method::POST,
+            &dual.mcp_url,
+            &h,
+            Some(Bytes::from(discover("2099-01-01").to_string())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let answer: Value = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
+    assert_eq!(answer["id"], 301, "{answer}");
+    assert_eq!(answer["error"]["code"], -32022);
+    assert_eq!(answer["error"]["data"]["supported"], json!([V4]));
+    assert_eq!(answer["error"]["data"]["requested"], "2099-01-01");
+
+    let old = Pod::start(tether_tests::pod::PodSpec {
+        versions: vec!["2025-06-18".into(), "2025-11-25".into()],
+        ..tether_tests::pod::PodSpec::default()
+    })
+    .await
+    .unwrap();
+    h[2] = ("mcp-protocol-version", V4);
+    let bare = [h[0], h[1], h[3]];
+    for headers in [&h[..], &bare[..]] {
+        let resp = tether_tests::client::Http::new()
+            .send(
+                Method::POST,
+                &old.mcp_url,
+                headers,
+                Some(Bytes::from(discover(V4).to_string())),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{headers:?}");
+        let answer: Value = serde_json::from_str(&body_text(resp).await.unwrap()).unwrap();
+        let code = answer["error"]["code"].as_i64().unwrap();
+        assert!(
+            !(-32099..=-32020).contains(&code),
+            "no MCP code, so a dual-era client initializes: {answer}"
+        );
+    }
+    // ...and the dual-era client's fallback works there.
+    old.client().initialize("2025-11-25").await.unwrap();
+}
+
+/// Reads `resp`'s body until its text so far contains `needle`, for at most `within`; the text.
+async fn read_until(
+    body: &mut hyper::body::Incoming,
+    text: &mut String,
+    needle: &str,
+    within: Duration,
+) -> bool {
+    use http_body_util::BodyExt as _;
+    let deadline = tokio::time::Instant::now() + within;
+    while !text.contains(needle) {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    text.push_str(&String::from_utf8_lossy(data));
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// SEP-2575 `subscriptions/listen` (2026-07-28 Streamable HTTP, "Listening for notifications";
+/// spec L-05): the stream's headers and its first frame reach the client at once, unbuffered,
+/// and an idle stream carries `: keep-alive` comments every `--keep-alive`.
+#[tokio::test]
+async fn l05_a_listen_stream_is_relayed_at_once_with_keep_alives_in_its_silences() {
+    let pod = Pod::start(tether_tests::pod::PodSpec {
+        server: tether_tests::pod::Upstream::PythonSdk,
+        sidecar_args: vec!["--keep-alive".into(), "300ms".into()],
+        ..tether_tests::pod::PodSpec::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let listen = json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen", "params": {
+        "_meta": meta(), "notifications": {"toolsListChanged": true}}});
+    let h = [
+        ("accept", ACCEPT_BOTH),
+        ("content-type", "application/json"),
+        ("mcp-protocol-version", V4),
+        ("mcp-method", "subscriptions/listen"),
+    ];
+    let started = std::time::Instant::now();
+    let resp = tokio::time::timeout(
+        Duration::from_secs(1),
+        tether_tests::client::Http::new().send(
+            Method::POST,
+            &pod.mcp_url,
+            &h,
+            Some(Bytes::from(listen.to_string())),
+        ),
+    )
+    .await
+    .expect("headers within a second")
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        header_str(&resp, "x-accel-buffering").as_deref(),
+        Some("no")
+    );
+    let mut body = resp.into_body();
+    let mut text = String::new();
+    let acknowledged = "notifications/subscriptions/acknowledged";
+    assert!(
+        read_until(&mut body, &mut text, acknowledged, Duration::from_secs(1)).await,
+        "the first frame within a second of the request: {text:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        read_until(
+            &mut body,
+            &mut text,
+            ": keep-alive\n",
+            Duration::from_secs(2)
+        )
+        .await,
+        "a keep-alive comment in the silence: {text:?}"
     );
 }
