@@ -12,8 +12,10 @@ SYSTEM_DEPS := cmake:cmake cc:gcc c++:g++ pkg-config:pkg-config
 # lacks the venv module and ensurepip, python-deps installs these packages.
 PYTHON3 ?= python3
 PYTHON_DEPS := python3 python3-venv
+# npm (and the Node.js it runs on), which installs the conformance suite: `make conformance`.
+NODE_DEPS := nodejs npm
 
-.PHONY: all deps python-deps build test lint cargo-test python-sdk fuzz demo bench crds references images e2e clean
+.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo bench crds references images e2e clean
 
 all: test
 
@@ -63,9 +65,9 @@ lint: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## cargo-test: every test of the workspace (each crate's unit tests, the multi-process `it`
-## binary, the static `repo` checks; docs/dev/testing.md), after building the binaries and the
-## Python SDK fixture's virtualenv the multi-process tests start.
-cargo-test: build python-sdk
+## binary, the static `repo` checks; docs/dev/testing.md), after building the binaries, the
+## Python SDK fixture's virtualenv and the conformance suite the multi-process tests start.
+cargo-test: build python-sdk conformance
 	$(CARGO) test --workspace --no-fail-fast
 
 ## python-sdk: the virtualenv of the Python SDK fixture (tests/fixtures/python-sdk-server/) in
@@ -81,6 +83,29 @@ $(PYTHON_SDK_STAMP): $(PYTHON_SDK_REQUIREMENTS) | python-deps
 	rm -rf $(PYTHON_SDK_VENV)
 	$(PYTHON3) -m venv $(PYTHON_SDK_VENV)
 	$(PYTHON_SDK_VENV)/bin/pip install --quiet --disable-pip-version-check -r $(PYTHON_SDK_REQUIREMENTS)
+	touch $@
+
+## node-deps: npm, which installs the conformance suite (from Debian's packages, with the
+## distribution's Node.js it runs on; the suite itself runs on the Node.js 22 it pins).
+node-deps:
+	@missing=""; \
+	command -v npm >/dev/null 2>&1 || missing=" $(NODE_DEPS)"; \
+	$(install_missing)
+
+## conformance: the official MCP conformance suite and the Node.js 22 it needs, both pinned in
+## tests/fixtures/conformance/ (package-lock.json) and installed from the npm registry into
+## target/conformance; made again when the lock file changes, removed by `cargo clean`.
+CONFORMANCE_FIXTURE := tests/fixtures/conformance
+CONFORMANCE_DIR := target/conformance
+CONFORMANCE_STAMP := $(CONFORMANCE_DIR)/.installed
+
+conformance: $(CONFORMANCE_STAMP)
+
+$(CONFORMANCE_STAMP): $(CONFORMANCE_FIXTURE)/package.json $(CONFORMANCE_FIXTURE)/package-lock.json | node-deps
+	rm -rf $(CONFORMANCE_DIR)
+	mkdir -p $(CONFORMANCE_DIR)
+	cp $^ $(CONFORMANCE_DIR)/
+	cd $(CONFORMANCE_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 ## fuzz: the fuzz targets of the sidecar's parsers (fuzz/, docs/dev/testing.md#fuzzing), built

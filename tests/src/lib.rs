@@ -11,6 +11,7 @@
 //! - [`pod`]: one pod (an MCP server, `tether-example-server`, the Python SDK fixture or the
 //!   benchmarks' `tether-bench-origin`, + sidecar) with its manifest, secret and logs;
 //! - [`cluster`]: several pods sharing a membership (`--peers-file`);
+//! - [`conformance`]: the official MCP conformance suite, run against a URL, its checks read back;
 //! - [`keyring`]: an endpoint's key ring through a rotation, mounted as the kubelet mounts a
 //!   Secret;
 //! - [`kube_api`]: a fake Kubernetes API server for the sidecar's Pod watch;
@@ -38,6 +39,7 @@ pub mod bins;
 pub mod call;
 pub mod client;
 pub mod cluster;
+pub mod conformance;
 pub mod follow;
 pub mod keyring;
 pub mod kube_api;
@@ -66,6 +68,11 @@ pub enum HarnessError {
         "{0} is not a complete virtualenv of the Python SDK fixture: create it first (make python-sdk)"
     )]
     MissingPythonSdk(String),
+    /// The official conformance suite or its Node.js is not installed.
+    #[error(
+        "the MCP conformance suite is not installed in {0}: install it first (make conformance)"
+    )]
+    MissingConformance(String),
     /// A process could not be started or did not become ready.
     #[error("{0}")]
     Start(String),
