@@ -105,10 +105,16 @@ impl Checks {
     }
 }
 
+/// Length of the timestamp that ends a scenario's directory name: `-2026-12-04T11-07-16-210Z`.
+const TIMESTAMP_LEN: usize = 25;
+
 /// `stateless` of `server-stateless-2026-12-04T11-07-16-210Z`: the directory name without its
 /// `server-` prefix and its timestamp.
 fn scenario_of(dir_name: &str) -> String {
-    let without_time = dir_name.rfind("-20").map_or(dir_name, |at| &dir_name[..at]);
+    let without_time = match dir_name.len().checked_sub(TIMESTAMP_LEN) {
+        Some(at) if dir_name.ends_with('Z') && dir_name.is_char_boundary(at) => &dir_name[..at],
+        _ => dir_name,
+    };
     without_time
         .strip_prefix("server-")
         .unwrap_or(without_time)
@@ -162,6 +168,11 @@ mod tests {
         assert_eq!(
             scenario_of("server-tools-call-with-progress-2026-12-04T11-07-16-018Z"),
             "tools-call-with-progress"
+        );
+        // Milliseconds that begin like a year.
+        assert_eq!(
+            scenario_of("server-tools-list-2026-12-04T11-55-42-207Z"),
+            "tools-list"
         );
     }
 }
