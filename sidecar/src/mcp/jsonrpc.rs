@@ -154,6 +154,15 @@ impl Envelope {
             .collect()
     }
 
+    /// The id of the body's first request, if it holds one (what an error about the whole
+    /// body answers).
+    pub(crate) fn first_request_id(&self) -> Option<RequestKey> {
+        self.messages.iter().find_map(|(m, _)| match m {
+            Message::Request { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+    }
+
     /// Whether the body is a single `initialize` request.
     pub(crate) fn is_initialize(&self) -> bool {
         !self.batch

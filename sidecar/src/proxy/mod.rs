@@ -148,11 +148,7 @@ impl McpProxy {
     async fn request_id(&self, session: &mut Session) -> Option<RequestKey> {
         let body = self.read_body(session).await.ok()?;
         let limits = self.policy.load().envelope;
-        Envelope::parse(&body, limits)
-            .ok()?
-            .request_ids()
-            .into_iter()
-            .next()
+        Envelope::parse(&body, limits).ok()?.first_request_id()
     }
 
     /// Serves a 2026-07-28 request here: its body read and checked against its standard
@@ -176,7 +172,7 @@ impl McpProxy {
                 Ok(envelope) => envelope,
                 Err(e) => return refuse(e.into(), None),
             };
-            id = envelope.request_ids().into_iter().next();
+            id = envelope.first_request_id();
             if let Err(rejection) = modern::check(&admitted.headers, &envelope) {
                 return refuse(rejection, id.as_ref());
             }
