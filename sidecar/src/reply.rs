@@ -7,6 +7,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
+use tokio::sync::watch;
 
 use crate::mcp::headers::MCP_SESSION_ID;
 use crate::mcp::jsonrpc::RequestKey;
@@ -124,14 +125,20 @@ impl Reply {
 }
 
 /// An upstream answer relayed to the client as it arrives: its body's chunks and, for SSE,
-/// keep-alive comments in its silences. Dropping it ends the upstream exchange.
+/// keep-alive comments in its silences. Dropping it ends the upstream exchange; it holds what
+/// counts it in flight ([`Relay::holding`]) until then.
 pub(crate) struct Relay {
     body: BoxStream<'static, Result<Bytes, String>>,
     /// `Some(interval)` for SSE: a `: keep-alive` comment after this much silence, written only
     /// between lines (where a comment line cannot split an event).
     keep_alive: Option<Duration>,
-    /// Whether the last byte relayed ended a line (or nothing was relayed yet).
-    at_line_start: bool,
+    /// Once this turns `true` the answer ends cleanly at the next event boundary (a listen
+    /// stream of a draining pod, [`Relay::ending_on`]).
+    end_signal: Option<watch::Receiver<bool>>,
+    /// The last bytes relayed (up to 4), to know whether a line or an event ended there.
+    tail: u32,
+    /// Whatever must live as long as the relay (a count of requests in flight).
+    _held: Option<Box<dyn Send + Sync>>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -154,6 +161,9 @@ pub(crate) enum Relayed {
     Broken(String),
 }
 
+/// `tail` before anything was relayed: as after a blank line.
+const FRESH_TAIL: u32 = u32::from_be_bytes(*b"\r\n\r\n");
+
 impl Relay {
     /// Relays `body` (its chunks, or why it broke), with keep-alive comments after
     /// `keep_alive` of silence when it is SSE.
@@ -164,34 +174,92 @@ impl Relay {
         Self {
             body: body.boxed(),
             keep_alive,
-            at_line_start: true,
+            end_signal: None,
+            tail: FRESH_TAIL,
+            _held: None,
         }
+    }
+
+    /// This relay, ending cleanly at the first event boundary once `signal` is `true`.
+    pub(crate) fn ending_on(mut self, signal: watch::Receiver<bool>) -> Self {
+        self.end_signal = Some(signal);
+        self
+    }
+
+    /// This relay, keeping `held` until it is dropped.
+    pub(crate) fn holding(mut self, held: impl Send + Sync + 'static) -> Self {
+        self._held = Some(Box::new(held));
+        self
+    }
+
+    /// Whether the last byte relayed ended a line (or nothing was relayed yet).
+    fn at_line_start(&self) -> bool {
+        self.tail & 0xff == u32::from(b'\n') || self.tail & 0xff == u32::from(b'\r')
+    }
+
+    /// Whether the bytes relayed end with a blank line, where an SSE event ends (or nothing was
+    /// relayed yet).
+    fn at_event_start(&self) -> bool {
+        let [.., a, b] = self.tail.to_be_bytes();
+        self.tail == FRESH_TAIL || matches!([a, b], [b'\n', b'\n'] | [b'\r', b'\r'])
+    }
+
+    fn ending(&self) -> bool {
+        self.end_signal.as_ref().is_some_and(|s| *s.borrow())
     }
 
     /// The next chunk of the answer, a keep-alive comment, or its end.
     pub(crate) async fn next(&mut self) -> Relayed {
-        let chunk = match self.keep_alive {
-            Some(interval) => loop {
-                match tokio::time::timeout(interval, self.body.next()).await {
-                    Ok(chunk) => break chunk,
-                    Err(_) if self.at_line_start => {
+        loop {
+            if self.ending() && self.at_event_start() {
+                return Relayed::End;
+            }
+            // While ending mid-event, only the rest of the event is awaited.
+            let signal = self.end_signal.as_mut().filter(|s| !*s.borrow());
+            let keep_alive = self.keep_alive;
+            tokio::select! {
+                chunk = self.body.next() => return self.relayed(chunk),
+                () = sleep_or_never(keep_alive) => {
+                    if self.at_line_start() {
                         return Relayed::Data(Bytes::from_static(sse::KEEP_ALIVE_LINE));
                     }
-                    Err(_) => {}
                 }
-            },
-            None => self.body.next().await,
-        };
+                _ = changed_or_never(signal) => {}
+            }
+        }
+    }
+
+    fn relayed(&mut self, chunk: Option<Result<Bytes, String>>) -> Relayed {
         match chunk {
             None => Relayed::End,
             Some(Err(e)) => Relayed::Broken(e),
             Some(Ok(bytes)) => {
-                if let Some(last) = bytes.last() {
-                    self.at_line_start = *last == b'\n';
+                for b in bytes.iter().rev().take(4).rev() {
+                    self.tail = (self.tail << 8) | u32::from(*b);
                 }
                 Relayed::Data(bytes)
             }
         }
+    }
+}
+
+/// Sleeps `interval`, or forever without one.
+async fn sleep_or_never(interval: Option<Duration>) {
+    match interval {
+        Some(interval) => tokio::time::sleep(interval).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves when `signal` changes (or its sender is gone); never without one.
+async fn changed_or_never(signal: Option<&mut watch::Receiver<bool>>) {
+    match signal {
+        Some(signal) => {
+            if signal.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -244,6 +312,36 @@ mod tests {
                 b"c\n\n",
             ]
         );
+    }
+
+    /// A listen stream of a draining pod ends cleanly, never inside an event: the event under
+    /// way (split over chunks) is finished first, and nothing after it is relayed.
+    #[tokio::test(start_paused = true)]
+    async fn an_ending_relay_ends_at_the_next_event_boundary() {
+        let (signal, rx) = watch::channel(false);
+        let chunks = vec![
+            Ok(&b"data: a\n\ndata: b"[..]),
+            Ok(b"c\n"),
+            Ok(b"\n"),
+            Ok(b"data: d\n\n"),
+        ];
+        let mut relay = relay(chunks, Duration::from_millis(10)).ending_on(rx);
+        assert!(
+            matches!(relay.next().await, Relayed::Data(b) if b.as_ref() == b"data: a\n\ndata: b")
+        );
+        signal.send_replace(true);
+        let (out, end) = collect(relay).await;
+        assert!(matches!(end, Relayed::End), "{end:?}");
+        let text: Vec<&[u8]> = out.iter().map(|b| b.as_ref()).collect();
+        assert_eq!(text, [&b"c\n"[..], b"\n"]);
+        // Silent and between events: it ends as soon as the signal comes.
+        let (signal, rx) = watch::channel(false);
+        let silent = futures::stream::pending::<Result<Bytes, String>>();
+        let mut relay = Relay::new(silent, None).ending_on(rx);
+        let waiting = tokio::spawn(async move { relay.next().await });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        signal.send_replace(true);
+        assert!(matches!(waiting.await.unwrap(), Relayed::End));
     }
 
     #[tokio::test(start_paused = true)]

@@ -354,6 +354,24 @@ impl Pod {
             .0)
     }
 
+    /// Waits until the sidecar drains (`/readyz` answers 503), at most `within`.
+    ///
+    /// # Errors
+    /// [`HarnessError::Protocol`] when it does not within `within`.
+    pub async fn wait_draining(&self, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        while self.readyz().await? != StatusCode::SERVICE_UNAVAILABLE {
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Protocol(format!(
+                    "pod {} not draining after {within:?}",
+                    self.ip
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
     /// Replaces the sidecar's endpoint file with `manifest`, atomically (written aside, then
     /// renamed over it, as the kubelet swaps a ConfigMap volume's files).
     ///

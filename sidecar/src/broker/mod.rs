@@ -132,6 +132,7 @@ pub(crate) struct Broker {
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
     rebuild_slots: tokio::sync::Semaphore,
+    stateless: stateless::StatelessTally,
 }
 
 impl Broker {
@@ -156,6 +157,7 @@ impl Broker {
             cfg: arc_swap::ArcSwap::from_pointee(cfg),
             cancel_relay: std::sync::OnceLock::new(),
             rebuild_slots: tokio::sync::Semaphore::new(rebuild::BACKGROUND_REBUILDS),
+            stateless: stateless::StatelessTally::default(),
         })
     }
 

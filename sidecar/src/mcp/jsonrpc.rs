@@ -165,8 +165,13 @@ impl Envelope {
 
     /// Whether the body is a single `initialize` request.
     pub(crate) fn is_initialize(&self) -> bool {
+        self.is_request_of("initialize")
+    }
+
+    /// Whether the body is a single request of `method`.
+    pub(crate) fn is_request_of(&self, method: &str) -> bool {
         !self.batch
-            && matches!(&self.messages[0].0, Message::Request { method, .. } if method == "initialize")
+            && matches!(&self.messages[0].0, Message::Request { method: m, .. } if m == method)
     }
 
     /// Whether any message is `initialize` (which must not be batched).

@@ -28,6 +28,9 @@ use super::rejection::Rejection;
 /// The key of `params._meta` that names a 2026-07-28 request's protocol version.
 pub(crate) const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 
+/// The method of a long-lived stream of notifications (SEP-2575, replacing the GET stream).
+pub(crate) const LISTEN: &str = "subscriptions/listen";
+
 /// The sentinel around a base64-encoded standard header value (SEP-2243, "Header Processing").
 const BASE64_PREFIX: &str = "=?base64?";
 const BASE64_SUFFIX: &str = "?=";

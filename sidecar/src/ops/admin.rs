@@ -170,9 +170,11 @@ impl Admin {
 }
 
 /// The answer to a drain request or a `/drained` wait: 200
-/// `{"drained":true,"inFlight":0,"handedOff":N,"notMoved":N,"cut":0,"elapsedMs":N}`, or 503
-/// with `"drained":false` when `spec.drain.timeout` passed first (`cut` requests ended with a
-/// JSON-RPC error).
+/// `{"drained":true,"inFlight":0,"handedOff":N,"notMoved":N,"cut":0,"statelessInFlight":N,
+/// "listenClosed":N,"elapsedMs":N}`, or 503 with `"drained":false` when `spec.drain.timeout`
+/// passed first (`cut` requests ended with a JSON-RPC error). `statelessInFlight`: 2026-07-28
+/// requests in flight at the start, let finish; `listenClosed`: `subscriptions/listen` streams
+/// ended at the start.
 pub(crate) fn drain_answer(outcome: &DrainOutcome) -> Response<Vec<u8>> {
     let status = if outcome.drained {
         StatusCode::OK
@@ -185,6 +187,8 @@ pub(crate) fn drain_answer(outcome: &DrainOutcome) -> Response<Vec<u8>> {
         "handedOff": outcome.handed_off,
         "notMoved": outcome.not_moved,
         "cut": outcome.cut,
+        "statelessInFlight": outcome.stateless_in_flight,
+        "listenClosed": outcome.listen_closed,
         "elapsedMs": u64::try_from(outcome.elapsed.as_millis()).unwrap_or(u64::MAX),
     });
     text(status, "application/json", format!("{body}\n"))

@@ -7,11 +7,14 @@
 //! trigger, concurrent or later, waits for the same [`DrainOutcome`]; the admin `/drained`
 //! ([`crate::ops::admin`], the MCP server's `preStop` hook) waits for it without starting one.
 //!
-//! 1. The pod is marked draining: `/readyz` answers 503, new sessions go to routable peers.
+//! 1. The pod is marked draining: `/readyz` answers 503, new sessions and new 2026-07-28
+//!    requests go to routable peers; its `subscriptions/listen` streams end cleanly, so that their
+//!    clients listen again on a routable pod ([`Broker::end_listen_streams`]).
 //! 2. Every session held here is handed off ([`Handoff::move_all`]); with `migration: Pin` or
 //!    `--handoff false` none is, and the pod serves its sessions until the deadline.
-//! 3. The drain ends when no request runs here any more and every handed-off stream's tail was
-//!    forwarded, or at the deadline: requests still running then end with a JSON-RPC error
+//! 3. The drain ends when no request runs here any more — sessions' and 2026-07-28 ones, which
+//!    cannot move and are let finish — and every handed-off stream's tail was forwarded, or at
+//!    the deadline: session requests still running then end with a JSON-RPC error
 //!    ([`Handoff::cut`]), forwarded to the new holder like any other event.
 
 use std::sync::Arc;
@@ -40,6 +43,10 @@ pub(crate) struct DrainOutcome {
     pub(crate) not_moved: usize,
     /// Requests ended with a JSON-RPC error at the deadline.
     pub(crate) cut: u64,
+    /// 2026-07-28 requests in flight when the drain started, let finish.
+    pub(crate) stateless_in_flight: usize,
+    /// `subscriptions/listen` streams ended at the drain's start.
+    pub(crate) listen_closed: usize,
     /// How long the drain took.
     pub(crate) elapsed: Duration,
 }
@@ -103,7 +110,9 @@ impl Drain {
         self.lifecycle.start_draining();
         let started = Instant::now();
         let deadline = started + self.deadline;
-        tracing::info!(deadline = ?self.deadline, handoff = self.handoff.enabled(), "draining: no new sessions");
+        let listen_closed = self.broker.end_listen_streams();
+        let stateless_in_flight = self.broker.stateless_in_flight();
+        tracing::info!(deadline = ?self.deadline, handoff = self.handoff.enabled(), stateless_in_flight, listen_closed, "draining: no new sessions");
         let (handed_off, not_moved) = self.handoff.move_all(deadline).await;
         if handed_off + not_moved > 0 {
             tracing::info!(handed_off, not_moved, "sessions handed off");
@@ -112,11 +121,13 @@ impl Drain {
         let keep_serving = !self.handoff.enabled() || not_moved > 0;
         let busy = || {
             self.broker.in_flight() > 0
+                || self.broker.stateless_in_flight() > 0
                 || self.handoff.following() > 0
                 || (keep_serving && !self.broker.sessions().is_empty())
         };
         self.wait_until(deadline, || !busy()).await;
-        let in_flight = self.broker.in_flight() + self.handoff.following();
+        let in_flight =
+            self.broker.in_flight() + self.handoff.following() + self.broker.stateless_in_flight();
         let mut cut = 0;
         if in_flight > 0 {
             cut = self.handoff.cut();
@@ -130,6 +141,8 @@ impl Drain {
             handed_off,
             not_moved,
             cut,
+            stateless_in_flight,
+            listen_closed,
             elapsed: started.elapsed(),
         };
         self.metrics.drain_took(outcome.elapsed);

@@ -166,7 +166,7 @@ impl McpProxy {
                 return refuse(rejection, None);
             }
         };
-        let mut id = None;
+        let (mut id, mut listen) = (None, false);
         if admitted.method == Method::POST {
             let envelope = match Envelope::parse(&body, admitted.limits) {
                 Ok(envelope) => envelope,
@@ -176,10 +176,11 @@ impl McpProxy {
             if let Err(rejection) = modern::check(&admitted.headers, &envelope) {
                 return refuse(rejection, id.as_ref());
             }
+            listen = envelope.is_request_of(modern::LISTEN);
         }
         match self
             .broker
-            .stateless(admitted.method.clone(), &admitted.headers, body)
+            .stateless(admitted.method.clone(), &admitted.headers, body, listen)
             .await
         {
             Ok(reply) => reply,

@@ -28,7 +28,7 @@ fn call(id: u64, name: &str, arguments: Value, token: Option<&str>) -> Bytes {
 }
 
 async fn post(
-    pod: &Pod,
+    url: &str,
     name: &'static str,
     body: Bytes,
     stale_sid: Option<&str>,
@@ -44,9 +44,8 @@ async fn post(
         h.push(("mcp-session-id", sid));
         h.push(("last-event-id", "abcdefghijkl-1"));
     }
-    pod.client()
-        .http()
-        .send(Method::POST, &pod.mcp_url, &h, Some(body))
+    tether_tests::client::Http::new()
+        .send(Method::POST, url, &h, Some(body))
         .await
         .unwrap()
 }
@@ -55,7 +54,7 @@ async fn post(
 async fn s10_stateless_requests_pass_through_without_session_headers() {
     let pod = Pod::start_default().await.unwrap();
     let resp = post(
-        &pod,
+        &pod.mcp_url,
         "echo",
         call(2, "echo", json!({"text": "v4"}), None),
         Some("stale-session"),
@@ -84,7 +83,13 @@ async fn s10_stateless_requests_pass_through_without_session_headers() {
 async fn l05_fr19_a_disconnect_cancels_the_upstream_request() {
     let pod = Pod::start_default().await.unwrap();
     let args = json!({"count": 40, "interval_ms": 50, "call_id": "v4-cut"});
-    let resp = post(&pod, "slow", call(2, "slow", args, Some("v4-cut")), None).await;
+    let resp = post(
+        &pod.mcp_url,
+        "slow",
+        call(2, "slow", args, Some("v4-cut")),
+        None,
+    )
+    .await;
     assert_eq!(resp.status(), StatusCode::OK);
     let mut events = Events::new(resp);
     let first = events.next_within(Duration::from_secs(5)).await.unwrap();
@@ -451,4 +456,137 @@ async fn l05_a_listen_stream_is_relayed_at_once_with_keep_alives_in_its_silences
         .await,
         "a keep-alive comment in the silence: {text:?}"
     );
+}
+
+/// 2026-07-28 "Cancellation" and SEP-2575: a stateless call cannot move to another pod, and
+/// re-issuing it could run its tool twice; so a draining pod lets the calls in flight finish,
+/// and places new ones on a routable peer.
+#[tokio::test]
+async fn a_drain_lets_2026_07_28_calls_finish_and_places_new_ones_on_a_peer() {
+    let [a, b] = [tether_tests::addr::next_ip(), tether_tests::addr::next_ip()];
+    let cluster =
+        tether_tests::cluster::Cluster::start(&[a, b], tether_tests::pod::PodSpec::default())
+            .await
+            .unwrap();
+    let (pod_a, pod_b) = (cluster.pod(a).unwrap(), cluster.pod(b).unwrap());
+    let mut running = Vec::new();
+    for n in 0..4u64 {
+        let call_id = format!("v4-drain-{n}");
+        let args = json!({"count": 15, "interval_ms": 100, "call_id": call_id});
+        let resp = post(
+            &pod_a.mcp_url,
+            "slow",
+            call(n, "slow", args, Some(&call_id)),
+            None,
+        )
+        .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut events = Events::new(resp);
+        let first = events.next_within(Duration::from_secs(5)).await.unwrap();
+        assert!(first.data.unwrap().contains("notifications/progress"));
+        running.push(tokio::spawn(async move {
+            events.rest(Duration::from_secs(10)).await
+        }));
+    }
+    let drain = pod_a.start_drain();
+    pod_a.wait_draining(Duration::from_secs(5)).await.unwrap();
+    let args = json!({"text": "placed"});
+    let resp = post(&pod_a.mcp_url, "echo", call(9, "echo", args, None), None).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(body_text(resp).await.unwrap().contains("placed"));
+    for call in running {
+        let rest = call.await.unwrap().expect("the call's stream ends cleanly");
+        let last = rest.last().and_then(|e| e.data.clone()).unwrap_or_default();
+        assert!(last.contains("done 15"), "the call completed: {last}");
+    }
+    let drained = drain.await.unwrap().unwrap();
+    assert!(drained.done, "{:?}", drained.body);
+    assert_eq!(drained.body["statelessInFlight"], 4, "{:?}", drained.body);
+    assert_eq!(drained.body["inFlight"], 0);
+    let stats = pod_a.stats().await.unwrap();
+    assert_eq!(stats["completed"], 4, "{stats}");
+    assert_eq!(stats["aborted"], 0, "{stats}");
+    assert_eq!(stats["duplicates"], json!({}), "{stats}");
+    let served_by_b = pod_b.stats().await.unwrap();
+    assert_eq!(
+        served_by_b["executions"], 0,
+        "echo is no slow call: {served_by_b}"
+    );
+    assert!(
+        pod_b
+            .metric("tether_requests_total{method=\"POST\",era=\"stateless\"}")
+            .await
+            .unwrap()
+            >= 1.0,
+        "the new request was placed on the routable peer"
+    );
+}
+
+/// SEP-2575 `subscriptions/listen` through a drain: the draining pod ends its listen streams
+/// cleanly at once, and the client's next listen, entering at the same pod, is served by a
+/// routable peer.
+#[tokio::test]
+async fn a_drain_ends_listen_streams_cleanly_and_the_client_listens_again_on_a_peer() {
+    let [a, b] = [tether_tests::addr::next_ip(), tether_tests::addr::next_ip()];
+    let spec = tether_tests::pod::PodSpec {
+        server: tether_tests::pod::Upstream::PythonSdk,
+        ..tether_tests::pod::PodSpec::default()
+    };
+    let cluster = tether_tests::cluster::Cluster::start(&[a, b], spec)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (pod_a, pod_b) = (cluster.pod(a).unwrap(), cluster.pod(b).unwrap());
+    let (mut body, mut text) = listen(&pod_a.mcp_url).await;
+    let drain = pod_a.start_drain();
+    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+        use http_body_util::BodyExt as _;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.expect("a clean end, not a cut");
+            if let Some(data) = frame.data_ref() {
+                text.push_str(&String::from_utf8_lossy(data));
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the listen stream ended within 2 s of the drain: {text:?}"
+    );
+    let (_again, text) = listen(&pod_a.mcp_url).await;
+    assert!(text.contains("acknowledged"));
+    assert!(
+        pod_b
+            .metric("tether_requests_total{method=\"POST\",era=\"stateless\"}")
+            .await
+            .unwrap()
+            >= 1.0,
+        "the second listen was served by the routable peer"
+    );
+    let drained = drain.await.unwrap().unwrap();
+    assert_eq!(drained.body["listenClosed"], 1, "{:?}", drained.body);
+}
+
+/// Opens a `subscriptions/listen` stream at `url` and reads it up to its acknowledgement.
+async fn listen(url: &str) -> (hyper::body::Incoming, String) {
+    let listen = json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen", "params": {
+        "_meta": meta(), "notifications": {"toolsListChanged": true}}});
+    let h = [
+        ("accept", ACCEPT_BOTH),
+        ("content-type", "application/json"),
+        ("mcp-protocol-version", V4),
+        ("mcp-method", "subscriptions/listen"),
+    ];
+    let resp = tether_tests::client::Http::new()
+        .send(Method::POST, url, &h, Some(Bytes::from(listen.to_string())))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let mut text = String::new();
+    let acknowledged = "notifications/subscriptions/acknowledged";
+    assert!(
+        read_until(&mut body, &mut text, acknowledged, Duration::from_secs(2)).await,
+        "acknowledged: {text:?}"
+    );
+    (body, text)
 }
