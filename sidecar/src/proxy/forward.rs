@@ -38,6 +38,9 @@ pub(crate) struct Forwarding {
     pub(crate) to_self: bool,
     /// The peer protocol spoken to `peer` (decided when its connection is made).
     pub(crate) protocol: u8,
+    /// The request may run at most once: it is sent again only after a connection that was
+    /// never made, never after one that broke (a 2026-07-28 POST, which nobody de-duplicates).
+    pub(crate) at_most_once: bool,
 }
 
 impl Forwarding {
@@ -59,6 +62,7 @@ impl Forwarding {
             fallback: None,
             to_self: false,
             protocol: crate::cluster::peer_health::PEER_PROTOCOL,
+            at_most_once: false,
         }
     }
 
@@ -142,8 +146,9 @@ pub(crate) struct World<'a> {
 ///   timeout; a broken fresh connection counts as refused: the peer is stopping) and the
 ///   request re-routed ([`reroute`]).
 ///
-/// Sending a request again is safe even for a POST: the holder de-duplicates a retried request
-/// by its JSON-RPC id and body, so it never runs twice.
+/// Sending a request again is safe even for a POST of a session: the holder de-duplicates a
+/// retried request by its JSON-RPC id and body, so it never runs twice. A 2026-07-28 POST has
+/// nobody to do that ([`Forwarding::at_most_once`]): any broken exchange gives it up.
 pub(crate) fn after_failure(f: &mut Forwarding, failure: Failure, world: &World<'_>) -> Decision {
     let cause = match failure {
         Failure::Connect { refused: true } => Down::Refused,
@@ -153,7 +158,7 @@ pub(crate) fn after_failure(f: &mut Forwarding, failure: Failure, world: &World<
             answered,
             timed_out,
             ..
-        } if !replayable || answered || timed_out => {
+        } if !replayable || answered || timed_out || f.at_most_once => {
             return Decision {
                 next: Next::GiveUp,
                 mark_down: None,
@@ -324,6 +329,8 @@ mod tests {
         then: Option<&'static str>,
         fallback: Option<Rejection>,
         marked: Option<(&'static str, Down)>,
+        /// A 2026-07-28 POST ([`Forwarding::at_most_once`]).
+        at_most_once: bool,
     }
 
     fn run(row: &Row) {
@@ -361,6 +368,7 @@ mod tests {
         );
         f.unreachable = row.unreachable.iter().map(|u| (*u).to_owned()).collect();
         f.to_self = row.to_self;
+        f.at_most_once = row.at_most_once;
         let decision = after_failure(&mut f, row.failure, &world);
         assert_eq!(decision.next, row.next, "{}: next", row.name);
         if let Some(then) = row.then {
@@ -396,12 +404,38 @@ mod tests {
             then: None,
             fallback: None,
             marked: None,
+            at_most_once: false,
         }
     }
 
     #[test]
     fn forwarding_after_a_failure_follows_the_table() {
+        let stateless = || Row {
+            home: None,
+            kind: ForwardKind::Placement,
+            draining: true,
+            at_most_once: true,
+            ..row("")
+        };
         let rows = [
+            Row {
+                name: "a 2026-07-28 POST whose peer refused the connection: placed on c",
+                then: Some("c"),
+                marked: Some(("b", Down::Refused)),
+                ..stateless()
+            },
+            Row {
+                name: "a 2026-07-28 POST broken on a fresh connection: given up, never sent twice",
+                failure: broken(true, false, false, false),
+                next: Next::GiveUp,
+                ..stateless()
+            },
+            Row {
+                name: "a 2026-07-28 POST broken on a pooled connection: given up as well",
+                failure: broken(true, false, false, true),
+                next: Next::GiveUp,
+                ..stateless()
+            },
             Row {
                 then: Some("c"),
                 marked: Some(("b", Down::Refused)),

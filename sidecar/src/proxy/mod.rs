@@ -344,7 +344,9 @@ impl ProxyHttp for McpProxy {
         // so the 404 waits for it.
         let miss = match self.route(&admitted, ctx, port).await {
             Ok(None) => None,
-            Ok(Some(forwarding)) => {
+            Ok(Some(mut forwarding)) => {
+                forwarding.at_most_once =
+                    admitted.era == Era::Stateless && admitted.method == Method::POST;
                 ctx.forward = Some(forwarding);
                 return Ok(false);
             }
