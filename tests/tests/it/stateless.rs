@@ -590,3 +590,60 @@ async fn listen(url: &str) -> (hyper::body::Incoming, String) {
     );
     (body, text)
 }
+
+/// A dual-era endpoint (SEP-2575 "Backwards compatibility"; spec S-10): a 2025-11-25 session
+/// and 2026-07-28 requests side by side on three pods, each entering anywhere. The session stays
+/// with its holder (its counter counts on); each 2026-07-28 request is served by the pod it
+/// enters, even when it carries that session's id, which it never gets back (S-10).
+#[tokio::test]
+async fn s10_a_dual_era_endpoint_serves_both_eras_side_by_side_on_three_pods() {
+    let ips = [
+        tether_tests::addr::next_ip(),
+        tether_tests::addr::next_ip(),
+        tether_tests::addr::next_ip(),
+    ];
+    let cluster =
+        tether_tests::cluster::Cluster::start(&ips, tether_tests::pod::PodSpec::default())
+            .await
+            .unwrap();
+    let client = cluster.client();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let urls: Vec<String> = cluster.pods.iter().map(|p| p.mcp_url.clone()).collect();
+    for round in 0..9u64 {
+        let counted = tether_tests::client::tool_call(100 + round, "counter", json!({}), None);
+        let resp = client.post(Some(&session), &counted, &[]).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let answers = tether_tests::client::messages(resp, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let text = answers.last().and_then(tether_tests::client::result_text);
+        assert_eq!(text, Some((round + 1).to_string().as_str()), "{answers:?}");
+
+        let entry = usize::try_from(round).unwrap() % cluster.pods.len();
+        let call_id = format!("v4-{round}");
+        let args = json!({"count": 1, "interval_ms": 1, "call_id": call_id});
+        let resp = post(
+            &urls[entry],
+            "slow",
+            call(round, "slow", args, None),
+            Some(&session.id),
+        )
+        .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers().get("mcp-session-id").is_none());
+        assert!(body_text(resp).await.unwrap().contains("done 1"));
+        let stats = cluster.pods[entry].stats().await.unwrap();
+        assert_eq!(
+            stats["calls"][&call_id], 1,
+            "served by the pod it entered: {stats}"
+        );
+    }
+    assert_eq!(
+        cluster
+            .metric_sum("tether_sessions_created_total")
+            .await
+            .unwrap(),
+        1.0,
+        "the 2026-07-28 requests opened no session"
+    );
+}
