@@ -5,7 +5,8 @@
 //! - a request names its method in `Mcp-Method`, exactly: values are case-sensitive, and the
 //!   optional whitespace around a field value is not part of it (RFC 9110 §5.5);
 //! - `tools/call` and `prompts/get` name `params.name` in `Mcp-Name`, `resources/read` its
-//!   `params.uri`; a value that is not visible ASCII travels as `=?base64?<base64 of its
+//!   `params.uri`, and the tasks extension's `tasks/get`, `tasks/update` and `tasks/cancel` their
+//!   `params.taskId` (SEP-2663, "Streamable HTTP: Routing Headers"); a value that is not visible ASCII travels as `=?base64?<base64 of its
 //!   UTF-8>?=` (the lowercase sentinel only); a request of another method carries no `Mcp-Name`;
 //! - `MCP-Protocol-Version` is the version the body's
 //!   `params._meta["io.modelcontextprotocol/protocolVersion"]` names, when it names one (a body
@@ -40,6 +41,7 @@ fn named_field(method: &str) -> Option<&'static str> {
     match method {
         "tools/call" | "prompts/get" => Some("name"),
         "resources/read" => Some("uri"),
+        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
         _ => None,
     }
 }
@@ -94,8 +96,9 @@ pub(crate) fn check(headers: &HeaderMap, envelope: &Envelope) -> Result<(), Reje
         }
         (Some(_), None) => {
             return Err(mismatch(format!(
-                "Mcp-Name names nothing of {method}: only tools/call, prompts/get (params.name) \
-                 and resources/read (params.uri) carry it"
+                "Mcp-Name names nothing of {method}: only tools/call, prompts/get (params.name), \
+                 resources/read (params.uri) and tasks/get, tasks/update, tasks/cancel \
+                 (params.taskId) carry it"
             )));
         }
         _ => {}
@@ -233,6 +236,13 @@ mod tests {
         let list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"});
         let h = headers(&[("mcp-method", "tools/list"), ("mcp-name", "echo")]);
         assert!(refused(&h, &list).contains("names nothing"));
+        // SEP-2663: the tasks extension's requests name their task.
+        let get = json!({"jsonrpc": "2.0", "id": 4, "method": "tasks/get",
+            "params": {"taskId": "t-1"}});
+        let h = headers(&[("mcp-method", "tasks/get"), ("mcp-name", "t-1")]);
+        assert_eq!(check(&h, &envelope(&get)), Ok(()));
+        let h = headers(&[("mcp-method", "tasks/get")]);
+        assert!(refused(&h, &get).contains("params.taskId"));
     }
 
     #[test]
