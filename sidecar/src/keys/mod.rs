@@ -168,7 +168,7 @@ impl Ring {
     }
 
     /// A ring of a current and maybe a previous key, no TLS (tests).
-    #[cfg(any(test, fuzzing))]
+    #[cfg(test)]
     pub(crate) fn rotated(current: Key, previous: Option<Key>) -> Self {
         Self {
             previous: previous.map(Arc::new),
