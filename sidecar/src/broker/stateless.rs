@@ -102,8 +102,11 @@ impl Broker {
     /// Ends every `subscriptions/listen` stream open here cleanly, each at its next event
     /// boundary (a drain's start); returns how many were open.
     pub(crate) fn end_listen_streams(&self) -> usize {
+        // Counted first: a stream ended by the signal leaves the count at once, on another
+        // thread.
+        let open = self.stateless.listens.load(Ordering::Relaxed);
         self.stateless.end_listens.send_replace(true);
-        self.stateless.listens.load(Ordering::Relaxed)
+        open
     }
 }
 
