@@ -233,6 +233,11 @@ pub(crate) struct Metrics {
     client_write_timeouts: Counter,
     /// GETs that took a stream over from another connection (spec T-09).
     stream_takeovers: Counter,
+    /// Tasks of the tasks extension created on this pod that a client may still poll
+    /// (`--max-open-tasks`).
+    tasks_open: Gauge,
+    /// Tasks not tracked because `--max-open-tasks` were open: a drain does not wait for them.
+    tasks_untracked: Counter,
 }
 
 impl Default for Metrics {
@@ -286,6 +291,8 @@ impl Metrics {
             handoff_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             tail_events_forwarded: Counter::default(),
             requests_cut: Counter::default(),
+            tasks_open: Gauge::default(),
+            tasks_untracked: Counter::default(),
             config_reloads: Family::default(),
             key_ring_reloads: Family::default(),
             config_restart_pending: Gauge::default(),
@@ -487,6 +494,16 @@ impl Metrics {
             "requests_cut",
             "Requests ended with a JSON-RPC error at the drain deadline",
             m.requests_cut.clone(),
+        );
+        r.register(
+            "tasks_open",
+            "Tasks created on this pod that a client may still poll",
+            m.tasks_open.clone(),
+        );
+        r.register(
+            "tasks_untracked",
+            "Tasks not tracked because --max-open-tasks were open",
+            m.tasks_untracked.clone(),
         );
         r.register(
             "key_ring_reloads",
@@ -800,6 +817,16 @@ impl Metrics {
         self.tail_events_forwarded.inc_by(events);
     }
 
+    /// Tasks open on this pod now (`tether_tasks_open`).
+    pub(crate) fn tasks_open(&self, open: usize) {
+        self.tasks_open.set(i64::try_from(open).unwrap_or(i64::MAX));
+    }
+
+    /// A task left untracked at `--max-open-tasks` (`tether_tasks_untracked_total`).
+    pub(crate) fn task_untracked(&self) {
+        self.tasks_untracked.inc();
+    }
+
     /// Requests ended with an error at the drain deadline (`tether_requests_cut_total`).
     pub(crate) fn requests_cut(&self, requests: u64) {
         self.requests_cut.inc_by(requests);
@@ -972,7 +999,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 55);
+        assert_eq!(fields, 57);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -1008,7 +1035,7 @@ mod tests {
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            55,
+            57,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -19,6 +19,7 @@
 //!   `Last-Event-ID`;
 //! - [`call`]: one `slow` tool call with cuts and resumes, checked event by event;
 //! - [`follow`]: reconnecting to a stream like EventSource (retry hint, `Retry-After`, 404);
+//! - [`modern`]: a 2026-07-28 (stateless) client, tasks included;
 //! - [`load`]: many concurrent sessions of such calls, summed up in a [`load::Report`];
 //! - [`rollout`]: a rolling replacement of every pod under such a load, in a [`rollout::RolloutReport`];
 //! - [`scenario`]: a cluster whose first pod drains and hands its sessions off, for faults
@@ -44,6 +45,7 @@ pub mod follow;
 pub mod keyring;
 pub mod kube_api;
 pub mod load;
+pub mod modern;
 pub mod pod;
 pub mod relay;
 pub mod repo;

@@ -8,7 +8,9 @@
 //! - [`stateless`](self::stateless): 2026-07-28 requests, relayed without a session;
 //! - [`pump`](self::pump): upstream tasks that fill stream buffers and resume upstream streams
 //!   closed early (SEP-1699);
-//! - [`sweep`](self::sweep): idle expiry, buffer TTL, gauges.
+//! - [`sweep`](self::sweep): idle expiry, buffer TTL, gauges;
+//! - [`tasks`](self::tasks): task ids exchanged between the client's and the MCP server's, and
+//!   the tasks a drain waits for.
 //!
 //! Handlers return `Result<Reply, Rejection>`; [`Broker::handle`] counts and renders rejections.
 
@@ -22,6 +24,7 @@ mod rebuild;
 mod revalidate;
 mod stateless;
 mod sweep;
+mod tasks;
 
 pub(crate) use cancel::CancelRelay;
 #[cfg(fuzzing)]
@@ -114,6 +117,8 @@ pub(crate) struct BrokerConfig {
     pub(crate) max_takeovers: Option<std::num::NonZeroU32>,
     /// Largest SSE event read from the upstream, in bytes (`--max-event-bytes`).
     pub(crate) max_event_bytes: usize,
+    /// Most tasks tracked as open (`--max-open-tasks`; read at start).
+    pub(crate) max_open_tasks: usize,
 }
 
 /// The session broker of one pod.
@@ -133,6 +138,7 @@ pub(crate) struct Broker {
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
     rebuild_slots: tokio::sync::Semaphore,
     stateless: stateless::StatelessTally,
+    tasks: tasks::Tasks,
 }
 
 impl Broker {
@@ -145,6 +151,7 @@ impl Broker {
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
+            tasks: tasks::Tasks::new(minter.task_ids(), cfg.max_open_tasks),
             minter,
             registry,
             upstream,

@@ -64,7 +64,7 @@ impl Broker {
             }
             _ => None,
         };
-        let envelope = Envelope::parse(&body, call.limits).map_err(Rejection::from)?;
+        let mut envelope = Envelope::parse(&body, call.limits).map_err(Rejection::from)?;
         if envelope.is_initialize() {
             let id = envelope.request_ids().remove(0);
             self.metrics
@@ -78,6 +78,15 @@ impl Broker {
         let session = match early {
             Some(session) => session,
             None => self.entered_session(call, entered.as_ref())?,
+        };
+        // The retry digest stays the client's: its task ids are the same on every retry.
+        let body = match self.open_task_ids(&mut envelope, body) {
+            Ok((body, _)) => body,
+            Err(rejection) => {
+                self.metrics.rejection(&rejection);
+                let id = envelope.first_request_id();
+                return Ok(Reply::rejection(&rejection, id.as_ref()));
+            }
         };
         let _busy = session.busy();
         session.forget_initialize_stream();

@@ -331,6 +331,14 @@ impl Broker {
             let Some((event, data)) = cursor.take(ev) else {
                 continue;
             };
+            let data = match self.seal_task_ids(&data) {
+                Ok(sealed) => sealed.map_or(data, Bytes::from),
+                Err(rejection) => {
+                    self.metrics.rejection(&rejection);
+                    self.fail_stream(stream, ids, rejection.reason());
+                    return BodyEnd::Done;
+                }
+            };
             if !self.room_for(session, stream).await {
                 return BodyEnd::Done;
             }
@@ -524,6 +532,10 @@ impl Broker {
                     _ => Rejection::UpstreamUnavailable,
                 }
             })?;
+        let body = match status.is_success() {
+            true => self.seal_task_ids(&body)?.map_or(body, Bytes::from),
+            false => body,
+        };
         Ok(StoredReply {
             status,
             headers,

@@ -11,6 +11,8 @@
 //!   its request (L-05), which the writer notices even while the MCP server is silent
 //!   (`crate::proxy`).
 //! - An upstream session the MCP server opened anyway is ended (S-10).
+//! - Task ids are exchanged on the way ([`super::tasks`]): an answer that may carry them is
+//!   read whole (JSON) or re-framed event by event (SSE, each event still written at once).
 //! - Each relay is counted while it lives ([`StatelessTally`]): a drain lets the requests in
 //!   flight finish, and ends the pod's `subscriptions/listen` streams cleanly at its start, at
 //!   an event boundary, so that their clients listen again on a routable pod (`crate::ops::drain`).
@@ -20,7 +22,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, Method, header};
 use http_body_util::BodyDataStream;
@@ -28,24 +30,33 @@ use tokio::sync::watch;
 
 use super::Broker;
 use crate::mcp::headers::{MCP_SESSION_ID, forward_response_header};
+use crate::mcp::modern::LISTEN;
 use crate::mcp::rejection::Rejection;
+use crate::mcp::sse::put_relayed;
+use crate::mcp::tasks;
 use crate::reply::{Relay, Reply, ReplyBody};
-use crate::upstream::Exchange;
+use crate::upstream::{BodyError, Exchange, events, read_body};
 
 impl Broker {
-    /// Sends a 2026-07-28 request (`method`, the client's `headers`, its `body`) to the MCP
-    /// server and relays its answer; `listen`: the request is a `subscriptions/listen`.
+    /// Sends a 2026-07-28 request (`method`, the client's `headers`, its `body` with task ids
+    /// opened, [`Broker::open_task_ids`]) to the MCP server and relays its answer; `rpc`: the
+    /// JSON-RPC method of a POST's request. The answer to a request that may carry task ids
+    /// ([`tasks::may_answer_with_tasks`]) has them sealed: a JSON answer is read whole (up to
+    /// the largest upstream body), an SSE one event by event (up to `--max-event-bytes`).
     ///
     /// # Errors
     /// [`Rejection::UpstreamUnavailable`] (502) or [`Rejection::UpstreamTimeout`] (504) when the
-    /// MCP server does not answer, counted in `tether_upstream_errors_total`.
+    /// MCP server does not answer, counted in `tether_upstream_errors_total`;
+    /// [`Rejection::TaskIdTooLong`].
     pub(crate) async fn stateless(
         self: &Arc<Self>,
         method: Method,
         headers: &HeaderMap,
         body: Bytes,
-        listen: bool,
+        rpc: Option<&str>,
     ) -> Result<Reply, Rejection> {
+        let listen = rpc == Some(LISTEN);
+        let sealing = rpc.is_some_and(tasks::may_answer_with_tasks);
         let in_flight = InFlight::new(self, listen);
         let exchange = Exchange {
             headers: self.upstream_headers(headers),
@@ -79,10 +90,32 @@ impl Broker {
             out.insert("x-accel-buffering", HeaderValue::from_static("no"));
         }
         let keep_alive = sse.then(|| self.cfg().keep_alive);
-        let mut relay = Relay::new(
-            BodyDataStream::new(body).map(|chunk| chunk.map_err(|e| e.to_string())),
-            keep_alive,
-        );
+        let chunks = match (sealing, sse) {
+            (false, _) => BodyDataStream::new(body)
+                .map(|chunk| chunk.map_err(|e| e.to_string()))
+                .boxed(),
+            (true, true) => self.sealed_events(body),
+            (true, false) => {
+                let (max_bytes, within) = {
+                    let cfg = self.cfg();
+                    (cfg.max_upstream_body_bytes, cfg.upstream_body_timeout)
+                };
+                let json = read_body(body, max_bytes, within).await.map_err(|e| {
+                    self.metrics.upstream_error("body");
+                    match e {
+                        BodyError::Timeout(_) => Rejection::UpstreamTimeout,
+                        _ => Rejection::UpstreamUnavailable,
+                    }
+                })?;
+                let json = self.seal_task_ids(&json)?.map_or(json, Bytes::from);
+                return Ok(Reply {
+                    status: parts.status,
+                    headers: out,
+                    body: ReplyBody::Full(json),
+                });
+            }
+        };
+        let mut relay = Relay::new(chunks, keep_alive);
         let end_listens = &self.stateless.end_listens;
         if listen && !*end_listens.borrow() {
             relay = relay.ending_on(end_listens.subscribe());
@@ -92,6 +125,29 @@ impl Broker {
             headers: out,
             body: ReplyBody::Relay(relay.holding(in_flight)),
         })
+    }
+
+    /// An upstream SSE body re-framed event by event with its task ids sealed; an event over
+    /// `--max-event-bytes`, or one naming a task id tether cannot seal, breaks the answer off.
+    fn sealed_events(
+        self: &Arc<Self>,
+        body: hyper::body::Incoming,
+    ) -> futures::stream::BoxStream<'static, Result<Bytes, String>> {
+        let broker = Arc::clone(self);
+        events(body, self.cfg().max_event_bytes)
+            .map(move |event| {
+                let event = event.map_err(|e| e.to_string())?;
+                let sealed = match event.data.as_deref() {
+                    Some(data) => broker
+                        .seal_task_ids(data.as_bytes())
+                        .map_err(|r| r.reason().to_owned())?,
+                    None => None,
+                };
+                let mut out = BytesMut::new();
+                put_relayed(&mut out, &event, sealed.as_deref());
+                Ok(out.freeze())
+            })
+            .boxed()
     }
 
     /// 2026-07-28 requests in flight here, `subscriptions/listen` streams apart.

@@ -89,6 +89,12 @@ pub(crate) enum Target<'a> {
         /// Whether this pod holds the session.
         held: bool,
     },
+    /// A request about a task of the tasks extension, whose genuine id names the pod holding
+    /// it (`mcp/task_id.rs`): that pod serves it, draining or not.
+    Task {
+        /// The home token from the task id.
+        home: HomeToken,
+    },
     /// A request without a session id; `nonce` (random per request) spreads placements.
     Placement {
         /// Any random string.
@@ -318,6 +324,13 @@ pub(crate) fn route(
                 None => Route::NotFound(NotFound::NoHolder),
             }
         }
+        Target::Task { home } if home == me.home => Route::Local,
+        Target::Task { .. } if returned => Route::NotFound(NotFound::NoHolder),
+        Target::Task { home } => match view.home(&home).filter(|h| h.state.is_alive()) {
+            Some(h) if down(&h.uid) == Some(Down::Unresponsive) => Route::Unavailable,
+            Some(h) if !skip(h) => forward(h, ForwardKind::Home),
+            _ => Route::NotFound(NotFound::NoHolder),
+        },
         Target::Placement { nonce } => {
             let state = if me.draining {
                 PeerState::Draining

@@ -184,6 +184,17 @@ pub struct Cli {
         default_value_t = 10
     )]
     pub max_takeovers: u32,
+    /// Most tasks of the tasks extension this pod tracks as open (created here and not yet
+    /// seen terminal by a client, within their `ttlMs`): a drain serves their polls until none is
+    /// left or `spec.drain.timeout` (`tether_tasks_open`). Tasks past it are still served and
+    /// their ids sealed, but a drain does not wait for them (`tether_tasks_untracked_total`).
+    #[arg(
+        long,
+        env = "TETHER_MAX_OPEN_TASKS",
+        value_name = "N",
+        default_value_t = 10_000
+    )]
+    pub max_open_tasks: usize,
     /// Largest SSE event (or line) read from the upstream, in bytes (lowered to
     /// `--pod-retained-bytes` when larger); reading stops at a larger one, never buffered whole,
     /// and its request ends with a JSON-RPC error (`data.reason` = `event_too_large`).

@@ -382,6 +382,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         revalidate: spec.auth.revalidate.into(),
         forward_origin: spec.upstream.forward_origin,
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
+        max_open_tasks: cli.max_open_tasks,
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit
         // in the pod's budget.
         max_event_bytes: cli

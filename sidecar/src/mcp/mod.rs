@@ -20,3 +20,5 @@ pub(crate) mod rejection;
 pub(crate) mod session_id;
 pub(crate) mod sse;
 pub(crate) mod sse_limit;
+pub(crate) mod task_id;
+pub(crate) mod tasks;

@@ -149,6 +149,24 @@ fn value(
         .ok_or_else(|| mismatch(format!("{display} is not valid base64 of UTF-8 text")))
 }
 
+/// `text` as a standard header value: as it is when it is visible ASCII with no whitespace at
+/// its ends, else wrapped in the base64 sentinel (SEP-2243, "Header Processing").
+pub(crate) fn header_value(text: &str) -> http::HeaderValue {
+    let plain = !text.is_empty()
+        && text.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && !text.starts_with([' ', '\t'])
+        && !text.ends_with([' ', '\t'])
+        && !text.starts_with(BASE64_PREFIX);
+    let value = if plain {
+        text.to_owned()
+    } else {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+        format!("{BASE64_PREFIX}{encoded}{BASE64_SUFFIX}")
+    };
+    http::HeaderValue::try_from(value)
+        .unwrap_or_else(|_| unreachable!("visible ASCII is a valid header value"))
+}
+
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;
@@ -297,5 +315,18 @@ mod tests {
             check(&headers(&[("mcp-method", "tools/list")]), &envelope(&batch)),
             Err(Rejection::BatchNotAllowed)
         );
+    }
+
+    #[test]
+    fn values_round_trip_through_the_header() {
+        for text in ["t-1", "  padded ", "ünïcode", "=?base64?x?=", ""] {
+            let mut h = headers(&[]);
+            h.insert(MCP_NAME, header_value(text));
+            assert_eq!(
+                value(&h, &MCP_NAME, "Mcp-Name").unwrap().as_deref(),
+                Some(text)
+            );
+        }
+        assert_eq!(header_value("t-1"), "t-1");
     }
 }

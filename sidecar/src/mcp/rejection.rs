@@ -22,6 +22,7 @@ use super::jsonrpc::{
     CODE_METHOD_NOT_FOUND, CODE_PARSE_ERROR, CODE_SESSION_NOT_FOUND, CODE_TRANSPORT,
     CODE_UNSUPPORTED_PROTOCOL_VERSION, EnvelopeError, RequestKey,
 };
+use super::tasks::TaskMiss;
 
 /// Why a session id is answered 404 (spec S-05); the `reason` label of
 /// `tether_not_found_total`.
@@ -194,6 +195,13 @@ pub(crate) enum Rejection {
     /// 429: more than `--max-takeovers` GETs in a second took over a stream of this session from
     /// another connection (T-09).
     TakeoverBudget,
+    /// 200 with JSON-RPC -32602: a request naming a task whose id this endpoint did not issue
+    /// (forged, altered, sealed with a retired key), or whose pod is gone (tasks extension,
+    /// "Error Handling"; `mcp/tasks.rs`).
+    TaskNotFound(TaskMiss),
+    /// 502: the MCP server named a task with an id longer than tether seals
+    /// ([`crate::mcp::task_id::MAX_UPSTREAM_TASK_ID`] bytes).
+    TaskIdTooLong,
 }
 
 impl Rejection {
@@ -202,6 +210,9 @@ impl Rejection {
         use Rejection::*;
         match self {
             SessionNotFound(_) | PathNotFound | MethodNotFound(_) => StatusCode::NOT_FOUND,
+            // The MCP server's own answer for an unknown task: a JSON-RPC error, not a transport
+            // one.
+            TaskNotFound(_) => StatusCode::OK,
             OriginForbidden | ForgedHop => StatusCode::FORBIDDEN,
             NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -214,7 +225,7 @@ impl Rejection {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ResumeBudget | PodFull | TakeoverBudget => StatusCode::TOO_MANY_REQUESTS,
-            UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+            UpstreamUnavailable | TaskIdTooLong => StatusCode::BAD_GATEWAY,
             UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
@@ -274,6 +285,9 @@ impl Rejection {
             ResumeBudget => "resume_budget",
             TooManyConnections => "too_many_connections",
             TakeoverBudget => "takeover_budget",
+            TaskNotFound(TaskMiss::Unknown) => "task_not_found",
+            TaskNotFound(TaskMiss::Gone) => "task_gone",
+            TaskIdTooLong => "task_id_oversized",
         }
     }
 
@@ -286,12 +300,11 @@ impl Rejection {
             InvalidRequest(_) | BatchNotAllowed | InitializeInBatch | RequestIdReused => {
                 CODE_INVALID_REQUEST
             }
-            UnsupportedNegotiatedVersion(_) => CODE_INVALID_PARAMS,
+            UnsupportedNegotiatedVersion(_) | TaskNotFound(_) => CODE_INVALID_PARAMS,
             HeaderMismatch(_) => CODE_HEADER_MISMATCH,
             UnsupportedVersion(v) if !v.modern().is_empty() => CODE_UNSUPPORTED_PROTOCOL_VERSION,
-            UpstreamUnavailable | UpstreamNotReady | UpstreamTimeout | PeerUnavailable => {
-                CODE_INTERNAL
-            }
+            UpstreamUnavailable | UpstreamNotReady | UpstreamTimeout | PeerUnavailable
+            | TaskIdTooLong => CODE_INTERNAL,
             _ => CODE_TRANSPORT,
         }
     }
@@ -388,6 +401,11 @@ impl Rejection {
                  after Retry-After"
                     .into()
             }
+            TaskNotFound(miss) => format!("Invalid params: task not found: {miss}"),
+            TaskIdTooLong => format!(
+                "Bad Gateway: the MCP server named a task with an id longer than {} bytes",
+                crate::mcp::task_id::MAX_UPSTREAM_TASK_ID
+            ),
         }
     }
 
@@ -468,6 +486,9 @@ mod tests {
             ResumeBudget,
             TooManyConnections,
             TakeoverBudget,
+            TaskNotFound(TaskMiss::Unknown),
+            TaskNotFound(TaskMiss::Gone),
+            TaskIdTooLong,
         ];
         for r in &all {
             match r {
@@ -506,7 +527,9 @@ mod tests {
                 | PeerUnavailable
                 | ResumeBudget
                 | TooManyConnections
-                | TakeoverBudget => {}
+                | TakeoverBudget
+                | TaskNotFound(_)
+                | TaskIdTooLong => {}
             }
         }
         all
@@ -558,6 +581,15 @@ mod tests {
                  (home gone, hop limit reached) (S-05); re-initialize (S-06)"
             }
             PathNotFound => "a path other than `listen.path`",
+            TaskNotFound(TaskMiss::Unknown) => {
+                "`tasks/get`, `tasks/update`, `tasks/cancel` (or 2025-11-25 `tasks/result`) naming \
+                 a task id this endpoint did not issue: forged, altered, or sealed with a retired \
+                 key (-32602, the tasks extension's not-found error)"
+            }
+            TaskNotFound(TaskMiss::Gone) => {
+                "a request naming a task whose pod left the endpoint (-32602)"
+            }
+            TaskIdTooLong => "the MCP server named a task with an id longer than 256 bytes",
             MethodNotFound(_) => {
                 "`Mcp-Method: initialize` with `MCP-Protocol-Version: 2026-07-28` (-32601, P-04; \
                  the version has no handshake)"

@@ -28,19 +28,41 @@ pub(crate) fn put_event(out: &mut BytesMut, id: &EventId, event: Option<&str>, d
         event.is_none_or(|e| !e.contains(['\r', '\n'])),
         "an event name with a line end: {event:?}"
     );
-    out.put_slice(b"id: ");
-    out.put_slice(id.to_string().as_bytes());
-    out.put_u8(b'\n');
+    put_field(out, b"id: ", id.to_string().as_bytes());
     if let Some(event) = event {
-        out.put_slice(b"event: ");
-        out.put_slice(event.as_bytes());
-        out.put_u8(b'\n');
+        put_field(out, b"event: ", event.as_bytes());
     }
     for line in lines(data) {
-        out.put_slice(b"data: ");
-        out.put_slice(line);
-        out.put_u8(b'\n');
+        put_field(out, b"data: ", line);
     }
+    out.put_u8(b'\n');
+}
+
+/// Appends an upstream event as it came, with its own `id`, `event`, `data` and `retry` (a
+/// relayed 2026-07-28 stream, whose ids are the MCP server's), `data` replaced by `data` when
+/// given. The fields come from the SSE parser: none holds CR or LF except `data`, split as in
+/// [`put_event`].
+pub(crate) fn put_relayed(out: &mut BytesMut, event: &sse_stream::Sse, data: Option<&[u8]>) {
+    if let Some(id) = &event.id {
+        put_field(out, b"id: ", id.as_bytes());
+    }
+    if let Some(name) = &event.event {
+        put_field(out, b"event: ", name.as_bytes());
+    }
+    if let Some(data) = data.or(event.data.as_deref().map(str::as_bytes)) {
+        for line in lines(data) {
+            put_field(out, b"data: ", line);
+        }
+    }
+    if let Some(retry) = event.retry {
+        put_field(out, b"retry: ", retry.to_string().as_bytes());
+    }
+    out.put_u8(b'\n');
+}
+
+fn put_field(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+    out.put_slice(name);
+    out.put_slice(value);
     out.put_u8(b'\n');
 }
 

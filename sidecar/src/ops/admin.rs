@@ -189,6 +189,8 @@ pub(crate) fn drain_answer(outcome: &DrainOutcome) -> Response<Vec<u8>> {
         "cut": outcome.cut,
         "statelessInFlight": outcome.stateless_in_flight,
         "listenClosed": outcome.listen_closed,
+        "tasksOpen": outcome.tasks_open,
+        "tasksLeft": outcome.tasks_left,
         "elapsedMs": u64::try_from(outcome.elapsed.as_millis()).unwrap_or(u64::MAX),
     });
     text(status, "application/json", format!("{body}\n"))

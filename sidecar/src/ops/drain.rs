@@ -27,6 +27,8 @@ use crate::handoff::Handoff;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 
+/// How often a drain looks again at what it waits for, woken or not.
+const RECHECK: Duration = Duration::from_secs(1);
 /// How long the errors of requests cut at the deadline may take to reach new holders.
 const CUT_FLUSH: Duration = Duration::from_secs(1);
 
@@ -47,6 +49,11 @@ pub(crate) struct DrainOutcome {
     pub(crate) stateless_in_flight: usize,
     /// `subscriptions/listen` streams ended at the drain's start.
     pub(crate) listen_closed: usize,
+    /// Tasks created here that a client could still poll when the drain started (their polls
+    /// are served until a client sees them end, or the deadline).
+    pub(crate) tasks_open: usize,
+    /// Tasks still open when the drain ended (0 when `drained`).
+    pub(crate) tasks_left: usize,
     /// How long the drain took.
     pub(crate) elapsed: Duration,
 }
@@ -112,7 +119,8 @@ impl Drain {
         let deadline = started + self.deadline;
         let listen_closed = self.broker.end_listen_streams();
         let stateless_in_flight = self.broker.stateless_in_flight();
-        tracing::info!(deadline = ?self.deadline, handoff = self.handoff.enabled(), stateless_in_flight, listen_closed, "draining: no new sessions");
+        let tasks_open = self.broker.open_tasks();
+        tracing::info!(deadline = ?self.deadline, handoff = self.handoff.enabled(), stateless_in_flight, listen_closed, tasks_open, "draining: no new sessions");
         let (handed_off, not_moved) = self.handoff.move_all(deadline).await;
         if handed_off + not_moved > 0 {
             tracing::info!(handed_off, not_moved, "sessions handed off");
@@ -122,6 +130,7 @@ impl Drain {
         let busy = || {
             self.broker.in_flight() > 0
                 || self.broker.stateless_in_flight() > 0
+                || self.broker.open_tasks() > 0
                 || self.handoff.following() > 0
                 || (keep_serving && !self.broker.sessions().is_empty())
         };
@@ -135,14 +144,17 @@ impl Drain {
             self.wait_until(flushed_by, || self.handoff.following() == 0)
                 .await;
         }
+        let tasks_left = self.broker.open_tasks();
         let outcome = DrainOutcome {
-            drained: in_flight == 0,
+            drained: in_flight == 0 && tasks_left == 0,
             in_flight,
             handed_off,
             not_moved,
             cut,
             stateless_in_flight,
             listen_closed,
+            tasks_open,
+            tasks_left,
             elapsed: started.elapsed(),
         };
         self.metrics.drain_took(outcome.elapsed);
@@ -171,6 +183,8 @@ impl Drain {
             }
             tokio::select! {
                 () = changed => {}
+                // What ends without a wake-up (a task's `ttlMs` passing) is seen within a second.
+                () = tokio::time::sleep(RECHECK) => {}
                 () = tokio::time::sleep_until(until) => return,
             }
         }

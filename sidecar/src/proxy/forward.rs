@@ -199,7 +199,7 @@ fn reroute(f: &mut Forwarding, cause: Down, world: &World<'_>) -> Decision {
         mark_down: mark_down.clone(),
         rerouted: true,
     };
-    if cause == Down::Unresponsive && f.session_id.is_some() && !failed_self {
+    if cause == Down::Unresponsive && f.target_home.is_some() && !failed_self {
         // A connection or TLS handshake not made in time: the peer may be the holder, slowed
         // down by load; the pods after it would answer 404 and the client drop the session.
         f.fallback = Some(Rejection::PeerUnavailable);
@@ -215,6 +215,7 @@ fn reroute(f: &mut Forwarding, cause: Down, world: &World<'_>) -> Decision {
                 home,
                 held: false,
             },
+            (None, Some(home)) => Target::Task { home },
             _ => Target::Placement { nonce: world.nonce },
         };
         let down = |uid: &str| match &mark_down {

@@ -54,10 +54,13 @@ use crate::handoff::auth::now_ms;
 use crate::handoff::listener::{PeerListener, is_peer_path};
 use crate::lifecycle::Lifecycle;
 use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
-use crate::mcp::jsonrpc::{Envelope, RequestKey};
+use crate::mcp::headers::{MCP_METHOD, MCP_NAME};
+use crate::mcp::jsonrpc::{Envelope, Message, RequestKey};
 use crate::mcp::modern;
 use crate::mcp::origin::OriginCheck;
 use crate::mcp::rejection::{NotFound, Rejection};
+use crate::mcp::session_id::HomeToken;
+use crate::mcp::tasks::names_task;
 use crate::metrics::Metrics;
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{EnterGuard, Entry};
@@ -166,9 +169,10 @@ impl McpProxy {
                 return refuse(rejection, None);
             }
         };
-        let (mut id, mut listen) = (None, false);
+        let (mut id, mut rpc, mut body) = (None, None, body);
+        let mut headers = std::borrow::Cow::Borrowed(&admitted.headers);
         if admitted.method == Method::POST {
-            let envelope = match Envelope::parse(&body, admitted.limits) {
+            let mut envelope = match Envelope::parse(&body, admitted.limits) {
                 Ok(envelope) => envelope,
                 Err(e) => return refuse(e.into(), None),
             };
@@ -176,11 +180,24 @@ impl McpProxy {
             if let Err(rejection) = modern::check(&admitted.headers, &envelope) {
                 return refuse(rejection, id.as_ref());
             }
-            listen = envelope.is_request_of(modern::LISTEN);
+            let named;
+            (body, named) = match self.broker.open_task_ids(&mut envelope, body) {
+                Ok(opened) => opened,
+                Err(rejection) => return refuse(rejection, id.as_ref()),
+            };
+            if let Some(upstream) = named {
+                headers
+                    .to_mut()
+                    .insert(MCP_NAME, modern::header_value(&upstream));
+            }
+            rpc = match envelope.messages.first() {
+                Some((Message::Request { method, .. }, _)) => Some(method.clone()),
+                _ => None,
+            };
         }
         match self
             .broker
-            .stateless(admitted.method.clone(), &admitted.headers, body, listen)
+            .stateless(admitted.method.clone(), &headers, body, rpc.as_deref())
             .await
         {
             Ok(reply) => reply,
@@ -646,16 +663,21 @@ impl McpProxy {
                 let held = ctx.entered.is_some();
                 (Target::Session { id, home, held }, Some(home))
             }
-            None => {
-                nonce = placement_nonce();
-                (Target::Placement { nonce: &nonce }, None)
-            }
+            None => match self.task_holder(admitted) {
+                Some(home) => (Target::Task { home }, Some(home)),
+                None => {
+                    nonce = placement_nonce();
+                    (Target::Placement { nonce: &nonce }, None)
+                }
+            },
         };
         match self
             .router
             .route(self.lifecycle.is_draining(), target, &hop)
         {
             Route::Local => Ok(None),
+            // Served here: the answer is the task's not-found error (`broker::tasks`).
+            Route::NotFound(_) if matches!(target, Target::Task { .. }) => Ok(None),
             Route::NotFound(reason) => {
                 if let Some(id) = session_id.as_deref() {
                     tracing::debug!(
@@ -674,6 +696,22 @@ impl McpProxy {
                 Ok(Some(Forwarding::new(peer, kind, hop, session_id, home)))
             }
         }
+    }
+
+    /// The pod holding the task a 2026-07-28 `tasks/*` request names in `Mcp-Name`, when that is
+    /// a genuine task id (the header is checked against the body where the request is served).
+    fn task_holder(&self, admitted: &Admitted) -> Option<HomeToken> {
+        if admitted.era != Era::Stateless || admitted.method != Method::POST {
+            return None;
+        }
+        let text = |name| {
+            admitted
+                .headers
+                .get(name)
+                .and_then(|v: &HeaderValue| v.to_str().ok())
+        };
+        text(MCP_METHOD).map(str::trim).filter(|m| names_task(m))?;
+        self.broker.task_holder(text(MCP_NAME)?.trim())
     }
 
     /// The connection of a forward: to a sidecar of the first protocol, its MCP port in

@@ -24,3 +24,4 @@ mod routing;
 mod sessions;
 mod stateless;
 mod streams;
+mod tasks;

@@ -8,6 +8,10 @@
 //! | `slow` | `count`, `interval_ms`, `call_id`, optional `close_after` | `count` progress notifications (`progress` 1..count, `total` count) `interval_ms` apart on the request's stream, then `done <count>` one interval later; with `close_after = k` (negotiated ≥ 2025-11-25) the SSE connection is closed after the k-th progress with a `retry` hint and the call goes on (SEP-1699) |
 //! | `counter` | – | increments and returns a per-session counter |
 //! | `notify` | `text`, `count` | `count` `notifications/message` with `data: {"text", "seq"}` on the standalone GET stream, returns `sent <count>` |
+//! | `job` | `ms`, `call_id` | runs `ms` then returns `done <call_id>`; called by a client that declares the tasks extension (`io.modelcontextprotocol/tasks`), it returns a task at once (`CreateTaskResult`, SEP-2663) polled with `tasks/get` and cancelled with `tasks/cancel` ([`job`]) |
+//!
+//! A 2026-07-28 `subscriptions/listen` that asks for `toolsListChanged` gets a
+//! `notifications/tools/list_changed` every `--listen-interval-ms` until it ends.
 //!
 //! With `--auth-key FILE` it requires a bearer JWT (HS256) on every MCP request and binds its
 //! sessions to the token's `sub` ([`auth`]); `/stats` then counts `unauthenticated` requests
@@ -34,7 +38,7 @@
 //! stream).
 //!
 //! `GET /stats` → `{"executions": N, "calls": {"<call_id>": n}, "duplicates": {"<call_id>": n},
-//! "completed": N, "aborted": N}`: `slow` executions, executions per call id (to merge over
+//! "completed": N, "aborted": N, "tasks": N}`: `slow` and `job` executions, executions per call id (to merge over
 //! several servers: a call run once on each of two pods ran twice), call ids executed more than
 //! once, calls that finished, and calls whose task was dropped before finishing (a stateless
 //! client disconnect, L-05).
@@ -57,12 +61,16 @@ use rmcp::handler::server::wrapper::Parameters;
 // Logging (`notifications/message`) is deprecated by SEP-2577 but is part of this server's contract.
 use rmcp::Peer;
 use rmcp::model::{
-    ClientJsonRpcMessage, ClientRequest, ProgressNotificationParam, ProtocolVersion, RequestId,
-    ServerJsonRpcMessage,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, ClientJsonRpcMessage, ClientRequest,
+    CreateTaskResult, GetTaskParams, GetTaskResult, Implementation, ProgressNotificationParam,
+    ProtocolVersion, RequestId, ServerCapabilities, ServerConfig, ServerJsonRpcMessage,
+    ServerNotification, SubscriptionFilter, UpdateTaskParams,
 };
 #[allow(deprecated)]
 use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
 use rmcp::service::RequestContext;
+use rmcp::service::SubscriptionContext;
+use rmcp::task_manager::TaskManager;
 use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, LocalSessionManagerError, SessionConfig,
 };
@@ -76,6 +84,7 @@ use serde_json::json;
 use tokio_stream::wrappers::ReceiverStream;
 
 mod auth;
+mod job;
 mod limit;
 
 /// Command line.
@@ -129,6 +138,9 @@ struct Args {
     /// The window of `--rate-limit`, in ms.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     rate_window_ms: u64,
+    /// Interval of `notifications/tools/list_changed` on a `subscriptions/listen` stream, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    listen_interval_ms: u64,
 }
 
 /// Execution counts per `slow` call id, for `GET /stats`.
@@ -149,6 +161,8 @@ struct Stats {
     /// Requests `--local-only` refused for their `Host` (421) / their `Origin` (403).
     rejected_hosts: AtomicU64,
     rejected_origins: AtomicU64,
+    /// `job` calls that became tasks.
+    tasks: AtomicU64,
 }
 
 impl Stats {
@@ -168,6 +182,7 @@ impl Stats {
             "forwarded": self.forwarded.load(Ordering::Relaxed),
             "rejected_hosts": self.rejected_hosts.load(Ordering::Relaxed),
             "rejected_origins": self.rejected_origins.load(Ordering::Relaxed),
+            "tasks": self.tasks.load(Ordering::Relaxed),
         })
     }
 }
@@ -346,6 +361,9 @@ struct ExampleServer {
     sessions: Arc<Sessions>,
     close_retry: Duration,
     counter: AtomicU64,
+    /// The process's tasks (every session and stateless request shares them).
+    tasks: TaskManager,
+    listen_interval: Duration,
 }
 
 #[tool_router]
@@ -440,6 +458,13 @@ impl ExampleServer {
         Ok(format!("done {}", args.count))
     }
 
+    #[tool(
+        description = "Runs `ms` then returns `done <call_id>`; a task for clients that declare the tasks extension"
+    )]
+    async fn job(&self, Parameters(args): Parameters<job::JobArgs>) -> String {
+        job::run(&self.stats, &args).await
+    }
+
     #[tool(description = "Increments and returns a per-session counter")]
     async fn counter(&self) -> String {
         (self.counter.fetch_add(1, Ordering::Relaxed) + 1).to_string()
@@ -487,7 +512,89 @@ async fn log_message(
 }
 
 #[tool_handler(name = "tether-example-server")]
-impl ServerHandler for ExampleServer {}
+impl ServerHandler for ExampleServer {
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let tasks_declared = context
+            .client_capabilities()
+            .is_some_and(|caps| caps.supports_tasks());
+        if request.name == "job" && tasks_declared {
+            let args = job::JobArgs::parse(request.arguments.as_ref())?;
+            let task = job::spawn(&self.tasks, Arc::clone(&self.stats), args);
+            return Ok(CallToolResponse::Task(CreateTaskResult::new(task)));
+        }
+        let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        Self::tool_router().call(call).await
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        Ok(GetTaskResult::new(self.tasks.get_task(&request.task_id)?))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks
+            .update_task(&request.task_id, request.input_responses)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.cancel_task(&request.task_id)
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            "tether-example-server",
+            env!("CARGO_PKG_VERSION"),
+        ))
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.tools_list_changed = requested.tools_list_changed;
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        if context.accepted().tools_list_changed != Some(true) || self.listen_interval.is_zero() {
+            context.cancelled().await;
+            return Ok(());
+        }
+        loop {
+            tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                () = tokio::time::sleep(self.listen_interval) => {}
+            }
+            let changed = ServerNotification::ToolListChangedNotification(Default::default());
+            if context.sink().send(changed).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
 
 type HttpBody = BoxBody<Bytes, Infallible>;
 
@@ -526,12 +633,16 @@ async fn main() -> std::io::Result<()> {
     let factory = {
         let (stats, sessions) = (Arc::clone(&stats), Arc::clone(&sessions));
         let close_retry = Duration::from_millis(args.close_retry_ms);
+        let listen_interval = Duration::from_millis(args.listen_interval_ms);
+        let tasks = TaskManager::new();
         move || {
             Ok(ExampleServer {
                 stats: Arc::clone(&stats),
                 sessions: Arc::clone(&sessions),
                 close_retry,
                 counter: AtomicU64::new(0),
+                tasks: tasks.clone(),
+                listen_interval,
             })
         }
     };

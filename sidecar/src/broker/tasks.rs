@@ -1,0 +1,236 @@
+//! Task ids on their way through the pod (`docs/design/tasks.md`): a client's ids are opened
+//! before its request goes to the MCP server, the server's are sealed before its answer goes to
+//! the client (`crate::mcp::tasks`), in both eras: 2026-07-28 requests (`broker::stateless`) and
+//! 2025-11-25 sessions (`broker::post`, `broker::pump`) share this one mechanism.
+//!
+//! The pod also keeps the tasks created here that a client may still poll ([`Tasks`]): from the
+//! first sight of a task until a client is sent a terminal status for it, or its `ttlMs` passes
+//! (24 h without one). A drain serves their polls until none is left or its deadline
+//! (`crate::ops::drain`). At most `--max-open-tasks` are kept (`tether_tasks_open`); past it a
+//! task is still served but not waited for (`tether_tasks_untracked_total`). An entry is the
+//! server's id (at most 256 bytes) and a deadline.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::Broker;
+use crate::mcp::jsonrpc::Envelope;
+use crate::mcp::rejection::Rejection;
+use crate::mcp::session_id::HomeToken;
+use crate::mcp::task_id::TaskIds;
+use crate::mcp::tasks::{self, Seen};
+
+/// How long a task without `ttlMs` counts as open.
+const UNLIMITED_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The field name that every task id travels under: a message without it holds none.
+const TASK_ID_FIELD: &[u8] = b"\"taskId\"";
+
+/// This pod's task ids and the tasks a client may still poll here.
+#[derive(Debug)]
+pub(super) struct Tasks {
+    ids: TaskIds,
+    max_open: usize,
+    /// The server's id → when it stops counting as open.
+    open: parking_lot::Mutex<HashMap<String, Instant>>,
+}
+
+impl Tasks {
+    /// No open task; ids sealed with `ids`; at most `max_open` kept.
+    pub(super) fn new(ids: TaskIds, max_open: usize) -> Self {
+        Self {
+            ids,
+            max_open,
+            open: parking_lot::Mutex::default(),
+        }
+    }
+
+    /// Notes a task object sent to a client; `false` when it is open but not kept (full).
+    fn note(&self, seen: Seen, now: Instant) -> bool {
+        let mut open = self.open.lock();
+        if seen.terminal {
+            open.remove(&seen.upstream);
+            return true;
+        }
+        let until = now + seen.ttl_ms.map_or(UNLIMITED_TTL, Duration::from_millis);
+        if open.len() >= self.max_open && !open.contains_key(&seen.upstream) {
+            open.retain(|_, until| *until > now);
+            if open.len() >= self.max_open {
+                return false;
+            }
+        }
+        open.insert(seen.upstream, until);
+        true
+    }
+
+    /// Tasks open at `now` (expired ones forgotten).
+    fn count(&self, now: Instant) -> usize {
+        let mut open = self.open.lock();
+        open.retain(|_, until| *until > now);
+        open.len()
+    }
+}
+
+impl Broker {
+    /// The body the MCP server gets for a client's `body` (parsed as `envelope`, whose messages
+    /// are opened in place): each task id opened to the server's. With it, the server's id of
+    /// the task a request of a `tasks/*` method names (its `Mcp-Name` for a 2026-07-28
+    /// request).
+    ///
+    /// # Errors
+    /// [`Rejection::TaskNotFound`]: an id this endpoint did not issue, or of a task held by
+    /// another pod.
+    pub(crate) fn open_task_ids(
+        &self,
+        envelope: &mut Envelope,
+        body: Bytes,
+    ) -> Result<(Bytes, Option<String>), Rejection> {
+        if !contains(&body, TASK_ID_FIELD) {
+            return Ok((body, None));
+        }
+        let me = self.tasks.ids.home();
+        let mut named = None;
+        for (_, message) in &mut envelope.messages {
+            if let Some(task) =
+                tasks::open(message, &self.tasks.ids, me).map_err(Rejection::TaskNotFound)?
+            {
+                named = Some(task.upstream);
+            }
+        }
+        let messages = envelope.messages.iter().map(|(_, m)| m);
+        let json = if envelope.batch {
+            serde_json::to_vec(&messages.collect::<Vec<_>>())
+        } else {
+            serde_json::to_vec(&envelope.messages[0].1)
+        };
+        let json = json.map_err(|e| Rejection::InvalidRequest(e.to_string()))?;
+        Ok((Bytes::from(json), named))
+    }
+
+    /// One JSON text from the MCP server (a message, or a batch of them: an SSE event's data or
+    /// a JSON body) with its task ids sealed; `None` when it holds none (or is not JSON, which
+    /// the client's SDK reports).
+    ///
+    /// # Errors
+    /// [`Rejection::TaskIdTooLong`].
+    pub(crate) fn seal_task_ids(&self, json: &[u8]) -> Result<Option<Vec<u8>>, Rejection> {
+        if !contains(json, TASK_ID_FIELD) {
+            return Ok(None);
+        }
+        let Ok(mut value) = serde_json::from_slice::<Value>(json) else {
+            return Ok(None);
+        };
+        let now = Instant::now();
+        let mut ended = false;
+        let mut seen = |task: Seen| {
+            ended |= task.terminal;
+            if !self.tasks.note(task, now) {
+                self.metrics.task_untracked();
+            }
+        };
+        let mut changed = false;
+        let messages = match &mut value {
+            Value::Array(batch) => batch.iter_mut().collect(),
+            single => vec![single],
+        };
+        for message in messages {
+            changed |= tasks::seal(message, &self.tasks.ids, &mut seen)
+                .map_err(|_| Rejection::TaskIdTooLong)?;
+        }
+        self.metrics.tasks_open(self.tasks.count(now));
+        if ended {
+            // A drain may be waiting for this task.
+            self.activity().notify_waiters();
+        }
+        if !changed {
+            return Ok(None);
+        }
+        serde_json::to_vec(&value)
+            .map(Some)
+            .map_err(|_| Rejection::UpstreamUnavailable)
+    }
+
+    /// The pod holding the task a client's id names, when the id is genuine (routing).
+    pub(crate) fn task_holder(&self, id: &str) -> Option<HomeToken> {
+        tasks::holder(&self.tasks.ids, id)
+    }
+
+    /// Tasks created here that a client may still poll (a drain serves them).
+    pub(crate) fn open_tasks(&self) -> usize {
+        let open = self.tasks.count(Instant::now());
+        self.metrics.tasks_open(open);
+        open
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::KeyRing;
+
+    fn tasks(max_open: usize) -> Tasks {
+        Tasks::new(
+            TaskIds::new(
+                KeyRing::from_bytes(b"0123456789abcdef".to_vec()),
+                HomeToken::for_pod("a"),
+            ),
+            max_open,
+        )
+    }
+
+    fn seen(id: &str, terminal: bool, ttl_ms: Option<u64>) -> Seen {
+        Seen {
+            upstream: id.into(),
+            terminal,
+            ttl_ms,
+        }
+    }
+
+    #[test]
+    fn a_task_is_open_from_its_creation_until_a_client_sees_it_end() {
+        let t = tasks(10);
+        let now = Instant::now();
+        assert!(t.note(seen("t-1", false, Some(60_000)), now));
+        assert!(
+            t.note(seen("t-1", false, Some(60_000)), now),
+            "a poll keeps it"
+        );
+        assert_eq!(t.count(now), 1);
+        assert!(t.note(seen("t-1", true, None), now));
+        assert_eq!(t.count(now), 0);
+    }
+
+    #[test]
+    fn a_task_past_its_ttl_is_no_longer_open() {
+        let t = tasks(10);
+        let now = Instant::now();
+        t.note(seen("t-1", false, Some(1_000)), now);
+        t.note(seen("t-2", false, None), now);
+        assert_eq!(t.count(now + Duration::from_secs(2)), 1);
+        assert_eq!(t.count(now + UNLIMITED_TTL + Duration::from_secs(1)), 0);
+    }
+
+    #[test]
+    fn past_max_open_tasks_new_ones_are_not_kept_until_room_is_made() {
+        let t = tasks(2);
+        let now = Instant::now();
+        assert!(t.note(seen("t-1", false, Some(1_000)), now));
+        assert!(t.note(seen("t-2", false, None), now));
+        assert!(!t.note(seen("t-3", false, None), now), "full");
+        assert!(
+            t.note(seen("t-2", false, None), now),
+            "a kept one is updated"
+        );
+        assert!(
+            t.note(seen("t-3", false, None), now + Duration::from_secs(2)),
+            "t-1 expired: room"
+        );
+        assert_eq!(t.count(now + Duration::from_secs(2)), 2);
+    }
+}

@@ -1,0 +1,170 @@
+//! Tasks of the tasks extension (SEP-2663, "io.modelcontextprotocol/tasks") across pods: the
+//! task id a client sees names the pod whose MCP server holds the task, so a poll entering any
+//! pod reaches it, through that pod's drain; ids tether did not issue get the extension's
+//! not-found error (-32602, "Error Handling") without reaching a server.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_tests::client::Http;
+use tether_tests::modern::{get_task, request};
+
+/// A `job` call with the tasks extension declared, entering at `url`: the task's id.
+async fn create_task(http: &Http, url: &str, ms: u64, call_id: &str) -> String {
+    let params = json!({"name": "job", "arguments": {"ms": ms, "call_id": call_id}});
+    let (status, answer) = request(http, url, 1, "tools/call", Some("job"), params)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    // Tasks extension, "Creating Tasks": a `CreateTaskResult` instead of the tool's result.
+    assert_eq!(answer["result"]["resultType"], "task", "{answer}");
+    assert_eq!(answer["result"]["status"], "working", "{answer}");
+    answer["result"]["taskId"].as_str().unwrap().to_owned()
+}
+
+/// Polls `tasks/get` entering at `url` until the task is terminal (at most 20 s): its last
+/// state.
+async fn poll_until_terminal(http: &Http, url: &str, task_id: &str) -> Value {
+    for attempt in 0..100 {
+        let (status, answer) = get_task(http, url, 10 + attempt, task_id).await.unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(
+            answer["result"]["taskId"], task_id,
+            "the id the client holds"
+        );
+        let state = &answer["result"]["status"];
+        if state != "working" {
+            return answer["result"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("task {task_id} still working after 20 s");
+}
+
+/// Created through pod A, polled entering at B and C while A drains: every poll reaches A,
+/// whose drain serves them until the client has seen the task complete.
+#[tokio::test]
+async fn tasks_are_polled_from_any_pod_through_the_drain_of_their_own() {
+    let ips = [
+        tether_tests::addr::next_ip(),
+        tether_tests::addr::next_ip(),
+        tether_tests::addr::next_ip(),
+    ];
+    let cluster =
+        tether_tests::cluster::Cluster::start(&ips, tether_tests::pod::PodSpec::default())
+            .await
+            .unwrap();
+    let [a, b, c] = [0, 1, 2].map(|i| &cluster.pods[i]);
+    let http = Http::new();
+    let task_id = create_task(&http, &a.mcp_url, 2_000, "t-drain").await;
+    assert_eq!(a.stats().await.unwrap()["tasks"], 1, "the task is A's");
+    assert!(
+        !task_id.contains("-4") && task_id.len() > 60,
+        "the server's id is sealed: {task_id}"
+    );
+    let (_, first) = get_task(&http, &b.mcp_url, 2, &task_id).await.unwrap();
+    assert_eq!(first["result"]["status"], "working", "{first}");
+    let drain = a.start_drain();
+    let done = poll_until_terminal(&http, &c.mcp_url, &task_id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["content"][0]["text"], "done t-drain");
+    let drained = drain.await.unwrap().unwrap();
+    assert_eq!(drained.body["tasksOpen"], 1, "{:?}", drained.body);
+    assert_eq!(drained.body["tasksLeft"], 0, "{:?}", drained.body);
+    assert!(drained.done, "{:?}", drained.body);
+    for pod in [b, c] {
+        let stats = pod.stats().await.unwrap();
+        assert_eq!(stats["executions"], 0, "only A ran the job: {stats}");
+    }
+    assert_eq!(a.stats().await.unwrap()["duplicates"], json!({}));
+}
+
+/// `tasks/cancel` entering at another pod reaches the task's; ids tether did not issue (made
+/// up, altered, or the server's own) are -32602 with the request's id, answered by tether.
+#[tokio::test]
+async fn tasks_are_cancelled_from_another_pod_and_unknown_ids_are_not_found() {
+    let ips = [tether_tests::addr::next_ip(), tether_tests::addr::next_ip()];
+    let cluster =
+        tether_tests::cluster::Cluster::start(&ips, tether_tests::pod::PodSpec::default())
+            .await
+            .unwrap();
+    let [a, b] = [0, 1].map(|i| &cluster.pods[i]);
+    let http = Http::new();
+    let task_id = create_task(&http, &a.mcp_url, 30_000, "t-cancel").await;
+    let params = json!({"taskId": task_id});
+    let (status, ack) = request(&http, &b.mcp_url, 3, "tasks/cancel", Some(&task_id), params)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{ack}");
+    assert!(
+        ack["result"].is_object() && ack.get("error").is_none(),
+        "an acknowledgement: {ack}"
+    );
+    let cancelled = poll_until_terminal(&http, &b.mcp_url, &task_id).await;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert_eq!(a.stats().await.unwrap()["aborted"], 1);
+
+    let mut altered = task_id.clone().into_bytes();
+    let last = altered.len() - 1;
+    altered[last] = if altered[last] == b'A' { b'B' } else { b'A' };
+    let altered = String::from_utf8(altered).unwrap();
+    for (id, forged) in [(20, "made-up"), (21, altered.as_str())] {
+        for (url, method) in [(&a.mcp_url, "tasks/get"), (&b.mcp_url, "tasks/update")] {
+            let params = json!({"taskId": forged, "inputResponses": {}});
+            let (status, answer) = request(&http, url, id, method, Some(forged), params)
+                .await
+                .unwrap();
+            assert_eq!(status, 200, "{answer}");
+            assert_eq!(answer["id"], id, "{answer}");
+            assert_eq!(answer["error"]["code"], -32602, "{answer}");
+            assert_eq!(answer["error"]["data"]["reason"], "task_not_found");
+        }
+    }
+    let metric = "tether_rejections_total{status=\"200\",reason=\"task_not_found\"}";
+    let counted = a.metric(metric).await.unwrap() + b.metric(metric).await.unwrap();
+    assert_eq!(counted, 4.0);
+}
+
+/// A 2025-11-25 session whose client declares the tasks extension: the same sealed ids, in
+/// the session's own stream (one mechanism for both eras).
+#[tokio::test]
+async fn a_session_gets_sealed_task_ids_too() {
+    let pod = tether_tests::pod::Pod::start_default().await.unwrap();
+    let client = tether_tests::client::McpClient::new(&pod.mcp_url);
+    let mut init = tether_tests::client::initialize_body(1, "2025-11-25");
+    init["params"]["capabilities"]["extensions"] = json!({tether_tests::modern::TASKS: {}});
+    let resp = client.post(None, &init, &[]).await.unwrap();
+    let session = tether_tests::client::Session {
+        id: tether_tests::client::header_str(&resp, "mcp-session-id").unwrap(),
+        version: "2025-11-25".into(),
+    };
+    tether_tests::client::messages(resp, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let call = tether_tests::client::tool_call(2, "job", json!({"ms": 300, "call_id": "s"}), None);
+    let created = answer(&client, &session, &call).await;
+    let task_id = created["result"]["taskId"].as_str().unwrap().to_owned();
+    assert!(task_id.len() > 60, "{created}");
+    let get =
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": task_id}});
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let got = answer(&client, &session, &get).await;
+    assert_eq!(got["result"]["taskId"], task_id.as_str(), "{got}");
+    assert_eq!(got["result"]["status"], "completed", "{got}");
+    let forged =
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tasks/get", "params": {"taskId": "x"}});
+    let miss = answer(&client, &session, &forged).await;
+    assert_eq!(miss["error"]["code"], -32602, "{miss}");
+}
+
+async fn answer(
+    client: &tether_tests::client::McpClient,
+    session: &tether_tests::client::Session,
+    body: &Value,
+) -> Value {
+    let resp = client.post(Some(session), body, &[]).await.unwrap();
+    let messages = tether_tests::client::messages(resp, Duration::from_secs(10))
+        .await
+        .unwrap();
+    messages.last().cloned().unwrap_or_default()
+}
