@@ -343,6 +343,32 @@ impl McpClient {
         headers: &[(&str, &str)],
         body: Option<Bytes>,
     ) -> Result<Response<Incoming>> {
+        self.send_via(None, method, headers, body).await
+    }
+
+    /// Sends a request to `url` (not a random entry) with this client's credentials and
+    /// headers, as every request of the client is sent (a fresh token after a 401, `Retry-After`
+    /// honoured when asked).
+    ///
+    /// # Errors
+    /// [`HarnessError::Http`] when the exchange fails.
+    pub async fn send_at(
+        &self,
+        url: &str,
+        method: Method,
+        headers: &[(&str, &str)],
+        body: Option<Bytes>,
+    ) -> Result<Response<Incoming>> {
+        self.send_via(Some(url), method, headers, body).await
+    }
+
+    async fn send_via(
+        &self,
+        url: Option<&str>,
+        method: Method,
+        headers: &[(&str, &str)],
+        body: Option<Bytes>,
+    ) -> Result<Response<Incoming>> {
         let mut authorization = match &self.tokens {
             Some(tokens) => Some(tokens.authorization()),
             None => self
@@ -374,7 +400,12 @@ impl McpClient {
             );
             let resp = self
                 .http
-                .send(method.clone(), &self.entry(), &all, body.clone())
+                .send(
+                    method.clone(),
+                    &url.map_or_else(|| self.entry(), str::to_owned),
+                    &all,
+                    body.clone(),
+                )
                 .await?;
             if let (Some(tokens), Some(sent)) = (&self.tokens, &authorization)
                 && resp.status() == StatusCode::UNAUTHORIZED

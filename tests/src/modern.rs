@@ -1,7 +1,8 @@
 //! A 2026-07-28 (stateless) client: each request carries its own `_meta` (protocol version,
 //! client capabilities) and the standard headers (`Mcp-Method`, `Mcp-Name`), and its answer
 //! is read whole, JSON or SSE (its last message). With the tasks extension declared, a
-//! task-augmented `tools/call` returns a task that [`get_task`] polls from any entry.
+//! task-augmented `tools/call` returns a task that [`get_task`] polls from any entry. Requests
+//! go through an [`McpClient`] (its credentials and headers) to the URL given.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::client::{ACCEPT_BOTH, Http, body_text};
+use crate::client::{ACCEPT_BOTH, McpClient, body_text};
 use crate::{HarnessError, Result};
 
 /// The protocol version.
@@ -37,7 +38,7 @@ pub fn meta(tasks: bool) -> Value {
 /// # Errors
 /// [`HarnessError`] when the exchange fails or the answer holds no JSON.
 pub async fn request(
-    http: &Http,
+    client: &McpClient,
     url: &str,
     id: u64,
     method: &str,
@@ -57,9 +58,9 @@ pub async fn request(
     }
     let resp = tokio::time::timeout(
         Duration::from_secs(30),
-        http.send(
-            Method::POST,
+        client.send_at(
             url,
+            Method::POST,
             &headers,
             Some(Bytes::from(body.to_string())),
         ),
@@ -76,13 +77,13 @@ pub async fn request(
 /// # Errors
 /// As [`request`].
 pub async fn get_task(
-    http: &Http,
+    client: &McpClient,
     url: &str,
     id: u64,
     task_id: &str,
 ) -> Result<(StatusCode, Value)> {
     request(
-        http,
+        client,
         url,
         id,
         "tasks/get",

@@ -84,6 +84,14 @@ struct Args {
     /// pods run it, the new pods this build's — a rolling upgrade of tether itself.
     #[arg(long, value_name = "DIR")]
     old_bin_dir: Option<std::path::PathBuf>,
+    /// 2026-07-28 clients beside the sessions: each loops a stateless `slow` call and a `job`
+    /// task polled at random pods (none with `--old-bin-dir`: sidecars before task ids show
+    /// the MCP server's own task ids, which the new pods do not route).
+    #[arg(long, default_value_t = 100)]
+    modern_clients: usize,
+    /// 2026-07-28 clients that keep a `subscriptions/listen` stream open.
+    #[arg(long, default_value_t = 20)]
+    listeners: usize,
     /// `spec.peer.tls`: mutual TLS between the sidecars; `false` measures what it costs.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     peer_tls: bool,
@@ -121,15 +129,28 @@ async fn main() -> ExitCode {
             lazy_fraction: args.lazy_refresh_fraction,
             probe_probability: args.probe_probability,
         }),
+        modern_clients: if old_sidecar.is_some() {
+            0
+        } else {
+            args.modern_clients
+        },
+        listeners: if old_sidecar.is_some() {
+            0
+        } else {
+            args.listeners
+        },
         old_sidecar,
         peer_tls: args.peer_tls,
         ..RolloutConfig::default()
     };
     println!(
-        "rolling upgrade of {} pods under {} MCP sessions ({} slow calls or more each, {} progress \
-         events per call, {}% of calls cut and resumed{}), with handoff{}...",
+        "rolling upgrade of {} pods under {} MCP sessions and {} 2026-07-28 clients ({} listening) \
+         ({} slow calls or more each, {} progress events per call, {}% of calls cut and \
+         resumed{}), with handoff{}...",
         cfg.pods,
         cfg.sessions,
+        cfg.modern_clients + cfg.listeners,
+        cfg.listeners,
         cfg.calls,
         cfg.count,
         (cfg.cut_probability * 100.0).round(),
@@ -169,7 +190,8 @@ async fn main() -> ExitCode {
     if handoff.is_clean() {
         println!(
             "result: every pod replaced; no client saw a 404, every event arrived exactly once, \
-             no foreign event, no tool ran twice{}",
+             no foreign event, no tool ran twice, no 2026-07-28 request or listen stream was \
+             cut, every task was found{}",
             if cfg.auth.is_some() {
                 "; every request reached the MCP servers with its user's credentials, no other \
                  user was served in a session"

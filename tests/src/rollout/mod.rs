@@ -30,11 +30,16 @@
 //!    example server's `/stats` are read and the server stops;
 //! 5. the pod leaves every peers file.
 //!
+//! Beside the sessions, 2026-07-28 clients (module `modern`) make stateless calls, create tasks
+//! polled at random entries and keep `subscriptions/listen` streams open, as the clients of a
+//! dual-era endpoint do ([`ModernFigures`] in the report).
+//!
 //! With [`RolloutConfig::rotate_key`], the endpoint's key rotates during the rollout, in the
 //! operator's three steps interleaved with the replacements (module `rotation`, its
 //! [`RotationReport`] in the report).
 
 mod clients;
+mod modern;
 mod report;
 mod rotation;
 mod standalone;
@@ -43,6 +48,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use modern::ModernFigures;
 pub use report::{AuthFigures, DrainRecord, RolloutReport, SidecarCounters, table};
 pub use rotation::{RotationReport, RotationStep};
 
@@ -115,6 +121,11 @@ pub struct RolloutConfig {
     pub rotate_key: bool,
     /// `spec.peer.tls` of every pod: mutual TLS between sidecars (on by default).
     pub peer_tls: bool,
+    /// 2026-07-28 clients beside the sessions: each loops a `slow` call and a `job` task
+    /// (module `modern`); needs an MCP server with `job` ([`Upstream::Example`]).
+    pub modern_clients: usize,
+    /// 2026-07-28 clients that keep a `subscriptions/listen` stream open.
+    pub listeners: usize,
 }
 
 /// The sidecar of the pods before a rollout of tether itself.
@@ -200,6 +211,8 @@ impl Default for RolloutConfig {
             old_sidecar: None,
             rotate_key: false,
             peer_tls: true,
+            modern_clients: 20,
+            listeners: 4,
         }
     }
 }
@@ -327,6 +340,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
         "{} pods up; starting {} sessions",
         cfg.pods, cfg.sessions
     ));
+    let modern = modern::ModernLoad::start(&client, cfg, issuer.as_ref());
     let load = clients::Load::start(&client, cfg, issuer);
     if !load.initialized(INITIALIZE_TIMEOUT).await {
         rollout.report.load.failures.push(format!(
@@ -355,6 +369,9 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
     }
     rollout.step("rollout done; every session makes its last calls".into());
     let figures = load.finish(FINISH_TIMEOUT).await;
+    rollout.report.modern = modern.finish(FINISH_TIMEOUT).await;
+    let failures = rollout.report.modern.failures.iter().cloned();
+    rollout.report.load.failures.extend(failures);
     rollout.step("load done".into());
     if let Some(rotation) = &mut rotation
         && !retired

@@ -141,6 +141,8 @@ pub struct RolloutReport {
     pub upstream_not_local: u64,
     /// The key rotation during the rollout, with [`super::RolloutConfig::rotate_key`].
     pub rotation: Option<super::RotationReport>,
+    /// What the 2026-07-28 clients experienced.
+    pub modern: super::ModernFigures,
 }
 
 impl RolloutReport {
@@ -161,6 +163,7 @@ impl RolloutReport {
     pub fn is_clean(&self) -> bool {
         let a = &self.auth;
         self.load.is_clean()
+            && self.modern.is_clean()
             && self.upstream_not_local == 0
             && a.upstream_missing_credentials == 0
             && a.probes_refused == a.probes
@@ -188,6 +191,7 @@ impl RolloutReport {
     /// The rows of the table: label and value.
     fn rows(&self) -> Vec<(&'static str, String)> {
         let r = &self.load;
+        let m = &self.modern;
         let drains: Vec<String> = self
             .drains
             .iter()
@@ -227,6 +231,18 @@ impl RolloutReport {
                 },
             ),
             ("other client errors", r.failures.len().to_string()),
+            ("2026-07-28 clients", m.clients.to_string()),
+            ("2026-07-28 requests", m.requests.to_string()),
+            ("2026-07-28 requests cut", m.cut.to_string()),
+            (
+                "listen streams re-established / cut",
+                format!("{} / {}", m.listens_reestablished, m.listens_cut),
+            ),
+            (
+                "tasks created / polled across pods",
+                format!("{} / {}", m.tasks, m.tasks_across_pods),
+            ),
+            ("task-not-found answers", m.task_not_found.to_string()),
             (
                 "upstream refusals as not local (Host, Origin)",
                 self.upstream_not_local.to_string(),

@@ -315,6 +315,9 @@ async fn a_rolling_upgrade_of_python_sdk_pods_under_load_is_invisible_to_clients
         interval_ms: 40,
         upstream: Upstream::PythonSdk,
         auth: None,
+        // The fixture has no `job` tool for tasks.
+        modern_clients: 0,
+        listeners: 0,
         ..RolloutConfig::default()
     })
     .await

@@ -566,6 +566,25 @@ async fn a_drain_ends_listen_streams_cleanly_and_the_client_listens_again_on_a_p
     assert_eq!(drained.body["listenClosed"], 1, "{:?}", drained.body);
 }
 
+/// SEP-2575 (a closed response stream *is* the cancellation; spec L-05): a client that closes
+/// its listen stream ends the MCP server's subscription within a second.
+#[tokio::test]
+async fn l05_closing_a_listen_stream_ends_the_servers_subscription() {
+    let pod = Pod::start_default().await.unwrap();
+    let (body, _) = listen(&pod.mcp_url).await;
+    assert_eq!(pod.stats().await.unwrap()["listening"], 1);
+    drop(body);
+    let mut listening = json!(1);
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        listening = pod.stats().await.unwrap()["listening"].clone();
+        if listening == 0 {
+            break;
+        }
+    }
+    assert_eq!(listening, 0, "the subscription ended within a second");
+}
+
 /// Opens a `subscriptions/listen` stream at `url` and reads it up to its acknowledgement.
 async fn listen(url: &str) -> (hyper::body::Incoming, String) {
     let listen = json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen", "params": {

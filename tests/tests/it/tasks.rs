@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tether_tests::client::Http;
+use tether_tests::client::McpClient;
 use tether_tests::modern::{get_task, request};
 
 /// A `job` call with the tasks extension declared, entering at `url`: the task's id.
-async fn create_task(http: &Http, url: &str, ms: u64, call_id: &str) -> String {
+async fn create_task(mcp: &McpClient, url: &str, ms: u64, call_id: &str) -> String {
     let params = json!({"name": "job", "arguments": {"ms": ms, "call_id": call_id}});
-    let (status, answer) = request(http, url, 1, "tools/call", Some("job"), params)
+    let (status, answer) = request(mcp, url, 1, "tools/call", Some("job"), params)
         .await
         .unwrap();
     assert_eq!(status, 200, "{answer}");
@@ -24,9 +24,9 @@ async fn create_task(http: &Http, url: &str, ms: u64, call_id: &str) -> String {
 
 /// Polls `tasks/get` entering at `url` until the task is terminal (at most 20 s): its last
 /// state.
-async fn poll_until_terminal(http: &Http, url: &str, task_id: &str) -> Value {
+async fn poll_until_terminal(mcp: &McpClient, url: &str, task_id: &str) -> Value {
     for attempt in 0..100 {
-        let (status, answer) = get_task(http, url, 10 + attempt, task_id).await.unwrap();
+        let (status, answer) = get_task(mcp, url, 10 + attempt, task_id).await.unwrap();
         assert_eq!(status, 200, "{answer}");
         assert_eq!(
             answer["result"]["taskId"], task_id,
@@ -55,17 +55,17 @@ async fn tasks_are_polled_from_any_pod_through_the_drain_of_their_own() {
             .await
             .unwrap();
     let [a, b, c] = [0, 1, 2].map(|i| &cluster.pods[i]);
-    let http = Http::new();
-    let task_id = create_task(&http, &a.mcp_url, 2_000, "t-drain").await;
+    let mcp = McpClient::new("http://127.0.0.1:1/unused");
+    let task_id = create_task(&mcp, &a.mcp_url, 2_000, "t-drain").await;
     assert_eq!(a.stats().await.unwrap()["tasks"], 1, "the task is A's");
     assert!(
         !task_id.contains("-4") && task_id.len() > 60,
         "the server's id is sealed: {task_id}"
     );
-    let (_, first) = get_task(&http, &b.mcp_url, 2, &task_id).await.unwrap();
+    let (_, first) = get_task(&mcp, &b.mcp_url, 2, &task_id).await.unwrap();
     assert_eq!(first["result"]["status"], "working", "{first}");
     let drain = a.start_drain();
-    let done = poll_until_terminal(&http, &c.mcp_url, &task_id).await;
+    let done = poll_until_terminal(&mcp, &c.mcp_url, &task_id).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["result"]["content"][0]["text"], "done t-drain");
     let drained = drain.await.unwrap().unwrap();
@@ -89,10 +89,10 @@ async fn tasks_are_cancelled_from_another_pod_and_unknown_ids_are_not_found() {
             .await
             .unwrap();
     let [a, b] = [0, 1].map(|i| &cluster.pods[i]);
-    let http = Http::new();
-    let task_id = create_task(&http, &a.mcp_url, 30_000, "t-cancel").await;
+    let mcp = McpClient::new("http://127.0.0.1:1/unused");
+    let task_id = create_task(&mcp, &a.mcp_url, 30_000, "t-cancel").await;
     let params = json!({"taskId": task_id});
-    let (status, ack) = request(&http, &b.mcp_url, 3, "tasks/cancel", Some(&task_id), params)
+    let (status, ack) = request(&mcp, &b.mcp_url, 3, "tasks/cancel", Some(&task_id), params)
         .await
         .unwrap();
     assert_eq!(status, 200, "{ack}");
@@ -100,7 +100,7 @@ async fn tasks_are_cancelled_from_another_pod_and_unknown_ids_are_not_found() {
         ack["result"].is_object() && ack.get("error").is_none(),
         "an acknowledgement: {ack}"
     );
-    let cancelled = poll_until_terminal(&http, &b.mcp_url, &task_id).await;
+    let cancelled = poll_until_terminal(&mcp, &b.mcp_url, &task_id).await;
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
     assert_eq!(a.stats().await.unwrap()["aborted"], 1);
 
@@ -111,7 +111,7 @@ async fn tasks_are_cancelled_from_another_pod_and_unknown_ids_are_not_found() {
     for (id, forged) in [(20, "made-up"), (21, altered.as_str())] {
         for (url, method) in [(&a.mcp_url, "tasks/get"), (&b.mcp_url, "tasks/update")] {
             let params = json!({"taskId": forged, "inputResponses": {}});
-            let (status, answer) = request(&http, url, id, method, Some(forged), params)
+            let (status, answer) = request(&mcp, url, id, method, Some(forged), params)
                 .await
                 .unwrap();
             assert_eq!(status, 200, "{answer}");

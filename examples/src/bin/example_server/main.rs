@@ -38,10 +38,11 @@
 //! stream).
 //!
 //! `GET /stats` → `{"executions": N, "calls": {"<call_id>": n}, "duplicates": {"<call_id>": n},
-//! "completed": N, "aborted": N, "tasks": N}`: `slow` and `job` executions, executions per call id (to merge over
-//! several servers: a call run once on each of two pods ran twice), call ids executed more than
-//! once, calls that finished, and calls whose task was dropped before finishing (a stateless
-//! client disconnect, L-05).
+//! "completed": N, "aborted": N, "tasks": N, "listening": N}`: `slow` and `job` executions,
+//! executions per call id (to merge over several servers: a call run once on each of two pods
+//! ran twice), call ids executed more than once, calls that finished, calls whose task was
+//! dropped before finishing (a stateless client disconnect, L-05), `job` calls that became
+//! tasks, and `subscriptions/listen` streams open now.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -163,6 +164,8 @@ struct Stats {
     rejected_origins: AtomicU64,
     /// `job` calls that became tasks.
     tasks: AtomicU64,
+    /// `subscriptions/listen` streams open now.
+    listening: AtomicU64,
 }
 
 impl Stats {
@@ -183,6 +186,7 @@ impl Stats {
             "rejected_hosts": self.rejected_hosts.load(Ordering::Relaxed),
             "rejected_origins": self.rejected_origins.load(Ordering::Relaxed),
             "tasks": self.tasks.load(Ordering::Relaxed),
+            "listening": self.listening.load(Ordering::Relaxed),
         })
     }
 }
@@ -488,6 +492,19 @@ impl ExampleServer {
     }
 }
 
+/// Runs `f` when dropped (a listen stream counted while it is open, however it ends).
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
+
 /// Waits `interval`; a zero interval only yields (a timer rounds it up to a millisecond, which
 /// would make a call of 100,000 events take 100 s).
 async fn pause(interval: Duration) {
@@ -579,6 +596,10 @@ impl ServerHandler for ExampleServer {
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        self.stats.listening.fetch_add(1, Ordering::Relaxed);
+        let _open = scopeguard(|| {
+            self.stats.listening.fetch_sub(1, Ordering::Relaxed);
+        });
         if context.accepted().tools_list_changed != Some(true) || self.listen_interval.is_zero() {
             context.cancelled().await;
             return Ok(());
