@@ -26,6 +26,7 @@ use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::{self, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response};
 use crate::mcp::rejection::{NotFound, Rejection};
+use crate::mcp::tasks::Revision;
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{Dedupe, EnterGuard, Entry, Session};
 use crate::stream::StoredReply;
@@ -80,7 +81,7 @@ impl Broker {
             None => self.entered_session(call, entered.as_ref())?,
         };
         // The retry digest stays the client's: its task ids are the same on every retry.
-        let body = match self.open_task_ids(&mut envelope, body) {
+        let body = match self.open_task_ids(&mut envelope, body, Revision::Session) {
             Ok((body, _)) => body,
             Err(rejection) => {
                 self.metrics.rejection(&rejection);

@@ -21,7 +21,7 @@ use crate::mcp::jsonrpc::Envelope;
 use crate::mcp::rejection::Rejection;
 use crate::mcp::session_id::HomeToken;
 use crate::mcp::task_id::TaskIds;
-use crate::mcp::tasks::{self, Seen};
+use crate::mcp::tasks::{self, Revision, Seen};
 
 /// How long a task without `ttlMs` counts as open.
 const UNLIMITED_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -75,7 +75,7 @@ impl Tasks {
 
 impl Broker {
     /// The body the MCP server gets for a client's `body` (parsed as `envelope`, whose messages
-    /// are opened in place): each task id opened to the server's. With it, the server's id of
+    /// are opened in place; task methods of `revision`): each task id opened to the server's. With it, the server's id of
     /// the task a request of a `tasks/*` method names (its `Mcp-Name` for a 2026-07-28
     /// request).
     ///
@@ -86,6 +86,7 @@ impl Broker {
         &self,
         envelope: &mut Envelope,
         body: Bytes,
+        revision: Revision,
     ) -> Result<(Bytes, Option<String>), Rejection> {
         if !contains(&body, TASK_ID_FIELD) {
             return Ok((body, None));
@@ -93,8 +94,8 @@ impl Broker {
         let me = self.tasks.ids.home();
         let mut named = None;
         for (_, message) in &mut envelope.messages {
-            if let Some(task) =
-                tasks::open(message, &self.tasks.ids, me).map_err(Rejection::TaskNotFound)?
+            if let Some(task) = tasks::open(message, &self.tasks.ids, me, revision)
+                .map_err(Rejection::TaskNotFound)?
             {
                 named = Some(task.upstream);
             }

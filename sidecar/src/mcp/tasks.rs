@@ -27,18 +27,31 @@ use super::task_id::{OpenedTask, TaskIdError, TaskIds};
 /// Messages").
 pub(crate) const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
-/// Whether requests of `method` name their task in `params.taskId`.
-pub(crate) fn names_task(method: &str) -> bool {
-    matches!(
-        method,
-        "tasks/get" | "tasks/update" | "tasks/cancel" | "tasks/result"
-    )
+/// The task methods a request may use: those of the tasks extension (2026-07-28), or also
+/// those of the 2025-11-25 experimental tasks (a session's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Revision {
+    /// A 2025-era session: `tasks/result` and `tasks/list` exist too.
+    Session,
+    /// A 2026-07-28 request: `tasks/result` is removed (the MCP server answers it -32601, so
+    /// tether passes it on untouched).
+    Extension,
 }
 
-/// Whether a request of `method` may be answered with task ids: it names a task, lists tasks,
-/// may create one (`tools/call`) or streams their status (`subscriptions/listen`).
+/// Whether requests of `method` name their task in `params.taskId` in `revision`.
+pub(crate) fn names_task(method: &str, revision: Revision) -> bool {
+    match method {
+        "tasks/get" | "tasks/update" | "tasks/cancel" => true,
+        "tasks/result" => revision == Revision::Session,
+        _ => false,
+    }
+}
+
+/// Whether a 2026-07-28 request of `method` may be answered with task ids: it names a task, may
+/// create one (`tools/call`) or streams notifications (`subscriptions/listen`).
 pub(crate) fn may_answer_with_tasks(method: &str) -> bool {
-    names_task(method) || matches!(method, "tasks/list" | "tools/call" | super::modern::LISTEN)
+    names_task(method, Revision::Extension)
+        || matches!(method, "tools/call" | super::modern::LISTEN)
 }
 
 /// A task object a message carried to the client: its MCP server id, whether its status is
@@ -129,8 +142,9 @@ pub(crate) fn seal(
     Ok(changed)
 }
 
-/// Opens the client's task ids in `message` (one JSON-RPC message from the client) in place,
-/// for the pod `me`. Returns the task a request of a [`names_task`] method names, if any.
+/// Opens the client's task ids in `message` (one JSON-RPC message from the client of
+/// `revision`) in place, for the pod `me`. Returns the task a request of a [`names_task`] method
+/// names, if any.
 ///
 /// # Errors
 /// [`TaskMiss::Unknown`] for an id that does not open; [`TaskMiss::Gone`] for a genuine id held
@@ -139,6 +153,7 @@ pub(crate) fn open(
     message: &mut Value,
     ids: &TaskIds,
     me: HomeToken,
+    revision: Revision,
 ) -> Result<Option<OpenedTask>, TaskMiss> {
     let open_field = |field: &mut Value| -> Result<OpenedTask, TaskMiss> {
         let opened = field
@@ -154,7 +169,7 @@ pub(crate) fn open(
     let named = message
         .get("method")
         .and_then(Value::as_str)
-        .is_some_and(names_task);
+        .is_some_and(|m| names_task(m, revision));
     let mut target = None;
     for part in ["params", "result"] {
         let Some(body) = message.get_mut(part).filter(|p| p.is_object()) else {
@@ -319,20 +334,45 @@ mod tests {
         let sealed = a.mint("t-1").unwrap();
         let mut get =
             json!({"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": {"taskId": sealed}});
-        let opened = open(&mut get, &a, a.home()).unwrap().unwrap();
+        let opened = open(&mut get, &a, a.home(), Revision::Extension)
+            .unwrap()
+            .unwrap();
         assert_eq!(opened.upstream, "t-1");
         assert_eq!(get["params"]["taskId"], "t-1");
         let mut elsewhere = json!({"jsonrpc": "2.0", "id": 6, "method": "tasks/cancel", "params": {"taskId": sealed}});
-        assert_eq!(open(&mut elsewhere, &b, b.home()), Err(TaskMiss::Gone));
+        assert_eq!(
+            open(&mut elsewhere, &b, b.home(), Revision::Extension),
+            Err(TaskMiss::Gone)
+        );
         for forged in [json!("t-1"), json!(7), json!(format!("{sealed}x"))] {
             let mut get = json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": {"taskId": forged}});
-            assert_eq!(open(&mut get, &a, a.home()), Err(TaskMiss::Unknown));
+            assert_eq!(
+                open(&mut get, &a, a.home(), Revision::Extension),
+                Err(TaskMiss::Unknown)
+            );
         }
         let mut missing = json!({"jsonrpc": "2.0", "id": 8, "method": "tasks/get", "params": {}});
-        assert_eq!(open(&mut missing, &a, a.home()), Err(TaskMiss::Unknown));
+        assert_eq!(
+            open(&mut missing, &a, a.home(), Revision::Extension),
+            Err(TaskMiss::Unknown)
+        );
+        // `tasks/result` is a 2025-11-25 method: in 2026-07-28 it names nothing (-32601 is the
+        // MCP server's to answer).
+        let mut result = json!({"jsonrpc": "2.0", "id": 10, "method": "tasks/result", "params": {"taskId": "t-1"}});
+        assert_eq!(
+            open(&mut result, &a, a.home(), Revision::Extension),
+            Ok(None)
+        );
+        assert_eq!(
+            open(&mut result, &a, a.home(), Revision::Session),
+            Err(TaskMiss::Unknown)
+        );
         let mut other =
             json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "x"}});
-        assert_eq!(open(&mut other, &a, a.home()), Ok(None));
+        assert_eq!(
+            open(&mut other, &a, a.home(), Revision::Extension),
+            Ok(None)
+        );
     }
 
     #[test]
@@ -341,7 +381,10 @@ mod tests {
         let sealed = a.mint("t-1").unwrap();
         let mut answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"action": "accept",
             "_meta": {RELATED_TASK: {"taskId": sealed}}}});
-        assert_eq!(open(&mut answer, &a, a.home()), Ok(None));
+        assert_eq!(
+            open(&mut answer, &a, a.home(), Revision::Extension),
+            Ok(None)
+        );
         assert_eq!(answer["result"]["_meta"][RELATED_TASK]["taskId"], "t-1");
     }
 

@@ -60,7 +60,7 @@ use crate::mcp::modern;
 use crate::mcp::origin::OriginCheck;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::session_id::HomeToken;
-use crate::mcp::tasks::names_task;
+use crate::mcp::tasks::{Revision, names_task};
 use crate::metrics::Metrics;
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{EnterGuard, Entry};
@@ -181,10 +181,14 @@ impl McpProxy {
                 return refuse(rejection, id.as_ref());
             }
             let named;
-            (body, named) = match self.broker.open_task_ids(&mut envelope, body) {
-                Ok(opened) => opened,
-                Err(rejection) => return refuse(rejection, id.as_ref()),
-            };
+            (body, named) =
+                match self
+                    .broker
+                    .open_task_ids(&mut envelope, body, Revision::Extension)
+                {
+                    Ok(opened) => opened,
+                    Err(rejection) => return refuse(rejection, id.as_ref()),
+                };
             if let Some(upstream) = named {
                 headers
                     .to_mut()
@@ -710,7 +714,9 @@ impl McpProxy {
                 .get(name)
                 .and_then(|v: &HeaderValue| v.to_str().ok())
         };
-        text(MCP_METHOD).map(str::trim).filter(|m| names_task(m))?;
+        text(MCP_METHOD)
+            .map(str::trim)
+            .filter(|m| names_task(m, Revision::Extension))?;
         self.broker.task_holder(text(MCP_NAME)?.trim())
     }
 

@@ -519,7 +519,8 @@ impl Rollout<'_> {
         self.report.load.executed_twice = self.executions.executed_twice();
         self.report.slow_executions = self.executions.total();
         self.report.load.elapsed = self.started.elapsed();
-        self.report.slow_calls = figures.slow_calls;
+        let modern = &self.report.modern;
+        self.report.slow_calls = figures.slow_calls + modern.slow_calls + modern.tasks;
         self.report.counter_restarts = figures.counter_restarts;
         self.report.auth.on = self.cfg.auth.is_some();
         self.report.auth.refreshes = figures.refreshes;

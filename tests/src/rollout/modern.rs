@@ -38,6 +38,8 @@ pub struct ModernFigures {
     pub clients: usize,
     /// Requests sent: calls, task creations, polls, listens.
     pub requests: u64,
+    /// `slow` calls made.
+    pub slow_calls: u64,
     /// Requests that got no proper answer: an error status, a JSON-RPC error other than a
     /// task's not-found, or a call's answer other than its result.
     pub cut: u64,
@@ -61,6 +63,7 @@ impl ModernFigures {
     fn add(&mut self, other: Self) {
         self.clients += other.clients;
         self.requests += other.requests;
+        self.slow_calls += other.slow_calls;
         self.cut += other.cut;
         self.listens += other.listens;
         self.listens_reestablished += other.listens_reestablished;
@@ -194,6 +197,7 @@ impl Worker {
         let params = json!({"name": "slow", "arguments": {
             "count": self.count, "interval_ms": self.interval_ms, "call_id": call_id}});
         f.requests += 1;
+        f.slow_calls += 1;
         let url = self.client.entry();
         let expected = format!("done {}", self.count);
         match request(

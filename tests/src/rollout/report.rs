@@ -117,9 +117,9 @@ pub struct RolloutReport {
     pub load: load::Report,
     /// Sessions whose `counter` restarted (tool state the journal does not carry).
     pub counter_restarts: u64,
-    /// `slow` calls the clients made.
+    /// `slow` calls the clients made, and `job` tasks the 2026-07-28 clients created.
     pub slow_calls: u64,
-    /// `slow` executions over every example server (`/stats`): about [`Self::slow_calls`]
+    /// `slow` and `job` executions over every example server (`/stats`): about [`Self::slow_calls`]
     /// when every server was read (less by the calls refused before reaching one).
     pub slow_executions: u64,
     /// Sidecar counters over every sidecar.
@@ -208,7 +208,7 @@ impl RolloutReport {
             ("duplicated events", r.duplicated.to_string()),
             ("foreign-stream events", r.foreign.to_string()),
             (
-                "slow calls made / executed",
+                "slow and job calls made / executed",
                 format!("{} / {}", self.slow_calls, self.slow_executions),
             ),
             ("tools executed twice", r.executed_twice.to_string()),
