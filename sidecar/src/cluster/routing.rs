@@ -653,6 +653,44 @@ mod tests {
         );
     }
 
+    /// A request about a task goes to the pod its id names, draining or not; a pod that is gone
+    /// or refuses connections leaves it to this pod (which answers the task's not-found
+    /// error), one that does not answer in time is 503 (it may still hold the task).
+    #[test]
+    fn a_task_request_goes_to_the_tasks_pod_whatever_its_state() {
+        let v = view(&[("a", R), ("b", D), ("c", G)]);
+        let h = Hop::default();
+        let task = |pod: &str| Target::Task {
+            home: HomeToken::for_pod(pod),
+        };
+        let mut draining = me("b");
+        draining.draining = true;
+        assert_eq!(route(&v, &draining, task("b"), &h, &|_| None), Route::Local);
+        let r = route(&v, &me("a"), task("b"), &h, &|_| None);
+        assert_eq!(forwarded_to(&r), Some(("b", ForwardKind::Home)));
+        for gone in ["c", "zz"] {
+            assert_eq!(
+                route(&v, &me("a"), task(gone), &h, &|_| None),
+                Route::NotFound(NotFound::NoHolder)
+            );
+        }
+        assert_eq!(
+            route(&v, &me("a"), task("b"), &h, &|_| Some(Down::Refused)),
+            Route::NotFound(NotFound::NoHolder)
+        );
+        assert_eq!(
+            route(&v, &me("a"), task("b"), &h, &|_| Some(Down::Unresponsive)),
+            Route::Unavailable
+        );
+        assert_eq!(
+            route(&v, &me("a"), task("b"), &Hop::default().next("a"), &|_| {
+                None
+            }),
+            Route::NotFound(NotFound::NoHolder),
+            "sent back here: answered here"
+        );
+    }
+
     fn any_state() -> impl Strategy<Value = PeerState> {
         prop_oneof![Just(R), Just(D), Just(G)]
     }
