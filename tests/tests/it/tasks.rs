@@ -1,7 +1,7 @@
 //! Tasks of the tasks extension (SEP-2663, "io.modelcontextprotocol/tasks") across pods: the
 //! task id a client sees names the pod whose MCP server holds the task, so a poll entering any
-//! pod reaches it, through that pod's drain; ids tether did not issue get the extension's
-//! not-found error (-32602, "Error Handling") without reaching a server.
+//! pod reaches it, through that pod's drain (spec K-01); ids tether did not issue get the
+//! extension's not-found error (-32602, "Error Handling"; K-02) without reaching a server.
 
 use std::time::Duration;
 
@@ -44,7 +44,7 @@ async fn poll_until_terminal(mcp: &McpClient, url: &str, task_id: &str) -> Value
 /// Created through pod A, polled entering at B and C while A drains: every poll reaches A,
 /// whose drain serves them until the client has seen the task complete.
 #[tokio::test]
-async fn tasks_are_polled_from_any_pod_through_the_drain_of_their_own() {
+async fn k01_tasks_are_polled_from_any_pod_through_the_drain_of_their_own() {
     let ips = [
         tether_tests::addr::next_ip(),
         tether_tests::addr::next_ip(),
@@ -82,7 +82,7 @@ async fn tasks_are_polled_from_any_pod_through_the_drain_of_their_own() {
 /// `tasks/cancel` entering at another pod reaches the task's; ids tether did not issue (made
 /// up, altered, or the server's own) are -32602 with the request's id, answered by tether.
 #[tokio::test]
-async fn tasks_are_cancelled_from_another_pod_and_unknown_ids_are_not_found() {
+async fn k01_k02_tasks_are_cancelled_from_another_pod_and_unknown_ids_are_not_found() {
     let ips = [tether_tests::addr::next_ip(), tether_tests::addr::next_ip()];
     let cluster =
         tether_tests::cluster::Cluster::start(&ips, tether_tests::pod::PodSpec::default())
@@ -128,7 +128,7 @@ async fn tasks_are_cancelled_from_another_pod_and_unknown_ids_are_not_found() {
 /// A 2025-11-25 session whose client declares the tasks extension: the same sealed ids, in
 /// the session's own stream (one mechanism for both eras).
 #[tokio::test]
-async fn a_session_gets_sealed_task_ids_too() {
+async fn k01_k02_a_session_gets_sealed_task_ids_too() {
     let pod = tether_tests::pod::Pod::start_default().await.unwrap();
     let client = tether_tests::client::McpClient::new(&pod.mcp_url);
     let mut init = tether_tests::client::initialize_body(1, "2025-11-25");
