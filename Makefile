@@ -116,7 +116,7 @@ $(CONFORMANCE_STAMP): $(CONFORMANCE_FIXTURE)/package.json $(CONFORMANCE_FIXTURE)
 CARGO_FUZZ_VERSION := 0.13.2
 FUZZ_SECONDS ?= 20
 # target:max_len (bytes of one input)
-FUZZ_TARGET_LENS := cursor:128 session_id:256 envelope:4096 sse:4096 handoff:16384 \
+FUZZ_TARGET_LENS := cursor:128 session_id:256 task_id:2048 envelope:4096 sse:4096 handoff:16384 \
   peers_file:2048 manifest:4096
 FUZZ_TARGETS ?= $(foreach t,$(FUZZ_TARGET_LENS),$(firstword $(subst :, ,$(t))))
 # No sanitizer: the sidecar has no unsafe code (`unsafe_code = "forbid"`), so AddressSanitizer

@@ -7,6 +7,7 @@
 //!
 //! - event ids and `Last-Event-ID` cursors ([`parse_cursor`], [`format_cursor`]);
 //! - client session ids ([`Minter`], [`session_id_mac`]);
+//! - task ids and where they travel in messages ([`TaskCodec`]);
 //! - JSON-RPC envelopes ([`parse_envelope`], [`response_id`]);
 //! - upstream SSE as the pump consumes it ([`decode_upstream`], [`UpstreamRelay`]) and the
 //!   frames the sidecar writes to clients ([`frame_event`], [`frame_priming`], [`frame_retry`]);
@@ -35,6 +36,8 @@ use crate::mcp::jsonrpc::{self, EnvelopeError, EnvelopeLimits, Message};
 use crate::mcp::origin::{OriginCheck, OriginPolicy};
 use crate::mcp::session_id::{HomeToken, IdError, IdMinter};
 use crate::mcp::sse;
+use crate::mcp::task_id::TaskIds;
+use crate::mcp::tasks;
 
 pub use crate::handoff::fuzzing::{Adopted, PeerMessage, RestoredStream, WireTrip};
 
@@ -129,6 +132,51 @@ impl Minter {
             IdError::UnknownVersion => IdRejection::UnknownVersion,
             IdError::BadMac => IdRejection::BadMac,
         })
+    }
+}
+
+/// Task ids of one pod, sealed with an endpoint secret (`mcp/task_id.rs`), and their exchange in
+/// messages (`mcp/tasks.rs`).
+pub struct TaskCodec(TaskIds);
+
+impl TaskCodec {
+    /// The task ids of the pod whose home token is `home`, under `secret`.
+    pub fn new(secret: &[u8], home: [u8; 8]) -> Self {
+        Self(TaskIds::new(
+            KeyRing::from_bytes(secret.to_vec()),
+            HomeToken(home),
+        ))
+    }
+
+    /// The client's id for the MCP server's `upstream` id; `None` when it is too long.
+    pub fn mint(&self, upstream: &str) -> Option<String> {
+        self.0.mint(upstream).ok()
+    }
+
+    /// The home token and the MCP server's id a client's id opens to.
+    pub fn open(&self, id: &str) -> Option<([u8; 8], String)> {
+        self.0.open(id).ok().map(|t| (t.home.0, t.upstream))
+    }
+
+    /// Seals a server message's task ids in place: whether it changed (`Err` for an id too
+    /// long to seal), and the server ids of the task objects seen.
+    pub fn seal(&self, message: &mut Value) -> (Result<bool, ()>, Vec<String>) {
+        let mut seen = Vec::new();
+        let sealed = tasks::seal(message, &self.0, &mut |t| seen.push(t.upstream));
+        (sealed.map_err(|_| ()), seen)
+    }
+
+    /// Opens a client message's task ids in place (a session's message when `session`): the
+    /// server's id of the task a `tasks/*` request names, or `Err` for an id not this pod's.
+    pub fn open_message(&self, message: &mut Value, session: bool) -> Result<Option<String>, ()> {
+        let revision = if session {
+            tasks::Revision::Session
+        } else {
+            tasks::Revision::Extension
+        };
+        tasks::open(message, &self.0, self.0.home(), revision)
+            .map(|t| t.map(|t| t.upstream))
+            .map_err(|_| ())
     }
 }
 
