@@ -21,7 +21,7 @@ pub(crate) const DEFAULT_STALE_AFTER: std::time::Duration = std::time::Duration:
 /// Why a request is forwarded (the `kind` label of `tether_forwards_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ForwardKind {
-    /// To the session's live home.
+    /// To the session's live home, or to the pod a task id names.
     Home,
     /// The home is gone: to `owner(S)` or the next pod of `ranked(S)`.
     Walk,

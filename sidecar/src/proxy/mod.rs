@@ -9,9 +9,10 @@
 //!   session (`broker::stateless`): `Mcp-Session-Id` and `Last-Event-ID` are dropped (spec S-10,
 //!   R-08), and a client disconnect drops the relay, which is the cancellation (spec L-05). An
 //!   unknown version of an endpoint that admits 2026-07-28 gets MCP's
-//!   `UnsupportedProtocolVersionError` with the request's id.
-//! - Requests for a session held by another pod, and requests without a session on a draining pod,
-//!   are forwarded to the peer [`crate::cluster::routing`] picks, through pingora's proxy path: the
+//!   `UnsupportedProtocolVersionError` with the request's id. Task ids are opened on the way in
+//!   and sealed on the way out (`docs/design/tasks.md`).
+//! - Requests for a session held by another pod, `tasks/*` requests whose `Mcp-Name` names a task
+//!   of another pod, and requests without a session on a draining pod, are forwarded to the peer [`crate::cluster::routing`] picks, through pingora's proxy path: the
 //!   client's headers and the peer's status, headers and body pass unchanged (SSE chunks are
 //!   written as they arrive), with the signed hop headers added. A peer that cannot be reached is
 //!   skipped and the next candidate tried.
