@@ -15,7 +15,7 @@ PYTHON_DEPS := python3 python3-venv
 # npm (and the Node.js it runs on), which installs the conformance suite: `make conformance`.
 NODE_DEPS := nodejs npm
 
-.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo bench crds references images e2e clean
+.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo bench bench-proxy crds references images e2e clean
 
 all: test
 
@@ -157,6 +157,18 @@ bench: deps
 # memory per session and request, streams at full speed and read slowly, churn (about five
 # minutes; --quick for a smoke, --baseline-bin-dir DIR beside another build's sidecar)
 	./target/release/tether-bench-memory
+
+## bench-proxy: CPU per request and per event of tether beside nginx and a direct origin, in
+## one table (about five minutes; docs/dev/testing.md#proxy-cost). Installs nginx with apt-get
+## when run as root and missing; otherwise its column is skipped. BENCH_PROXY_ARGS=--quick: a smoke.
+bench-proxy: deps
+	$(CARGO) build --release --bins
+	@if ! command -v nginx >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light >/dev/null \
+	    || DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx >/dev/null; \
+	  else echo "nginx is missing: sudo apt-get install -y nginx-light (its column is skipped)"; fi; \
+	fi
+	./target/release/tether-bench-proxy $(BENCH_PROXY_ARGS)
 
 ## crds: regenerate what the McpEndpoint types generate (a test fails while one is stale):
 ## crds/, the chart's CRD template and docs/reference/crd.md.

@@ -15,6 +15,7 @@
 //! - [`keyring`]: an endpoint's key ring through a rotation, mounted as the kubelet mounts a
 //!   Secret;
 //! - [`kube_api`]: a fake Kubernetes API server for the sidecar's Pod watch;
+//! - [`clock`]: the machine's monotonic clock, shared by its processes;
 //! - [`client`]: an MCP client on hyper that can cut its connection and resume with
 //!   `Last-Event-ID`;
 //! - [`call`]: one `slow` tool call with cuts and resumes, checked event by event;
@@ -39,6 +40,7 @@ pub mod auth;
 pub mod bins;
 pub mod call;
 pub mod client;
+pub mod clock;
 pub mod cluster;
 pub mod conformance;
 pub mod follow;

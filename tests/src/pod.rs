@@ -560,27 +560,25 @@ impl Pod {
             .ok_or_else(|| HarnessError::Protocol(format!("no {field} in /proc/{pid}/status")))
     }
 
-    /// CPU time the sidecar has used so far, every thread's (the first field of each
-    /// `/proc/<pid>/task/<tid>/schedstat`, in nanoseconds); threads that already ended are not
-    /// counted, pingora's are long-lived.
+    /// CPU time the sidecar has used so far ([`process_cpu`]).
     ///
     /// # Errors
     /// [`HarnessError`] when the sidecar exited or its tasks cannot be read.
     pub fn sidecar_cpu(&self) -> Result<Duration> {
         let pid = self
-            .sidecar
-            .id()
+            .sidecar_pid()
             .ok_or_else(|| HarnessError::Start("the sidecar already exited".into()))?;
-        let mut nanos = 0u64;
-        for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-            let stat = std::fs::read_to_string(task?.path().join("schedstat"))?;
-            nanos += stat
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-        Ok(Duration::from_nanos(nanos))
+        process_cpu(pid)
+    }
+
+    /// The sidecar's process id, while it runs.
+    pub fn sidecar_pid(&self) -> Option<u32> {
+        self.sidecar.id()
+    }
+
+    /// The MCP server's process id, while it runs.
+    pub fn server_pid(&self) -> Option<u32> {
+        self.server.id()
     }
 
     /// Whether the sidecar process still runs (bad input never ends it).
@@ -716,6 +714,25 @@ async fn drain(socket: PathBuf) -> Result<Drained> {
         body,
         elapsed: started.elapsed(),
     })
+}
+
+/// CPU time process `pid` has used so far, every thread's (the first field of each
+/// `/proc/<pid>/task/<tid>/schedstat`, in nanoseconds); threads that already ended are not
+/// counted (pingora's and tokio's workers are long-lived).
+///
+/// # Errors
+/// [`HarnessError::Io`] when the process exited or its tasks cannot be read.
+pub fn process_cpu(pid: u32) -> Result<Duration> {
+    let mut nanos = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let stat = std::fs::read_to_string(task?.path().join("schedstat"))?;
+        nanos += stat
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(Duration::from_nanos(nanos))
 }
 
 /// The value of metric sample `sample` (name and labels, e.g. `tether_drain_seconds_count`) in

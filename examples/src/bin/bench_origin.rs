@@ -21,8 +21,8 @@
 //! | GET `/healthz` | 200 |
 //!
 //! Each `stream` event is `{"progressToken": <the request's _meta.progressToken, else its
-//! call_id, else its request id>, "progress": i, "total": count, "seq": i, "t": <nanoseconds
-//! since the origin started, when the event was written>, "pad": "x" × size}`, `i` from 1 to
+//! call_id, else its request id>, "progress": i, "total": count, "seq": i, "t": <the machine's
+//! `CLOCK_MONOTONIC` in nanoseconds when the event was written>, "pad": "x" × size}`, `i` from 1 to
 //! `count`. The events are made lazily as the connection takes them: with `interval_us` 0 as
 //! many as fit in 64 KiB per body frame, so TCP backpressure holds the producer and nothing
 //! piles up in memory; otherwise one per frame, `interval_us` apart.
@@ -42,7 +42,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Parser;
@@ -85,8 +85,6 @@ const DEFAULT_VERSION: &str = "2025-06-18";
 struct Origin {
     /// The MCP endpoint's path.
     path: String,
-    /// When the origin started: the zero of the events' `t`.
-    started: Instant,
     /// This process's prefix of session ids, so a restarted origin knows none of its
     /// predecessor's sessions (and answers them 404, as a real server would).
     epoch: u32,
@@ -111,7 +109,6 @@ impl Origin {
             .map_or(0, |d| d.subsec_nanos());
         Self {
             path,
-            started: Instant::now(),
             epoch: nanos ^ std::process::id().rotate_left(16),
             next_session: AtomicU64::new(1),
             sessions: Mutex::default(),
@@ -389,7 +386,7 @@ impl Producer {
 
     fn write_next(&mut self, out: &mut String) {
         if self.next <= self.count {
-            let t = self.origin.started.elapsed().as_nanos();
+            let t = tether_tests::clock::monotonic_ns();
             let _ = write!(
                 out,
                 "data: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":\

@@ -8,6 +8,7 @@ mod admission;
 mod auth;
 mod backpressure;
 mod bad_input;
+mod bench_proxy;
 mod conformance;
 mod contract;
 mod deletion;

@@ -1,0 +1,43 @@
+//! A smoke of `tether-bench-proxy` (`make bench-proxy`, too long for the tests): one short
+//! round on every target it finds (nginx only when installed), every answer and event checked.
+
+use tokio::process::Command;
+
+#[tokio::test]
+async fn the_proxy_bench_runs_and_its_table_lists_every_target() {
+    let bench = tether_tests::bins::path("tether-bench-proxy").unwrap();
+    let out = Command::new(bench)
+        .args(["--quick", "--seconds", "0.3"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let header = stdout
+        .lines()
+        .find(|l| l.starts_with("| measure"))
+        .unwrap_or_else(|| panic!("no table: {stdout}"));
+    assert!(
+        header.contains("direct") && header.contains("tether / direct"),
+        "{header}"
+    );
+    let nginx = header.contains("| nginx");
+    assert_eq!(nginx, !stdout.contains("nginx: skipped"), "{stdout}");
+    let errors = stdout
+        .lines()
+        .find(|l| l.starts_with("| wrong answers"))
+        .unwrap_or_else(|| panic!("no error row: {stdout}"));
+    let counts: Vec<&str> = errors
+        .split('|')
+        .map(str::trim)
+        .skip(2)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(counts.len(), if nginx { 3 } else { 2 }, "{errors}");
+    assert!(counts.iter().all(|c| *c == "0"), "{errors}");
+    for row in ["JSON, 1 user: req/s", "server CPU per event", "lag p99"] {
+        assert!(stdout.contains(row), "no row {row}: {stdout}");
+    }
+}
