@@ -94,7 +94,10 @@ pub async fn get_task(
 }
 
 /// The last JSON-RPC message of an answer: its JSON body, or its last SSE `data`.
-fn last_message(text: &str) -> Result<Value> {
+///
+/// # Errors
+/// [`HarnessError::Protocol`] when neither is JSON.
+pub fn last_message(text: &str) -> Result<Value> {
     serde_json::from_str(text)
         .or_else(|_| {
             let data = text

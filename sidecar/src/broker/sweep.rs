@@ -1,5 +1,6 @@
 //! Periodic upkeep: buffer TTL, idle session expiry (`session.idleTimeout`), the pod's byte
-//! budget (`--pod-retained-bytes`) and the gauges (streams, buffers, `tether_retained_bytes`).
+//! budget (`--pod-retained-bytes`) and the gauges (streams, buffers, `tether_retained_bytes`,
+//! `tether_tasks_open`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -52,6 +53,7 @@ impl Broker {
             self.metrics
                 .retained(kind.label(), self.retained().bytes(kind));
         }
+        self.open_tasks();
     }
 
     /// [`Broker::enforce_budget`] from the data path when the pod is over its budget, at most

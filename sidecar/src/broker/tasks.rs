@@ -65,6 +65,12 @@ impl Tasks {
         true
     }
 
+    /// Tasks kept now, expired ones included until the next [`Tasks::count`] (the data path
+    /// does not walk the table).
+    fn kept(&self) -> usize {
+        self.open.lock().len()
+    }
+
     /// Tasks open at `now` (expired ones forgotten).
     fn count(&self, now: Instant) -> usize {
         let mut open = self.open.lock();
@@ -140,7 +146,7 @@ impl Broker {
             changed |= tasks::seal(message, &self.tasks.ids, &mut seen)
                 .map_err(|_| Rejection::TaskIdTooLong)?;
         }
-        self.metrics.tasks_open(self.tasks.count(now));
+        self.metrics.tasks_open(self.tasks.kept());
         if ended {
             // A drain may be waiting for this task.
             self.activity().notify_waiters();
@@ -158,7 +164,8 @@ impl Broker {
         tasks::holder(&self.tasks.ids, id)
     }
 
-    /// Tasks created here that a client may still poll (a drain serves them).
+    /// Tasks created here that a client may still poll (a drain serves them); forgets the
+    /// expired ones (each sweep too).
     pub(crate) fn open_tasks(&self) -> usize {
         let open = self.tasks.count(Instant::now());
         self.metrics.tasks_open(open);

@@ -88,41 +88,19 @@ pub(crate) fn seal(
     seen: &mut dyn FnMut(Seen),
 ) -> Result<bool, TaskIdError> {
     let mut changed = false;
-    let mut put = |field: &mut Value, task: Option<&Value>, seen: &mut dyn FnMut(Seen)| {
-        let Value::String(upstream) = field else {
-            return Ok(());
-        };
-        if let Some(task) = task {
-            seen(observed(upstream, task));
-        }
-        *field = Value::String(ids.mint(upstream)?);
-        changed = true;
-        Ok::<(), TaskIdError>(())
-    };
     if let Some(result) = message.get_mut("result").filter(|r| r.is_object()) {
         if is_task(result) {
-            let task = result.clone();
-            if let Some(id) = result.get_mut("taskId") {
-                put(id, Some(&task), seen)?;
-            }
+            changed |= seal_task(result, ids, seen)?;
         }
         if let Some(task) = result.get_mut("task").filter(|t| is_task(t)) {
-            let copy = task.clone();
-            if let Some(id) = task.get_mut("taskId") {
-                put(id, Some(&copy), seen)?;
-            }
+            changed |= seal_task(task, ids, seen)?;
         }
         if let Some(Value::Array(tasks)) = result.get_mut("tasks") {
             for task in tasks.iter_mut().filter(|t| is_task(t)) {
-                let copy = task.clone();
-                if let Some(id) = task.get_mut("taskId") {
-                    put(id, Some(&copy), seen)?;
-                }
+                changed |= seal_task(task, ids, seen)?;
             }
         }
-        if let Some(id) = related_task(result) {
-            put(id, None, seen)?;
-        }
+        changed |= seal_related(result, ids)?;
     }
     let status_notification = message
         .get("method")
@@ -130,14 +108,9 @@ pub(crate) fn seal(
         .is_some_and(|m| m.starts_with("notifications/tasks/"));
     if let Some(params) = message.get_mut("params").filter(|p| p.is_object()) {
         if status_notification {
-            let task = params.clone();
-            if let Some(id) = params.get_mut("taskId") {
-                put(id, Some(&task), seen)?;
-            }
+            changed |= seal_task(params, ids, seen)?;
         }
-        if let Some(id) = related_task(params) {
-            put(id, None, seen)?;
-        }
+        changed |= seal_related(params, ids)?;
     }
     Ok(changed)
 }
@@ -202,15 +175,36 @@ fn is_task(v: &Value) -> bool {
         && v.get("createdAt").is_some_and(Value::is_string)
 }
 
-fn observed(upstream: &str, task: &Value) -> Seen {
-    Seen {
-        upstream: upstream.to_owned(),
-        terminal: matches!(
-            task.get("status").and_then(Value::as_str),
-            Some("completed" | "failed" | "cancelled")
-        ),
-        ttl_ms: task.get("ttlMs").and_then(Value::as_u64),
-    }
+/// Seals `task`'s `taskId` (a string) and reports the task to `seen`; whether it did.
+fn seal_task(
+    task: &mut Value,
+    ids: &TaskIds,
+    seen: &mut dyn FnMut(Seen),
+) -> Result<bool, TaskIdError> {
+    let terminal = matches!(
+        task.get("status").and_then(Value::as_str),
+        Some("completed" | "failed" | "cancelled")
+    );
+    let ttl_ms = task.get("ttlMs").and_then(Value::as_u64);
+    let Some(Value::String(upstream)) = task.get_mut("taskId") else {
+        return Ok(false);
+    };
+    let sealed = ids.mint(upstream)?;
+    seen(Seen {
+        upstream: std::mem::replace(upstream, sealed),
+        terminal,
+        ttl_ms,
+    });
+    Ok(true)
+}
+
+/// Seals the related-task id in `body`'s `_meta`, when present; whether it did.
+fn seal_related(body: &mut Value, ids: &TaskIds) -> Result<bool, TaskIdError> {
+    let Some(Value::String(upstream)) = related_task(body) else {
+        return Ok(false);
+    };
+    *upstream = ids.mint(upstream)?;
+    Ok(true)
 }
 
 /// `body._meta["io.modelcontextprotocol/related-task"].taskId`, when present.

@@ -9,14 +9,10 @@ use serde_json::{Value, json};
 use tether_tests::client::{ACCEPT_BOTH, Events, body_text, header_str};
 use tether_tests::pod::Pod;
 
-const V4: &str = "2026-07-28";
+const V4: &str = tether_tests::modern::VERSION;
 
 fn call(id: u64, name: &str, arguments: Value, token: Option<&str>) -> Bytes {
-    let mut meta = json!({
-        "io.modelcontextprotocol/protocolVersion": V4,
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "tether-tests", "version": "0"}
-    });
+    let mut meta = tether_tests::modern::meta(false);
     if let Some(t) = token {
         meta["progressToken"] = json!(t);
     }
@@ -183,24 +179,8 @@ async fn post_v4(url: &str, extra: &[(&str, &str)], body: &Value) -> (StatusCode
         .unwrap();
     let status = resp.status();
     let text = body_text(resp).await.unwrap();
-    let json = serde_json::from_str(&text)
-        .or_else(|_| {
-            // An SSE answer: its last data line.
-            let data = text
-                .lines()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .next_back();
-            serde_json::from_str(data.unwrap_or_default().trim())
-        })
-        .unwrap_or_else(|_| panic!("not JSON: {text}"));
+    let json = tether_tests::modern::last_message(&text).unwrap_or_else(|e| panic!("{e}"));
     (status, json)
-}
-
-fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": V4,
-        "io.modelcontextprotocol/clientCapabilities": {},
-    })
 }
 
 /// SEP-2243 ("HTTP Header Standardization"), 2026-07-28 Streamable HTTP "Standard headers":
@@ -223,9 +203,9 @@ async fn p05_mismatched_headers_never_reach_the_server_and_mcp_param_headers_do(
     };
     let pod = Pod::start_at(ip, spec).await.unwrap();
     let echo = json!({"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": {
-        "name": "echo", "arguments": {"text": "eu"}, "_meta": meta()}});
+        "name": "echo", "arguments": {"text": "eu"}, "_meta": tether_tests::modern::meta(false)}});
     let list = json!({"jsonrpc": "2.0", "id": 42, "method": "tools/list",
-        "params": {"_meta": meta()}});
+        "params": {"_meta": tether_tests::modern::meta(false)}});
     let refused = [
         (
             &echo,
@@ -413,7 +393,7 @@ async fn l05_a_listen_stream_is_relayed_at_once_with_keep_alives_in_its_silences
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     let listen = json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen", "params": {
-        "_meta": meta(), "notifications": {"toolsListChanged": true}}});
+        "_meta": tether_tests::modern::meta(false), "notifications": {"toolsListChanged": true}}});
     let h = [
         ("accept", ACCEPT_BOTH),
         ("content-type", "application/json"),
@@ -463,7 +443,7 @@ async fn l05_a_listen_stream_is_relayed_at_once_with_keep_alives_in_its_silences
 /// and places new ones on a routable peer.
 #[tokio::test]
 async fn a_drain_lets_2026_07_28_calls_finish_and_places_new_ones_on_a_peer() {
-    let [a, b] = [tether_tests::addr::next_ip(), tether_tests::addr::next_ip()];
+    let [a, b] = tether_tests::addr::ips::<2>();
     let cluster =
         tether_tests::cluster::Cluster::start(&[a, b], tether_tests::pod::PodSpec::default())
             .await
@@ -527,7 +507,7 @@ async fn a_drain_lets_2026_07_28_calls_finish_and_places_new_ones_on_a_peer() {
 /// routable peer.
 #[tokio::test]
 async fn a_drain_ends_listen_streams_cleanly_and_the_client_listens_again_on_a_peer() {
-    let [a, b] = [tether_tests::addr::next_ip(), tether_tests::addr::next_ip()];
+    let [a, b] = tether_tests::addr::ips::<2>();
     let spec = tether_tests::pod::PodSpec {
         server: tether_tests::pod::Upstream::PythonSdk,
         ..tether_tests::pod::PodSpec::default()
@@ -588,7 +568,7 @@ async fn l05_closing_a_listen_stream_ends_the_servers_subscription() {
 /// Opens a `subscriptions/listen` stream at `url` and reads it up to its acknowledgement.
 async fn listen(url: &str) -> (hyper::body::Incoming, String) {
     let listen = json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen", "params": {
-        "_meta": meta(), "notifications": {"toolsListChanged": true}}});
+        "_meta": tether_tests::modern::meta(false), "notifications": {"toolsListChanged": true}}});
     let h = [
         ("accept", ACCEPT_BOTH),
         ("content-type", "application/json"),
@@ -616,11 +596,7 @@ async fn listen(url: &str) -> (hyper::body::Incoming, String) {
 /// enters, even when it carries that session's id, which it never gets back (S-10).
 #[tokio::test]
 async fn s10_a_dual_era_endpoint_serves_both_eras_side_by_side_on_three_pods() {
-    let ips = [
-        tether_tests::addr::next_ip(),
-        tether_tests::addr::next_ip(),
-        tether_tests::addr::next_ip(),
-    ];
+    let ips = tether_tests::addr::ips::<3>();
     let cluster =
         tether_tests::cluster::Cluster::start(&ips, tether_tests::pod::PodSpec::default())
             .await

@@ -45,11 +45,7 @@ async fn poll_until_terminal(mcp: &McpClient, url: &str, task_id: &str) -> Value
 /// whose drain serves them until the client has seen the task complete.
 #[tokio::test]
 async fn k01_tasks_are_polled_from_any_pod_through_the_drain_of_their_own() {
-    let ips = [
-        tether_tests::addr::next_ip(),
-        tether_tests::addr::next_ip(),
-        tether_tests::addr::next_ip(),
-    ];
+    let ips = tether_tests::addr::ips::<3>();
     let cluster =
         tether_tests::cluster::Cluster::start(&ips, tether_tests::pod::PodSpec::default())
             .await
@@ -83,7 +79,7 @@ async fn k01_tasks_are_polled_from_any_pod_through_the_drain_of_their_own() {
 /// up, altered, or the server's own) are -32602 with the request's id, answered by tether.
 #[tokio::test]
 async fn k01_k02_tasks_are_cancelled_from_another_pod_and_unknown_ids_are_not_found() {
-    let ips = [tether_tests::addr::next_ip(), tether_tests::addr::next_ip()];
+    let ips = tether_tests::addr::ips::<2>();
     let cluster =
         tether_tests::cluster::Cluster::start(&ips, tether_tests::pod::PodSpec::default())
             .await
