@@ -352,6 +352,9 @@ pub(crate) fn is_response(data: &[u8]) -> bool {
 }
 
 fn response_probe(data: &[u8]) -> Option<Probe> {
+    if !may_be_response(data) {
+        return None;
+    }
     let text = std::str::from_utf8(data).ok()?;
     if !text
         .trim_start_matches([' ', '\t', '\n', '\r'])
@@ -361,6 +364,22 @@ fn response_probe(data: &[u8]) -> Option<Probe> {
     }
     let probe: Probe = serde_json::from_str(text).ok()?;
     (probe.method.is_none() && (probe.result.is_some() || probe.error.is_some())).then_some(probe)
+}
+
+/// Whether `data` may hold a `result` or `error` key: written plainly, or with a `\u` escape
+/// (the only escape that spells letters). Every upstream event passes here, and most are
+/// notifications that need no parse.
+fn may_be_response(data: &[u8]) -> bool {
+    use memchr::memmem::Finder;
+    use std::sync::LazyLock;
+    static KEYS: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| {
+        [
+            Finder::new(b"\"result\""),
+            Finder::new(b"\"error\""),
+            Finder::new(b"\\u"),
+        ]
+    });
+    KEYS.iter().any(|key| key.find(data).is_some())
 }
 
 /// A JSON-RPC error response for request `id` (JSON text), as one line of JSON.
@@ -559,6 +578,24 @@ mod tests {
             None
         );
         assert_eq!(response_id(b"not json"), None);
+    }
+
+    #[test]
+    fn a_response_whose_keys_are_escaped_is_still_found() {
+        // The pre-check that spares notifications the parse looks for the keys' plain spelling;
+        // JSON may spell a key with `\u` escapes, and serde reads it as the same key.
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","id":7,"res\u0075lt":{}}"#),
+            Some(RequestKey::of(&Value::from(7)))
+        );
+        assert_eq!(
+            response_id(br#"{"jsonrpc":"2.0","id":8,"\u0065rror":{"code":1,"message":"m"}}"#),
+            Some(RequestKey::of(&Value::from(8)))
+        );
+        // A notification that merely mentions the words in its text is parsed, and no response.
+        let mentions =
+            br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"\"result\""}}"#;
+        assert_eq!(response_id(mentions), None);
     }
 
     #[test]

@@ -44,25 +44,31 @@ impl EventBound {
     /// [`EventTooLarge`] once the current block has more than the limit; the caller stops
     /// reading (the state is not meant to be used after that).
     pub(crate) fn feed(&mut self, chunk: &[u8]) -> Result<(), EventTooLarge> {
-        for &b in chunk {
-            match b {
+        // Runs of other bytes are counted whole: every upstream byte passes here.
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            let end = memchr::memchr2(b'\n', b'\r', rest);
+            let run = end.unwrap_or(rest.len());
+            if run > 0 {
+                self.after_cr = false;
+                self.at_line_start = false;
+                self.block += run;
+                if self.block > self.limit {
+                    return Err(EventTooLarge { limit: self.limit });
+                }
+            }
+            let Some(at) = end else { break };
+            match rest[at] {
                 b'\n' if self.after_cr => self.after_cr = false,
-                b'\n' | b'\r' => {
+                b => {
                     self.after_cr = b == b'\r';
                     if self.at_line_start {
                         self.block = 0;
                     }
                     self.at_line_start = true;
                 }
-                _ => {
-                    self.after_cr = false;
-                    self.at_line_start = false;
-                    self.block += 1;
-                    if self.block > self.limit {
-                        return Err(EventTooLarge { limit: self.limit });
-                    }
-                }
             }
+            rest = &rest[at + 1..];
         }
         Ok(())
     }

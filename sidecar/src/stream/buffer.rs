@@ -158,9 +158,33 @@ impl StreamBuffer {
         self.events.get(i).map_or(self.pushed, |e| e.start)
     }
 
+    /// How many of the kept events were sent (those at or below the floor, which come first).
+    fn sent_count(&self) -> usize {
+        self.count_through(self.floor)
+    }
+
+    /// How many kept events have a sequence at or below `seq` (they come first). Every push and
+    /// every read asks; sequences are consecutive but for the few reserved numbers, so the
+    /// position `seq` would have without gaps is tried before a search.
+    fn count_through(&self, seq: u64) -> usize {
+        let Some(first) = self.events.front() else {
+            return 0;
+        };
+        let guess = usize::try_from(seq.saturating_add(1).saturating_sub(first.seq))
+            .unwrap_or(usize::MAX)
+            .min(self.events.len());
+        let below = guess == 0 || self.events[guess - 1].seq <= seq;
+        let above = self.events.get(guess).is_none_or(|e| e.seq > seq);
+        if below && above {
+            guess
+        } else {
+            self.events.partition_point(|e| e.seq <= seq)
+        }
+    }
+
     /// Events kept that no reader was sent yet, and their bytes.
     pub(crate) fn unsent(&self) -> (usize, u64) {
-        let first = self.events.partition_point(|e| e.seq <= self.floor);
+        let first = self.sent_count();
         (
             self.events.len() - first,
             self.pushed - self.start_of(first),
@@ -205,7 +229,7 @@ impl StreamBuffer {
         let mut ev = Evictions::default();
         // The replay window: at most maxEvents and maxBytes of events already sent, oldest
         // evicted first. Unsent events have bounds of their own: `has_room`.
-        let mut sent = self.events.partition_point(|e| e.seq <= self.floor);
+        let mut sent = self.sent_count();
         while sent > 0 {
             let sent_bytes = self.start_of(sent) - self.events[0].start;
             if sent > self.limits.max_events.max(1) {
@@ -327,7 +351,7 @@ impl StreamBuffer {
                 oldest_kept: self.evicted_through + 1,
             });
         }
-        let skip = self.events.partition_point(|e| e.seq <= after);
+        let skip = self.count_through(after);
         Ok(self.events.iter().skip(skip))
     }
 
@@ -411,6 +435,38 @@ mod tests {
         assert_eq!(seqs(&b, 2), Ok(vec![3, 4, 5]));
         assert_eq!(seqs(&b, 5), Ok(vec![]));
         assert_eq!(seqs(&b, 6), Err(ReplayError::Ahead { last: 5 }));
+    }
+
+    #[test]
+    fn positions_are_found_across_reserved_gaps_and_evictions() {
+        // `count_through` guesses a position from the sequence; gaps (reserved numbers, events
+        // put by another holder) and evictions must still give the searched answer.
+        let now = Instant::now();
+        let mut b = StreamBuffer::new(
+            limits(6, 1 << 20, 60_000),
+            Retained::new(u64::MAX).account(),
+        );
+        for step in 0..40u64 {
+            match step % 7 {
+                2 => {
+                    b.reserve();
+                }
+                5 => {
+                    b.put(b.last_seq() + 3, None, data(2), now);
+                }
+                _ => {
+                    b.push(None, data(2), now);
+                }
+            }
+            if step % 3 == 0 {
+                b.set_floor(b.last_seq().saturating_sub(step % 4));
+            }
+            for seq in 0..=b.last_seq() + 2 {
+                let searched = b.events.partition_point(|e| e.seq <= seq);
+                assert_eq!(b.count_through(seq), searched, "step {step}, seq {seq}");
+            }
+        }
+        assert!(b.evicted_through() > 0, "the bounds evicted some events");
     }
 
     #[test]
