@@ -76,12 +76,18 @@ async fn read(events: &mut Events, into: &mut Read, limit: usize, every: usize, 
     }
 }
 
-/// POSTs a `stream` call of `count` events of `size` padding bytes; its events.
-async fn start(client: &McpClient, session: &Session, id: u64, count: u64, size: u64) -> Events {
+/// POSTs a `stream` call of `count` events of `size` padding bytes, `interval_us` apart (0: as
+/// fast as the connection takes them); its events.
+async fn start(
+    client: &McpClient,
+    session: &Session,
+    id: u64,
+    (count, size, interval_us): (u64, u64, u64),
+) -> Events {
     let body = tool_call(
         id,
         "stream",
-        json!({"count": count, "size": size, "call_id": format!("bp-{id}")}),
+        json!({"count": count, "size": size, "interval_us": interval_us, "call_id": format!("bp-{id}")}),
         None,
     );
     let resp = client.post(Some(session), &body, &[]).await.unwrap();
@@ -95,7 +101,7 @@ async fn a_fast_producer_and_a_slow_reader_lose_nothing_and_the_producer_waits()
     let client = pod.client();
     let session = client.initialize("2025-11-25").await.unwrap();
     let count = 100_000;
-    let mut events = start(&client, &session, 2, count, 0).await;
+    let mut events = start(&client, &session, 2, (count, 0, 0)).await;
     let mut got = Read::default();
     read(
         &mut events,
@@ -127,7 +133,7 @@ async fn events_nobody_reads_wait_for_the_resume_and_arrive_once() {
     let client = pod.client();
     let session = client.initialize("2025-11-25").await.unwrap();
     let count = 20_000;
-    let mut events = start(&client, &session, 2, count, 100).await;
+    let mut events = start(&client, &session, 2, (count, 100, 0)).await;
     let mut got = Read::default();
     read(&mut events, &mut got, 100, 0, Duration::ZERO).await;
     drop(events);
@@ -177,11 +183,15 @@ async fn a_pod_full_of_unsent_events_pauses_its_streams_and_refuses_new_requests
     let pod = pod(100_000, &["--pod-retained-bytes", "262144"]).await;
     let client = pod.client();
     let session = client.initialize("2025-11-25").await.unwrap();
+    // 20,000 events of 200 bytes each: 4 MB per stream, more than the sockets hold. They come
+    // 50 µs apart, so the first stream alone needs most of a second to fill the sockets and
+    // then the pod: time for all four to start (a request that finds the pod full is refused,
+    // below).
     let (streams, count) = (4u64, 20_000u64);
     // Four readers that read one event each, then stop reading (their connections stay).
     let mut readers = Vec::new();
     for i in 0..streams {
-        let mut events = start(&client, &session, 10 + i, count, 200).await;
+        let mut events = start(&client, &session, 10 + i, (count, 200, 50)).await;
         let mut got = Read::default();
         read(&mut events, &mut got, 1, 0, Duration::ZERO).await;
         readers.push((events, got));
@@ -248,13 +258,13 @@ async fn a_session_keeps_its_share_and_its_oldest_completed_streams_go_first() {
     );
     let mut last_ids = Vec::new();
     for id in 1..=4 {
-        let mut events = start(&client, &a, id, 100, 200).await;
+        let mut events = start(&client, &a, id, (100, 200, 0)).await;
         let mut got = Read::default();
         read(&mut events, &mut got, usize::MAX, 0, Duration::ZERO).await;
         assert!(got.is_complete(100) && got.result.is_some(), "{got:?}");
         last_ids.push(got.last_id.unwrap());
     }
-    let mut events = start(&client, &b, 9, 100, 200).await;
+    let mut events = start(&client, &b, 9, (100, 200, 0)).await;
     let mut in_b = Read::default();
     read(&mut events, &mut in_b, usize::MAX, 0, Duration::ZERO).await;
     let evicted = pod
