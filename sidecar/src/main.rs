@@ -9,12 +9,6 @@ use clap::Parser;
 use tether_sidecar::{Cli, Config, DrainCli, KeygenCli, LogFormat};
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc instead of glibc's malloc: a request allocates and frees dozens of small blocks
-/// across threads, and glibc's arenas made that a seventh of the sidecar's CPU
-/// (`make bench-proxy`, docs/dev/testing.md#proxy-cost).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// The log filter: `RUST_LOG` (default `info`). pingora's own debug logs print request headers,
 /// session ids among them (which never appear in tether's logs,
 /// `docs/design/architecture.md#observability`), so a debug or trace level leaves `pingora_proxy`
