@@ -1,5 +1,6 @@
 //! A smoke of `tether-bench-proxy` (`make bench-proxy`, too long for the tests): one short
-//! round on every target it finds (nginx only when installed), every answer and event checked.
+//! round on every target it finds (nginx only when installed), every answer and event checked;
+//! then 20 resumes at once and a handoff of 50 sessions, each checked.
 
 use tokio::process::Command;
 
@@ -41,4 +42,19 @@ async fn the_proxy_bench_runs_and_its_table_lists_every_target() {
     for row in ["JSON, 1 user: req/s", "server CPU per event", "lag p99"] {
         assert!(stdout.contains(row), "no row {row}: {stdout}");
     }
+    // The resume and handoff table: every session of the drained pod handed off, nothing wrong.
+    let cell = |prefix: &str| {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix}: {stdout}"));
+        line.split('|').nth(2).unwrap_or_default().trim().to_owned()
+    };
+    let resume = cell("| resume, 20 at once");
+    assert!(resume.contains(" / "), "p50 / p99: {resume}");
+    assert!(
+        stdout.contains("| handoff of 50 sessions with buffers (50 held, 50 handed off)"),
+        "{stdout}"
+    );
+    assert_eq!(cell("| resumes replaying wrong events"), "0", "{stdout}");
 }

@@ -28,6 +28,13 @@
 //! figure, and the median of the per-round ratios tether / nginx and tether / direct.
 //!
 //! Without nginx on the `PATH` the nginx column is skipped, with the line that installs it.
+//!
+//! A second table, tether alone, times what nginx has no counterpart for (`continuity.rs`):
+//! `--resumes` concurrent resumes (GET + `Last-Event-ID` → first replayed byte, p50 / p99) and
+//! the handoff of each of `--handoff-sessions` sessions, with their buffers, from a draining
+//! pod to its peer (the drain's time).
+
+mod continuity;
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -79,6 +86,12 @@ struct Args {
     /// The nginx binary.
     #[arg(long, default_value = "nginx")]
     nginx: String,
+    /// Sessions resumed at once in the resume measure (one GET + `Last-Event-ID` each).
+    #[arg(long, default_value_t = 1000)]
+    resumes: usize,
+    /// Sessions handed off by a draining pod, one handoff measure per number (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    handoff_sessions: Vec<usize>,
     /// A smoke run: one round, short measures, few streams.
     #[arg(long)]
     quick: bool,
@@ -93,6 +106,8 @@ impl Args {
             self.burst_streams = self.burst_streams.min(2);
             self.burst_events = self.burst_events.min(500);
             self.paced_streams = self.paced_streams.min(10);
+            self.resumes = self.resumes.min(20);
+            self.handoff_sessions = vec![50];
         }
         self
     }
@@ -176,8 +191,71 @@ async fn run(args: &Args) -> Outcome<bool> {
     }
     let names: Vec<&'static str> = targets.iter().map(|t| t.name).collect();
     println!("\n{}", report(&names, &results, args));
+    drop(targets);
     let clean = results.values().flatten().all(|f| f.errors == 0);
-    Ok(clean)
+    Ok(continuity(args).await? && clean)
+}
+
+/// Runs and prints the resume and handoff measures (`continuity.rs`); whether every resume
+/// replayed what it should and every session handed off answered.
+async fn continuity(args: &Args) -> Outcome<bool> {
+    let resumes = continuity::resumes(args.resumes, args.server_core).await?;
+    let (p50, p99) = (
+        tether_tests::load::quantile(&resumes.latencies, 0.5).unwrap_or_default(),
+        tether_tests::load::quantile(&resumes.latencies, 0.99).unwrap_or_default(),
+    );
+    eprintln!(
+        "resume     {} of {} at once, first byte p50 {p50:?} p99 {p99:?}, {} errors",
+        resumes.latencies.len(),
+        args.resumes,
+        resumes.errors
+    );
+    let mut rows = vec![(
+        format!(
+            "resume, {} at once: GET + Last-Event-ID → first replayed byte p50 / p99 (ms)",
+            args.resumes
+        ),
+        vec![format!("{:.1} / {:.1}", ms(p50), ms(p99))],
+    )];
+    rows.push((
+        "resume: sidecar CPU per resume (µs)".into(),
+        vec![format!("{:.0}", resumes.cpu_per_resume.as_secs_f64() * 1e6)],
+    ));
+    let mut errors = resumes.errors;
+    for &sessions in &args.handoff_sessions {
+        let h = continuity::handoff(sessions, args.server_core).await?;
+        eprintln!(
+            "handoff    {} sessions, {} held by the draining pod, {} handed off in {:?}, {} not answering after",
+            h.sessions, h.held, h.moved, h.took, h.errors
+        );
+        if h.moved != h.held {
+            errors += 1;
+        }
+        errors += h.errors;
+        rows.push((
+            format!(
+                "handoff of {sessions} sessions with buffers ({} held, {} handed off): drain time (ms)",
+                h.held, h.moved
+            ),
+            vec![format!("{:.0}", ms(h.took))],
+        ));
+    }
+    rows.push((
+        "resumes replaying wrong events, sessions lost in a handoff".into(),
+        vec![errors.to_string()],
+    ));
+    let rows: Vec<(&str, Vec<String>)> =
+        rows.iter().map(|(l, c)| (l.as_str(), c.clone())).collect();
+    println!(
+        "\n{}",
+        tether_tests::table::render(&["resume and handoff", "tether"], &rows)
+    );
+    Ok(errors == 0)
+}
+
+/// `d` in milliseconds.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// One server side: its MCP URL and the processes whose CPU is counted.
