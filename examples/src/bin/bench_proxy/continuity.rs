@@ -12,7 +12,9 @@
 //!   as the sidecar reports it. Every session must answer a `ping` through the second pod
 //!   afterwards.
 //!
-//! The pods' processes are pinned like the proxy measures' servers; sessions are prepared
+//! The resume pod's processes are pinned like the proxy measures' servers; of the handoff pair,
+//! the draining pod to the servers' core and its peer to the client's (two pods of a Deployment
+//! run on two nodes; the client is idle while the pod drains). Sessions are prepared
 //! [`PREPARE_CONCURRENCY`] at a time.
 
 use std::net::Ipv4Addr;
@@ -122,15 +124,15 @@ pub(crate) async fn resumes(count: usize, core: usize) -> Outcome<Resumes> {
     Ok(out)
 }
 
-/// Runs the handoff measure with `sessions` sessions.
-pub(crate) async fn handoff(sessions: usize, core: usize) -> Outcome<Handoff> {
+/// Runs the handoff measure with `sessions` sessions: the draining pod on `cores.0`, its peer on
+/// `cores.1` (two pods of a Deployment run on two nodes; the load client is idle meanwhile).
+pub(crate) async fn handoff(sessions: usize, cores: (usize, usize)) -> Outcome<Handoff> {
     let ips: Vec<Ipv4Addr> = (0..2).map(|_| tether_tests::addr::next_ip()).collect();
     let cluster = Cluster::start(&ips, spec(sessions))
         .await
         .map_err(|e| format!("the handoff pods: {e}"))?;
-    for pod in &cluster.pods {
-        pin_pod(pod, core);
-    }
+    pin_pod(&cluster.pods[0], cores.0);
+    pin_pod(&cluster.pods[1], cores.1);
     let first = cluster.client_of(&ips[..1]);
     let made = prepare(&first, sessions, "h").await?;
     let held = cluster.pods[0]

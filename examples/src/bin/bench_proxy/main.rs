@@ -223,7 +223,7 @@ async fn continuity(args: &Args) -> Outcome<bool> {
     ));
     let mut errors = resumes.errors;
     for &sessions in &args.handoff_sessions {
-        let h = continuity::handoff(sessions, args.server_core).await?;
+        let h = continuity::handoff(sessions, (args.server_core, args.client_core)).await?;
         eprintln!(
             "handoff    {} sessions, {} held by the draining pod, {} handed off in {:?}, {} not answering after",
             h.sessions, h.held, h.moved, h.took, h.errors
