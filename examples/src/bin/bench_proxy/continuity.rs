@@ -9,7 +9,8 @@
 //! - **Handoff**: for each of `--handoff-sessions`, a fresh pair of pods; that many sessions
 //!   created through the first, each with a finished `stream` call (its buffer holds the
 //!   events), then the first pod drains and hands its sessions to the second: the drain's time
-//!   as the sidecar reports it. Every session must answer a `ping` through the second pod
+//!   as the sidecar reports it. The drain must hand off every session (`handedOff` = the
+//!   sessions created), and every session must answer a `ping` through the second pod
 //!   afterwards.
 //!
 //! The resume pod's processes are pinned like the proxy measures' servers; of the handoff pair,
@@ -53,7 +54,8 @@ pub(crate) struct Resumes {
 pub(crate) struct Handoff {
     /// Sessions created.
     pub(crate) sessions: usize,
-    /// Sessions the draining pod held (the others were placed on its peer from the start).
+    /// Sessions the draining pod held before it drained (`tether_sessions`): all of them, as a
+    /// pod that is not draining places every new session on itself.
     pub(crate) held: u64,
     /// Sessions the drain handed off (`handedOff`).
     pub(crate) moved: u64,
