@@ -159,7 +159,7 @@ bench: deps
 	./target/release/tether-bench-memory
 
 ## bench-proxy: CPU per request and per event of tether beside nginx and a direct origin, in
-## one table (about five minutes; docs/dev/testing.md#proxy-cost). Installs nginx with apt-get
+## one table (about three and a half minutes once built; docs/dev/testing.md#proxy-cost). Installs nginx with apt-get
 ## when run as root and missing; otherwise its column is skipped. BENCH_PROXY_ARGS=--quick: a smoke.
 bench-proxy: deps
 	$(CARGO) build --release --bins
