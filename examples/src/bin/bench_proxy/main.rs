@@ -311,19 +311,16 @@ impl Target {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let conf = dir.path().join("nginx.conf");
         std::fs::write(&conf, nginx_conf(dir.path(), ip)).map_err(|e| e.to_string())?;
-        let nginx = Command::new(&args.nginx)
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-e")
-            .arg(dir.path().join("error.log"))
-            .arg("-c")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("nginx: {e}"))?;
+        let nginx = spawn_server(
+            Command::new(&args.nginx)
+                .arg("-p")
+                .arg(dir.path())
+                .arg("-e")
+                .arg(dir.path().join("error.log"))
+                .arg("-c")
+                .arg(&conf),
+            "nginx",
+        )?;
         let pids = vec![child_pid(&origin)?, child_pid(&nginx)?];
         pin(pids[1], args.server_core);
         wait_up(&format!("http://{ip}:{PROXY_PORT}/healthz")).await?;
@@ -391,17 +388,26 @@ fn nginx_conf(dir: &std::path::Path, ip: Ipv4Addr) -> String {
 /// Starts an origin on `ip`, pinned to `core`.
 fn origin(ip: Ipv4Addr, core: usize) -> Outcome<Child> {
     let bin = tether_tests::bins::path("tether-bench-origin").map_err(|e| e.to_string())?;
-    let child = Command::new(bin)
-        .arg("--listen")
-        .arg(SocketAddr::from((ip, ORIGIN_PORT)).to_string())
+    let child = spawn_server(
+        Command::new(bin)
+            .arg("--listen")
+            .arg(SocketAddr::from((ip, ORIGIN_PORT)).to_string()),
+        "the origin",
+    )?;
+    pin(child_pid(&child)?, core);
+    Ok(child)
+}
+
+/// Starts the server `command` (`what`, for errors): no input, its output dropped, its errors on
+/// ours, killed when dropped.
+fn spawn_server(command: &mut Command, what: &str) -> Outcome<Child> {
+    command
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("the origin: {e}"))?;
-    pin(child_pid(&child)?, core);
-    Ok(child)
+        .map_err(|e| format!("{what}: {e}"))
 }
 
 fn child_pid(child: &Child) -> Outcome<u32> {
