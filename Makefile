@@ -178,10 +178,12 @@ crds: deps
 	TETHER_BLESS=1 $(CARGO) test -q -p tether-crds --test reference
 
 ## references: regenerate every generated reference (a test fails while one is stale): what
-## `crds` writes, and docs/reference/sidecar-flags.md and status-codes.md from the sidecar's
-## command line and rejection catalogue.
+## `crds` writes, docs/reference/sidecar-flags.md and status-codes.md from the sidecar's
+## command line and rejection catalogue, and the RBAC tables of docs/design/security-model.md
+## from the operator's rules.
 references: crds
 	TETHER_BLESS=1 $(CARGO) test -q -p tether-sidecar --lib -- the_flags_reference the_status_codes_reference
+	TETHER_BLESS=1 $(CARGO) test -q -p tether-operator --lib -- the_security_models_rbac_tables
 
 ## images: the container images of the operator, the sidecar and the example server (needs a
 ## Docker engine with BuildKit; docs/dev/images.md). Tags: $(IMAGE_REPO)/<name>:$(IMAGE_TAG);

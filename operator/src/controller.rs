@@ -1,4 +1,4 @@
-//! The reconcile of one `McpEndpoint`: dereference → validate → plan → apply → status under a
+//! The reconcile of one `McpEndpoint`: dereference → admit and validate → plan → apply → status under a
 //! finalizer (`mcp.tether.dev/injection`), with the key ring's step (`crate::keys`), Events and
 //! the error policy (`docs/design/operator.md`).
 
@@ -15,6 +15,7 @@ use kube::{Client, Resource, ResourceExt};
 use tether_crds::McpEndpoint;
 use tether_crds::spec::KeyRingStatus;
 
+use crate::admission::{Policy, admit};
 use crate::apply::{self, Written};
 use crate::dereference;
 use crate::error::Error;
@@ -49,6 +50,8 @@ pub struct Context {
     pub(crate) events: Events,
     /// Asks the sidecars what they loaded of the key ring.
     pub(crate) reports: Arc<dyn KeyReports>,
+    /// What endpoints may ask for (`--allowed-sidecar-images`).
+    pub(crate) policy: Policy,
 }
 
 impl Context {
@@ -66,10 +69,19 @@ impl Context {
         Self {
             events: Events::new(client.clone(), reporter),
             client,
+            policy: Policy::for_default_image(&defaults.sidecar_image),
             defaults,
             metrics,
             reports: Arc::new(HttpReports::default()),
         }
+    }
+
+    /// This context, allowing what `policy` allows (default: the repository of the default
+    /// sidecar image, [`Policy::for_default_image`]).
+    #[must_use]
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// This context, asking the sidecars' key reports through `reports` instead of HTTP (tests
@@ -138,10 +150,14 @@ async fn converge(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     };
     let injected = match dereference::target(&ctx.client, &names, target_name).await? {
         None => kept(Outcome::TargetNotFound(target_name.clone())),
-        Some(deployment) => match validate(ep, &names, &deployment) {
-            Err(conflict) => kept(Outcome::Conflict(conflict)),
-            Ok(target) => inject(ep, &names, &target, ctx).await?,
-        },
+        Some(deployment) => {
+            let labels = dereference::namespace_labels(&ctx.client, &names, &deployment).await?;
+            let admitted = admit(ep, &names, &deployment, labels.as_ref(), &ctx.policy);
+            match admitted.and_then(|()| validate(ep, &names, &deployment)) {
+                Err(conflict) => kept(Outcome::Conflict(conflict)),
+                Ok(target) => inject(ep, &names, &target, ctx).await?,
+            }
+        }
     };
     let Injected {
         outcome,

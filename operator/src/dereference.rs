@@ -8,7 +8,7 @@ use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -18,6 +18,7 @@ use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tether_crds::keyring::CURRENT_KEY;
 
+use crate::admission;
 use crate::error::Error;
 use crate::names::{INJECTED_ANNOTATION, Names};
 use crate::validate::{Target, render_selector};
@@ -275,6 +276,28 @@ pub(crate) trait Reads {
         namespace: &str,
         selector: Option<&LabelSelector>,
     ) -> Result<Vec<K>, Error>;
+
+    /// The labels of `namespace` (`None`: no such Namespace).
+    async fn namespace_labels(
+        &self,
+        namespace: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, Error>;
+}
+
+/// The labels of the target's namespace when the admission check needs them (`None` without
+/// a read when `deployment` opts in by its own label, [`admission::deployment_opts_in`]).
+///
+/// # Errors
+/// [`Error`] on an API failure.
+pub(crate) async fn namespace_labels(
+    reads: &impl Reads,
+    names: &Names,
+    deployment: &Deployment,
+) -> Result<Option<BTreeMap<String, String>>, Error> {
+    if admission::deployment_opts_in(deployment, names) {
+        return Ok(None);
+    }
+    reads.namespace_labels(&names.namespace).await
 }
 
 impl Reads for Client {
@@ -295,6 +318,16 @@ impl Reads for Client {
         }
         let api: Api<K> = Api::namespaced(self.clone(), namespace);
         Ok(api.list(&params).await?.items)
+    }
+
+    async fn namespace_labels(
+        &self,
+        namespace: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, Error> {
+        let found = Api::<Namespace>::all(self.clone())
+            .get_opt(namespace)
+            .await?;
+        Ok(found.map(|n| n.metadata.labels.unwrap_or_default()))
     }
 }
 
@@ -357,5 +390,20 @@ impl Reads for Snapshot {
             .into_iter()
             .filter(|k| selector.matches(k.meta().labels.as_ref().unwrap_or(&none)))
             .collect())
+    }
+
+    async fn namespace_labels(
+        &self,
+        namespace: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, Error> {
+        let found = self.objects.iter().find(|o| {
+            o["apiVersion"] == "v1"
+                && o["kind"] == "Namespace"
+                && o["metadata"]["name"] == namespace
+        });
+        Ok(found
+            .map(|o| serde_json::from_value::<Namespace>(o.clone()))
+            .transpose()?
+            .map(|n| n.metadata.labels.unwrap_or_default()))
     }
 }

@@ -16,11 +16,15 @@ spec:
   targetRef: {kind: Deployment, name: weather}
 "#;
 
-/// The example server's Deployment: one container serving MCP on 3000.
+/// The example server's Deployment: one container serving MCP on 3000, opted in to the
+/// endpoint `weather`.
 pub(crate) const DEPLOYMENT: &str = r#"
 apiVersion: apps/v1
 kind: Deployment
-metadata: {name: weather, namespace: tools}
+metadata:
+  name: weather
+  namespace: tools
+  labels: {mcp.tether.dev/endpoint: weather}
 spec:
   selector:
     matchLabels: {app: weather}

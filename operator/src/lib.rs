@@ -11,12 +11,14 @@
 //! - the key ring, pure: `keys` (its creation and the steps of a rotation, from what was read);
 //! - reads: `dereference` (the target and the live children, read once before any write),
 //!   `reports` (what each pod's sidecar loaded of the key ring);
-//! - checks: `validate` (the endpoint and its target Deployment, or the conflict);
+//! - checks: `admission` (did the target opt in, is the image allowed), `validate` (the
+//!   endpoint and its target Deployment, or the conflict);
 //! - ground: `names`, `diff`, `fields` (who manages a field), `access` (the RBAC rules),
 //!   `events` (publishing Events), `metrics`, `error`.
 
 pub mod access;
 pub mod admin;
+pub mod admission;
 pub(crate) mod apply;
 pub mod controller;
 pub(crate) mod dereference;

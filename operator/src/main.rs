@@ -1,7 +1,7 @@
 //! `tether-operator`: the control plane of tether (`docs/design/operator.md`).
 //!
-//! - `tether-operator run`: the controller. It reconciles every `McpEndpoint` of the cluster
-//!   ([`tether_operator::controller`]) and is woken when one of its children or an injected
+//! - `tether-operator run`: the controller. It reconciles every `McpEndpoint` of the cluster,
+//!   or of the namespaces of `--watch-namespaces` ([`tether_operator::controller`]) and is woken when one of its children or an injected
 //!   Deployment changes; it stops on SIGINT/SIGTERM after the reconciles under way. The admin
 //!   listener (`--admin-addr`) serves `/healthz`, `/readyz` and `/metrics`
 //!   ([`tether_operator::admin`]).
@@ -20,6 +20,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use tether_crds::McpEndpoint;
 use tether_operator::admin::AdminState;
+use tether_operator::admission::{ImagePattern, Policy};
 use tether_operator::controller::Context;
 use tether_operator::leader::Election;
 use tether_operator::plan::Defaults;
@@ -75,6 +76,15 @@ struct RunArgs {
     /// This replica's identity in the Lease: its pod name (downward API); default the host name.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Watch only these namespaces (comma-separated), each with the operator's rules granted
+    /// by a Role there (chart value `watchNamespaces`). Default: every namespace (a ClusterRole).
+    #[arg(
+        long,
+        env = "TETHER_WATCH_NAMESPACES",
+        value_name = "NS,NS",
+        value_delimiter = ','
+    )]
+    watch_namespaces: Vec<String>,
 }
 
 /// The operator-wide defaults of `run` and `plan`: what endpoints leave out of `spec.sidecar`.
@@ -98,9 +108,26 @@ struct DefaultsArgs {
     #[arg(long, env = "TETHER_SIDECAR_RUN_AS_USER", value_name = "UID|platform",
           default_value = "65532", value_parser = parse_user)]
     sidecar_run_as_user: RunAs,
+    /// Images an endpoint's spec.sidecar.image may name (comma-separated): a repository (any
+    /// tag or digest of it) or a prefix ending in `*`. Default: the repository of
+    /// `--sidecar-image`. Any other image: the endpoint is Degraded (ImageNotAllowed).
+    #[arg(long, env = "TETHER_ALLOWED_SIDECAR_IMAGES", value_name = "PATTERN,PATTERN",
+          value_delimiter = ',', value_parser = ImagePattern::parse)]
+    allowed_sidecar_images: Vec<ImagePattern>,
 }
 
 impl DefaultsArgs {
+    /// The policy these flags ask for.
+    fn policy(&self) -> Policy {
+        if self.allowed_sidecar_images.is_empty() {
+            Policy::for_default_image(&self.sidecar_image)
+        } else {
+            Policy {
+                allowed_images: self.allowed_sidecar_images.clone(),
+            }
+        }
+    }
+
     /// The defaults these flags ask for.
     fn defaults(self) -> Defaults {
         let mut defaults = Defaults::with_image(self.sidecar_image);
@@ -185,7 +212,8 @@ async fn plan(args: PlanArgs) -> ExitCode {
     for note in inputs.notes() {
         eprintln!("tether-operator plan: note: {note}");
     }
-    match preview::preview(&inputs, &args.defaults.defaults()).await {
+    let policy = args.defaults.policy();
+    match preview::preview(&inputs, &args.defaults.defaults(), &policy).await {
         Ok(Outcome::Planned(preview)) => {
             print!("{}", preview.to_yaml());
             ExitCode::SUCCESS
@@ -228,18 +256,21 @@ async fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let endpoints: Api<McpEndpoint> = Api::all(client.clone());
-    if let Err(e) = endpoints.list(&ListParams::default().limit(1)).await {
-        tracing::error!(error = %e, "cannot list McpEndpoints; is the CRD installed? (kubectl apply -f crds/)");
+    if let Err(e) = can_list_endpoints(&client, &args.watch_namespaces).await {
+        tracing::error!(error = %e, "cannot list McpEndpoints; is the CRD installed (kubectl apply -f crds/) and are the operator's RBAC rules granted where it watches?");
         return ExitCode::FAILURE;
     }
     let identity = args.identity.clone().unwrap_or_else(host_name);
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        args.defaults.defaults(),
-        Arc::clone(&admin.metrics),
-        Some(identity.clone()),
-    ));
+    let policy = args.defaults.policy();
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            args.defaults.defaults(),
+            Arc::clone(&admin.metrics),
+            Some(identity.clone()),
+        )
+        .with_policy(policy),
+    );
     admin
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
@@ -260,14 +291,32 @@ async fn run(args: RunArgs) -> ExitCode {
     }
     let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = stop_signal(leading, Arc::clone(&lost));
-    tracing::info!("reconciling McpEndpoints");
-    tether_operator::watches::run(ctx, None, stop).await;
+    match args.watch_namespaces.as_slice() {
+        [] => tracing::info!("reconciling McpEndpoints of every namespace"),
+        namespaces => tracing::info!(?namespaces, "reconciling McpEndpoints of these namespaces"),
+    }
+    tether_operator::watches::run(ctx, &args.watch_namespaces, stop).await;
     if lost.load(std::sync::atomic::Ordering::Acquire) {
         tracing::error!("lost the leader-election lease; exiting so a new candidate starts");
         return ExitCode::FAILURE;
     }
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// Lists at most one McpEndpoint where the operator watches (every namespace when `namespaces`
+/// is empty): fails when the CRD is missing or the operator's rules are not granted there.
+async fn can_list_endpoints(client: &Client, namespaces: &[String]) -> Result<(), kube::Error> {
+    let one = ListParams::default().limit(1);
+    if namespaces.is_empty() {
+        Api::<McpEndpoint>::all(client.clone()).list(&one).await?;
+    }
+    for namespace in namespaces {
+        Api::<McpEndpoint>::namespaced(client.clone(), namespace)
+            .list(&one)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Resolves on SIGINT or SIGTERM, or when the lease in `leading` is lost (then sets `lost`).

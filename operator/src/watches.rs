@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
@@ -19,9 +19,26 @@ use crate::controller::{Context, error_policy, reconcile};
 use crate::names::{MANAGED_BY_LABEL, OPERATOR, injected_by};
 
 /// Runs the controller until `shutdown` resolves, then returns once the reconciles under way
-/// have finished. `namespace` limits every watch to one namespace; `None` watches the whole
-/// cluster (`tether-operator run`).
+/// have finished. With `namespaces` (`--watch-namespaces`) one controller runs per namespace,
+/// each watching only its namespace (the operator's rules are granted there by a Role); with
+/// none, one controller watches the whole cluster.
 pub async fn run(
+    ctx: Arc<Context>,
+    namespaces: &[String],
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let shutdown = shutdown.boxed().shared();
+    if namespaces.is_empty() {
+        return run_in(ctx, None, shutdown).await;
+    }
+    let controllers = namespaces
+        .iter()
+        .map(|ns| run_in(Arc::clone(&ctx), Some(ns), shutdown.clone()));
+    futures::future::join_all(controllers).await;
+}
+
+/// One controller, watching `namespace` (`None`: every namespace).
+async fn run_in(
     ctx: Arc<Context>,
     namespace: Option<&str>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,

@@ -41,3 +41,47 @@ app.kubernetes.io/part-of: tether
 {{- define "tether.sidecarImage" -}}
 {{- printf "%s:%s" .Values.sidecar.image.repository (default .Chart.AppVersion .Values.sidecar.image.tag) }}
 {{- end }}
+
+{{- /*
+The API calls of a reconcile, exactly: tether_operator::access::RECONCILE (a test fails when they
+differ; the tests' API server refuses any call outside them). rbac.yaml grants them by a
+ClusterRole, or with watchNamespaces by a Role in each watched namespace.
+*/}}
+{{- define "tether.operatorRules" -}}
+- apiGroups: ["mcp.tether.dev"]
+  resources: ["mcpendpoints"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["mcp.tether.dev"]
+  resources: ["mcpendpoints/status"]
+  verbs: ["patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["configmaps", "services"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get"]
+{{- end }}

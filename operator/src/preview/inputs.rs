@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -254,6 +254,7 @@ fn live_objects(path: &Path, notes: &mut Vec<String>) -> Result<Vec<Value>, Inpu
         read_kind::<RoleBinding>(),
         read_kind::<PodDisruptionBudget>(),
         read_kind::<Pod>(),
+        read_kind::<Namespace>(),
     ];
     let files = if path.is_dir() {
         let entries = std::fs::read_dir(path).map_err(|e| InputError::new(path, e.to_string()))?;
@@ -309,7 +310,7 @@ mod tests {
     use super::*;
     use crate::fixtures::{self, DEPLOYMENT, MINIMAL_ENDPOINT};
     use crate::preview::preview;
-    use crate::preview::tests::{defaults, planned, summary};
+    use crate::preview::tests::{defaults, planned, policy, summary};
 
     #[test]
     fn inputs_fill_in_a_namespace_and_a_placeholder_uid_and_refuse_another_target() {
@@ -374,7 +375,8 @@ mod tests {
         );
         // The live key ring exists (its data left out, as the guide says) and the listed budget
         // of the user's covers the pods.
-        let outcome = futures::executor::block_on(preview(&inputs, &defaults())).unwrap();
+        let outcome =
+            futures::executor::block_on(preview(&inputs, &defaults(), &policy())).unwrap();
         let kinds = summary(&planned(outcome));
         assert!(!kinds.iter().any(|s| s.starts_with("Secret/")), "{kinds:?}");
         assert!(

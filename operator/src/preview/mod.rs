@@ -18,6 +18,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::admission::{Policy, admit};
 use crate::dereference::{self, Found};
 use crate::error::Error;
 use crate::keys::{self, Asks};
@@ -88,7 +89,11 @@ pub enum Outcome {
 /// # Errors
 /// [`Error::Json`] when a live manifest does not parse as its kind (not expected:
 /// [`Inputs::load`] checks them).
-pub async fn preview(inputs: &Inputs, defaults: &Defaults) -> Result<Outcome, Error> {
+pub async fn preview(
+    inputs: &Inputs,
+    defaults: &Defaults,
+    policy: &Policy,
+) -> Result<Outcome, Error> {
     let Inputs {
         endpoint: ep,
         deployment,
@@ -97,7 +102,9 @@ pub async fn preview(inputs: &Inputs, defaults: &Defaults) -> Result<Outcome, Er
         owner,
         ..
     } = inputs;
-    let target = match validate(ep, names, deployment) {
+    let labels = dereference::namespace_labels(live, names, deployment).await?;
+    let admitted = admit(ep, names, deployment, labels.as_ref(), policy);
+    let target = match admitted.and_then(|()| validate(ep, names, deployment)) {
         Ok(target) => target,
         Err(conflict) => return Ok(Outcome::Degraded(conflict)),
     };
@@ -220,11 +227,15 @@ mod tests {
         Defaults::with_image("tether-sidecar:test")
     }
 
+    pub(super) fn policy() -> Policy {
+        Policy::for_default_image(&defaults().sidecar_image)
+    }
+
     /// The preview of the fixtures' endpoint on `deployment` with `live` objects.
     fn preview_of(deployment: Deployment, live: Vec<Value>) -> Outcome {
         let ep = fixtures::endpoint(MINIMAL_ENDPOINT);
         let inputs = Inputs::new(ep, deployment, live).expect("valid inputs");
-        futures::executor::block_on(preview(&inputs, &defaults())).expect("a preview")
+        futures::executor::block_on(preview(&inputs, &defaults(), &policy())).expect("a preview")
     }
 
     pub(super) fn planned(outcome: Outcome) -> Preview {

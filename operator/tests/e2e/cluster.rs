@@ -16,6 +16,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::{Value, json};
 use tether_crds::McpEndpoint;
+use tether_operator::admission::OPT_IN_LABEL;
 use tether_operator::names::SIDECAR_CONTAINER;
 
 use crate::Settings;
@@ -190,11 +191,15 @@ impl Cluster {
         self.wait_ready(ns, name).await
     }
 
-    /// How most scenarios start: the example Deployment as it is and endpoint `name` on it (its
-    /// spec merged with `spec`), applied into `ns`, once the endpoint is Ready; returns the
-    /// Deployment's name.
+    /// How most scenarios start: the example Deployment, opted in to endpoint `name`, and that
+    /// endpoint on it (its spec merged with `spec`), applied into `ns`, once the endpoint is
+    /// Ready; returns the Deployment's name.
     pub async fn serve(&self, ns: &str, name: &str, spec: Value) -> Outcome<String> {
-        let target = self.deploy(ns, |_| {}).await?;
+        let target = self
+            .deploy(ns, |d| {
+                d["metadata"]["labels"][OPT_IN_LABEL] = json!(name);
+            })
+            .await?;
         self.ready_endpoint(ns, name, spec).await?;
         Ok(target)
     }

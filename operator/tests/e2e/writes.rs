@@ -13,9 +13,11 @@ use tether_operator::names::INJECTED_ANNOTATION;
 use crate::cluster::{A_RECONCILE, Cluster, EXAMPLE_PODS, Outcome, sidecar};
 use crate::traffic::roll_under_load;
 
-/// `Degraded` reasons of a second endpoint on an injected Deployment: the sidecar is the
-/// other's (`ContainerNameClash`), or its apply would take the other's fields (`FieldConflict`).
-const SECOND_ENDPOINT: &[&str] = &["ContainerNameClash", "FieldConflict"];
+/// `Degraded` reasons of a second endpoint on an injected Deployment: the Deployment opted in
+/// to the first only (`TargetNotOptedIn`); in a namespace that opts every Deployment in, the
+/// sidecar is the other's (`ContainerNameClash`), or its apply would take the other's fields
+/// (`FieldConflict`).
+const SECOND_ENDPOINT: &[&str] = &["TargetNotOptedIn", "ContainerNameClash", "FieldConflict"];
 
 /// What a rollout or a re-apply would change in a Deployment.
 #[derive(Debug, PartialEq)]

@@ -17,11 +17,12 @@ use crate::support::operator::{
 };
 use crate::support::{
     Shared, api_created_by, api_with, apply_as, client_holding, client_of, create_as, delete,
-    paths, stored, update_as,
+    namespace, paths, stored, update_as,
 };
 use http::Method;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
+use tether_operator::admission::NAMESPACE_OPT_IN_LABEL;
 use tether_operator::leader::{Election, LEASE_SECONDS, lead};
 
 const GRACE: &str = ".spec.template.spec.terminationGracePeriodSeconds";
@@ -215,6 +216,8 @@ async fn deleting_a_second_endpoint_of_a_deployment_keeps_the_first_ones_injecti
         (&b, endpoint_named("b", "e-b", true)),
         (DEPLOY_PATH, deployment()),
     ]);
+    // Two endpoints on one Deployment: the namespace opts every Deployment in.
+    namespace(&api, NS, json!({NAMESPACE_OPT_IN_LABEL: "enabled"}));
     let operator = Operator::new(&api);
     operator.reconcile(&a).await.0.expect("a injects");
     assert!(injected(&api));
@@ -336,6 +339,7 @@ async fn an_endpoint_name_no_service_can_carry_is_name_invalid() {
             (&path, endpoint_named(name, "e-1", true)),
             (DEPLOY_PATH, deployment()),
         ]);
+        namespace(&api, NS, json!({NAMESPACE_OPT_IN_LABEL: "enabled"}));
         let (result, writes) = Operator::new(&api).reconcile(&path).await;
         assert!(result.is_ok(), "{name}: {result:?}");
         assert_degraded_at(&writes, &path, "NameInvalid");

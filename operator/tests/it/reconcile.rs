@@ -368,6 +368,7 @@ fn child_writes(writes: &[Write]) -> Vec<String> {
 /// The same for what `tether-operator plan` previews on the stored endpoint, target and
 /// children (each kind's resource: its lowercase plural).
 async fn previewed(api: &Shared) -> Vec<String> {
+    use tether_operator::admission::Policy;
     use tether_operator::preview::{Inputs, Outcome, Write, preview};
     let inputs = {
         let a = api.lock().unwrap();
@@ -376,7 +377,8 @@ async fn previewed(api: &Shared) -> Vec<String> {
         Inputs::new(ep, deployment, a.objects.values().cloned().collect()).unwrap()
     };
     let defaults = Defaults::with_image("tether-sidecar:test");
-    let Outcome::Planned(planned) = preview(&inputs, &defaults).await.unwrap() else {
+    let policy = Policy::for_default_image(&defaults.sidecar_image);
+    let Outcome::Planned(planned) = preview(&inputs, &defaults, &policy).await.unwrap() else {
         panic!("Degraded");
     };
     planned

@@ -2,7 +2,8 @@
 //! follows the workspace version; every template is YAML of Kubernetes objects once its Helm
 //! directives are stripped; every `.Values` path a template reads exists in values.yaml; every
 //! `include` names a template of `_helpers.tpl`; the RBAC rules are exactly the operator's
-//! (`tether_operator::access`); every environment variable the operator's Deployment sets is a
+//! (`tether_operator::access`), rendered as a ClusterRole or, with `watchNamespaces`, as a Role
+//! in each watched namespace; every environment variable the operator's Deployment sets is a
 //! flag of `tether-operator run`; files read with `.Files.Get` exist; the CRD is rendered only
 //! with `crds.install`. The CRD template is checked against the types in `crds/tests/crd.rs`.
 //! With `helm` on PATH, `helm lint` and `helm template` (with and without `crds.install`) run
@@ -13,7 +14,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
-use tether_operator::access::{CLUSTER, LEADER_ELECTION, policy_rules};
+use tether_operator::access::{LEADER_ELECTION, RECONCILE, policy_rules};
 use tether_tests::repo::{read, root};
 
 fn chart() -> PathBuf {
@@ -184,17 +185,119 @@ fn includes_and_files_exist() {
     }
 }
 
+/// The body of `define "name"` in `_helpers.tpl`.
+fn helper(name: &str) -> String {
+    let helpers = read(chart().join("templates/_helpers.tpl"));
+    let start = format!("{{{{- define \"{name}\" -}}}}\n");
+    let body = helpers
+        .split_once(&start)
+        .unwrap_or_else(|| panic!("no define {name:?}"))
+        .1;
+    body.split_once("{{- end }}").unwrap().0.to_owned()
+}
+
+/// `rbac.yaml` rendered as Helm would with `rbac.create` and `watchNamespaces` = `watched`:
+/// its `if` / `else` / `range` / `end` lines evaluated, `tether.operatorRules` included,
+/// `{{ . }}` the namespace of the range, other directives stripped ([`strip`]).
+fn render_rbac(watched: &[&str]) -> Vec<Value> {
+    let text = read(chart().join("templates/rbac.yaml"));
+    let rules = helper("tether.operatorRules");
+    // Whether each enclosing `if` / `else` renders; the body of the open `range`.
+    let mut out = String::new();
+    let mut shown = vec![true];
+    let mut range: Option<String> = None;
+    for line in text.lines() {
+        let t = line.trim();
+        match t {
+            "{{- if .Values.rbac.create }}" => shown.push(*shown.last().unwrap()),
+            "{{- if not .Values.watchNamespaces }}" => {
+                shown.push(*shown.last().unwrap() && watched.is_empty());
+            }
+            "{{- else }}" => {
+                let inner = shown.pop().unwrap();
+                shown.push(*shown.last().unwrap() && !inner);
+            }
+            "{{- range .Values.watchNamespaces }}" => range = Some(String::new()),
+            "{{- end }}" => match range.take() {
+                Some(body) => {
+                    if *shown.last().unwrap() {
+                        for ns in watched {
+                            out.push_str(&body.replace("{{ . }}", ns));
+                        }
+                    }
+                }
+                None => {
+                    shown.pop();
+                }
+            },
+            _ if t.starts_with("{{- include \"tether.operatorRules\"") => {
+                let indent = " ".repeat(line.len() - line.trim_start().len());
+                let target = range.as_mut().unwrap_or(&mut out);
+                if *shown.last().unwrap() {
+                    for rule in rules.lines() {
+                        target.push_str(&format!("{indent}{rule}\n"));
+                    }
+                }
+            }
+            _ => {
+                if *shown.last().unwrap() {
+                    let target = range.as_mut().unwrap_or(&mut out);
+                    target.push_str(line);
+                    target.push('\n');
+                }
+            }
+        }
+    }
+    documents("rbac.yaml", &out)
+}
+
 #[test]
-fn rbac_rules_are_the_operators() {
+fn rbac_rules_are_the_operators_in_both_install_shapes() {
     let as_json = |rules| serde_json::to_value(policy_rules(rules)).unwrap();
-    let cluster = object("ClusterRole");
-    assert_eq!(cluster["rules"], as_json(CLUSTER), "ClusterRole rules");
-    let lease = object("Role");
+    let kinds = |docs: &[Value]| -> Vec<String> {
+        docs.iter()
+            .map(|d| {
+                let ns = d["metadata"]["namespace"].as_str().unwrap_or("-");
+                format!("{} {ns}", d["kind"].as_str().unwrap())
+            })
+            .collect()
+    };
+    // Every namespace: one ClusterRole of the reconcile's rules, bound to the operator.
+    let cluster = render_rbac(&[]);
+    assert_eq!(kinds(&cluster), ["ClusterRole -", "ClusterRoleBinding -"]);
+    assert_eq!(cluster[0]["rules"], as_json(RECONCILE), "ClusterRole rules");
+    assert_eq!(cluster[1]["roleRef"]["kind"], "ClusterRole");
+    // watchNamespaces: the same rules as a Role in each namespace, no ClusterRole.
+    let namespaced = render_rbac(&["team-a", "team-b"]);
     assert_eq!(
-        lease["rules"],
+        kinds(&namespaced),
+        [
+            "Role team-a",
+            "RoleBinding team-a",
+            "Role team-b",
+            "RoleBinding team-b"
+        ]
+    );
+    for doc in namespaced.iter().filter(|d| d["kind"] == "Role") {
+        assert_eq!(doc["rules"], as_json(RECONCILE), "Role rules");
+    }
+    for doc in namespaced.iter().filter(|d| d["kind"] == "RoleBinding") {
+        assert_eq!(doc["roleRef"]["kind"], "Role");
+        assert_eq!(doc["subjects"][0]["kind"], "ServiceAccount");
+    }
+    let lease = documents(
+        "leader-election-role.yaml",
+        &read(chart().join("templates/leader-election-role.yaml")),
+    );
+    assert_eq!(
+        lease[0]["rules"],
         as_json(LEADER_ELECTION),
         "leader-election Role rules"
     );
+    // The operator reads the namespaces to watch from the same value.
+    let deployment = read(chart().join("templates/deployment.yaml"));
+    assert!(deployment.contains("TETHER_WATCH_NAMESPACES"));
+    assert!(deployment.contains("{{- with .Values.watchNamespaces }}"));
 }
 
 #[test]
@@ -262,6 +365,13 @@ fn helm_lint_and_template_when_helm_is_installed() {
             chart.to_str().unwrap(),
             "--set",
             "replicaCount=2,leaderElection.enabled=true,metrics.serviceMonitor.enabled=true,dashboard.enabled=true",
+        ],
+        vec![
+            "template",
+            "t",
+            chart.to_str().unwrap(),
+            "--set",
+            "watchNamespaces={team-a,team-b},allowedSidecarImages={registry.example.com/*}",
         ],
     ] {
         let out = Command::new("helm").args(&args).output().unwrap();

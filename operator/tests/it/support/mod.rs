@@ -21,13 +21,19 @@ mod selector;
 mod validation;
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 
 use http::{Method, Request, Response, StatusCode};
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Map, Value, json};
-use tether_operator::access::{CLUSTER, LEADER_ELECTION, allows, request_attributes};
+use tether_operator::access::{Grant, LEADER_ELECTION, RECONCILE, allows, request_attributes};
 use tether_operator::metrics::Metrics;
 use tokio::sync::oneshot;
 
@@ -53,9 +59,14 @@ pub struct ApiServer {
     pub objects: BTreeMap<String, Value>,
     /// Every request of the clients that is not a GET, in order.
     pub writes: Vec<Write>,
-    /// Requests refused because the operator's RBAC rules ([`CLUSTER`], [`LEADER_ELECTION`])
-    /// do not allow them, as `verb group/resource`.
+    /// Requests refused because the operator's RBAC rules ([`RECONCILE`] where [`Self::grant`]
+    /// grants them, [`LEADER_ELECTION`]) do not allow them, as `verb group/resource`.
     pub forbidden: Vec<String>,
+    /// Where [`RECONCILE`] is granted: cluster-wide (the default), or in some namespaces (a
+    /// namespaced install).
+    pub grant: Grant,
+    /// Every namespace a request of the clients was in (`*` for one across namespaces).
+    pub namespaces_asked: std::collections::BTreeSet<String>,
     /// The operator's metrics over the reconciles of a test.
     pub metrics: Arc<Metrics>,
     /// The last `resourceVersion` and uid number given out.
@@ -274,10 +285,19 @@ impl ApiServer {
             .get("watch")
             .is_some_and(|w| w == "true" || w == "1");
         let query = if watching { "watch=true" } else { "" };
-        if let Some((group, resource, verb)) = request_attributes(&call.method, call.path, query) {
-            let allowed = |verb: &str| {
-                allows(CLUSTER, &group, &resource, verb)
-                    || allows(LEADER_ELECTION, &group, &resource, verb)
+        if let Some(attributes) = request_attributes(&call.method, call.path, query) {
+            let namespace = attributes.namespace.clone();
+            self.namespaces_asked
+                .insert(namespace.clone().unwrap_or_else(|| "*".into()));
+            let (group, resource, verb) =
+                (&attributes.group, &attributes.resource, attributes.verb);
+            let allowed = |verb: &'static str| {
+                let asked = tether_operator::access::Attributes {
+                    verb,
+                    ..attributes.clone()
+                };
+                self.grant.allows(RECONCILE, &asked)
+                    || allows(LEADER_ELECTION, group, resource, verb)
             };
             let creates = call.is_apply()
                 && Route::parse(call.path).is_some_and(|r| {
@@ -291,8 +311,12 @@ impl ApiServer {
                 .find(|(v, needed)| *needed && !allowed(v));
             if let Some((verb, _)) = refused {
                 self.forbidden.push(format!("{verb} {group}/{resource}"));
+                let scope = namespace.map_or_else(
+                    || "at the cluster scope".to_owned(),
+                    |ns| format!("in the namespace {ns:?}"),
+                );
                 let message = format!(
-                    "User \"system:serviceaccount:tether-system:tether-operator\" cannot {verb} resource {resource:?} in API group {group:?}"
+                    "User \"system:serviceaccount:tether-system:tether-operator\" cannot {verb} resource {resource:?} in API group {group:?} {scope}"
                 );
                 return (403, failure(403, "Forbidden", &message, json!({})));
             }
@@ -322,6 +346,25 @@ impl ApiServer {
             let message = "the server could not find the requested resource";
             failure(404, "NotFound", message, json!({}))
         };
+        if let ["api", "v1", "namespaces", name] =
+            call.path.trim_matches('/').split('/').collect::<Vec<_>>()[..]
+            && call.method == Method::GET
+        {
+            // A Namespace (the tests store it with [`namespace`]).
+            return self
+                .objects
+                .get(call.path)
+                .map(|ns| (200, ns.clone()))
+                .ok_or_else(|| {
+                    let message = format!("namespaces \"{name}\" not found");
+                    failure(
+                        404,
+                        "NotFound",
+                        &message,
+                        json!({"name": name, "kind": "namespaces"}),
+                    )
+                });
+        }
         let route = Route::parse(call.path).ok_or_else(missing)?;
         let Some(name) = route.name.clone() else {
             return match call.method {
@@ -744,9 +787,13 @@ impl Hold {
     }
 }
 
-/// Answers the requests of `handle` from `api` until the client is dropped.
+/// The body of an answer: the whole object, or a watch that stays open with no events.
+type Answer = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Answers the requests of `handle` from `api` until the client is dropped. A watch the rules
+/// allow stays open and sends nothing: the tests change objects through the reconcile.
 async fn serve(
-    mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    mut handle: tower_test::mock::Handle<Request<Body>, Response<Answer>>,
     api: Shared,
     mut gate: Option<Gate>,
 ) {
@@ -767,10 +814,20 @@ async fn serve(
             agent: header("user-agent"),
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         };
+        let watching = call
+            .query
+            .get("watch")
+            .is_some_and(|w| w == "true" || w == "1");
         let (code, answer) = api.lock().unwrap().serve_one(&call);
+        let body = if watching && code == 200 {
+            StreamBody::new(futures::stream::pending::<Result<Frame<Bytes>, Infallible>>())
+                .boxed_unsync()
+        } else {
+            Full::new(Bytes::from(serde_json::to_vec(&answer).unwrap())).boxed_unsync()
+        };
         let response = Response::builder()
             .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
-            .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+            .body(body)
             .unwrap();
         respond.send_response(response);
     }
@@ -778,14 +835,14 @@ async fn serve(
 
 /// A client of `api`; its server task runs until the client and its clones are dropped.
 pub fn client_of(api: &Shared, namespace: &str) -> Client {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Answer>>();
     tokio::spawn(serve(handle, Arc::clone(api), None));
     Client::new(service, namespace)
 }
 
 /// A client of `api` whose first `method` request to `path` waits for the test ([`Hold`]).
 pub fn client_holding(api: &Shared, namespace: &str, method: Method, path: &str) -> (Client, Hold) {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Answer>>();
     let (arrived_tx, arrived) = oneshot::channel();
     let (release, release_rx) = oneshot::channel();
     let gate = Gate {
@@ -957,6 +1014,14 @@ fn seeded(
         }
     }
     api
+}
+
+/// Stores the Namespace `name` with `labels` (what the operator reads of it: its opt-in).
+pub fn namespace(api: &Shared, name: &str, labels: Value) {
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": name, "labels": labels}});
+    let path = format!("/api/v1/namespaces/{name}");
+    api.lock().unwrap().objects.insert(path, ns);
 }
 
 /// The object stored at `path`.

@@ -13,6 +13,7 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 use tether_crds::McpEndpoint;
 use tether_crds::keyring::KeyReport;
+use tether_operator::admission::{OPT_IN_LABEL, Policy};
 use tether_operator::controller::{Context, reconcile};
 use tether_operator::error::Error;
 use tether_operator::plan::Defaults;
@@ -56,11 +57,12 @@ pub fn endpoint(finalized: bool) -> Value {
 }
 
 /// The Deployment `weather`: one container `server` on port 3000, two ready pods of its
-/// current template.
+/// current template, opted in to the endpoint `weather`.
 pub fn deployment() -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "weather", "namespace": NS, "generation": 1},
+        "metadata": {"name": "weather", "namespace": NS, "generation": 1,
+                     "labels": {OPT_IN_LABEL: "weather"}},
         "spec": {
             "selector": {"matchLabels": {"app": "weather"}},
             "template": {
@@ -70,6 +72,11 @@ pub fn deployment() -> Value {
         },
         "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2},
     })
+}
+
+/// The operator-wide defaults of the tests: the sidecar image `tether-sidecar:test`.
+pub fn defaults() -> Defaults {
+    Defaults::with_image("tether-sidecar:test")
 }
 
 /// The sidecars' key reports as the tests set them, by pod IP; a pod without one is
@@ -116,11 +123,19 @@ impl Operator {
     /// The operator against `api`, with the sidecar image `tether-sidecar:test`; the sidecars'
     /// key reports are [`Operator::reports`].
     pub fn new(api: &Shared) -> Self {
+        Self::allowing(api, None)
+    }
+
+    /// [`Operator::new`], allowing the sidecar images of `policy` (default: the repository of
+    /// `tether-sidecar:test`).
+    pub fn allowing(api: &Shared, policy: Option<Policy>) -> Self {
         let metrics = Arc::clone(&api.lock().unwrap().metrics);
-        let defaults = Defaults::with_image("tether-sidecar:test");
         let reports = Arc::new(Reports::default());
-        let ctx = Context::new(client_of(api, NS), defaults, metrics, None)
+        let mut ctx = Context::new(client_of(api, NS), defaults(), metrics, None)
             .with_reports(Arc::clone(&reports) as Arc<dyn KeyReports>);
+        if let Some(policy) = policy {
+            ctx = ctx.with_policy(policy);
+        }
         Self {
             api: Arc::clone(api),
             ctx: Arc::new(ctx),
