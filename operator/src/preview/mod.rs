@@ -414,4 +414,21 @@ mod tests {
             Outcome::Planned(p) => panic!("planned {:?}", summary(&p)),
         }
     }
+
+    #[test]
+    fn a_live_namespace_manifest_answers_for_the_opt_in() {
+        let unlabelled = || {
+            fixtures::deployment_with(|d| {
+                d["metadata"]["labels"] = json!({});
+            })
+        };
+        match preview_of(unlabelled(), Vec::new()) {
+            Outcome::Degraded(c) => assert_eq!(c.reason, "TargetNotOptedIn"),
+            Outcome::Planned(p) => panic!("planned {:?}", summary(&p)),
+        }
+        let namespace = json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "tools", "labels": {"mcp.tether.dev/injection": "enabled"}}});
+        let p = planned(preview_of(unlabelled(), vec![namespace]));
+        assert!(summary(&p).contains(&"Deployment/weather: apply".to_owned()));
+    }
 }
