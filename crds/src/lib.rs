@@ -9,7 +9,8 @@
 //!   only the `format`s the API server recognises);
 //! - [`crd_yaml`]: the CustomResourceDefinition as committed in `crds/` (`make crds`);
 //! - [`origin`]: the syntax of web origins (allowlist entries and `Origin` headers);
-//! - [`validate`]: checks that the schema cannot express (ports, paths, Origins, versions);
+//! - [`validate`]: checks that the schema cannot express (ports, paths, Origins, versions) and
+//!   the bounds of sizes and durations the CEL rules mirror;
 //! - [`keyring`]: the endpoint Secret's key ring (HMAC keys, the peer CA and certificate), key
 //!   ids, and what a sidecar reports of it;
 //! - [`reload`]: which fields a running sidecar reloads and which need new pods

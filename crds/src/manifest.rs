@@ -191,7 +191,23 @@ spec:
     fn invalid_values_are_named_with_their_path() {
         let cases = [
             ("maxEvents: 1024", "maxEvents: 0", "spec.buffer.maxEvents"),
+            (
+                "maxEvents: 1024",
+                "maxEvents: 100001",
+                "spec.buffer.maxEvents",
+            ),
+            (
+                "maxBytes: 4194304",
+                "maxBytes: 67108865",
+                "spec.buffer.maxBytes",
+            ),
             ("ttl: 10m", "ttl: 0s", "spec.buffer.ttl"),
+            ("ttl: 10m", "ttl: 24h1s", "spec.buffer.ttl"),
+            (
+                "idleTimeout: 30m",
+                "idleTimeout: 25h",
+                "spec.session.idleTimeout",
+            ),
             ("ttl: 10m", "ttl: ten minutes", "ttl"),
             (
                 "idleTimeout: 30m",

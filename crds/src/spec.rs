@@ -149,12 +149,13 @@ pub struct AuthSpec {
     /// standalone GET or a retry is served from the sidecar's memory with a credential the
     /// server has not accepted for the session within this window, the sidecar sends the server
     /// a `ping` in the session with that credential; a 401 or 403 goes to the client (with its
-    /// `WWW-Authenticate`) and nothing is served. Default `60s`; `0s` turns it off.
+    /// `WWW-Authenticate`) and nothing is served. At most `1h`. Default `60s`; `0s` turns it
+    /// off.
     #[serde(
         default = "default_revalidate",
         deserialize_with = "crate::duration::deserialize"
     )]
-    #[x_kube(validation = Rule::new("duration(self) >= duration('0s') && duration(self) <= duration('1h')").message("spec.auth.revalidate must be a duration of at most 1h"))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('0s') && duration(self) <= duration('1h')").message("spec.auth.revalidate must be a duration between 0s and 1h"))]
     pub revalidate: Duration,
 }
 
@@ -393,20 +394,22 @@ pub struct OriginsSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BufferSpec {
-    /// Most events kept per stream. Default `1024`.
+    /// Most events kept per stream, 1 to 100000 (each costs about 100 bytes of bookkeeping
+    /// beyond its data). Default `1024`.
     #[serde(default = "default_max_events")]
-    #[x_kube(validation = Rule::new("self >= 1").message("spec.buffer.maxEvents must be at least 1"))]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 100000").message("spec.buffer.maxEvents must be between 1 and 100000"))]
     pub max_events: u32,
-    /// Most bytes of event data kept per stream. Default `4194304` (4 MiB).
+    /// Most bytes of event data kept per stream, 1 to 67108864 (64 MiB). Default `4194304`
+    /// (4 MiB).
     #[serde(default = "default_max_bytes")]
-    #[x_kube(validation = Rule::new("self >= 1").message("spec.buffer.maxBytes must be at least 1"))]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 67108864").message("spec.buffer.maxBytes must be between 1 and 67108864 (64 MiB)"))]
     pub max_bytes: u64,
-    /// How long an event stays replayable after it was received. Default `10m`.
+    /// How long an event stays replayable after it was received, at most `24h`. Default `10m`.
     #[serde(
         default = "default_buffer_ttl",
         deserialize_with = "crate::duration::deserialize"
     )]
-    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("spec.buffer.ttl must be a positive duration such as \"10m\""))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('24h')").message("spec.buffer.ttl must be a positive duration of at most 24h"))]
     pub ttl: Duration,
 }
 
@@ -415,12 +418,12 @@ pub struct BufferSpec {
 #[serde(rename_all = "camelCase")]
 pub struct SessionSpec {
     /// A session without any request or attached stream for this long is ended (later requests
-    /// get 404). Default `30m`.
+    /// get 404); at most `24h`. Default `30m`.
     #[serde(
         default = "default_idle_timeout",
         deserialize_with = "crate::duration::deserialize"
     )]
-    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("spec.session.idleTimeout must be a positive duration such as \"30m\""))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('24h')").message("spec.session.idleTimeout must be a positive duration of at most 24h"))]
     pub idle_timeout: Duration,
     /// How sessions leave a draining pod. Default `Replay`.
     #[serde(default)]
@@ -441,7 +444,8 @@ pub enum Migration {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DrainSpec {
-    /// Upper bound of a pod's drain (handoff plus in-flight requests). Default `60s`.
+    /// Upper bound of a pod's drain (handoff plus in-flight requests), at most `1h`. Default
+    /// `60s`.
     #[serde(
         default = "default_drain_timeout",
         deserialize_with = "crate::duration::deserialize"

@@ -13,6 +13,25 @@ pub const MAX_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// being served from memory for too long.
 pub const MAX_REVALIDATE: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// Most events one stream's replay buffer may keep (`spec.buffer.maxEvents`): 100,000. Each
+/// event costs about 100 bytes of bookkeeping beyond its data, which no byte bound counts, so
+/// this caps that at about 10 MB per stream; a tool call that streams 50,000 progress
+/// notifications is still replayed whole with room to spare.
+pub const MAX_BUFFER_EVENTS: u32 = 100_000;
+
+/// Most bytes of event data one stream's replay buffer may keep (`spec.buffer.maxBytes`):
+/// 64 MiB. The sidecar also accepts an upstream response body of that size, and a session's
+/// share of the pod's buffer budget (`--max-session-buffer-bytes`) is 32 MiB by default.
+pub const MAX_BUFFER_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Longest `spec.buffer.ttl` accepted: 24 hours. A client gone longer than a day does not
+/// resume its stream; the events it missed would only hold the pod's memory.
+pub const MAX_BUFFER_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Longest `spec.session.idleTimeout` accepted: 24 hours. An idle session holds its journal,
+/// retry state and replay buffers on the pod until it ends.
+pub const MAX_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// One invalid field of a manifest.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {message}")]
@@ -86,23 +105,35 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
         }
     }
     check_versions(&mut errors, &spec.protocol_versions);
-    if spec.buffer.max_events == 0 {
+    if !(1..=MAX_BUFFER_EVENTS).contains(&spec.buffer.max_events) {
         errors.push(FieldError::new(
             "spec.buffer.maxEvents",
-            "must be at least 1",
+            format!(
+                "must be between 1 and {MAX_BUFFER_EVENTS} (got {})",
+                spec.buffer.max_events
+            ),
         ));
     }
-    if spec.buffer.max_bytes == 0 {
+    if !(1..=MAX_BUFFER_BYTES).contains(&spec.buffer.max_bytes) {
         errors.push(FieldError::new(
             "spec.buffer.maxBytes",
-            "must be at least 1",
+            format!(
+                "must be between 1 and {MAX_BUFFER_BYTES} (64 MiB) (got {})",
+                spec.buffer.max_bytes
+            ),
         ));
     }
-    check_positive(&mut errors, "spec.buffer.ttl", &spec.buffer.ttl);
-    check_positive(
+    check_positive_at_most(
+        &mut errors,
+        "spec.buffer.ttl",
+        &spec.buffer.ttl,
+        MAX_BUFFER_TTL,
+    );
+    check_positive_at_most(
         &mut errors,
         "spec.session.idleTimeout",
         &spec.session.idle_timeout,
+        MAX_IDLE_TIMEOUT,
     );
     for (i, name) in spec.auth.forward_headers.iter().enumerate() {
         let token = !name.is_empty()
@@ -117,11 +148,15 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
             ));
         }
     }
-    let revalidate: std::time::Duration = spec.auth.revalidate.into();
-    if revalidate > MAX_REVALIDATE {
+    // `0s` (no revalidation) is allowed; a negative duration is not (its sign would be lost).
+    let revalidate = &spec.auth.revalidate;
+    if revalidate.is_negative() || *revalidate > MAX_REVALIDATE {
         errors.push(FieldError::new(
             "spec.auth.revalidate",
-            format!("must be at most {}s", MAX_REVALIDATE.as_secs()),
+            format!(
+                "must be a duration between 0s and {} (got {revalidate})",
+                go_duration(MAX_REVALIDATE)
+            ),
         ));
     }
     if spec.auth.forward_headers.len() > 16 {
@@ -130,13 +165,12 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
             "must list at most 16 headers",
         ));
     }
-    check_positive(&mut errors, "spec.drain.timeout", &spec.drain.timeout);
-    if spec.drain.timeout > MAX_DRAIN_TIMEOUT {
-        errors.push(FieldError::new(
-            "spec.drain.timeout",
-            format!("must be at most {}s", MAX_DRAIN_TIMEOUT.as_secs()),
-        ));
-    }
+    check_positive_at_most(
+        &mut errors,
+        "spec.drain.timeout",
+        &spec.drain.timeout,
+        MAX_DRAIN_TIMEOUT,
+    );
     errors
 }
 
@@ -161,13 +195,40 @@ fn check_path(errors: &mut Vec<FieldError>, path: &str, value: &str) {
     }
 }
 
-fn check_positive(errors: &mut Vec<FieldError>, path: &str, value: &kube::core::Duration) {
-    if value.is_negative() || std::time::Duration::from(*value).is_zero() {
+/// Checks that the duration at `path` is above zero and at most `max`.
+fn check_positive_at_most(
+    errors: &mut Vec<FieldError>,
+    path: &str,
+    value: &kube::core::Duration,
+    max: std::time::Duration,
+) {
+    if value.is_negative() || std::time::Duration::from(*value).is_zero() || *value > max {
         errors.push(FieldError::new(
             path,
-            format!("must be a positive duration such as \"30s\" (got {value})"),
+            format!(
+                "must be a positive duration of at most {} (got {value})",
+                go_duration(max)
+            ),
         ));
     }
+}
+
+/// `duration` in whole seconds as a Kubernetes duration is written, e.g. `1h`, `1h30m`, `90s`
+/// → `1m30s`; the sub-second part is left out (every bound here is whole seconds).
+fn go_duration(duration: std::time::Duration) -> String {
+    let secs = duration.as_secs();
+    let (hours, minutes, seconds) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut text = String::new();
+    if hours > 0 {
+        text += &format!("{hours}h");
+    }
+    if minutes > 0 {
+        text += &format!("{minutes}m");
+    }
+    if seconds > 0 || text.is_empty() {
+        text += &format!("{seconds}s");
+    }
+    text
 }
 
 fn check_versions(errors: &mut Vec<FieldError>, versions: &[String]) {
@@ -189,6 +250,59 @@ fn check_versions(errors: &mut Vec<FieldError>, versions: &[String]) {
                 format!("spec.protocolVersions[{i}]"),
                 format!("duplicate version {v:?}"),
             ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{McpEndpointSpec, TargetRef};
+
+    fn spec() -> McpEndpointSpec {
+        serde_json::from_value(serde_json::json!({
+            "targetRef": TargetRef { kind: "Deployment".into(), name: "weather".into() },
+        }))
+        .unwrap()
+    }
+
+    fn duration(text: &str) -> kube::core::Duration {
+        crate::duration::parse(text).unwrap()
+    }
+
+    #[test]
+    fn bound_errors_name_the_field_the_limit_and_the_value() {
+        let mut s = spec();
+        s.buffer.max_events = MAX_BUFFER_EVENTS + 1;
+        s.buffer.max_bytes = MAX_BUFFER_BYTES + 1;
+        s.buffer.ttl = duration("24h1s");
+        s.session.idle_timeout = duration("0s");
+        s.drain.timeout = duration("2h");
+        s.auth.revalidate = duration("-1s");
+        let errors: Vec<String> = validate_spec(&s).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            errors,
+            [
+                "spec.buffer.maxEvents: must be between 1 and 100000 (got 100001)",
+                "spec.buffer.maxBytes: must be between 1 and 67108864 (64 MiB) (got 67108865)",
+                "spec.buffer.ttl: must be a positive duration of at most 24h (got 86401s)",
+                "spec.session.idleTimeout: must be a positive duration of at most 24h (got 0ns)",
+                "spec.auth.revalidate: must be a duration between 0s and 1h (got -1s)",
+                "spec.drain.timeout: must be a positive duration of at most 1h (got 7200s)",
+            ]
+        );
+    }
+
+    #[test]
+    fn bounds_are_written_as_kubernetes_durations() {
+        for (secs, text) in [
+            (0, "0s"),
+            (59, "59s"),
+            (90, "1m30s"),
+            (3600, "1h"),
+            (86_461, "24h1m1s"),
+        ] {
+            assert_eq!(go_duration(std::time::Duration::from_secs(secs)), text);
         }
     }
 }

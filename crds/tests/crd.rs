@@ -361,6 +361,76 @@ fn cel_rules_reject_what_validate_spec_rejects_naming_the_same_field() {
     }
 }
 
+/// Each bounded field at its limit and one past it: `(field, at the limit, one past)`. The
+/// limits are `tether_crds::validate`'s `MAX_*` constants and the lower bounds, written out so
+/// that a change to one side alone (the CEL rule or `validate_spec`) fails here.
+fn bounds() -> Vec<(&'static str, Value, Value)> {
+    const MIB: u64 = 1024 * 1024;
+    [
+        ("spec.buffer.maxEvents", json!(100_000), json!(100_001)),
+        ("spec.buffer.maxEvents", json!(1), json!(0)),
+        ("spec.buffer.maxBytes", json!(64 * MIB), json!(64 * MIB + 1)),
+        ("spec.buffer.maxBytes", json!(1), json!(0)),
+        ("spec.buffer.ttl", json!("24h"), json!("24h1s")),
+        (
+            "spec.buffer.ttl",
+            json!("1440m"),
+            json!("24h0m0.000000001s"),
+        ),
+        ("spec.buffer.ttl", json!("1ns"), json!("0s")),
+        ("spec.session.idleTimeout", json!("24h"), json!("24h1s")),
+        (
+            "spec.session.idleTimeout",
+            json!("86400s"),
+            json!("86400001ms"),
+        ),
+        ("spec.session.idleTimeout", json!("1ns"), json!("-1ns")),
+        ("spec.drain.timeout", json!("1h"), json!("1h1s")),
+        ("spec.drain.timeout", json!("1ns"), json!("0s")),
+        ("spec.auth.revalidate", json!("1h"), json!("1h1s")),
+        ("spec.auth.revalidate", json!("0s"), json!("-1s")),
+    ]
+    .into_iter()
+    .map(|(field, at, past)| {
+        let set = |value: Value| {
+            let mut patch = value;
+            for key in field.rsplit('.').take_while(|k| *k != "spec") {
+                patch = json!({key: patch});
+            }
+            spec_with(patch)
+        };
+        (field, set(at), set(past))
+    })
+    .collect()
+}
+
+#[test]
+fn cel_rules_and_validate_spec_accept_each_bound_and_reject_one_past_it() {
+    for (field, at, past) in bounds() {
+        let obj = endpoint(at.clone());
+        assert_eq!(validate_spec(&obj.spec), [], "validate_spec rejects {at}");
+        if let Err(errors) = validate_cel(&obj) {
+            panic!("CEL rejects {at}: {errors:?}");
+        }
+        let obj = endpoint(past.clone());
+        let by_rust = validate_spec(&obj.spec);
+        assert!(
+            by_rust.len() == 1 && by_rust[0].path == field,
+            "validate_spec does not reject {field} alone in {past}: {by_rust:?}"
+        );
+        let by_cel = match validate_cel(&obj) {
+            Ok(()) => panic!("CEL accepts {past} ({field})"),
+            Err(errors) => errors.into_vec(),
+        };
+        assert!(
+            by_cel.len() == 1
+                && by_cel[0].kind == ErrorKind::ValidationFailure
+                && by_cel[0].message.starts_with(field),
+            "CEL does not reject {field} alone in {past}: {by_cel:?}"
+        );
+    }
+}
+
 #[test]
 fn target_ref_is_immutable_but_the_rest_of_the_spec_is_not() {
     let old = endpoint(spec_with(json!({})));
