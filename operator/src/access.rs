@@ -109,6 +109,16 @@ pub const SIDECAR: &[Access] = &[Access {
     verbs: READ,
 }];
 
+/// What sidecars of releases before the EndpointSlice membership watch (their Pods): kept in
+/// the sidecars' Role, besides [`SIDECAR`], only while a pod of the target still runs such a
+/// sidecar (`dereference::Live::pods_watch_pods`), so an upgrade's old pods keep their view of
+/// the new ones until they are gone.
+pub const SIDECAR_POD_WATCH: &[Access] = &[Access {
+    group: "",
+    resources: &["pods"],
+    verbs: READ,
+}];
+
 /// Rules in the operator's own namespace (a Role): the leader-election Lease.
 pub const LEADER_ELECTION: &[Access] = &[Access {
     group: "coordination.k8s.io",

@@ -20,7 +20,7 @@ use tether_crds::keyring::CURRENT_KEY;
 
 use crate::admission;
 use crate::error::Error;
-use crate::names::{INJECTED_ANNOTATION, Names};
+use crate::names::{INJECTED_ANNOTATION, Names, SIDECAR_CONTAINER};
 use crate::validate::{Target, render_selector};
 
 /// The live objects one reconcile of a valid target acts on, as read before it writes.
@@ -42,6 +42,11 @@ pub(crate) struct Live {
     pub pods_run_as_ours: bool,
     /// The sidecar's Role.
     pub role: Option<Role>,
+    /// Whether a pod of the target still runs a sidecar of a release that watched Pods (its
+    /// environment names [`LEGACY_POD_SELECTOR_ENV`]) while the live Role still grants that
+    /// watch: the Role keeps it until those pods are gone. Listed only while the Role grants
+    /// Pods.
+    pub pods_watch_pods: bool,
     /// The sidecar's RoleBinding.
     pub role_binding: Option<RoleBinding>,
     /// The target's pods, listed only when the key ring's decision waits for their reports
@@ -135,13 +140,16 @@ pub(crate) async fn children(
         .is_some_and(|ours| controlled_by(ours, owner))
         && target.users_service_account(names).is_some();
     let reports_needed = key_pods(&key_ring);
-    let pods: Vec<Pod> = if retiring || reports_needed {
+    let role: Option<Role> = reads.get(ns, &names.sidecar_rbac()).await?;
+    let role_watches_pods = role.as_ref().is_some_and(grants_pods);
+    let pods: Vec<Pod> = if retiring || reports_needed || role_watches_pods {
         let selector = target.deployment.spec.as_ref().map(|s| &s.selector);
         reads.list(ns, selector).await?
     } else {
         Vec::new()
     };
     let pods_run_as_ours = retiring && runs_as(&pods, &names.sidecar_rbac());
+    let pods_watch_pods = role_watches_pods && pods.iter().any(watches_pods);
     Ok(Live {
         config_map,
         key_ring,
@@ -149,7 +157,8 @@ pub(crate) async fn children(
         service_account,
         pods_run_as_ours,
         key_pods: reports_needed.then_some(pods),
-        role: reads.get(ns, &names.sidecar_rbac()).await?,
+        role,
+        pods_watch_pods,
         role_binding: reads.get(ns, &names.sidecar_rbac()).await?,
         budgets: reads.list(ns, None).await?,
         pdb: reads.get(ns, &names.pdb()).await?,
@@ -239,6 +248,34 @@ pub(crate) async fn injected_pods(
         }));
     }
     Ok(injected.len())
+}
+
+/// The environment variable of the sidecars of releases whose membership watched Pods: their
+/// label selector.
+pub(crate) const LEGACY_POD_SELECTOR_ENV: &str = "TETHER_POD_SELECTOR";
+
+/// Whether `role` grants a read of Pods (the sidecars' Role of an older release).
+fn grants_pods(role: &Role) -> bool {
+    role.rules.iter().flatten().any(|r| {
+        r.resources
+            .iter()
+            .flatten()
+            .any(|resource| resource == "pods")
+    })
+}
+
+/// Whether `pod` runs a sidecar that watches Pods ([`LEGACY_POD_SELECTOR_ENV`]).
+fn watches_pods(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .filter(|c| c.name == SIDECAR_CONTAINER)
+        .flat_map(|c| c.env.iter().flatten())
+        .any(|e| e.name == LEGACY_POD_SELECTOR_ENV)
 }
 
 /// Whether one of `pods` runs as ServiceAccount `account`.

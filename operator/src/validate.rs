@@ -55,8 +55,6 @@ pub struct Target<'a> {
     pub(crate) deployment: &'a Deployment,
     /// Its pod template's spec.
     pub(crate) pod: &'a PodSpec,
-    /// The Deployment's selector in label-selector syntax (the sidecar's `--pod-selector`).
-    pub selector: String,
     /// The selector's `matchLabels` (Service and PodDisruptionBudget selectors).
     pub(crate) match_labels: std::collections::BTreeMap<String, String>,
     /// Name of the container running the MCP server (it gets the `preStop` that waits for the
@@ -133,7 +131,6 @@ pub fn validate<'a>(
     Ok(Target {
         deployment,
         pod,
-        selector: render_selector(&spec.selector),
         match_labels,
         upstream_container: upstream.name.clone(),
     })
@@ -341,7 +338,7 @@ mod tests {
         let d = fixtures::deployment(DEPLOYMENT);
         let t = validate(&ep, &fixtures::names(&ep), &d).expect("valid");
         assert_eq!(t.upstream_container, "server");
-        assert_eq!(t.selector, "app=weather");
+        assert_eq!(t.match_labels["app"], "weather");
     }
 
     #[test]

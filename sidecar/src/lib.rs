@@ -43,7 +43,6 @@ mod session;
 mod stream;
 mod upstream;
 
-pub use cluster::membership::kubernetes::peer_of;
 pub use cluster::membership::{Peer, PeerState};
 pub use cluster::ring::{HrwRing, SessionRing};
 pub use config::cli::{Cli, DrainCli, KeygenCli, LogFormat};

@@ -15,14 +15,16 @@ use pingora::services::background::{BackgroundService, background_service};
 use pingora::services::listening::Service;
 
 use crate::broker::Broker;
-use crate::cluster::membership::kubernetes::KubernetesPods;
+use crate::cluster::membership::kubernetes::EndpointSlices;
 use crate::cluster::membership::peers_file::PeersFile;
+use crate::cluster::membership::reports::{Report, Reports};
 use crate::cluster::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
 use crate::cluster::peer_health::{PeerHealth, Prober};
 use crate::cluster::routing::Router;
 use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigError, MembershipConfig};
 use crate::handoff::Handoff;
+use crate::handoff::client::PeerClient;
 use crate::handoff::listener::PeerListener;
 use crate::keys::{KeyRing, RELOAD_INTERVAL};
 use crate::lifecycle::Lifecycle;
@@ -76,7 +78,7 @@ where
     }
 }
 
-/// Drains the pod once membership reports its deletion timestamp.
+/// Drains the pod once membership reports its deletion (its endpoint turned `terminating`).
 struct DrainOnDelete {
     terminating: tokio::sync::watch::Receiver<bool>,
     drain: Arc<Drain>,
@@ -110,8 +112,23 @@ impl BackgroundService for MembershipService {
     }
 }
 
-/// The membership at start-up and the source that keeps it current (`None`: no peers).
-fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
+/// This pod's report to its peers: its revision, its start (now) and its ports.
+fn own_report(cfg: &Config) -> Reports {
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let own = Report {
+        revision: cfg.revision.clone(),
+        started_ms,
+        listen_port: cfg.listen_addr.port(),
+        peer_port: cfg.peer_addr.port(),
+    };
+    Reports::new(cfg.pod_uid.clone(), own)
+}
+
+/// The membership at start-up and the source that keeps it current (`None`: no peers); a
+/// Kubernetes source keeps peers' reports in `reports`.
+fn membership(cfg: &Config, reports: &Arc<Reports>) -> (Snapshot, Option<Box<dyn Membership>>) {
     let alone = Snapshot {
         peers: vec![Peer {
             uid: cfg.pod_uid.clone(),
@@ -119,7 +136,7 @@ fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
             address: cfg.listen_addr,
             peer_port: None,
             state: PeerState::Routable,
-            revision: String::new(),
+            revision: cfg.revision.clone(),
         }],
     };
     match &cfg.membership {
@@ -128,18 +145,17 @@ fn membership(cfg: &Config) -> (Snapshot, Option<Box<dyn Membership>>) {
             initial.clone(),
             Some(Box::new(PeersFile::new(path.clone()))),
         ),
-        MembershipConfig::Kubernetes {
-            namespace,
-            selector,
-            deployment,
-        } => (
-            alone,
-            Some(Box::new(
-                KubernetesPods::new(namespace.clone(), selector.clone(), cfg.listen_addr.port())
-                    .watching_own_pod(cfg.pod_uid.clone())
-                    .of_target(cfg.endpoint.clone(), deployment.clone()),
-            )),
-        ),
+        MembershipConfig::Kubernetes { namespace, service } => {
+            let client = PeerClient::new(cfg.keys.clone(), cfg.pod_uid.clone(), cfg.peer_tls);
+            let source = EndpointSlices::new(
+                namespace.clone(),
+                service.clone(),
+                cfg.listen_addr.ip(),
+                Arc::clone(reports),
+                Arc::new(client),
+            );
+            (alone, Some(Box::new(source)))
+        }
     }
 }
 
@@ -241,7 +257,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         &cfg.upstream_host,
         cfg.broker.upstream_body_timeout,
     );
-    let (initial, source) = membership(&cfg);
+    let reports = Arc::new(own_report(&cfg));
+    let (initial, source) = membership(&cfg, &reports);
     let health = PeerHealth::new(cfg.peer_protocols);
     // Until the first round of probes tells, a peer may be one that reads only first-format ids.
     let first_format_ids = Arc::new(AtomicBool::new(
@@ -256,8 +273,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     let sink = MembershipSink::new(initial, Arc::clone(&metrics));
     sink.set_dwell(cfg.rebalance_dwell);
     if !matches!(cfg.membership, MembershipConfig::Kubernetes { .. }) {
-        // Alone, or a peers file read at start: the view is complete from the start; a Pod
-        // watch's is once its first list arrived.
+        // Alone, or a peers file read at start: the view is complete from the start; an
+        // EndpointSlice watch's is once its first list arrived.
         sink.confirm();
     }
     let router = Router::new(
@@ -310,6 +327,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             cfg.peer_max_message_bytes,
             cfg.peer_protocols,
             router.clone(),
+            reports,
         )),
         peer_port: cfg.peer_addr.port(),
         peer_tls: cfg.peer_tls,

@@ -1,26 +1,29 @@
-//! A fake Kubernetes API server for the sidecar's Pod watch
-//! (`docs/design/routing.md#kubernetes-pod-watch`): plain HTTP on a loopback address, serving
-//! the Pods of one namespace as a kube-apiserver does for a `kube::runtime::watcher` —
+//! A fake Kubernetes API server for the sidecar's EndpointSlice watch
+//! (`docs/design/routing.md#kubernetes-endpointslice-watch`): plain HTTP on a loopback address,
+//! serving the EndpointSlices of one Service of one namespace as a kube-apiserver does for a
+//! `kube::runtime::watcher` —
 //!
-//! - `GET /api/v1/namespaces/<ns>/pods?labelSelector=…` (a LIST): a `PodList` of the pods that
-//!   match the selector (equality terms `k=v`, comma-separated), with the list's
-//!   `resourceVersion`;
+//! - `GET /apis/discovery.k8s.io/v1/namespaces/<ns>/endpointslices?labelSelector=…` (a LIST):
+//!   an `EndpointSliceList` of the slices that match the selector (equality terms `k=v`,
+//!   comma-separated; the sidecar asks for `kubernetes.io/service-name=<service>`), with the
+//!   list's `resourceVersion`;
 //! - the same with `watch=true` (or `1`) and `resourceVersion=R` (a WATCH): the response stays
 //!   open and carries, one JSON line each, the `ADDED` / `MODIFIED` / `DELETED` events after `R`
-//!   of the matching pods, as the test makes them ([`FakeKube::apply`], [`FakeKube::delete`]);
+//!   of the matching slices;
 //! - anything else: 404 with a `Status`.
+//!
+//! The test describes pods ([`PodObject`], [`FakeKube::apply`], [`FakeKube::delete`]); the fake
+//! plays the EndpointSlice controller of the Service it was started with: the pods its selector
+//! matches are its endpoints (conditions `ready` always true, since the peer Service publishes
+//! not-ready addresses; `serving` the pod's readiness; `terminating` its deletion), packed
+//! [`SLICE_CAPACITY`] to a slice so that a few pods already make several slices, with the ports
+//! `tether-peer` and `mcp`.
 //!
 //! The test controls the answers: [`FakeKube::hold_lists`] keeps every LIST waiting (an API
 //! server slow to answer, or not reachable yet) until it is released. A sidecar reaches it with
-//! [`FakeKube::pod_watch`]: `--pod-selector`, `--namespace` and `KUBECONFIG` naming a kubeconfig
-//! whose cluster is `http://<fake>` with no credentials (`kube::Client::try_default` reads
-//! `KUBECONFIG` first).
-//!
-//! Pods are described by [`PodObject`]: a pod of the endpoint's target Deployment as the operator
-//! injects it ([`PodObject::of_endpoint`]: the endpoint annotation, the controlling ReplicaSet
-//! `<deployment>-<pod-template-hash>`, the `tether-sidecar` init container with its ports `mcp`
-//! and `tether-peer`), or a pod that only matches the label selector ([`PodObject::stranger`]).
-//! The fake stops (every connection with it) when dropped.
+//! [`FakeKube::slice_watch`]: `--peer-service`, `--namespace` and `KUBECONFIG` naming a
+//! kubeconfig whose cluster is `http://<fake>` with no credentials (`kube::Client::try_default`
+//! reads `KUBECONFIG` first). The fake stops (every connection with it) when dropped.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -35,70 +38,63 @@ use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tether_crds::{ENDPOINT_ANNOTATION, MCP_PORT_NAME, PEER_PORT_NAME, SIDECAR_CONTAINER};
+use tether_crds::{ENDPOINT_ANNOTATION, MCP_PORT_NAME, PEER_PORT_NAME};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::pod::{ADMIN_PORT, LISTEN_PORT, PEER_PORT, PodSpec, uid};
+use crate::pod::{LISTEN_PORT, PEER_PORT, PodSpec, uid};
 use crate::{Result, addr};
 
 /// The port the fake listens on, on an address of its own.
 pub const PORT: u16 = 6443;
 /// The label a Deployment's ReplicaSet puts on its pods: the revision.
 pub const REVISION_LABEL: &str = "pod-template-hash";
+/// The label naming an EndpointSlice's Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Endpoints per slice (the EndpointSlice controller packs up to 100; fewer here, so that tests
+/// see several slices).
+pub const SLICE_CAPACITY: usize = 2;
 
 type Body = BoxBody<Bytes, Infallible>;
 
-/// A pod as the fake API server lists it.
+/// A pod, as the fake's EndpointSlice controller sees it.
 #[derive(Clone, Debug)]
 pub struct PodObject {
     /// `metadata.name`.
     pub name: String,
     /// `status.podIP`; `metadata.uid` is the harness's UID of the pod on it ([`uid`]).
     pub ip: Ipv4Addr,
-    /// `metadata.labels` (with [`REVISION_LABEL`] for a ReplicaSet's pod).
+    /// `metadata.labels` (with [`REVISION_LABEL`], and the injection's
+    /// [`ENDPOINT_ANNOTATION`] label for a pod of an endpoint).
     pub labels: BTreeMap<String, String>,
-    /// The value of the pod-template annotation [`ENDPOINT_ANNOTATION`], if any.
-    pub endpoint: Option<String>,
-    /// The controlling ReplicaSet's name, if any.
-    pub owner: Option<String>,
-    /// Condition `Ready` is `True`.
+    /// Condition `Ready` is `True` (the endpoint's `serving`).
     pub ready: bool,
-    /// `metadata.deletionTimestamp` is set.
+    /// `metadata.deletionTimestamp` is set (the endpoint's `terminating`).
     pub terminating: bool,
-    /// `metadata.creationTimestamp`, in seconds after 2026-01-01T00:00:00Z (below 3600): pods
-    /// are ordered by it, oldest first.
-    pub created: u32,
-    /// The `tether-sidecar` init container with its named ports (`mcp`, `tether-admin`,
-    /// `tether-peer`), as the operator injects it.
-    pub sidecar: bool,
 }
 
 impl PodObject {
     /// A Ready pod of endpoint `endpoint` whose target is Deployment `deployment`, at revision
-    /// `hash`, with `labels`: as the operator's injection and the Deployment's ReplicaSet make
-    /// it.
+    /// `hash`, with `labels`: as the operator's injection (its label naming the endpoint) and
+    /// the Deployment's ReplicaSet make it.
     pub fn of_endpoint(
         ip: Ipv4Addr,
         endpoint: &str,
         deployment: &str,
         hash: &str,
         labels: &[(&str, &str)],
-        created: u32,
     ) -> Self {
-        let mut pod = Self::stranger(ip, hash, labels, created);
+        let mut pod = Self::stranger(ip, hash, labels);
         pod.name = format!("{deployment}-{hash}-{}", ip.octets()[3]);
-        pod.endpoint = Some(endpoint.to_owned());
-        pod.owner = Some(format!("{deployment}-{hash}"));
-        pod.sidecar = true;
+        pod.labels
+            .insert(ENDPOINT_ANNOTATION.to_owned(), endpoint.to_owned());
         pod
     }
 
-    /// A Ready pod with `labels` (and revision `hash`) that is no pod of an endpoint: no
-    /// endpoint annotation, no controller, no sidecar container — another workload that
-    /// happens to match the label selector.
-    pub fn stranger(ip: Ipv4Addr, hash: &str, labels: &[(&str, &str)], created: u32) -> Self {
+    /// A Ready pod with `labels` (and revision `hash`) that is no pod of an endpoint (no
+    /// injection label): another workload that happens to share the Deployment's labels.
+    pub fn stranger(ip: Ipv4Addr, hash: &str, labels: &[(&str, &str)]) -> Self {
         let mut labels: BTreeMap<String, String> = labels
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -108,12 +104,8 @@ impl PodObject {
             name: format!("stranger-{}", ip.octets()[3]),
             ip,
             labels,
-            endpoint: None,
-            owner: None,
             ready: true,
             terminating: false,
-            created,
-            sidecar: false,
         }
     }
 
@@ -122,72 +114,22 @@ impl PodObject {
         uid(self.ip)
     }
 
-    /// The pod as the API server serves it, at `resource_version`.
-    pub fn to_json(&self, namespace: &str, resource_version: u64) -> Value {
-        let mut annotations = serde_json::Map::new();
-        if let Some(endpoint) = &self.endpoint {
-            annotations.insert(ENDPOINT_ANNOTATION.to_owned(), json!(endpoint));
-        }
-        let owners: Vec<Value> = self
-            .owner
-            .iter()
-            .map(|name| {
-                json!({
-                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name,
-                    "uid": format!("rs-{name}"), "controller": true, "blockOwnerDeletion": true,
-                })
-            })
-            .collect();
-        let mut init = Vec::new();
-        if self.sidecar {
-            init.push(json!({
-                "name": SIDECAR_CONTAINER,
-                "image": "tether-sidecar",
-                "restartPolicy": "Always",
-                "ports": [
-                    {"name": MCP_PORT_NAME, "containerPort": LISTEN_PORT},
-                    {"name": "tether-admin", "containerPort": ADMIN_PORT},
-                    {"name": PEER_PORT_NAME, "containerPort": PEER_PORT},
-                ],
-            }));
-        }
-        let mut pod = json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": self.name,
-                "namespace": namespace,
-                "uid": self.uid(),
-                "resourceVersion": resource_version.to_string(),
-                "creationTimestamp": format!(
-                    "2026-01-01T00:{:02}:{:02}Z", self.created / 60 % 60, self.created % 60
-                ),
-                "labels": self.labels,
-                "annotations": annotations,
-                "ownerReferences": owners,
-            },
-            "spec": {
-                "initContainers": init,
-                "containers": [{"name": "server", "image": "mcp-server"}],
-            },
-            "status": {
-                "phase": "Running",
-                "podIP": self.ip.to_string(),
-                "conditions": [
-                    {"type": "Ready", "status": if self.ready { "True" } else { "False" }},
-                ],
-            },
-        });
-        if self.terminating {
-            pod["metadata"]["deletionTimestamp"] = json!("2026-01-01T01:00:00Z");
-        }
-        pod
+    /// The pod as an endpoint of an EndpointSlice.
+    pub fn endpoint(&self, namespace: &str) -> Value {
+        json!({
+            "addresses": [self.ip.to_string()],
+            "conditions": {"ready": true, "serving": self.ready, "terminating": self.terminating},
+            "targetRef": {"kind": "Pod", "namespace": namespace, "name": self.name, "uid": self.uid()},
+        })
     }
 }
 
 /// What the fake serves.
 struct State {
     namespace: String,
+    /// The Service whose slices it serves, and its selector.
+    service: String,
+    selector: Selector,
     inner: Mutex<Inner>,
     /// The latest resource version, for the watches to wake on.
     changed: watch::Sender<u64>,
@@ -202,8 +144,12 @@ struct State {
 #[derive(Default)]
 struct Inner {
     resource_version: u64,
-    /// The pods by UID, with their labels for the selector.
-    pods: BTreeMap<String, (BTreeMap<String, String>, Value)>,
+    /// The pods by UID, with their place (pods are packed into slices in the order they came).
+    pods: BTreeMap<String, (usize, PodObject)>,
+    /// Places given so far.
+    places: usize,
+    /// The slices by number, as last served.
+    slices: BTreeMap<usize, Value>,
     /// Every change: resource version, event type, labels, object.
     log: Vec<(u64, &'static str, BTreeMap<String, String>, Value)>,
 }
@@ -224,12 +170,13 @@ impl Drop for FakeKube {
 }
 
 impl FakeKube {
-    /// Starts a fake API server on a fresh loopback address, serving the (at first no) pods of
-    /// `namespace`.
+    /// Starts a fake API server on a fresh loopback address, serving the EndpointSlices of
+    /// Service `service` of `namespace`, which selects the pods carrying every label of
+    /// `selector` (at first none).
     ///
     /// # Errors
     /// [`crate::HarnessError::Io`] when it cannot listen or write its kubeconfig.
-    pub async fn start(namespace: &str) -> Result<Self> {
+    pub async fn start(namespace: &str, service: &str, selector: &[(&str, &str)]) -> Result<Self> {
         let ip = addr::next_ip();
         let listener = TcpListener::bind(SocketAddr::from((ip, PORT))).await?;
         let url = format!("http://{ip}:{PORT}");
@@ -253,6 +200,13 @@ impl FakeKube {
         )?;
         let state = Arc::new(State {
             namespace: namespace.to_owned(),
+            service: service.to_owned(),
+            selector: Selector(
+                selector
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
             inner: Mutex::default(),
             changed: watch::Sender::new(0),
             hold: watch::Sender::new(false),
@@ -269,12 +223,13 @@ impl FakeKube {
         })
     }
 
-    /// `spec` with the flags and environment of a sidecar whose membership is a Pod watch of
-    /// this fake: `--pod-selector selector --namespace <ns>`, `KUBECONFIG`, `POD_NAMESPACE`.
-    pub fn pod_watch(&self, selector: &str, mut spec: PodSpec) -> PodSpec {
+    /// `spec` with the flags and environment of a sidecar whose membership is a watch of this
+    /// fake's Service: `--peer-service <service> --namespace <ns>`, `KUBECONFIG`,
+    /// `POD_NAMESPACE`.
+    pub fn slice_watch(&self, mut spec: PodSpec) -> PodSpec {
         spec.sidecar_args.extend([
-            "--pod-selector".to_owned(),
-            selector.to_owned(),
+            "--peer-service".to_owned(),
+            self.state.service.clone(),
             "--namespace".to_owned(),
             self.state.namespace.clone(),
         ]);
@@ -288,42 +243,32 @@ impl FakeKube {
         spec
     }
 
-    /// Adds `pod` or replaces the pod of its UID: an `ADDED` or `MODIFIED` event for the
-    /// watches.
+    /// Adds `pod` or replaces the pod of its UID; the slice that holds it changes.
     pub fn apply(&self, pod: &PodObject) {
         let mut inner = self.state.lock();
-        inner.resource_version += 1;
-        let rv = inner.resource_version;
-        let object = pod.to_json(&self.state.namespace, rv);
-        let kind = match inner
-            .pods
-            .insert(pod.uid(), (pod.labels.clone(), object.clone()))
-        {
-            Some(_) => "MODIFIED",
-            None => "ADDED",
+        let place = match inner.pods.get(&pod.uid()) {
+            Some((place, _)) => *place,
+            None => {
+                inner.places += 1;
+                inner.places - 1
+            }
         };
-        inner.log.push((rv, kind, pod.labels.clone(), object));
-        drop(inner);
-        self.state.changed.send_replace(rv);
+        inner.pods.insert(pod.uid(), (place, pod.clone()));
+        self.state.update(&mut inner, place / SLICE_CAPACITY);
     }
 
-    /// Removes the pod on `ip`: a `DELETED` event. Whether it was there.
+    /// Removes the pod on `ip` (its endpoint leaves its slice). Whether it was there.
     pub fn delete(&self, ip: Ipv4Addr) -> bool {
         let mut inner = self.state.lock();
-        let Some((labels, mut object)) = inner.pods.remove(&uid(ip)) else {
+        let Some((place, _)) = inner.pods.remove(&uid(ip)) else {
             return false;
         };
-        inner.resource_version += 1;
-        let rv = inner.resource_version;
-        object["metadata"]["resourceVersion"] = json!(rv.to_string());
-        inner.log.push((rv, "DELETED", labels, object));
-        drop(inner);
-        self.state.changed.send_replace(rv);
+        self.state.update(&mut inner, place / SLICE_CAPACITY);
         true
     }
 
     /// Makes every LIST wait (`true`) until released (`false`); a LIST already waiting is
-    /// answered, with the pods of that moment, once released.
+    /// answered, with the slices of that moment, once released.
     pub fn hold_lists(&self, hold: bool) {
         self.state.hold.send_replace(hold);
     }
@@ -365,19 +310,87 @@ impl State {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The pods matching `selector` and the list's resource version.
-    fn list(&self, selector: &Selector) -> (u64, Vec<Value>) {
-        let inner = self.lock();
-        let items = inner
+    /// The labels of every slice of the Service.
+    fn slice_labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (SERVICE_NAME_LABEL.to_owned(), self.service.clone()),
+            (
+                "endpointslice.kubernetes.io/managed-by".to_owned(),
+                "endpointslice-controller.k8s.io".to_owned(),
+            ),
+        ])
+    }
+
+    /// Slice number `slice` as the pods make it now, at `resource_version`; `None` when none
+    /// of its pods is selected.
+    fn slice(&self, inner: &Inner, slice: usize, resource_version: u64) -> Option<Value> {
+        let endpoints: Vec<Value> = inner
             .pods
             .values()
-            .filter(|(labels, _)| selector.matches(labels))
-            .map(|(_, object)| object.clone())
+            .filter(|(place, pod)| {
+                place / SLICE_CAPACITY == slice && self.selector.matches(&pod.labels)
+            })
+            .map(|(_, pod)| pod.endpoint(&self.namespace))
             .collect();
+        (!endpoints.is_empty()).then(|| {
+            json!({
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": format!("{}-{slice}", self.service),
+                    "namespace": self.namespace,
+                    "resourceVersion": resource_version.to_string(),
+                    "labels": self.slice_labels(),
+                },
+                "addressType": "IPv4",
+                "ports": [
+                    {"name": PEER_PORT_NAME, "port": PEER_PORT, "protocol": "TCP"},
+                    {"name": MCP_PORT_NAME, "port": LISTEN_PORT, "protocol": "TCP"},
+                ],
+                "endpoints": endpoints,
+            })
+        })
+    }
+
+    /// Makes slice number `slice` again from the pods: an `ADDED`, `MODIFIED` or `DELETED`
+    /// event when it changed.
+    fn update(&self, inner: &mut Inner, slice: usize) {
+        let rv = inner.resource_version + 1;
+        let made = self.slice(inner, slice, rv);
+        let old = inner.slices.get(&slice).cloned();
+        let same = |a: &Value, b: &Value| a["endpoints"] == b["endpoints"];
+        let (kind, object) = match (old, made) {
+            (None, None) => return,
+            (Some(old), Some(made)) if same(&old, &made) => return,
+            (None, Some(made)) => ("ADDED", made),
+            (Some(_), Some(made)) => ("MODIFIED", made),
+            (Some(mut old), None) => {
+                old["metadata"]["resourceVersion"] = json!(rv.to_string());
+                ("DELETED", old)
+            }
+        };
+        inner.resource_version = rv;
+        if kind == "DELETED" {
+            inner.slices.remove(&slice);
+        } else {
+            inner.slices.insert(slice, object.clone());
+        }
+        inner.log.push((rv, kind, self.slice_labels(), object));
+        self.changed.send_replace(rv);
+    }
+
+    /// The slices matching `selector` and the list's resource version.
+    fn list(&self, selector: &Selector) -> (u64, Vec<Value>) {
+        let inner = self.lock();
+        let items = if selector.matches(&self.slice_labels()) {
+            inner.slices.values().cloned().collect()
+        } else {
+            Vec::new()
+        };
         (inner.resource_version, items)
     }
 
-    /// The watch events after resource version `after` of pods matching `selector`, as JSON
+    /// The watch events after resource version `after` of slices matching `selector`, as JSON
     /// lines, and the last version they reach.
     fn events_after(&self, after: u64, selector: &Selector) -> (u64, Vec<Bytes>) {
         let inner = self.lock();
@@ -502,12 +515,15 @@ async fn answer(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(format!("{} {path} {query:?}", req.method()));
-    let pods = format!("/api/v1/namespaces/{}/pods", state.namespace);
-    if req.method() != http::Method::GET || path != pods {
+    let slices = format!(
+        "/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices",
+        state.namespace
+    );
+    if req.method() != http::Method::GET || path != slices {
         return status(
             StatusCode::NOT_FOUND,
             "NotFound",
-            "the fake serves pods only",
+            "the fake serves EndpointSlices only",
         );
     }
     let Some(selector) = Selector::parse(query.get("labelSelector").map_or("", String::as_str))
@@ -527,7 +543,7 @@ async fn answer(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
         return full(
             StatusCode::OK,
             &json!({
-                "apiVersion": "v1", "kind": "PodList",
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
                 "metadata": {"resourceVersion": rv.to_string()},
                 "items": items,
             }),
@@ -587,25 +603,62 @@ mod tests {
         assert_eq!(decode("a+b%"), "a b%");
     }
 
-    #[test]
-    fn an_endpoint_pod_carries_what_admission_checks() {
-        let ip = Ipv4Addr::new(127, 9, 0, 7);
-        let pod = PodObject::of_endpoint(ip, "test", "test", "r1", &[("app", "x")], 3);
-        let json = pod.to_json("ns", 5);
-        assert_eq!(json["metadata"]["uid"], uid(ip));
-        assert_eq!(json["metadata"]["annotations"][ENDPOINT_ANNOTATION], "test");
-        assert_eq!(json["metadata"]["ownerReferences"][0]["name"], "test-r1");
-        assert_eq!(json["metadata"]["labels"][REVISION_LABEL], "r1");
-        assert_eq!(
-            json["metadata"]["creationTimestamp"],
-            "2026-01-01T00:00:03Z"
+    #[tokio::test]
+    async fn pods_become_endpoints_of_the_services_slices() {
+        let api = FakeKube::start(
+            "ns",
+            "test-peers",
+            &[("app", "x"), (ENDPOINT_ANNOTATION, "test")],
+        )
+        .await
+        .unwrap();
+        let ips = [1, 2, 3].map(|n| Ipv4Addr::new(127, 9, 0, n));
+        for ip in ips {
+            api.apply(&PodObject::of_endpoint(
+                ip,
+                "test",
+                "test",
+                "r1",
+                &[("app", "x")],
+            ));
+        }
+        let stranger = Ipv4Addr::new(127, 9, 0, 9);
+        api.apply(&PodObject::stranger(stranger, "r1", &[("app", "x")]));
+        let selector = Selector::parse("kubernetes.io/service-name=test-peers").unwrap();
+        let (_, slices) = api.state.list(&selector);
+        assert_eq!(slices.len(), 2, "{SLICE_CAPACITY} endpoints a slice");
+        let endpoints: Vec<&Value> = slices
+            .iter()
+            .flat_map(|s| s["endpoints"].as_array().unwrap())
+            .collect();
+        assert_eq!(endpoints.len(), 3, "not the stranger");
+        assert_eq!(endpoints[0]["targetRef"]["uid"], uid(ips[0]));
+        assert_eq!(endpoints[0]["conditions"]["serving"], true);
+        assert_eq!(slices[0]["ports"][1]["name"], MCP_PORT_NAME);
+        assert!(
+            api.state
+                .list(&Selector::parse("kubernetes.io/service-name=other").unwrap())
+                .1
+                .is_empty()
         );
-        assert_eq!(
-            json["spec"]["initContainers"][0]["ports"][2]["name"],
-            PEER_PORT_NAME
-        );
-        let stranger = PodObject::stranger(ip, "r2", &[("app", "x")], 4).to_json("ns", 6);
-        assert_eq!(stranger["metadata"]["annotations"], json!({}));
-        assert_eq!(stranger["metadata"]["ownerReferences"], json!([]));
+
+        let mut leaving = PodObject::of_endpoint(ips[2], "test", "test", "r1", &[("app", "x")]);
+        leaving.terminating = true;
+        api.apply(&leaving);
+        assert!(api.delete(ips[2]));
+        assert!(!api.delete(ips[2]));
+        let (rv, lines) = api.state.events_after(0, &selector);
+        let kinds: Vec<String> = lines
+            .iter()
+            .map(|l| {
+                serde_json::from_slice::<Value>(l).unwrap()["type"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(kinds, ["ADDED", "MODIFIED", "ADDED", "MODIFIED", "DELETED"]);
+        assert_eq!(rv, 5);
+        assert_eq!(api.state.list(&selector).1.len(), 1);
     }
 }

@@ -162,8 +162,8 @@ pub struct PodSpec {
     /// atomically later: an endpoint whose key ring rotates. `None`: the key ring every test
     /// endpoint of the process shares ([`key_ring`]), as plain files.
     pub key_ring: Option<crate::keyring::KeyFiles>,
-    /// Environment variables added to the sidecar's, e.g. `KUBECONFIG` for a Pod watch against
-    /// a fake API server ([`crate::kube_api`]).
+    /// Environment variables added to the sidecar's, e.g. `KUBECONFIG` for an EndpointSlice
+    /// watch against a fake API server ([`crate::kube_api`]).
     pub sidecar_env: Vec<(String, String)>,
     /// Where the sidecar dials its MCP server (`--upstream`): something in front of the server
     /// (a [`crate::tap::Tap`] that records what reaches it); `None`: the server itself.

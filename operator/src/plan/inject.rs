@@ -20,6 +20,9 @@ use crate::validate::Target;
 
 /// UID and GID the sidecar runs as by default (non-root, as the distroless `nonroot` user).
 pub const SIDECAR_USER: i64 = 65532;
+/// The label a Deployment's ReplicaSet puts on its pods: their revision, which each sidecar
+/// reports to its peers (`TETHER_REVISION`, through the downward API).
+pub(crate) const REVISION_LABEL: &str = "pod-template-hash";
 /// `terminationGracePeriodSeconds` the API server gives a pod template that sets none.
 pub(crate) const DEFAULT_GRACE_SECS: i64 = 30;
 /// Lifetime of the sidecar's projected ServiceAccount token, in seconds (the kubelet renews
@@ -43,7 +46,7 @@ pub(crate) fn deployment(
     secret: &str,
 ) -> Value {
     let mut pod_spec = json!({
-        "initContainers": [sidecar(ep, target, defaults)],
+        "initContainers": [sidecar(ep, names, defaults)],
         "volumes": [
             {"name": CONFIG_VOLUME, "configMap": {"name": names.config()}},
             {"name": SECRET_VOLUME, "secret": {"secretName": secret}},
@@ -166,7 +169,7 @@ fn sidecar_pre_stop() -> Value {
 }
 
 /// A ServiceAccount token, the cluster CA and the namespace, for the sidecar's own API client
-/// (the membership watch), mounted into the sidecar only: it works with
+/// (the EndpointSlice watch), mounted into the sidecar only: it works with
 /// `automountServiceAccountToken: false`, and the API server's automount skips a container
 /// that already mounts this path.
 fn token_volume() -> Value {
@@ -196,7 +199,7 @@ fn security_context(defaults: &Defaults) -> Value {
     context
 }
 
-fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value {
+fn sidecar(ep: &McpEndpoint, names: &Names, defaults: &Defaults) -> Value {
     let spec = &ep.spec;
     let image = spec
         .sidecar
@@ -217,7 +220,10 @@ fn sidecar(ep: &McpEndpoint, target: &Target<'_>, defaults: &Defaults) -> Value 
         "env": [
             {"name": "TETHER_ENDPOINT", "value": format!("{CONFIG_DIR}/{CONFIG_KEY}")},
             {"name": "TETHER_SECRET_DIR", "value": SECRET_DIR},
-            {"name": "TETHER_POD_SELECTOR", "value": target.selector},
+            // Membership: the peer Service's EndpointSlices, and the revision this pod reports
+            // to its peers (the newest one gets new sessions and handoffs).
+            {"name": "TETHER_PEER_SERVICE", "value": names.peer_service()},
+            {"name": "TETHER_REVISION", "valueFrom": field(&format!("metadata.labels['{REVISION_LABEL}']"))},
             {"name": "TETHER_LOG_FORMAT", "value": "json"},
             {"name": "TETHER_DRAIN_SOCKET", "value": DRAIN_SOCKET},
             {"name": "POD_IP", "valueFrom": field("status.podIP")},

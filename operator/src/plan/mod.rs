@@ -185,7 +185,13 @@ mod tests {
             !env.contains_key("TETHER_SECRET_FILE"),
             "the whole ring, not one key"
         );
-        assert_eq!(env["TETHER_POD_SELECTOR"]["value"], "app=weather");
+        assert_eq!(env["TETHER_PEER_SERVICE"]["value"], "weather-peers");
+        assert_eq!(
+            env["TETHER_REVISION"]["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.labels['pod-template-hash']",
+            "each sidecar reports its pod's revision"
+        );
+        assert!(!env.contains_key("TETHER_POD_SELECTOR"), "no Pod watch");
         assert_eq!(
             env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"],
             "status.podIP"
@@ -367,8 +373,21 @@ mod tests {
             p.role_binding.subjects.unwrap()[0].name,
             "weather-tether-sidecar"
         );
-        let rule = &p.role.rules.unwrap()[0];
-        assert_eq!(rule.resources.as_deref(), Some(&["pods".to_owned()][..]));
+        let rules = p.role.rules.unwrap();
+        assert_eq!(
+            rules.len(),
+            1,
+            "the EndpointSlices only, no Pod specs: {rules:?}"
+        );
+        let rule = &rules[0];
+        assert_eq!(
+            rule.api_groups.as_deref(),
+            Some(&["discovery.k8s.io".to_owned()][..])
+        );
+        assert_eq!(
+            rule.resources.as_deref(),
+            Some(&["endpointslices".to_owned()][..])
+        );
         assert_eq!(rule.verbs, ["get", "list", "watch"]);
     }
 
@@ -401,6 +420,18 @@ mod tests {
         assert_eq!(spec.ports.as_ref().unwrap()[0].port, 8080);
         assert_eq!(spec.ports.as_ref().unwrap()[0].target_port, Some(int(8080)));
         let spec = peers.spec.as_ref().unwrap();
+        assert_eq!(peers.metadata.name.as_deref(), Some("weather-peers"));
+        assert_eq!(
+            spec.selector,
+            Some(
+                [
+                    ("app".to_owned(), "weather".to_owned()),
+                    ("mcp.tether.dev/endpoint".to_owned(), "weather".to_owned()),
+                ]
+                .into()
+            ),
+            "the peer Service lists only the pods injected for this endpoint"
+        );
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
         assert_eq!(spec.publish_not_ready_addresses, Some(true));
         let ports = spec.ports.as_ref().unwrap();

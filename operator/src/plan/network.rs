@@ -1,5 +1,6 @@
 //! The client Service, the headless peer Service and the PodDisruptionBudget, all selecting the
-//! target Deployment's pods by its `matchLabels` — and [`covering_pdb`], which finds a
+//! target Deployment's pods by its `matchLabels` (the peer Service also by the pod-template label
+//! of the operator's injection, so that it lists the endpoint's pods only) — and [`covering_pdb`], which finds a
 //! PodDisruptionBudget of the user's over the same pods (then the operator adds none).
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
@@ -10,7 +11,7 @@ use kube::core::{Selector, SelectorExt};
 use tether_crds::{MCP_PORT_NAME, McpEndpoint, PEER_PORT_NAME};
 
 use super::child_meta;
-use crate::names::Names;
+use crate::names::{INJECTED_ANNOTATION, Names};
 use crate::validate::Target;
 
 /// A Service port `name` forwarding to the same container port number. The `targetPort` is the
@@ -61,7 +62,10 @@ pub(crate) fn client_service(
 }
 
 /// The headless Service of every pod, ready or not (`publishNotReadyAddresses`): peers find a
-/// draining pod through it.
+/// draining pod through it, and the sidecars' membership is its EndpointSlices. It selects the
+/// pods whose template the operator injected for this endpoint (label
+/// [`INJECTED_ANNOTATION`]), so another workload that happens to share the Deployment's labels
+/// never becomes a peer.
 pub(crate) fn peer_service(
     ep: &McpEndpoint,
     names: &Names,
@@ -78,7 +82,11 @@ pub(crate) fn peer_service(
         ports: Some(ports),
         ..ServiceSpec::default()
     };
-    service(names, names.peer_service(), target, owner, spec)
+    let mut service = service(names, names.peer_service(), target, owner, spec);
+    if let Some(selector) = service.spec.as_mut().and_then(|s| s.selector.as_mut()) {
+        selector.insert(INJECTED_ANNOTATION.to_owned(), names.endpoint.clone());
+    }
+    service
 }
 
 /// At most one pod disrupted at a time, so a voluntary eviction never drains two pods' sessions

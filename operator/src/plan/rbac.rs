@@ -1,14 +1,17 @@
-//! What the sidecar needs to watch its endpoint's Pods (the Kubernetes membership source):
-//! a Role (`pods: get, list, watch` in the namespace), a RoleBinding to the pods'
-//! ServiceAccount, and a dedicated ServiceAccount only when the pod template names none (a
-//! ServiceAccount the user chose is never replaced; binding to `default` would grant every pod
-//! of the namespace the watch).
+//! What the sidecar needs to watch its endpoint's peer Service (the Kubernetes membership
+//! source): a Role ([`access::SIDECAR`]: `endpointslices: get, list, watch` in the namespace —
+//! no read of Pods, whose specs may carry secrets in environment variables; during an upgrade
+//! from a release whose sidecars watched Pods, also [`access::SIDECAR_POD_WATCH`] until their
+//! pods are gone), a RoleBinding to the pods' ServiceAccount, and a dedicated ServiceAccount
+//! only when the pod template names none (a ServiceAccount the user chose is never replaced;
+//! binding to `default` would grant every pod of the namespace the watch).
 
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::child_meta;
+use crate::access;
 use crate::names::Names;
 use crate::validate::Target;
 
@@ -27,17 +30,20 @@ pub(crate) fn service_account(
         })
 }
 
-/// Read access to the namespace's Pods.
+/// Read access to the namespace's EndpointSlices ([`access::SIDECAR`]).
 pub(crate) fn role(names: &Names, owner: &OwnerReference) -> Role {
     Role {
         metadata: child_meta(names, names.sidecar_rbac(), owner),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["pods".to_owned()]),
-            verbs: ["get", "list", "watch"].map(String::from).to_vec(),
-            ..PolicyRule::default()
-        }]),
+        rules: Some(access::policy_rules(access::SIDECAR)),
     }
+}
+
+/// Adds the Pod watch of older sidecars ([`access::SIDECAR_POD_WATCH`]) to `role`, while pods
+/// still run one.
+pub(crate) fn also_watch_pods(role: &mut Role) {
+    role.rules
+        .get_or_insert_with(Vec::new)
+        .extend(access::policy_rules(access::SIDECAR_POD_WATCH));
 }
 
 /// Binds [`role`] to ServiceAccount `subject` of the namespace.

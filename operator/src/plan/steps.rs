@@ -178,11 +178,14 @@ impl Plan {
             config_map,
             services: [client, peers],
             service_account,
-            role,
+            mut role,
             mut role_binding,
             pdb,
             grace_needed,
         } = self;
+        if live.pods_watch_pods {
+            rbac::also_watch_pods(&mut role);
+        }
         let [live_client, live_peers] = &live.services;
         let service_account = match (service_account, target.users_service_account(names)) {
             (Some(desired), _) => Step::Ensure(Ensure {

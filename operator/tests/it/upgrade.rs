@@ -3,7 +3,8 @@
 //! field manager `tether-operator`, the Secret of the name without the UID), deploy tools that
 //! own the grace period or apply with server-side apply, deletion while pods still run, an
 //! endpoint re-created before the garbage collector caught up, hand edits of what the operator
-//! owns, and sidecar resources taken out of the spec.
+//! owns, sidecar resources taken out of the spec, and the sidecars' Role of a release whose
+//! sidecars watched Pods.
 
 use http::Method;
 use serde_json::{Value, json};
@@ -487,4 +488,44 @@ async fn sidecar_resources_taken_out_of_the_spec_fall_back_to_the_defaults() {
     let templates = settle(&operator, &api).await;
     assert_eq!(resources(&api), json!({}));
     assert_eq!(templates.len(), 2, "one rollout");
+}
+
+#[tokio::test]
+async fn the_sidecars_keep_their_pod_watch_until_no_pod_runs_an_older_sidecar() {
+    const ROLE: &str =
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/tools/roles/weather-tether-sidecar";
+    let (api, operator) = injected_example().await;
+    let resources = |api: &Shared| -> Vec<String> {
+        let role = stored(api, ROLE);
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["resources"].as_array().unwrap().clone())
+            .map(|r| r.as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(resources(&api), ["endpointslices"], "no Pod read");
+    // The previous release's Role, and one of its pods still running: its sidecar watches Pods.
+    api.lock().unwrap().objects.get_mut(ROLE).unwrap()["rules"] =
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]);
+    let old_pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "weather-5c6d7-old", "namespace": NS, "labels": {"app": "weather"}},
+        "spec": {"containers": [{"name": "server", "image": "srv"}],
+                 "initContainers": [{"name": "tether-sidecar", "image": "tether-sidecar:old",
+                     "restartPolicy": "Always",
+                     "env": [{"name": "TETHER_POD_SELECTOR", "value": "app=weather"}]}]}});
+    create_as(&api, "kube-controller-manager", PODS, &old_pod).unwrap();
+    operator.reconcile(EP_PATH).await.0.unwrap();
+    assert_eq!(
+        resources(&api),
+        ["endpointslices", "pods"],
+        "kept while the old pod runs"
+    );
+    operator.assert_quiet(EP_PATH).await;
+    // The rollout replaced it: the next reconcile takes the Pod read away.
+    delete(&api, &format!("{PODS}/weather-5c6d7-old")).unwrap();
+    operator.reconcile(EP_PATH).await.0.unwrap();
+    assert_eq!(resources(&api), ["endpointslices"]);
+    operator.assert_quiet(EP_PATH).await;
 }

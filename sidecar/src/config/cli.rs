@@ -57,20 +57,26 @@ pub struct Cli {
     pub secret_file: Option<PathBuf>,
     /// Static membership: a YAML list of the endpoint's pods (uid, name, address, state,
     /// revision; the format is in `docs/design/routing.md#membership`), polled every 200 ms and
-    /// applied once two reads agree. Without it (and without `--pod-selector`) the sidecar is
+    /// applied once two reads agree. Without it (and without `--peer-service`) the sidecar is
     /// the endpoint's only pod.
     #[arg(
         long,
         env = "TETHER_PEERS_FILE",
         value_name = "FILE",
-        conflicts_with = "pod_selector"
+        conflicts_with = "peer_service"
     )]
     pub peers_file: Option<PathBuf>,
-    /// Kubernetes membership: watch the Pods of `--namespace` matching this label selector
-    /// (e.g. `app=weather`); the operator sets it.
-    #[arg(long, env = "TETHER_POD_SELECTOR", value_name = "SELECTOR")]
-    pub pod_selector: Option<String>,
-    /// Namespace of the pods to watch with `--pod-selector` (the downward API's
+    /// Kubernetes membership: watch the EndpointSlices of this Service of `--namespace` (the
+    /// endpoint's headless peer Service, `<endpoint>-peers`) and ask each of its pods
+    /// for its revision, start and ports; the operator sets it.
+    #[arg(long, env = "TETHER_PEER_SERVICE", value_name = "SERVICE")]
+    pub peer_service: Option<String>,
+    /// This pod's revision, reported to its peers: the newest revision gets new sessions and
+    /// handoffs. The operator sets it from the pod's `pod-template-hash` label (downward API);
+    /// without it the revision is empty.
+    #[arg(long, env = "TETHER_REVISION", value_name = "REVISION")]
+    pub revision: Option<String>,
+    /// Namespace of the Service watched with `--peer-service` (the downward API's
     /// `metadata.namespace`).
     #[arg(
         long,
@@ -281,9 +287,9 @@ pub struct Cli {
     /// (`tether_crds::reload`).
     #[arg(long, env = "TETHER_CONFIG_POLL", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub config_poll: Duration,
-    /// How long membership may go without its source confirming it (a failing Pod watch, an
-    /// unreadable peers file) before a request for a session this pod cannot find gets 503 +
-    /// `Retry-After` instead of 404 (`tether_membership_age_seconds`).
+    /// How long membership may go without its source confirming it (a failing EndpointSlice
+    /// watch, an unreadable peers file) before a request for a session this pod cannot find
+    /// gets 503 + `Retry-After` instead of 404 (`tether_membership_age_seconds`).
     #[arg(long, env = "TETHER_MEMBERSHIP_STALE_AFTER", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub membership_stale_after: Duration,
     /// How long a pod must have been routable before sessions adopted elsewhere follow it as

@@ -80,14 +80,12 @@ pub enum MembershipConfig {
     Alone,
     /// A static peers file and the membership read from it at start-up.
     PeersFile(std::path::PathBuf, Snapshot),
-    /// A Kubernetes Pod watch.
+    /// A watch of the endpoint's peer Service's EndpointSlices.
     Kubernetes {
-        /// Namespace of the pods.
+        /// Namespace of the Service.
         namespace: String,
-        /// Label selector of the endpoint's pods.
-        selector: String,
-        /// The target Deployment (`spec.targetRef.name`): only its pods are peers.
-        deployment: String,
+        /// The peer Service (`--peer-service`).
+        service: String,
     },
 }
 
@@ -123,6 +121,8 @@ pub struct Config {
     pub(crate) peer_protocols: Protocols,
     /// This pod's UID.
     pub(crate) pod_uid: String,
+    /// This pod's revision (`--revision`), reported to its peers.
+    pub(crate) revision: String,
     /// Most sessions held.
     pub(crate) max_sessions: usize,
     /// The pod's byte budget for everything its sessions retain (`--pod-retained-bytes`).
@@ -228,7 +228,7 @@ impl Config {
                 message: "must be non-empty visible ASCII without ','".into(),
             });
         }
-        let membership = match (&cli.peers_file, &cli.pod_selector) {
+        let membership = match (&cli.peers_file, &cli.peer_service) {
             (Some(path), _) => MembershipConfig::PeersFile(
                 path.clone(),
                 peers_file::load(path).map_err(|e| ConfigError::Flag {
@@ -236,10 +236,9 @@ impl Config {
                     message: e.to_string(),
                 })?,
             ),
-            (None, Some(selector)) => MembershipConfig::Kubernetes {
+            (None, Some(service)) => MembershipConfig::Kubernetes {
                 namespace: cli.namespace.clone(),
-                selector: selector.clone(),
-                deployment: endpoint.spec.target_ref.name.clone(),
+                service: service.clone(),
             },
             (None, None) => MembershipConfig::Alone,
         };
@@ -268,6 +267,7 @@ impl Config {
             peer_tls,
             peer_protocols,
             pod_uid: cli.pod_uid.clone(),
+            revision: cli.revision.clone().unwrap_or_default(),
             max_sessions: cli.max_sessions,
             pod_retained_bytes: cli.pod_retained_bytes(),
             max_session_buffer_bytes: cli.max_session_buffer_bytes,

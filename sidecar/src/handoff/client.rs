@@ -8,6 +8,9 @@
 //! [`SendError::Unacknowledged`], 2xx included. A 401 `skew` is answered with the receiver's
 //! clock: the message is signed again once, with the time corrected. A peer of the first
 //! protocol gets that protocol's plaintext message, which it does not acknowledge.
+//!
+//! The client is also how the Kubernetes membership learns what a peer reports of itself
+//! ([`Exchange`]: `POST /v2/about`, this pod's report out, the peer's back).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,7 +26,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::auth::{self, Signed};
-use crate::cluster::peer_health::FIRST_PROTOCOL;
+use super::listener::ABOUT_PATH;
+use super::wire::About;
+use crate::cluster::membership::reports::{Exchange, Report};
+use crate::cluster::peer_health::{FIRST_PROTOCOL, PEER_PROTOCOL};
 use crate::keys::KeyRing;
 use crate::keys::tls::{PeerTls, server_name};
 use crate::upstream::http_client;
@@ -279,6 +285,27 @@ impl PeerClient {
             return Ok(());
         }
         Err(refused(status, &answer))
+    }
+}
+
+#[async_trait::async_trait]
+impl Exchange for PeerClient {
+    async fn exchange(&self, uid: &str, peer: SocketAddr, own: &Report) -> Option<Report> {
+        let to = Destination {
+            uid,
+            addr: peer,
+            protocol: PEER_PROTOCOL,
+        };
+        let body = Bytes::from(serde_json::to_vec(&About::of(&self.uid, own)).ok()?);
+        let answer = match self.ask(to, ABOUT_PATH, body).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                tracing::debug!(peer = uid, %error, "no report from the peer yet");
+                return None;
+            }
+        };
+        let about: About = serde_json::from_slice(&answer).ok()?;
+        (about.from == uid).then(|| about.report())
     }
 }
 

@@ -10,6 +10,7 @@
 //! | `POST /v2/tail` ([`TailPush`]) | 200 applied; 404 the session is not held here (the sender stops) |
 //! | `POST /v2/cancel` ([`CancelPush`]) | 200 once the cancellation went to this pod's upstream; 404 the session is not here |
 //! | `POST /v2/held` ([`HeldQuery`]) | 200 `{"held": bool}`: whether this pod took the session at that epoch or a later one |
+//! | `POST /v2/about` ([`About`]) | 200 with this pod's report, once the sender's is recorded in [`Reports`] |
 //! | a head that does not authenticate | 401 (`skew`: with this pod's time in `Tether-Peer-Time`), 421 another receiver, 413 too long — before a slot is taken or a body byte read |
 //! | a nonce seen within the window | 409 `replayed` |
 //! | a body other than the signed one | 400 `digest_mismatch` |
@@ -33,8 +34,9 @@ use tokio::sync::Semaphore;
 use super::adopt::{self, AdoptError};
 use super::auth::{self, BodyCheck, Claim, TETHER_PEER_ACK, TETHER_PEER_TIME};
 use super::nonces::{MAX_NONCES, NonceError, Nonces};
-use super::wire::{CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPush};
+use super::wire::{About, CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPush};
 use crate::broker::Broker;
+use crate::cluster::membership::reports::Reports;
 use crate::cluster::peer_health::{FIRST_PROTOCOL, Protocols};
 use crate::cluster::routing::Router;
 use crate::keys::KeyRing;
@@ -50,6 +52,8 @@ pub(crate) const TAIL_PATH: &str = "/v2/tail";
 pub(crate) const CANCEL_PATH: &str = "/v2/cancel";
 /// Path of the question whether a session was taken.
 pub(crate) const HELD_PATH: &str = "/v2/held";
+/// Path of the exchange of reports.
+pub(crate) const ABOUT_PATH: &str = "/v2/about";
 /// The first protocol's paths, in the order of the current ones.
 pub(crate) const FIRST_PATHS: [&str; 3] = ["/v1/sessions", "/v1/tail", "/v1/cancel"];
 /// Messages handled at the same time; more wait.
@@ -76,6 +80,7 @@ enum Kind {
     Tail,
     Cancel,
     Held,
+    About,
 }
 
 impl Kind {
@@ -89,6 +94,7 @@ impl Kind {
             TAIL_PATH => Some(Self::Tail),
             CANCEL_PATH => Some(Self::Cancel),
             HELD_PATH => Some(Self::Held),
+            ABOUT_PATH => Some(Self::About),
             _ => None,
         }
     }
@@ -104,6 +110,7 @@ pub(crate) struct PeerListener {
     max_message_bytes: usize,
     speaks: Protocols,
     router: Router,
+    reports: Arc<Reports>,
     slots: Semaphore,
     first_slots: Semaphore,
     nonces: Nonces,
@@ -113,7 +120,7 @@ impl PeerListener {
     /// The listener of pod `uid`, adopting into `broker` (unless `lifecycle` says this pod
     /// drains), checking MACs with `keys`, refusing bodies over `max_message_bytes`;
     /// the protocols `speaks` says: the first one's messages only from the pods of `router`'s
-    /// membership that speak only that one.
+    /// membership that speak only that one; peers' reports go to `reports`, which has this pod's.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         broker: Arc<Broker>,
@@ -124,6 +131,7 @@ impl PeerListener {
         max_message_bytes: usize,
         speaks: Protocols,
         router: Router,
+        reports: Arc<Reports>,
     ) -> Self {
         Self {
             broker,
@@ -134,6 +142,7 @@ impl PeerListener {
             max_message_bytes,
             speaks,
             router,
+            reports,
             slots: Semaphore::new(MAX_CONCURRENT),
             first_slots: Semaphore::new(MAX_FIRST_CONCURRENT),
             nonces: Nonces::new(auth::WINDOW * 2, MAX_NONCES),
@@ -325,6 +334,16 @@ impl PeerListener {
                     Err(refused) => refusal(refused),
                 };
             }
+            Kind::About => {
+                return match parse::<About>(from, body) {
+                    Ok(about) => {
+                        self.reports.record(from, about.report());
+                        let own = About::of(&self.uid, self.reports.own());
+                        (StatusCode::OK, serde_json::json!(own))
+                    }
+                    Err(refused) => refusal(refused),
+                };
+            }
             Kind::Sessions => parse::<SessionPush>(from, body)
                 .map(|push| adopt::adopt(&self.broker, &self.lifecycle, &push)),
             Kind::Tail => parse::<TailPush>(from, body)
@@ -406,6 +425,12 @@ impl FromPeer for CancelPush {
 }
 
 impl FromPeer for HeldQuery {
+    fn sender(&self) -> &str {
+        &self.from
+    }
+}
+
+impl FromPeer for About {
     fn sender(&self) -> &str {
         &self.from
     }

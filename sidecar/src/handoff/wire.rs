@@ -1,6 +1,7 @@
 //! The messages of the peer protocol (`docs/design/handoff.md`): JSON bodies of
 //! `POST /v2/sessions` (a session pushed to its new holder), `POST /v2/tail` (events of a
-//! handed-off stream that arrived after the push), `POST /v2/cancel` and `POST /v2/held`. The
+//! handed-off stream that arrived after the push), `POST /v2/cancel`, `POST /v2/held` and
+//! `POST /v2/about` (what a sidecar reports of itself, asked and answered alike). The
 //! first protocol's messages (`/v1/…`) are the same bodies without the fields protocol 2 added,
 //! which are left out when empty or zero so a receiver of that protocol reads them.
 //!
@@ -14,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::cluster::membership::reports::Report;
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::RequestKey;
 
@@ -199,6 +201,47 @@ pub(crate) struct HeldQuery {
     pub(crate) epoch: u64,
 }
 
+/// `POST /v2/about` and its answer: what a sidecar reports of itself (its revision, start and
+/// ports; `docs/design/routing.md#what-a-peer-reports`). The asker sends its own, the receiver
+/// answers with its own.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct About {
+    /// UID of the pod the report is about (the sender of the message, or of the answer).
+    pub(crate) from: String,
+    /// Its revision (`pod-template-hash`), empty when unknown.
+    pub(crate) revision: String,
+    /// When its sidecar started, Unix time in milliseconds.
+    pub(crate) started_ms: u64,
+    /// Its MCP listener's port.
+    pub(crate) listen_port: u16,
+    /// Its peer port.
+    pub(crate) peer_port: u16,
+}
+
+impl About {
+    /// Pod `from`'s `report`.
+    pub(crate) fn of(from: &str, report: &Report) -> Self {
+        Self {
+            from: from.to_owned(),
+            revision: report.revision.clone(),
+            started_ms: report.started_ms,
+            listen_port: report.listen_port,
+            peer_port: report.peer_port,
+        }
+    }
+
+    /// The report it carries.
+    pub(crate) fn report(self) -> Report {
+        Report {
+            revision: self.revision,
+            started_ms: self.started_ms,
+            listen_port: self.listen_port,
+            peer_port: self.peer_port,
+        }
+    }
+}
+
 /// The answer to a [`HeldQuery`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -227,6 +270,25 @@ pub(crate) struct CancelPush {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
+
+    #[test]
+    fn a_report_travels_in_camel_case_and_round_trips() {
+        let report = Report {
+            revision: "5d8f7c9b6".into(),
+            started_ms: 1_767_225_600_000,
+            listen_port: 8080,
+            peer_port: 9901,
+        };
+        let about = About::of("pod-a", &report);
+        let text = serde_json::to_value(&about).unwrap();
+        assert_eq!(
+            text,
+            json!({"from": "pod-a", "revision": "5d8f7c9b6", "startedMs": 1_767_225_600_000u64,
+                   "listenPort": 8080, "peerPort": 9901})
+        );
+        let back: About = serde_json::from_value(text).unwrap();
+        assert_eq!(back.report(), report);
+    }
 
     #[test]
     fn a_session_round_trips_and_unknown_fields_are_refused() {

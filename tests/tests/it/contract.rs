@@ -1,9 +1,10 @@
 //! The contract between the operator and the sidecar: what the operator injects
 //! into the example Deployment (`examples/k8s/`) is exactly what the sidecar reads — every
 //! environment variable is one of its flags, the mounted ConfigMap and Secret are the files it
-//! loads, its Kubernetes membership source watches the namespace and the labels of the target's
-//! pods (which the peer Service selects too) and finds peers on the ports each pod declares, its
-//! listeners are the container ports and probes, and the Role grants the watch.
+//! loads, its Kubernetes membership source watches the EndpointSlices of the peer Service, which
+//! selects the target's pods (those the injection labelled) on the sidecar's ports, each pod
+//! reports its revision, its listeners are the container ports and probes, and the Role grants
+//! the watch and nothing of the Pods.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,6 +23,8 @@ use tether_tests::repo::read;
 
 const NAMESPACE: &str = "tools";
 const POD_IP: &str = "10.1.2.3";
+/// The pods' `pod-template-hash` label (the Deployment's ReplicaSet sets it).
+const TEMPLATE_HASH: &str = "5d8f7c9b6";
 
 fn example(name: &str) -> String {
     read(format!("examples/k8s/{name}"))
@@ -43,6 +46,7 @@ fn field(path: &str, annotations: &Value) -> String {
         "status.podIP" => POD_IP.to_owned(),
         "metadata.uid" => "3f0c8a52-pod-uid".to_owned(),
         "metadata.namespace" => NAMESPACE.to_owned(),
+        "metadata.labels['pod-template-hash']" => TEMPLATE_HASH.to_owned(),
         other => panic!("the operator uses fieldRef {other}, which this contract does not know"),
     }
 }
@@ -230,18 +234,15 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
     );
     assert_eq!(restarted.listen_addr, cfg.listen_addr);
     std::fs::write(&local.endpoint, &manifest).unwrap();
-    let MembershipConfig::Kubernetes {
-        namespace,
-        selector,
-        deployment: target_name,
-    } = &cfg.membership
-    else {
+    let MembershipConfig::Kubernetes { namespace, service } = &cfg.membership else {
         panic!("the injected sidecar must use the Kubernetes membership source")
     };
     assert_eq!(namespace, NAMESPACE);
-    // Only the target Deployment's pods are peers: the one the endpoint names.
-    assert_eq!(Some(target_name), deployment.metadata.name.as_ref());
-    let pod_labels = deployment
+    // It watches the peer Service, which selects the target Deployment's pods that the
+    // injection labelled for this endpoint: the labels the pods carry once injected.
+    let peers = &plan.services[1];
+    assert_eq!(peers.metadata.name.as_ref(), Some(service));
+    let mut pod_labels = deployment
         .spec
         .as_ref()
         .unwrap()
@@ -252,23 +253,34 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
         .labels
         .clone()
         .unwrap();
-    let wanted: BTreeMap<String, String> = selector
-        .split(',')
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').expect("equality-based selector");
-            (k.to_owned(), v.to_owned())
-        })
-        .collect();
-    assert!(!wanted.is_empty());
-    for (k, v) in &wanted {
+    let injected: BTreeMap<String, String> =
+        serde_json::from_value(plan.injection["spec"]["template"]["metadata"]["labels"].clone())
+            .unwrap();
+    pod_labels.extend(injected);
+    let selector = peers.spec.as_ref().unwrap().selector.clone().unwrap();
+    assert!(
+        selector.len() > 1,
+        "the Deployment's labels and the endpoint's"
+    );
+    for (k, v) in &selector {
         assert_eq!(pod_labels.get(k), Some(v), "the pods lack {k}={v}");
     }
-    let peers = &plan.services[1];
-    assert_eq!(
-        peers.spec.as_ref().unwrap().selector.as_ref(),
-        Some(&wanted),
-        "the peer Service selects the same pods"
-    );
+    let match_labels = deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .match_labels
+        .clone();
+    for (k, v) in match_labels.unwrap() {
+        assert_eq!(
+            selector.get(&k),
+            Some(&v),
+            "the Service selects less than the Deployment"
+        );
+    }
+    // Each pod reports its revision to its peers.
+    assert_eq!(cli.revision.as_deref(), Some(TEMPLATE_HASH));
 
     // Its listeners are the container ports, the probes and the drain hook's port.
     let port = |name: &str| {
@@ -369,28 +381,47 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
         "no other container mounts the drain socket's volume"
     );
 
-    // Peers find each other's listeners on the ports the pod itself declares.
-    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "weather-1", "uid": "u-1"},
-        "spec": pod,
-        "status": {"podIP": POD_IP},
-    }))
-    .unwrap();
-    let peer = tether_sidecar::peer_of(&pod, 1).unwrap();
-    assert_eq!(peer.address, cfg.listen_addr);
-    assert_eq!(peer.peer_port, Some(cfg.peer_addr.port()));
+    // Peers find each other's listeners on the peer Service's ports (the EndpointSlices name
+    // them), which are the sidecar's.
+    let service_port = |name: &str| {
+        let ports = peers.spec.as_ref().unwrap().ports.as_ref().unwrap();
+        let port = ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("the peer Service has no port {name}"));
+        assert_eq!(
+            port.target_port,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port.port))
+        );
+        u16::try_from(port.port).unwrap()
+    };
+    assert_eq!(
+        service_port(tether_crds::MCP_PORT_NAME),
+        cfg.listen_addr.port()
+    );
+    assert_eq!(
+        service_port(tether_crds::PEER_PORT_NAME),
+        cfg.peer_addr.port()
+    );
 
-    // The Role lets the pods' ServiceAccount run the membership watch.
+    // The Role lets the pods' ServiceAccount watch the EndpointSlices, and read no Pod.
     let rules = plan.role.rules.clone().unwrap();
     assert!(rules.iter().any(|r| {
-        r.api_groups.as_deref() == Some(&[String::new()])
+        r.api_groups.as_deref() == Some(&["discovery.k8s.io".to_owned()])
             && r.resources
                 .as_ref()
-                .is_some_and(|x| x.contains(&"pods".into()))
+                .is_some_and(|x| x.contains(&"endpointslices".into()))
             && ["list", "watch"]
                 .iter()
                 .all(|v| r.verbs.contains(&(*v).to_owned()))
     }));
+    assert!(
+        rules
+            .iter()
+            .flat_map(|r| r.resources.iter().flatten())
+            .all(|r| r != "pods"),
+        "the sidecar reads no pod spec: {rules:?}"
+    );
 }
 
 /// The field of a volume source naming its object.

@@ -1,15 +1,16 @@
-//! Membership from the Kubernetes Pod watch (`docs/design/routing.md#kubernetes-pod-watch`):
-//! sidecars whose `--pod-selector` watch runs against a fake API server
-//! (`tether_tests::kube_api`) whose answers the test controls, beside real pods.
+//! Membership from the Kubernetes EndpointSlice watch
+//! (`docs/design/routing.md#kubernetes-endpointslice-watch`): sidecars whose `--peer-service`
+//! watch runs against a fake API server (`tether_tests::kube_api`) whose answers the test
+//! controls, beside real pods, and who ask each other what they report of themselves.
 //!
 //! - A pod whose first LIST has not arrived does not know its peers: `/readyz` stays 503 and a
 //!   request for a session homed on another pod gets 503 + `Retry-After`, never the 404 that
 //!   would make the client drop its session; once the list arrives it is ready and forwards the
 //!   request to the session's home (`docs/design/routing.md#when-membership-is-not-known-to-be-current`).
-//! - Only pods of the endpoint's target are peers: Ready pods that match the label selector
-//!   without the endpoint annotation or a ReplicaSet of the target Deployment — even the
-//!   youngest, of the newest revision, which would own every session were they peers — never
-//!   get a handoff, a forward or a probe.
+//! - Only pods of the endpoint are peers: a Ready pod that shares the Deployment's labels but
+//!   not the injection's is no endpoint of the peer Service and is never contacted, even one
+//!   whose sidecar holds the key ring; a pod the Service lists whose sidecar cannot prove it
+//!   holds the key ring is asked, never trusted: it never becomes routable nor gets a handoff.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::json;
+use tether_crds::ENDPOINT_ANNOTATION;
 use tether_tests::addr;
 use tether_tests::client::{
     McpClient, Session, expect_error, header_str, messages, result_text, tool_call,
@@ -29,12 +31,14 @@ use tether_tests::pod::{
 
 /// The namespace of the test endpoints.
 const NAMESPACE: &str = "tether-it";
-/// The endpoint's pod selector, and the labels every pod of the tests carries.
-const SELECTOR: &str = "app=mcp";
+/// The labels every pod of the tests carries (the Deployment's `matchLabels`).
 const LABELS: &[(&str, &str)] = &[("app", "mcp")];
 /// The endpoint and its target Deployment, as `PodSpec::manifest` names them.
 const ENDPOINT: &str = "test";
 const DEPLOYMENT: &str = "test";
+/// The endpoint's peer Service and its selector: the Deployment's labels and the injection's.
+const SERVICE: &str = "test-peers";
+const SERVICE_SELECTOR: &[(&str, &str)] = &[("app", "mcp"), (ENDPOINT_ANNOTATION, ENDPOINT)];
 /// The protocol version of the tests' sessions.
 const VERSION: &str = "2025-06-18";
 /// How long a membership change may take to reach a sidecar through its watch.
@@ -90,16 +94,18 @@ async fn echo_answered(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_whose_membership_answers_late_is_not_ready_and_sends_no_404() {
-    let api = FakeKube::start(NAMESPACE).await.unwrap();
+    let api = FakeKube::start(NAMESPACE, SERVICE, SERVICE_SELECTOR)
+        .await
+        .unwrap();
     let [a, b] = addr::ips();
     // A starts: not Ready yet (its readiness probe fails until it is). B runs, Ready.
-    let mut object_a = PodObject::of_endpoint(a, ENDPOINT, DEPLOYMENT, "r1", LABELS, 1);
+    let mut object_a = PodObject::of_endpoint(a, ENDPOINT, DEPLOYMENT, "r1", LABELS);
     object_a.ready = false;
     api.apply(&object_a);
     api.apply(&PodObject::of_endpoint(
-        b, ENDPOINT, DEPLOYMENT, "r1", LABELS, 2,
+        b, ENDPOINT, DEPLOYMENT, "r1", LABELS,
     ));
-    let spec = api.pod_watch(SELECTOR, PodSpec::default());
+    let spec = api.slice_watch(PodSpec::default());
     let pod_b = Pod::start_at(b, spec.clone())
         .await
         .unwrap_or_else(|e| panic!("{e}\nAPI requests:\n{}", api.requests()));
@@ -221,35 +227,37 @@ impl Drop for Listeners {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ready_pod_of_another_workload_never_becomes_a_handoff_target() {
     const SESSIONS: usize = 20;
-    let api = FakeKube::start(NAMESPACE).await.unwrap();
+    let api = FakeKube::start(NAMESPACE, SERVICE, SERVICE_SELECTOR)
+        .await
+        .unwrap();
     let [a, b, s, t] = addr::ips();
-    // Two strangers match the selector, Ready, younger than A and B and of a newer revision:
-    // were they peers, they would own every session. `s` runs a real sidecar (sharing the
-    // endpoint's key ring: it would adopt whatever it is pushed) and has neither the endpoint
-    // annotation nor a controller; `t` carries the annotation but is controlled by a ReplicaSet
-    // of another Deployment whose name starts with the target's, and only counts connections.
+    // Two strangers, Ready. `s` shares the Deployment's labels but not the injection's, so the
+    // peer Service does not list it; it runs a real sidecar (sharing the endpoint's key ring: it
+    // would adopt whatever it is pushed). `t` carries the injection's label too (a copy of the
+    // injected template), so the Service lists it, but no sidecar of the endpoint runs there:
+    // it accepts connections and drops them, and never reports.
     let stranger = Pod::start_at(s, PodSpec::default()).await.unwrap();
     let listeners = Listeners::on(t).await;
     api.apply(&PodObject::of_endpoint(
-        a, ENDPOINT, DEPLOYMENT, "r1", LABELS, 1,
+        a, ENDPOINT, DEPLOYMENT, "r1", LABELS,
     ));
     api.apply(&PodObject::of_endpoint(
-        b, ENDPOINT, DEPLOYMENT, "r1", LABELS, 2,
+        b, ENDPOINT, DEPLOYMENT, "r1", LABELS,
     ));
-    api.apply(&PodObject::stranger(s, "r2", LABELS, 3));
+    api.apply(&PodObject::stranger(s, "r2", LABELS));
     api.apply(&PodObject::of_endpoint(
         t,
         ENDPOINT,
         "test-canary",
         "r3",
         LABELS,
-        4,
     ));
 
-    let spec = api.pod_watch(SELECTOR, PodSpec::default());
+    let spec = api.slice_watch(PodSpec::default());
     let pod_a = Pod::start_at(a, spec.clone()).await.unwrap();
     let pod_b = Pod::start_at(b, spec).await.unwrap();
     let routable = "tether_ring_pods{state=\"routable\"}";
+    let draining = "tether_ring_pods{state=\"draining\"}";
     for pod in [&pod_a, &pod_b] {
         let seen = pod
             .wait_for_metric(routable, WATCH_TIMEOUT, |n| n == 2.0)
@@ -259,6 +267,13 @@ async fn a_ready_pod_of_another_workload_never_becomes_a_handoff_target() {
             seen,
             2.0,
             "{} sees {seen} routable pods: only A and B are the endpoint's\n{}",
+            pod.ip,
+            pod.logs()
+        );
+        assert_eq!(
+            pod.metric(draining).await.unwrap(),
+            1.0,
+            "{}: t is listed, but unproven: draining\n{}",
             pod.ip,
             pod.logs()
         );
@@ -275,9 +290,9 @@ async fn a_ready_pod_of_another_workload_never_becomes_a_handoff_target() {
         sessions.push(session);
     }
 
-    // A is deleted, as Kubernetes does: terminating and unready in the watch, then its preStop
-    // hook drains it.
-    let mut deleted = PodObject::of_endpoint(a, ENDPOINT, DEPLOYMENT, "r1", LABELS, 1);
+    // A is deleted, as Kubernetes does: its endpoint terminating and not serving, then its
+    // preStop hook drains it.
+    let mut deleted = PodObject::of_endpoint(a, ENDPOINT, DEPLOYMENT, "r1", LABELS);
     deleted.terminating = true;
     deleted.ready = false;
     api.apply(&deleted);
@@ -325,7 +340,7 @@ async fn a_ready_pod_of_another_workload_never_becomes_a_handoff_target() {
             .unwrap_or_else(|e| panic!("session {i}: {e}\n{}", pod_b.logs()));
     }
 
-    // The strangers got nothing: no session, no handoff, no peer message, no connection.
+    // The strangers got nothing: no session, no handoff, no peer message.
     let text = stranger.metrics().await.unwrap();
     let stranger_figures = [
         "tether_handoffs_received_total",
@@ -342,10 +357,9 @@ async fn a_ready_pod_of_another_workload_never_becomes_a_handoff_target() {
          {auth_failures}\n{}",
         stranger.logs()
     );
-    assert_eq!(
-        listeners.accepted(),
-        0,
-        "a sidecar connected to the pod of another Deployment"
+    assert!(
+        listeners.accepted() > 0,
+        "the sidecars asked t, which the peer Service lists, what it is"
     );
     assert_eq!(not_found(&pod_b).await, 0.0);
 }

@@ -1,7 +1,8 @@
 //! Membership: which pods serve the endpoint, and in which state
 //! (`docs/design/routing.md#membership`).
 //!
-//! A [`Membership`] source (the static [`peers_file`], or the [`kubernetes`] Pod watch)
+//! A [`Membership`] source (the static [`peers_file`], or the [`kubernetes`] watch of the peer
+//! Service's EndpointSlices, merged with what each peer [`reports`] of itself)
 //! publishes a [`Snapshot`] of every pod it knows — `uid, name, address, routable | draining |
 //! gone, revision` — into a [`MembershipSink`]. The sink builds the routing [`View`] (the
 //! session ring over live pods plus a home-token index) and swaps it in atomically; the request
@@ -13,6 +14,8 @@
 
 pub(crate) mod kubernetes;
 pub(crate) mod peers_file;
+pub(crate) mod reports;
+pub(crate) mod slices;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -64,15 +67,15 @@ pub struct Peer {
     /// The pod's name, for logs.
     pub name: String,
     /// The pod's MCP listener, `pod IP:spec.listen.port`; forwarded requests go here. In
-    /// Kubernetes the port is the pod's own (its sidecar container's `mcp` port), so pods of
+    /// Kubernetes the port is the one the pod reports (its own `spec.listen.port`), so pods of
     /// both sides of a rollout that changes `spec.listen.port` reach each other.
     pub address: SocketAddr,
-    /// The pod's peer (handoff) port when it is known to be its own (Kubernetes: the sidecar
-    /// container's `tether-peer` port); `None`: this pod's `spec.peer.port`.
+    /// The pod's peer (handoff) port when it is known (Kubernetes: the one it reports, else the
+    /// peer Service's `tether-peer` port); `None`: this pod's `spec.peer.port`.
     pub peer_port: Option<u16>,
     /// Its state.
     pub state: PeerState,
-    /// The pod's revision (Kubernetes `pod-template-hash`), empty when unknown.
+    /// The pod's revision (Kubernetes: the `pod-template-hash` it reports), empty when unknown.
     pub revision: String,
 }
 
@@ -405,8 +408,8 @@ impl MembershipSink {
         self.changes.subscribe()
     }
 
-    /// Records that this pod is being deleted (its deletion timestamp is set): the sidecar
-    /// drains (`docs/design/handoff.md#when-a-pod-drains`). Idempotent.
+    /// Records that this pod is being deleted (its endpoint of the peer Service turned
+    /// `terminating`): the sidecar drains (`docs/design/handoff.md#when-a-pod-drains`). Idempotent.
     pub(crate) fn mark_terminating(&self) {
         self.terminating
             .send_if_modified(|t| !std::mem::replace(t, true));
