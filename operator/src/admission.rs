@@ -88,7 +88,8 @@ pub(crate) fn check_opt_in(
 
 /// One pattern of `--allowed-sidecar-images`: an image reference without tag or digest (a
 /// repository, e.g. `ghcr.io/tether-dev/tether-sidecar`: any tag or digest of it), or a
-/// prefix ending in `*` (e.g. `registry.example.com/tether/*`: any image under it).
+/// prefix ending in `/*` (e.g. `registry.example.com/tether/*`: any image under that path;
+/// the `/` keeps `registry.example.com.evil.io/…` out).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImagePattern(String);
 
@@ -96,15 +97,17 @@ impl ImagePattern {
     /// Parses `pattern`.
     ///
     /// # Errors
-    /// A message when it is empty, holds whitespace, or a `*` anywhere but at its end.
+    /// A message when it is empty or a bare `*`, holds whitespace, a `*` anywhere but in a
+    /// final `/*`, or a tag or digest (which would match nothing: a pattern names repositories).
     pub fn parse(pattern: &str) -> Result<Self, String> {
-        let body = pattern.strip_suffix('*').unwrap_or(pattern);
-        if pattern.is_empty() || pattern == "*" {
-            return Err("an image pattern names a repository or a prefix ending in '*' (a bare '*' would allow any image)".into());
+        let form = "a pattern is a repository (any tag or digest of it, e.g. ghcr.io/tether-dev/tether-sidecar) or a path prefix ending in '/*' (e.g. registry.example.com/tether/*)";
+        let body = pattern.strip_suffix("/*").unwrap_or(pattern);
+        if body.is_empty() || body.contains('*') || pattern.chars().any(char::is_whitespace) {
+            return Err(format!("{pattern:?}: {form}"));
         }
-        if body.contains('*') || pattern.chars().any(char::is_whitespace) {
+        if repository(body) != body {
             return Err(format!(
-                "{pattern:?}: a pattern is a repository (any tag or digest of it) or a prefix ending in '*'"
+                "{pattern:?} names a tag or digest, which no other image matches: {form}"
             ));
         }
         Ok(Self(pattern.to_owned()))
@@ -145,19 +148,34 @@ fn repository(image: &str) -> &str {
 /// What the operator's installer allows endpoints to ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
-    /// Images an endpoint's `spec.sidecar.image` may name. The operator's default image is
-    /// always allowed.
-    pub allowed_images: Vec<ImagePattern>,
+    /// Images an endpoint's `spec.sidecar.image` may name, besides [`Self::default_image`].
+    allowed_images: Vec<ImagePattern>,
+    /// The operator's own sidecar image (`--sidecar-image`): always allowed, named or not.
+    default_image: String,
 }
 
 impl Policy {
-    /// The default policy of an operator whose default sidecar image is `sidecar_image`: any tag
-    /// or digest of its repository.
+    /// The policy of `--allowed-sidecar-images` = `patterns` for an operator whose default
+    /// sidecar image is `default_image`; no patterns: any tag or digest of the default image's
+    /// repository.
+    #[must_use]
+    pub fn new(patterns: Vec<ImagePattern>, default_image: &str) -> Self {
+        let allowed_images = if patterns.is_empty() {
+            vec![ImagePattern::repository_of(default_image)]
+        } else {
+            patterns
+        };
+        Self {
+            allowed_images,
+            default_image: default_image.to_owned(),
+        }
+    }
+
+    /// The default policy of an operator whose default sidecar image is `sidecar_image`
+    /// ([`Policy::new`] without patterns).
     #[must_use]
     pub fn for_default_image(sidecar_image: &str) -> Self {
-        Self {
-            allowed_images: vec![ImagePattern::repository_of(sidecar_image)],
-        }
+        Self::new(Vec::new(), sidecar_image)
     }
 
     /// Checks the image `ep` asks for (`spec.sidecar.image`; unset: the default, allowed).
@@ -168,7 +186,7 @@ impl Policy {
         let Some(image) = ep.spec.sidecar.image.as_deref() else {
             return Ok(());
         };
-        if self.allowed_images.iter().any(|p| p.matches(image)) {
+        if image == self.default_image || self.allowed_images.iter().any(|p| p.matches(image)) {
             return Ok(());
         }
         let allowed: Vec<String> = self
@@ -255,9 +273,23 @@ mod tests {
         let prefix = ImagePattern::parse("registry.example.com/tether/*").unwrap();
         assert!(prefix.matches("registry.example.com/tether/sidecar:1"));
         assert!(!prefix.matches("registry.example.com/other/sidecar:1"));
-        for bad in ["", "*", "a*b", "a/*/c", "a b"] {
+        assert!(!prefix.matches("registry.example.com/tether-evil/sidecar:1"));
+        let host = ImagePattern::parse("registry.example.com/*").unwrap();
+        assert!(!host.matches("registry.example.com.evil.io/x:1"));
+        for bad in [
+            "",
+            "*",
+            "/*",
+            "a*b",
+            "a/*/c",
+            "a b",
+            "registry.example.com*",
+            "repo:1.2",
+            "repo@sha256:abc",
+        ] {
             assert!(ImagePattern::parse(bad).is_err(), "{bad:?}");
         }
+        assert!(ImagePattern::parse("registry.local:5000/tether/sidecar").is_ok());
     }
 
     #[test]
@@ -279,6 +311,21 @@ mod tests {
         let err = policy
             .check_image(&asking(Some("evil.example/sidecar:1")))
             .unwrap_err();
+        // With patterns, the operator's own image is still allowed by name.
+        let strict = Policy::new(
+            vec![ImagePattern::parse("registry.example.com/tether/*").unwrap()],
+            "ghcr.io/tether-dev/tether-sidecar:0.1.0",
+        );
+        assert!(
+            strict
+                .check_image(&asking(Some("ghcr.io/tether-dev/tether-sidecar:0.1.0")))
+                .is_ok()
+        );
+        assert!(
+            strict
+                .check_image(&asking(Some("ghcr.io/tether-dev/tether-sidecar:0.0.1")))
+                .is_err()
+        );
         assert_eq!(err.reason, "ImageNotAllowed");
         assert!(
             err.message.contains("--allowed-sidecar-images"),

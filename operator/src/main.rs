@@ -109,8 +109,9 @@ struct DefaultsArgs {
           default_value = "65532", value_parser = parse_user)]
     sidecar_run_as_user: RunAs,
     /// Images an endpoint's spec.sidecar.image may name (comma-separated): a repository (any
-    /// tag or digest of it) or a prefix ending in `*`. Default: the repository of
-    /// `--sidecar-image`. Any other image: the endpoint is Degraded (ImageNotAllowed).
+    /// tag or digest of it) or a path prefix ending in `/*`. Default: the repository of
+    /// `--sidecar-image`, which itself is always allowed. Any other image: the endpoint is
+    /// Degraded (ImageNotAllowed).
     #[arg(long, env = "TETHER_ALLOWED_SIDECAR_IMAGES", value_name = "PATTERN,PATTERN",
           value_delimiter = ',', value_parser = ImagePattern::parse)]
     allowed_sidecar_images: Vec<ImagePattern>,
@@ -119,13 +120,7 @@ struct DefaultsArgs {
 impl DefaultsArgs {
     /// The policy these flags ask for.
     fn policy(&self) -> Policy {
-        if self.allowed_sidecar_images.is_empty() {
-            Policy::for_default_image(&self.sidecar_image)
-        } else {
-            Policy {
-                allowed_images: self.allowed_sidecar_images.clone(),
-            }
-        }
+        Policy::new(self.allowed_sidecar_images.clone(), &self.sidecar_image)
     }
 
     /// The defaults these flags ask for.

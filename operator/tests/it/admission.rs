@@ -84,9 +84,10 @@ async fn an_image_outside_the_allowed_ones_is_never_injected() {
     assert_degraded_only(&writes, "ImageNotAllowed");
     assert_eq!(deployment_writes(&api), Vec::<String>::new());
     // The installer allows that registry's images: injected, with that image.
-    let policy = Policy {
-        allowed_images: vec![ImagePattern::parse("registry.example.com/*").unwrap()],
-    };
+    let policy = Policy::new(
+        vec![ImagePattern::parse("registry.example.com/*").unwrap()],
+        "tether-sidecar:test",
+    );
     Operator::allowing(&api, Some(policy))
         .reconcile(EP_PATH)
         .await
