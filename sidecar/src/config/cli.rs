@@ -73,7 +73,8 @@ pub struct Cli {
     pub peer_service: Option<String>,
     /// This pod's revision, reported to its peers: the newest revision gets new sessions and
     /// handoffs. The operator sets it from the pod's `pod-template-hash` label (downward API);
-    /// without it the revision is empty.
+    /// without it the revision is empty. At most 63 characters of `A-Z a-z 0-9 - _ .` (a label
+    /// value); anything else is a start-up error.
     #[arg(long, env = "TETHER_REVISION", value_name = "REVISION")]
     pub revision: Option<String>,
     /// Namespace of the Service watched with `--peer-service` (the downward API's

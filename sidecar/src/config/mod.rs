@@ -12,6 +12,7 @@ use tether_crds::{McpEndpointSpec, PodSettings, ProtocolVersion, load_manifest, 
 use crate::broker::BrokerConfig;
 use crate::cluster::membership::Snapshot;
 use crate::cluster::membership::peers_file::{self, valid_uid};
+use crate::cluster::membership::reports::{MAX_REVISION, valid_revision};
 use crate::cluster::peer_health::Protocols;
 use crate::config::cli::Cli;
 use crate::keys::{KeyError, KeyRing};
@@ -228,6 +229,15 @@ impl Config {
                 message: "must be non-empty visible ASCII without ','".into(),
             });
         }
+        let revision = cli.revision.clone().unwrap_or_default();
+        if !valid_revision(&revision) {
+            return Err(ConfigError::Flag {
+                flag: "--revision",
+                message: format!(
+                    "must be at most {MAX_REVISION} characters of A-Z a-z 0-9 - _ . (a label value)"
+                ),
+            });
+        }
         let membership = match (&cli.peers_file, &cli.peer_service) {
             (Some(path), _) => MembershipConfig::PeersFile(
                 path.clone(),
@@ -267,7 +277,7 @@ impl Config {
             peer_tls,
             peer_protocols,
             pod_uid: cli.pod_uid.clone(),
-            revision: cli.revision.clone().unwrap_or_default(),
+            revision,
             max_sessions: cli.max_sessions,
             pod_retained_bytes: cli.pod_retained_bytes(),
             max_session_buffer_bytes: cli.max_session_buffer_bytes,
@@ -462,15 +472,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn pod_settings_override_the_file_and_are_checked() {
+    /// A directory holding `endpoint.yaml`: the smallest endpoint (`w`, its target `w`).
+    fn minimal_endpoint_dir() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("endpoint.yaml");
         std::fs::write(
-            &file,
+            dir.path().join("endpoint.yaml"),
             "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: w}\nspec:\n  targetRef: {kind: Deployment, name: w}\n",
         )
         .unwrap();
+        dir
+    }
+
+    #[test]
+    fn pod_settings_override_the_file_and_are_checked() {
+        let dir = minimal_endpoint_dir();
+        let file = dir.path().join("endpoint.yaml");
         let load =
             |settings: &str| Config::load(&test_cli(dir.path(), &["--pod-settings", settings]));
         let mut own = tether_crds::parse_manifest(&std::fs::read_to_string(&file).unwrap())
@@ -494,13 +510,24 @@ mod tests {
     }
 
     #[test]
+    fn the_revision_must_read_as_a_label_value() {
+        let dir = minimal_endpoint_dir();
+        let load = |extra: &[&str]| Config::load(&test_cli(dir.path(), extra));
+        assert_eq!(load(&[]).unwrap().revision, "");
+        assert_eq!(
+            load(&["--revision", "5d8f7c9b6"]).unwrap().revision,
+            "5d8f7c9b6"
+        );
+        let too_long = "a".repeat(MAX_REVISION + 1);
+        for bad in ["5d8f 7c9b6", "r1\nforged", too_long.as_str()] {
+            let err = load(&["--revision", bad]).unwrap_err().to_string();
+            assert!(err.starts_with("--revision: "), "{err}");
+        }
+    }
+
+    #[test]
     fn an_upstream_event_may_be_at_most_the_pod_buffer() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("endpoint.yaml"),
-            "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: w}\nspec:\n  targetRef: {kind: Deployment, name: w}\n",
-        )
-        .unwrap();
+        let dir = minimal_endpoint_dir();
         let event_limit = |extra: &[&str]| {
             Config::load(&test_cli(dir.path(), extra))
                 .unwrap()

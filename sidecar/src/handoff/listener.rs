@@ -10,7 +10,7 @@
 //! | `POST /v2/tail` ([`TailPush`]) | 200 applied; 404 the session is not held here (the sender stops) |
 //! | `POST /v2/cancel` ([`CancelPush`]) | 200 once the cancellation went to this pod's upstream; 404 the session is not here |
 //! | `POST /v2/held` ([`HeldQuery`]) | 200 `{"held": bool}`: whether this pod took the session at that epoch or a later one |
-//! | `POST /v2/about` ([`About`]) | 200 with this pod's report, once the sender's is recorded in [`Reports`] |
+//! | `POST /v2/about` ([`About`]) | 200 with this pod's report, once the sender's is recorded in [`Reports`] (only when the connection comes from the sender's address in membership, [`speaks_for`]) |
 //! | a head that does not authenticate | 401 (`skew`: with this pod's time in `Tether-Peer-Time`), 421 another receiver, 413 too long — before a slot is taken or a body byte read |
 //! | a nonce seen within the window | 409 `replayed` |
 //! | a body other than the signed one | 400 `digest_mismatch` |
@@ -23,6 +23,7 @@
 //! their own: what they hold never delays a message of protocol 2.
 //! Error bodies are JSON `{"error": "...", "reason": "..."}`.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,7 @@ use super::auth::{self, BodyCheck, Claim, TETHER_PEER_ACK, TETHER_PEER_TIME};
 use super::nonces::{MAX_NONCES, NonceError, Nonces};
 use super::wire::{About, CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPush};
 use crate::broker::Broker;
+use crate::cluster::membership::View;
 use crate::cluster::membership::reports::Reports;
 use crate::cluster::peer_health::{FIRST_PROTOCOL, Protocols};
 use crate::cluster::routing::Router;
@@ -273,7 +275,8 @@ impl PeerListener {
                 "the body is not the signed one".into(),
             ));
         }
-        self.carry_out(kind, &claim.from, &body).await
+        self.carry_out(kind, &claim.from, remote_ip(session), &body)
+            .await
     }
 
     /// Whether first-protocol messages may be read: membership holds a live pod whose probes
@@ -313,15 +316,17 @@ impl PeerListener {
                 return error(StatusCode::UNAUTHORIZED, "unauthenticated", &e.to_string());
             }
         };
-        let (status, body) = self.carry_out(kind, &from, &body).await;
+        let (status, body) = self.carry_out(kind, &from, remote_ip(session), &body).await;
         json(status, body)
     }
 
-    /// Applies an authenticated message from `from`.
+    /// Applies an authenticated message from `from`, whose connection comes from `remote`
+    /// (`None`: unknown).
     async fn carry_out(
         &self,
         kind: Kind,
         from: &str,
+        remote: Option<IpAddr>,
         body: &[u8],
     ) -> (StatusCode, serde_json::Value) {
         let outcome = match kind {
@@ -337,7 +342,9 @@ impl PeerListener {
             Kind::About => {
                 return match parse::<About>(from, body) {
                     Ok(about) => {
-                        self.reports.record(from, about.report());
+                        if speaks_for(&self.router.view(), from, remote) {
+                            self.reports.record(from, about.report());
+                        }
                         let own = About::of(&self.uid, self.reports.own());
                         (StatusCode::OK, serde_json::json!(own))
                     }
@@ -359,6 +366,23 @@ impl PeerListener {
             Err(refused) => refusal(refused),
         }
     }
+}
+
+/// The IP the connection of `session` comes from, if known.
+fn remote_ip(session: &ServerSession) -> Option<IpAddr> {
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(std::net::SocketAddr::ip)
+}
+
+/// Whether a report sent by an asker claiming to be pod `from`, over a connection from `remote`,
+/// may be recorded as that pod's: `view` holds `from` on the address `remote`. Any holder of the
+/// key ring can claim any UID; only the pod on the address the EndpointSlices give that UID
+/// speaks for it. (A report this pod gets by asking a slice address needs no such check.)
+fn speaks_for(view: &View, from: &str, remote: Option<IpAddr>) -> bool {
+    view.peer(from)
+        .is_some_and(|peer| Some(peer.address.ip()) == remote)
 }
 
 /// Reads a body of at most `limit` bytes within [`BODY_TIMEOUT`], each chunk offered to
@@ -485,5 +509,31 @@ fn json(status: StatusCode, value: serde_json::Value) -> Reply {
         status,
         headers,
         body: ReplyBody::Full(Bytes::from(format!("{value}\n"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::cluster::membership::fixtures::peer;
+    use crate::cluster::membership::{PeerState, Snapshot};
+
+    #[test]
+    fn only_the_pod_on_its_address_speaks_for_a_uid() {
+        let mut b = peer("uid-b", PeerState::Draining);
+        b.address = "10.0.0.2:8080".parse().unwrap();
+        let view = View::new(Snapshot { peers: vec![b] });
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        assert!(speaks_for(&view, "uid-b", ip("10.0.0.2")));
+        assert!(
+            !speaks_for(&view, "uid-b", ip("10.0.0.9")),
+            "another key holder claiming b's UID"
+        );
+        assert!(
+            !speaks_for(&view, "uid-c", ip("10.0.0.2")),
+            "a UID not in the view"
+        );
+        assert!(!speaks_for(&view, "uid-b", None), "an unknown remote");
     }
 }

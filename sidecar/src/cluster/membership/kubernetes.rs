@@ -2,9 +2,9 @@
 //! Service, merged with what each peer reports of itself.
 //!
 //! [`EndpointSlices`] runs a kube-runtime [`watcher`] on the EndpointSlices of one namespace
-//! labelled `kubernetes.io/service-name=<peer Service>` ([`slices`]: which pods, their
-//! addresses and conditions) and asks every pod it finds for its [`Report`] (revision, start,
-//! ports; [`super::reports`]). After every change it publishes a [`Snapshot`], oldest first,
+//! that the EndpointSlice controller made for the peer Service ([`selector`]; [`slices`]: which
+//! pods, their addresses and conditions) and asks every pod it finds for its [`Report`]
+//! (revision, start, ports; [`super::reports`]). After every change it publishes a [`Snapshot`], oldest first,
 //! into the [`MembershipSink`]. How an endpoint becomes a [`Peer`] ([`snapshot_of`]), how watch
 //! errors keep the last good view, and the Role the sidecar's service account needs:
 //! `docs/design/routing.md#kubernetes-endpointslice-watch` and
@@ -12,10 +12,16 @@
 //! keeps its initial view; every relist (`Init` … `InitDone`, after a restart or a `410 Gone`)
 //! replaces the whole set.
 //!
+//! A view that does not hold this pod (the Service's slices were deleted, or the controller has
+//! not listed the new pod yet) is not published unless this pod drains: the last good view stays
+//! and the sink counts its source as failing ([`MembershipSink::failing`]), so the view ages and
+//! requests for sessions it cannot place get 503, not 404. The first view is published (and
+//! confirmed, [`MembershipSink::confirm`]) only once the slices list this pod.
+//!
 //! A pod whose report is not known yet (not asked yet, unreachable, or not holding the
 //! endpoint's key ring) is [`PeerState::Draining`] whatever its conditions say: it keeps the
 //! sessions it holds reachable, but it gets no new session and no handoff and cannot make its
-//! revision the newest. Its ask is retried every [`ASK_RETRY`].
+//! revision the newest. Its ask is retried every [`ASK_RETRY`] for as long as it learns nothing.
 //!
 //! Only the endpoint's pods are peers: the peer Service selects the target Deployment's
 //! `matchLabels` and the pod-template label the operator's injection adds
@@ -45,6 +51,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, DefaultBackoff};
 use kube::{Api, Client, ResourceExt};
+use parking_lot::Mutex;
 use pingora::server::ShutdownWatch;
 use tokio::task::JoinSet;
 
@@ -56,7 +63,11 @@ use super::{Membership, MembershipSink, Peer, PeerState, Snapshot};
 pub(crate) const SOURCE: &str = "kubernetes";
 /// The label an EndpointSlice carries naming its Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-/// How long after a failed ask a pod whose report is unknown is asked again.
+/// The label naming who manages an EndpointSlice.
+pub(crate) const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// [`MANAGED_BY_LABEL`] of the slices the EndpointSlice controller makes (the only ones read).
+pub(crate) const MANAGED_BY_CONTROLLER: &str = "endpointslice-controller.k8s.io";
+/// How long after an ask that left a pod's report unknown the pod is asked again.
 pub(crate) const ASK_RETRY: Duration = Duration::from_secs(1);
 /// The longest wait between two attempts to create the Kubernetes client.
 const MAX_CLIENT_RETRY: Duration = Duration::from_secs(30);
@@ -145,36 +156,67 @@ impl EndpointSlices {
 
     /// Starts an ask of every pod of `endpoints` whose report is unknown and that is not being
     /// asked already; the peer port tried first is the slice's, then this pod's own (a pod of
-    /// the same template when a rollout changes `spec.peer.port`).
+    /// the same template when a rollout changes `spec.peer.port`). The ask records the report it
+    /// gets; while the pod is still unknown after it (no answer, a report [`Report::valid`]
+    /// rejects, or no room left in [`Reports`]) it waits [`ASK_RETRY`] before it ends, so the
+    /// next ask of that pod comes one retry later at the earliest.
     fn ask_unknown(
         &self,
         endpoints: &HashMap<&str, Endpoint>,
-        asking: &mut HashSet<String>,
-        asks: &mut JoinSet<(String, Option<Report>)>,
+        asking: &Arc<Mutex<HashSet<String>>>,
+        asks: &mut JoinSet<()>,
     ) {
         let own = self.reports.own();
         for endpoint in endpoints.values() {
-            if self.reports.get(&endpoint.uid).is_some() || asking.contains(&endpoint.uid) {
+            if self.reports.get(&endpoint.uid).is_some() {
                 continue;
             }
-            asking.insert(endpoint.uid.clone());
+            let Some(guard) = Asking::start(asking, &endpoint.uid) else {
+                continue;
+            };
             let mut ports = vec![endpoint.peer_port.unwrap_or(own.peer_port)];
             if !ports.contains(&own.peer_port) {
                 ports.push(own.peer_port);
             }
             let (uid, ip) = (endpoint.uid.clone(), endpoint.ip);
-            let (exchange, own) = (Arc::clone(&self.exchange), own.clone());
+            let (exchange, reports) = (Arc::clone(&self.exchange), Arc::clone(&self.reports));
             asks.spawn(async move {
+                let _asking = guard;
                 for port in ports {
                     let peer = SocketAddr::new(ip, port);
-                    if let Some(report) = exchange.exchange(&uid, peer, &own).await {
-                        return (uid, Some(report));
+                    if let Some(report) = exchange.exchange(&uid, peer, reports.own()).await {
+                        reports.record(&uid, report);
+                        break;
                     }
                 }
-                tokio::time::sleep(ASK_RETRY).await;
-                (uid, None)
+                if reports.get(&uid).is_none() {
+                    tokio::time::sleep(ASK_RETRY).await;
+                }
             });
         }
+    }
+}
+
+/// A pod being asked for its report: its UID stays in the set of pods being asked until this
+/// guard drops, however its ask ends (done, panicked, or aborted with the source).
+struct Asking {
+    set: Arc<Mutex<HashSet<String>>>,
+    uid: String,
+}
+
+impl Asking {
+    /// Adds `uid` to `set`; `None` when it is being asked already.
+    fn start(set: &Arc<Mutex<HashSet<String>>>, uid: &str) -> Option<Self> {
+        set.lock().insert(uid.to_owned()).then(|| Self {
+            set: Arc::clone(set),
+            uid: uid.to_owned(),
+        })
+    }
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.uid);
     }
 }
 
@@ -189,8 +231,7 @@ impl Membership for EndpointSlices {
             return;
         };
         let api = Api::<EndpointSlice>::namespaced(client, &self.namespace);
-        let selector = format!("{SERVICE_NAME_LABEL}={}", self.service);
-        let config = watcher::Config::default().labels(&selector);
+        let config = watcher::Config::default().labels(&selector(&self.service));
         let mut events = pin!(
             watcher::watcher(api, config)
                 .default_backoff()
@@ -203,16 +244,18 @@ impl Membership for EndpointSlices {
         );
         let mut slices = SliceSet::new(address_type(self.pod_ip));
         let mut reported = self.reports.changes();
-        let mut asking: HashSet<String> = HashSet::new();
-        let mut asks: JoinSet<(String, Option<Report>)> = JoinSet::new();
+        let asking: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let mut asks: JoinSet<()> = JoinSet::new();
+        // The last event's view lacked this pod (logged once per such spell).
+        let mut without_self = false;
         loop {
+            // Whether the watch delivered an event (the view may be confirmed as current).
+            let mut watched = false;
             tokio::select! {
                 event = events.next() => match event {
                     Some(Ok(event)) => {
                         slices.apply(event);
-                        if slices.listed {
-                            sink.confirm();
-                        }
+                        watched = true;
                     }
                     Some(Err(error)) => {
                         sink.failing();
@@ -233,14 +276,7 @@ impl Membership for EndpointSlices {
                         return;
                     }
                 },
-                Some(asked) = asks.join_next() => {
-                    if let Ok((uid, report)) = asked {
-                        asking.remove(&uid);
-                        if let Some(report) = report {
-                            self.reports.record(&uid, report);
-                        }
-                    }
-                }
+                Some(_) = asks.join_next() => {}
                 Ok(()) = reported.changed() => {}
                 _ = shutdown.changed() => return,
             }
@@ -248,17 +284,48 @@ impl Membership for EndpointSlices {
                 continue;
             }
             let endpoints = slices.endpoints();
-            self.reports.retain(|uid| endpoints.contains_key(uid));
-            sink.publish(SOURCE, snapshot_of(endpoints.values(), &self.reports));
-            if endpoints
-                .get(self.reports.own_uid())
-                .is_some_and(|own| own.terminating)
-            {
+            let own = endpoints.get(self.reports.own_uid());
+            if own.is_none() && !sink.is_terminating() {
+                // The Service's slices are gone, or the controller has not listed this pod yet:
+                // a view without this pod is not current (its sessions' homes would be unknown).
+                if watched {
+                    sink.failing();
+                    if !std::mem::replace(&mut without_self, true) {
+                        tracing::warn!(
+                            namespace = %self.namespace,
+                            service = %self.service,
+                            pods = endpoints.len(),
+                            "the peer Service's EndpointSlices do not list this pod; keeping the last good membership"
+                        );
+                    }
+                }
+                self.ask_unknown(&endpoints, &asking, &mut asks);
+                continue;
+            }
+            if watched {
+                if std::mem::take(&mut without_self) {
+                    tracing::info!(
+                        namespace = %self.namespace,
+                        service = %self.service,
+                        "the peer Service's EndpointSlices list this pod again"
+                    );
+                }
+                sink.confirm();
+            }
+            if own.is_some_and(|own| own.terminating) {
                 sink.mark_terminating();
             }
-            self.ask_unknown(&endpoints, &mut asking, &mut asks);
+            self.reports.retain(|uid| endpoints.contains_key(uid));
+            sink.publish(SOURCE, snapshot_of(endpoints.values(), &self.reports));
+            self.ask_unknown(&endpoints, &asking, &mut asks);
         }
     }
+}
+
+/// The label selector of the EndpointSlices watched for Service `service`: those the
+/// EndpointSlice controller made for it (a slice anyone else made is not read).
+pub(crate) fn selector(service: &str) -> String {
+    format!("{SERVICE_NAME_LABEL}={service},{MANAGED_BY_LABEL}={MANAGED_BY_CONTROLLER}")
 }
 
 /// The [`Peer`] of `endpoint`, given its `report` (`None`: not known yet) and this pod's own
@@ -357,11 +424,18 @@ mod tests {
         reports: parking_lot::Mutex<HashMap<String, Report>>,
         /// Every ask: the pod asked, where, and the report sent.
         asked: parking_lot::Mutex<Vec<(String, SocketAddr, Report)>>,
+        /// Pods whose next ask panics (once).
+        panics: parking_lot::Mutex<HashSet<String>>,
     }
 
     impl Peers {
         fn answers(&self, uid: &str, report: Report) {
             self.reports.lock().insert(uid.into(), report);
+        }
+
+        /// How often pod `uid` was asked.
+        fn asks_of(&self, uid: &str) -> usize {
+            self.asked.lock().iter().filter(|(u, ..)| u == uid).count()
         }
     }
 
@@ -369,6 +443,7 @@ mod tests {
     impl Exchange for Peers {
         async fn exchange(&self, uid: &str, peer: SocketAddr, own: &Report) -> Option<Report> {
             self.asked.lock().push((uid.to_owned(), peer, own.clone()));
+            assert!(!self.panics.lock().remove(uid), "the ask of {uid} panics");
             self.reports.lock().get(uid).cloned()
         }
     }
@@ -505,7 +580,13 @@ mod tests {
         let q = query(&request);
         assert_eq!(
             q.get("labelSelector").map(String::as_str),
-            Some(format!("kubernetes.io/service-name={SERVICE}").as_str())
+            Some(
+                format!(
+                    "kubernetes.io/service-name={SERVICE},\
+                     endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"
+                )
+                .as_str()
+            )
         );
         assert_eq!(
             q.get("watch").map(String::as_str) == Some("true"),
@@ -547,7 +628,8 @@ mod tests {
         let mut slice = slice_json(name, endpoints);
         slice["metadata"]["namespace"] = json!(NAMESPACE);
         slice["metadata"]["resourceVersion"] = json!(rv);
-        slice["metadata"]["labels"] = json!({SERVICE_NAME_LABEL: SERVICE});
+        slice["metadata"]["labels"] =
+            json!({SERVICE_NAME_LABEL: SERVICE, MANAGED_BY_LABEL: MANAGED_BY_CONTROLLER});
         slice["metadata"]["managedFields"] = json!([{"manager": "endpointslice-controller"}]);
         slice
     }
@@ -794,20 +876,15 @@ mod tests {
             let sink = sink.clone();
             async move { source.run(sink, shutdown).await }
         });
-        let (_, respond) = next_request(&mut handle, false).await;
-        respond.send_response(slice_list(
-            "1",
-            vec![slice_at(
-                "peers-1",
-                "1",
-                vec![
-                    endpoint_json("a", 1, true, false),
-                    endpoint_json("b", 2, true, false),
-                    endpoint_json("c", 3, true, false),
-                ],
-            )],
-        ));
-        let _watch = next_request(&mut handle, true).await;
+        let _watch = list_one_slice(
+            &mut handle,
+            vec![
+                endpoint_json("a", 1, true, false),
+                endpoint_json("b", 2, true, false),
+                endpoint_json("c", 3, true, false),
+            ],
+        )
+        .await;
         wait_for(
             &sink,
             &[
@@ -831,5 +908,171 @@ mod tests {
             ],
         )
         .await;
+    }
+
+    /// A source for this pod (`a`, on 10.0.0.1) asking `peers`, run on a mock API server until
+    /// the test ends: its sink and the API server's handle.
+    fn started(peers: &Arc<Peers>) -> (MembershipSink, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let source = EndpointSlices::new(
+            NAMESPACE.into(),
+            SERVICE.into(),
+            "10.0.0.1".parse().unwrap(),
+            reports(),
+            Arc::clone(peers) as Arc<dyn Exchange>,
+        )
+        .with_client(Client::new(service, "default"));
+        let sink = MembershipSink::new(Snapshot::default(), Arc::new(Metrics::new()));
+        tokio::spawn({
+            let sink = sink.clone();
+            // Never fires: the source runs until the runtime ends with the test.
+            let (stop, shutdown) = tokio::sync::watch::channel(false);
+            async move {
+                source.run(sink, shutdown).await;
+                drop(stop);
+            }
+        });
+        (sink, handle)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_view_without_this_pod_is_not_published() {
+        let peers = Arc::new(Peers::default());
+        peers.answers("uid-b", report("r1", 2));
+        let (sink, mut handle) = started(&peers);
+        let mut changes = sink.changes();
+        let later = || std::time::Instant::now() + Duration::from_secs(1);
+
+        // 1. Start-up: the controller lists `b` but not this pod yet. Nothing is published and
+        //    the view is not known (the pod is not ready).
+        let (_, respond) = next_request(&mut handle, false).await;
+        respond.send_response(slice_list(
+            "1",
+            vec![slice_at(
+                "peers-1",
+                "1",
+                vec![endpoint_json("b", 2, true, false)],
+            )],
+        ));
+        let (_, respond) = next_request(&mut handle, true).await;
+        tokio::time::sleep(ASK_RETRY).await;
+        assert!(peers.asks_of("uid-b") >= 1, "b is asked meanwhile");
+        assert!(!changes.has_changed().unwrap(), "no view published");
+        assert!(!sink.is_known());
+        assert_eq!(sink.view().snapshot(), &Snapshot::default());
+
+        // 2. This pod is listed: the first view is published.
+        respond.send_response(watch_events(&[(
+            "ADDED",
+            slice_at("peers-2", "2", vec![endpoint_json("a", 1, true, false)]),
+        )]));
+        let both = [
+            expect("a", 1, PeerState::Routable, "r1"),
+            expect("b", 2, PeerState::Routable, "r1"),
+        ];
+        wait_for(&sink, &both).await;
+        assert!(sink.is_known());
+        assert_eq!(sink.age(later()), Duration::ZERO);
+        changes.mark_unchanged();
+
+        // 3. The Service's slices are deleted: the last view stays, no longer current.
+        let (_, respond) = next_request(&mut handle, true).await;
+        respond.send_response(watch_events(&[
+            ("DELETED", slice_at("peers-2", "3", vec![])),
+            ("DELETED", slice_at("peers-1", "4", vec![])),
+        ]));
+        // The watcher asks again only once the run loop took every event of the stream.
+        let (_, respond) = next_request(&mut handle, true).await;
+        assert!(!changes.has_changed().unwrap(), "no view published");
+        assert_eq!(sink.view().snapshot().peers, both, "the last view is kept");
+        assert!(sink.is_known());
+        assert!(
+            sink.age(later()) > Duration::ZERO,
+            "the view is not current"
+        );
+
+        // 4. This pod is listed again (alone): published, and current.
+        respond.send_response(watch_events(&[(
+            "ADDED",
+            slice_at("peers-3", "5", vec![endpoint_json("a", 1, true, false)]),
+        )]));
+        wait_for(&sink, &[expect("a", 1, PeerState::Routable, "r1")]).await;
+        assert_eq!(sink.age(later()), Duration::ZERO);
+    }
+
+    /// Starts the source with `peers`, answers its first list with pods `a` (this one) and `b`,
+    /// both serving, and waits for the view `wanted`; returns what must live while the test runs
+    /// (the sink, the mock's handle, the watch request held open).
+    async fn listing_a_and_b(peers: &Arc<Peers>, wanted: &[Peer]) -> impl Sized + use<> {
+        let (sink, mut handle) = started(peers);
+        let both = vec![
+            endpoint_json("a", 1, true, false),
+            endpoint_json("b", 2, true, false),
+        ];
+        let watch = list_one_slice(&mut handle, both).await;
+        wait_for(&sink, wanted).await;
+        (sink, handle, watch)
+    }
+
+    /// Answers the watcher's first list with one slice of `endpoints`; returns the watch
+    /// request that follows, held open.
+    async fn list_one_slice(
+        handle: &mut Handle,
+        endpoints: Vec<Value>,
+    ) -> (
+        HashMap<String, String>,
+        tower_test::mock::SendResponse<Response<Body>>,
+    ) {
+        let (_, respond) = next_request(handle, false).await;
+        respond.send_response(slice_list("1", vec![slice_at("peers-1", "1", endpoints)]));
+        next_request(handle, true).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ask_that_learns_nothing_waits_before_the_next() {
+        let peers = Arc::new(Peers::default());
+        // `b` answers, but with a report no pod can have (no MCP port).
+        peers.answers(
+            "uid-b",
+            Report {
+                listen_port: 0,
+                ..report("r1", 2)
+            },
+        );
+        let _running = listing_a_and_b(
+            &peers,
+            &[
+                expect("b", 2, PeerState::Draining, ""),
+                expect("a", 1, PeerState::Routable, "r1"),
+            ],
+        )
+        .await;
+        // Without moving the clock, the source may run as often as it likes: one ask.
+        for _ in 0..200 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(peers.asks_of("uid-b"), 1, "no ask before a retry interval");
+        tokio::time::sleep(ASK_RETRY * 3 + ASK_RETRY / 2).await;
+        assert_eq!(peers.asks_of("uid-b"), 4, "one ask per retry interval");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_whose_ask_panicked_is_asked_again() {
+        let peers = Arc::new(Peers::default());
+        peers.answers("uid-b", report("r1", 2));
+        peers.panics.lock().insert("uid-b".into());
+        let _running = listing_a_and_b(
+            &peers,
+            &[
+                expect("a", 1, PeerState::Routable, "r1"),
+                expect("b", 2, PeerState::Routable, "r1"),
+            ],
+        )
+        .await;
+        assert_eq!(
+            peers.asks_of("uid-b"),
+            2,
+            "the ask that panicked, then one more"
+        );
     }
 }

@@ -415,6 +415,11 @@ impl MembershipSink {
             .send_if_modified(|t| !std::mem::replace(t, true));
     }
 
+    /// Whether this pod is being deleted ([`Self::mark_terminating`] was called).
+    pub(crate) fn is_terminating(&self) -> bool {
+        *self.terminating.borrow()
+    }
+
     /// Turns `true` once this pod is being deleted.
     pub(crate) fn terminating(&self) -> tokio::sync::watch::Receiver<bool> {
         self.terminating.subscribe()

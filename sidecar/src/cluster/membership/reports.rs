@@ -9,10 +9,14 @@
 //! the reports by pod UID, this pod's own among them.
 //!
 //! A report is the word of a holder of the endpoint's key ring, which peer trust already trusts
-//! with whole sessions; still, it can only describe its sender (the UID is the authenticated
-//! sender's, the address stays the one the EndpointSlice gives), and [`Report::valid`] bounds
-//! what it may say. A pod's start never moves later: [`Reports::record`] keeps the earliest one
-//! heard for a UID, so a sidecar that restarts mid-rollout does not pass for the youngest pod.
+//! with whole sessions; still, it can only describe its sender (an answer is recorded for the
+//! pod whose slice address was asked, an asker's message only when its connection comes from the
+//! slice address of the UID it claims; the address stays the one the EndpointSlice gives), and
+//! [`Report::valid`] bounds what it may say. A pod's start never moves later:
+//! [`Reports::record`] keeps the earliest one heard for a UID, so a sidecar that restarts
+//! mid-rollout does not pass for the youngest pod; and it is never later than the receiver's
+//! clock: a start in the future (clock skew, or a peer claiming `u64::MAX`) is recorded as the
+//! receiver's now, so it cannot stay the youngest pod for good.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,17 +43,27 @@ pub(crate) struct Report {
 }
 
 impl Report {
-    /// Whether the report can describe a pod: both ports set, the revision at most
-    /// [`MAX_REVISION`] characters of a label value (`A-Z a-z 0-9 - _ .`).
+    /// Whether the report can describe a pod: both ports set, the revision
+    /// [`valid_revision`].
     pub(crate) fn valid(&self) -> bool {
-        self.listen_port != 0
-            && self.peer_port != 0
-            && self.revision.len() <= MAX_REVISION
-            && self
-                .revision
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        self.listen_port != 0 && self.peer_port != 0 && valid_revision(&self.revision)
     }
+}
+
+/// Whether `revision` can be a pod's revision: at most [`MAX_REVISION`] bytes of a label value
+/// (`A-Z a-z 0-9 - _ .`), or empty (unknown). This sidecar's own `--revision` is held to it too.
+pub(crate) fn valid_revision(revision: &str) -> bool {
+    revision.len() <= MAX_REVISION
+        && revision
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Unix time now, in milliseconds (0 before the epoch).
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Sends this pod's report to a peer and returns the peer's (the peer protocol's `about`
@@ -101,12 +115,14 @@ impl Reports {
     }
 
     /// Records what pod `uid` reported; an invalid report, this pod's UID, or a new UID beyond
-    /// [`MAX_REPORTS`] is ignored. The start kept is the earliest heard. Returns whether what is
+    /// [`MAX_REPORTS`] is ignored. The start kept is the earliest heard, and at most this
+    /// pod's clock now (Unix ms): a start in the future counts as now. Returns whether what is
     /// known changed.
     pub(crate) fn record(&self, uid: &str, mut report: Report) -> bool {
         if uid == self.own_uid || !report.valid() {
             return false;
         }
+        report.started_ms = report.started_ms.min(unix_now_ms());
         let mut known = self.known.lock();
         let full = known.len() >= MAX_REPORTS;
         let changed = match known.get_mut(uid) {
@@ -216,6 +232,26 @@ mod tests {
         assert!(
             reports.record("a", report("", 1)),
             "an unknown revision is fine"
+        );
+    }
+
+    #[test]
+    fn a_start_in_the_future_counts_as_now() {
+        let reports = Reports::new("me".into(), report("r1", 5));
+        let before = unix_now_ms();
+        assert!(reports.record("liar", report("r1", u64::MAX)));
+        let started = reports.get("liar").unwrap().started_ms;
+        assert!(
+            (before..=unix_now_ms()).contains(&started),
+            "clamped to the receiver's now: {started}"
+        );
+        assert!(reports.record("skewed", report("r1", before + 3_600_000)));
+        assert!(reports.get("skewed").unwrap().started_ms <= unix_now_ms());
+        assert!(reports.record("past", report("r1", 7)));
+        assert_eq!(
+            reports.get("past").unwrap().started_ms,
+            7,
+            "a past start stays"
         );
     }
 

@@ -67,8 +67,9 @@ pub(crate) fn address_type(ip: IpAddr) -> &'static str {
     if ip.is_ipv6() { "IPv6" } else { "IPv4" }
 }
 
-/// The endpoints of `slice`: those naming a pod (`targetRef` with a UID) with a parseable
-/// address. Others (a hand-made endpoint, one without an address yet) cannot be peers.
+/// The endpoints of `slice`: those naming a pod (`targetRef` of kind `Pod` with a UID) with a
+/// parseable address. Others (a hand-made endpoint, one without an address yet) cannot be
+/// peers.
 pub(crate) fn endpoints_of(slice: &EndpointSlice) -> Vec<Endpoint> {
     let port = |name: &str| {
         slice
@@ -84,7 +85,10 @@ pub(crate) fn endpoints_of(slice: &EndpointSlice) -> Vec<Endpoint> {
         .endpoints
         .iter()
         .filter_map(|endpoint| {
-            let target = endpoint.target_ref.as_ref()?;
+            let target = endpoint
+                .target_ref
+                .as_ref()
+                .filter(|t| t.kind.as_deref() == Some("Pod"))?;
             let uid = target.uid.as_deref().filter(|u| !u.is_empty())?;
             let ip: IpAddr = endpoint.addresses.first()?.parse().ok()?;
             let conditions = endpoint.conditions.clone().unwrap_or_default();
@@ -282,7 +286,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn endpoints_without_a_pod_or_an_address_are_left_out() {
+    fn endpoints_without_a_pod_or_an_address_are_left_out_as_are_other_kinds() {
         let mut no_target = endpoint_json("a", 1, true, false);
         no_target["targetRef"] = Value::Null;
         let mut no_uid = endpoint_json("b", 2, true, false);
@@ -291,10 +295,22 @@ pub(crate) mod tests {
         no_address["addresses"] = json!([]);
         let mut bad_address = endpoint_json("d", 4, true, false);
         bad_address["addresses"] = json!(["pod.example"]);
+        let mut not_a_pod = endpoint_json("f", 6, true, false);
+        not_a_pod["targetRef"]["kind"] = json!("Node");
+        let mut no_kind = endpoint_json("g", 7, true, false);
+        no_kind["targetRef"]["kind"] = Value::Null;
         let kept = endpoint_json("e", 5, true, false);
         let endpoints = endpoints_of(&slice(
             "s",
-            vec![no_target, no_uid, no_address, bad_address, kept],
+            vec![
+                no_target,
+                no_uid,
+                no_address,
+                bad_address,
+                not_a_pod,
+                no_kind,
+                kept,
+            ],
         ));
         let names: Vec<_> = endpoints.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["e"]);
