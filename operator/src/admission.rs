@@ -41,12 +41,12 @@ pub(crate) fn admit(
 /// Whether `deployment` itself opts in to the sidecar of endpoint `names` (then the namespace's
 /// labels need not be read).
 pub(crate) fn deployment_opts_in(deployment: &Deployment, names: &Names) -> bool {
-    deployment
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(OPT_IN_LABEL))
-        .is_some_and(|v| *v == names.endpoint)
+    opt_in_label(deployment).is_some_and(|v| *v == names.endpoint)
+}
+
+/// The value of `deployment`'s [`OPT_IN_LABEL`]: the endpoint it opted in to.
+fn opt_in_label(deployment: &Deployment) -> Option<&String> {
+    deployment.metadata.labels.as_ref()?.get(OPT_IN_LABEL)
 }
 
 /// Checks that `deployment` opted in to the sidecar of endpoint `names`: its own label, or
@@ -67,12 +67,7 @@ pub(crate) fn check_opt_in(
         return Ok(());
     }
     let target = deployment.metadata.name.as_deref().unwrap_or_default();
-    let found = match deployment
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(OPT_IN_LABEL))
-    {
+    let found = match opt_in_label(deployment) {
         Some(other) => format!(" (its label {OPT_IN_LABEL} names {other:?})"),
         None => String::new(),
     };

@@ -230,18 +230,17 @@ fn render_rbac(watched: &[&str]) -> Vec<Value> {
                     shown.pop();
                 }
             },
-            _ if t.starts_with("{{- include \"tether.operatorRules\"") => {
-                let indent = " ".repeat(line.len() - line.trim_start().len());
+            _ => {
+                if !*shown.last().unwrap() {
+                    continue;
+                }
                 let target = range.as_mut().unwrap_or(&mut out);
-                if *shown.last().unwrap() {
+                if t.starts_with("{{- include \"tether.operatorRules\"") {
+                    let indent = " ".repeat(line.len() - line.trim_start().len());
                     for rule in rules.lines() {
                         target.push_str(&format!("{indent}{rule}\n"));
                     }
-                }
-            }
-            _ => {
-                if *shown.last().unwrap() {
-                    let target = range.as_mut().unwrap_or(&mut out);
+                } else {
                     target.push_str(line);
                     target.push('\n');
                 }

@@ -211,6 +211,13 @@ impl Call<'_> {
     fn is_apply(&self) -> bool {
         self.method == Method::PATCH && self.content_type == "application/apply-patch+yaml"
     }
+
+    /// A WATCH (`watch=true` or `1`), not a LIST.
+    fn is_watch(&self) -> bool {
+        self.query
+            .get("watch")
+            .is_some_and(|w| w == "true" || w == "1")
+    }
 }
 
 /// The parameters of a query string, percent-decoded (`+` is a space).
@@ -280,11 +287,7 @@ impl ApiServer {
 
     /// Answers one request of a client: the operator's RBAC first, then [`Self::handle`].
     fn serve_one(&mut self, call: &Call<'_>) -> (u16, Value) {
-        let watching = call
-            .query
-            .get("watch")
-            .is_some_and(|w| w == "true" || w == "1");
-        let query = if watching { "watch=true" } else { "" };
+        let query = if call.is_watch() { "watch=true" } else { "" };
         if let Some(attributes) = request_attributes(&call.method, call.path, query) {
             let namespace = attributes.namespace.clone();
             self.namespaces_asked
@@ -814,12 +817,8 @@ async fn serve(
             agent: header("user-agent"),
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         };
-        let watching = call
-            .query
-            .get("watch")
-            .is_some_and(|w| w == "true" || w == "1");
         let (code, answer) = api.lock().unwrap().serve_one(&call);
-        let body = if watching && code == 200 {
+        let body = if call.is_watch() && code == 200 {
             StreamBody::new(futures::stream::pending::<Result<Frame<Bytes>, Infallible>>())
                 .boxed_unsync()
         } else {
