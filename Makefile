@@ -15,7 +15,7 @@ PYTHON_DEPS := python3 python3-venv
 # npm (and the Node.js it runs on), which installs the conformance suite: `make conformance`.
 NODE_DEPS := nodejs npm
 
-.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo bench bench-proxy crds references images e2e clean
+.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo bench bench-proxy crds references images e2e cluster-deps cluster-tools cluster-up cluster-down e2e-local clean
 
 all: test
 
@@ -56,8 +56,9 @@ python-deps:
 build: deps
 	$(CARGO) build --workspace --bins
 
-## test: formatting, clippy (warnings are errors), then every test of the workspace.
-test: deps lint cargo-test
+## test: formatting, clippy (warnings are errors), every test of the workspace, then the
+## real-cluster tests on a local cluster (e2e-local: root, Go, docs/dev/cluster.md).
+test: deps lint cargo-test e2e-local
 
 lint: deps
 	$(CARGO) fmt --all --check
@@ -248,6 +249,57 @@ e2e: deps
 	done; \
 	if [ -n "$$failed" ]; then echo "make e2e: failed on$$failed" >&2; exit 1; fi; \
 	echo "make e2e: passed on every node image"
+
+## The local cluster (docs/dev/cluster.md): a real single-node Kubernetes built from source and
+## run as local processes in a network namespace (tests/cluster/). CLUSTER_KUBERNETES picks the
+## release (tests/cluster/versions.sh: the newest the Go module proxy serves by default; the
+## oldest the chart supports is `make e2e-local CLUSTER_KUBERNETES=v1.29.15`).
+# command -> Debian package; the cluster scripts and runc's build need them (and root)
+CLUSTER_DEPS := nsenter:util-linux ip:iproute2 nft:nftables openssl:openssl curl:curl \
+  objcopy:binutils ldd:libc-bin pgrep:procps
+CLUSTER_GO_VERSION := go1.26
+
+## cluster-deps: Go, and the system packages the cluster's scripts use; libseccomp-dev is the
+## header runc's seccomp support builds against.
+cluster-deps: deps
+	@if ! go version 2>/dev/null | grep -q "$(CLUSTER_GO_VERSION)"; then \
+	  echo "error: the local cluster's tools build with Go $(CLUSTER_GO_VERSION) (go version: $$(go version 2>&1))" >&2; exit 1; \
+	fi
+	@missing=""; \
+	for pair in $(CLUSTER_DEPS); do \
+	  cmd=$${pair%%:*}; pkg=$${pair##*:}; \
+	  command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	done; \
+	[ -e /usr/include/seccomp.h ] || missing="$$missing libseccomp-dev"; \
+	$(install_missing)
+
+## cluster-tools: builds Kubernetes, etcd, helm, containerd, runc and the CNI plugins from source
+## at the pinned versions into ~/.cache/tether-cluster (TETHER_CLUSTER_CACHE); about ten
+## minutes cold on 2 cores, nothing once built.
+cluster-tools: cluster-deps
+	tests/cluster/tools.sh $(CLUSTER_KUBERNETES)
+
+## cluster-up: the local cluster, with the images of the workspace's binaries (CLUSTER_PROFILE,
+## debug by default); `. target/cluster/env` then `nsenter --net=/run/netns/tether-cluster kubectl …`.
+CLUSTER_PROFILE ?= debug
+CLUSTER_BUILD := $(if $(filter release,$(CLUSTER_PROFILE)),--release)
+cluster-up: cluster-tools
+	$(CARGO) build $(CLUSTER_BUILD) --bins
+	CLUSTER_PROFILE=$(CLUSTER_PROFILE) tests/cluster/up.sh $(CLUSTER_KUBERNETES)
+
+## cluster-down: stops the local cluster and removes its state (its logs stay in target/cluster/logs).
+cluster-down:
+	tests/cluster/down.sh
+
+## e2e-local: the real-cluster tests (docs/dev/e2e.md) on a local cluster made for them and taken
+## down afterwards; E2E_TEST_THREADS at a time; TETHER_CLUSTER_KEEP=1 keeps the cluster.
+e2e-local: cluster-tools
+	@if [ "$$(id -u)" != 0 ]; then \
+	  echo "error: the local cluster runs a kubelet and containerd, which need root; run make as root (make cargo-test runs every other test)" >&2; exit 1; \
+	fi
+	$(CARGO) build --bins
+	$(CARGO) test -p tether-operator --test e2e --no-run
+	CLUSTER_KUBERNETES=$(CLUSTER_KUBERNETES) E2E_TEST_THREADS=$(E2E_TEST_THREADS) tests/cluster/e2e.sh
 
 clean:
 	$(CARGO) clean

@@ -21,6 +21,8 @@
 //! - [`reference`](mod@reference): the configuration reference (`docs/reference/crd.md`)
 //!   generated from the CRD's schema.
 
+#[cfg(feature = "client")]
+pub mod client;
 mod duration;
 pub mod keyring;
 pub mod manifest;
@@ -54,8 +56,13 @@ pub const KIND: &str = "McpEndpoint";
 /// Name of the injected sidecar container (a native sidecar init container), shared by the
 /// operator, which injects it, and the sidecar's membership source, which reads its ports.
 pub const SIDECAR_CONTAINER: &str = "tether-sidecar";
-/// Name of the sidecar container's MCP port (`spec.listen.port`); Services target it by name.
+/// Name of the MCP port (`spec.listen.port`) of the endpoint's Services, `<endpoint>-mcp` and
+/// `<endpoint>-peers`: what clients and the API server's service proxy name
+/// (`<endpoint>-mcp:mcp`), and how the sidecars find a peer's MCP port in the EndpointSlices.
 pub const MCP_PORT_NAME: &str = "mcp";
+/// Name of the sidecar container's MCP port (`spec.listen.port`). Prefixed as its admin and peer
+/// ports are, so that an MCP server's own container may name its port `mcp`.
+pub const SIDECAR_MCP_PORT_NAME: &str = "tether-mcp";
 /// Name of the sidecar container's admin port (`spec.admin.port`).
 pub const ADMIN_PORT_NAME: &str = "tether-admin";
 /// Name of the sidecar container's peer port (`spec.peer.port`).

@@ -306,18 +306,7 @@ fn one_line(description: Option<&Value>) -> String {
 
 /// A description as Markdown paragraphs: the lines of each paragraph joined with spaces.
 fn paragraphs(description: Option<&Value>) -> String {
-    let text = description.and_then(Value::as_str).unwrap_or("");
-    text.split("\n\n")
-        .map(|p| {
-            p.lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n\n")
+    crate::schema::reflow(description.and_then(Value::as_str).unwrap_or(""))
 }
 
 /// Text safe inside a table cell.

@@ -121,6 +121,38 @@ pub(crate) fn kubernetes_formats(schema: &mut Schema) {
     schema.remove("format");
 }
 
+/// A schemars transform, on `schema` and every schema below it: each `description` reflowed, the
+/// lines of a paragraph joined with single spaces and paragraphs kept apart by a blank line. Doc
+/// comments break their lines at the source's width; `kubectl explain` wraps a description to the
+/// terminal itself, and would print those breaks mid-sentence.
+pub(crate) fn reflowed_descriptions(schema: &mut Schema) {
+    transform_subschemas(&mut reflowed_descriptions, schema);
+    if let Some(Value::String(text)) = schema.get_mut("description") {
+        *text = reflow(text);
+    }
+}
+
+/// `text` with the lines of each paragraph joined by single spaces; paragraphs (separated by a
+/// blank line) stay apart, one blank line between two.
+pub(crate) fn reflow(text: &str) -> String {
+    let mut paragraphs = Vec::new();
+    let mut current: Vec<&str> = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() {
+            if !current.is_empty() {
+                paragraphs.push(current.join(" "));
+                current.clear();
+            }
+        } else {
+            current.push(line);
+        }
+    }
+    if !current.is_empty() {
+        paragraphs.push(current.join(" "));
+    }
+    paragraphs.join("\n\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +219,41 @@ mod tests {
                 "at": {"type": "string", "format": "date-time"},
                 "ips": {"type": "array", "items": {"type": "string"}},
                 "sizes": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+            })
+        );
+    }
+
+    #[test]
+    fn descriptions_are_reflowed_into_paragraphs() {
+        for (text, want) in [
+            ("one line", "one line"),
+            (
+                "a sentence broken\nat the source's width.",
+                "a sentence broken at the source's width.",
+            ),
+            ("  indented\n  lines  ", "indented lines"),
+            (
+                "first\nparagraph\n\nsecond\n\n\n\nthird",
+                "first paragraph\n\nsecond\n\nthird",
+            ),
+            ("\n\nleading and trailing\n\n", "leading and trailing"),
+            ("", ""),
+        ] {
+            assert_eq!(reflow(text), want, "{text:?}");
+        }
+        let mut schema = Schema::try_from(json!({
+            "description": "The spec,\nbroken.",
+            "properties": {"port": {"type": "integer", "description": "A port\nnumber.\n\nChanging it\nrolls."}},
+            "items": {"description": "one"},
+        }))
+        .unwrap();
+        reflowed_descriptions(&mut schema);
+        assert_eq!(
+            schema.to_value(),
+            json!({
+                "description": "The spec, broken.",
+                "properties": {"port": {"type": "integer", "description": "A port number.\n\nChanging it rolls."}},
+                "items": {"description": "one"},
             })
         );
     }

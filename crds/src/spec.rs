@@ -66,6 +66,7 @@ use serde::{Deserialize, Serialize};
 ).message("spec.peer.port must differ from spec.listen.port and spec.admin.port").field_path(".peer.port"))]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = crate::schema::kubernetes_formats)]
+#[schemars(transform = crate::schema::reflowed_descriptions)]
 pub struct McpEndpointSpec {
     /// The workload whose pods serve this endpoint. Only `kind: Deployment` is supported.
     /// Immutable: point an endpoint at another workload by creating a new McpEndpoint.
@@ -207,6 +208,7 @@ pub struct SidecarSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = crate::schema::kubernetes_formats)]
+#[schemars(transform = crate::schema::reflowed_descriptions)]
 pub struct McpEndpointStatus {
     /// The `metadata.generation` the conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -66,7 +66,7 @@ fn the_charts_crd_template_matches_the_types() {
 }
 
 #[test]
-fn the_schema_is_structural_and_holds_only_formats_the_api_server_recognises() {
+fn the_schema_is_structural_with_recognised_formats_and_descriptions_in_paragraphs() {
     let crd = McpEndpoint::crd();
     let schema = crd.spec.versions[0]
         .schema
@@ -78,7 +78,8 @@ fn the_schema_is_structural_and_holds_only_formats_the_api_server_recognises() {
     lint(&schema, "openAPIV3Schema", false, &mut problems);
     assert!(
         problems.is_empty(),
-        "schema nodes a Kubernetes 1.34 API server refuses or warns about:\n{}",
+        "schema nodes a Kubernetes 1.34 API server refuses or warns about, or kubectl explain \
+         shows ragged:\n{}",
         problems.join("\n")
     );
 }
@@ -98,6 +99,9 @@ fn the_lint_finds_non_structural_nodes() {
         "ids": {"type": "array", "items": {"type": "string", "format": "ip"}},
     }});
     lint(&formats, "f", false, &mut problems);
+    let described = json!({"type": "object", "description": "A paragraph.\n\nAnother one.",
+        "properties": {"p": {"type": "string", "description": "Broken\nat the source's width."}}});
+    lint(&described, "d", false, &mut problems);
     assert_eq!(
         problems,
         [
@@ -109,14 +113,17 @@ fn the_lint_finds_non_structural_nodes() {
             "z.anyOf[1]: a type inside anyOf",
             "f.properties.ids.items: format \"ip\", which the API server does not recognise",
             "f.properties.port: format \"uint16\", which the API server does not recognise",
+            "d.properties.p: a description with a line break inside a paragraph",
         ]
     );
 }
 
 /// Collects the nodes of `node` that a structural schema forbids: a node without `type` (unless
 /// `x-kubernetes-preserve-unknown-fields` or `x-kubernetes-int-or-string`), `$ref`, and a type
-/// inside `anyOf`/`oneOf`/`allOf`/`not` (except the int-or-string pattern); and those with a
-/// `format` the API server does not recognise for their type (1.34 warns about each).
+/// inside `anyOf`/`oneOf`/`allOf`/`not` (except the int-or-string pattern); those with a
+/// `format` the API server does not recognise for their type (1.34 warns about each); and those
+/// whose description breaks a line inside a paragraph (`kubectl explain` wraps descriptions
+/// itself, and would print the break mid-sentence).
 fn lint(node: &Value, path: &str, in_branch: bool, problems: &mut Vec<String>) {
     let Some(obj) = node.as_object() else {
         problems.push(format!("{path}: not an object"));
@@ -135,6 +142,13 @@ fn lint(node: &Value, path: &str, in_branch: bool, problems: &mut Vec<String>) {
     }
     if obj.contains_key("$ref") {
         problems.push(format!("{path}: $ref"));
+    }
+    if let Some(text) = obj.get("description").and_then(Value::as_str)
+        && text.split("\n\n").any(|p| p.contains('\n'))
+    {
+        problems.push(format!(
+            "{path}: a description with a line break inside a paragraph"
+        ));
     }
     if let Some(format) = obj.get("format").and_then(Value::as_str) {
         let type_ = obj.get("type").and_then(Value::as_str);

@@ -324,7 +324,7 @@ async fn key_ring(
 ) -> Result<(), Error> {
     match step {
         KeyStep::Leave => Ok(()),
-        KeyStep::Create(secret) => create(api, secret.as_ref(), written).await,
+        KeyStep::Create(secret) => create(api, names, secret.as_ref(), written).await,
         KeyStep::Patch { name, body } => {
             let patch = Patch::Json::<()>(serde_json::from_value(body.clone())?);
             let params = PatchParams {
@@ -337,12 +337,22 @@ async fn key_ring(
     }
 }
 
-/// Creates `object` (it did not exist when read).
-async fn create<K>(api: &Api<K>, object: &K, written: &mut Vec<String>) -> Result<(), Error>
+/// Creates `object` (it did not exist when read), with the endpoint's field manager: the fields
+/// it sets are the endpoint's in `managedFields`, as those of its applies are.
+async fn create<K>(
+    api: &Api<K>,
+    names: &Names,
+    object: &K,
+    written: &mut Vec<String>,
+) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + std::fmt::Debug,
 {
-    api.create(&PostParams::default(), object).await?;
+    let params = PostParams {
+        field_manager: Some(names.field_manager()),
+        ..PostParams::default()
+    };
+    api.create(&params, object).await?;
     written.push(format!("{}/{}", K::kind(&()), object.name_any()));
     Ok(())
 }

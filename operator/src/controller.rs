@@ -119,6 +119,9 @@ pub async fn reconcile(ep: Arc<McpEndpoint>, ctx: Arc<Context>) -> Result<Action
 async fn run_finalizer(ep: Arc<McpEndpoint>, ctx: &Context) -> Result<Action, Error> {
     let namespace = ep.namespace().ok_or(Error::Unnamed)?;
     let api: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(ep) = unless_stale(&api, ep).await? else {
+        return Ok(Action::await_change());
+    };
     finalizer::finalizer(&api, FINALIZER, ep, |event| async {
         match event {
             Event::Apply(ep) => converge(&ep, ctx).await,
@@ -127,6 +130,23 @@ async fn run_finalizer(ep: Arc<McpEndpoint>, ctx: &Context) -> Result<Action, Er
     })
     .await
     .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// `ep`, or the API server's copy where the controller's cache may be behind this operator's
+/// own last write: when `ep` lacks the finalizer (a reconcile woken by another object's change
+/// can run before the watch event of the finalizer just added arrives, and adding it again would
+/// fail its guard with 422), and when `ep` is being deleted (the finalizer may be released
+/// already, the endpoint gone: removing it again would fail with 404). `None`: the endpoint is
+/// gone. A read costs no write, and happens only in these two states.
+async fn unless_stale(
+    api: &Api<McpEndpoint>,
+    ep: Arc<McpEndpoint>,
+) -> Result<Option<Arc<McpEndpoint>>, Error> {
+    let deleting = ep.meta().deletion_timestamp.is_some();
+    if !deleting && ep.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Some(ep));
+    }
+    Ok(api.get_opt(&ep.name_any()).await?.map(Arc::new))
 }
 
 /// Backs off after a failed reconcile (never a hot loop); looks again soon after a wait.
@@ -164,16 +184,24 @@ async fn converge(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
         keys,
         soon,
     } = injected;
+    let next = Action::requeue(if soon { KEY_RECHECK } else { RECHECK });
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    if let Some(update) = status::update(ep, &outcome, keys, &now) {
-        let endpoints: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    if status::update(ep, &outcome, keys.clone(), &now).is_none() {
+        return Ok(next);
+    }
+    // The controller's cache may not hold yet the status this operator wrote a moment ago (a
+    // reconcile woken by a Deployment's change runs before the endpoint's own watch event):
+    // decide again on the API server's copy, so the same status is never written twice.
+    let endpoints: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let live = endpoints.get_opt(&names.endpoint).await?;
+    if let Some(update) = live.and_then(|live| status::update(&live, &outcome, keys, &now)) {
         apply::status(&endpoints, &names, &update.status).await?;
         if let Some(degraded) = update.degraded {
             ctx.event(ep, EventType::Warning, &degraded.reason, degraded.message)
                 .await;
         }
     }
-    Ok(Action::requeue(if soon { KEY_RECHECK } else { RECHECK }))
+    Ok(next)
 }
 
 /// What [`inject`] did: the outcome, the key ring's status, whether to look again soon.

@@ -244,7 +244,12 @@ async fn run(args: RunArgs) -> ExitCode {
         }
     };
     tokio::spawn(tether_operator::admin::serve(listener, Arc::clone(&admin)));
-    let client = match Client::try_default().await {
+    let client = match tether_crds::client::client(concat!(
+        "tether-operator/v",
+        env!("CARGO_PKG_VERSION")
+    ))
+    .await
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "no Kubernetes configuration (in-cluster or KUBECONFIG)");

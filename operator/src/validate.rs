@@ -6,7 +6,9 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use tether_crds::{ADMIN_PORT_NAME, MCP_PORT_NAME, McpEndpoint, PEER_PORT_NAME, validate_spec};
+use tether_crds::{
+    ADMIN_PORT_NAME, McpEndpoint, PEER_PORT_NAME, SIDECAR_MCP_PORT_NAME, validate_spec,
+};
 
 use crate::fields::tether_alone_manages_pre_stop;
 use crate::names::{
@@ -163,7 +165,7 @@ fn check_sidecar_name(
 }
 
 /// Names of the sidecar's container ports: no other container of the pod may use them.
-const SIDECAR_PORT_NAMES: [&str; 3] = [MCP_PORT_NAME, ADMIN_PORT_NAME, PEER_PORT_NAME];
+const SIDECAR_PORT_NAMES: [&str; 3] = [SIDECAR_MCP_PORT_NAME, ADMIN_PORT_NAME, PEER_PORT_NAME];
 
 /// The sidecar's ports must be free in the pod's network namespace, and their names unused by
 /// the other containers (a duplicate port name is not rejected by the API server).
@@ -398,11 +400,14 @@ mod tests {
             reason(&ep, &with_containers(json!([server(port)]))),
             Some("PortConflict")
         );
-        let named = json!({"ports": [{"containerPort": 3000, "name": "mcp"}]});
+        let named = json!({"ports": [{"containerPort": 3000, "name": "tether-mcp"}]});
         assert_eq!(
             reason(&ep, &with_containers(json!([server(named)]))),
             Some("PortConflict")
         );
+        // `mcp`, the natural name of an MCP server's port, is the user's to take.
+        let mcp = json!({"ports": [{"containerPort": 3000, "name": "mcp"}]});
+        assert_eq!(reason(&ep, &with_containers(json!([server(mcp)]))), None);
         let peer_named = fixtures::deployment_with(|d| {
             d["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "proxy", "image": "p", "ports": [{"containerPort": 7000, "name": "tether-peer"}]}]);
         });

@@ -218,6 +218,11 @@ impl Executions {
         }
     }
 
+    /// Adds one execution of `call_id` (an example server's `--log-calls` line, say).
+    pub fn record(&mut self, call_id: &str) {
+        *self.0.entry(call_id.to_owned()).or_default() += 1;
+    }
+
     /// Executions, over every call id.
     pub fn total(&self) -> u64 {
         self.0.values().sum()
@@ -321,5 +326,10 @@ mod tests {
         merged.add(&serde_json::json!({"calls": {"b": 1, "c": 1}}));
         assert_eq!(merged.executed_twice(), 1);
         assert_eq!(merged.total(), 4);
+        // Executions recorded one by one (a server's log lines) count the same way.
+        merged.record("a");
+        merged.record("d");
+        assert_eq!(merged.executed_twice(), 2);
+        assert_eq!(merged.total(), 6);
     }
 }

@@ -6,7 +6,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::{Value, json};
 use tether_crds::{
-    ADMIN_PORT_NAME, MCP_PORT_NAME, McpEndpoint, PEER_PORT_NAME, POD_SETTINGS_ANNOTATION,
+    ADMIN_PORT_NAME, McpEndpoint, PEER_PORT_NAME, POD_SETTINGS_ANNOTATION, SIDECAR_MCP_PORT_NAME,
 };
 
 use super::{Defaults, GRACE_MARGIN_SECS};
@@ -235,7 +235,7 @@ fn sidecar(ep: &McpEndpoint, names: &Names, defaults: &Defaults) -> Value {
             {"name": "TETHER_MEMORY_LIMIT", "valueFrom": {"resourceFieldRef": {"containerName": SIDECAR_CONTAINER, "resource": "limits.memory"}}},
         ],
         "ports": [
-            {"name": MCP_PORT_NAME, "containerPort": spec.listen.port, "protocol": "TCP"},
+            {"name": SIDECAR_MCP_PORT_NAME, "containerPort": spec.listen.port, "protocol": "TCP"},
             {"name": ADMIN_PORT_NAME, "containerPort": spec.admin.port, "protocol": "TCP"},
             {"name": PEER_PORT_NAME, "containerPort": spec.peer.port, "protocol": "TCP"},
         ],

@@ -99,7 +99,7 @@ impl Cluster {
     /// Deletes `ns` and waits (bounded) until no `McpEndpoint` is left in it, which the
     /// operator's finalizer ensures; one still there at the deadline loses its finalizers so the
     /// namespace can go. The rest of the namespace (pods draining) goes on its own.
-    async fn delete_namespace(&self, ns: &str) -> Outcome {
+    pub async fn delete_namespace(&self, ns: &str) -> Outcome {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         match namespaces.delete(ns, &DeleteParams::default()).await {
             Ok(_) => {}
@@ -141,14 +141,20 @@ impl Cluster {
         Api::namespaced(self.client.clone(), ns)
     }
 
-    /// The example Deployment as applied into `ns`: its manifest with the namespace and
-    /// `TETHER_E2E_SERVER_IMAGE`, then `edit`.
+    /// The example Deployment as applied into `ns`: its manifest with the namespace,
+    /// `TETHER_E2E_SERVER_IMAGE` and the server's `--log-calls` (what
+    /// [`crate::traffic::ServerLogs`] counts), then `edit`.
     pub fn example_deployment(&self, ns: &str, edit: impl FnOnce(&mut Value)) -> Outcome<Value> {
         let mut deployment = example("deployment.yaml")?;
         deployment["metadata"]["namespace"] = json!(ns);
+        let server = &mut deployment["spec"]["template"]["spec"]["containers"][0];
         if let Some(image) = &self.settings.server_image {
-            deployment["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+            server["image"] = json!(image);
         }
+        server["args"]
+            .as_array_mut()
+            .ok_or("the example server without args")?
+            .push(json!("--log-calls"));
         edit(&mut deployment);
         Ok(deployment)
     }
@@ -241,6 +247,52 @@ impl Cluster {
         .await?;
         let target = self.endpoints(ns).get(name).await?.spec.target_ref.name;
         self.wait_rolled(ns, &target).await
+    }
+
+    /// Waits until endpoint `name` has nothing left to report: Ready, its Deployment rolled out,
+    /// no pod of it terminating, and its status counting every pod routable and none draining
+    /// (the operator writes the status as these change; after this only a change writes).
+    pub async fn wait_settled(&self, ns: &str, name: &str) -> Outcome {
+        self.wait_ready(ns, name).await?;
+        let target = self.endpoints(ns).get(name).await?.spec.target_ref.name;
+        let want = self
+            .deployments(ns)
+            .get(&target)
+            .await?
+            .spec
+            .and_then(|s| s.replicas)
+            .unwrap_or(1);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        wait_until(
+            &format!("McpEndpoint {name} settled"),
+            self.settings.timeout,
+            async || {
+                let listed = pods
+                    .list(&ListParams::default().labels(EXAMPLE_PODS))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let terminating = listed
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_some())
+                    .count();
+                let ep = self
+                    .endpoints(ns)
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = ep.status.unwrap_or_default();
+                let counts = (status.routable, status.draining.unwrap_or(0));
+                if terminating == 0 && counts == (Some(want), 0) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{terminating} pods terminating, (routable, draining) {counts:?}"
+                    ))
+                }
+            },
+        )
+        .await
     }
 
     /// Waits until endpoint `name` is `Degraded=True`; returns the reason.

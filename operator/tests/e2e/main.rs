@@ -13,12 +13,20 @@
 //!   non-canonical quantities, two endpoints on one Deployment, an endpoint deleted and
 //!   re-created under its name;
 //! - [`platform`]: two operator replicas with one leader, a namespace enforcing the
-//!   `restricted` Pod Security Standard.
+//!   `restricted` Pod Security Standard, the CRD as `kubectl explain` shows it;
+//! - [`chart`]: the chart's other shape (`watchNamespaces`) and its upgrade under load. These
+//!   change the installation every other test runs against, so each runs alone
+//!   ([`exclusive_scenario`]).
 //!
 //! Settings: `TETHER_E2E_OPERATOR_IMAGE`, `TETHER_E2E_SIDECAR_IMAGE` (required),
 //! `TETHER_E2E_SERVER_IMAGE` (optional, replaces the example server's image),
-//! `TETHER_E2E_TIMEOUT_SECS` (optional, default 180: the bound of each wait).
+//! `TETHER_E2E_SERVER_NEXT_IMAGE` (optional, another tag of it: the rollout that changes the
+//! image), `TETHER_E2E_AUDIT_LOG` (optional, the API server's audit log as JSON lines: the
+//! operator's writes are counted from it), `TETHER_E2E_TIMEOUT_SECS` (optional, default 180:
+//! the bound of each wait).
 
+mod audit;
+mod chart;
 mod cluster;
 mod install;
 mod platform;
@@ -30,6 +38,8 @@ use std::time::Duration;
 
 /// Default bound of each wait.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(180);
+/// Default MCP sessions of a load.
+const DEFAULT_LOAD_SESSIONS: usize = 12;
 
 /// What the environment asks for.
 #[derive(Clone, Debug)]
@@ -42,6 +52,12 @@ pub(crate) struct Settings {
     pub sidecar_image: String,
     /// Replaces the example server's image when set.
     pub server_image: Option<String>,
+    /// Another tag of the example server's image, for the rollout that changes the image.
+    pub server_next_image: Option<String>,
+    /// The API server's audit log (JSON lines), when the tests may read it.
+    pub audit_log: Option<PathBuf>,
+    /// MCP sessions of each load the tests run through an endpoint.
+    pub load_sessions: usize,
     /// Bound of each wait.
     pub timeout: Duration,
 }
@@ -68,15 +84,29 @@ impl Settings {
                 format!("TETHER_E2E_TIMEOUT_SECS={s:?} is not a number of seconds: {e}")
             })?),
         };
+        let load_sessions = match var("TETHER_E2E_LOAD_SESSIONS") {
+            None => DEFAULT_LOAD_SESSIONS,
+            Some(s) => s.parse().map_err(|e| {
+                format!("TETHER_E2E_LOAD_SESSIONS={s:?} is not a number of sessions: {e}")
+            })?,
+        };
         Ok(Self {
             kubeconfig,
             operator_image: required("TETHER_E2E_OPERATOR_IMAGE", "tether-operator")?,
             sidecar_image: required("TETHER_E2E_SIDECAR_IMAGE", "tether-sidecar")?,
             server_image: var("TETHER_E2E_SERVER_IMAGE"),
+            server_next_image: var("TETHER_E2E_SERVER_NEXT_IMAGE"),
+            audit_log: var("TETHER_E2E_AUDIT_LOG").map(PathBuf::from),
+            load_sessions,
             timeout,
         })
     }
 }
+
+/// Held shared by every scenario and exclusively by one that changes the installation (the
+/// chart's values): such a scenario runs alone, and the others never see the operator change
+/// under them.
+static INSTALLATION: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Runs `scenario` as [`cluster::Cluster::run`] does, in a namespace labelled `labels` of the
 /// cluster with the operator installed; when the tests are not enabled it only says so.
@@ -88,7 +118,21 @@ pub(crate) async fn scenario(
     scenario: impl AsyncFnOnce(&cluster::Cluster, &str) -> cluster::Outcome,
 ) {
     if let Some(cluster) = cluster().await {
+        let _shared = INSTALLATION.read().await;
         cluster.run(labels, scenario).await;
+    }
+}
+
+/// [`scenario`] for a scenario that changes the installation: it runs while no other does.
+///
+/// # Panics
+/// As [`scenario`].
+pub(crate) async fn exclusive_scenario(
+    scenario: impl AsyncFnOnce(&cluster::Cluster, &str) -> cluster::Outcome,
+) {
+    if let Some(cluster) = cluster().await {
+        let _alone = INSTALLATION.write().await;
+        cluster.run(&[], scenario).await;
     }
 }
 

@@ -1,12 +1,16 @@
 //! The platform around the operator: its two replicas elect one leader (the chart's
-//! `replicaCount: 2` with leader election), and the pods it injects pass the `restricted` Pod
-//! Security Standard.
+//! `replicaCount: 2` with leader election), the example Deployment with the pods' injected
+//! sidecars passes the `restricted` Pod Security Standard, and `kubectl explain` shows the CRD's
+//! descriptions as whole paragraphs.
+
+use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, LogParams};
-use serde_json::json;
+use serde_json::{Value, json};
+use tether_crds::API_GROUP;
 
 use crate::cluster::{Cluster, Outcome, wait_until};
 use crate::install::{LEASE, RELEASE, RELEASE_NAMESPACE, REPLICAS};
@@ -93,14 +97,75 @@ async fn two_operator_replicas_elect_one_leader_and_the_other_takes_over() {
 async fn a_restricted_namespace_admits_the_injected_pods() {
     let restricted = [("pod-security.kubernetes.io/enforce", "restricted")];
     crate::scenario(&restricted, async |cluster, ns| {
-        // The user's container meets the standard on its own; the sidecar must too.
-        cluster
-            .deploy(ns, |d| {
-                d["spec"]["template"]["spec"]["containers"][0]["securityContext"]
-                    ["seccompProfile"] = json!({"type": "RuntimeDefault"});
-            })
-            .await?;
+        // The example's container meets the standard as it is; the sidecar must too.
+        cluster.deploy(ns, |_| {}).await?;
         cluster.ready_endpoint(ns, "weather", json!({})).await
+    })
+    .await;
+}
+
+/// The descriptions of the OpenAPI schema `schema` and of every schema below it, with their
+/// paths.
+fn descriptions(path: &str, schema: &Value, out: &mut Vec<(String, String)>) {
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map {
+                match (key.as_str(), value) {
+                    ("description", Value::String(text)) => {
+                        out.push((path.to_owned(), text.clone()))
+                    }
+                    _ => descriptions(&format!("{path}.{key}"), value, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| descriptions(path, v, out)),
+        _ => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_explains_the_crd_in_whole_paragraphs() {
+    crate::scenario(&[], async |cluster, _| {
+        // What `kubectl explain` reads: the API server's OpenAPI v3 document of the group.
+        let request =
+            http::Request::get(format!("/openapi/v3/apis/{API_GROUP}/v1alpha1")).body(Vec::new())?;
+        let document: Value = serde_json::from_str(&cluster.client.request_text(request).await?)?;
+        let schemas = &document["components"]["schemas"];
+        let (name, schema) = schemas
+            .as_object()
+            .and_then(|s| s.iter().find(|(name, _)| name.ends_with(".McpEndpoint")))
+            .ok_or("no McpEndpoint schema in the OpenAPI document")?;
+        let mut found = Vec::new();
+        for part in ["spec", "status"] {
+            descriptions(part, &schema["properties"][part], &mut found);
+        }
+        // A line break inside a paragraph is where kubectl would break a sentence.
+        let ragged: Vec<_> = found
+            .iter()
+            .filter(|(_, text)| text.split("\n\n").any(|p| p.contains('\n')))
+            .collect();
+        if found.len() < 20 || !ragged.is_empty() {
+            return Err(format!(
+                "{name}: {} descriptions, broken mid-paragraph: {ragged:?}",
+                found.len()
+            )
+            .into());
+        }
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&cluster.settings.kubeconfig)
+            .args(["explain", "mcpendpoints.spec.auth.binding"])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let flowing = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        if !out.status.success() || !flowing.contains("What a session is bound to, fixed at its") {
+            return Err(format!(
+                "kubectl explain: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        Ok(())
     })
     .await;
 }

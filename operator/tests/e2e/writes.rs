@@ -1,8 +1,12 @@
-//! What the operator writes next to others' writes: a GitOps tool applying the user's manifest
-//! with server-side apply, a spec the API server stores in another form (quantities), a second
-//! endpoint on the same Deployment, and an endpoint deleted and re-created under its name.
+//! What the operator writes: the writes of a new endpoint and none while it is idle (counted
+//! from the API server's audit log, with the `User-Agent` of the operator and the sidecars),
+//! and next to others' writes: a GitOps tool applying the user's manifest with server-side apply,
+//! a spec the API server stores in another form (quantities), a second endpoint on the same
+//! Deployment, and an endpoint deleted and re-created under its name.
 
+use std::collections::BTreeMap;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Secret;
@@ -10,14 +14,20 @@ use kube::api::{Api, ListParams};
 use serde_json::json;
 use tether_operator::names::INJECTED_ANNOTATION;
 
+use crate::audit::{AuditLog, writes_by};
 use crate::cluster::{A_RECONCILE, Cluster, EXAMPLE_PODS, Outcome, sidecar};
-use crate::traffic::roll_under_load;
+use crate::install::operator_user;
+use crate::traffic::{Rollout, clean, load_through, roll_under_load};
 
 /// `Degraded` reasons of a second endpoint on an injected Deployment: the Deployment opted in
 /// to the first only (`TargetNotOptedIn`); in a namespace that opts every Deployment in, the
 /// sidecar is the other's (`ContainerNameClash`), or its apply would take the other's fields
 /// (`FieldConflict`).
 const SECOND_ENDPOINT: &[&str] = &["TargetNotOptedIn", "ContainerNameClash", "FieldConflict"];
+
+/// The longest an endpoint deleted under load may take to be finalized: the default
+/// `spec.drain.timeout` of its pods' drains, and 30 s for the rollout around them.
+const DELETION: Duration = Duration::from_secs(60 + 30);
 
 /// What a rollout or a re-apply would change in a Deployment.
 #[derive(Debug, PartialEq)]
@@ -105,17 +115,112 @@ async fn a_gitops_tools_server_side_applies_neither_conflict_nor_roll_the_pods()
     .await;
 }
 
+/// The operator's writes for a new endpoint named `weather` (`docs/design/operator.md`, "Writes
+/// per scenario"), each exactly once, by [`crate::audit::Request::describe`]; besides them
+/// only status patches (one per change, as the pods roll) and Events. `{secret}` is the key
+/// ring's name, which holds the endpoint's UID.
+const CREATION: &[&str] = &[
+    "patch mcpendpoints/weather", // the finalizer
+    "patch configmaps/weather-tether",
+    "create secrets/{secret}",
+    "patch services/weather-mcp",
+    "patch services/weather-peers",
+    "patch serviceaccounts/weather-tether-sidecar",
+    "patch roles/weather-tether-sidecar",
+    "patch rolebindings/weather-tether-sidecar",
+    "patch poddisruptionbudgets/weather-tether",
+    "patch deployments/weather",
+];
+
+/// Fails unless the requests of `log` from `start` to `idle` hold exactly the [`CREATION`]
+/// writes (plus status patches and Events) of `operator` in `ns`, those after `idle` none, and
+/// every request of the operator and of the sidecars carries its own `User-Agent`.
+fn audited(
+    log: &AuditLog,
+    marks: [crate::audit::Mark; 2],
+    operator: &str,
+    ns: &str,
+    secret: &str,
+) -> Outcome {
+    let [start, idle] = marks;
+    let created = log.between(start, Some(idle))?;
+    let mut writes = writes_by(&created, operator, ns);
+    let statuses = writes
+        .remove("patch mcpendpoints/status/weather")
+        .unwrap_or(0);
+    writes.retain(|w, _| !w.contains(" events/"));
+    let want: BTreeMap<String, usize> = CREATION
+        .iter()
+        .map(|w| (w.replace("{secret}", secret), 1))
+        .collect();
+    if writes != want || statuses == 0 {
+        return Err(format!(
+            "the creation's writes (besides {statuses} status patches and the Events): \
+             {writes:?}, want {want:?}"
+        )
+        .into());
+    }
+    // Each status patch changed the status: the same body twice in a row is a write of nothing.
+    let bodies: Vec<_> = created
+        .iter()
+        .filter(|r| {
+            r.user.username == operator && r.describe() == "patch mcpendpoints/status/weather"
+        })
+        .map(|r| r.request_object.clone())
+        .collect();
+    if let Some(same) = bodies.windows(2).find(|pair| pair[0] == pair[1]) {
+        return Err(format!("a status patch that changed nothing: {:?}", same[1]).into());
+    }
+    let after = log.since(idle)?;
+    let idle_writes = writes_by(&after, operator, ns);
+    if !idle_writes.is_empty() {
+        return Err(
+            format!("writes of an idle endpoint over two rechecks: {idle_writes:?}").into(),
+        );
+    }
+    let sidecars = format!("system:serviceaccount:{ns}:weather-tether-sidecar");
+    for (user, agent) in [
+        (operator, "tether-operator/v"),
+        (sidecars.as_str(), "tether-sidecar/v"),
+    ] {
+        let sent: Vec<_> = created
+            .iter()
+            .chain(&after)
+            .filter(|r| r.user.username == user)
+            .collect();
+        let other = sent.iter().find(|r| !r.user_agent.starts_with(agent));
+        if sent.is_empty() || other.is_some() {
+            return Err(format!(
+                "{} requests of {user}, one with User-Agent {:?} (want {agent}…)",
+                sent.len(),
+                other.map(|r| &r.user_agent)
+            )
+            .into());
+        }
+    }
+    eprintln!(
+        "e2e: a creation wrote {} objects once, the status {statuses} times; idle: 0 writes",
+        want.len()
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_non_canonical_sidecar_quantity_turns_ready_and_stays_quiet() {
+async fn a_new_endpoint_makes_the_documented_writes_then_none_while_idle() {
     crate::scenario(&[], async |cluster, ns| {
-        // The endpoint keeps the limits as written; the Deployment holds them as 500m and 1Gi.
-        // (Small requests: the pods must fit on a kind node.)
+        let log = cluster.settings.audit_log.clone().map(AuditLog::new);
+        let start = log.as_ref().map(AuditLog::mark).transpose()?;
+        // The endpoint keeps the limits as written; the Deployment holds them as 500m and 1Gi:
+        // a comparison of the two as text would write the Deployment at every recheck.
+        // (Small requests: the pods must fit on a one-node cluster.)
         let resources = json!({
             "requests": {"cpu": "50m", "memory": "64Mi"},
             "limits": {"cpu": "0.5", "memory": "1024Mi"},
         });
         let spec = json!({"sidecar": {"resources": resources}});
         cluster.serve(ns, "weather", spec).await?;
+        cluster.wait_settled(ns, "weather").await?;
+        let idle = log.as_ref().map(AuditLog::mark).transpose()?;
         let applied = cluster.events(ns, "weather", "Applied").await?;
         let before = cluster.template(ns, "weather").await?;
         tokio::time::sleep(2 * A_RECONCILE).await;
@@ -126,7 +231,29 @@ async fn a_non_canonical_sidecar_quantity_turns_ready_and_stays_quiet() {
         cluster
             .template_kept(ns, "weather", &before, "two rechecks")
             .await?;
-        cluster.ensure_ready(ns, "weather").await
+        cluster.ensure_ready(ns, "weather").await?;
+        // The key ring was created with the endpoint's field manager, not `unknown`.
+        let uid = cluster.endpoints(ns).get("weather").await?.metadata.uid;
+        let secret = format!("weather-tether-keys-{}", &uid.unwrap_or_default()[..8]);
+        let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), ns);
+        let managers: Vec<String> = secrets
+            .get(&secret)
+            .await?
+            .metadata
+            .managed_fields
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.manager)
+            .collect();
+        if managers != ["tether-operator/weather"] {
+            return Err(format!("Secret {secret}'s field managers: {managers:?}").into());
+        }
+        let (Some(log), Some(start), Some(idle)) = (log, start, idle) else {
+            eprintln!("e2e: no TETHER_E2E_AUDIT_LOG: the writes were not counted");
+            return Ok(());
+        };
+        let operator = operator_user(cluster).await?;
+        audited(&log, [start, idle], &operator, ns, &secret)
     })
     .await;
 }
@@ -158,7 +285,18 @@ async fn a_second_endpoint_on_the_deployment_is_degraded_and_its_deletion_keeps_
 async fn an_endpoint_deleted_and_re_created_keeps_one_key_across_its_pods() {
     crate::scenario(&[], async |cluster, ns| {
         let target = cluster.serve(ns, "weather", json!({})).await?;
+        // Deleted while clients call (their sessions end with it: docs/guide/uninstall.md), it
+        // is gone once no pod runs its sidecar: the old pods' drains end with their last
+        // requests, within `spec.drain.timeout` (60 s by default) and the rollout.
+        let running = load_through(cluster, ns, "weather").await?;
+        let started = Instant::now();
         cluster.delete_endpoint(ns, "weather").await?;
+        let took = started.elapsed();
+        running.abort();
+        eprintln!("e2e: the endpoint deleted under load was finalized in {took:?}");
+        if took > DELETION {
+            return Err(format!("deleting the endpoint took {took:?}, over {DELETION:?}").into());
+        }
         // The finalizer ran: the injection is gone.
         if cluster.template(ns, &target).await?.injected_by.is_some() {
             return Err("the sidecar is still injected after the endpoint's deletion".into());
@@ -192,15 +330,8 @@ async fn an_endpoint_deleted_and_re_created_keeps_one_key_across_its_pods() {
                 .into());
             }
         }
-        let report = roll_under_load(cluster, ns, "weather", &target).await?;
-        if report.not_found > 0 {
-            return Err(format!(
-                "{} sessions lost (404) after the re-create",
-                report.not_found
-            )
-            .into());
-        }
-        Ok(())
+        let report = roll_under_load(cluster, ns, "weather", &target, Rollout::Restart).await?;
+        clean(&report, "a rollout after the re-create")
     })
     .await;
 }

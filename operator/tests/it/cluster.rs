@@ -200,7 +200,7 @@ async fn sidecar_resources_in_another_notation_are_written_once() {
 async fn a_user_port_named_like_the_sidecars_is_a_port_conflict() {
     let mut d = deployment();
     d["spec"]["template"]["spec"]["containers"][0]["ports"] =
-        json!([{"containerPort": 3000, "name": "mcp"}]);
+        json!([{"containerPort": 3000, "name": "tether-admin"}]);
     let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, d)]);
     let before = stored(&api, DEPLOY_PATH);
     let (_, writes) = reconcile_once(&api).await;

@@ -1,6 +1,7 @@
 //! The manifests of `examples/k8s/` are what the docs say: each McpEndpoint passes the sidecar's
-//! loader and the CRD's CEL rules, the operator accepts the example Deployment as its target, and
-//! `tether-operator plan` previews the injection for each (the binary, with its exit statuses).
+//! loader and the CRD's CEL rules, the operator accepts the example Deployment as its target (its
+//! container meets the `restricted` Pod Security Standard on its own), and `tether-operator plan`
+//! previews the injection for each (the binary, with its exit statuses).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,6 +9,8 @@ use std::process::Command;
 use k8s_openapi::api::apps::v1::Deployment;
 use tether_operator::names::Names;
 use tether_operator::validate::validate;
+
+use crate::support::cluster::restricted_violations;
 
 /// The path of `name` in `examples/k8s/`.
 fn example(name: &str) -> PathBuf {
@@ -65,6 +68,22 @@ fn every_example_endpoint_is_valid_and_targets_the_example_deployment() {
             .unwrap_or_else(|c| panic!("{file}: the operator refuses the example Deployment: {c}"));
         assert_eq!(target.upstream_container, "server", "{file}");
     }
+}
+
+#[test]
+fn the_example_deployment_meets_the_restricted_pod_security_standard() {
+    let deployment: serde_json::Value =
+        yaml_serde::from_str(&read("deployment.yaml")).expect("a Deployment");
+    let pod_spec = &deployment["spec"]["template"]["spec"];
+    let violations = restricted_violations(pod_spec);
+    assert!(violations.is_empty(), "{violations:?}");
+    // The check itself: the container without its seccomp profile fails it.
+    let mut without = pod_spec.clone();
+    without["containers"][0]["securityContext"]
+        .as_object_mut()
+        .unwrap()
+        .remove("seccompProfile");
+    assert!(!restricted_violations(&without).is_empty());
 }
 
 #[test]

@@ -57,6 +57,21 @@ async fn create_adds_the_finalizer_then_applies_everything_once_and_a_no_op_writ
             "{w:?}"
         );
     }
+    // The key ring's creation too: without one, the API server would name the manager after the
+    // client's User-Agent, or `unknown`.
+    let secret = writes.iter().find(|w| w.method == Method::POST).unwrap();
+    assert!(
+        secret
+            .query
+            .contains("fieldManager=tether-operator/weather"),
+        "{secret:?}"
+    );
+    let stored = api.lock().unwrap().objects.clone();
+    let created = stored
+        .iter()
+        .find(|(path, _)| path.starts_with("/api/v1/namespaces/tools/secrets/"))
+        .map(|(_, secret)| secret["metadata"]["managedFields"][0]["manager"].clone());
+    assert_eq!(created, Some(json!("tether-operator/weather")));
     let status = api.lock().unwrap().objects[EP_PATH]["status"].clone();
     assert_eq!(
         condition(&status, "Progressing")["status"],

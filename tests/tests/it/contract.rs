@@ -293,7 +293,7 @@ fn what_the_operator_injects_is_what_the_sidecar_reads() {
             .as_u64()
             .unwrap()
     };
-    assert_eq!(port("mcp"), u64::from(cfg.listen_addr.port()));
+    assert_eq!(port("tether-mcp"), u64::from(cfg.listen_addr.port()));
     assert_eq!(port("tether-admin"), u64::from(cfg.admin_addr.port()));
     assert_eq!(port("tether-peer"), u64::from(cfg.peer_addr.port()));
     assert_eq!(cfg.listen_addr.ip().to_string(), POD_IP);

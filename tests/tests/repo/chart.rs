@@ -6,7 +6,7 @@
 //! in each watched namespace; every environment variable the operator's Deployment sets is a
 //! flag of `tether-operator run`; files read with `.Files.Get` exist; the CRD is rendered only
 //! with `crds.install`. The CRD template is checked against the types in `crds/tests/crd.rs`.
-//! With `helm` on PATH, `helm lint` and `helm template` (with and without `crds.install`) run
+//! With `helm` on PATH, `helm lint --strict` and `helm template` (with and without `crds.install`) run
 //! too; without it the test says it skipped them.
 
 use std::collections::BTreeSet;
@@ -356,7 +356,7 @@ fn helm_lint_and_template_when_helm_is_installed() {
     assert!(version.status.success());
     let chart = chart();
     for args in [
-        vec!["lint", chart.to_str().unwrap()],
+        vec!["lint", "--strict", chart.to_str().unwrap()],
         vec!["template", "t", chart.to_str().unwrap()],
         vec![
             "template",

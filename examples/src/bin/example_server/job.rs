@@ -40,12 +40,7 @@ impl JobArgs {
 /// Runs `job` to its end: counted in `stats` like `slow` (executions per call id), then
 /// `done <call_id>`.
 pub(crate) async fn run(stats: &Stats, args: &JobArgs) -> String {
-    stats.executions.fetch_add(1, Ordering::Relaxed);
-    *stats
-        .per_call
-        .lock()
-        .entry(args.call_id.clone())
-        .or_default() += 1;
+    stats.executed(&args.call_id);
     tokio::time::sleep(Duration::from_millis(args.ms)).await;
     stats.completed.fetch_add(1, Ordering::Relaxed);
     format!("done {}", args.call_id)

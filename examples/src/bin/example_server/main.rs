@@ -142,11 +142,18 @@ struct Args {
     /// Interval of `notifications/tools/list_changed` on a `subscriptions/listen` stream, in ms.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     listen_interval_ms: u64,
+    /// Print `executed "<call_id>"` on stdout at each `slow` and `job` execution: what a client
+    /// that cannot reach `/stats` counts (a pod's log, read through the API server, outlives
+    /// the pod's network).
+    #[arg(long)]
+    log_calls: bool,
 }
 
 /// Execution counts per `slow` call id, for `GET /stats`.
 #[derive(Debug, Default)]
 struct Stats {
+    /// `--log-calls`: each execution is also printed.
+    log_calls: bool,
     per_call: Mutex<HashMap<String, u64>>,
     executions: AtomicU64,
     completed: AtomicU64,
@@ -169,6 +176,16 @@ struct Stats {
 }
 
 impl Stats {
+    /// Counts an execution of call `call_id` (`slow` or `job`), and prints it with `--log-calls`.
+    fn executed(&self, call_id: &str) {
+        self.executions.fetch_add(1, Ordering::Relaxed);
+        *self.per_call.lock().entry(call_id.to_owned()).or_default() += 1;
+        if self.log_calls {
+            // Debug-quoted: a call id is the client's text.
+            println!("executed {call_id:?}");
+        }
+    }
+
     fn json(&self) -> serde_json::Value {
         let calls = self.per_call.lock().clone();
         let duplicates: HashMap<_, _> = calls.iter().filter(|(_, n)| **n > 1).collect();
@@ -395,14 +412,7 @@ impl ExampleServer {
         Parameters(args): Parameters<SlowArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<String, ErrorData> {
-        self.stats.executions.fetch_add(1, Ordering::Relaxed);
-        *self
-            .stats
-            .per_call
-            .lock()
-            .entry(args.call_id.clone())
-            .or_default() += 1;
-
+        self.stats.executed(&args.call_id);
         let token = ctx.meta.get_progress_token();
         let interval = Duration::from_millis(args.interval_ms);
         let polling = ctx
@@ -638,7 +648,10 @@ async fn main() -> std::io::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
-    let stats = Arc::new(Stats::default());
+    let stats = Arc::new(Stats {
+        log_calls: args.log_calls,
+        ..Stats::default()
+    });
     let mut inner = LocalSessionManager::default();
     inner.session_config = {
         let mut c = SessionConfig::default();

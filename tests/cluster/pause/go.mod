@@ -1,0 +1,3 @@
+module tether.local/cluster/pause
+
+go 1.26
