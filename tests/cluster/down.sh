@@ -45,7 +45,7 @@ unmount_all() {
 if pgrep -f "$S/" >/dev/null; then
   log "stopping the cluster in $S"
   # The node first, so nothing restarts what goes next; then the pods, then everything else.
-  stop "^(kubelet|kube-proxy) .*$S/"
+  stop "(^|/)(kubelet|kube-proxy) .*$S/"
   kill_pods
   stop "$S/"
   kill_pods

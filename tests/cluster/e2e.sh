@@ -40,6 +40,7 @@ in_ns env \
   TETHER_E2E_SERVER_IMAGE=tether-example-server:e2e \
   TETHER_E2E_SERVER_NEXT_IMAGE=tether-example-server:e2e-next \
   TETHER_E2E_AUDIT_LOG="$S/logs/audit.log" \
+  TETHER_E2E_IN_CLUSTER_NETWORK=1 \
   cargo test --offline -p tether-operator --test e2e -- --test-threads="${E2E_TEST_THREADS:-3}" "$@" ||
   status=$?
 if [ "$status" != 0 ]; then

@@ -58,6 +58,9 @@ pub(crate) struct Settings {
     pub audit_log: Option<PathBuf>,
     /// MCP sessions of each load the tests run through an endpoint.
     pub load_sessions: usize,
+    /// Whether this process runs in the cluster's network: clients then use a Service's
+    /// ClusterIP, else the API server's service proxy.
+    pub in_cluster_network: bool,
     /// Bound of each wait.
     pub timeout: Duration,
 }
@@ -98,6 +101,7 @@ impl Settings {
             server_next_image: var("TETHER_E2E_SERVER_NEXT_IMAGE"),
             audit_log: var("TETHER_E2E_AUDIT_LOG").map(PathBuf::from),
             load_sessions,
+            in_cluster_network: var("TETHER_E2E_IN_CLUSTER_NETWORK").is_some_and(|v| v != "0"),
             timeout,
         })
     }

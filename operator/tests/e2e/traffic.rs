@@ -1,8 +1,10 @@
 //! MCP traffic through the endpoint's client Service `<name>-mcp`, with the harness's client
-//! (`tether_tests::client`, `call`, `load`): the test process reaches the Service through the API
-//! server's service proxy (`/api/v1/namespaces/<ns>/services/<name>-mcp:mcp/proxy/…`), which
-//! sends each request to one of the Service's endpoints, so every request depends on the
-//! Service's selector and ports. The example servers' own count of executions comes from their
+//! (`tether_tests::client`, `call`, `load`): a test process in the cluster's network reaches the
+//! Service at its ClusterIP (kube-proxy picks a pod for each connection, as for an in-cluster
+//! client); one outside it, through the API server's service proxy
+//! (`/api/v1/namespaces/<ns>/services/<name>-mcp:mcp/proxy/…`), which sends each request to one
+//! of the Service's endpoints. Either way every request depends on the Service's selector and
+//! ports. The example servers' own count of executions comes from their
 //! logs ([`ServerLogs`]). And the Services' EndpointSlices themselves.
 
 use std::collections::HashSet;
@@ -15,7 +17,7 @@ use http::{Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Client;
 use kube::api::{Api, ListParams, LogParams, Patch, PatchParams};
@@ -24,7 +26,7 @@ use tether_tests::call::{self, CallPlan};
 use tether_tests::client::{McpClient, result_text};
 use tether_tests::load::{self, Executions, LoadConfig};
 
-use crate::cluster::{Cluster, EXAMPLE_PODS, Outcome};
+use crate::cluster::{Cluster, EXAMPLE_PODS, Outcome, wait_until};
 
 /// The protocol version the sessions ask for.
 const VERSION: &str = "2025-11-25";
@@ -113,12 +115,54 @@ async fn forward(
     }
 }
 
-/// An MCP client of endpoint `name`'s client Service, through the proxy returned with it (the
-/// client works while the proxy is kept).
-async fn mcp_client(cluster: &Cluster, ns: &str, name: &str) -> Outcome<(ServiceProxy, McpClient)> {
+/// An MCP client of endpoint `name`'s client Service: at its ClusterIP, through kube-proxy, as
+/// an in-cluster client, when the test process runs in the cluster's network
+/// (`TETHER_E2E_IN_CLUSTER_NETWORK`); else through the API server's service proxy returned
+/// with it (the client works while the proxy is kept).
+async fn mcp_client(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+) -> Outcome<(Option<ServiceProxy>, McpClient)> {
     let service = format!("{name}-mcp");
-    let proxy = ServiceProxy::start(&cluster.client, ns, &service, MCP_PORT_NAME).await?;
-    let client = McpClient::new(format!("{}/mcp", proxy.url)).honouring_retry_after();
+    let (proxy, url) = if cluster.settings.in_cluster_network {
+        let spec = Api::<Service>::namespaced(cluster.client.clone(), ns)
+            .get(&service)
+            .await?
+            .spec
+            .unwrap_or_default();
+        let ip = spec
+            .cluster_ip
+            .ok_or("a client Service without a ClusterIP")?;
+        let port = spec
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(MCP_PORT_NAME))
+            .ok_or("a client Service without its mcp port")?
+            .port;
+        // kube-proxy programs a new Service a moment after it exists.
+        let address = format!("{ip}:{port}");
+        wait_until(
+            &format!("Service {service} at {address}"),
+            cluster.settings.timeout,
+            async || {
+                let connect = tokio::net::TcpStream::connect(&address);
+                match tokio::time::timeout(Duration::from_secs(2), connect).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("no answer within 2 s".to_owned()),
+                }
+            },
+        )
+        .await?;
+        (None, format!("http://{address}"))
+    } else {
+        let proxy = ServiceProxy::start(&cluster.client, ns, &service, MCP_PORT_NAME).await?;
+        let url = proxy.url.clone();
+        (Some(proxy), url)
+    };
+    let client = McpClient::new(format!("{url}/mcp")).honouring_retry_after();
     Ok((proxy, client))
 }
 
@@ -208,8 +252,8 @@ fn executed(line: &str) -> Option<String> {
 }
 
 /// Starts sessions (`TETHER_E2E_LOAD_SESSIONS`, 12 by default) calling `slow` through endpoint
-/// `name`'s client Service, 20 calls each
-/// of 10 progress events 300 ms apart, 30 % of the streams cut and resumed (about a minute in
+/// `name`'s client Service, 15 calls each
+/// of 10 progress events 300 ms apart, 30 % of the streams cut and resumed (about 50 s in
 /// all), in a task of its own; returns once they run.
 pub(crate) async fn load_through(
     cluster: &Cluster,
@@ -220,7 +264,7 @@ pub(crate) async fn load_through(
     let sessions = cluster.settings.load_sessions;
     let cfg = LoadConfig {
         sessions,
-        calls_per_session: 20,
+        calls_per_session: 15,
         count: 10,
         interval_ms: 300,
         cut_probability: 0.3,

@@ -25,9 +25,12 @@ use crate::traffic::{Rollout, clean, load_through, roll_under_load};
 /// (`FieldConflict`).
 const SECOND_ENDPOINT: &[&str] = &["TargetNotOptedIn", "ContainerNameClash", "FieldConflict"];
 
-/// The longest an endpoint deleted under load may take to be finalized: the default
-/// `spec.drain.timeout` of its pods' drains, and 30 s for the rollout around them.
-const DELETION: Duration = Duration::from_secs(60 + 30);
+/// `spec.drain.timeout` of the endpoint deleted under load (shorter than the default 60 s, to
+/// keep the test short).
+const DRAIN: Duration = Duration::from_secs(20);
+/// The longest an endpoint deleted under load may take to be finalized: its pods' drains, and
+/// 30 s for the rollout around them.
+const DELETION: Duration = Duration::from_secs(DRAIN.as_secs() + 30);
 
 /// What a rollout or a re-apply would change in a Deployment.
 #[derive(Debug, PartialEq)]
@@ -284,10 +287,11 @@ async fn a_second_endpoint_on_the_deployment_is_degraded_and_its_deletion_keeps_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_deleted_and_re_created_keeps_one_key_across_its_pods() {
     crate::scenario(&[], async |cluster, ns| {
-        let target = cluster.serve(ns, "weather", json!({})).await?;
+        let drain = json!({"drain": {"timeout": format!("{}s", DRAIN.as_secs())}});
+        let target = cluster.serve(ns, "weather", drain).await?;
         // Deleted while clients call (their sessions end with it: docs/guide/uninstall.md), it
-        // is gone once no pod runs its sidecar: the old pods' drains end with their last
-        // requests, within `spec.drain.timeout` (60 s by default) and the rollout.
+        // is gone once no pod runs its sidecar: with clients still calling, the old pods serve
+        // their sessions until `spec.drain.timeout`, then the rollout ends.
         let running = load_through(cluster, ns, "weather").await?;
         let started = Instant::now();
         cluster.delete_endpoint(ns, "weather").await?;
