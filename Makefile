@@ -15,7 +15,7 @@ PYTHON_DEPS := python3 python3-venv
 # npm (and the Node.js it runs on), which installs the conformance suite: `make conformance`.
 NODE_DEPS := nodejs npm
 
-.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo bench bench-proxy crds references images e2e cluster-deps cluster-tools cluster-up cluster-down e2e-local clean
+.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo bench bench-proxy crds references images e2e cluster-deps cluster-root cluster-tools cluster-up cluster-down e2e-local clean
 
 all: test
 
@@ -283,7 +283,7 @@ cluster-tools: cluster-deps
 ## debug by default); `. target/cluster/env` then `nsenter --net=/run/netns/tether-cluster kubectl …`.
 CLUSTER_PROFILE ?= debug
 CLUSTER_BUILD := $(if $(filter release,$(CLUSTER_PROFILE)),--release)
-cluster-up: cluster-tools
+cluster-up: cluster-root cluster-tools
 	$(CARGO) build $(CLUSTER_BUILD) --bins
 	CLUSTER_PROFILE=$(CLUSTER_PROFILE) tests/cluster/up.sh $(CLUSTER_KUBERNETES)
 
@@ -293,13 +293,18 @@ cluster-down:
 
 ## e2e-local: the real-cluster tests (docs/dev/e2e.md) on a local cluster made for them and taken
 ## down afterwards; E2E_TEST_THREADS at a time; TETHER_CLUSTER_KEEP=1 keeps the cluster.
-e2e-local: cluster-tools
+e2e-local: cluster-root cluster-tools
+	$(CARGO) build $(CLUSTER_BUILD) --bins
+	$(CARGO) test -p tether-operator --test e2e --no-run
+	CLUSTER_KUBERNETES=$(CLUSTER_KUBERNETES) CLUSTER_PROFILE=$(CLUSTER_PROFILE) \
+	  E2E_TEST_THREADS=$(E2E_TEST_THREADS) tests/cluster/e2e.sh
+
+## cluster-root: the local cluster runs a kubelet and containerd, which need root: say so before
+## anything is built.
+cluster-root:
 	@if [ "$$(id -u)" != 0 ]; then \
 	  echo "error: the local cluster runs a kubelet and containerd, which need root; run make as root (make cargo-test runs every other test)" >&2; exit 1; \
 	fi
-	$(CARGO) build --bins
-	$(CARGO) test -p tether-operator --test e2e --no-run
-	CLUSTER_KUBERNETES=$(CLUSTER_KUBERNETES) E2E_TEST_THREADS=$(E2E_TEST_THREADS) tests/cluster/e2e.sh
 
 clean:
 	$(CARGO) clean

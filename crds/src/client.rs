@@ -11,7 +11,7 @@ use http::header::USER_AGENT;
 ///
 /// # Errors
 /// When no configuration is found, or a client cannot be built from it.
-pub async fn client(agent: &'static str) -> Result<kube::Client, kube::Error> {
+pub async fn with_user_agent(agent: &'static str) -> Result<kube::Client, kube::Error> {
     let mut config = kube::Config::infer()
         .await
         .map_err(kube::Error::InferConfig)?;

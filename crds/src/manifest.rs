@@ -160,6 +160,10 @@ spec:
             std::time::Duration::from(s.drain.timeout),
             std::time::Duration::from_secs(60)
         );
+        assert_eq!(
+            std::time::Duration::from(s.drain.shutdown_delay),
+            std::time::Duration::from_secs(5)
+        );
     }
 
     #[test]

@@ -304,9 +304,10 @@ fn one_line(description: Option<&Value>) -> String {
         .join("<br>")
 }
 
-/// A description as Markdown paragraphs: the lines of each paragraph joined with spaces.
+/// A description as Markdown paragraphs (the CRD's descriptions are reflowed already,
+/// `schema::reflowed_descriptions`).
 fn paragraphs(description: Option<&Value>) -> String {
-    crate::schema::reflow(description.and_then(Value::as_str).unwrap_or(""))
+    description.and_then(Value::as_str).unwrap_or("").to_owned()
 }
 
 /// Text safe inside a table cell.
@@ -349,6 +350,7 @@ mod tests {
             "spec.session.idleTimeout",
             "spec.session.migration",
             "spec.drain.timeout",
+            "spec.drain.shutdownDelay",
             "spec.sidecar.image",
             "spec.sidecar.resources",
             "spec.auth.forwardHeaders",

@@ -454,6 +454,18 @@ pub struct DrainSpec {
     )]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s') && duration(self) <= duration('1h')").message("spec.drain.timeout must be a positive duration of at most 1h"))]
     pub timeout: Duration,
+    /// How long after its drain began a pod's sidecar still accepts connections, at most `5m`:
+    /// the time the Service's routing (kube-proxy on every node, ingress controllers, load
+    /// balancers) takes to stop sending new connections to a terminating pod. Connections that
+    /// arrive meanwhile are served as by any pod: their sessions are on peers by then. A drain
+    /// that outlasts it adds nothing. Default `5s`; `0s` closes the listeners once the drain
+    /// ends.
+    #[serde(
+        default = "default_shutdown_delay",
+        deserialize_with = "crate::duration::deserialize"
+    )]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('0s') && duration(self) <= duration('5m')").message("spec.drain.shutdownDelay must be a duration between 0s and 5m"))]
+    pub shutdown_delay: Duration,
 }
 
 /// The MCP protocol versions tether knows, oldest first (version keys V1–V4).
@@ -547,6 +559,10 @@ fn default_drain_timeout() -> Duration {
     std::time::Duration::from_secs(60).into()
 }
 
+fn default_shutdown_delay() -> Duration {
+    std::time::Duration::from_secs(5).into()
+}
+
 impl Default for UpstreamSpec {
     fn default() -> Self {
         Self {
@@ -616,6 +632,7 @@ impl Default for DrainSpec {
     fn default() -> Self {
         Self {
             timeout: default_drain_timeout(),
+            shutdown_delay: default_shutdown_delay(),
         }
     }
 }

@@ -9,6 +9,10 @@ use crate::spec::{McpEndpointSpec, ProtocolVersion};
 /// Longest drain timeout accepted: one hour. A pod that drains longer than that blocks rollouts.
 pub const MAX_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// Longest `spec.drain.shutdownDelay` accepted: five minutes, far beyond what endpoint
+/// propagation takes; longer, a pod would hold its grace period for nothing.
+pub const MAX_SHUTDOWN_DELAY: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Longest `spec.auth.revalidate` accepted: one hour. Longer, a revoked credential would keep
 /// being served from memory for too long.
 pub const MAX_REVALIDATE: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -148,17 +152,13 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
             ));
         }
     }
-    // `0s` (no revalidation) is allowed; a negative duration is not (its sign would be lost).
-    let revalidate = &spec.auth.revalidate;
-    if revalidate.is_negative() || *revalidate > MAX_REVALIDATE {
-        errors.push(FieldError::new(
-            "spec.auth.revalidate",
-            format!(
-                "must be a duration between 0s and {} (got {revalidate})",
-                go_duration(MAX_REVALIDATE)
-            ),
-        ));
-    }
+    // `0s` (no revalidation) is allowed.
+    check_at_most(
+        &mut errors,
+        "spec.auth.revalidate",
+        &spec.auth.revalidate,
+        MAX_REVALIDATE,
+    );
     if spec.auth.forward_headers.len() > 16 {
         errors.push(FieldError::new(
             "spec.auth.forwardHeaders",
@@ -170,6 +170,13 @@ pub fn validate_spec(spec: &McpEndpointSpec) -> Vec<FieldError> {
         "spec.drain.timeout",
         &spec.drain.timeout,
         MAX_DRAIN_TIMEOUT,
+    );
+    // `0s` (close the listeners once the drain ends) is allowed.
+    check_at_most(
+        &mut errors,
+        "spec.drain.shutdownDelay",
+        &spec.drain.shutdown_delay,
+        MAX_SHUTDOWN_DELAY,
     );
     errors
 }
@@ -207,6 +214,24 @@ fn check_positive_at_most(
             path,
             format!(
                 "must be a positive duration of at most {} (got {value})",
+                go_duration(max)
+            ),
+        ));
+    }
+}
+
+/// A duration from `0s` to `max`; a negative one is refused (its sign would be lost).
+fn check_at_most(
+    errors: &mut Vec<FieldError>,
+    path: &str,
+    value: &kube::core::Duration,
+    max: std::time::Duration,
+) {
+    if value.is_negative() || *value > max {
+        errors.push(FieldError::new(
+            path,
+            format!(
+                "must be a duration between 0s and {} (got {value})",
                 go_duration(max)
             ),
         ));
@@ -279,6 +304,7 @@ mod tests {
         s.session.idle_timeout = duration("0s");
         s.drain.timeout = duration("2h");
         s.auth.revalidate = duration("-1s");
+        s.drain.shutdown_delay = duration("5m1s");
         let errors: Vec<String> = validate_spec(&s).iter().map(ToString::to_string).collect();
         assert_eq!(
             errors,
@@ -289,6 +315,7 @@ mod tests {
                 "spec.session.idleTimeout: must be a positive duration of at most 24h (got 0ns)",
                 "spec.auth.revalidate: must be a duration between 0s and 1h (got -1s)",
                 "spec.drain.timeout: must be a positive duration of at most 1h (got 7200s)",
+                "spec.drain.shutdownDelay: must be a duration between 0s and 5m (got 301s)",
             ]
         );
     }

@@ -316,6 +316,10 @@ fn invalid_specs() -> Vec<(&'static str, Value)> {
             "spec.drain.timeout",
             spec_with(json!({"drain": {"timeout": "2h"}})),
         ),
+        (
+            "spec.drain.shutdownDelay",
+            spec_with(json!({"drain": {"shutdownDelay": "-1s"}})),
+        ),
     ]
 }
 
@@ -401,6 +405,8 @@ fn bounds() -> Vec<(&'static str, Value, Value)> {
         ("spec.session.idleTimeout", json!("1ns"), json!("-1ns")),
         ("spec.drain.timeout", json!("1h"), json!("1h1s")),
         ("spec.drain.timeout", json!("1ns"), json!("0s")),
+        ("spec.drain.shutdownDelay", json!("5m"), json!("5m1s")),
+        ("spec.drain.shutdownDelay", json!("0s"), json!("-1s")),
         ("spec.auth.revalidate", json!("1h"), json!("1h1s")),
         ("spec.auth.revalidate", json!("0s"), json!("-1s")),
     ]

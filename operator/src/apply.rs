@@ -150,7 +150,7 @@ impl Hint {
     fn of(&self, field: &str) -> Option<String> {
         match field {
             ".spec.template.spec.terminationGracePeriodSeconds" => Some(format!(
-                "set it to at least {} (spec.drain.timeout + 15 s)",
+                "set it to at least {} (the longer of spec.drain.timeout and spec.drain.shutdownDelay, + 15 s)",
                 self.grace
             )),
             ".spec.template.spec.serviceAccountName" | ".spec.template.spec.serviceAccount" => {

@@ -191,9 +191,13 @@ async fn converge(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     }
     // The controller's cache may not hold yet the status this operator wrote a moment ago (a
     // reconcile woken by a Deployment's change runs before the endpoint's own watch event):
-    // decide again on the API server's copy, so the same status is never written twice.
+    // decide again on the API server's copy, so the same status is never written twice. A copy
+    // of another generation is a spec this reconcile did not see: its own reconcile follows.
     let endpoints: Api<McpEndpoint> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    let live = endpoints.get_opt(&names.endpoint).await?;
+    let live = endpoints
+        .get_opt(&names.endpoint)
+        .await?
+        .filter(|live| live.metadata.generation == ep.metadata.generation);
     if let Some(update) = live.and_then(|live| status::update(&live, &outcome, keys, &now)) {
         apply::status(&endpoints, &names, &update.status).await?;
         if let Some(degraded) = update.degraded {

@@ -244,7 +244,7 @@ async fn run(args: RunArgs) -> ExitCode {
         }
     };
     tokio::spawn(tether_operator::admin::serve(listener, Arc::clone(&admin)));
-    let client = match tether_crds::client::client(concat!(
+    let client = match tether_crds::client::with_user_agent(concat!(
         "tether-operator/v",
         env!("CARGO_PKG_VERSION")
     ))

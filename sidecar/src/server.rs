@@ -469,7 +469,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         upstream = %cfg.upstream,
         "tether-sidecar starting"
     );
-    let shutdown = DrainOnTerm::new(drain);
+    let shutdown = DrainOnTerm::new(drain, cfg.shutdown_delay);
     server.run(RunArgs {
         shutdown_signal: Box::new(shutdown),
     });

@@ -15,19 +15,15 @@ if [ -z "${TETHER_CLUSTER_KEEP:-}" ]; then
   trap '"$here/down.sh"' EXIT
 fi
 "$here/up.sh" "$kubernetes"
-PATH=$("$here/tools.sh" --print-bin "$kubernetes"):$PATH
-export PATH
+use_tools "$kubernetes"
 
 S=$CLUSTER_STATE
-in_ns() { nsenter --net="/run/netns/$CLUSTER_NETNS" "$@"; }
-
 # What a failure needs to be understood, from the cluster itself.
 diagnose() {
-  local k=(kubectl --kubeconfig "$S/kubeconfig")
   log "diagnostics (logs of the cluster's processes: $S/logs)"
-  in_ns "${k[@]}" get nodes,pods -A -o wide || true
-  in_ns "${k[@]}" get mcpendpoints -A || true
-  in_ns "${k[@]}" -n tether-e2e-system logs -l app.kubernetes.io/name=tether --tail 40 --prefix || true
+  kubectl_admin get nodes,pods -A -o wide || true
+  kubectl_admin get mcpendpoints -A || true
+  kubectl_admin -n tether-e2e-system logs -l app.kubernetes.io/name=tether --tail 40 --prefix || true
 }
 
 log "e2e: Kubernetes $kubernetes, ${E2E_TEST_THREADS:-3} tests at a time"
@@ -41,7 +37,7 @@ in_ns env \
   TETHER_E2E_SERVER_NEXT_IMAGE=tether-example-server:e2e-next \
   TETHER_E2E_AUDIT_LOG="$S/logs/audit.log" \
   TETHER_E2E_IN_CLUSTER_NETWORK=1 \
-  cargo test --offline -p tether-operator --test e2e -- --test-threads="${E2E_TEST_THREADS:-3}" "$@" ||
+  "${CARGO:-cargo}" test --offline -p tether-operator --test e2e -- --test-threads="${E2E_TEST_THREADS:-3}" "$@" ||
   status=$?
 if [ "$status" != 0 ]; then
   diagnose

@@ -17,7 +17,7 @@ CLUSTER_PROFILE=${CLUSTER_PROFILE:-debug}
 bin_dir=$repo/target/$CLUSTER_PROFILE
 out=$CLUSTER_STATE/images
 sock=$CLUSTER_STATE/containerd/containerd.sock
-PATH=$("$here/tools.sh" --print-bin):$PATH
+use_tools
 
 # Copies `binary` and what it links into root/ (the libraries at the paths the loader looks in).
 install_binary() {
@@ -48,8 +48,8 @@ write_image() {
   layer_sha=$(sha256sum "$work/layer.tar" | cut -d' ' -f1)
   mkdir -p "$work/archive/$layer_sha"
   mv "$work/layer.tar" "$work/archive/$layer_sha/layer.tar"
-  config=$(printf '{"architecture":"amd64","os":"linux","config":{"User":"65532:65532","Entrypoint":["/usr/local/bin/%s"],"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created_by":"tests/cluster/images.sh"}]}' \
-    "$(basename "$binary")" "$layer_sha")
+  config=$(printf '{"architecture":"%s","os":"linux","config":{"User":"65532:65532","Entrypoint":["/usr/local/bin/%s"],"Env":["PATH=/usr/local/bin:/usr/bin:/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created_by":"tests/cluster/images.sh"}]}' \
+    "$(go env GOARCH)" "$(basename "$binary")" "$layer_sha")
   config_sha=$(printf '%s' "$config" | sha256sum | cut -d' ' -f1)
   printf '%s' "$config" >"$work/archive/$config_sha.json"
   printf '[{"Config":"%s.json","RepoTags":["%s"],"Layers":["%s/layer.tar"]}]' \
@@ -66,13 +66,14 @@ for binary in tether-operator tether-sidecar tether-example-server; do
 done
 (cd "$here/pause" && CGO_ENABLED=0 GOFLAGS= go build -trimpath -ldflags "-s -w" -o "$out/pause" .)
 
-archives=(
-  "$(write_image tether.local/pause:1 "$out/pause")"
-  "$(write_image tether-operator:e2e "$bin_dir/tether-operator")"
-  "$(write_image tether-sidecar:e2e "$bin_dir/tether-sidecar")"
-  "$(write_image tether-example-server:e2e "$bin_dir/tether-example-server")"
-  "$(write_image tether-example-server:e2e-next "$bin_dir/tether-example-server")"
-)
+archives=()
+for image in tether.local/pause:1=$out/pause tether-operator:e2e=$bin_dir/tether-operator \
+  tether-sidecar:e2e=$bin_dir/tether-sidecar \
+  tether-example-server:e2e=$bin_dir/tether-example-server \
+  tether-example-server:e2e-next=$bin_dir/tether-example-server; do
+  # A failed step of write_image fails the script (errexit reaches into $(…), lib.sh).
+  archives+=("$(write_image "${image%%=*}" "${image#*=}")")
+done
 # ctr warns about cgroup v1 on every call: its output goes to a log.
 ctr_log=$CLUSTER_STATE/logs/ctr.log
 for archive in "${archives[@]}"; do

@@ -40,7 +40,7 @@ build() {
     echo "module tether.local/cluster-tools/$name"
     echo
     # The module's own Go language version and GODEBUG defaults, as its release binaries have.
-    grep -E '^(go|godebug) ' "$gomod" || true
+    awk '/^go / || /^godebug [^(]/ {print} /^godebug \($/ {block = 1} block {print} block && /^\)/ {block = 0}' "$gomod"
     echo
     echo "require $module $version"
     if [ -n "$replaces" ]; then
@@ -111,6 +111,14 @@ print_bin() {
   )
   (IFS=:; echo "${dirs[*]}")
 }
+
+# One build at a time per cache (a second waits).
+mkdir -p "$CLUSTER_CACHE"
+exec 9>"$CLUSTER_CACHE/.lock"
+case "${1:-}" in
+  --print-bin) ;;
+  *) flock 9 ;;
+esac
 
 case "${1:-}" in
   --print-bin) print_bin "${2:-$CLUSTER_KUBERNETES}" ;;

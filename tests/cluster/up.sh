@@ -14,7 +14,7 @@ set -euo pipefail
 
 kubernetes=${1:-$CLUSTER_KUBERNETES}
 minor=$(kube_minor "$kubernetes")
-PATH=$("$here/tools.sh" --print-bin "$kubernetes"):$PATH
+use_tools "$kubernetes"
 cni_bin=$(tool_dir cni-plugins "$CNI_PLUGINS_VERSION")
 for tool in kube-apiserver kubelet etcd containerd runc helm; do
   command -v "$tool" >/dev/null || die "$tool is not built: run make cluster-tools first"
@@ -35,8 +35,6 @@ S=$CLUSTER_STATE
 pki=$S/pki
 logs=$S/logs
 pids=$S/pids
-
-in_ns() { nsenter --net="/run/netns/$CLUSTER_NETNS" "$@"; }
 
 # Starts `name` (its command follows) in the namespace, in the background, logging to
 # logs/<name>.log; pids/<name> holds its PID (nsenter execs the command: the same process).
@@ -61,8 +59,6 @@ wait_for() {
   done
 }
 
-kubectl_admin() { in_ns kubectl --kubeconfig "$S/kubeconfig" "$@"; }
-
 # --- the network namespace ---------------------------------------------------------------------
 
 network() {
@@ -77,20 +73,26 @@ network() {
   ip -n "$CLUSTER_NETNS" route add "$SERVICE_CIDR" dev tether0
   # Per namespace: forwarding between pods and the node, and bridged traffic through netfilter
   # (a pod reaching a Service whose endpoint is a pod on the same bridge).
+  [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ] ||
+    die "the kernel has no br_netfilter (/proc/sys/net/bridge): modprobe br_netfilter"
   in_ns sysctl -q -w net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
 }
 
 # --- certificates and kubeconfigs --------------------------------------------------------------
 
-# A key and a certificate signed by the cluster's CA: cert NAME SUBJECT [SANS]
+# A key and a certificate signed by the cluster's CA, a server's when it has SANS, else a
+# client's: cert NAME SUBJECT [SANS]
 cert() {
   local name=$1 subject=$2 sans=${3:-}
   openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "$subject" \
     -keyout "$pki/$name.key" -out "$pki/$name.csr" 2>/dev/null
   local ext="basicConstraints=CA:FALSE
-keyUsage=critical,digitalSignature,keyEncipherment
-extendedKeyUsage=serverAuth,clientAuth"
-  [ -n "$sans" ] && ext+=$'\n'"subjectAltName=$sans"
+keyUsage=critical,digitalSignature,keyEncipherment"
+  if [ -n "$sans" ]; then
+    ext+=$'\n'"extendedKeyUsage=serverAuth"$'\n'"subjectAltName=$sans"
+  else
+    ext+=$'\n'"extendedKeyUsage=clientAuth"
+  fi
   openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
     -CAcreateserial -days 30 -out "$pki/$name.crt" -extfile <(echo "$ext") 2>/dev/null
   rm -f "$pki/$name.csr"
@@ -266,6 +268,8 @@ state = "$c/state"
   # root here lacks CAP_SYS_RESOURCE: a sandbox may not lower its own OOM score adjustment.
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
+  # No device specifications of the host.
+  cdi_spec_dirs = []
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -274,7 +278,6 @@ state = "$c/state"
         BinaryName = "$(command -v runc)"
         Root = "$c/runc"
         SystemdCgroup = false
-  cdi_spec_dirs = []
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["$cni_bin"]
     conf_dir = "$S/cni/net.d"
@@ -286,10 +289,26 @@ EOF
   wait_for "containerd" 30 containerd ctr --address "$c/containerd.sock" version
 }
 
+# The kubelet's cgroup root, /$CLUSTER_NETNS in every hierarchy: the pods of this cluster are
+# found there and nowhere else (down.sh kills and removes them).
+cgroup_root() {
+  local mnt
+  for mnt in $(awk '$3 == "cgroup" || $3 == "cgroup2" {print $2}' /proc/self/mounts); do
+    mkdir -p "$mnt/$CLUSTER_NETNS"
+    # A cpuset cgroup of cgroup v1 starts with no CPU and no memory node: give it its parent's.
+    if [ -e "$mnt/cpuset.cpus" ] && [ -e "$mnt/$CLUSTER_NETNS/cpuset.cpus" ]; then
+      cat "$mnt/cpuset.cpus" >"$mnt/$CLUSTER_NETNS/cpuset.cpus"
+      cat "$mnt/cpuset.mems" >"$mnt/$CLUSTER_NETNS/cpuset.mems"
+    fi
+  done
+}
+
 kubelet_up() {
   local k=$S/kubelet
   mkdir -p "$k"
-  # cgroup v1 only on these machines: from Kubernetes 1.31 the kubelet refuses it unless told.
+  cgroup_root
+  # cgroup v1 only on these machines: the kubelet refuses it from Kubernetes 1.35 unless told
+  # (`failCgroupV1`, a field from 1.31, where it only warns).
   local cgroup_v1=""
   if [ "$minor" -ge 31 ] && [ ! -e /sys/fs/cgroup/cgroup.controllers ]; then
     cgroup_v1="failCgroupV1: false"
@@ -299,6 +318,7 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 $cgroup_v1
 cgroupDriver: cgroupfs
+cgroupRoot: /$CLUSTER_NETNS
 containerRuntimeEndpoint: unix://$S/containerd/containerd.sock
 address: $NODE_IP
 readOnlyPort: 0
@@ -350,12 +370,16 @@ EOF
 
 # --- all of it ---------------------------------------------------------------------------------
 
-if ip netns list | grep -qw "$CLUSTER_NETNS"; then
+if netns_exists; then
   log "a cluster is already up (namespace $CLUSTER_NETNS): taking it down first"
   "$here/down.sh"
 fi
-rm -rf "$S"
+rm -rf --one-file-system "$S"
 mkdir -p "$S" "$logs" "$pids"
+# A cluster that did not come up is taken down (its logs stay), unless asked to keep it.
+if [ -z "${TETHER_CLUSTER_KEEP:-}" ]; then
+  trap 'log "up failed: taking the cluster down (TETHER_CLUSTER_KEEP=1 keeps it)"; "$here/down.sh"' EXIT
+fi
 echo "$kubernetes" >"$S/version"
 started=$SECONDS
 log "Kubernetes $kubernetes in network namespace $CLUSTER_NETNS, state in $S"
@@ -372,10 +396,11 @@ proxy_up
 # before it exists is refused.
 wait_for "the default ServiceAccount" 60 kube-controller-manager kubectl_admin get serviceaccount default
 log "up in $((SECONDS - started)) s: $(kubectl_admin version -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -1)"
-cat >"$S/env" <<EOF
-export KUBECONFIG=$S/kubeconfig
-export PATH=$PATH
-# a client must run in the cluster's network namespace:
-#   nsenter --net=/run/netns/$CLUSTER_NETNS kubectl get nodes
-EOF
+{
+  printf 'export KUBECONFIG=%q\n' "$S/kubeconfig"
+  printf 'export PATH=%q\n' "$PATH"
+  echo "# a client must run in the cluster's network namespace:"
+  echo "#   nsenter --net=/run/netns/$CLUSTER_NETNS kubectl get nodes"
+} >"$S/env"
+trap - EXIT
 log "use it: . $S/env && nsenter --net=/run/netns/$CLUSTER_NETNS kubectl get pods -A"

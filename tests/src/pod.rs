@@ -138,6 +138,9 @@ pub struct PodSpec {
     pub migration: String,
     /// `spec.drain.timeout` (a Kubernetes-style duration: `5s`, `1500ms`).
     pub drain_timeout: String,
+    /// `spec.drain.shutdownDelay`: `0s` by default, as the harness's clients and peers learn
+    /// of a pod's drain at once (no kube-proxy between them and the pods).
+    pub shutdown_delay: String,
     /// `spec.auth.revalidate`.
     pub revalidate: String,
     /// `spec.upstream.forwardOrigin`.
@@ -189,6 +192,7 @@ impl Default for PodSpec {
             idle_timeout: "30m".into(),
             migration: "Replay".into(),
             drain_timeout: "5s".into(),
+            shutdown_delay: "0s".into(),
             revalidate: "60s".into(),
             forward_origin: false,
             sidecar_args: Vec::new(),
@@ -227,7 +231,7 @@ impl PodSpec {
              \x20 protocolVersions: [{}]\n\
              \x20 buffer: {{maxEvents: {}, maxBytes: {}, ttl: {}}}\n\
              \x20 session: {{idleTimeout: {}, migration: {}}}\n\
-             \x20 drain: {{timeout: {}}}\n\
+             \x20 drain: {{timeout: {}, shutdownDelay: {}}}\n\
              \x20 auth: {{revalidate: {}}}\n",
             self.forward_origin,
             if self.peer_tls { "" } else { ", tls: false" },
@@ -240,6 +244,7 @@ impl PodSpec {
             self.idle_timeout,
             self.migration,
             self.drain_timeout,
+            self.shutdown_delay,
             self.revalidate,
         )
     }

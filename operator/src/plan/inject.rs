@@ -87,12 +87,14 @@ pub(crate) fn deployment(
     })
 }
 
-/// Seconds the pods need to drain: `drain.timeout` (rounded up) + [`GRACE_MARGIN_SECS`].
+/// Seconds the pods need to drain: the longer of `drain.timeout` and `drain.shutdownDelay`
+/// (the sidecar's listeners stay open that long after the drain began), rounded up, +
+/// [`GRACE_MARGIN_SECS`].
 pub(crate) fn needed_grace(ep: &McpEndpoint) -> i64 {
-    let drain = std::time::Duration::from(ep.spec.drain.timeout)
-        .as_secs_f64()
-        .ceil() as i64;
-    drain + GRACE_MARGIN_SECS
+    let drain = &ep.spec.drain;
+    let longest = std::time::Duration::from(drain.timeout)
+        .max(std::time::Duration::from(drain.shutdown_delay));
+    longest.as_secs_f64().ceil() as i64 + GRACE_MARGIN_SECS
 }
 
 /// The `terminationGracePeriodSeconds` to apply, if any. Another manager's value is left alone

@@ -303,6 +303,10 @@ mod tests {
         let mut quick = ep.clone();
         quick.spec.drain.timeout = std::time::Duration::from_millis(4500).into();
         assert_eq!(inject::needed_grace(&quick), 5 + GRACE_MARGIN_SECS);
+        // A shutdown delay longer than the drain's timeout is what the pods need.
+        let mut lingering = quick.clone();
+        lingering.spec.drain.shutdown_delay = std::time::Duration::from_secs(90).into();
+        assert_eq!(inject::needed_grace(&lingering), 90 + GRACE_MARGIN_SECS);
         assert_eq!(grace(&quick, &ours), None);
         assert_eq!(grace(&quick, &fixtures::deployment(DEPLOYMENT)), None);
     }
@@ -413,23 +417,27 @@ mod tests {
         let p = plan_for(&ep, &fixtures::deployment(DEPLOYMENT));
         let [client, peers] = &p.services;
         let selector = Some([("app".to_owned(), "weather".to_owned())].into());
+        let injected = Some(
+            [
+                ("app".to_owned(), "weather".to_owned()),
+                ("mcp.tether.dev/endpoint".to_owned(), "weather".to_owned()),
+            ]
+            .into(),
+        );
         assert_eq!(client.metadata.name.as_deref(), Some("weather-mcp"));
         let spec = client.spec.as_ref().unwrap();
-        assert_eq!(spec.selector, selector);
+        assert_eq!(
+            spec.selector, injected,
+            "clients reach only pods with the sidecar: an old pod of the injection's rollout \
+             has nothing on the MCP port"
+        );
         let int = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int;
         assert_eq!(spec.ports.as_ref().unwrap()[0].port, 8080);
         assert_eq!(spec.ports.as_ref().unwrap()[0].target_port, Some(int(8080)));
         let spec = peers.spec.as_ref().unwrap();
         assert_eq!(peers.metadata.name.as_deref(), Some("weather-peers"));
         assert_eq!(
-            spec.selector,
-            Some(
-                [
-                    ("app".to_owned(), "weather".to_owned()),
-                    ("mcp.tether.dev/endpoint".to_owned(), "weather".to_owned()),
-                ]
-                .into()
-            ),
+            spec.selector, injected,
             "the peer Service lists only the pods injected for this endpoint"
         );
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));

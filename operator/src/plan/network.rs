@@ -1,7 +1,8 @@
 //! The client Service, the headless peer Service and the PodDisruptionBudget, all selecting the
-//! target Deployment's pods by its `matchLabels` (the peer Service also by the pod-template label
-//! of the operator's injection, so that it lists the endpoint's pods only) — and [`covering_pdb`], which finds a
-//! PodDisruptionBudget of the user's over the same pods (then the operator adds none).
+//! target Deployment's pods by its `matchLabels` (the Services also by the pod-template label of
+//! the operator's injection, so that they list the endpoint's injected pods only) — and
+//! [`covering_pdb`], which finds a PodDisruptionBudget of the user's over the same pods (then
+//! the operator adds none).
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -28,7 +29,11 @@ fn port(name: &str, port: u16) -> ServicePort {
     }
 }
 
-/// A Service named `name` selecting the target's pods on `ports`.
+/// A Service named `name` selecting the target's pods whose template the operator injected for
+/// this endpoint (label [`INJECTED_ANNOTATION`]): a pod without the sidecar has nothing on its
+/// ports — while the injection rolls out, the Deployment's old pods would refuse the
+/// connections kube-proxy sent them — and another workload that happens to share the
+/// Deployment's labels is never selected.
 fn service(
     names: &Names,
     name: String,
@@ -36,17 +41,19 @@ fn service(
     owner: &OwnerReference,
     spec: ServiceSpec,
 ) -> Service {
+    let mut selector = target.match_labels.clone();
+    selector.insert(INJECTED_ANNOTATION.to_owned(), names.endpoint.clone());
     Service {
         metadata: child_meta(names, name, owner),
         spec: Some(ServiceSpec {
-            selector: Some(target.match_labels.clone()),
+            selector: Some(selector),
             ..spec
         }),
         ..Service::default()
     }
 }
 
-/// The Service clients use: the sidecars' MCP port on ready pods.
+/// The Service clients use: the sidecars' MCP port on ready injected pods.
 pub(crate) fn client_service(
     ep: &McpEndpoint,
     names: &Names,
@@ -61,11 +68,8 @@ pub(crate) fn client_service(
     service(names, names.client_service(), target, owner, spec)
 }
 
-/// The headless Service of every pod, ready or not (`publishNotReadyAddresses`): peers find a
-/// draining pod through it, and the sidecars' membership is its EndpointSlices. It selects the
-/// pods whose template the operator injected for this endpoint (label
-/// [`INJECTED_ANNOTATION`]), so another workload that happens to share the Deployment's labels
-/// never becomes a peer.
+/// The headless Service of every injected pod, ready or not (`publishNotReadyAddresses`): peers
+/// find a draining pod through it, and the sidecars' membership is its EndpointSlices.
 pub(crate) fn peer_service(
     ep: &McpEndpoint,
     names: &Names,
@@ -82,11 +86,7 @@ pub(crate) fn peer_service(
         ports: Some(ports),
         ..ServiceSpec::default()
     };
-    let mut service = service(names, names.peer_service(), target, owner, spec);
-    if let Some(selector) = service.spec.as_mut().and_then(|s| s.selector.as_mut()) {
-        selector.insert(INJECTED_ANNOTATION.to_owned(), names.endpoint.clone());
-    }
-    service
+    service(names, names.peer_service(), target, owner, spec)
 }
 
 /// At most one pod disrupted at a time, so a voluntary eviction never drains two pods' sessions

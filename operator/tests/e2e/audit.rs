@@ -1,6 +1,7 @@
 //! The API server's audit log (`TETHER_E2E_AUDIT_LOG`: JSON lines of `audit.k8s.io/v1` Events,
-//! level `Metadata`, as the local cluster writes it, `docs/dev/cluster.md`): who sent which
-//! request, for what, with which `User-Agent`. The operator's writes are counted from it.
+//! as the local cluster writes them, `docs/dev/cluster.md`: level `Metadata`, `Request` for the
+//! writes to McpEndpoints): who sent which request, for what, with which `User-Agent`, and the
+//! bodies of those writes. The operator's writes are counted from it.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -19,10 +20,10 @@ pub(crate) struct AuditLog {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mark(u64);
 
-/// One request, as its `ResponseComplete` audit event tells it.
+/// The `ResponseComplete` audit event of one request.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct Request {
+pub(crate) struct AuditEvent {
     stage: String,
     pub verb: String,
     pub user: User,
@@ -64,7 +65,7 @@ pub(crate) struct ResponseStatus {
     pub code: u16,
 }
 
-impl Request {
+impl AuditEvent {
     /// Whether it may have changed something (not a `get`, `list` or `watch`).
     pub fn is_write(&self) -> bool {
         !matches!(self.verb.as_str(), "get" | "list" | "watch")
@@ -95,12 +96,12 @@ impl AuditLog {
 
     /// The requests whose answers were logged after `mark`, in order (a line still being
     /// written is left for the next read).
-    pub fn since(&self, mark: Mark) -> Outcome<Vec<Request>> {
+    pub fn since(&self, mark: Mark) -> Outcome<Vec<AuditEvent>> {
         self.between(mark, None)
     }
 
     /// The requests whose answers were logged after `from` and, with `to`, before it.
-    pub fn between(&self, from: Mark, to: Option<Mark>) -> Outcome<Vec<Request>> {
+    pub fn between(&self, from: Mark, to: Option<Mark>) -> Outcome<Vec<AuditEvent>> {
         let mut file = std::fs::File::open(&self.path)?;
         file.seek(SeekFrom::Start(from.0))?;
         let mut text = String::new();
@@ -113,7 +114,7 @@ impl AuditLog {
         let whole = text.rfind('\n').map_or("", |end| &text[..end]);
         let mut out = Vec::new();
         for line in whole.lines().filter(|l| !l.is_empty()) {
-            let request: Request = serde_json::from_str(line).map_err(|e| {
+            let request: AuditEvent = serde_json::from_str(line).map_err(|e| {
                 format!(
                     "{}: a line that is no audit event ({e}): {line}",
                     self.path.display()
@@ -128,8 +129,8 @@ impl AuditLog {
 }
 
 /// The writes of `user` to objects of `ns` among `requests`, counted by
-/// [`Request::describe`].
-pub(crate) fn writes_by(requests: &[Request], user: &str, ns: &str) -> BTreeMap<String, usize> {
+/// [`AuditEvent::describe`].
+pub(crate) fn writes_by(requests: &[AuditEvent], user: &str, ns: &str) -> BTreeMap<String, usize> {
     let mut counted = BTreeMap::new();
     for r in requests
         .iter()
@@ -164,7 +165,7 @@ fn the_log_is_read_from_a_mark_to_its_last_whole_line() {
     // Up to the end of the `ResponseStarted` line: one request answered.
     let first_two = Mark(mark.0 + (line("patch", "weather").len() + started.len() + 2) as u64);
     assert_eq!(log.between(mark, Some(first_two)).unwrap().len(), 1);
-    let described: Vec<String> = requests.iter().map(Request::describe).collect();
+    let described: Vec<String> = requests.iter().map(AuditEvent::describe).collect();
     assert_eq!(
         described,
         [

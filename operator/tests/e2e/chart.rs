@@ -17,7 +17,8 @@ use crate::install::{self, RELEASE, RELEASE_NAMESPACE};
 use crate::traffic::{ServerLogs, clean, load_through};
 
 /// Runs `body` with the release upgraded to the test's values and `extra`, then upgrades it
-/// back to the test's values alone, whatever `body` did; `body`'s failure comes first.
+/// back to the test's values alone, whatever the upgrade or `body` did; their failure comes
+/// first.
 async fn with_values(
     cluster: &Cluster,
     extra: &[&str],
@@ -26,8 +27,12 @@ async fn with_values(
     // helm runs for a while: its thread is given up meanwhile, so the load goes on.
     let upgrade =
         |extra: &[&str]| tokio::task::block_in_place(|| install::upgrade(&cluster.settings, extra));
-    upgrade(extra)?;
-    let outcome = body().await;
+    // A failed upgrade (a timeout of `--wait`, say) may have changed the release: it is put
+    // back all the same.
+    let outcome = match upgrade(extra) {
+        Ok(()) => body().await,
+        Err(e) => Err(e.into()),
+    };
     let restored = upgrade(&[]);
     outcome?;
     Ok(restored?)
@@ -92,22 +97,16 @@ async fn a_namespaced_install_reconciles_its_namespaces_only() {
 async fn a_chart_upgrade_under_load_keeps_the_sessions_and_the_servers() {
     crate::exclusive_scenario(async |cluster, ns| {
         let target = cluster.serve(ns, "weather", json!({})).await?;
-        let generation = cluster
-            .deployments(ns)
-            .get(&target)
-            .await?
-            .metadata
-            .generation;
+        let generation = cluster.generation(ns, &target).await?;
         let logs = ServerLogs::follow(&cluster.client, ns);
         let running = load_through(cluster, ns, "weather").await?;
         let started = Instant::now();
         // A new operator pod template (its log format): the operator rolls, the servers must not.
         with_values(cluster, &["logging.format=json"], async || {
             let upgraded = started.elapsed();
-            let operator = cluster.deployments(RELEASE_NAMESPACE).get(RELEASE).await?;
+            let operator = cluster.generation(RELEASE_NAMESPACE, RELEASE).await?;
             eprintln!(
-                "e2e: the operator's upgrade rolled out in {upgraded:?} (generation {:?})",
-                operator.metadata.generation
+                "e2e: the operator's upgrade rolled out in {upgraded:?} (generation {operator:?})"
             );
             tokio::time::sleep(A_RECONCILE).await;
             cluster.ensure_ready(ns, "weather").await
@@ -117,14 +116,10 @@ async fn a_chart_upgrade_under_load_keeps_the_sessions_and_the_servers() {
             return Err("the load ended before the chart's upgrade did; give it more calls".into());
         }
         let mut report = running.await?;
-        report.executed_twice = logs.executed_twice();
+        logs.count_executions(&mut report, cluster.settings.timeout)
+            .await;
         clean(&report, "the chart's upgrade")?;
-        let now = cluster
-            .deployments(ns)
-            .get(&target)
-            .await?
-            .metadata
-            .generation;
+        let now = cluster.generation(ns, &target).await?;
         if now != generation {
             return Err(format!(
                 "the chart's upgrade rolled the servers: generation {generation:?} → {now:?}"

@@ -250,8 +250,9 @@ impl Cluster {
     }
 
     /// Waits until endpoint `name` has nothing left to report: Ready, its Deployment rolled out,
-    /// no pod of it terminating, and its status counting every pod routable and none draining
-    /// (the operator writes the status as these change; after this only a change writes).
+    /// no pod of it terminating, and its status counting exactly its pods, all routable, none
+    /// draining, no rollout in progress (the operator writes the status as these change; after
+    /// this only a change writes).
     pub async fn wait_settled(&self, ns: &str, name: &str) -> Outcome {
         self.wait_ready(ns, name).await?;
         let target = self.endpoints(ns).get(name).await?.spec.target_ref.name;
@@ -282,17 +283,27 @@ impl Cluster {
                     .await
                     .map_err(|e| e.to_string())?;
                 let status = ep.status.unwrap_or_default();
-                let counts = (status.routable, status.draining.unwrap_or(0));
-                if terminating == 0 && counts == (Some(want), 0) {
+                let counts = (status.pods, status.routable, status.draining.unwrap_or(0));
+                let rolling = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Progressing" && c.status == "True");
+                if terminating == 0 && counts == (Some(want), Some(want), 0) && !rolling {
                     Ok(())
                 } else {
                     Err(format!(
-                        "{terminating} pods terminating, (routable, draining) {counts:?}"
+                        "{terminating} pods terminating, (pods, routable, draining) {counts:?}, \
+                         progressing {rolling}"
                     ))
                 }
             },
         )
         .await
+    }
+
+    /// `metadata.generation` of Deployment `name`: a new pod template is a new one.
+    pub async fn generation(&self, ns: &str, name: &str) -> Outcome<Option<i64>> {
+        Ok(self.deployments(ns).get(name).await?.metadata.generation)
     }
 
     /// Waits until endpoint `name` is `Degraded=True`; returns the reason.

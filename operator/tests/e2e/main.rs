@@ -7,10 +7,12 @@
 //! test then works in a fresh namespace, which is deleted at its end whatever happened. The cases:
 //!
 //! - [`traffic`]: an MCP session through `<name>-mcp` (a tool call, a cut SSE stream resumed with
-//!   `Last-Event-ID`), a rolling upgrade of the MCP server without a client-visible 404, the
-//!   client and peer Services' endpoints with their ports;
-//! - [`writes`]: what the operator writes next to others: a GitOps tool's server-side applies,
-//!   non-canonical quantities, two endpoints on one Deployment, an endpoint deleted and
+//!   `Last-Event-ID`), rolling upgrades of the MCP server under load (a restart and an image
+//!   change) without a client-visible 404, a lost event or a tool run twice, the client and peer
+//!   Services' endpoints with their ports;
+//! - [`writes`]: what the operator writes: a new endpoint's writes and none while idle (counted
+//!   from the API server's audit log, [`audit`]), and next to others: a GitOps tool's
+//!   server-side applies, two endpoints on one Deployment, an endpoint deleted under load and
 //!   re-created under its name;
 //! - [`platform`]: two operator replicas with one leader, a namespace enforcing the
 //!   `restricted` Pod Security Standard, the CRD as `kubectl explain` shows it;
@@ -22,8 +24,11 @@
 //! `TETHER_E2E_SERVER_IMAGE` (optional, replaces the example server's image),
 //! `TETHER_E2E_SERVER_NEXT_IMAGE` (optional, another tag of it: the rollout that changes the
 //! image), `TETHER_E2E_AUDIT_LOG` (optional, the API server's audit log as JSON lines: the
-//! operator's writes are counted from it), `TETHER_E2E_TIMEOUT_SECS` (optional, default 180:
-//! the bound of each wait).
+//! operator's writes are counted from it), `TETHER_E2E_LOAD_SESSIONS` (optional, default 12: the
+//! MCP sessions of each load), `TETHER_E2E_IN_CLUSTER_NETWORK` (optional: this process reaches
+//! ClusterIPs, as in the local cluster's network namespace; clients then go through kube-proxy
+//! instead of the API server's service proxy), `TETHER_E2E_TIMEOUT_SECS` (optional, default
+//! 180: the bound of each wait).
 
 mod audit;
 mod chart;

@@ -30,6 +30,8 @@ use crate::cluster::{Cluster, EXAMPLE_PODS, Outcome, wait_until};
 
 /// The protocol version the sessions ask for.
 const VERSION: &str = "2025-11-25";
+/// How long a report that has failures already waits for the servers' execution lines.
+const FAILED_RUN_LOG_WAIT: Duration = Duration::from_secs(10);
 
 /// A local plain-HTTP address whose every request goes to a Service port through the API
 /// server's service proxy; stops when dropped.
@@ -207,12 +209,37 @@ impl ServerLogs {
         Self { executions, task }
     }
 
-    /// Call ids executed more than once so far.
-    pub fn executed_twice(&self) -> u64 {
-        self.executions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .executed_twice()
+    /// Counts into `report` the calls executed more than once, once the logs hold an execution
+    /// for each of its tool calls (a log line arrives after the answer): waits at most
+    /// `timeout`, or [`FAILED_RUN_LOG_WAIT`] when the report has failures already (a call
+    /// whose request never reached a server is never logged). Logs that were not read cannot
+    /// pass for calls executed once: a shortfall is a failure of the report.
+    pub async fn count_executions(&self, report: &mut load::Report, timeout: Duration) {
+        let counted = || {
+            self.executions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        };
+        let timeout = if report.failures.is_empty() {
+            timeout
+        } else {
+            FAILED_RUN_LOG_WAIT
+        };
+        let calls = report.tool_calls;
+        let logged = wait_until("an execution logged for every call", timeout, async || {
+            let total = counted().total();
+            if total >= calls {
+                Ok(())
+            } else {
+                Err(format!("{total} of {calls} calls"))
+            }
+        })
+        .await;
+        if let Err(e) = logged {
+            report.failures.push(e.to_string());
+        }
+        report.executed_twice = counted().executed_twice();
     }
 }
 
@@ -323,7 +350,8 @@ pub(crate) async fn roll_under_load(
         .into());
     }
     let mut report = running.await?;
-    report.executed_twice = logs.executed_twice();
+    logs.count_executions(&mut report, cluster.settings.timeout)
+        .await;
     eprintln!(
         "e2e: rollout of {target} in {rolled:?} under load:\n{}",
         report.table()

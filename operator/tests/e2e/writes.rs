@@ -119,7 +119,7 @@ async fn a_gitops_tools_server_side_applies_neither_conflict_nor_roll_the_pods()
 }
 
 /// The operator's writes for a new endpoint named `weather` (`docs/design/operator.md`, "Writes
-/// per scenario"), each exactly once, by [`crate::audit::Request::describe`]; besides them
+/// per scenario"), each exactly once, by [`crate::audit::AuditEvent::describe`]; besides them
 /// only status patches (one per change, as the pods roll) and Events. `{secret}` is the key
 /// ring's name, which holds the endpoint's UID.
 const CREATION: &[&str] = &[

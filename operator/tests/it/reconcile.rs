@@ -4,8 +4,8 @@
 //! a missing target — and that `tether-operator plan` previews exactly those writes.
 
 use crate::support::operator::{
-    DEPLOY_PATH, EP_PATH, EVENTS_PATH, NS, SECRET_PATH, assert_degraded_only, condition,
-    deployment, endpoint, objects, one_event, pods_rolled, reconcile_once,
+    DEPLOY_PATH, EP_PATH, EVENTS_PATH, NS, Operator, SECRET_PATH, assert_degraded_only, condition,
+    deployment, endpoint, injected, objects, one_event, pods_rolled, reconcile_once,
 };
 use crate::support::{Shared, Write, api_with, paths};
 use http::Method;
@@ -59,7 +59,10 @@ async fn create_adds_the_finalizer_then_applies_everything_once_and_a_no_op_writ
     }
     // The key ring's creation too: without one, the API server would name the manager after the
     // client's User-Agent, or `unknown`.
-    let secret = writes.iter().find(|w| w.method == Method::POST).unwrap();
+    let secret = writes
+        .iter()
+        .find(|w| w.method == Method::POST && w.path.ends_with("/secrets"))
+        .unwrap();
     assert!(
         secret
             .query
@@ -499,4 +502,29 @@ async fn the_status_the_old_shared_field_manager_wrote_keeps_nothing_stale() {
     }
     let (_, writes) = reconcile_once(&api).await;
     assert!(writes.is_empty(), "{:?}", paths(&writes));
+}
+
+#[tokio::test]
+async fn a_stale_copy_of_the_endpoint_adds_no_finalizer_and_writes_no_status_again() {
+    let api = api_with(&[(EP_PATH, endpoint(false)), (DEPLOY_PATH, deployment())]);
+    let operator = Operator::new(&api);
+    let stored = |api: &Shared| api.lock().unwrap().objects[EP_PATH].clone();
+    let unfinalized = stored(&api);
+    operator.reconcile(EP_PATH).await.0.expect("the finalizer");
+    // Woken before the cache saw the finalizer: the live copy has it, nothing adds it again
+    // (a guarded patch that would fail with 422), and the pipeline runs.
+    let (result, writes) = operator.reconcile_as(unfinalized).await;
+    result.expect("no failed guard");
+    assert!(
+        !paths(&writes).contains(&format!("PATCH {EP_PATH}")),
+        "{:?}",
+        paths(&writes)
+    );
+    assert!(injected(&api));
+    // Woken before the cache saw the status it wrote: nothing is written again.
+    let mut without_status = stored(&api);
+    without_status.as_object_mut().unwrap().remove("status");
+    let (result, writes) = operator.reconcile_as(without_status).await;
+    result.expect("a quiet reconcile");
+    assert_eq!(paths(&writes), Vec::<String>::new());
 }

@@ -144,6 +144,8 @@ pub struct Config {
     pub(crate) peer_max_streams: u32,
     /// `spec.drain.timeout`: the grace period of a shutdown.
     pub(crate) drain_timeout: std::time::Duration,
+    /// `spec.drain.shutdownDelay`: how long after the drain began the listeners stay open.
+    pub(crate) shutdown_delay: std::time::Duration,
     /// The Unix socket that takes the request to drain (`--drain-socket`).
     pub drain_socket: std::path::PathBuf,
     /// Listener threads.
@@ -288,6 +290,7 @@ impl Config {
             peer_pool_size: cli.peer_pool_size,
             peer_max_streams: cli.peer_max_streams,
             drain_timeout: spec.drain.timeout.into(),
+            shutdown_delay: spec.drain.shutdown_delay.into(),
             drain_socket: cli.drain_socket.clone(),
             threads: cli.threads,
             membership,
@@ -494,9 +497,11 @@ mod tests {
             .spec;
         own.listen.port = 8181;
         own.drain.timeout = "7s".parse().unwrap();
+        own.drain.shutdown_delay = "2s".parse().unwrap();
         let cfg = load(&own.pod_settings().annotation()).unwrap();
         assert_eq!(cfg.listen_addr.port(), 8181);
         assert_eq!(cfg.drain_timeout, std::time::Duration::from_secs(7));
+        assert_eq!(cfg.shutdown_delay, std::time::Duration::from_secs(2));
         assert_eq!(cfg.source.started_with.pod_settings(), own.pod_settings());
         for bad in ["{not json", "{\"listen\": 1}"] {
             let err = load(bad).unwrap_err().to_string();

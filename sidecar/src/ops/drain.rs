@@ -66,6 +66,8 @@ pub(crate) struct Drain {
     metrics: Arc<Metrics>,
     deadline: Duration,
     outcome: OnceCell<DrainOutcome>,
+    /// When the drain began.
+    began: std::sync::OnceLock<Instant>,
     /// The outcome once the drain ended, for those who wait without starting it.
     ended: watch::Sender<Option<DrainOutcome>>,
 }
@@ -88,6 +90,7 @@ impl Drain {
             metrics,
             deadline,
             outcome: OnceCell::new(),
+            began: std::sync::OnceLock::new(),
             ended: watch::Sender::new(None),
         })
     }
@@ -95,6 +98,11 @@ impl Drain {
     /// Drains the pod (the first call) or waits for the drain under way; returns its outcome.
     pub(crate) async fn run(&self) -> DrainOutcome {
         *self.outcome.get_or_init(|| self.drain()).await
+    }
+
+    /// When the drain began (`None` before it did).
+    pub(crate) fn began(&self) -> Option<Instant> {
+        self.began.get().copied()
     }
 
     /// Waits, for at most `limit`, until a drain started by someone else has ended; never
@@ -115,7 +123,7 @@ impl Drain {
 
     async fn drain(&self) -> DrainOutcome {
         self.lifecycle.start_draining();
-        let started = Instant::now();
+        let started = *self.began.get_or_init(Instant::now);
         let deadline = started + self.deadline;
         let listen_closed = self.broker.end_listen_streams();
         let stateless_in_flight = self.broker.stateless_in_flight();

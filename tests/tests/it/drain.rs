@@ -108,6 +108,61 @@ async fn a_drained_pod_places_new_sessions_on_its_peers_and_keeps_serving_its_ow
     assert!(msgs.iter().any(|m| m["result"].is_object()));
 }
 
+/// A deleted pod's endpoint leaves the Service's routing (kube-proxy) a little after its drain
+/// began, and until then new connections still reach it: its listeners stay open for
+/// `spec.drain.shutdownDelay` after the drain began, serving such connections from the peers
+/// its sessions moved to, and the sidecar stops once the delay has passed.
+#[tokio::test]
+async fn after_sigterm_the_listeners_serve_until_the_shutdown_delay_has_passed() {
+    const DELAY: Duration = Duration::from_secs(3);
+    let ips: [_; 2] = addr::ips();
+    let spec = PodSpec {
+        shutdown_delay: "3s".into(),
+        ..PodSpec::default()
+    };
+    let mut cluster = Cluster::start(&ips, spec).await.unwrap();
+    let via_a = cluster.client_of(&ips[..1]);
+    let session = via_a.initialize("2025-06-18").await.unwrap();
+    // The sidecar's preStop: the session moves to the peer; then the kubelet's SIGTERM.
+    let began = std::time::Instant::now();
+    let drained = cluster.pods[0].drain().await.unwrap();
+    assert!(
+        drained.done && drained.body["handedOff"] == 1,
+        "{}",
+        drained.body
+    );
+    let mut pod = cluster.pods.remove(0);
+    let stop = tokio::spawn(async move {
+        let status = pod
+            .terminate_sidecar(Duration::from_secs(20))
+            .await
+            .unwrap();
+        (status, began.elapsed(), pod)
+    });
+    // A connection kube-proxy still sent to the terminating pod: served, from the new holder.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let msgs = via_a
+        .call(
+            &session,
+            2,
+            "echo",
+            serde_json::json!({"text": "via a stale endpoint"}),
+        )
+        .await
+        .unwrap();
+    assert!(msgs.iter().any(|m| m["result"].is_object()), "{msgs:?}");
+    let (status, stopped_after, pod) = stop.await.unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        pod.logs()
+    );
+    assert!(
+        stopped_after >= DELAY && stopped_after < DELAY + Duration::from_secs(4),
+        "stopped {stopped_after:?} after the drain began; the delay is {DELAY:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_network_cannot_drain_a_pod_and_drained_only_waits() {
     let pod = Pod::start_default().await.unwrap();

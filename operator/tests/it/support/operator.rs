@@ -154,7 +154,16 @@ impl Operator {
     /// When a request was outside the operator's RBAC rules.
     pub async fn reconcile(&self, path: &str) -> (Result<Action, Error>, Vec<Write>) {
         let stored = self.api.lock().unwrap().objects[path].clone();
-        let ep: McpEndpoint = serde_json::from_value(stored).unwrap();
+        self.reconcile_as(stored).await
+    }
+
+    /// Reconciles endpoint `ep` once, as the controller does with the copy its cache holds
+    /// (which may be older than the stored one); returns the result and the writes sent.
+    ///
+    /// # Panics
+    /// When a request was outside the operator's RBAC rules.
+    pub async fn reconcile_as(&self, ep: Value) -> (Result<Action, Error>, Vec<Write>) {
+        let ep: McpEndpoint = serde_json::from_value(ep).unwrap();
         let before = self.api.lock().unwrap().writes.len();
         let result = reconcile(Arc::new(ep), Arc::clone(&self.ctx)).await;
         let a = self.api.lock().unwrap();

@@ -32,7 +32,7 @@
 //! ([`MembershipSink::mark_terminating`], `docs/design/handoff.md#when-a-pod-drains`).
 //!
 //! # Runtime
-//! The [`kube::Client`] is created inside [`Membership::run`] (with [`tether_crds::client`]:
+//! The [`kube::Client`] is created inside [`Membership::run`] (with [`tether_crds::client::with_user_agent`]:
 //! in-cluster service-account config, or `KUBECONFIG` outside a cluster), i.e. on the runtime of
 //! the pingora background service that runs the source, never before pingora starts its
 //! runtimes. A client that cannot be created is logged as an error and retried with the same
@@ -99,7 +99,7 @@ impl EndpointSlices {
     /// `exchange` and kept in `reports`.
     ///
     /// The Kubernetes client is created when [`Membership::run`] starts, with
-    /// [`tether_crds::client`] (in-cluster config or `KUBECONFIG`, the sidecar's `User-Agent`).
+    /// [`tether_crds::client::with_user_agent`] (in-cluster config or `KUBECONFIG`, the sidecar's `User-Agent`).
     pub(crate) fn new(
         namespace: String,
         service: String,
@@ -136,7 +136,7 @@ impl EndpointSlices {
         }
         let mut backoff = DefaultBackoff::default();
         loop {
-            match tether_crds::client::client(concat!(
+            match tether_crds::client::with_user_agent(concat!(
                 "tether-sidecar/v",
                 env!("CARGO_PKG_VERSION")
             ))
