@@ -2,7 +2,8 @@
 //!
 //! - `tether-operator run`: the controller. It reconciles every `McpEndpoint` of the cluster,
 //!   or of the namespaces of `--watch-namespaces` ([`tether_operator::controller`]) and is woken when one of its children or an injected
-//!   Deployment changes; it stops on SIGINT/SIGTERM after the reconciles under way. The admin
+//!   Deployment changes; it stops on SIGINT/SIGTERM after the reconciles under way (a replica
+//!   that waits for the leader-election lease stops at once). The admin
 //!   listener (`--admin-addr`) serves `/healthz`, `/readyz` and `/metrics`
 //!   ([`tether_operator::admin`]).
 //! - `tether-operator plan`: prints what one reconcile of an endpoint would write, from files,
@@ -235,6 +236,9 @@ async fn run(args: RunArgs) -> ExitCode {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
+    // Before anything else: a process without handlers (PID 1 of a container) ignores SIGTERM,
+    // and the kubelet would wait out the grace period to kill it.
+    let mut signals = Signals::install();
     let admin = Arc::new(AdminState::default());
     let listener = match tokio::net::TcpListener::bind(args.admin_addr).await {
         Ok(l) => l,
@@ -281,16 +285,22 @@ async fn run(args: RunArgs) -> ExitCode {
             name: args.lease_name,
             identity,
         };
-        match tether_operator::leader::lead(client.clone(), &election).await {
-            Ok(rx) => leading = Some(rx),
-            Err(e) => {
-                tracing::error!(error = %e, "leader election failed");
-                return ExitCode::FAILURE;
+        tokio::select! {
+            led = tether_operator::leader::lead(client.clone(), &election) => match led {
+                Ok(rx) => leading = Some(rx),
+                Err(e) => {
+                    tracing::error!(error = %e, "leader election failed");
+                    return ExitCode::FAILURE;
+                }
+            },
+            signal = signals.recv() => {
+                tracing::info!("{signal}: stopping (never held the lease)");
+                return ExitCode::SUCCESS;
             }
         }
     }
     let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop = stop_signal(leading, Arc::clone(&lost));
+    let stop = stop_signal(signals, leading, Arc::clone(&lost));
     match args.watch_namespaces.as_slice() {
         [] => tracing::info!("reconciling McpEndpoints of every namespace"),
         namespaces => tracing::info!(?namespaces, "reconciling McpEndpoints of these namespaces"),
@@ -319,8 +329,49 @@ async fn can_list_endpoints(client: &Client, namespaces: &[String]) -> Result<()
     Ok(())
 }
 
+/// The handlers of SIGINT and SIGTERM, installed once at start.
+struct Signals {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Installs the handlers; one that cannot be installed never fires (and says so).
+    fn install() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let handler = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot handle {name}");
+                None
+            }
+        };
+        Self {
+            interrupt: handler(SignalKind::interrupt(), "SIGINT"),
+            terminate: handler(SignalKind::terminate(), "SIGTERM"),
+        }
+    }
+
+    /// Resolves on the next SIGINT or SIGTERM, with its name.
+    async fn recv(&mut self) -> &'static str {
+        async fn next(signal: Option<&mut tokio::signal::unix::Signal>) {
+            match signal {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+        tokio::select! {
+            () = next(self.interrupt.as_mut()) => "SIGINT",
+            () = next(self.terminate.as_mut()) => "SIGTERM",
+        }
+    }
+}
+
 /// Resolves on SIGINT or SIGTERM, or when the lease in `leading` is lost (then sets `lost`).
 async fn stop_signal(
+    mut signals: Signals,
     leading: Option<tokio::sync::watch::Receiver<bool>>,
     lost: Arc<std::sync::atomic::AtomicBool>,
 ) {
@@ -333,17 +384,8 @@ async fn stop_signal(
             None => std::future::pending::<()>().await,
         }
     };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-        () = terminate => tracing::info!("SIGTERM: stopping"),
+        signal = signals.recv() => tracing::info!("{signal}: stopping"),
         () = lease_lost => {}
     }
 }

@@ -17,6 +17,11 @@ use crate::install::{LEASE, RELEASE, RELEASE_NAMESPACE, REPLICAS};
 
 /// What the holder of the Lease logs once it holds it (`tether_operator::leader::lead`).
 const LEADING: &str = "holding the lease; reconciling";
+/// What a replica logs while it waits for the Lease.
+const WAITING: &str = "waiting for the lease";
+/// How long a standby replica may take to go once deleted: far less than the grace period
+/// (30 s), which a process that ignored SIGTERM would wait out.
+const STANDBY_STOP: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Cluster {
     /// The operator's running pods and the Lease's holder, once the holder is one of them.
@@ -62,11 +67,13 @@ impl Cluster {
 
     /// Whether operator pod `name` logged that it holds the Lease.
     async fn logs_leading(&self, name: &str) -> Outcome<bool> {
+        Ok(self.operator_log(name).await?.contains(LEADING))
+    }
+
+    /// The log of operator pod `name`.
+    async fn operator_log(&self, name: &str) -> Result<String, kube::Error> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), RELEASE_NAMESPACE);
-        Ok(pods
-            .logs(name, &LogParams::default())
-            .await?
-            .contains(LEADING))
+        pods.logs(name, &LogParams::default()).await
     }
 }
 
@@ -87,7 +94,38 @@ async fn two_operator_replicas_elect_one_leader_and_the_other_takes_over() {
         if next == leader || !cluster.logs_leading(&next).await? {
             return Err(format!("after deleting {leader}, the Lease names {next}").into());
         }
-        eprintln!("e2e: {leader} led, then {next}");
+        // The standby, waiting for the Lease, stops at once when deleted.
+        let (pods, _) = cluster.leader().await?;
+        let standby = pods
+            .into_iter()
+            .find(|p| *p != next)
+            .ok_or("no standby replica")?;
+        wait_until(
+            &format!("{standby} waiting for the Lease"),
+            cluster.settings.timeout,
+            async || match cluster.operator_log(&standby).await {
+                Ok(log) if log.contains(WAITING) => Ok(()),
+                Ok(_) => Err("not yet".to_owned()),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+        .await?;
+        let started = std::time::Instant::now();
+        pods_api.delete(&standby, &DeleteParams::default()).await?;
+        wait_until(
+            &format!("{standby} gone"),
+            STANDBY_STOP,
+            async || match pods_api.get_opt(&standby).await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err("still there".to_owned()),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+        .await?;
+        eprintln!(
+            "e2e: {leader} led, then {next}; standby {standby} went in {:?}",
+            started.elapsed()
+        );
         Ok(())
     })
     .await;
