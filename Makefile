@@ -292,10 +292,12 @@ cluster-down:
 	tests/cluster/down.sh
 
 ## e2e-local: the real-cluster tests (docs/dev/e2e.md) on a local cluster made for them and taken
-## down afterwards; E2E_TEST_THREADS at a time; TETHER_CLUSTER_KEEP=1 keeps the cluster.
+## down afterwards; E2E_TEST_THREADS at a time; TETHER_CLUSTER_KEEP=1 keeps the cluster. The
+## test binary is built with --workspace, as cargo-test builds it: `-p tether-operator` would
+## unify the dependencies' features differently and compile them again (3 minutes cold).
 e2e-local: cluster-root cluster-tools
 	$(CARGO) build $(CLUSTER_BUILD) --bins
-	$(CARGO) test -p tether-operator --test e2e --no-run
+	$(CARGO) test --workspace --test e2e --no-run
 	CLUSTER_KUBERNETES=$(CLUSTER_KUBERNETES) CLUSTER_PROFILE=$(CLUSTER_PROFILE) \
 	  E2E_TEST_THREADS=$(E2E_TEST_THREADS) tests/cluster/e2e.sh
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real-cluster tests (operator/tests/e2e, docs/dev/e2e.md) on the local cluster: up.sh, then
-# `cargo test -p tether-operator --test e2e` inside the cluster's network namespace with the
+# `cargo test --workspace --test e2e` inside the cluster's network namespace with the
 # settings that name its kubeconfig, images and audit log, then down.sh whatever happened
 # (TETHER_CLUSTER_KEEP=1 keeps the cluster). Extra arguments go to the test binary (a test's
 # name, --nocapture).
@@ -37,7 +37,7 @@ in_ns env \
   TETHER_E2E_SERVER_NEXT_IMAGE=tether-example-server:e2e-next \
   TETHER_E2E_AUDIT_LOG="$S/logs/audit.log" \
   TETHER_E2E_IN_CLUSTER_NETWORK=1 \
-  "${CARGO:-cargo}" test --offline -p tether-operator --test e2e -- --test-threads="${E2E_TEST_THREADS:-3}" "$@" ||
+  "${CARGO:-cargo}" test --offline --workspace --test e2e -- --test-threads="${E2E_TEST_THREADS:-3}" "$@" ||
   status=$?
 if [ "$status" != 0 ]; then
   diagnose

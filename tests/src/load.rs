@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use serde_json::Value;
 use tokio::sync::{Mutex, MutexGuard, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 use crate::call::{self, CallOutcome, CallPlan};
 use crate::client::McpClient;
@@ -33,7 +34,7 @@ pub async fn heavy() -> MutexGuard<'static, ()> {
 pub struct LoadConfig {
     /// Sessions, all started at once (bounded by `concurrency`).
     pub sessions: usize,
-    /// `slow` calls per session, one after another.
+    /// `slow` calls per session, one after another (with [`run_until`], the fewest).
     pub calls_per_session: usize,
     /// Progress notifications per call.
     pub count: u32,
@@ -249,16 +250,26 @@ pub fn quantile(samples: &[Duration], q: f64) -> Option<Duration> {
     v.get(idx).copied()
 }
 
-/// Runs the load against `client`'s endpoint.
+/// Runs the load against `client`'s endpoint: `calls_per_session` calls in each session.
 pub async fn run(client: &McpClient, cfg: &LoadConfig) -> Report {
+    let stopped = CancellationToken::new();
+    stopped.cancel();
+    run_until(client, cfg, stopped).await
+}
+
+/// Runs the load against `client`'s endpoint until `stop` is cancelled: each session makes at
+/// least `calls_per_session` calls and goes on calling until then, finishes its call and ends.
+/// Traffic that never stops while something else (a rollout) runs, however long that takes.
+pub async fn run_until(client: &McpClient, cfg: &LoadConfig, stop: CancellationToken) -> Report {
     let started = Instant::now();
     let gate = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..cfg.sessions {
-        let (client, cfg, gate) = (client.clone(), cfg.clone(), Arc::clone(&gate));
+        let (client, cfg, gate, stop) =
+            (client.clone(), cfg.clone(), Arc::clone(&gate), stop.clone());
         tasks.spawn(async move {
             let _permit = gate.acquire_owned().await;
-            session(&client, &cfg, i).await
+            session(&client, &cfg, i, &stop).await
         });
     }
     let mut report = Report::default();
@@ -272,7 +283,12 @@ pub async fn run(client: &McpClient, cfg: &LoadConfig) -> Report {
     report
 }
 
-async fn session(client: &McpClient, cfg: &LoadConfig, index: usize) -> Report {
+async fn session(
+    client: &McpClient,
+    cfg: &LoadConfig,
+    index: usize,
+    stop: &CancellationToken,
+) -> Report {
     let mut report = Report::default();
     let version = &cfg.versions[index % cfg.versions.len().max(1)];
     let session = match client.initialize(version).await {
@@ -283,7 +299,8 @@ async fn session(client: &McpClient, cfg: &LoadConfig, index: usize) -> Report {
         }
     };
     report.sessions = 1;
-    for c in 0..cfg.calls_per_session {
+    let mut c = 0;
+    while c < cfg.calls_per_session || !stop.is_cancelled() {
         let call_id = format!("s{index}-c{c}-{:08x}", rand::random::<u32>());
         let plan = CallPlan::random(
             cfg.count,
@@ -293,6 +310,7 @@ async fn session(client: &McpClient, cfg: &LoadConfig, index: usize) -> Report {
         );
         let result = call::slow(client, &session, c as u64 + 2, &call_id, &plan).await;
         report.record_call(&call_id, cfg.count, result);
+        c += 1;
     }
     report.record_delete(&format!("session {index}"), client.delete(&session).await);
     report

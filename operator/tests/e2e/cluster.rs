@@ -382,6 +382,33 @@ impl Cluster {
             .collect())
     }
 
+    /// Waits until no pod of `ns` is terminating (a rollout's old pods have stopped).
+    pub async fn wait_no_terminating_pods(&self, ns: &str) -> Outcome {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        wait_until(
+            "the terminating pods to stop",
+            self.settings.timeout,
+            async || {
+                let listed = pods
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let terminating: Vec<_> = listed
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_some())
+                    .filter_map(|p| p.metadata.name.as_deref())
+                    .collect();
+                if terminating.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("still terminating: {terminating:?}"))
+                }
+            },
+        )
+        .await
+    }
+
     /// How many times an Event `reason` was published about endpoint `name` (an Event of a
     /// series counts its occurrences).
     pub async fn events(&self, ns: &str, name: &str, reason: &str) -> Outcome<i32> {

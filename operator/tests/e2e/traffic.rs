@@ -25,6 +25,7 @@ use tether_crds::MCP_PORT_NAME;
 use tether_tests::call::{self, CallPlan};
 use tether_tests::client::{McpClient, result_text};
 use tether_tests::load::{self, Executions, LoadConfig};
+use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, EXAMPLE_PODS, Outcome, wait_until};
 
@@ -278,20 +279,35 @@ fn executed(line: &str) -> Option<String> {
     serde_json::from_str(quoted).ok()
 }
 
+/// MCP sessions calling through an endpoint's client Service in a task of their own, until
+/// [`Load::finish`].
+pub(crate) struct Load {
+    running: tokio::task::JoinHandle<load::Report>,
+    stop: CancellationToken,
+}
+
+impl Load {
+    /// Ends the load (each session finishes its call and deletes itself): what the clients saw.
+    pub async fn finish(self) -> Outcome<load::Report> {
+        self.stop.cancel();
+        Ok(self.running.await?)
+    }
+
+    /// Ends the load at once, its report unread.
+    pub fn abort(self) {
+        self.running.abort();
+    }
+}
+
 /// Starts sessions (`TETHER_E2E_LOAD_SESSIONS`, 12 by default) calling `slow` through endpoint
-/// `name`'s client Service, 15 calls each
-/// of 10 progress events 300 ms apart, 30 % of the streams cut and resumed (about 50 s in
-/// all), in a task of its own; returns once they run.
-pub(crate) async fn load_through(
-    cluster: &Cluster,
-    ns: &str,
-    name: &str,
-) -> Outcome<tokio::task::JoinHandle<load::Report>> {
+/// `name`'s client Service until [`Load::finish`], 3 calls each at least, of 10 progress events
+/// 300 ms apart, 30 % of the streams cut and resumed; returns once they run.
+pub(crate) async fn load_through(cluster: &Cluster, ns: &str, name: &str) -> Outcome<Load> {
     let (proxy, client) = mcp_client(cluster, ns, name).await?;
     let sessions = cluster.settings.load_sessions;
     let cfg = LoadConfig {
         sessions,
-        calls_per_session: 15,
+        calls_per_session: 3,
         count: 10,
         interval_ms: 300,
         cut_probability: 0.3,
@@ -299,12 +315,14 @@ pub(crate) async fn load_through(
         concurrency: sessions,
         versions: vec![VERSION.to_owned()],
     };
+    let stop = CancellationToken::new();
+    let until = stop.clone();
     let running = tokio::spawn(async move {
         let _proxy = proxy;
-        load::run(&client, &cfg).await
+        load::run_until(&client, &cfg, until).await
     });
     tokio::time::sleep(Duration::from_secs(5)).await;
-    Ok(running)
+    Ok(Load { running, stop })
 }
 
 /// How [`roll_under_load`] makes the Deployment controller replace every pod.
@@ -316,9 +334,8 @@ pub(crate) enum Rollout<'a> {
 }
 
 /// Rolls Deployment `target` of endpoint `name` as `rollout` says while sessions call `slow`
-/// through its client Service (cutting and resuming some streams); returns what the clients
-/// saw, with the example servers' executions counted from their logs. Fails when the load
-/// ended before the rollout did (it would prove nothing).
+/// through its client Service (cutting and resuming some streams), until the old pods are gone;
+/// returns what the clients saw, with the example servers' executions counted from their logs.
 pub(crate) async fn roll_under_load(
     cluster: &Cluster,
     ns: &str,
@@ -327,7 +344,7 @@ pub(crate) async fn roll_under_load(
     rollout: Rollout<'_>,
 ) -> Outcome<load::Report> {
     let logs = ServerLogs::follow(&cluster.client, ns);
-    let running = load_through(cluster, ns, name).await?;
+    let load = load_through(cluster, ns, name).await?;
     let started = Instant::now();
     match rollout {
         Rollout::Restart => cluster.restart(ns, target).await?,
@@ -343,13 +360,10 @@ pub(crate) async fn roll_under_load(
     tokio::time::sleep(Duration::from_secs(2)).await;
     cluster.wait_rolled(ns, target).await?;
     let rolled = started.elapsed();
-    if running.is_finished() {
-        return Err(format!(
-            "the load ended before the rollout did ({rolled:?}); give it more calls"
-        )
-        .into());
-    }
-    let mut report = running.await?;
+    // The old pods serve until `spec.drain.shutdownDelay` has passed: the load goes on until
+    // they are gone.
+    cluster.wait_no_terminating_pods(ns).await?;
+    let mut report = load.finish().await?;
     logs.count_executions(&mut report, cluster.settings.timeout)
         .await;
     eprintln!(

@@ -292,11 +292,11 @@ async fn an_endpoint_deleted_and_re_created_keeps_one_key_across_its_pods() {
         // Deleted while clients call (their sessions end with it: docs/guide/uninstall.md), it
         // is gone once no pod runs its sidecar: with clients still calling, the old pods serve
         // their sessions until `spec.drain.timeout`, then the rollout ends.
-        let running = load_through(cluster, ns, "weather").await?;
+        let load = load_through(cluster, ns, "weather").await?;
         let started = Instant::now();
         cluster.delete_endpoint(ns, "weather").await?;
         let took = started.elapsed();
-        running.abort();
+        load.abort();
         eprintln!("e2e: the endpoint deleted under load was finalized in {took:?}");
         if took > DELETION {
             return Err(format!("deleting the endpoint took {took:?}, over {DELETION:?}").into());

@@ -278,6 +278,13 @@ impl ProxyHttp for McpProxy {
         session
             .as_downstream_mut()
             .set_write_timeout(Some(self.client_write_timeout));
+        if self.lifecycle.is_draining() {
+            // A draining pod answers `Connection: close`: its clients reconnect through the
+            // Service (to a live pod once the endpoint is gone) instead of keeping an idle
+            // connection that pingora drops when the sidecar stops, which a request sent at
+            // that moment would lose.
+            session.set_keepalive(None);
+        }
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use http::{Method, StatusCode};
 use tether_tests::addr;
 use tether_tests::call::{self, CallOutcome, CallPlan};
-use tether_tests::client::{Http, body_text};
+use tether_tests::client::{Http, body_text, messages};
 use tether_tests::cluster::Cluster;
 use tether_tests::pod::{Drained, Pod, PodSpec};
 use tokio::task::JoinHandle;
@@ -139,10 +139,12 @@ async fn after_sigterm_the_listeners_serve_until_the_shutdown_delay_has_passed()
             .unwrap();
         (status, began.elapsed(), pod)
     });
-    // A connection kube-proxy still sent to the terminating pod: served, from the new holder.
+    // A connection kube-proxy still sent to the terminating pod: served, from the new holder,
+    // with `Connection: close` so that the client's next request opens a connection to a live
+    // pod rather than reusing one the sidecar drops when it stops.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let msgs = via_a
-        .call(
+    let resp = via_a
+        .post_call(
             &session,
             2,
             "echo",
@@ -150,6 +152,13 @@ async fn after_sigterm_the_listeners_serve_until_the_shutdown_delay_has_passed()
         )
         .await
         .unwrap();
+    let connection = resp.headers().get(http::header::CONNECTION).cloned();
+    assert_eq!(
+        connection.as_ref().and_then(|v| v.to_str().ok()),
+        Some("close"),
+        "a draining pod's answer keeps the connection: {connection:?}"
+    );
+    let msgs = messages(resp, Duration::from_secs(10)).await.unwrap();
     assert!(msgs.iter().any(|m| m["result"].is_object()), "{msgs:?}");
     let (status, stopped_after, pod) = stop.await.unwrap();
     assert!(
