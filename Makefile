@@ -122,7 +122,10 @@ FUZZ_TARGET_LENS := cursor:128 session_id:256 task_id:2048 envelope:4096 sse:409
 FUZZ_TARGETS ?= $(foreach t,$(FUZZ_TARGET_LENS),$(firstword $(subst :, ,$(t))))
 # No sanitizer: the sidecar has no unsafe code (`unsafe_code = "forbid"`), so AddressSanitizer
 # would only slow the runs; debug assertions and overflow checks stay on.
-FUZZ_BUILD_FLAGS := --sanitizer none --codegen-units 16
+# FUZZ_PROFILE=dev builds the targets unoptimized: half the cold build time (3.5 instead of 7.5
+# minutes on 2 cores) for a tenth of the executions per second; CI's smoke run uses it.
+FUZZ_PROFILE ?= release
+FUZZ_BUILD_FLAGS := --sanitizer none --codegen-units 16 $(if $(filter dev,$(FUZZ_PROFILE)),--dev)
 FUZZ_FLAGS ?=
 
 fuzz: deps
