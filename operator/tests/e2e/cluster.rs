@@ -268,15 +268,7 @@ impl Cluster {
             &format!("McpEndpoint {name} settled"),
             self.settings.timeout,
             async || {
-                let listed = pods
-                    .list(&ListParams::default().labels(EXAMPLE_PODS))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let terminating = listed
-                    .items
-                    .iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_some())
-                    .count();
+                let terminating = terminating_pods(&pods, EXAMPLE_PODS).await?.len();
                 let ep = self
                     .endpoints(ns)
                     .get(name)
@@ -388,22 +380,9 @@ impl Cluster {
         wait_until(
             "the terminating pods to stop",
             self.settings.timeout,
-            async || {
-                let listed = pods
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let terminating: Vec<_> = listed
-                    .items
-                    .iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_some())
-                    .filter_map(|p| p.metadata.name.as_deref())
-                    .collect();
-                if terminating.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!("still terminating: {terminating:?}"))
-                }
+            async || match terminating_pods(&pods, "").await?.as_slice() {
+                [] => Ok(()),
+                names => Err(format!("still terminating: {names:?}")),
             },
         )
         .await
@@ -421,6 +400,21 @@ impl Cluster {
             .map(|e| e.series.as_ref().map_or(1, |s| s.count))
             .sum())
     }
+}
+
+/// The names of the pods `selector` selects (all when empty) that are terminating; an API error
+/// as text, for [`wait_until`].
+async fn terminating_pods(pods: &Api<Pod>, selector: &str) -> Result<Vec<String>, String> {
+    let listed = pods
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(listed
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_some())
+        .filter_map(|p| p.metadata.name)
+        .collect())
 }
 
 /// Polls `check` every [`POLL`] until it returns `Ok`, for at most `timeout`; its `Err` says
