@@ -140,10 +140,13 @@ pub struct AuthSpec {
     pub forward_headers: Vec<String>,
     /// What a session is bound to, fixed at its `initialize`: every later request of the
     /// session must present the same principal, or it gets the 404 of an unknown session.
-    /// `Subject` (default): the `iss` and `sub` claims of a JWT bearer token (read, not verified:
-    /// the MCP server verifies), else the credential itself; `Credential`: the credential itself
-    /// (a refreshed opaque token then ends the session: clients initialize again); `None`: no
-    /// binding. An anonymous `initialize` binds the session to presenting no credential.
+    /// `SubjectAndClient` (default): the `iss` and `sub` claims of a JWT bearer token and the
+    /// client it was issued to (`azp`, else `client_id`), read, not verified (the MCP server
+    /// verifies), else the credential itself: the same user's token from another client
+    /// application does not drive the session; `Subject`: `iss` and `sub` only (any client of
+    /// the user); `Credential`: the credential itself (a refreshed opaque token then ends the
+    /// session: clients initialize again); `None`: no binding. An anonymous `initialize` binds
+    /// the session to presenting no credential.
     #[serde(default)]
     pub binding: AuthBinding,
     /// How long the MCP server's acceptance of a credential vouches for it. Before a resume, a
@@ -167,8 +170,11 @@ fn default_revalidate() -> Duration {
 /// What a session is bound to (`spec.auth.binding`).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum AuthBinding {
-    /// The token's subject (`iss`, `sub` of a JWT), else the credential.
+    /// The token's subject and client (`iss`, `sub` and `azp` or `client_id` of a JWT), else
+    /// the credential.
     #[default]
+    SubjectAndClient,
+    /// The token's subject (`iss`, `sub` of a JWT), else the credential.
     Subject,
     /// The credential itself.
     Credential,

@@ -60,6 +60,13 @@ struct VersionLabel {
     version: &'static str,
 }
 
+/// Labels of `tether_request_id_reuse_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    /// `joined`, `replayed`, `expired`, `run` or `refused`.
+    outcome: &'static str,
+}
+
 /// Labels of `tether_membership_changes_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabel {
@@ -149,10 +156,8 @@ pub(crate) struct Metrics {
     resumes: Family<ResumeLabels, Counter>,
     /// Events replayed to resuming clients.
     replayed_events: Counter,
-    /// Retried requests attached to their existing stream instead of dispatched again.
-    requests_deduplicated: Counter,
-    /// Retries of requests answered and forgotten (beyond the retry window).
-    results_expired: Counter,
+    /// Requests whose id the session had seen before, by what became of them.
+    request_id_reuse: Family<OutcomeLabel, Counter>,
     /// Sessions the sweeper looked at (the ones due, not every one held).
     sweep_sessions: Counter,
     /// Upstream SSE streams resumed by the sidecar after an early close (SEP-1699 polling).
@@ -267,8 +272,7 @@ impl Metrics {
             evictions: Family::default(),
             resumes: Family::default(),
             replayed_events: Counter::default(),
-            requests_deduplicated: Counter::default(),
-            results_expired: Counter::default(),
+            request_id_reuse: Family::default(),
             sweep_sessions: Counter::default(),
             upstream_resumes: Counter::default(),
             upstream_paused: Counter::default(),
@@ -376,14 +380,9 @@ impl Metrics {
             m.replayed_events.clone(),
         );
         r.register(
-            "requests_deduplicated",
-            "Retried requests attached to their existing stream",
-            m.requests_deduplicated.clone(),
-        );
-        r.register(
-            "results_expired",
-            "Retries of requests answered and forgotten beyond the retry window",
-            m.results_expired.clone(),
+            "request_id_reuse",
+            "Requests whose id the session had seen before: joined, replayed, expired, run or refused",
+            m.request_id_reuse.clone(),
         );
         r.register(
             "sweep_sessions",
@@ -731,20 +730,21 @@ impl Metrics {
             .inc();
     }
 
-    /// A retried request attached to its existing stream (`tether_requests_deduplicated_total`).
-    pub(crate) fn request_deduplicated(&self) {
-        self.requests_deduplicated.inc();
+    /// A request whose id the session had seen before, and what became of it
+    /// (`tether_request_id_reuse_total`): `joined` (a retry attached to its request's stream,
+    /// running or buffered), `replayed` (a retry given its request's stored answer), `expired` (a retry of
+    /// a request answered and forgotten, `result_expired`), `run` (another body under an
+    /// answered id: a new request) or `refused` (another body under the id of a request still
+    /// running, `request_id_reused`).
+    pub(crate) fn request_id_reuse(&self, outcome: &'static str) {
+        self.request_id_reuse
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
     }
 
     /// An upstream SSE stream resumed after an early close (`tether_upstream_resumes_total`).
     pub(crate) fn upstream_resumed(&self) {
         self.upstream_resumes.inc();
-    }
-
-    /// A retry of a request answered and forgotten, answered "no longer available"
-    /// (`tether_results_expired_total`).
-    pub(crate) fn result_expired(&self) {
-        self.results_expired.inc();
     }
 
     /// `n` sessions a sweep looked at (`tether_sweep_sessions_total`).
@@ -999,7 +999,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 57);
+        assert_eq!(fields, 56);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -1032,10 +1032,11 @@ mod tests {
         m.admin_refused("drain_not_local");
         m.retained("journal", 1);
         m.revalidation(StatusCode::OK);
+        m.request_id_reuse("run");
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            57,
+            56,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -65,11 +65,21 @@ impl Reply {
     /// The reply of rejection `r` to the request whose JSON-RPC id is `id` (its error body
     /// echoes it; `None`: `"id": null`).
     pub(crate) fn rejection(r: &Rejection, id: Option<&RequestKey>) -> Self {
-        let mut reply = Reply::from(StoredReply::from(r));
-        if id.is_some() {
-            reply.body = ReplyBody::Full(r.body_for(id));
+        Reply::from(StoredReply::rejection(r, id))
+    }
+
+    /// A 200 reply carrying JSON `body` (a JSON-RPC answer the sidecar makes itself).
+    pub(crate) fn json(body: Bytes) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Reply {
+            status: StatusCode::OK,
+            headers,
+            body: ReplyBody::Full(body),
         }
-        reply
     }
 
     /// An empty reply with `status` (e.g. 202 Accepted for notifications, spec T-05).
@@ -135,6 +145,9 @@ pub(crate) struct Relay {
     /// Once this turns `true` the answer ends cleanly at the next event boundary (a listen
     /// stream of a draining pod, [`Relay::ending_on`]).
     end_signal: Option<watch::Receiver<bool>>,
+    /// The event written last when the answer ends on `end_signal` (the listen request's
+    /// completion result), taken once.
+    last_event: Option<Bytes>,
     /// The last bytes relayed (up to 4), to know whether a line or an event ended there.
     tail: u32,
     /// Whatever must live as long as the relay (a count of requests in flight).
@@ -175,14 +188,17 @@ impl Relay {
             body: body.boxed(),
             keep_alive,
             end_signal: None,
+            last_event: None,
             tail: FRESH_TAIL,
             _held: None,
         }
     }
 
-    /// This relay, ending cleanly at the first event boundary once `signal` is `true`.
-    pub(crate) fn ending_on(mut self, signal: watch::Receiver<bool>) -> Self {
+    /// This relay, ending cleanly at the first event boundary once `signal` is `true`, with
+    /// `last_event` written there.
+    pub(crate) fn ending_on(mut self, signal: watch::Receiver<bool>, last_event: Bytes) -> Self {
         self.end_signal = Some(signal);
+        self.last_event = Some(last_event);
         self
     }
 
@@ -212,7 +228,10 @@ impl Relay {
     pub(crate) async fn next(&mut self) -> Relayed {
         loop {
             if self.ending() && self.at_event_start() {
-                return Relayed::End;
+                return match self.last_event.take() {
+                    Some(event) => Relayed::Data(event),
+                    None => Relayed::End,
+                };
             }
             // While ending mid-event, only the rest of the event is awaited.
             let signal = self.end_signal.as_mut().filter(|s| !*s.borrow());
@@ -315,7 +334,8 @@ mod tests {
     }
 
     /// A listen stream of a draining pod ends cleanly, never inside an event: the event under
-    /// way (split over chunks) is finished first, and nothing after it is relayed.
+    /// way (split over chunks) is finished first, then the last event (the listen request's
+    /// completion result), and nothing of the upstream after it is relayed.
     #[tokio::test(start_paused = true)]
     async fn an_ending_relay_ends_at_the_next_event_boundary() {
         let (signal, rx) = watch::channel(false);
@@ -325,7 +345,8 @@ mod tests {
             Ok(b"\n"),
             Ok(b"data: d\n\n"),
         ];
-        let mut relay = relay(chunks, Duration::from_millis(10)).ending_on(rx);
+        let last = Bytes::from_static(b"data: done\n\n");
+        let mut relay = relay(chunks, Duration::from_millis(10)).ending_on(rx, last.clone());
         assert!(
             matches!(relay.next().await, Relayed::Data(b) if b.as_ref() == b"data: a\n\ndata: b")
         );
@@ -333,15 +354,21 @@ mod tests {
         let (out, end) = collect(relay).await;
         assert!(matches!(end, Relayed::End), "{end:?}");
         let text: Vec<&[u8]> = out.iter().map(|b| b.as_ref()).collect();
-        assert_eq!(text, [&b"c\n"[..], b"\n"]);
+        assert_eq!(
+            text,
+            [&b"c\n"[..], b"\n", b"data: done\n\n"],
+            "the event under way, then the last event"
+        );
         // Silent and between events: it ends as soon as the signal comes.
         let (signal, rx) = watch::channel(false);
         let silent = futures::stream::pending::<Result<Bytes, String>>();
-        let mut relay = Relay::new(silent, None).ending_on(rx);
-        let waiting = tokio::spawn(async move { relay.next().await });
+        let relay = Relay::new(silent, None).ending_on(rx, last.clone());
+        let waiting = tokio::spawn(collect(relay));
         tokio::time::sleep(Duration::from_secs(60)).await;
         signal.send_replace(true);
-        assert!(matches!(waiting.await.unwrap(), Relayed::End));
+        let (out, end) = waiting.await.unwrap();
+        assert!(matches!(end, Relayed::End));
+        assert_eq!(out, [last]);
     }
 
     #[tokio::test(start_paused = true)]

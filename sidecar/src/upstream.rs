@@ -27,7 +27,8 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Why an upstream exchange failed before a response arrived.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum UpstreamError {
-    /// No connection could be made: the request certainly did not reach the MCP server.
+    /// The request was not sent — no connection could be made, or it could not be built: it
+    /// certainly did not reach the MCP server.
     #[error("upstream refused the connection: {0}")]
     Refused(String),
     /// The exchange broke after the connection was made (the request may have arrived).
@@ -108,7 +109,7 @@ impl Upstream {
             .method(method)
             .uri(self.uri.clone())
             .body(Full::new(body))
-            .map_err(|e| UpstreamError::Unavailable(e.to_string()))?;
+            .map_err(|e| UpstreamError::Refused(e.to_string()))?;
         let headers = req.headers_mut();
         *headers = exchange.headers;
         if let Some(host) = &self.host {

@@ -22,6 +22,9 @@ pub struct Issuer {
 struct Claims<'a> {
     iss: &'a str,
     sub: &'a str,
+    /// The client the token was issued to (OpenID Connect's authorized party), if named.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    azp: Option<&'a str>,
     /// Seconds since the Unix epoch.
     exp: u64,
 }
@@ -47,6 +50,17 @@ impl Issuer {
 
     /// A token of `sub` from issuer `iss`, valid for `ttl` (expired already for a zero `ttl`).
     pub fn token(&self, iss: &str, sub: &str, ttl: Duration) -> String {
+        self.token_of_client(iss, sub, None, ttl)
+    }
+
+    /// [`Issuer::token`] issued to client application `azp`, when one is named.
+    pub fn token_of_client(
+        &self,
+        iss: &str,
+        sub: &str,
+        azp: Option<&str>,
+        ttl: Duration,
+    ) -> String {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
@@ -55,7 +69,7 @@ impl Issuer {
         } else {
             (now + ttl).as_secs()
         };
-        let claims = Claims { iss, sub, exp };
+        let claims = Claims { iss, sub, azp, exp };
         // HS256 over serialisable claims does not fail; an empty token would get a 401.
         jsonwebtoken::encode(&Header::default(), &claims, &self.key).unwrap_or_default()
     }
@@ -63,6 +77,11 @@ impl Issuer {
     /// `Bearer <token>` of `sub` from `iss`, valid for `ttl`.
     pub fn bearer(&self, iss: &str, sub: &str, ttl: Duration) -> String {
         format!("Bearer {}", self.token(iss, sub, ttl))
+    }
+
+    /// [`Issuer::bearer`] issued to client application `azp`.
+    pub fn bearer_of_client(&self, iss: &str, sub: &str, azp: &str, ttl: Duration) -> String {
+        format!("Bearer {}", self.token_of_client(iss, sub, Some(azp), ttl))
     }
 }
 

@@ -102,7 +102,7 @@ impl Broker {
             None => {
                 self.abandon_upstream(upstream_id, &call.headers).await;
                 self.metrics.upstream_error("initialize_without_result");
-                return Err(Rejection::UpstreamUnavailable);
+                return Err(Rejection::UpstreamLost);
             }
         };
         let Some(version) =

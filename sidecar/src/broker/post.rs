@@ -7,8 +7,10 @@
 //!   spec T-05) passes through unchanged; `notifications/cancelled` also ends the local stream of
 //!   the cancelled request (spec L-02).
 //! - A request id already seen in the session with the same body is a retry: it attaches to the
-//!   existing stream instead of being dispatched again, so the upstream sees it exactly once; the
-//!   same id with another body is 400 (spec S-09). A retry that joined a request which was not
+//!   existing stream instead of being dispatched again, so the upstream sees it exactly once.
+//!   The same id with another body is a new request once the first was answered (clients that
+//!   send `id: 1` every time), and 400 while the first still runs (spec S-09; two requests of
+//!   one id in flight could not be told apart). A retry that joined a request which was not
 //!   carried out — refused for its caller (401, 429…) or never received by the MCP server, here
 //!   or at the pod that held the session before a handoff — is dispatched itself, once.
 //! - Batches (2025-03-26 only, B-01) are dispatched one message per upstream POST, all answers
@@ -27,7 +29,7 @@ use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::{self, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response};
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::tasks::Revision;
-use crate::reply::{Reply, ReplyBody};
+use crate::reply::Reply;
 use crate::session::{Dedupe, EnterGuard, Entry, Session};
 use crate::stream::StoredReply;
 use crate::stream::{Head, Start, Stream, StreamKind};
@@ -84,9 +86,7 @@ impl Broker {
         let body = match self.open_task_ids(&mut envelope, body, Revision::Session) {
             Ok((body, _)) => body,
             Err(rejection) => {
-                self.metrics.rejection(&rejection);
-                let id = envelope.first_request_id();
-                return Ok(Reply::rejection(&rejection, id.as_ref()));
+                return Ok(self.task_miss_reply(&rejection, &envelope, Revision::Session));
             }
         };
         let _busy = session.busy();
@@ -116,17 +116,20 @@ impl Broker {
         // The stream is registered: a handoff from now on carries it.
         drop(entered);
         match claimed {
-            Dedupe::Conflict => Err(Rejection::RequestIdReused),
+            Dedupe::Conflict => {
+                self.metrics.request_id_reuse("refused");
+                Err(Rejection::RequestIdReused)
+            }
             Dedupe::SessionFull(limit) => Err(Rejection::RetryStateFull(limit)),
             Dedupe::Ended => Err(Rejection::SessionNotFound(
                 self.registry.why_missing(session.digest()),
             )),
             Dedupe::Expired(id) => {
-                self.metrics.result_expired();
+                self.metrics.request_id_reuse("expired");
                 Ok(expired_reply(&id).with_session_id(session.id()))
             }
             Dedupe::Answered(stored) => {
-                self.metrics.request_deduplicated();
+                self.metrics.request_id_reuse("replayed");
                 tracing::debug!(
                     session = session.digest(),
                     "a retry gets its request's answer again"
@@ -137,7 +140,7 @@ impl Broker {
                 Ok(stored_reply(&session, stored))
             }
             Dedupe::Retry(existing) => {
-                self.metrics.request_deduplicated();
+                self.metrics.request_id_reuse("joined");
                 tracing::debug!(session = session.digest(), stream = %existing.key(), following = ?existing.following(), "a retry joins its request's stream");
                 if let Err(refusal) = self.revalidate(&session, &call.headers).await {
                     return Ok(refusal);
@@ -153,7 +156,10 @@ impl Broker {
                 }
                 reply
             }
-            Dedupe::New => {
+            verdict @ (Dedupe::New | Dedupe::Reused) => {
+                if matches!(verdict, Dedupe::Reused) {
+                    self.metrics.request_id_reuse("run");
+                }
                 tracing::debug!(session = session.digest(), stream = %stream.key(), "request dispatched");
                 let headers = self.upstream_headers(&call.headers);
                 if envelope.batch {
@@ -316,21 +322,11 @@ fn stored_reply(session: &Session, stored: StoredReply) -> Reply {
 /// `docs/design/buffering.md#retries`): a JSON-RPC error for its id, so the client's call
 /// fails instead of running twice.
 fn expired_reply(id: &RequestKey) -> Reply {
-    let body = error_response(
+    Reply::json(Bytes::from(error_response(
         id,
         CODE_TRANSPORT,
         "the result of this request is no longer available: it was answered, and the session \
          no longer keeps its answer (--retry-window); it was not run again",
         "result_expired",
-    );
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    Reply {
-        status: StatusCode::OK,
-        headers,
-        body: ReplyBody::Full(Bytes::from(body)),
-    }
+    )))
 }

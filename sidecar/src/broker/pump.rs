@@ -163,7 +163,7 @@ impl Broker {
                     self.metrics.rejection(&rejection);
                     session.withdraw_post(
                         &stream,
-                        StoredReply::from(&rejection),
+                        StoredReply::rejection(&rejection, ids.first()),
                         self.cfg().max_session_retry_bytes,
                     );
                 } else {
@@ -495,7 +495,7 @@ impl Broker {
         if stream.kind() == StreamKind::Batch {
             self.fail_stream(stream, ids, rejection.reason());
         } else {
-            stream.store_reply(StoredReply::from(&rejection));
+            stream.store_reply(StoredReply::rejection(&rejection, ids.first()));
         }
     }
 
@@ -529,7 +529,7 @@ impl Broker {
                 tracing::debug!(error = %e, "upstream body not read");
                 match e {
                     crate::upstream::BodyError::Timeout(_) => Rejection::UpstreamTimeout,
-                    _ => Rejection::UpstreamUnavailable,
+                    _ => Rejection::UpstreamLost,
                 }
             })?;
         let body = match status.is_success() {
@@ -547,9 +547,13 @@ impl Broker {
     pub(super) fn upstream_rejection(&self, e: &UpstreamError) -> Rejection {
         tracing::warn!(error = %e, "upstream request failed");
         match e {
-            UpstreamError::Refused(_) | UpstreamError::Unavailable(_) => {
-                self.metrics.upstream_error("unavailable");
+            UpstreamError::Refused(_) => {
+                self.metrics.upstream_error("refused");
                 Rejection::UpstreamUnavailable
+            }
+            UpstreamError::Unavailable(_) => {
+                self.metrics.upstream_error("lost");
+                Rejection::UpstreamLost
             }
             UpstreamError::Timeout(_) => {
                 self.metrics.upstream_error("timeout");

@@ -15,7 +15,8 @@
 //!   read whole (JSON) or re-framed event by event (SSE, each event still written at once).
 //! - Each relay is counted while it lives ([`StatelessTally`]): a drain lets the requests in
 //!   flight finish, and ends the pod's `subscriptions/listen` streams cleanly at its start, at
-//!   an event boundary, so that their clients listen again on a routable pod (`crate::ops::drain`).
+//!   an event boundary, each with its request's completion result (the spec's graceful
+//!   closure), so that their clients listen again on a routable pod (`crate::ops::drain`).
 //!   A listen stream opened on a pod that already drains (no routable peer took it) is not
 //!   ended: its client would only come back.
 
@@ -30,7 +31,8 @@ use tokio::sync::watch;
 
 use super::Broker;
 use crate::mcp::headers::{MCP_SESSION_ID, forward_response_header};
-use crate::mcp::modern::LISTEN;
+use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::modern::{LISTEN, listen_completed};
 use crate::mcp::rejection::Rejection;
 use crate::mcp::sse::put_relayed;
 use crate::mcp::tasks;
@@ -40,13 +42,14 @@ use crate::upstream::{BodyError, Exchange, events, read_body};
 impl Broker {
     /// Sends a 2026-07-28 request (`method`, the client's `headers`, its `body` with task ids
     /// opened, [`Broker::open_task_ids`]) to the MCP server and relays its answer; `rpc`: the
-    /// JSON-RPC method of a POST's request. The answer to a request that may carry task ids
+    /// JSON-RPC method of a POST's request, `id` its id. The answer to a request that may carry task ids
     /// ([`tasks::may_answer_with_tasks`]) has them sealed: a JSON answer is read whole (up to
     /// the largest upstream body), an SSE one event by event (up to `--max-event-bytes`).
     ///
     /// # Errors
-    /// [`Rejection::UpstreamUnavailable`] (502) or [`Rejection::UpstreamTimeout`] (504) when the
-    /// MCP server does not answer, counted in `tether_upstream_errors_total`;
+    /// [`Rejection::UpstreamUnavailable`] (503, never reached), [`Rejection::UpstreamLost`]
+    /// (502, may have run) or [`Rejection::UpstreamTimeout`] (504) when the MCP server does not
+    /// answer, counted in `tether_upstream_errors_total`;
     /// [`Rejection::TaskIdTooLong`].
     pub(crate) async fn stateless(
         self: &Arc<Self>,
@@ -54,6 +57,7 @@ impl Broker {
         headers: &HeaderMap,
         body: Bytes,
         rpc: Option<&str>,
+        id: Option<&RequestKey>,
     ) -> Result<Reply, Rejection> {
         let listen = rpc == Some(LISTEN);
         let sealing = rpc.is_some_and(tasks::may_answer_with_tasks);
@@ -104,7 +108,7 @@ impl Broker {
                     self.metrics.upstream_error("body");
                     match e {
                         BodyError::Timeout(_) => Rejection::UpstreamTimeout,
-                        _ => Rejection::UpstreamUnavailable,
+                        _ => Rejection::UpstreamLost,
                     }
                 })?;
                 let json = self.seal_task_ids(&json)?.map_or(json, Bytes::from);
@@ -117,8 +121,10 @@ impl Broker {
         };
         let mut relay = Relay::new(chunks, keep_alive);
         let end_listens = &self.stateless.end_listens;
-        if listen && !*end_listens.borrow() {
-            relay = relay.ending_on(end_listens.subscribe());
+        if let (true, Some(id)) = (listen, id)
+            && !*end_listens.borrow()
+        {
+            relay = relay.ending_on(end_listens.subscribe(), listen_completed(id));
         }
         Ok(Reply {
             status: parts.status,

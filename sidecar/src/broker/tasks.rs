@@ -21,7 +21,8 @@ use crate::mcp::jsonrpc::Envelope;
 use crate::mcp::rejection::Rejection;
 use crate::mcp::session_id::HomeToken;
 use crate::mcp::task_id::TaskIds;
-use crate::mcp::tasks::{self, Revision, Seen};
+use crate::mcp::tasks::{self, Revision, Seen, TaskMiss};
+use crate::reply::Reply;
 
 /// How long a task without `ttlMs` counts as open.
 const UNLIMITED_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -124,6 +125,29 @@ impl Broker {
         Ok((Bytes::from(json), named))
     }
 
+    /// The answer to a request whose task ids did not open (`rejection`, counted): a
+    /// `tasks/get` of a task lost with its pod gets the task `failed`
+    /// ([`tasks::lost_task_answer`]); anything else the rejection, naming the request's id.
+    pub(crate) fn task_miss_reply(
+        &self,
+        rejection: &Rejection,
+        envelope: &Envelope,
+        revision: Revision,
+    ) -> Reply {
+        self.metrics.rejection(rejection);
+        let lost = match (rejection, envelope.messages.as_slice()) {
+            (Rejection::TaskNotFound(TaskMiss::Gone), [(_, request)]) => {
+                let now = jiff::Timestamp::now().to_string();
+                tasks::lost_task_answer(request, revision, &now)
+            }
+            _ => None,
+        };
+        match lost {
+            Some(answer) => Reply::json(Bytes::from(answer.to_string())),
+            None => Reply::rejection(rejection, envelope.first_request_id().as_ref()),
+        }
+    }
+
     /// One JSON text from the MCP server (a message, or a batch of them: an SSE event's data or
     /// a JSON body) with its task ids sealed; `None` when it holds none (or is not JSON, which
     /// the client's SDK reports).
@@ -164,7 +188,7 @@ impl Broker {
         }
         serde_json::to_vec(&value)
             .map(Some)
-            .map_err(|_| Rejection::UpstreamUnavailable)
+            .map_err(|_| Rejection::UpstreamLost)
     }
 
     /// The pod holding the task a client's id names, when the id is genuine (routing).

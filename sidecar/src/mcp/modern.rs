@@ -23,7 +23,7 @@ use base64::Engine as _;
 use http::{HeaderMap, HeaderName};
 
 use super::headers::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION};
-use super::jsonrpc::{Envelope, Message};
+use super::jsonrpc::{Envelope, Message, RequestKey};
 use super::rejection::Rejection;
 
 /// The key of `params._meta` that names a 2026-07-28 request's protocol version.
@@ -31,6 +31,24 @@ pub(crate) const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocol
 
 /// The method of a long-lived stream of notifications (SEP-2575, replacing the GET stream).
 pub(crate) const LISTEN: &str = "subscriptions/listen";
+
+/// The `_meta` key naming the subscription a listen stream's messages belong to: the listen
+/// request's id.
+const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+/// The SSE event that ends listen request `id` gracefully: its result, `resultType`
+/// `complete`, naming the subscription (SEP-2575 subscriptions, "Graceful Closure"). A client
+/// that reads it knows the server ended the subscription, not the network, and listens again.
+pub(crate) fn listen_completed(id: &RequestKey) -> bytes::Bytes {
+    let id: serde_json::Value =
+        serde_json::from_str(id.as_json()).unwrap_or(serde_json::Value::Null);
+    let result = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "result": {"resultType": "complete", "_meta": {META_SUBSCRIPTION_ID: id}},
+    });
+    bytes::Bytes::from(format!("event: message\ndata: {result}\n\n"))
+}
 
 /// The sentinel around a base64-encoded standard header value (SEP-2243, "Header Processing").
 const BASE64_PREFIX: &str = "=?base64?";
@@ -179,6 +197,22 @@ mod tests {
 
     fn envelope(body: &Value) -> Envelope {
         Envelope::parse(body.to_string().as_bytes(), LIMITS).unwrap()
+    }
+
+    #[test]
+    fn a_listen_stream_ends_with_its_requests_completion_result() {
+        for id in [json!(9), json!("listen-\"a\"")] {
+            let event = listen_completed(&RequestKey::of(&id));
+            let text = std::str::from_utf8(&event).unwrap();
+            let data = text
+                .strip_prefix("event: message\ndata: ")
+                .and_then(|t| t.strip_suffix("\n\n"))
+                .expect(text);
+            let message: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(message["id"], id);
+            assert_eq!(message["result"]["resultType"], "complete");
+            assert_eq!(message["result"]["_meta"][META_SUBSCRIPTION_ID], id);
+        }
     }
 
     fn call(name: &str) -> Value {

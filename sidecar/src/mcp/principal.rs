@@ -3,9 +3,10 @@
 //!
 //! A [`Principal`] is a keyed digest (16 bytes of HMAC-SHA256, domain `tether/principal/v1`)
 //! of what identifies the caller of a request, from its credential headers
-//! (`spec.auth.forwardHeaders`): for `Subject`, the `iss` and `sub` claims of a JWT bearer token
-//! — decoded, not verified (the MCP server verifies the token; a forged one it refuses) — else
-//! the credential itself; for `Credential`, the credential itself. A request without
+//! (`spec.auth.forwardHeaders`): for `SubjectAndClient`, the `iss` and `sub` claims of a JWT
+//! bearer token and the client it was issued to (`azp`, else `client_id`, RFC 9068); for
+//! `Subject`, `iss` and `sub` only — decoded, not verified (the MCP server verifies the token; a
+//! forged one it refuses) — else the credential itself; for `Credential`, the credential itself. A request without
 //! credentials has no principal. Credentials and claims never leave this module, only the
 //! digest: it is what the session keeps, compares and hands to a peer.
 
@@ -67,11 +68,13 @@ impl Binding {
         principal(headers, names, self.kind, key) == self.principal
     }
 
-    /// The form a handoff image carries: `anonymous`, `subject:<hex>` or `credential:<hex>`.
+    /// The form a handoff image carries: `<kind>:anonymous` or `<kind>:<hex>`, the kind one of
+    /// `subject-client`, `subject`, `credential`.
     pub(crate) fn to_image(self) -> String {
         let kind = match self.kind {
             AuthBinding::Credential => "credential",
-            _ => "subject",
+            AuthBinding::Subject => "subject",
+            _ => "subject-client",
         };
         match self.principal {
             None => format!("{kind}:anonymous"),
@@ -83,6 +86,7 @@ impl Binding {
     pub(crate) fn from_image(text: &str) -> Option<Self> {
         let (kind, principal) = text.split_once(':')?;
         let kind = match kind {
+            "subject-client" => AuthBinding::SubjectAndClient,
             "subject" => AuthBinding::Subject,
             "credential" => AuthBinding::Credential,
             _ => return None,
@@ -95,12 +99,18 @@ impl Binding {
     }
 }
 
-/// The claims that name a token's subject.
+/// The claims that name a token's subject and the client it was issued to.
 #[derive(Deserialize)]
 struct Subject {
     #[serde(default)]
     iss: Option<String>,
     sub: String,
+    /// OpenID Connect's authorized party.
+    #[serde(default)]
+    azp: Option<String>,
+    /// The client of an OAuth 2.0 access token in JWT form (RFC 9068).
+    #[serde(default)]
+    client_id: Option<String>,
 }
 
 /// The principal of a request with `headers` under `binding`, keyed by `key` (the key of the
@@ -115,12 +125,27 @@ pub(crate) fn principal(
     if binding == AuthBinding::None {
         return None;
     }
-    let subject = (binding == AuthBinding::Subject)
-        .then(|| jwt_subject(headers))
-        .flatten();
+    let subject = matches!(
+        binding,
+        AuthBinding::Subject | AuthBinding::SubjectAndClient
+    )
+    .then(|| jwt_subject(headers))
+    .flatten();
     let message = match subject {
-        Some(Subject { iss, sub }) => {
-            format!("subject\n{}\n{sub}", iss.unwrap_or_default()).into_bytes()
+        Some(Subject {
+            iss,
+            sub,
+            azp,
+            client_id,
+        }) => {
+            let iss = iss.unwrap_or_default();
+            match binding {
+                AuthBinding::SubjectAndClient => {
+                    let client = azp.or(client_id).unwrap_or_default();
+                    format!("subject-client\n{iss}\n{sub}\n{client}").into_bytes()
+                }
+                _ => format!("subject\n{iss}\n{sub}").into_bytes(),
+            }
         }
         None => {
             let mut message = b"credential".to_vec();
@@ -225,6 +250,33 @@ mod tests {
             "a refresh changes it"
         );
         assert_eq!(of(Some(&alice), AuthBinding::None), None);
+        // The client a token was issued to: part of the default binding, not of `Subject`.
+        let claims = |client: serde_json::Value| {
+            let mut c = serde_json::json!({"iss": "https://idp", "sub": "alice", "exp": 1});
+            c.as_object_mut()
+                .unwrap()
+                .extend(client.as_object().unwrap().clone());
+            jwt(&c)
+        };
+        let desktop = claims(serde_json::json!({"azp": "desktop"}));
+        let desktop_later = claims(serde_json::json!({"azp": "desktop", "exp": 2}));
+        let agent = claims(serde_json::json!({"azp": "agent"}));
+        let agent_rfc9068 = claims(serde_json::json!({"client_id": "agent"}));
+        let sc = AuthBinding::SubjectAndClient;
+        assert_eq!(of(Some(&desktop), sc), of(Some(&desktop_later), sc));
+        assert_ne!(
+            of(Some(&desktop), sc),
+            of(Some(&agent), sc),
+            "another client"
+        );
+        assert_eq!(of(Some(&agent), sc), of(Some(&agent_rfc9068), sc));
+        assert_ne!(
+            of(Some(&desktop), sc),
+            of(Some(&alice), sc),
+            "a token naming no client is not one naming a client"
+        );
+        assert_eq!(of(Some(&desktop), s), of(Some(&agent), s), "any client");
+        assert_ne!(of(Some(&desktop), sc), of(Some(&desktop), s));
         let p = of(Some(&alice), s).unwrap();
         assert_eq!(Principal::from_hex(&p.to_hex()), Some(p));
         assert_eq!(Principal::from_hex("zz"), None);
@@ -236,6 +288,10 @@ mod tests {
             Binding {
                 kind: c,
                 principal: None,
+            },
+            Binding {
+                kind: sc,
+                principal: Some(p),
             },
         ] {
             assert_eq!(Binding::from_image(&binding.to_image()), Some(binding));

@@ -173,8 +173,12 @@ pub(crate) enum Rejection {
     CursorEvicted,
     /// 503: the pod holds `--max-sessions` sessions.
     TooManySessions,
-    /// 502: the upstream cannot be reached or broke the exchange.
+    /// 503: the MCP server cannot be reached (it refuses connections): the request provably
+    /// never reached it (`data.notProcessed: true`), so sending it again is safe.
     UpstreamUnavailable,
+    /// 502: the exchange with the MCP server broke after the request was sent, or its answer
+    /// could not be read: the request may have run (`data.notProcessed: false`).
+    UpstreamLost,
     /// 503: the session's upstream session is being rebuilt and the MCP server is not ready
     /// (`--rebuild-retry-for`); retry after `Retry-After`.
     UpstreamNotReady,
@@ -225,8 +229,8 @@ impl Rejection {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ResumeBudget | PodFull | TakeoverBudget => StatusCode::TOO_MANY_REQUESTS,
-            UpstreamUnavailable | TaskIdTooLong => StatusCode::BAD_GATEWAY,
-            UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
+            UpstreamLost | TaskIdTooLong => StatusCode::BAD_GATEWAY,
+            UpstreamUnavailable | UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
             | UnsupportedNegotiatedVersion(_)
@@ -278,6 +282,7 @@ impl Rejection {
             CursorEvicted => "cursor_evicted",
             TooManySessions => "too_many_sessions",
             UpstreamUnavailable => "upstream_unavailable",
+            UpstreamLost => "upstream_answer_lost",
             UpstreamNotReady => "upstream_not_ready",
             UpstreamTimeout => "upstream_timeout",
             ForgedHop => "forged_hop",
@@ -303,8 +308,8 @@ impl Rejection {
             UnsupportedNegotiatedVersion(_) | TaskNotFound(_) => CODE_INVALID_PARAMS,
             HeaderMismatch(_) => CODE_HEADER_MISMATCH,
             UnsupportedVersion(v) if !v.modern().is_empty() => CODE_UNSUPPORTED_PROTOCOL_VERSION,
-            UpstreamUnavailable | UpstreamNotReady | UpstreamTimeout | PeerUnavailable
-            | TaskIdTooLong => CODE_INTERNAL,
+            UpstreamUnavailable | UpstreamLost | UpstreamNotReady | UpstreamTimeout
+            | PeerUnavailable | TaskIdTooLong => CODE_INTERNAL,
             _ => CODE_TRANSPORT,
         }
     }
@@ -377,7 +382,16 @@ impl Rejection {
                     .into()
             }
             TooManySessions => "Service Unavailable: too many sessions on this pod".into(),
-            UpstreamUnavailable => "Bad Gateway: the MCP server is unavailable".into(),
+            UpstreamUnavailable => {
+                "Service Unavailable: the MCP server cannot be reached; the request did not reach \
+                 it"
+                .into()
+            }
+            UpstreamLost => {
+                "Bad Gateway: the exchange with the MCP server broke after the request was sent; \
+                 it may have run"
+                    .into()
+            }
             UpstreamNotReady => {
                 "Service Unavailable: the MCP server is not ready yet; retry after Retry-After"
                     .into()
@@ -409,9 +423,14 @@ impl Rejection {
         }
     }
 
-    /// The JSON-RPC error body without an id ([`Rejection::body_for`]).
-    pub(crate) fn body(&self) -> Bytes {
-        self.body_for(None)
+    /// For a failure to get the MCP server's answer: whether the request provably never reached
+    /// it (`true`: sending it again is safe) or may have run (`false`); `None` for the rest.
+    fn not_processed(&self) -> Option<bool> {
+        match self {
+            Rejection::UpstreamUnavailable | Rejection::UpstreamNotReady => Some(true),
+            Rejection::UpstreamLost | Rejection::UpstreamTimeout => Some(false),
+            _ => None,
+        }
     }
 
     /// The JSON-RPC error body answering request `id` (`null` when unknown): `data.reason` is
@@ -420,6 +439,9 @@ impl Rejection {
     /// [`VersionMismatch::modern`]).
     pub(crate) fn body_for(&self, id: Option<&RequestKey>) -> Bytes {
         let mut data = json!({"reason": self.reason()});
+        if let Some(not_processed) = self.not_processed() {
+            data["notProcessed"] = json!(not_processed);
+        }
         if let Rejection::UnsupportedVersion(v) | Rejection::UnsupportedNegotiatedVersion(v) = self
         {
             let listed = match self.code() {
@@ -479,6 +501,7 @@ mod tests {
             CursorEvicted,
             TooManySessions,
             UpstreamUnavailable,
+            UpstreamLost,
             UpstreamNotReady,
             UpstreamTimeout,
             ForgedHop,
@@ -521,6 +544,7 @@ mod tests {
                 | CursorEvicted
                 | TooManySessions
                 | UpstreamUnavailable
+                | UpstreamLost
                 | UpstreamNotReady
                 | UpstreamTimeout
                 | ForgedHop
@@ -563,7 +587,11 @@ mod tests {
             InvalidRequest(_) => "body is not JSON-RPC 2.0 (-32600)",
             BatchNotAllowed => "a batch in a session that did not negotiate 2025-03-26 (B-02)",
             InitializeInBatch => "`initialize` inside a batch (B-01)",
-            RequestIdReused => "a request id reused in the session with another body (S-09)",
+            RequestIdReused => {
+                "a request id sent again with another body while the session's request of that \
+                 id still runs (S-09); once it was answered, another body is a new request \
+                 (see below)"
+            }
             MalformedCursor => "`Last-Event-ID` is not an id this endpoint issues",
             UnknownCursor => {
                 "`Last-Event-ID` names a stream of another session, or one never issued (R-03)"
@@ -587,7 +615,10 @@ mod tests {
                  key (-32602, the tasks extension's not-found error)"
             }
             TaskNotFound(TaskMiss::Gone) => {
-                "a request naming a task whose pod left the endpoint (-32602)"
+                "`tasks/update`, `tasks/cancel` or `tasks/result` naming a task whose pod left \
+                 the endpoint (-32602); a `tasks/get` of it is answered with the task in its \
+                 terminal status `failed` instead (its error inlined, `data.reason` \
+                 `task_gone`), so that polling ends"
             }
             TaskIdTooLong => "the MCP server named a task with an id longer than 256 bytes",
             MethodNotFound(_) => {
@@ -624,7 +655,16 @@ mod tests {
                 "more resumes (`GET` + `Last-Event-ID`) reached this pod in a second than \
                  `--resume-budget` allows (a reconnect storm); retry after `Retry-After`"
             }
-            UpstreamUnavailable => "the MCP server cannot be reached (with `Retry-After: 1`)",
+            UpstreamUnavailable => {
+                "the MCP server cannot be reached — it refuses connections — so the request \
+                 provably never reached it: `data.notProcessed` is `true` and sending it again is \
+                 safe (with `Retry-After: 1`)"
+            }
+            UpstreamLost => {
+                "the exchange with the MCP server broke after the request was sent, or its answer \
+                 could not be read: the request may have run (`data.notProcessed`: `false`); no \
+                 `Retry-After`, as a retry could run it twice"
+            }
             UpstreamNotReady => {
                 "the session's upstream session must be rebuilt (the MCP server restarted, or the \
                  session was handed over) and the MCP server is not ready yet — it refuses \
@@ -646,7 +686,8 @@ mod tests {
                  beyond `--max-takeovers` per second (with `Retry-After: 1`)"
             }
             UpstreamTimeout => {
-                "the MCP server did not answer within `--upstream-timeout` (with `Retry-After: 1`)"
+                "the MCP server did not answer within `--upstream-timeout`: the request may have \
+                 run (`data.notProcessed`: `false`; with `Retry-After: 1`)"
             }
         }
     }
@@ -703,6 +744,13 @@ mod tests {
              last event id;\n\
              - a retried POST replays its stream from the start (or returns the stored JSON \
              answer);\n\
+             - a repeated request id is a retry when its body is the same as its request's: it \
+             joins the request while it runs, and gets its answer again while the session keeps \
+             it (`--retry-window`), `result_expired` after. With another body it is a new request \
+             once the first was answered (clients that send `id: 1` every time), and 400 \
+             `request_id_reused` while the first still runs; in a session that has sent another \
+             body under an answered id, a forgotten id is a new request too \
+             ([buffering.md](../design/buffering.md#retries));\n\
              - priming events (id + empty data) only for sessions that negotiated 2025-11-25 or \
              later (R-05), and only where they cannot make a resuming client skip anything: at \
              the start of a stream (`<key>-0`) or at its end (a fresh number); a resume with \
@@ -759,7 +807,7 @@ mod tests {
             "2026-07-28",
             &[V2025_06_18, V2025_11_25],
         ));
-        let v: serde_json::Value = serde_json::from_slice(&old.body()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&old.body_for(None)).unwrap();
         assert_eq!(v["error"]["code"], CODE_TRANSPORT);
         assert_eq!(
             v["error"]["data"]["supported"],
@@ -786,7 +834,7 @@ mod tests {
             Rejection::CursorEvicted,
             Rejection::ParseError("x".into()),
         ] {
-            let v: serde_json::Value = serde_json::from_slice(&r.body()).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&r.body_for(None)).unwrap();
             assert_eq!(v["jsonrpc"], "2.0");
             assert!(v["id"].is_null());
             assert_eq!(v["error"]["data"]["reason"], r.reason());

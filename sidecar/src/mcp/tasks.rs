@@ -162,6 +162,44 @@ pub(crate) fn open(
     Ok(target)
 }
 
+/// What a task lost with its pod tells the client that polls it.
+const LOST_TASK: &str = "the pod that ran this task is gone (its drain ended before the task \
+     did, or it stopped without one): the task's outcome is lost";
+
+/// The answer to `request` (the client's message, its sealed task id as sent), a `tasks/get`
+/// of a task whose pod is gone ([`TaskMiss::Gone`]): the task in its terminal status
+/// `failed`, so that the client stops polling and learns the outcome is lost, rather than a
+/// not-found that says the id was never valid. Its times are `now` (RFC 3339): the pod that
+/// knew when it was created is gone. `None` for other methods (they keep the not-found error).
+pub(crate) fn lost_task_answer(request: &Value, revision: Revision, now: &str) -> Option<Value> {
+    if request.get("method").and_then(Value::as_str) != Some("tasks/get") {
+        return None;
+    }
+    let task_id = request.pointer("/params/taskId")?.as_str()?;
+    let mut task = serde_json::json!({
+        "taskId": task_id,
+        "status": "failed",
+        "statusMessage": LOST_TASK,
+        "createdAt": now,
+        "lastUpdatedAt": now,
+    });
+    match revision {
+        // 2025-11-25 tasks: `ttl`, and the error waits for `tasks/result`.
+        Revision::Session => task["ttl"] = Value::Null,
+        // The tasks extension inlines a failed task's error in `tasks/get`.
+        Revision::Extension => {
+            task["resultType"] = "complete".into();
+            task["ttlMs"] = Value::Null;
+            task["error"] = serde_json::json!({
+                "code": crate::mcp::jsonrpc::CODE_INTERNAL,
+                "message": LOST_TASK,
+                "data": {"reason": "task_gone"},
+            });
+        }
+    }
+    Some(serde_json::json!({"jsonrpc": "2.0", "id": request.get("id")?, "result": task}))
+}
+
 /// The holder of the task a client's `Mcp-Name` names, when it is a genuine task id (routing;
 /// the body is checked against the header before the request is served).
 pub(crate) fn holder(ids: &TaskIds, name: &str) -> Option<HomeToken> {
@@ -231,6 +269,46 @@ mod tests {
     fn task(id: &str, status: &str) -> Value {
         json!({"taskId": id, "status": status, "createdAt": "2026-12-04T00:00:00Z",
             "lastUpdatedAt": "2026-12-04T00:00:00Z", "ttlMs": 60000, "pollIntervalMs": 100})
+    }
+
+    /// A poll of a task lost with its pod gets the task failed, in each revision's shape;
+    /// other requests naming it keep the not-found error.
+    #[test]
+    fn a_poll_of_a_lost_task_gets_it_failed() {
+        let now = "2026-12-05T20:00:00Z";
+        let get = json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get",
+            "params": {"taskId": "sealed-1"}});
+        let table = [
+            (Revision::Extension, "ttlMs", true),
+            (Revision::Session, "ttl", false),
+        ];
+        for (revision, ttl, inline_error) in table {
+            let answer = lost_task_answer(&get, revision, now).unwrap();
+            assert_eq!(answer["id"], 3);
+            let task = &answer["result"];
+            assert!(is_task(task), "{task}");
+            assert_eq!(task["taskId"], "sealed-1");
+            assert_eq!(task["status"], "failed");
+            assert_eq!(
+                (task["createdAt"].as_str(), task["lastUpdatedAt"].as_str()),
+                (Some(now), Some(now))
+            );
+            assert!(task[ttl].is_null(), "{task}");
+            assert_eq!(
+                task["error"]["data"]["reason"] == "task_gone",
+                inline_error,
+                "{task}"
+            );
+        }
+        for method in ["tasks/cancel", "tasks/update", "tasks/result"] {
+            let mut other = get.clone();
+            other["method"] = json!(method);
+            assert_eq!(
+                lost_task_answer(&other, Revision::Session, now),
+                None,
+                "{method}"
+            );
+        }
     }
 
     fn sealed_all(mut message: Value, ids: &TaskIds) -> (Value, Vec<Seen>) {

@@ -256,7 +256,8 @@ fn reroute(f: &mut Forwarding, cause: Down, world: &World<'_>) -> Decision {
 /// The answer to an exchange that failed with `error` before anything was written to the
 /// client, when no decision set one: 413 for a body over `max_body_bytes`, 504 for a timeout,
 /// 503 when a peer sidecar broke the exchange (it is stopping: the session lives on elsewhere,
-/// so the client retries rather than blaming the MCP server), else 502.
+/// so the client retries rather than blaming the MCP server) or no connection could be made
+/// (the request never left), else 502 (it may have run).
 pub(crate) fn failed_answer(
     error: &ErrorType,
     forwarded: bool,
@@ -268,7 +269,10 @@ pub(crate) fn failed_answer(
             Rejection::UpstreamTimeout
         }
         _ if forwarded => Rejection::PeerUnavailable,
-        _ => Rejection::UpstreamUnavailable,
+        ErrorType::ConnectRefused | ErrorType::ConnectNoRoute | ErrorType::ConnectError => {
+            Rejection::UpstreamUnavailable
+        }
+        _ => Rejection::UpstreamLost,
     }
 }
 
@@ -602,6 +606,7 @@ mod tests {
                 false,
                 Rejection::UpstreamUnavailable,
             ),
+            (ErrorType::ConnectionClosed, false, Rejection::UpstreamLost),
         ];
         for (error, forwarded, expected) in cases {
             assert_eq!(failed_answer(&error, forwarded, 9), expected, "{error:?}");

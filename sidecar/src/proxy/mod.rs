@@ -188,7 +188,13 @@ impl McpProxy {
                     .open_task_ids(&mut envelope, body, Revision::Extension)
                 {
                     Ok(opened) => opened,
-                    Err(rejection) => return refuse(rejection, id.as_ref()),
+                    Err(rejection) => {
+                        return self.broker.task_miss_reply(
+                            &rejection,
+                            &envelope,
+                            Revision::Extension,
+                        );
+                    }
                 };
             if let Some(upstream) = named {
                 headers
@@ -202,7 +208,13 @@ impl McpProxy {
         }
         match self
             .broker
-            .stateless(admitted.method.clone(), &headers, body, rpc.as_deref())
+            .stateless(
+                admitted.method.clone(),
+                &headers,
+                body,
+                rpc.as_deref(),
+                id.as_ref(),
+            )
             .await
         {
             Ok(reply) => reply,

@@ -67,6 +67,16 @@ impl<K: Eq + Hash, V> Bounded<K, V> {
         Some(key)
     }
 
+    /// Sets `key` to `value` as the newest entry, whether it was known or not. Returns the key
+    /// forgotten to stay within the cap, if any.
+    pub(crate) fn insert_newest(&mut self, key: K, value: V) -> Option<K> {
+        if let Some(i) = self.find(&key) {
+            self.take(i);
+            self.tidy();
+        }
+        self.insert(key, value)
+    }
+
     /// The value of `key`.
     pub(crate) fn get<Q>(&self, key: &Q) -> Option<&V>
     where
@@ -243,11 +253,12 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Any run of inserts and forgets leaves what a plain list in insertion order would,
+        /// Any run of inserts (in place or as the newest) and forgets leaves what a plain list
+        /// in insertion order would,
         /// and the ring never holds more holes than it closes.
         #[test]
         fn it_behaves_as_a_list_in_insertion_order(
-            ops in proptest::collection::vec((0u8..4, 0u16..40), 1..400),
+            ops in proptest::collection::vec((0u8..5, 0u16..40), 1..400),
             cap in 1usize..24,
         ) {
             let mut b = Bounded::new(cap);
@@ -269,6 +280,13 @@ mod tests {
                         proptest::prop_assert_eq!(forgotten, expected);
                     }
                     2 => {
+                        let forgotten = b.insert_newest(key, value);
+                        model.retain(|(k, _)| *k != key);
+                        model.push((key, value));
+                        let expected = (model.len() > cap).then(|| model.remove(0).0);
+                        proptest::prop_assert_eq!(forgotten, expected);
+                    }
+                    3 => {
                         b.forget_where(|k, _| k % 7 == key % 7);
                         model.retain(|(k, _)| k % 7 != key % 7);
                     }

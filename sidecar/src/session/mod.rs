@@ -143,6 +143,9 @@ struct State {
     replies: Arc<Shared>,
     /// Requests answered and forgotten: a retry of one gets "no longer available".
     tombstones: Tombstones,
+    /// The client sent an answered id again with another body ([`Dedupe::Reused`]): it reuses
+    /// ids, so a forgotten id is a new request (tombstones keep no body to compare).
+    reuses_ids: bool,
     /// The tombstones' bytes, counted in the pod's tally.
     tombstones_charge: Charge,
     /// How many answered requests stay replayable (the latest a request brought).
@@ -165,6 +168,12 @@ impl State {
     /// Whether the session keeps stream `key` (live, or as an answered record).
     fn holds(&self, key: &StreamKey) -> bool {
         self.streams.contains_key(key) || self.answered.contains_key(key)
+    }
+
+    /// Whether stream `key` still waits for its answer (its request runs, here or, for a
+    /// stream followed through a handoff, at the pod that wrote it).
+    fn runs(&self, key: &StreamKey) -> bool {
+        self.streams.get(key).is_some_and(|s| !s.is_complete())
     }
 
     /// How many streams the session keeps (live ones and answered records).
@@ -242,7 +251,14 @@ pub(crate) enum Dedupe {
     /// The same id with the same body: a retry of a request answered in full, whose client
     /// was handed this reply ([`Session::settle`]); replay it.
     Answered(StoredReply),
-    /// A known id with a different body, or ids spread over several POSTs: 400 (spec S-09).
+    /// An id whose request was answered, sent again with another body (or, in a session that
+    /// reuses ids, an id answered and forgotten): a new request under a reused id, registered
+    /// like [`Dedupe::New`]. Clients that number every request `1`, or each conversation of a
+    /// pooled session from `1`, send these (`docs/design/buffering.md#retries`).
+    Reused,
+    /// An id whose request still runs, sent again with another body, or ids spread over
+    /// several POSTs: 400 (spec S-09). Running both would leave two requests of one id in
+    /// flight, whose answers and cancellations could not be told apart.
     Conflict,
     /// New ids, but the session's retry state would exceed its budget (this many bytes) even
     /// after its spent streams were forgotten: 413.
@@ -377,6 +393,7 @@ impl Session {
                 records_charge: retained.charge(Kind::Records),
                 replies: Shared::new(retained, Kind::Replies),
                 tombstones: Tombstones::default(),
+                reuses_ids: false,
                 tombstones_charge: retained.charge(Kind::Tombstones),
                 window: RetryWindow::DEFAULT,
                 initialize_stream: None,
@@ -913,7 +930,7 @@ impl Session {
             return Dedupe::Ended;
         }
         let verdict = Self::classify(&st, ids, digest);
-        if !matches!(verdict, Dedupe::New) {
+        if !matches!(verdict, Dedupe::New | Dedupe::Reused) {
             return verdict;
         }
         let now = Instant::now();
@@ -930,7 +947,10 @@ impl Session {
         for id in ids {
             Self::insert_record(&mut st, id, digest, stream.key().clone());
         }
-        Dedupe::New
+        if matches!(verdict, Dedupe::Reused) {
+            st.reuses_ids = true;
+        }
+        verdict
     }
 
     /// Bytes of replayable retry state (records and stored replies) the session holds.
@@ -1076,9 +1096,10 @@ impl Session {
         if !st.requests.contains(id) {
             bytes += record_bytes(id);
         }
+        // A reused id is the session's newest request: it leaves the window last.
         if let Some(forgotten) = st
             .requests
-            .insert(id.clone(), RequestRecord { digest, stream })
+            .insert_newest(id.clone(), RequestRecord { digest, stream })
         {
             bytes -= record_bytes(&forgotten);
             Self::bury(st, &forgotten, Instant::now());
@@ -1089,12 +1110,20 @@ impl Session {
     fn classify(st: &State, ids: &[RequestKey], digest: [u8; 32]) -> Dedupe {
         let mut found: Option<&StreamKey> = None;
         let mut unknown = 0;
+        let mut reused = false;
         let mut expired = None;
         for id in ids {
             match st.requests.get(id) {
+                None if st.tombstones.contains(id) && st.reuses_ids => reused = true,
                 None if st.tombstones.contains(id) => expired = expired.or(Some(id)),
                 None => unknown += 1,
-                Some(rec) if rec.digest != digest => return Dedupe::Conflict,
+                // Another body under the id of a request still running: refused, never run
+                // beside it.
+                Some(rec) if rec.digest != digest && st.runs(&rec.stream) => {
+                    return Dedupe::Conflict;
+                }
+                // Another body under the id of an answered request: a new request.
+                Some(rec) if rec.digest != digest => reused = true,
                 // Answered, and its stream forgotten: a tombstone in all but name.
                 Some(rec) if !st.holds(&rec.stream) => {
                     expired = expired.or(Some(id));
@@ -1105,13 +1134,13 @@ impl Session {
                 },
             }
         }
-        if let Some(id) = expired {
-            return Dedupe::Expired(id.clone());
-        }
-        match found {
-            None => Dedupe::New,
-            Some(_) if unknown > 0 => Dedupe::Conflict,
-            Some(key) => match (st.streams.get(key), st.answered.get(key)) {
+        match (found, expired) {
+            // Retries of some requests and new ones in one POST: ids spread over several.
+            (Some(_), _) if unknown > 0 || reused => Dedupe::Conflict,
+            (_, Some(id)) => Dedupe::Expired(id.clone()),
+            (None, None) if reused => Dedupe::Reused,
+            (None, None) => Dedupe::New,
+            (Some(key), None) => match (st.streams.get(key), st.answered.get(key)) {
                 (Some(stream), _) => Dedupe::Retry(Arc::clone(stream)),
                 (None, Some(answered)) => Dedupe::Answered(answered.reply()),
                 (None, None) => Dedupe::Conflict,
@@ -1520,6 +1549,83 @@ mod tests {
         );
     }
 
+    /// What a repeated id means, by where its first request stands and what the second sends.
+    #[tokio::test]
+    async fn a_repeated_id_is_a_retry_with_its_body_and_a_new_request_once_answered() {
+        let (room, reply) = window_of(2, u64::MAX);
+        // (first request answered?, second body the same?, expected verdict)
+        let table: [(bool, bool, &str); 4] = [
+            (false, true, "Retry"),
+            (false, false, "Conflict"),
+            (true, true, "Answered"),
+            (true, false, "Reused"),
+        ];
+        for (answered, same, expected) in table {
+            let s = session();
+            let first = stream(&s, &[key(1)]);
+            assert!(matches!(
+                s.claim(&[key(1)], [1; 32], &first, room),
+                Dedupe::New
+            ));
+            if answered {
+                s.keep_reply(&first, reply.clone(), u64::MAX);
+                assert!(matches!(first.wait_head().await, Head::Stored(_)));
+                s.settle(&first);
+            }
+            let second = stream(&s, &[key(1)]);
+            let digest = if same { [1; 32] } else { [2; 32] };
+            let verdict = s.claim(&[key(1)], digest, &second, room);
+            let name = format!("{verdict:?}");
+            assert!(
+                name.starts_with(expected),
+                "answered {answered}, same body {same}: {name}"
+            );
+            if expected == "Reused" {
+                // The id now leads to the new request: its retry joins it, the old body is
+                // another body under a running id.
+                let third = stream(&s, &[key(1)]);
+                assert!(matches!(
+                    s.claim(&[key(1)], [2; 32], &third, room),
+                    Dedupe::Retry(found) if found.key() == second.key()
+                ));
+                assert!(matches!(
+                    s.claim(&[key(1)], [1; 32], &third, room),
+                    Dedupe::Conflict
+                ));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_forgotten_id_is_expired_unless_the_session_reuses_ids() {
+        let (room, reply) = window_of(1, u64::MAX);
+        let answer = |s: &Arc<Session>, id: i64, digest: u8| {
+            let st = stream(s, &[key(id)]);
+            let verdict = s.claim(&[key(id)], [digest; 32], &st, room);
+            s.keep_reply(&st, reply.clone(), u64::MAX);
+            (verdict, st)
+        };
+        for reuser in [false, true] {
+            let s = session();
+            for id in 1..=3 {
+                let (_, st) = answer(&s, id, 1);
+                assert!(matches!(st.wait_head().await, Head::Stored(_)));
+            }
+            if reuser {
+                let (verdict, st) = answer(&s, 3, 2);
+                assert!(matches!(verdict, Dedupe::Reused), "{verdict:?}");
+                assert!(matches!(st.wait_head().await, Head::Stored(_)));
+            }
+            // Id 1 was answered and forgotten (the window keeps one): its tombstone keeps no
+            // body, so only a session that reuses ids runs it again.
+            let (verdict, _) = answer(&s, 1, 9);
+            match reuser {
+                false => assert!(matches!(verdict, Dedupe::Expired(_)), "{verdict:?}"),
+                true => assert!(matches!(verdict, Dedupe::Reused), "{verdict:?}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn retry_state_stays_in_its_budget_by_forgetting_spent_streams_oldest_first() {
         let pod = Retained::new(u64::MAX);
@@ -1782,7 +1888,6 @@ mod tests {
             Dedupe::Answered(again) => assert_eq!(again, reply),
             v => panic!("expected the answer again, got {v:?}"),
         }
-        assert!(matches!(retry(&s, [2; 32]), Dedupe::Conflict));
         // A handoff image carries the record as a complete stream with its reply.
         let (image, _) = s.snapshot(usize::MAX);
         let pod = Retained::new(u64::MAX);

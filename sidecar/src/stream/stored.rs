@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
-use crate::mcp::jsonrpc::is_response;
+use crate::mcp::jsonrpc::{RequestKey, is_response};
 use crate::mcp::rejection::Rejection;
 
 /// An upstream's non-SSE answer kept for retried requests and replayed verbatim.
@@ -58,6 +58,14 @@ pub(crate) fn refuses_caller(status: StatusCode) -> bool {
 
 impl From<&Rejection> for StoredReply {
     fn from(r: &Rejection) -> Self {
+        Self::rejection(r, None)
+    }
+}
+
+impl StoredReply {
+    /// The answer rejection `r` gives request `id` (its JSON-RPC error names the id, `null`
+    /// when unknown), with the headers it calls for (`Allow`, `Retry-After`).
+    pub(crate) fn rejection(r: &Rejection, id: Option<&RequestKey>) -> Self {
         let mut headers = HeaderMap::new();
         headers.insert(
             header::CONTENT_TYPE,
@@ -86,7 +94,7 @@ impl From<&Rejection> for StoredReply {
         StoredReply {
             status: r.status(),
             headers,
-            body: r.body(),
+            body: r.body_for(id),
         }
     }
 }

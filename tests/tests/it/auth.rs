@@ -422,7 +422,7 @@ async fn refused_while_moving(moment: Moment, call_id: &str) {
     assert_eq!(scenario.executions().await, 1);
     if moment == Moment::JoinedBefore {
         let joined = scenario
-            .metric_of_rest("tether_requests_deduplicated_total")
+            .metric_of_rest(r#"tether_request_id_reuse_total{outcome="joined"}"#)
             .await;
         assert!(joined >= 1.0, "the retry joined the request in flight");
     }
@@ -454,6 +454,9 @@ async fn a_session_is_bound_to_its_principal_and_others_get_the_404_of_an_unknow
     let others = [
         Some(issuer.bearer("https://idp.example", "bob", HOUR)),
         Some(issuer.bearer("https://other-idp.example", "alice", HOUR)),
+        // Alice's own token, issued to another client application (`spec.auth.binding`
+        // `SubjectAndClient`, the default).
+        Some(issuer.bearer_of_client("https://idp.example", "alice", "another-app", HOUR)),
         None,
     ];
     for (n, authorization) in others.into_iter().enumerate() {
@@ -482,7 +485,7 @@ async fn a_session_is_bound_to_its_principal_and_others_get_the_404_of_an_unknow
         pod.metric(r#"tether_not_found_total{reason="principal_mismatch"}"#)
             .await
             .unwrap(),
-        15.0
+        20.0
     );
     // Nothing reached the MCP server; alice's session goes on, with a refreshed token too.
     let stats = pod.stats().await.unwrap();

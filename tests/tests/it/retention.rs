@@ -108,7 +108,9 @@ async fn a_hundred_thousand_requests_keep_a_bounded_window_and_none_runs_twice()
     assert_eq!(stats["calls"]["w-1"], 1);
     assert_eq!(stats["calls"][format!("w-{last}")], 1);
     assert_eq!(
-        pod.metric("tether_results_expired_total").await.unwrap(),
+        pod.metric(r#"tether_request_id_reuse_total{outcome="expired"}"#)
+            .await
+            .unwrap(),
         1.0
     );
 }

@@ -335,7 +335,7 @@ async fn i02_an_unserved_requested_version_is_answered_with_a_served_one() {
 }
 
 #[tokio::test]
-async fn an_unreachable_upstream_is_502_with_retry_after_and_readiness_fails() {
+async fn an_unreachable_upstream_is_503_with_retry_after_and_readiness_fails() {
     let mut pod = Pod::start_default().await.unwrap();
     let client = pod.client();
     let session = client.initialize("2025-11-25").await.unwrap();
@@ -344,7 +344,7 @@ async fn an_unreachable_upstream_is_502_with_retry_after_and_readiness_fails() {
         .post(Some(&session), &tools_list(2), &[])
         .await
         .unwrap();
-    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header_str(&resp, "retry-after").as_deref(), Some("1"));
     let (status, _) = client
         .http()

@@ -503,7 +503,7 @@ async fn a_drain_lets_2026_07_28_calls_finish_and_places_new_ones_on_a_peer() {
 }
 
 /// SEP-2575 `subscriptions/listen` through a drain: the draining pod ends its listen streams
-/// cleanly at once, and the client's next listen, entering at the same pod, is served by a
+/// cleanly at once, each with its request's completion result, and the client's next listen, entering at the same pod, is served by a
 /// routable peer.
 #[tokio::test]
 async fn a_drain_ends_listen_streams_cleanly_and_the_client_listens_again_on_a_peer() {
@@ -531,6 +531,20 @@ async fn a_drain_ends_listen_streams_cleanly_and_the_client_listens_again_on_a_p
     assert!(
         ended.is_ok(),
         "the listen stream ended within 2 s of the drain: {text:?}"
+    );
+    // Graceful closure: the last event is the listen request's completion result.
+    let normalized = text.replace("\r\n", "\n");
+    let last = normalized
+        .split("\n\n")
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
+        .last()
+        .unwrap_or_else(|| panic!("no event: {text:?}"));
+    let last: Value = serde_json::from_str(last).unwrap();
+    assert_eq!(last["id"], 9, "{last}");
+    assert_eq!(last["result"]["resultType"], "complete", "{last}");
+    assert_eq!(
+        last["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"], 9,
+        "{last}"
     );
     let (_again, text) = listen(&pod_a.mcp_url).await;
     assert!(text.contains("acknowledged"));

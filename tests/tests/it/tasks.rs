@@ -75,6 +75,40 @@ async fn k01_tasks_are_polled_from_any_pod_through_the_drain_of_their_own() {
     assert_eq!(a.stats().await.unwrap()["duplicates"], json!({}));
 }
 
+/// A task still working when its pod's drain deadline passed is lost with the pod: a poll
+/// entering another pod gets it `failed` (a terminal status, with its error inlined as the
+/// tasks extension does), so the client stops polling instead of being told its id was never
+/// valid.
+#[tokio::test]
+async fn k01_a_task_lost_with_its_pod_is_failed_not_unknown() {
+    let ips = tether_tests::addr::ips::<2>();
+    let spec = tether_tests::pod::PodSpec {
+        drain_timeout: "1s".into(),
+        ..tether_tests::pod::PodSpec::default()
+    };
+    let mut cluster = tether_tests::cluster::Cluster::start(&ips, spec)
+        .await
+        .unwrap();
+    let mcp = McpClient::new("http://127.0.0.1:1/unused");
+    let (a_url, b_url) = (
+        cluster.pods[0].mcp_url.clone(),
+        cluster.pods[1].mcp_url.clone(),
+    );
+    let task_id = create_task(&mcp, &a_url, 60_000, "t-lost").await;
+    let drained = cluster.pods[0].start_drain().await.unwrap().unwrap();
+    assert_eq!(drained.body["tasksLeft"], 1, "{:?}", drained.body);
+    drop(cluster.take(ips[0]));
+    cluster.set_state(ips[0], None).await.unwrap();
+    let (status, answer) = get_task(&mcp, &b_url, 5, &task_id).await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["id"], 5, "{answer}");
+    let task = &answer["result"];
+    assert_eq!(task["taskId"], task_id.as_str(), "{answer}");
+    assert_eq!(task["status"], "failed", "{answer}");
+    assert_eq!(task["error"]["data"]["reason"], "task_gone", "{answer}");
+    assert!(task["createdAt"].is_string() && task["lastUpdatedAt"].is_string());
+}
+
 /// `tasks/cancel` entering at another pod reaches the task's; ids tether did not issue (made
 /// up, altered, or the server's own) are -32602 with the request's id, answered by tether.
 #[tokio::test]
