@@ -34,6 +34,7 @@ use crate::keys::{DOMAIN_SESSION_ID, Key, KeyRing};
 use crate::mcp::cursor::{EventId, StreamKey};
 use crate::mcp::jsonrpc::{self, EnvelopeError, EnvelopeLimits, Message};
 use crate::mcp::origin::{OriginCheck, OriginPolicy};
+use crate::mcp::principal::TaskOwner;
 use crate::mcp::session_id::{HomeToken, IdError, IdMinter};
 use crate::mcp::sse;
 use crate::mcp::task_id::TaskIds;
@@ -135,8 +136,8 @@ impl Minter {
     }
 }
 
-/// Task ids of one pod, sealed with an endpoint secret (`mcp/task_id.rs`), and their exchange in
-/// messages (`mcp/tasks.rs`).
+/// Task ids of one pod, sealed with an endpoint secret (`mcp/task_id.rs`) for anonymous
+/// requests, and their exchange in messages (`mcp/tasks.rs`).
 pub struct TaskCodec(TaskIds);
 
 impl TaskCodec {
@@ -150,19 +151,24 @@ impl TaskCodec {
 
     /// The client's id for the MCP server's `upstream` id; `None` when it is too long.
     pub fn mint(&self, upstream: &str) -> Option<String> {
-        self.0.mint(upstream).ok()
+        self.0.mint(upstream, &TaskOwner::ANONYMOUS).ok()
     }
 
     /// The home token and the MCP server's id a client's id opens to.
     pub fn open(&self, id: &str) -> Option<([u8; 8], String)> {
-        self.0.open(id).ok().map(|t| (t.home.0, t.upstream))
+        self.0
+            .open(id, &TaskOwner::ANONYMOUS)
+            .ok()
+            .map(|t| (t.home.0, t.upstream))
     }
 
     /// Seals a server message's task ids in place: whether it changed (`Err` for an id too
     /// long to seal), and the server ids of the task objects seen.
     pub fn seal(&self, message: &mut Value) -> (Result<bool, ()>, Vec<String>) {
         let mut seen = Vec::new();
-        let sealed = tasks::seal(message, &self.0, &mut |t| seen.push(t.upstream));
+        let sealed = tasks::seal(message, &self.0, &TaskOwner::ANONYMOUS, &mut |t| {
+            seen.push(t.upstream);
+        });
         (sealed.map_err(|_| ()), seen)
     }
 
@@ -174,9 +180,15 @@ impl TaskCodec {
         } else {
             tasks::Revision::Extension
         };
-        tasks::open(message, &self.0, self.0.home(), revision)
-            .map(|t| t.map(|t| t.upstream))
-            .map_err(|_| ())
+        tasks::open(
+            message,
+            &self.0,
+            self.0.home(),
+            revision,
+            &TaskOwner::ANONYMOUS,
+        )
+        .map(|t| t.map(|t| t.upstream))
+        .map_err(|_| ())
     }
 }
 

@@ -23,6 +23,7 @@ use super::Broker;
 use super::rebuild::Sent;
 use crate::mcp::headers::MCP_PROTOCOL_VERSION;
 use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::principal::TaskOwner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::sse_limit::EventTooLarge;
 use crate::session::Session;
@@ -182,7 +183,8 @@ impl Broker {
                 .await;
             return;
         }
-        match self.read_stored(resp).await {
+        let owner = TaskOwner::of_session(session.binding());
+        match self.read_stored(resp, &owner).await {
             Ok(stored) => self.deliver(&session, &stream, &ids, stored),
             Err(rejection) => self.fail(&stream, &ids, rejection),
         }
@@ -308,6 +310,7 @@ impl Broker {
         cursor: &mut UpstreamCursor,
     ) -> BodyEnd {
         let mut events = std::pin::pin!(events(body, self.cfg().max_event_bytes));
+        let owner = TaskOwner::of_session(session.binding());
         let mut progressed = false;
         loop {
             let next = tokio::select! {
@@ -331,7 +334,7 @@ impl Broker {
             let Some((event, data)) = cursor.take(ev) else {
                 continue;
             };
-            let data = match self.seal_task_ids(&data) {
+            let data = match self.seal_task_ids(&data, &owner) {
                 Ok(sealed) => sealed.map_or(data, Bytes::from),
                 Err(rejection) => {
                     self.metrics.rejection(&rejection);
@@ -511,10 +514,12 @@ impl Broker {
         }
     }
 
-    /// Reads an upstream answer whole (status, end-to-end headers, body).
+    /// Reads an upstream answer whole (status, end-to-end headers, body), its task ids sealed
+    /// for `owner`.
     pub(super) async fn read_stored(
         &self,
         resp: http::Response<Incoming>,
+        owner: &TaskOwner,
     ) -> Result<StoredReply, Rejection> {
         let status = resp.status();
         let headers = crate::mcp::headers::forwarded_response_headers(resp.headers());
@@ -533,7 +538,7 @@ impl Broker {
                 }
             })?;
         let body = match status.is_success() {
-            true => self.seal_task_ids(&body)?.map_or(body, Bytes::from),
+            true => self.seal_task_ids(&body, owner)?.map_or(body, Bytes::from),
             false => body,
         };
         Ok(StoredReply {

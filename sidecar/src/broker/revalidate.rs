@@ -17,6 +17,7 @@ use tether_crds::AuthBinding;
 use super::Broker;
 use super::rebuild::Rebuild;
 use crate::mcp::headers::credential_headers;
+use crate::mcp::principal::TaskOwner;
 use crate::mcp::principal::{Principal, principal};
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
@@ -109,7 +110,9 @@ impl Broker {
             return Ok(());
         };
         let status = resp.status();
-        let answer = self.read_stored(resp).await;
+        let answer = self
+            .read_stored(resp, &TaskOwner::of_session(session.binding()))
+            .await;
         self.metrics.revalidation(status);
         match answer {
             Ok(refusal) if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {

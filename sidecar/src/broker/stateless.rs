@@ -33,6 +33,7 @@ use super::Broker;
 use crate::mcp::headers::{MCP_SESSION_ID, forward_response_header};
 use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::modern::{LISTEN, listen_completed};
+use crate::mcp::principal::TaskOwner;
 use crate::mcp::rejection::Rejection;
 use crate::mcp::sse::put_relayed;
 use crate::mcp::tasks;
@@ -94,12 +95,14 @@ impl Broker {
             out.insert("x-accel-buffering", HeaderValue::from_static("no"));
         }
         let keep_alive = sse.then(|| self.cfg().keep_alive);
-        let chunks = match (sealing, sse) {
-            (false, _) => BodyDataStream::new(body)
+        // Task ids in the answer are sealed for the request's principal.
+        let owner = sealing.then(|| self.request_owner(headers));
+        let chunks = match owner {
+            None => BodyDataStream::new(body)
                 .map(|chunk| chunk.map_err(|e| e.to_string()))
                 .boxed(),
-            (true, true) => self.sealed_events(body),
-            (true, false) => {
+            Some(owner) if sse => self.sealed_events(body, owner),
+            Some(owner) => {
                 let (max_bytes, within) = {
                     let cfg = self.cfg();
                     (cfg.max_upstream_body_bytes, cfg.upstream_body_timeout)
@@ -111,7 +114,7 @@ impl Broker {
                         _ => Rejection::UpstreamLost,
                     }
                 })?;
-                let json = self.seal_task_ids(&json)?.map_or(json, Bytes::from);
+                let json = self.seal_task_ids(&json, &owner)?.map_or(json, Bytes::from);
                 return Ok(Reply {
                     status: parts.status,
                     headers: out,
@@ -133,11 +136,12 @@ impl Broker {
         })
     }
 
-    /// An upstream SSE body re-framed event by event with its task ids sealed; an event over
+    /// An upstream SSE body re-framed event by event with its task ids sealed for `owner`; an event over
     /// `--max-event-bytes`, or one naming a task id tether cannot seal, breaks the answer off.
     fn sealed_events(
         self: &Arc<Self>,
         body: hyper::body::Incoming,
+        owner: TaskOwner,
     ) -> futures::stream::BoxStream<'static, Result<Bytes, String>> {
         let broker = Arc::clone(self);
         events(body, self.cfg().max_event_bytes)
@@ -145,7 +149,7 @@ impl Broker {
                 let event = event.map_err(|e| e.to_string())?;
                 let sealed = match event.data.as_deref() {
                     Some(data) => broker
-                        .seal_task_ids(data.as_bytes())
+                        .seal_task_ids(data.as_bytes(), &owner)
                         .map_err(|r| r.reason().to_owned())?,
                     None => None,
                 };

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::Broker;
 use crate::mcp::jsonrpc::Envelope;
+use crate::mcp::principal::TaskOwner;
 use crate::mcp::rejection::Rejection;
 use crate::mcp::session_id::HomeToken;
 use crate::mcp::task_id::TaskIds;
@@ -90,26 +91,29 @@ impl Tasks {
 
 impl Broker {
     /// The body the MCP server gets for a client's `body` (parsed as `envelope`, whose messages
-    /// are opened in place; task methods of `revision`): each task id opened to the server's. With it, the server's id of
-    /// the task a request of a `tasks/*` method names (its `Mcp-Name` for a 2026-07-28
+    /// are opened in place; task methods of `revision`; the request presents `owner`, made only
+    /// when the body names a task): each task id opened to the server's. With it, the server's
+    /// id of the task a request of a `tasks/*` method names (its `Mcp-Name` for a 2026-07-28
     /// request).
     ///
     /// # Errors
-    /// [`Rejection::TaskNotFound`]: an id this endpoint did not issue, or of a task held by
-    /// another pod.
+    /// [`Rejection::TaskNotFound`]: an id this endpoint did not issue (or issued to another
+    /// owner), or of a task held by another pod.
     pub(crate) fn open_task_ids(
         &self,
         envelope: &mut Envelope,
         body: Bytes,
         revision: Revision,
+        owner: impl FnOnce() -> TaskOwner,
     ) -> Result<(Bytes, Option<String>), Rejection> {
         if !mentions_task_id(&body) {
             return Ok((body, None));
         }
         let me = self.tasks.ids.home();
+        let owner = owner();
         let mut named = None;
         for (_, message) in &mut envelope.messages {
-            if let Some(task) = tasks::open(message, &self.tasks.ids, me, revision)
+            if let Some(task) = tasks::open(message, &self.tasks.ids, me, revision, &owner)
                 .map_err(Rejection::TaskNotFound)?
             {
                 named = Some(task.upstream);
@@ -149,12 +153,16 @@ impl Broker {
     }
 
     /// One JSON text from the MCP server (a message, or a batch of them: an SSE event's data or
-    /// a JSON body) with its task ids sealed; `None` when it holds none (or is not JSON, which
+    /// a JSON body) with its task ids sealed for `owner`; `None` when it holds none (or is not JSON, which
     /// the client's SDK reports).
     ///
     /// # Errors
     /// [`Rejection::TaskIdTooLong`].
-    pub(crate) fn seal_task_ids(&self, json: &[u8]) -> Result<Option<Vec<u8>>, Rejection> {
+    pub(crate) fn seal_task_ids(
+        &self,
+        json: &[u8],
+        owner: &TaskOwner,
+    ) -> Result<Option<Vec<u8>>, Rejection> {
         if !mentions_task_id(json) {
             return Ok(None);
         }
@@ -175,7 +183,7 @@ impl Broker {
             single => vec![single],
         };
         for message in messages {
-            changed |= tasks::seal(message, &self.tasks.ids, &mut seen)
+            changed |= tasks::seal(message, &self.tasks.ids, owner, &mut seen)
                 .map_err(|_| Rejection::TaskIdTooLong)?;
         }
         self.metrics.tasks_open(self.tasks.kept());
@@ -191,9 +199,17 @@ impl Broker {
             .map_err(|_| Rejection::UpstreamLost)
     }
 
-    /// The pod holding the task a client's id names, when the id is genuine (routing).
-    pub(crate) fn task_holder(&self, id: &str) -> Option<HomeToken> {
-        tasks::holder(&self.tasks.ids, id)
+    /// The pod holding the task a client's id names, when the id is genuine and the request
+    /// with `headers` presents its owner (routing).
+    pub(crate) fn task_holder(&self, id: &str, headers: &http::HeaderMap) -> Option<HomeToken> {
+        tasks::holder(&self.tasks.ids, id, &self.request_owner(headers))
+    }
+
+    /// The owner of the tasks a 2026-07-28 request with `headers` creates or names
+    /// (`spec.auth.binding` read from its credentials).
+    pub(crate) fn request_owner(&self, headers: &http::HeaderMap) -> TaskOwner {
+        let cfg = self.cfg();
+        TaskOwner::of_request(headers, &cfg.forward_headers, cfg.binding)
     }
 
     /// Tasks created here that a client may still poll (a drain serves them); forgets the

@@ -122,6 +122,59 @@ pub(crate) fn principal(
     binding: AuthBinding,
     key: &Key,
 ) -> Option<Principal> {
+    let message = identity(headers, names, binding)?;
+    let mac = key.mac(DOMAIN_PRINCIPAL, &message);
+    let mut digest = [0; DIGEST_LEN];
+    digest.copy_from_slice(&mac[..DIGEST_LEN]);
+    Some(Principal(digest))
+}
+
+/// Who may use a task id (`docs/design/tasks.md#owners`): the identity of the principal whose
+/// request the task's ids were minted for, sealed into them; an id opens only for a request
+/// presenting the same one. Empty: anonymous (or no binding), a principal of its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TaskOwner(Vec<u8>);
+
+impl TaskOwner {
+    /// The owner of requests without credentials (or of an endpoint without binding).
+    pub(crate) const ANONYMOUS: TaskOwner = TaskOwner(Vec::new());
+
+    /// An owner of these identity bytes (tests).
+    #[cfg(test)]
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Self {
+        Self(bytes.to_vec())
+    }
+
+    /// The owner of a 2026-07-28 request with `headers`: what `binding` reads of its
+    /// credentials (`iss`, `sub` and client of a JWT…), never kept beyond the request.
+    pub(crate) fn of_request(
+        headers: &HeaderMap,
+        names: &[HeaderName],
+        binding: AuthBinding,
+    ) -> Self {
+        Self(identity(headers, names, binding).unwrap_or_default())
+    }
+
+    /// The owner of tasks created in a session: the principal the session is bound to (its
+    /// requests present it, or they are refused before this).
+    pub(crate) fn of_session(binding: Option<Binding>) -> Self {
+        let principal = binding.and_then(|b| b.principal);
+        Self(principal.map_or_else(Vec::new, |p| {
+            let mut owner = b"session\n".to_vec();
+            owner.extend_from_slice(&p.0);
+            owner
+        }))
+    }
+
+    /// The bytes sealed into task ids.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// What identifies the caller of a request with `headers` under `binding`, the message its
+/// [`Principal`] digests: `None` without credentials, and always with [`AuthBinding::None`].
+fn identity(headers: &HeaderMap, names: &[HeaderName], binding: AuthBinding) -> Option<Vec<u8>> {
     if binding == AuthBinding::None {
         return None;
     }
@@ -165,10 +218,7 @@ pub(crate) fn principal(
             message
         }
     };
-    let mac = key.mac(DOMAIN_PRINCIPAL, &message);
-    let mut digest = [0; DIGEST_LEN];
-    digest.copy_from_slice(&mac[..DIGEST_LEN]);
-    Some(Principal(digest))
+    Some(message)
 }
 
 /// The `iss` / `sub` of a JWT in `Authorization: Bearer`, when it is one (three base64url

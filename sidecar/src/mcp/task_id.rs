@@ -10,9 +10,13 @@
 //! | 1 | format version, `1` |
 //! | 4 | id of the key that sealed it ([`KeyId`]) |
 //! | 8 | home token of the holding pod ([`HomeToken`]) |
-//! | 12 | nonce: HMAC-SHA256(key, home ‖ server id), truncated (a synthetic nonce) |
+//! | 12 | nonce: HMAC-SHA256(key, home ‖ owner length ‖ owner ‖ server id), truncated (a synthetic nonce) |
 //! | n | the MCP server's task id, ChaCha20-Poly1305-encrypted (n ≤ [`MAX_UPSTREAM_TASK_ID`]) |
-//! | 16 | the AEAD tag over the ciphertext and the 13 bytes before the nonce |
+//! | 16 | the AEAD tag over the ciphertext, the 13 bytes before the nonce and the owner |
+//!
+//! The owner ([`TaskOwner`]: who the task's ids were minted for) is in no byte of the id: it is
+//! authenticated, so an id opens only for a request presenting the same owner, and any other
+//! caller gets not-found, as for an id never issued.
 //!
 //! The nonce derives from what is sealed, so one server id on one pod always gives the same
 //! client id (`tasks/get` answers and status notifications name the task the client holds), and
@@ -25,6 +29,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 
+use super::principal::TaskOwner;
 use super::session_id::HomeToken;
 use crate::keys::{DOMAIN_TASK_ID_NONCE, DOMAIN_TASK_ID_SEAL, Key, KeyId, KeyRing};
 
@@ -81,11 +86,11 @@ impl TaskIds {
         self.home
     }
 
-    /// The client's id for the MCP server's task id `upstream`, held on this pod.
+    /// The client's id for the MCP server's task id `upstream`, held on this pod, for `owner`.
     ///
     /// # Errors
     /// [`TaskIdError::TooLong`].
-    pub(crate) fn mint(&self, upstream: &str) -> Result<String, TaskIdError> {
+    pub(crate) fn mint(&self, upstream: &str, owner: &TaskOwner) -> Result<String, TaskIdError> {
         if upstream.len() > MAX_UPSTREAM_TASK_ID {
             return Err(TaskIdError::TooLong);
         }
@@ -94,8 +99,11 @@ impl TaskIds {
         raw.push(VERSION);
         raw.extend_from_slice(&key.id().0);
         raw.extend_from_slice(&self.home.0);
-        let mut named = Vec::with_capacity(HOME_LEN + upstream.len());
+        let owner = owner.as_bytes();
+        let mut named = Vec::with_capacity(HOME_LEN + 4 + owner.len() + upstream.len());
         named.extend_from_slice(&self.home.0);
+        named.extend_from_slice(&(owner.len() as u32).to_be_bytes());
+        named.extend_from_slice(owner);
         named.extend_from_slice(upstream.as_bytes());
         let mut nonce = [0u8; NONCE_LEN];
         nonce.copy_from_slice(&key.mac(DOMAIN_TASK_ID_NONCE, &named)[..NONCE_LEN]);
@@ -103,7 +111,7 @@ impl TaskIds {
         let tag = sealing_key(&key)
             .seal_in_place_separate_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(&raw[..HEADER_LEN]),
+                Aad::from(associated(&raw[..HEADER_LEN], owner)),
                 &mut sealed,
             )
             .map_err(|_| TaskIdError::TooLong)?;
@@ -113,11 +121,11 @@ impl TaskIds {
         Ok(URL_SAFE_NO_PAD.encode(raw))
     }
 
-    /// Opens a client's task id.
+    /// Opens a client's task id, for a request presenting `owner`.
     ///
     /// # Errors
-    /// [`TaskIdError::Malformed`] or [`TaskIdError::BadSeal`].
-    pub(crate) fn open(&self, id: &str) -> Result<OpenedTask, TaskIdError> {
+    /// [`TaskIdError::Malformed`], or [`TaskIdError::BadSeal`] (another owner's id too).
+    pub(crate) fn open(&self, id: &str, owner: &TaskOwner) -> Result<OpenedTask, TaskIdError> {
         let longest = HEADER_LEN + NONCE_LEN + MAX_UPSTREAM_TASK_ID + TAG_LEN;
         if id.len() > longest.div_ceil(3) * 4 {
             return Err(TaskIdError::Malformed);
@@ -142,7 +150,7 @@ impl TaskIds {
         let plain = sealing_key(&key)
             .open_in_place(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(&head[..HEADER_LEN]),
+                Aad::from(associated(&head[..HEADER_LEN], owner.as_bytes())),
                 sealed,
             )
             .map_err(|_| TaskIdError::BadSeal)?;
@@ -152,6 +160,11 @@ impl TaskIds {
             upstream,
         })
     }
+}
+
+/// The AEAD's associated data: the id's header, then the owner.
+fn associated(header: &[u8], owner: &[u8]) -> Vec<u8> {
+    [header, owner].concat()
 }
 
 /// The AEAD key `key` derives for task ids.
@@ -168,6 +181,9 @@ mod tests {
     use super::*;
     use crate::keys::Ring;
 
+    /// Tasks of anonymous requests.
+    const ANON: TaskOwner = TaskOwner::ANONYMOUS;
+
     fn ids(secret: &[u8], pod: &str) -> TaskIds {
         TaskIds::new(
             KeyRing::from_bytes(secret.to_vec()),
@@ -178,7 +194,9 @@ mod tests {
     #[test]
     fn a_minted_id_opens_to_its_holder_and_the_servers_id() {
         let a = ids(b"0123456789abcdef", "pod-a");
-        let id = a.mint("0b9c5a44-7d4e-4a8e-9a43-2f1d7c0e5b11").unwrap();
+        let id = a
+            .mint("0b9c5a44-7d4e-4a8e-9a43-2f1d7c0e5b11", &ANON)
+            .unwrap();
         assert!(
             id.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
@@ -187,7 +205,7 @@ mod tests {
             !id.contains("0b9c5a44"),
             "the server's id is never shown: {id}"
         );
-        let opened = ids(b"0123456789abcdef", "pod-b").open(&id).unwrap();
+        let opened = ids(b"0123456789abcdef", "pod-b").open(&id, &ANON).unwrap();
         assert_eq!(opened.home, HomeToken::for_pod("pod-a"));
         assert_eq!(opened.upstream, "0b9c5a44-7d4e-4a8e-9a43-2f1d7c0e5b11");
     }
@@ -195,27 +213,30 @@ mod tests {
     #[test]
     fn one_server_id_gives_one_client_id_per_pod() {
         let (a, b) = (ids(b"0123456789abcdef", "a"), ids(b"0123456789abcdef", "b"));
-        assert_eq!(a.mint("t-1").unwrap(), a.mint("t-1").unwrap());
-        assert_ne!(a.mint("t-1").unwrap(), a.mint("t-2").unwrap());
-        assert_ne!(a.mint("t-1").unwrap(), b.mint("t-1").unwrap());
+        assert_eq!(a.mint("t-1", &ANON).unwrap(), a.mint("t-1", &ANON).unwrap());
+        assert_ne!(a.mint("t-1", &ANON).unwrap(), a.mint("t-2", &ANON).unwrap());
+        assert_ne!(a.mint("t-1", &ANON).unwrap(), b.mint("t-1", &ANON).unwrap());
     }
 
     #[test]
     fn forged_altered_and_foreign_ids_do_not_open() {
         let a = ids(b"0123456789abcdef", "a");
-        let id = a.mint("t-1").unwrap();
-        assert_eq!(a.open("t-1"), Err(TaskIdError::Malformed));
-        assert_eq!(a.open("not base64!"), Err(TaskIdError::Malformed));
-        assert_eq!(a.open(&"A".repeat(2000)), Err(TaskIdError::Malformed));
+        let id = a.mint("t-1", &ANON).unwrap();
+        assert_eq!(a.open("t-1", &ANON), Err(TaskIdError::Malformed));
+        assert_eq!(a.open("not base64!", &ANON), Err(TaskIdError::Malformed));
+        assert_eq!(
+            a.open(&"A".repeat(2000), &ANON),
+            Err(TaskIdError::Malformed)
+        );
         let mut raw = URL_SAFE_NO_PAD.decode(&id).unwrap();
         // Another home with the same seal: the home is authenticated.
         raw[HEADER_LEN - 1] ^= 1;
         assert_eq!(
-            a.open(&URL_SAFE_NO_PAD.encode(&raw)),
+            a.open(&URL_SAFE_NO_PAD.encode(&raw), &ANON),
             Err(TaskIdError::BadSeal)
         );
         let other_endpoint = ids(b"fedcba9876543210", "a");
-        assert!(other_endpoint.open(&id).is_err());
+        assert!(other_endpoint.open(&id, &ANON).is_err());
     }
 
     #[test]
@@ -223,15 +244,33 @@ mod tests {
         let (old, new) = (b"0123456789abcdef", b"fedcba9876543210");
         let ring = |keys: Ring| TaskIds::new(KeyRing::fixed(keys), HomeToken::for_pod("a"));
         let id = ring(Ring::single(Key::new(old.to_vec())))
-            .mint("t-1")
+            .mint("t-1", &ANON)
             .unwrap();
         let rotated = ring(Ring::rotated(
             Key::new(new.to_vec()),
             Some(Key::new(old.to_vec())),
         ));
-        assert_eq!(rotated.open(&id).unwrap().upstream, "t-1");
+        assert_eq!(rotated.open(&id, &ANON).unwrap().upstream, "t-1");
         let retired = ring(Ring::single(Key::new(new.to_vec())));
-        assert_eq!(retired.open(&id), Err(TaskIdError::BadSeal));
+        assert_eq!(retired.open(&id, &ANON), Err(TaskIdError::BadSeal));
+    }
+
+    /// An id opens only for the owner it was minted for; any other gets what a forged id
+    /// gets, and one server id gives each owner its own client id.
+    #[test]
+    fn an_id_opens_only_for_its_owner() {
+        let a = ids(b"0123456789abcdef", "a");
+        let (alice, bob) = (
+            TaskOwner::from_bytes(b"alice"),
+            TaskOwner::from_bytes(b"bob"),
+        );
+        let id = a.mint("t-1", &alice).unwrap();
+        assert_eq!(a.open(&id, &alice).unwrap().upstream, "t-1");
+        for other in [&bob, &ANON, &TaskOwner::from_bytes(b"alic")] {
+            assert_eq!(a.open(&id, other), Err(TaskIdError::BadSeal), "{other:?}");
+        }
+        assert_ne!(id, a.mint("t-1", &bob).unwrap());
+        assert_ne!(id, a.mint("t-1", &ANON).unwrap());
     }
 
     #[test]
@@ -239,9 +278,14 @@ mod tests {
         let a = ids(b"0123456789abcdef", "a");
         let longest = "x".repeat(MAX_UPSTREAM_TASK_ID);
         assert_eq!(
-            a.open(&a.mint(&longest).unwrap()).unwrap().upstream,
+            a.open(&a.mint(&longest, &ANON).unwrap(), &ANON)
+                .unwrap()
+                .upstream,
             longest
         );
-        assert_eq!(a.mint(&format!("{longest}x")), Err(TaskIdError::TooLong));
+        assert_eq!(
+            a.mint(&format!("{longest}x"), &ANON),
+            Err(TaskIdError::TooLong)
+        );
     }
 }

@@ -20,6 +20,7 @@
 
 use serde_json::Value;
 
+use super::principal::TaskOwner;
 use super::session_id::HomeToken;
 use super::task_id::{OpenedTask, TaskIdError, TaskIds};
 
@@ -77,30 +78,32 @@ pub(crate) enum TaskMiss {
     Gone,
 }
 
-/// Seals the MCP server's task ids in `message` (one JSON-RPC message from the server) in place;
-/// `seen` is called for every task object. Returns whether anything changed.
+/// Seals the MCP server's task ids in `message` (one JSON-RPC message from the server) in place,
+/// for `owner` (the principal of the request it answers); `seen` is called for every task
+/// object. Returns whether anything changed.
 ///
 /// # Errors
 /// [`TaskIdError::TooLong`]: an id tether cannot seal (the message must not reach the client).
 pub(crate) fn seal(
     message: &mut Value,
     ids: &TaskIds,
+    owner: &TaskOwner,
     seen: &mut dyn FnMut(Seen),
 ) -> Result<bool, TaskIdError> {
     let mut changed = false;
     if let Some(result) = message.get_mut("result").filter(|r| r.is_object()) {
         if is_task(result) {
-            changed |= seal_task(result, ids, seen)?;
+            changed |= seal_task(result, ids, owner, seen)?;
         }
         if let Some(task) = result.get_mut("task").filter(|t| is_task(t)) {
-            changed |= seal_task(task, ids, seen)?;
+            changed |= seal_task(task, ids, owner, seen)?;
         }
         if let Some(Value::Array(tasks)) = result.get_mut("tasks") {
             for task in tasks.iter_mut().filter(|t| is_task(t)) {
-                changed |= seal_task(task, ids, seen)?;
+                changed |= seal_task(task, ids, owner, seen)?;
             }
         }
-        changed |= seal_related(result, ids)?;
+        changed |= seal_related(result, ids, owner)?;
     }
     let status_notification = message
         .get("method")
@@ -108,31 +111,32 @@ pub(crate) fn seal(
         .is_some_and(|m| m.starts_with("notifications/tasks/"));
     if let Some(params) = message.get_mut("params").filter(|p| p.is_object()) {
         if status_notification {
-            changed |= seal_task(params, ids, seen)?;
+            changed |= seal_task(params, ids, owner, seen)?;
         }
-        changed |= seal_related(params, ids)?;
+        changed |= seal_related(params, ids, owner)?;
     }
     Ok(changed)
 }
 
 /// Opens the client's task ids in `message` (one JSON-RPC message from the client of
-/// `revision`) in place, for the pod `me`. Returns the task a request of a [`names_task`] method
+/// `revision`, presenting `owner`) in place, for the pod `me`. Returns the task a request of a [`names_task`] method
 /// names, if any.
 ///
 /// # Errors
-/// [`TaskMiss::Unknown`] for an id that does not open; [`TaskMiss::Gone`] for a genuine id held
+/// [`TaskMiss::Unknown`] for an id that does not open (another owner's too); [`TaskMiss::Gone`] for a genuine id held
 /// by another pod (the request reached this pod because the holder is gone).
 pub(crate) fn open(
     message: &mut Value,
     ids: &TaskIds,
     me: HomeToken,
     revision: Revision,
+    owner: &TaskOwner,
 ) -> Result<Option<OpenedTask>, TaskMiss> {
     let open_field = |field: &mut Value| -> Result<OpenedTask, TaskMiss> {
         let opened = field
             .as_str()
             .ok_or(TaskMiss::Unknown)
-            .and_then(|id| ids.open(id).map_err(|_| TaskMiss::Unknown))?;
+            .and_then(|id| ids.open(id, owner).map_err(|_| TaskMiss::Unknown))?;
         if opened.home != me {
             return Err(TaskMiss::Gone);
         }
@@ -202,8 +206,8 @@ pub(crate) fn lost_task_answer(request: &Value, revision: Revision, now: &str) -
 
 /// The holder of the task a client's `Mcp-Name` names, when it is a genuine task id (routing;
 /// the body is checked against the header before the request is served).
-pub(crate) fn holder(ids: &TaskIds, name: &str) -> Option<HomeToken> {
-    ids.open(name).ok().map(|t| t.home)
+pub(crate) fn holder(ids: &TaskIds, name: &str, owner: &TaskOwner) -> Option<HomeToken> {
+    ids.open(name, owner).ok().map(|t| t.home)
 }
 
 /// A task object: `status` and `createdAt` strings beside its `taskId`.
@@ -217,6 +221,7 @@ fn is_task(v: &Value) -> bool {
 fn seal_task(
     task: &mut Value,
     ids: &TaskIds,
+    owner: &TaskOwner,
     seen: &mut dyn FnMut(Seen),
 ) -> Result<bool, TaskIdError> {
     let terminal = matches!(
@@ -227,7 +232,7 @@ fn seal_task(
     let Some(Value::String(upstream)) = task.get_mut("taskId") else {
         return Ok(false);
     };
-    let sealed = ids.mint(upstream)?;
+    let sealed = ids.mint(upstream, owner)?;
     seen(Seen {
         upstream: std::mem::replace(upstream, sealed),
         terminal,
@@ -237,11 +242,11 @@ fn seal_task(
 }
 
 /// Seals the related-task id in `body`'s `_meta`, when present; whether it did.
-fn seal_related(body: &mut Value, ids: &TaskIds) -> Result<bool, TaskIdError> {
+fn seal_related(body: &mut Value, ids: &TaskIds, owner: &TaskOwner) -> Result<bool, TaskIdError> {
     let Some(Value::String(upstream)) = related_task(body) else {
         return Ok(false);
     };
-    *upstream = ids.mint(upstream)?;
+    *upstream = ids.mint(upstream, owner)?;
     Ok(true)
 }
 
@@ -257,6 +262,9 @@ fn related_task(body: &mut Value) -> Option<&mut Value> {
 mod tests {
     use super::*;
     use crate::keys::KeyRing;
+
+    /// Tasks of anonymous requests.
+    const ANON: TaskOwner = TaskOwner::ANONYMOUS;
     use serde_json::json;
 
     fn ids(pod: &str) -> TaskIds {
@@ -313,7 +321,7 @@ mod tests {
 
     fn sealed_all(mut message: Value, ids: &TaskIds) -> (Value, Vec<Seen>) {
         let mut seen = Vec::new();
-        seal(&mut message, ids, &mut |s| seen.push(s)).unwrap();
+        seal(&mut message, ids, &ANON, &mut |s| seen.push(s)).unwrap();
         (message, seen)
     }
 
@@ -328,7 +336,7 @@ mod tests {
         let (out, seen) = sealed_all(json!({"jsonrpc": "2.0", "id": 1, "result": result}), &a);
         let id = out["result"]["taskId"].as_str().unwrap();
         assert_ne!(id, "t-1");
-        assert_eq!(a.open(id).unwrap().upstream, "t-1");
+        assert_eq!(a.open(id, &ANON).unwrap().upstream, "t-1");
         assert_eq!(
             seen,
             [Seen {
@@ -349,7 +357,7 @@ mod tests {
             &a,
         );
         assert_eq!(
-            a.open(created["result"]["task"]["taskId"].as_str().unwrap())
+            a.open(created["result"]["task"]["taskId"].as_str().unwrap(), &ANON)
                 .unwrap()
                 .upstream,
             "t-1"
@@ -394,7 +402,7 @@ mod tests {
             "content": [{"type": "text", "text": "ok"}],
             "structuredContent": {"taskId": "JIRA-1", "status": "open", "createdAt": "x"}}});
         let mut copy = message.clone();
-        assert!(!seal(&mut copy, &a, &mut |_| {}).unwrap());
+        assert!(!seal(&mut copy, &a, &ANON, &mut |_| {}).unwrap());
         assert_eq!(copy, message);
     }
 
@@ -403,46 +411,46 @@ mod tests {
     #[test]
     fn requests_naming_a_task_get_the_servers_id_or_a_miss() {
         let (a, b) = (ids("a"), ids("b"));
-        let sealed = a.mint("t-1").unwrap();
+        let sealed = a.mint("t-1", &ANON).unwrap();
         let mut get =
             json!({"jsonrpc": "2.0", "id": 5, "method": "tasks/get", "params": {"taskId": sealed}});
-        let opened = open(&mut get, &a, a.home(), Revision::Extension)
+        let opened = open(&mut get, &a, a.home(), Revision::Extension, &ANON)
             .unwrap()
             .unwrap();
         assert_eq!(opened.upstream, "t-1");
         assert_eq!(get["params"]["taskId"], "t-1");
         let mut elsewhere = json!({"jsonrpc": "2.0", "id": 6, "method": "tasks/cancel", "params": {"taskId": sealed}});
         assert_eq!(
-            open(&mut elsewhere, &b, b.home(), Revision::Extension),
+            open(&mut elsewhere, &b, b.home(), Revision::Extension, &ANON),
             Err(TaskMiss::Gone)
         );
         for forged in [json!("t-1"), json!(7), json!(format!("{sealed}x"))] {
             let mut get = json!({"jsonrpc": "2.0", "id": 7, "method": "tasks/get", "params": {"taskId": forged}});
             assert_eq!(
-                open(&mut get, &a, a.home(), Revision::Extension),
+                open(&mut get, &a, a.home(), Revision::Extension, &ANON),
                 Err(TaskMiss::Unknown)
             );
         }
         let mut missing = json!({"jsonrpc": "2.0", "id": 8, "method": "tasks/get", "params": {}});
         assert_eq!(
-            open(&mut missing, &a, a.home(), Revision::Extension),
+            open(&mut missing, &a, a.home(), Revision::Extension, &ANON),
             Err(TaskMiss::Unknown)
         );
         // `tasks/result` is a 2025-11-25 method: in 2026-07-28 it names nothing (-32601 is the
         // MCP server's to answer).
         let mut result = json!({"jsonrpc": "2.0", "id": 10, "method": "tasks/result", "params": {"taskId": "t-1"}});
         assert_eq!(
-            open(&mut result, &a, a.home(), Revision::Extension),
+            open(&mut result, &a, a.home(), Revision::Extension, &ANON),
             Ok(None)
         );
         assert_eq!(
-            open(&mut result, &a, a.home(), Revision::Session),
+            open(&mut result, &a, a.home(), Revision::Session, &ANON),
             Err(TaskMiss::Unknown)
         );
         let mut other =
             json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "x"}});
         assert_eq!(
-            open(&mut other, &a, a.home(), Revision::Extension),
+            open(&mut other, &a, a.home(), Revision::Extension, &ANON),
             Ok(None)
         );
     }
@@ -450,11 +458,11 @@ mod tests {
     #[test]
     fn a_clients_answer_within_a_task_names_the_servers_id() {
         let a = ids("a");
-        let sealed = a.mint("t-1").unwrap();
+        let sealed = a.mint("t-1", &ANON).unwrap();
         let mut answer = json!({"jsonrpc": "2.0", "id": 1, "result": {"action": "accept",
             "_meta": {RELATED_TASK: {"taskId": sealed}}}});
         assert_eq!(
-            open(&mut answer, &a, a.home(), Revision::Extension),
+            open(&mut answer, &a, a.home(), Revision::Extension, &ANON),
             Ok(None)
         );
         assert_eq!(answer["result"]["_meta"][RELATED_TASK]["taskId"], "t-1");
@@ -463,8 +471,11 @@ mod tests {
     #[test]
     fn the_holder_is_read_from_a_genuine_mcp_name_only() {
         let a = ids("a");
-        let sealed = a.mint("t-1").unwrap();
-        assert_eq!(holder(&ids("b"), &sealed), Some(HomeToken::for_pod("a")));
-        assert_eq!(holder(&a, "t-1"), None);
+        let sealed = a.mint("t-1", &ANON).unwrap();
+        assert_eq!(
+            holder(&ids("b"), &sealed, &ANON),
+            Some(HomeToken::for_pod("a"))
+        );
+        assert_eq!(holder(&a, "t-1", &ANON), None);
     }
 }

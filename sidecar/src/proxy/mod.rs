@@ -185,8 +185,9 @@ impl McpProxy {
             (body, named) =
                 match self
                     .broker
-                    .open_task_ids(&mut envelope, body, Revision::Extension)
-                {
+                    .open_task_ids(&mut envelope, body, Revision::Extension, || {
+                        self.broker.request_owner(&admitted.headers)
+                    }) {
                     Ok(opened) => opened,
                     Err(rejection) => {
                         return self.broker.task_miss_reply(
@@ -737,7 +738,8 @@ impl McpProxy {
         text(MCP_METHOD)
             .map(str::trim)
             .filter(|m| names_task(m, Revision::Extension))?;
-        self.broker.task_holder(text(MCP_NAME)?.trim())
+        self.broker
+            .task_holder(text(MCP_NAME)?.trim(), &admitted.headers)
     }
 
     /// The connection of a forward: to a sidecar of the first protocol, its MCP port in

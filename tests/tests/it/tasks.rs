@@ -155,6 +155,58 @@ async fn k01_k02_tasks_are_cancelled_from_another_pod_and_unknown_ids_are_not_fo
     assert_eq!(counted, 4.0);
 }
 
+/// A task id names its owner: a task created with alice's token is found by alice's polls
+/// alone. Another principal — bob, alice's token issued to another client application, no
+/// token — gets the not-found of an id never issued, at any pod, and cannot cancel it.
+#[tokio::test]
+async fn k02_a_task_is_found_by_its_owner_only() {
+    let issuer = tether_tests::auth::Issuer::new().unwrap();
+    let ips = tether_tests::addr::ips::<2>();
+    let spec = tether_tests::pod::PodSpec {
+        server_args: issuer.server_args(),
+        ..tether_tests::pod::PodSpec::default()
+    };
+    let cluster = tether_tests::cluster::Cluster::start(&ips, spec)
+        .await
+        .unwrap();
+    let [a, b] = [0, 1].map(|i| &cluster.pods[i]);
+    let hour = Duration::from_secs(3600);
+    let as_user = |authorization: Option<String>| {
+        let mcp = McpClient::new("http://127.0.0.1:1/unused");
+        mcp.set_authorization(authorization);
+        mcp
+    };
+    let alice = as_user(Some(issuer.bearer("https://idp.example", "alice", hour)));
+    let task_id = create_task(&alice, &a.mcp_url, 30_000, "t-owned").await;
+    let others = [
+        as_user(Some(issuer.bearer("https://idp.example", "bob", hour))),
+        as_user(Some(issuer.bearer_of_client(
+            "https://idp.example",
+            "alice",
+            "another-app",
+            hour,
+        ))),
+        as_user(None),
+    ];
+    for (n, other) in others.iter().enumerate() {
+        for url in [&a.mcp_url, &b.mcp_url] {
+            for method in ["tasks/get", "tasks/cancel"] {
+                let params = json!({"taskId": task_id});
+                let (status, answer) = request(other, url, 40, method, Some(&task_id), params)
+                    .await
+                    .unwrap();
+                assert_eq!(status, 200, "caller {n}: {answer}");
+                assert_eq!(answer["error"]["code"], -32602, "caller {n}: {answer}");
+                assert_eq!(answer["error"]["data"]["reason"], "task_not_found");
+            }
+        }
+    }
+    let (status, answer) = get_task(&alice, &b.mcp_url, 41, &task_id).await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"]["status"], "working", "not cancelled: {answer}");
+    assert_eq!(a.stats().await.unwrap()["aborted"], 0);
+}
+
 /// A 2025-11-25 session whose client declares the tasks extension: the same sealed ids, in
 /// the session's own stream (one mechanism for both eras).
 #[tokio::test]
