@@ -158,6 +158,9 @@ pub(crate) struct Metrics {
     replayed_events: Counter,
     /// Requests whose id the session had seen before, by what became of them.
     request_id_reuse: Family<OutcomeLabel, Counter>,
+    /// GET and `subscriptions/listen` streams ended because the credential that opened them
+    /// expired.
+    streams_credential_expired: Counter,
     /// Sessions the sweeper looked at (the ones due, not every one held).
     sweep_sessions: Counter,
     /// Upstream SSE streams resumed by the sidecar after an early close (SEP-1699 polling).
@@ -273,6 +276,7 @@ impl Metrics {
             resumes: Family::default(),
             replayed_events: Counter::default(),
             request_id_reuse: Family::default(),
+            streams_credential_expired: Counter::default(),
             sweep_sessions: Counter::default(),
             upstream_resumes: Counter::default(),
             upstream_paused: Counter::default(),
@@ -378,6 +382,11 @@ impl Metrics {
             "replayed_events",
             "Events replayed to resuming clients",
             m.replayed_events.clone(),
+        );
+        r.register(
+            "streams_credential_expired",
+            "GET and subscriptions/listen streams ended because the JWT that opened them expired",
+            m.streams_credential_expired.clone(),
         );
         r.register(
             "request_id_reuse",
@@ -730,6 +739,12 @@ impl Metrics {
             .inc();
     }
 
+    /// The count of streams ended because the credential that opened them expired
+    /// (`tether_streams_credential_expired_total`), for the streams to count themselves in.
+    pub(crate) fn streams_credential_expired(&self) -> Counter {
+        self.streams_credential_expired.clone()
+    }
+
     /// A request whose id the session had seen before, and what became of it
     /// (`tether_request_id_reuse_total`): `joined` (a retry attached to its request's stream,
     /// running or buffered), `replayed` (a retry given its request's stored answer), `expired` (a retry of
@@ -999,7 +1014,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 56);
+        assert_eq!(fields, 57);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -1036,7 +1051,7 @@ mod tests {
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            56,
+            57,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

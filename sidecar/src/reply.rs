@@ -7,13 +7,14 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
 
 use crate::mcp::headers::MCP_SESSION_ID;
 use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::rejection::Rejection;
 use crate::mcp::sse;
-use crate::stream::{Feed, StoredReply};
+use crate::stream::{Feed, StoredReply, sleep_until_or_never};
 
 /// The body of a [`Reply`].
 #[derive(Debug)]
@@ -62,6 +63,21 @@ impl From<StoredReply> for Reply {
 }
 
 impl Reply {
+    /// This reply, its stream ending cleanly at `at`, between events: the credential that
+    /// opened it expires then (a resumable GET stream stays buffered; a listen stream gets its
+    /// completion result). `expired` counts such ends. Other replies are unchanged.
+    pub(crate) fn until(mut self, at: tokio::time::Instant, expired: Counter) -> Self {
+        self.body = match self.body {
+            ReplyBody::Sse(feed) => ReplyBody::Sse(feed.until(at, expired)),
+            ReplyBody::Relay(mut relay) => {
+                relay.until = Some((at, expired));
+                ReplyBody::Relay(relay)
+            }
+            body => body,
+        };
+        self
+    }
+
     /// The reply of rejection `r` to the request whose JSON-RPC id is `id` (its error body
     /// echoes it; `None`: `"id": null`).
     pub(crate) fn rejection(r: &Rejection, id: Option<&RequestKey>) -> Self {
@@ -145,9 +161,12 @@ pub(crate) struct Relay {
     /// Once this turns `true` the answer ends cleanly at the next event boundary (a listen
     /// stream of a draining pod, [`Relay::ending_on`]).
     end_signal: Option<watch::Receiver<bool>>,
-    /// The event written last when the answer ends on `end_signal` (the listen request's
-    /// completion result), taken once.
+    /// The event written last when the answer ends on `end_signal` or `until` (the listen
+    /// request's completion result), taken once.
     last_event: Option<Bytes>,
+    /// When the credential that opened the answer expires: it ends there too, like on
+    /// `end_signal`, counting itself in the counter ([`Reply::until`]).
+    until: Option<(tokio::time::Instant, Counter)>,
     /// The last bytes relayed (up to 4), to know whether a line or an event ended there.
     tail: u32,
     /// Whatever must live as long as the relay (a count of requests in flight).
@@ -189,6 +208,7 @@ impl Relay {
             keep_alive,
             end_signal: None,
             last_event: None,
+            until: None,
             tail: FRESH_TAIL,
             _held: None,
         }
@@ -220,8 +240,21 @@ impl Relay {
         self.tail == FRESH_TAIL || matches!([a, b], [b'\n', b'\n'] | [b'\r', b'\r'])
     }
 
-    fn ending(&self) -> bool {
-        self.end_signal.as_ref().is_some_and(|s| *s.borrow())
+    /// Whether the answer is to end: the signal came, or the credential expired (counted once).
+    fn ending(&mut self) -> bool {
+        if self.end_signal.as_ref().is_some_and(|s| *s.borrow()) {
+            return true;
+        }
+        let expired = self
+            .until
+            .as_ref()
+            .is_some_and(|(at, _)| tokio::time::Instant::now() >= *at);
+        if let Some((_, counter)) = self.until.take_if(|_| expired) {
+            counter.inc();
+            // Ending from now on, whatever the signal says.
+            self.end_signal = Some(watch::channel(true).1);
+        }
+        expired
     }
 
     /// The next chunk of the answer, a keep-alive comment, or its end.
@@ -234,9 +267,11 @@ impl Relay {
                 };
             }
             // While ending mid-event, only the rest of the event is awaited.
+            let until = self.until.as_ref().map(|(at, _)| *at);
             let signal = self.end_signal.as_mut().filter(|s| !*s.borrow());
             let keep_alive = self.keep_alive;
             tokio::select! {
+                () = sleep_until_or_never(until) => {}
                 chunk = self.body.next() => return self.relayed(chunk),
                 () = sleep_or_never(keep_alive) => {
                     if self.at_line_start() {
@@ -369,6 +404,44 @@ mod tests {
         let (out, end) = waiting.await.unwrap();
         assert!(matches!(end, Relayed::End));
         assert_eq!(out, [last]);
+    }
+
+    /// A listen stream opened with a credential that expires ends there like on a drain: at an
+    /// event boundary, with its last event, counted once.
+    #[tokio::test(start_paused = true)]
+    async fn a_relay_ends_when_its_credential_expires() {
+        let (_signal, rx) = watch::channel(false);
+        let expired = Counter::<u64>::default();
+        let last = Bytes::from_static(b"data: done\n\n");
+        let at = tokio::time::Instant::now() + Duration::from_secs(30);
+        let chunks = vec![
+            Ok(&b"data: a\n\ndata: b"[..]),
+            Ok(b"c\n\n"),
+            Ok(b"data: d\n\n"),
+        ];
+        let relay = relay(chunks, Duration::from_secs(20)).ending_on(rx, last.clone());
+        let reply = Reply {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: ReplyBody::Relay(relay),
+        }
+        .until(at, expired.clone());
+        let ReplyBody::Relay(relay) = reply.body else {
+            panic!("a relay stays a relay");
+        };
+        let (out, end) = collect(relay).await;
+        assert!(matches!(end, Relayed::End), "{end:?}");
+        let text: Vec<&[u8]> = out
+            .iter()
+            .map(|b| b.as_ref())
+            .filter(|b| *b != sse::KEEP_ALIVE_LINE)
+            .collect();
+        assert_eq!(
+            text,
+            [&b"data: a\n\ndata: b"[..], b"c\n\n", b"data: done\n\n"],
+            "the event under way at 30 s is finished, then the last event"
+        );
+        assert_eq!(expired.get(), 1);
     }
 
     #[tokio::test(start_paused = true)]

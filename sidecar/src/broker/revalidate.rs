@@ -4,7 +4,8 @@
 //! within the window, the sidecar asks the server with a `ping` in the session carrying that
 //! credential; the server's 401 or 403 (with its `WWW-Authenticate`) goes to the client and
 //! nothing is served. Every answer the server gives a dispatched request that is not a 401/403
-//! counts as an acceptance of its credential. A session handed over and not rebuilt yet is
+//! counts as an acceptance of its credential; a 401/403 withdraws one, and a JWT past its `exp`
+//! is judged again whatever was accepted. A session handed over and not rebuilt yet is
 //! rebuilt first, with the request's credentials: the rebuild is the server's judgement (a
 //! refused one passes its answer on, `broker/rebuild.rs`).
 
@@ -18,7 +19,7 @@ use super::Broker;
 use super::rebuild::Rebuild;
 use crate::mcp::headers::credential_headers;
 use crate::mcp::principal::TaskOwner;
-use crate::mcp::principal::{Principal, principal};
+use crate::mcp::principal::{Principal, credential_expired, credential_expiry, principal};
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::Session;
@@ -45,19 +46,38 @@ impl Broker {
         )
     }
 
+    /// `reply` (a GET or `subscriptions/listen` stream opened by a request with `headers`),
+    /// ending when the JWT that opened it expires (its `exp`): a token-validating intermediary
+    /// does not go on serving a stream on a credential past its lifetime. A resume with a
+    /// fresh token is revalidated.
+    pub(crate) fn until_credential_expires(&self, reply: Reply, headers: &HeaderMap) -> Reply {
+        let Some(exp) = credential_expiry(headers) else {
+            return reply;
+        };
+        let left = exp
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        let at = tokio::time::Instant::now() + left;
+        reply.until(at, self.metrics.streams_credential_expired())
+    }
+
     /// Records that the MCP server answered a request of `session` with `headers` `status`:
     /// anything but a refusal of the caller (401, 403, 407, 429: a gateway may rate-limit
-    /// before it checks credentials) accepts its credential.
+    /// before it checks credentials) accepts its credential; a 401 or 403 withdraws an earlier
+    /// acceptance of it, so nothing more is served from memory on its word.
     pub(super) fn note_acceptance(
         &self,
         session: &Session,
         headers: &HeaderMap,
         status: StatusCode,
     ) {
-        if !refuses_caller(status)
-            && let Some(key) = self.credential_key(session, headers)
-        {
+        let Some(key) = self.credential_key(session, headers) else {
+            return;
+        };
+        if !refuses_caller(status) {
             session.accept_credential(key);
+        } else if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            session.withdraw_credential(key);
         }
     }
 
@@ -75,7 +95,10 @@ impl Broker {
         let Some(key) = self.credential_key(session, headers) else {
             return Ok(());
         };
-        if window.is_zero() || session.credential_accepted(key, window) {
+        // A JWT past its `exp` is not vouched for by an earlier acceptance: the server judges
+        // it again.
+        let expired = credential_expired(headers, std::time::SystemTime::now());
+        if window.is_zero() || (!expired && session.credential_accepted(key, window)) {
             return Ok(());
         }
         if session.needs_rebuild() {

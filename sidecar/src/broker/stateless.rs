@@ -129,10 +129,14 @@ impl Broker {
         {
             relay = relay.ending_on(end_listens.subscribe(), listen_completed(id));
         }
-        Ok(Reply {
+        let reply = Reply {
             status: parts.status,
             headers: out,
             body: ReplyBody::Relay(relay.holding(in_flight)),
+        };
+        Ok(match listen {
+            true => self.until_credential_expires(reply, headers),
+            false => reply,
         })
     }
 

@@ -221,9 +221,34 @@ fn identity(headers: &HeaderMap, names: &[HeaderName], binding: AuthBinding) -> 
     Some(message)
 }
 
+/// The `exp` claim of a JWT bearer token.
+#[derive(Deserialize)]
+struct Expiry {
+    exp: u64,
+}
+
+/// When the JWT bearer token a request with `headers` presents expires: its `exp` claim, read,
+/// not verified (a forged one the MCP server refused already, and a later expiry only lets the
+/// server judge it again). `None` for other credentials, or a token without `exp`.
+pub(crate) fn credential_expiry(headers: &HeaderMap) -> Option<std::time::SystemTime> {
+    let Expiry { exp } = jwt_claims(headers)?;
+    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(exp))
+}
+
+/// Whether the JWT bearer token a request with `headers` presents has expired by `now`.
+pub(crate) fn credential_expired(headers: &HeaderMap, now: std::time::SystemTime) -> bool {
+    credential_expiry(headers).is_some_and(|exp| exp <= now)
+}
+
 /// The `iss` / `sub` of a JWT in `Authorization: Bearer`, when it is one (three base64url
 /// parts, the middle one a JSON object with a string `sub`).
 fn jwt_subject(headers: &HeaderMap) -> Option<Subject> {
+    jwt_claims(headers)
+}
+
+/// The claims of a JWT in `Authorization: Bearer`, when it is one (three base64url parts, the
+/// middle one a JSON object) and they read as `T`.
+fn jwt_claims<T: serde::de::DeserializeOwned>(headers: &HeaderMap) -> Option<T> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {
@@ -258,6 +283,32 @@ mod tests {
         }
         let key = Key::new("test-secret-0123456789");
         principal(&headers, &[header::AUTHORIZATION], binding, &key)
+    }
+
+    #[test]
+    fn a_jwt_expires_at_its_exp_and_other_credentials_never() {
+        let at = |v: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, v.parse().unwrap());
+            headers
+        };
+        let token = at(&jwt(&serde_json::json!({"sub": "alice", "exp": 1_000})));
+        let exp = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        assert_eq!(credential_expiry(&token), Some(exp));
+        assert!(!credential_expired(
+            &token,
+            exp - std::time::Duration::from_secs(1)
+        ));
+        assert!(credential_expired(&token, exp));
+        for other in [
+            at(&jwt(&serde_json::json!({"sub": "alice"}))),
+            at(&jwt(&serde_json::json!({"sub": "alice", "exp": "soon"}))),
+            at("Bearer opaque"),
+            HeaderMap::new(),
+        ] {
+            assert_eq!(credential_expiry(&other), None);
+            assert!(!credential_expired(&other, exp));
+        }
     }
 
     #[test]

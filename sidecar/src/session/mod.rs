@@ -787,6 +787,11 @@ impl Session {
         accepted.push_back((key, Instant::now()));
     }
 
+    /// Forgets that the MCP server accepted credential `key` (it refused it since).
+    pub(crate) fn withdraw_credential(&self, key: Principal) {
+        self.accepted.lock().retain(|(k, _)| *k != key);
+    }
+
     /// Whether the MCP server accepted credential `key` for the session within `window`.
     pub(crate) fn credential_accepted(&self, key: Principal, window: Duration) -> bool {
         self.accepted

@@ -701,3 +701,64 @@ async fn sep1699_a_long_polling_stream_goes_on_across_a_token_refresh() {
     );
     assert_eq!(stats["calls"]["long-poll"], 1, "{stats}");
 }
+
+/// The authorization lifetime a token-validating intermediary keeps to: a stream ends when the
+/// JWT that opened it expires — a standalone GET stream cleanly (what it was not sent stays
+/// buffered for a resume with a fresh token), a 2026-07-28 `subscriptions/listen` stream with
+/// its completion result — and a resume presenting the expired token is judged by the MCP
+/// server again (its 401), however recently it accepted that token.
+#[tokio::test]
+async fn streams_end_when_their_token_expires_and_an_expired_token_resumes_nothing() {
+    let issuer = Issuer::new().unwrap();
+    let pod = authenticated_pod(&issuer).await;
+    let client = pod.client();
+    let lifetime = Duration::from_secs(3);
+    client.set_authorization(Some(alices_token(&issuer, lifetime)));
+    let started = std::time::Instant::now();
+    let session = client.initialize("2025-11-25").await.unwrap();
+    let (_, cursor) = first_cursor(&client, &session, "before-expiry").await;
+    let standalone = client.get(&session, None).await.unwrap();
+    assert_eq!(standalone.status(), StatusCode::OK);
+    let listen = tether_tests::modern::request(
+        &client,
+        &pod.mcp_url,
+        9,
+        "subscriptions/listen",
+        None,
+        json!({"notifications": {"toolsListChanged": true}}),
+    );
+    let (ended, listened) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(8), body_text(standalone)),
+        listen
+    );
+    let waited = started.elapsed();
+    ended
+        .expect("the standalone stream ended within 8 s")
+        .expect("a clean end, not a cut");
+    assert!(waited >= Duration::from_secs(1), "{waited:?}");
+    let (status, completed) = listened.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(completed["id"], 9, "{completed}");
+    assert_eq!(completed["result"]["resultType"], "complete", "{completed}");
+    assert_eq!(
+        pod.metric("tether_streams_credential_expired_total")
+            .await
+            .unwrap(),
+        2.0
+    );
+    // The expired token resumes nothing: the MCP server's 401 with its challenge (once a
+    // second has passed: the server counts `exp` in whole seconds).
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let resumed = client.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(resumed.status(), StatusCode::UNAUTHORIZED);
+    assert!(header_str(&resumed, "www-authenticate").is_some());
+    // A fresh token resumes the call's events.
+    client.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let resumed = client.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let rest = messages(resumed, Duration::from_secs(10)).await.unwrap();
+    assert!(
+        rest.last().is_some_and(|m| m["result"].is_object()),
+        "{rest:?}"
+    );
+}

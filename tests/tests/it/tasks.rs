@@ -203,7 +203,10 @@ async fn k02_a_task_is_found_by_its_owner_only() {
     }
     let (status, answer) = get_task(&alice, &b.mcp_url, 41, &task_id).await.unwrap();
     assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["result"]["status"], "working", "not cancelled: {answer}");
+    assert_eq!(
+        answer["result"]["status"], "working",
+        "not cancelled: {answer}"
+    );
     assert_eq!(a.stats().await.unwrap()["aborted"], 0);
 }
 
