@@ -158,8 +158,7 @@ pub(crate) struct Metrics {
     replayed_events: Counter,
     /// Requests whose id the session had seen before, by what became of them.
     request_id_reuse: Family<OutcomeLabel, Counter>,
-    /// GET and `subscriptions/listen` streams ended because the credential that opened them
-    /// expired.
+    /// `subscriptions/listen` streams ended because the credential that opened them expired.
     streams_credential_expired: Counter,
     /// Sessions the sweeper looked at (the ones due, not every one held).
     sweep_sessions: Counter,
@@ -385,7 +384,7 @@ impl Metrics {
         );
         r.register(
             "streams_credential_expired",
-            "GET and subscriptions/listen streams ended because the JWT that opened them expired",
+            "subscriptions/listen streams ended because the JWT that opened them expired",
             m.streams_credential_expired.clone(),
         );
         r.register(

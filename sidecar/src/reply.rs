@@ -14,7 +14,7 @@ use crate::mcp::headers::MCP_SESSION_ID;
 use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::rejection::Rejection;
 use crate::mcp::sse;
-use crate::stream::{Feed, StoredReply, sleep_until_or_never};
+use crate::stream::{Feed, StoredReply};
 
 /// The body of a [`Reply`].
 #[derive(Debug)]
@@ -63,18 +63,13 @@ impl From<StoredReply> for Reply {
 }
 
 impl Reply {
-    /// This reply, its stream ending cleanly at `at`, between events: the credential that
-    /// opened it expires then (a resumable GET stream stays buffered; a listen stream gets its
-    /// completion result). `expired` counts such ends. Other replies are unchanged.
+    /// This reply, a relayed `subscriptions/listen` stream ending at `at` as on a drain (at an
+    /// event boundary, with its completion result): the credential that opened it expires
+    /// then. `expired` counts such ends. Other replies are unchanged.
     pub(crate) fn until(mut self, at: tokio::time::Instant, expired: Counter) -> Self {
-        self.body = match self.body {
-            ReplyBody::Sse(feed) => ReplyBody::Sse(feed.until(at, expired)),
-            ReplyBody::Relay(mut relay) => {
-                relay.until = Some((at, expired));
-                ReplyBody::Relay(relay)
-            }
-            body => body,
-        };
+        if let ReplyBody::Relay(relay) = &mut self.body {
+            relay.until = Some((at, expired));
+        }
         self
     }
 
@@ -294,6 +289,14 @@ impl Relay {
                 Relayed::Data(bytes)
             }
         }
+    }
+}
+
+/// Sleeps until `at`, or forever without it.
+async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

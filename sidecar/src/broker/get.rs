@@ -44,7 +44,7 @@ impl Broker {
         }
         self.metrics
             .protocol_version(call.version.unwrap_or(session.version()));
-        let reply = match &call.last_event_id {
+        match &call.last_event_id {
             Some(_)
                 if self
                     .resume_budget
@@ -58,8 +58,7 @@ impl Broker {
                 None => self.standalone(call, &session).await,
             },
             None => self.standalone(call, &session).await,
-        };
-        reply.map(|reply| self.until_credential_expires(reply, &call.headers))
+        }
     }
 
     /// Serves a resume: the events after the cursor, then the rest of its stream live. At the

@@ -46,10 +46,10 @@ impl Broker {
         )
     }
 
-    /// `reply` (a GET or `subscriptions/listen` stream opened by a request with `headers`),
-    /// ending when the JWT that opened it expires (its `exp`): a token-validating intermediary
-    /// does not go on serving a stream on a credential past its lifetime. A resume with a
-    /// fresh token is revalidated.
+    /// `reply` (a `subscriptions/listen` stream opened by a request with `headers`), ending
+    /// when the JWT that opened it expires (its `exp`): a token-validating intermediary does not
+    /// go on serving a stream on a credential past its lifetime; the client listens again with
+    /// a fresh token.
     pub(crate) fn until_credential_expires(&self, reply: Reply, headers: &HeaderMap) -> Reply {
         let Some(exp) = credential_expiry(headers) else {
             return reply;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
 
 use super::buffer::ReplayError;
@@ -75,16 +74,7 @@ impl Stream {
             keep_alive,
             prelude,
             closing: false,
-            until: None,
         }
-    }
-}
-
-/// Sleeps until `at`, or forever without it.
-pub(crate) async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -120,19 +110,9 @@ pub(crate) struct Feed {
     prelude: Option<Bytes>,
     /// The `retry:` of a moved session was sent; the connection ends next.
     closing: bool,
-    /// When the credential that opened this reader expires: it ends there, between events
-    /// ([`Feed::until`]), counting itself in the counter.
-    until: Option<(tokio::time::Instant, Counter)>,
 }
 
 impl Feed {
-    /// This reader, ending cleanly at `at` (between events; what is buffered stays for a
-    /// resume): the credential that opened it expires then. `expired` counts such ends.
-    pub(crate) fn until(mut self, at: tokio::time::Instant, expired: Counter) -> Self {
-        self.until = Some((at, expired));
-        self
-    }
-
     /// Waits for the next item: buffered events after the reader's position (batched into
     /// chunks of about [`CHUNK_BYTES`]), else a keep-alive comment after `keep_alive` of silence, or the end.
     pub(crate) async fn next(&mut self) -> FeedItem {
@@ -140,16 +120,10 @@ impl Feed {
             return FeedItem::Data(prelude);
         }
         loop {
-            if self.expired() {
-                // Ended for good: no event is sent on the expired credential after this.
-                self.closing = true;
-                return FeedItem::End;
-            }
             self.rx.borrow_and_update();
             match self.poll_buffer() {
                 Some(item) => return item,
                 None => {
-                    let until = self.until.as_ref().map(|(at, _)| *at);
                     tokio::select! {
                         changed = self.rx.changed() => {
                             if changed.is_err() {
@@ -159,23 +133,10 @@ impl Feed {
                         () = tokio::time::sleep(self.keep_alive) => {
                             return FeedItem::Data(Bytes::from_static(sse::KEEP_ALIVE));
                         }
-                        () = sleep_until_or_never(until) => {}
                     }
                 }
             }
         }
-    }
-
-    /// Whether this reader's credential expired (counted once, as the reader ends).
-    fn expired(&mut self) -> bool {
-        let expired = self
-            .until
-            .as_ref()
-            .is_some_and(|(at, _)| tokio::time::Instant::now() >= *at);
-        if let Some((_, counter)) = self.until.take_if(|_| expired) {
-            counter.inc();
-        }
-        expired
     }
 
     fn poll_buffer(&mut self) -> Option<FeedItem> {

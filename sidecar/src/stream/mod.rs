@@ -11,7 +11,7 @@ pub(crate) mod buffer;
 mod feed;
 mod stored;
 
-pub(crate) use feed::{Feed, FeedItem, sleep_until_or_never};
+pub(crate) use feed::{Feed, FeedItem};
 pub(crate) use stored::{StoredReply, refuses_caller};
 
 use std::sync::{Arc, OnceLock};
@@ -819,48 +819,6 @@ mod tests {
         );
         drop(new);
         assert!(!s.is_active());
-    }
-
-    /// A reader opened with a credential that expires ends cleanly then, between events, and
-    /// counts itself; what it was not sent stays buffered for a resume.
-    #[tokio::test(start_paused = true)]
-    async fn a_reader_ends_when_its_credential_expires() {
-        let s = Stream::new(
-            StreamKind::Standalone,
-            vec![],
-            limits(),
-            crate::retained::Retained::new(u64::MAX).account(),
-            CancellationToken::new(),
-        );
-        let expired = prometheus_client::metrics::counter::Counter::<u64>::default();
-        let at = tokio::time::Instant::now() + Duration::from_secs(25);
-        let mut feed = s
-            .attach(Start::After(0), true, false, Duration::from_secs(10))
-            .until(at, expired.clone());
-        s.append(None, progress(1), Instant::now());
-        assert!(text(feed.next().await).contains("-1\n"));
-        // Keep-alive comments in the silence, then the end at 25 s.
-        let mut keep_alives = 0;
-        loop {
-            match feed.next().await {
-                FeedItem::Data(_) => keep_alives += 1,
-                end => {
-                    assert_eq!(end, FeedItem::End);
-                    break;
-                }
-            }
-        }
-        assert_eq!(keep_alives, 2, "at 10 s and 20 s");
-        assert_eq!(tokio::time::Instant::now(), at);
-        assert_eq!(expired.get(), 1);
-        s.append(None, progress(2), Instant::now());
-        assert_eq!(feed.next().await, FeedItem::End, "ended for good");
-        assert_eq!(expired.get(), 1, "counted once");
-        let mut resumed = s.attach(Start::After(1), true, false, Duration::from_secs(10));
-        assert!(
-            text(resumed.next().await).contains("-2\n"),
-            "kept for a resume"
-        );
     }
 
     #[tokio::test]

@@ -47,6 +47,9 @@ pub struct ModernFigures {
     pub listens: u64,
     /// Listen streams opened again after a drain ended one cleanly.
     pub listens_reestablished: u64,
+    /// Listen streams that ended cleanly with their request's completion result (the spec's
+    /// graceful closure), of those that ended cleanly.
+    pub listens_completed: u64,
     /// Listen streams that broke off instead of ending cleanly.
     pub listens_cut: u64,
     /// Tasks created.
@@ -67,6 +70,7 @@ impl ModernFigures {
         self.cut += other.cut;
         self.listens += other.listens;
         self.listens_reestablished += other.listens_reestablished;
+        self.listens_completed += other.listens_completed;
         self.listens_cut += other.listens_cut;
         self.tasks += other.tasks;
         self.tasks_across_pods += other.tasks_across_pods;
@@ -159,6 +163,18 @@ impl ModernLoad {
         }
         figures
     }
+}
+
+/// Whether the last event of listen stream bytes `tail` is the completion result of listen
+/// request 1 (`resultType` `complete`).
+fn ends_with_completion(tail: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(tail).replace("\r\n", "\n");
+    let last = text
+        .split("\n\n")
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data:")))
+        .last();
+    last.and_then(|data| serde_json::from_str::<serde_json::Value>(data.trim()).ok())
+        .is_some_and(|m| m["id"] == 1 && m["result"]["resultType"] == "complete")
 }
 
 /// One 2026-07-28 client or listener.
@@ -323,11 +339,22 @@ impl Worker {
             f.listens += 1;
             f.listens_reestablished += u64::from(ended_cleanly);
             let mut body = resp.into_body();
+            // The stream's last bytes, where a clean end's completion result is.
+            let mut tail = Vec::new();
             ended_cleanly = loop {
                 tokio::select! {
                     frame = body.frame() => match frame {
-                        Some(Ok(_)) => {}
-                        None => break true,
+                        Some(Ok(frame)) => {
+                            if let Some(data) = frame.data_ref() {
+                                tail.extend_from_slice(data);
+                                let excess = tail.len().saturating_sub(4_096);
+                                tail.drain(..excess);
+                            }
+                        }
+                        None => {
+                            f.listens_completed += u64::from(ends_with_completion(&tail));
+                            break true;
+                        }
                         Some(Err(e)) => {
                             f.listens_cut += 1;
                             f.failures.push(format!("listen {} at {url} broke: {e}", self.index));

@@ -239,6 +239,10 @@ impl RolloutReport {
                 format!("{} / {}", m.listens_reestablished, m.listens_cut),
             ),
             (
+                "listen streams ended with their result",
+                m.listens_completed.to_string(),
+            ),
+            (
                 "tasks created / polled across pods",
                 format!("{} / {}", m.tasks, m.tasks_across_pods),
             ),

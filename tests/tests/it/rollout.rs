@@ -129,6 +129,12 @@ fn assert_invisible(report: &RolloutReport) {
         auth.upstream_missing_credentials, 0,
         "every request on a session's behalf carried its clients' credentials"
     );
+    let m = &report.modern;
+    assert!(
+        m.listens_completed >= m.listens_reestablished,
+        "{}: every listen stream a drain ended got its completion result: {m:?}",
+        report.label
+    );
     assert!(report.is_clean(), "{}: not clean", report.label);
 }
 
