@@ -162,6 +162,8 @@ pub(crate) struct Relay {
     /// When the credential that opened the answer expires: it ends there too, like on
     /// `end_signal`, counting itself in the counter ([`Reply::until`]).
     until: Option<(tokio::time::Instant, Counter)>,
+    /// `until` passed: the answer is ending.
+    expired: bool,
     /// The last bytes relayed (up to 4), to know whether a line or an event ended there.
     tail: u32,
     /// Whatever must live as long as the relay (a count of requests in flight).
@@ -204,6 +206,7 @@ impl Relay {
             end_signal: None,
             last_event: None,
             until: None,
+            expired: false,
             tail: FRESH_TAIL,
             _held: None,
         }
@@ -237,19 +240,14 @@ impl Relay {
 
     /// Whether the answer is to end: the signal came, or the credential expired (counted once).
     fn ending(&mut self) -> bool {
-        if self.end_signal.as_ref().is_some_and(|s| *s.borrow()) {
-            return true;
-        }
-        let expired = self
-            .until
-            .as_ref()
-            .is_some_and(|(at, _)| tokio::time::Instant::now() >= *at);
-        if let Some((_, counter)) = self.until.take_if(|_| expired) {
+        if let Some((at, counter)) = &self.until
+            && tokio::time::Instant::now() >= *at
+        {
             counter.inc();
-            // Ending from now on, whatever the signal says.
-            self.end_signal = Some(watch::channel(true).1);
+            self.until = None;
+            self.expired = true;
         }
-        expired
+        self.expired || self.end_signal.as_ref().is_some_and(|s| *s.borrow())
     }
 
     /// The next chunk of the answer, a keep-alive comment, or its end.

@@ -134,10 +134,10 @@ impl Broker {
             headers: out,
             body: ReplyBody::Relay(relay.holding(in_flight)),
         };
-        Ok(match listen {
-            true => self.until_credential_expires(reply, headers),
-            false => reply,
-        })
+        if listen {
+            return Ok(self.until_credential_expires(reply, headers));
+        }
+        Ok(reply)
     }
 
     /// An upstream SSE body re-framed event by event with its task ids sealed for `owner`; an event over

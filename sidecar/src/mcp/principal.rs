@@ -182,7 +182,7 @@ fn identity(headers: &HeaderMap, names: &[HeaderName], binding: AuthBinding) -> 
         binding,
         AuthBinding::Subject | AuthBinding::SubjectAndClient
     )
-    .then(|| jwt_subject(headers))
+    .then(|| jwt_claims::<Subject>(headers))
     .flatten();
     let message = match subject {
         Some(Subject {
@@ -238,12 +238,6 @@ pub(crate) fn credential_expiry(headers: &HeaderMap) -> Option<std::time::System
 /// Whether the JWT bearer token a request with `headers` presents has expired by `now`.
 pub(crate) fn credential_expired(headers: &HeaderMap, now: std::time::SystemTime) -> bool {
     credential_expiry(headers).is_some_and(|exp| exp <= now)
-}
-
-/// The `iss` / `sub` of a JWT in `Authorization: Bearer`, when it is one (three base64url
-/// parts, the middle one a JSON object with a string `sub`).
-fn jwt_subject(headers: &HeaderMap) -> Option<Subject> {
-    jwt_claims(headers)
 }
 
 /// The claims of a JWT in `Authorization: Bearer`, when it is one (three base64url parts, the

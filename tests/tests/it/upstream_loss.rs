@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::{Value, json};
-use tether_tests::client::{body_text, header_str, tool_call};
+use tether_tests::client::{McpClient, Session, body_text, header_str, tool_call};
 use tether_tests::modern;
 use tether_tests::pod::{Pod, PodSpec, UPSTREAM_PORT};
 use tether_tests::tap::Tap;
@@ -23,6 +23,62 @@ fn error_of(text: &str) -> Value {
 
 fn quick_slow(call_id: &str) -> Value {
     json!({"name": "slow", "arguments": {"count": 0, "interval_ms": 1, "call_id": call_id}})
+}
+
+/// What a client is told when the MCP server cannot answer.
+struct Told {
+    status: StatusCode,
+    /// `data.reason` (checked on the 2026-07-28 answer).
+    reason: &'static str,
+    /// `data.notProcessed`.
+    not_processed: bool,
+    /// `Retry-After` (checked on the session's answer).
+    retry_after: Option<&'static str>,
+}
+
+/// Calls `slow` as a 2026-07-28 request `id` (call id `<tag>-2026`) at `url`, then in
+/// `session` as request `id + 1` (`<tag>-session`): both are answered as `told` says, naming
+/// their request's id.
+async fn both_eras(
+    client: &McpClient,
+    url: &str,
+    session: &Session,
+    id: u64,
+    tag: &str,
+    told: &Told,
+) {
+    let (status, answer) = modern::request(
+        client,
+        url,
+        id,
+        "tools/call",
+        Some("slow"),
+        quick_slow(&format!("{tag}-2026")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, told.status, "{answer}");
+    assert_eq!(answer["id"], id, "{answer}");
+    assert_eq!(answer["error"]["data"]["reason"], told.reason);
+    assert_eq!(
+        answer["error"]["data"]["notProcessed"], told.not_processed,
+        "{answer}"
+    );
+    let arguments = quick_slow(&format!("{tag}-session"))["arguments"].clone();
+    let call = tool_call(id + 1, "slow", arguments, None);
+    let resp = client.post(Some(session), &call, &[]).await.unwrap();
+    assert_eq!(resp.status(), told.status);
+    assert_eq!(
+        header_str(&resp, "retry-after").as_deref(),
+        told.retry_after,
+        "a retry could run it twice unless it never reached the server"
+    );
+    let answer = error_of(&body_text(resp).await.unwrap());
+    assert_eq!(answer["id"], id + 1, "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["notProcessed"], told.not_processed,
+        "{answer}"
+    );
 }
 
 #[tokio::test]
@@ -50,36 +106,13 @@ async fn a_request_that_never_reached_the_server_is_503_not_processed_and_one_th
 
     // Reached, its answer lost: it ran, and the client is told it may have.
     cut.store(true, Ordering::SeqCst);
-    let (status, answer) = modern::request(
-        &client,
-        &pod.mcp_url,
-        5,
-        "tools/call",
-        Some("slow"),
-        quick_slow("lost-2026"),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, StatusCode::BAD_GATEWAY, "{answer}");
-    assert_eq!(answer["id"], 5, "{answer}");
-    assert_eq!(answer["error"]["data"]["reason"], "upstream_answer_lost");
-    assert_eq!(answer["error"]["data"]["notProcessed"], false, "{answer}");
-    let call = tool_call(
-        6,
-        "slow",
-        quick_slow("lost-session")["arguments"].clone(),
-        None,
-    );
-    let resp = client.post(Some(&session), &call, &[]).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
-    assert_eq!(
-        header_str(&resp, "retry-after"),
-        None,
-        "a retry could run it twice"
-    );
-    let answer = error_of(&body_text(resp).await.unwrap());
-    assert_eq!(answer["id"], 6, "{answer}");
-    assert_eq!(answer["error"]["data"]["notProcessed"], false, "{answer}");
+    let told = Told {
+        status: StatusCode::BAD_GATEWAY,
+        reason: "upstream_answer_lost",
+        not_processed: false,
+        retry_after: None,
+    };
+    both_eras(&client, &pod.mcp_url, &session, 5, "lost", &told).await;
     let stats = pod.stats().await.unwrap();
     assert_eq!(stats["calls"]["lost-2026"], 1, "it ran: {stats}");
     assert_eq!(stats["calls"]["lost-session"], 1, "it ran: {stats}");
@@ -89,32 +122,13 @@ async fn a_request_that_never_reached_the_server_is_503_not_processed_and_one_th
     drop(tap);
     pod.kill_server().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, answer) = modern::request(
-        &client,
-        &pod.mcp_url,
-        7,
-        "tools/call",
-        Some("slow"),
-        quick_slow("refused-2026"),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
-    assert_eq!(answer["id"], 7, "{answer}");
-    assert_eq!(answer["error"]["data"]["reason"], "upstream_unavailable");
-    assert_eq!(answer["error"]["data"]["notProcessed"], true, "{answer}");
-    let call = tool_call(
-        8,
-        "slow",
-        quick_slow("refused-session")["arguments"].clone(),
-        None,
-    );
-    let resp = client.post(Some(&session), &call, &[]).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(header_str(&resp, "retry-after").as_deref(), Some("1"));
-    let answer = error_of(&body_text(resp).await.unwrap());
-    assert_eq!(answer["id"], 8, "{answer}");
-    assert_eq!(answer["error"]["data"]["notProcessed"], true, "{answer}");
+    let told = Told {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        reason: "upstream_unavailable",
+        not_processed: true,
+        retry_after: Some("1"),
+    };
+    both_eras(&client, &pod.mcp_url, &session, 7, "refused", &told).await;
 
     let errors = |reason: &str| format!(r#"tether_upstream_errors_total{{reason="{reason}"}}"#);
     assert_eq!(pod.metric(&errors("lost")).await.unwrap(), 2.0);
