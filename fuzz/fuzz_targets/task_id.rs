@@ -1,4 +1,4 @@
-//! Task ids (`sidecar/src/mcp/task_id.rs`) and their exchange in messages
+//! Task ids (`sidecar/src/mcp/sealed.rs`) and their exchange in messages
 //! (`sidecar/src/mcp/tasks.rs`).
 //!
 //! The input gives an endpoint secret, a pod UID, a server task id, a presented client id and a

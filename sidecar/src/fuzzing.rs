@@ -34,10 +34,10 @@ use crate::keys::{DOMAIN_SESSION_ID, Key, KeyRing};
 use crate::mcp::cursor::{EventId, StreamKey};
 use crate::mcp::jsonrpc::{self, EnvelopeError, EnvelopeLimits, Message};
 use crate::mcp::origin::{OriginCheck, OriginPolicy};
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::principal::Owner;
+use crate::mcp::sealed::{Sealer, TASK_ID};
 use crate::mcp::session_id::{HomeToken, IdError, IdMinter};
 use crate::mcp::sse;
-use crate::mcp::task_id::TaskIds;
 use crate::mcp::tasks;
 
 pub use crate::handoff::fuzzing::{Adopted, PeerMessage, RestoredStream, WireTrip};
@@ -136,28 +136,29 @@ impl Minter {
     }
 }
 
-/// Task ids of one pod, sealed with an endpoint secret (`mcp/task_id.rs`) for anonymous
+/// Task ids of one pod, sealed with an endpoint secret (`mcp/sealed.rs`) for anonymous
 /// requests, and their exchange in messages (`mcp/tasks.rs`).
-pub struct TaskCodec(TaskIds);
+pub struct TaskCodec(Sealer);
 
 impl TaskCodec {
     /// The task ids of the pod whose home token is `home`, under `secret`.
     pub fn new(secret: &[u8], home: [u8; 8]) -> Self {
-        Self(TaskIds::new(
+        Self(Sealer::new(
             KeyRing::from_bytes(secret.to_vec()),
             HomeToken(home),
+            &TASK_ID,
         ))
     }
 
     /// The client's id for the MCP server's `upstream` id; `None` when it is too long.
     pub fn mint(&self, upstream: &str) -> Option<String> {
-        self.0.mint(upstream, &TaskOwner::ANONYMOUS).ok()
+        self.0.mint(upstream, &Owner::ANONYMOUS).ok()
     }
 
     /// The home token and the MCP server's id a client's id opens to.
     pub fn open(&self, id: &str) -> Option<([u8; 8], String)> {
         self.0
-            .open(id, &TaskOwner::ANONYMOUS)
+            .open(id, &Owner::ANONYMOUS)
             .ok()
             .map(|t| (t.home.0, t.upstream))
     }
@@ -166,7 +167,7 @@ impl TaskCodec {
     /// long to seal), and the server ids of the task objects seen.
     pub fn seal(&self, message: &mut Value) -> (Result<bool, ()>, Vec<String>) {
         let mut seen = Vec::new();
-        let sealed = tasks::seal(message, &self.0, &TaskOwner::ANONYMOUS, &mut |t| {
+        let sealed = tasks::seal(message, &self.0, &Owner::ANONYMOUS, &mut |t| {
             seen.push(t.upstream);
         });
         (sealed.map_err(|_| ()), seen)
@@ -180,15 +181,9 @@ impl TaskCodec {
         } else {
             tasks::Revision::Extension
         };
-        tasks::open(
-            message,
-            &self.0,
-            self.0.home(),
-            revision,
-            &TaskOwner::ANONYMOUS,
-        )
-        .map(|t| t.map(|t| t.upstream))
-        .map_err(|_| ())
+        tasks::open(message, &self.0, self.0.home(), revision, &Owner::ANONYMOUS)
+            .map(|t| t.map(|t| t.upstream))
+            .map_err(|_| ())
     }
 }
 

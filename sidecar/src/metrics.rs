@@ -60,10 +60,10 @@ struct VersionLabel {
     version: &'static str,
 }
 
-/// Labels of `tether_request_id_reuse_total`.
+/// Labels of `tether_request_id_reuse_total` and `tether_mrtr_retries_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
-    /// `joined`, `replayed`, `expired`, `run` or `refused`.
+    /// What became of the request (each family lists its outcomes).
     outcome: &'static str,
 }
 
@@ -158,6 +158,7 @@ pub(crate) struct Metrics {
     replayed_events: Counter,
     /// Requests whose id the session had seen before, by what became of them.
     request_id_reuse: Family<OutcomeLabel, Counter>,
+    mrtr_retries: Family<OutcomeLabel, Counter>,
     /// `subscriptions/listen` streams ended because the credential that opened them expired.
     streams_credential_expired: Counter,
     /// Sessions the sweeper looked at (the ones due, not every one held).
@@ -275,6 +276,7 @@ impl Metrics {
             resumes: Family::default(),
             replayed_events: Counter::default(),
             request_id_reuse: Family::default(),
+            mrtr_retries: Family::default(),
             streams_credential_expired: Counter::default(),
             sweep_sessions: Counter::default(),
             upstream_resumes: Counter::default(),
@@ -391,6 +393,11 @@ impl Metrics {
             "request_id_reuse",
             "Requests whose id the session had seen before: joined, replayed, expired, run or refused",
             m.request_id_reuse.clone(),
+        );
+        r.register(
+            "mrtr_retries",
+            "Retries of multi round-trip requests: forwarded to the pod that issued their requestState, served by it, or served elsewhere (issuer_gone, too_large)",
+            m.mrtr_retries.clone(),
         );
         r.register(
             "sweep_sessions",
@@ -756,6 +763,16 @@ impl Metrics {
             .inc();
     }
 
+    /// A retry of a multi round-trip request (a sealed `requestState`), and where it went
+    /// (`tether_mrtr_retries_total`): `forwarded` (to the pod that issued its state),
+    /// `served_by_issuer`, or served by this pod instead: `issuer_gone` (left the endpoint or
+    /// refuses connections), `too_large` (a body over 64 KiB).
+    pub(crate) fn mrtr_retry(&self, outcome: &'static str) {
+        self.mrtr_retries
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
     /// An upstream SSE stream resumed after an early close (`tether_upstream_resumes_total`).
     pub(crate) fn upstream_resumed(&self) {
         self.upstream_resumes.inc();
@@ -1013,7 +1030,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 57);
+        assert_eq!(fields, 58);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -1047,10 +1064,11 @@ mod tests {
         m.retained("journal", 1);
         m.revalidation(StatusCode::OK);
         m.request_id_reuse("run");
+        m.mrtr_retry("forwarded");
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            57,
+            58,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -46,6 +46,21 @@ pub async fn request(
     mut params: Value,
 ) -> Result<(StatusCode, Value)> {
     params["_meta"] = meta(true);
+    send(client, url, id, method, name, params).await
+}
+
+/// [`request`] with `params` as given (their `_meta` included).
+///
+/// # Errors
+/// As [`request`].
+pub async fn send(
+    client: &McpClient,
+    url: &str,
+    id: u64,
+    method: &str,
+    name: Option<&str>,
+    params: Value,
+) -> Result<(StatusCode, Value)> {
     let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
     let mut headers = vec![
         ("accept", ACCEPT_BOTH),

@@ -14,7 +14,7 @@ use http::{Method, StatusCode};
 
 use super::Broker;
 use crate::mcp::admission::Admitted;
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::EnterGuard;
@@ -44,12 +44,12 @@ impl Broker {
         let reply = match answer {
             Some(resp) if resp.status().is_success() => {
                 // The session is over even if its body cannot be read.
-                self.read_stored(resp, &TaskOwner::of_session(session.binding()))
+                self.read_stored(resp, &Owner::of_session(session.binding()))
                     .await
                     .map_or_else(|_| Reply::empty(StatusCode::NO_CONTENT), Reply::from)
             }
             Some(resp) if resp.status() != StatusCode::NOT_FOUND => {
-                let owner = TaskOwner::of_session(session.binding());
+                let owner = Owner::of_session(session.binding());
                 return Ok(self.read_stored(resp, &owner).await?.into());
             }
             _ => Reply::empty(StatusCode::NO_CONTENT),

@@ -23,7 +23,7 @@ use super::rebuild::Rebuild;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::cursor::EventId;
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::{EnterGuard, Session, Standalone};
@@ -219,7 +219,7 @@ impl Broker {
             return Ok(Ok(stream));
         }
         let stored = self
-            .read_stored(resp, &TaskOwner::of_session(session.binding()))
+            .read_stored(resp, &Owner::of_session(session.binding()))
             .await?;
         if status == StatusCode::METHOD_NOT_ALLOWED {
             session.set_standalone(Standalone::Unsupported(Box::new(stored.clone())));

@@ -24,7 +24,7 @@ use crate::mcp::admission::Admitted;
 use crate::mcp::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::mcp::jsonrpc::{RequestKey, response_id};
 use crate::mcp::principal::Binding;
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{Rejection, VersionMismatch};
 use crate::reply::Reply;
 use crate::retained::Kind;
@@ -85,7 +85,7 @@ impl Broker {
             .map(str::to_owned);
         let sse = is_sse(&resp);
         // An `initialize` answer names no task.
-        let stored = self.read_stored(resp, &TaskOwner::ANONYMOUS).await?;
+        let stored = self.read_stored(resp, &Owner::ANONYMOUS).await?;
         if !stored.status.is_success() {
             return Ok(stored.into());
         }

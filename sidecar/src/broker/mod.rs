@@ -9,8 +9,9 @@
 //! - [`pump`](self::pump): upstream tasks that fill stream buffers and resume upstream streams
 //!   closed early (SEP-1699);
 //! - [`sweep`](self::sweep): idle expiry, buffer TTL, gauges;
-//! - [`tasks`](self::tasks): task ids exchanged between the client's and the MCP server's, and
-//!   the tasks a drain waits for.
+//! - [`sealed`](self::sealed): the server's values a client holds sealed (task ids, the
+//!   `requestState` of multi round-trip requests), exchanged on their way;
+//! - [`tasks`](self::tasks): the tasks a drain waits for.
 //!
 //! Handlers return `Result<Reply, Rejection>`; [`Broker::handle`] counts and renders rejections.
 
@@ -22,6 +23,7 @@ mod post;
 mod pump;
 mod rebuild;
 mod revalidate;
+mod sealed;
 mod stateless;
 mod sweep;
 mod tasks;
@@ -59,6 +61,7 @@ pub(crate) enum Here {
 }
 use crate::keys::KeyId;
 use crate::mcp::headers::forwarded_request_headers;
+use crate::mcp::sealed::{REQUEST_STATE, TASK_ID};
 use crate::mcp::session_id::{HomeToken, IdMinter, Verified};
 use crate::stream::{Feed, Start, Stream, StreamKind};
 use crate::upstream::{Exchange, Upstream, own_headers};
@@ -139,6 +142,8 @@ pub(crate) struct Broker {
     rebuild_slots: tokio::sync::Semaphore,
     stateless: stateless::StatelessTally,
     tasks: tasks::Tasks,
+    /// Seals the `requestState`s this pod's MCP server issues.
+    request_states: crate::mcp::sealed::Sealer,
 }
 
 impl Broker {
@@ -151,7 +156,8 @@ impl Broker {
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            tasks: tasks::Tasks::new(minter.task_ids(), cfg.max_open_tasks),
+            tasks: tasks::Tasks::new(minter.sealer(&TASK_ID), cfg.max_open_tasks),
+            request_states: minter.sealer(&REQUEST_STATE),
             minter,
             registry,
             upstream,

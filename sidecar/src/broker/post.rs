@@ -27,7 +27,7 @@ use super::Broker;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::{self, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response};
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::tasks::Revision;
 use crate::reply::Reply;
@@ -84,8 +84,8 @@ impl Broker {
             None => self.entered_session(call, entered.as_ref())?,
         };
         // The retry digest stays the client's: its task ids are the same on every retry.
-        let owner = || TaskOwner::of_session(session.binding());
-        let body = match self.open_task_ids(&mut envelope, body, Revision::Session, owner) {
+        let owner = || Owner::of_session(session.binding());
+        let body = match self.open_sealed(&mut envelope, body, Revision::Session, owner) {
             Ok((body, _)) => body,
             Err(rejection) => {
                 return Ok(self.task_miss_reply(&rejection, &envelope, Revision::Session));
@@ -268,7 +268,7 @@ impl Broker {
             .map_err(|e| self.upstream_rejection(&e))?;
         match sent {
             Sent::Answer(resp) => {
-                let owner = TaskOwner::of_session(session.binding());
+                let owner = Owner::of_session(session.binding());
                 self.read_stored(resp, &owner).await
             }
             Sent::Denied(reply) => Ok(reply),

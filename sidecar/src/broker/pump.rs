@@ -23,9 +23,10 @@ use super::Broker;
 use super::rebuild::Sent;
 use crate::mcp::headers::MCP_PROTOCOL_VERSION;
 use crate::mcp::jsonrpc::RequestKey;
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::sse_limit::EventTooLarge;
+use crate::mcp::tasks::Revision;
 use crate::session::Session;
 use crate::stream::StoredReply;
 use crate::stream::{Stream, StreamKind};
@@ -183,7 +184,7 @@ impl Broker {
                 .await;
             return;
         }
-        let owner = TaskOwner::of_session(session.binding());
+        let owner = Owner::of_session(session.binding());
         match self.read_stored(resp, &owner).await {
             Ok(stored) => self.deliver(&session, &stream, &ids, stored),
             Err(rejection) => self.fail(&stream, &ids, rejection),
@@ -310,7 +311,7 @@ impl Broker {
         cursor: &mut UpstreamCursor,
     ) -> BodyEnd {
         let mut events = std::pin::pin!(events(body, self.cfg().max_event_bytes));
-        let owner = TaskOwner::of_session(session.binding());
+        let owner = Owner::of_session(session.binding());
         let mut progressed = false;
         loop {
             let next = tokio::select! {
@@ -334,7 +335,7 @@ impl Broker {
             let Some((event, data)) = cursor.take(ev) else {
                 continue;
             };
-            let data = match self.seal_task_ids(&data, &owner) {
+            let data = match self.seal_answer(&data, &owner, Revision::Session) {
                 Ok(sealed) => sealed.map_or(data, Bytes::from),
                 Err(rejection) => {
                     self.metrics.rejection(&rejection);
@@ -519,7 +520,7 @@ impl Broker {
     pub(super) async fn read_stored(
         &self,
         resp: http::Response<Incoming>,
-        owner: &TaskOwner,
+        owner: &Owner,
     ) -> Result<StoredReply, Rejection> {
         let status = resp.status();
         let headers = crate::mcp::headers::forwarded_response_headers(resp.headers());
@@ -538,7 +539,9 @@ impl Broker {
                 }
             })?;
         let body = match status.is_success() {
-            true => self.seal_task_ids(&body, owner)?.map_or(body, Bytes::from),
+            true => self
+                .seal_answer(&body, owner, Revision::Session)?
+                .map_or(body, Bytes::from),
             false => body,
         };
         Ok(StoredReply {

@@ -32,7 +32,7 @@ use super::Broker;
 use super::initialize::{Messages, negotiated_version, sse_messages};
 use crate::mcp::headers::{MCP_SESSION_ID, credential_headers, replace_credentials};
 use crate::mcp::jsonrpc::RequestKey;
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::session::{Adopted, Refused, Session};
 use crate::stream::StoredReply;
@@ -440,7 +440,7 @@ impl Broker {
             .map(str::to_owned);
         let stored = self
             // The answers of a replayed journal reach no client.
-            .read_stored(resp, &TaskOwner::ANONYMOUS)
+            .read_stored(resp, &Owner::ANONYMOUS)
             .await
             .map_err(|r| RebuildError::Exchange(r.reason().to_owned()))?;
         if stored.refuses_caller() {

@@ -18,7 +18,7 @@ use tether_crds::AuthBinding;
 use super::Broker;
 use super::rebuild::Rebuild;
 use crate::mcp::headers::credential_headers;
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::principal::Owner;
 use crate::mcp::principal::{Principal, credential_expired, credential_expiry, principal};
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
@@ -134,7 +134,7 @@ impl Broker {
         };
         let status = resp.status();
         let answer = self
-            .read_stored(resp, &TaskOwner::of_session(session.binding()))
+            .read_stored(resp, &Owner::of_session(session.binding()))
             .await;
         self.metrics.revalidation(status);
         match answer {

@@ -33,16 +33,17 @@ use super::Broker;
 use crate::mcp::headers::{MCP_SESSION_ID, forward_response_header};
 use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::modern::{LISTEN, listen_completed};
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::mrtr;
+use crate::mcp::principal::Owner;
 use crate::mcp::rejection::Rejection;
 use crate::mcp::sse::put_relayed;
-use crate::mcp::tasks;
+use crate::mcp::tasks::{self, Revision};
 use crate::reply::{Relay, Reply, ReplyBody};
 use crate::upstream::{BodyError, Exchange, events, read_body};
 
 impl Broker {
     /// Sends a 2026-07-28 request (`method`, the client's `headers`, its `body` with task ids
-    /// opened, [`Broker::open_task_ids`]) to the MCP server and relays its answer; `rpc`: the
+    /// opened, [`Broker::open_sealed`]) to the MCP server and relays its answer; `rpc`: the
     /// JSON-RPC method of a POST's request, `id` its id. The answer to a request that may carry task ids
     /// ([`tasks::may_answer_with_tasks`]) has them sealed: a JSON answer is read whole (up to
     /// the largest upstream body), an SSE one event by event (up to `--max-event-bytes`).
@@ -61,7 +62,8 @@ impl Broker {
         id: Option<&RequestKey>,
     ) -> Result<Reply, Rejection> {
         let listen = rpc == Some(LISTEN);
-        let sealing = rpc.is_some_and(tasks::may_answer_with_tasks);
+        let sealing =
+            rpc.is_some_and(|m| tasks::may_answer_with_tasks(m) || mrtr::may_require_input(m));
         let in_flight = InFlight::new(self, listen);
         let exchange = Exchange {
             headers: self.upstream_headers(headers),
@@ -114,7 +116,9 @@ impl Broker {
                         _ => Rejection::UpstreamLost,
                     }
                 })?;
-                let json = self.seal_task_ids(&json, &owner)?.map_or(json, Bytes::from);
+                let json = self
+                    .seal_answer(&json, &owner, Revision::Extension)?
+                    .map_or(json, Bytes::from);
                 return Ok(Reply {
                     status: parts.status,
                     headers: out,
@@ -145,7 +149,7 @@ impl Broker {
     fn sealed_events(
         self: &Arc<Self>,
         body: hyper::body::Incoming,
-        owner: TaskOwner,
+        owner: Owner,
     ) -> futures::stream::BoxStream<'static, Result<Bytes, String>> {
         let broker = Arc::clone(self);
         events(body, self.cfg().max_event_bytes)
@@ -153,7 +157,7 @@ impl Broker {
                 let event = event.map_err(|e| e.to_string())?;
                 let sealed = match event.data.as_deref() {
                     Some(data) => broker
-                        .seal_task_ids(data.as_bytes(), &owner)
+                        .seal_answer(data.as_bytes(), &owner, Revision::Extension)
                         .map_err(|r| r.reason().to_owned())?,
                     None => None,
                 };

@@ -14,34 +14,22 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use serde_json::Value;
 
 use super::Broker;
 use crate::mcp::jsonrpc::Envelope;
-use crate::mcp::principal::TaskOwner;
+use crate::mcp::principal::Owner;
 use crate::mcp::rejection::Rejection;
+use crate::mcp::sealed::Sealer;
 use crate::mcp::session_id::HomeToken;
-use crate::mcp::task_id::TaskIds;
 use crate::mcp::tasks::{self, Revision, Seen, TaskMiss};
 use crate::reply::Reply;
 
 /// How long a task without `ttlMs` counts as open.
 const UNLIMITED_TTL: Duration = Duration::from_secs(24 * 3600);
-/// The field name that every task id travels under: a message without it holds none.
-const TASK_ID_FIELD: &[u8] = b"\"taskId\"";
-
-/// Whether `json` spells the [`TASK_ID_FIELD`] key: every message in either direction is looked
-/// at, and most hold no task id.
-fn mentions_task_id(json: &[u8]) -> bool {
-    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(TASK_ID_FIELD));
-    FINDER.find(json).is_some()
-}
-
 /// This pod's task ids and the tasks a client may still poll here.
 #[derive(Debug)]
 pub(super) struct Tasks {
-    ids: TaskIds,
+    pub(super) ids: Sealer,
     max_open: usize,
     /// The server's id → when it stops counting as open.
     open: parking_lot::Mutex<HashMap<String, Instant>>,
@@ -49,7 +37,7 @@ pub(super) struct Tasks {
 
 impl Tasks {
     /// No open task; ids sealed with `ids`; at most `max_open` kept.
-    pub(super) fn new(ids: TaskIds, max_open: usize) -> Self {
+    pub(super) fn new(ids: Sealer, max_open: usize) -> Self {
         Self {
             ids,
             max_open,
@@ -58,7 +46,7 @@ impl Tasks {
     }
 
     /// Notes a task object sent to a client; `false` when it is open but not kept (full).
-    fn note(&self, seen: Seen, now: Instant) -> bool {
+    pub(super) fn note(&self, seen: Seen, now: Instant) -> bool {
         let mut open = self.open.lock();
         if seen.terminal {
             open.remove(&seen.upstream);
@@ -77,7 +65,7 @@ impl Tasks {
 
     /// Tasks kept now, expired ones included until the next [`Tasks::count`] (the data path
     /// does not walk the table).
-    fn kept(&self) -> usize {
+    pub(super) fn kept(&self) -> usize {
         self.open.lock().len()
     }
 
@@ -90,45 +78,6 @@ impl Tasks {
 }
 
 impl Broker {
-    /// The body the MCP server gets for a client's `body` (parsed as `envelope`, whose messages
-    /// are opened in place; task methods of `revision`; the request presents `owner`, made only
-    /// when the body names a task): each task id opened to the server's. With it, the server's
-    /// id of the task a request of a `tasks/*` method names (its `Mcp-Name` for a 2026-07-28
-    /// request).
-    ///
-    /// # Errors
-    /// [`Rejection::TaskNotFound`]: an id this endpoint did not issue (or issued to another
-    /// owner), or of a task held by another pod.
-    pub(crate) fn open_task_ids(
-        &self,
-        envelope: &mut Envelope,
-        body: Bytes,
-        revision: Revision,
-        owner: impl FnOnce() -> TaskOwner,
-    ) -> Result<(Bytes, Option<String>), Rejection> {
-        if !mentions_task_id(&body) {
-            return Ok((body, None));
-        }
-        let me = self.tasks.ids.home();
-        let owner = owner();
-        let mut named = None;
-        for (_, message) in &mut envelope.messages {
-            if let Some(task) = tasks::open(message, &self.tasks.ids, me, revision, &owner)
-                .map_err(Rejection::TaskNotFound)?
-            {
-                named = Some(task.upstream);
-            }
-        }
-        let messages = envelope.messages.iter().map(|(_, m)| m);
-        let json = if envelope.batch {
-            serde_json::to_vec(&messages.collect::<Vec<_>>())
-        } else {
-            serde_json::to_vec(&envelope.messages[0].1)
-        };
-        let json = json.map_err(|e| Rejection::InvalidRequest(e.to_string()))?;
-        Ok((Bytes::from(json), named))
-    }
-
     /// The answer to a request whose task ids did not open (`rejection`, counted): a
     /// `tasks/get` of a task lost with its pod gets the task `failed`
     /// ([`tasks::lost_task_answer`]); anything else the rejection, naming the request's id.
@@ -152,53 +101,6 @@ impl Broker {
         }
     }
 
-    /// One JSON text from the MCP server (a message, or a batch of them: an SSE event's data or
-    /// a JSON body) with its task ids sealed for `owner`; `None` when it holds none (or is not JSON, which
-    /// the client's SDK reports).
-    ///
-    /// # Errors
-    /// [`Rejection::TaskIdTooLong`].
-    pub(crate) fn seal_task_ids(
-        &self,
-        json: &[u8],
-        owner: &TaskOwner,
-    ) -> Result<Option<Vec<u8>>, Rejection> {
-        if !mentions_task_id(json) {
-            return Ok(None);
-        }
-        let Ok(mut value) = serde_json::from_slice::<Value>(json) else {
-            return Ok(None);
-        };
-        let now = Instant::now();
-        let mut ended = false;
-        let mut seen = |task: Seen| {
-            ended |= task.terminal;
-            if !self.tasks.note(task, now) {
-                self.metrics.task_untracked();
-            }
-        };
-        let mut changed = false;
-        let messages = match &mut value {
-            Value::Array(batch) => batch.iter_mut().collect(),
-            single => vec![single],
-        };
-        for message in messages {
-            changed |= tasks::seal(message, &self.tasks.ids, owner, &mut seen)
-                .map_err(|_| Rejection::TaskIdTooLong)?;
-        }
-        self.metrics.tasks_open(self.tasks.kept());
-        if ended {
-            // A drain may be waiting for this task.
-            self.activity().notify_waiters();
-        }
-        if !changed {
-            return Ok(None);
-        }
-        serde_json::to_vec(&value)
-            .map(Some)
-            .map_err(|_| Rejection::UpstreamLost)
-    }
-
     /// The pod holding the task a client's id names, when the id is genuine and the request
     /// with `headers` presents its owner (routing).
     pub(crate) fn task_holder(&self, id: &str, headers: &http::HeaderMap) -> Option<HomeToken> {
@@ -207,9 +109,9 @@ impl Broker {
 
     /// The owner of the tasks a 2026-07-28 request with `headers` creates or names
     /// (`spec.auth.binding` read from its credentials).
-    pub(crate) fn request_owner(&self, headers: &http::HeaderMap) -> TaskOwner {
+    pub(crate) fn request_owner(&self, headers: &http::HeaderMap) -> Owner {
         let cfg = self.cfg();
-        TaskOwner::of_request(headers, &cfg.forward_headers, cfg.binding)
+        Owner::of_request(headers, &cfg.forward_headers, cfg.binding)
     }
 
     /// Tasks created here that a client may still poll (a drain serves them); forgets the
@@ -228,9 +130,10 @@ mod tests {
 
     fn tasks(max_open: usize) -> Tasks {
         Tasks::new(
-            TaskIds::new(
+            Sealer::new(
                 KeyRing::from_bytes(b"0123456789abcdef".to_vec()),
                 HomeToken::for_pod("a"),
+                &crate::mcp::sealed::TASK_ID,
             ),
             max_open,
         )

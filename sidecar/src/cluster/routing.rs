@@ -89,10 +89,11 @@ pub(crate) enum Target<'a> {
         /// Whether this pod holds the session.
         held: bool,
     },
-    /// A request about a task of the tasks extension, whose genuine id names the pod holding
-    /// it (`mcp/task_id.rs`): that pod serves it, draining or not.
-    Task {
-        /// The home token from the task id.
+    /// A request about what a pod's MCP server issued, whose genuine sealed value names that
+    /// pod (`mcp/sealed.rs`): a task of the tasks extension, or the `requestState` a multi
+    /// round-trip request retries with. That pod serves it, draining or not.
+    Issued {
+        /// The home token from the sealed value.
         home: HomeToken,
     },
     /// A request without a session id; `nonce` (random per request) spreads placements.
@@ -324,9 +325,9 @@ pub(crate) fn route(
                 None => Route::NotFound(NotFound::NoHolder),
             }
         }
-        Target::Task { home } if home == me.home => Route::Local,
-        Target::Task { .. } if returned => Route::NotFound(NotFound::NoHolder),
-        Target::Task { home } => match view.home(&home).filter(|h| h.state.is_alive()) {
+        Target::Issued { home } if home == me.home => Route::Local,
+        Target::Issued { .. } if returned => Route::NotFound(NotFound::NoHolder),
+        Target::Issued { home } => match view.home(&home).filter(|h| h.state.is_alive()) {
             Some(h) if down(&h.uid) == Some(Down::Unresponsive) => Route::Unavailable,
             Some(h) if !skip(h) => forward(h, ForwardKind::Home),
             _ => Route::NotFound(NotFound::NoHolder),
@@ -660,7 +661,7 @@ mod tests {
     fn a_task_request_goes_to_the_tasks_pod_whatever_its_state() {
         let v = view(&[("a", R), ("b", D), ("c", G)]);
         let h = Hop::default();
-        let task = |pod: &str| Target::Task {
+        let task = |pod: &str| Target::Issued {
             home: HomeToken::for_pod(pod),
         };
         let mut draining = me("b");

@@ -38,10 +38,14 @@ pub(crate) const DOMAIN_PEER: &[u8] = b"tether/peer/v1";
 pub(crate) const DOMAIN_LOG_DIGEST: &[u8] = b"tether/log-digest/v1";
 /// Domain of the digest a session's principal is kept as (`mcp/principal.rs`).
 pub(crate) const DOMAIN_PRINCIPAL: &[u8] = b"tether/principal/v1";
-/// Domain of the key that seals task ids (`mcp/task_id.rs`).
+/// Domain of the key that seals task ids (`mcp/sealed.rs`).
 pub(crate) const DOMAIN_TASK_ID_SEAL: &[u8] = b"tether/task-id/seal/v1";
-/// Domain of the synthetic nonce of a sealed task id (`mcp/task_id.rs`).
+/// Domain of the synthetic nonce of a sealed task id (`mcp/sealed.rs`).
 pub(crate) const DOMAIN_TASK_ID_NONCE: &[u8] = b"tether/task-id/nonce/v1";
+/// Domain of the key that seals `requestState`s (`mcp/sealed.rs`).
+pub(crate) const DOMAIN_REQUEST_STATE_SEAL: &[u8] = b"tether/request-state/seal/v1";
+/// Domain of the synthetic nonce of a sealed `requestState` (`mcp/sealed.rs`).
+pub(crate) const DOMAIN_REQUEST_STATE_NONCE: &[u8] = b"tether/request-state/nonce/v1";
 
 /// The id of a key: 4 bytes, written as 8 lowercase hex characters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

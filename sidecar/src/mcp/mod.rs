@@ -7,18 +7,21 @@
 //! - [`rejection`]: the catalogue of errors the sidecar answers itself;
 //! - [`session_id`]: the client session ids the sidecar mints; [`cursor`]: event ids;
 //! - [`headers`]: header names and what passes through; [`sse`]: SSE framing; [`sse_limit`]:
-//!   the size bound of an upstream SSE event.
+//!   the size bound of an upstream SSE event;
+//! - [`sealed`]: the server's values a client holds sealed, naming their pod: task ids
+//!   ([`tasks`]) and multi round-trip requests' states ([`mrtr`]).
 
 pub(crate) mod admission;
 pub(crate) mod cursor;
 pub(crate) mod headers;
 pub(crate) mod jsonrpc;
 pub(crate) mod modern;
+pub(crate) mod mrtr;
 pub(crate) mod origin;
 pub(crate) mod principal;
 pub(crate) mod rejection;
+pub(crate) mod sealed;
 pub(crate) mod session_id;
 pub(crate) mod sse;
 pub(crate) mod sse_limit;
-pub(crate) mod task_id;
 pub(crate) mod tasks;

@@ -133,11 +133,11 @@ pub(crate) fn principal(
 /// request the task's ids were minted for, sealed into them; an id opens only for a request
 /// presenting the same one. Empty: anonymous (or no binding), a principal of its own.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct TaskOwner(Vec<u8>);
+pub(crate) struct Owner(Vec<u8>);
 
-impl TaskOwner {
+impl Owner {
     /// The owner of requests without credentials (or of an endpoint without binding).
-    pub(crate) const ANONYMOUS: TaskOwner = TaskOwner(Vec::new());
+    pub(crate) const ANONYMOUS: Owner = Owner(Vec::new());
 
     /// An owner of these identity bytes (tests).
     #[cfg(test)]

@@ -204,8 +204,15 @@ pub(crate) enum Rejection {
     /// "Error Handling"; `mcp/tasks.rs`).
     TaskNotFound(TaskMiss),
     /// 502: the MCP server named a task with an id longer than tether seals
-    /// ([`crate::mcp::task_id::MAX_UPSTREAM_TASK_ID`] bytes).
+    /// ([`crate::mcp::sealed::MAX_UPSTREAM_TASK_ID`] bytes).
     TaskIdTooLong,
+    /// 200 with JSON-RPC -32602: a retry of a multi round-trip request whose `requestState`
+    /// this endpoint did not seal for its principal (forged, altered, another principal's,
+    /// sealed with a retired key; `mcp/mrtr.rs`).
+    RequestStateInvalid,
+    /// 502: the MCP server answered with a `requestState` longer than tether seals
+    /// ([`crate::mcp::sealed::MAX_UPSTREAM_REQUEST_STATE`] bytes).
+    RequestStateTooLong,
 }
 
 impl Rejection {
@@ -216,7 +223,7 @@ impl Rejection {
             SessionNotFound(_) | PathNotFound | MethodNotFound(_) => StatusCode::NOT_FOUND,
             // The MCP server's own answer for an unknown task: a JSON-RPC error, not a transport
             // one.
-            TaskNotFound(_) => StatusCode::OK,
+            TaskNotFound(_) | RequestStateInvalid => StatusCode::OK,
             OriginForbidden | ForgedHop => StatusCode::FORBIDDEN,
             NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -229,7 +236,7 @@ impl Rejection {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ResumeBudget | PodFull | TakeoverBudget => StatusCode::TOO_MANY_REQUESTS,
-            UpstreamLost | TaskIdTooLong => StatusCode::BAD_GATEWAY,
+            UpstreamLost | TaskIdTooLong | RequestStateTooLong => StatusCode::BAD_GATEWAY,
             UpstreamUnavailable | UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
@@ -293,6 +300,8 @@ impl Rejection {
             TaskNotFound(TaskMiss::Unknown) => "task_not_found",
             TaskNotFound(TaskMiss::Gone) => "task_gone",
             TaskIdTooLong => "task_id_oversized",
+            RequestStateInvalid => "request_state_invalid",
+            RequestStateTooLong => "request_state_oversized",
         }
     }
 
@@ -305,11 +314,13 @@ impl Rejection {
             InvalidRequest(_) | BatchNotAllowed | InitializeInBatch | RequestIdReused => {
                 CODE_INVALID_REQUEST
             }
-            UnsupportedNegotiatedVersion(_) | TaskNotFound(_) => CODE_INVALID_PARAMS,
+            UnsupportedNegotiatedVersion(_) | TaskNotFound(_) | RequestStateInvalid => {
+                CODE_INVALID_PARAMS
+            }
             HeaderMismatch(_) => CODE_HEADER_MISMATCH,
             UnsupportedVersion(v) if !v.modern().is_empty() => CODE_UNSUPPORTED_PROTOCOL_VERSION,
             UpstreamUnavailable | UpstreamLost | UpstreamNotReady | UpstreamTimeout
-            | PeerUnavailable | TaskIdTooLong => CODE_INTERNAL,
+            | PeerUnavailable | TaskIdTooLong | RequestStateTooLong => CODE_INTERNAL,
             _ => CODE_TRANSPORT,
         }
     }
@@ -418,7 +429,14 @@ impl Rejection {
             TaskNotFound(miss) => format!("Invalid params: task not found: {miss}"),
             TaskIdTooLong => format!(
                 "Bad Gateway: the MCP server named a task with an id longer than {} bytes",
-                crate::mcp::task_id::MAX_UPSTREAM_TASK_ID
+                crate::mcp::sealed::MAX_UPSTREAM_TASK_ID
+            ),
+            RequestStateInvalid => "Invalid params: requestState is not one this endpoint \
+                 issued to this principal: send the original request again"
+                .into(),
+            RequestStateTooLong => format!(
+                "Bad Gateway: the MCP server answered with a requestState longer than {} bytes",
+                crate::mcp::sealed::MAX_UPSTREAM_REQUEST_STATE
             ),
         }
     }
@@ -512,6 +530,8 @@ mod tests {
             TaskNotFound(TaskMiss::Unknown),
             TaskNotFound(TaskMiss::Gone),
             TaskIdTooLong,
+            RequestStateInvalid,
+            RequestStateTooLong,
         ];
         for r in &all {
             match r {
@@ -553,7 +573,9 @@ mod tests {
                 | TooManyConnections
                 | TakeoverBudget
                 | TaskNotFound(_)
-                | TaskIdTooLong => {}
+                | TaskIdTooLong
+                | RequestStateInvalid
+                | RequestStateTooLong => {}
             }
         }
         all
@@ -621,6 +643,16 @@ mod tests {
                  `task_gone`), so that polling ends"
             }
             TaskIdTooLong => "the MCP server named a task with an id longer than 256 bytes",
+            RequestStateInvalid => {
+                "a `tools/call`, `prompts/get` or `resources/read` retry (2026-07-28 multi \
+                 round-trip request) whose `requestState` this endpoint did not seal for the \
+                 request's principal: forged, altered, another principal's, or sealed with a \
+                 retired key (-32602; the client starts the request over)"
+            }
+            RequestStateTooLong => {
+                "the MCP server answered an `InputRequiredResult` with a `requestState` longer \
+                 than 64 KiB"
+            }
             MethodNotFound(_) => {
                 "`Mcp-Method: initialize` with `MCP-Protocol-Version: 2026-07-28` (-32601, P-04; \
                  the version has no handshake)"

@@ -24,7 +24,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
 
-use super::task_id::TaskIds;
+use super::sealed::{Purpose, Sealer};
 use crate::keys::{DOMAIN_SESSION_ID, Key, KeyId, KeyRing};
 
 /// Format version of ids that do not name their key.
@@ -103,9 +103,9 @@ impl IdMinter {
         }
     }
 
-    /// The task ids of this pod, sealed with the same ring ([`TaskIds`]).
-    pub(crate) fn task_ids(&self) -> TaskIds {
-        TaskIds::new(self.keys.clone(), self.home)
+    /// The sealer of this pod's values of `purpose`, with the same ring ([`Sealer`]).
+    pub(crate) fn sealer(&self, purpose: &'static Purpose) -> Sealer {
+        Sealer::new(self.keys.clone(), self.home, purpose)
     }
 
     /// A fresh session id homed on this pod, and the key that signed it.

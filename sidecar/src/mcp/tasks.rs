@@ -20,9 +20,9 @@
 
 use serde_json::Value;
 
-use super::principal::TaskOwner;
+use super::principal::Owner;
+use super::sealed::{Opened, SealError, Sealer};
 use super::session_id::HomeToken;
-use super::task_id::{OpenedTask, TaskIdError, TaskIds};
 
 /// The `_meta` key that ties a message to a task (2025-11-25 tasks, "Associating Task-Related
 /// Messages").
@@ -83,13 +83,13 @@ pub(crate) enum TaskMiss {
 /// object. Returns whether anything changed.
 ///
 /// # Errors
-/// [`TaskIdError::TooLong`]: an id tether cannot seal (the message must not reach the client).
+/// [`SealError::TooLong`]: an id tether cannot seal (the message must not reach the client).
 pub(crate) fn seal(
     message: &mut Value,
-    ids: &TaskIds,
-    owner: &TaskOwner,
+    ids: &Sealer,
+    owner: &Owner,
     seen: &mut dyn FnMut(Seen),
-) -> Result<bool, TaskIdError> {
+) -> Result<bool, SealError> {
     let mut changed = false;
     if let Some(result) = message.get_mut("result").filter(|r| r.is_object()) {
         if is_task(result) {
@@ -127,12 +127,12 @@ pub(crate) fn seal(
 /// by another pod (the request reached this pod because the holder is gone).
 pub(crate) fn open(
     message: &mut Value,
-    ids: &TaskIds,
+    ids: &Sealer,
     me: HomeToken,
     revision: Revision,
-    owner: &TaskOwner,
-) -> Result<Option<OpenedTask>, TaskMiss> {
-    let open_field = |field: &mut Value| -> Result<OpenedTask, TaskMiss> {
+    owner: &Owner,
+) -> Result<Option<Opened>, TaskMiss> {
+    let open_field = |field: &mut Value| -> Result<Opened, TaskMiss> {
         let opened = field
             .as_str()
             .ok_or(TaskMiss::Unknown)
@@ -206,7 +206,7 @@ pub(crate) fn lost_task_answer(request: &Value, revision: Revision, now: &str) -
 
 /// The holder of the task a client's `Mcp-Name` names, when it is a genuine task id (routing;
 /// the body is checked against the header before the request is served).
-pub(crate) fn holder(ids: &TaskIds, name: &str, owner: &TaskOwner) -> Option<HomeToken> {
+pub(crate) fn holder(ids: &Sealer, name: &str, owner: &Owner) -> Option<HomeToken> {
     ids.open(name, owner).ok().map(|t| t.home)
 }
 
@@ -220,10 +220,10 @@ fn is_task(v: &Value) -> bool {
 /// Seals `task`'s `taskId` (a string) and reports the task to `seen`; whether it did.
 fn seal_task(
     task: &mut Value,
-    ids: &TaskIds,
-    owner: &TaskOwner,
+    ids: &Sealer,
+    owner: &Owner,
     seen: &mut dyn FnMut(Seen),
-) -> Result<bool, TaskIdError> {
+) -> Result<bool, SealError> {
     let terminal = matches!(
         task.get("status").and_then(Value::as_str),
         Some("completed" | "failed" | "cancelled")
@@ -242,7 +242,7 @@ fn seal_task(
 }
 
 /// Seals the related-task id in `body`'s `_meta`, when present; whether it did.
-fn seal_related(body: &mut Value, ids: &TaskIds, owner: &TaskOwner) -> Result<bool, TaskIdError> {
+fn seal_related(body: &mut Value, ids: &Sealer, owner: &Owner) -> Result<bool, SealError> {
     let Some(Value::String(upstream)) = related_task(body) else {
         return Ok(false);
     };
@@ -264,13 +264,14 @@ mod tests {
     use crate::keys::KeyRing;
 
     /// Tasks of anonymous requests.
-    const ANON: TaskOwner = TaskOwner::ANONYMOUS;
+    const ANON: Owner = Owner::ANONYMOUS;
     use serde_json::json;
 
-    fn ids(pod: &str) -> TaskIds {
-        TaskIds::new(
+    fn ids(pod: &str) -> Sealer {
+        Sealer::new(
             KeyRing::from_bytes(b"0123456789abcdef".to_vec()),
             HomeToken::for_pod(pod),
+            &crate::mcp::sealed::TASK_ID,
         )
     }
 
@@ -319,7 +320,7 @@ mod tests {
         }
     }
 
-    fn sealed_all(mut message: Value, ids: &TaskIds) -> (Value, Vec<Seen>) {
+    fn sealed_all(mut message: Value, ids: &Sealer) -> (Value, Vec<Seen>) {
         let mut seen = Vec::new();
         seal(&mut message, ids, &ANON, &mut |s| seen.push(s)).unwrap();
         (message, seen)

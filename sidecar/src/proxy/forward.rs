@@ -215,7 +215,7 @@ fn reroute(f: &mut Forwarding, cause: Down, world: &World<'_>) -> Decision {
                 home,
                 held: false,
             },
-            (None, Some(home)) => Target::Task { home },
+            (None, Some(home)) => Target::Issued { home },
             _ => Target::Placement { nonce: world.nonce },
         };
         let down = |uid: &str| match &mark_down {

@@ -58,6 +58,7 @@ use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::mcp::headers::{MCP_METHOD, MCP_NAME};
 use crate::mcp::jsonrpc::{Envelope, Message, RequestKey};
 use crate::mcp::modern;
+use crate::mcp::mrtr;
 use crate::mcp::origin::OriginCheck;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::session_id::HomeToken;
@@ -155,10 +156,14 @@ impl McpProxy {
         Envelope::parse(&body, limits).ok()?.first_request_id()
     }
 
-    /// Serves a 2026-07-28 request here: its body read and checked against its standard
-    /// headers ([`modern::check`]), then relayed to the upstream (`broker::stateless`). Errors
-    /// carry the request's id once the body is read.
-    async fn serve_stateless(&self, session: &mut Session, admitted: &Admitted) -> Reply {
+    /// Reads a 2026-07-28 request: its body (bounded), a POST's checked against its standard
+    /// headers ([`modern::check`]); otherwise the error's reply, with the request's id once the
+    /// body is read.
+    async fn read_stateless(
+        &self,
+        session: &mut Session,
+        admitted: &Admitted,
+    ) -> Result<StatelessRequest, Reply> {
         let refuse = |rejection: Rejection, id: Option<&RequestKey>| {
             self.metrics.rejection(&rejection);
             Reply::rejection(&rejection, id)
@@ -167,25 +172,40 @@ impl McpProxy {
             Ok(body) => body,
             Err(rejection) => {
                 session.set_keepalive(None);
-                return refuse(rejection, None);
+                return Err(refuse(rejection, None));
             }
         };
-        let (mut id, mut rpc, mut body) = (None, None, body);
+        if admitted.method != Method::POST {
+            return Ok(StatelessRequest {
+                body,
+                envelope: None,
+            });
+        }
+        let envelope =
+            Envelope::parse(&body, admitted.limits).map_err(|e| refuse(e.into(), None))?;
+        if let Err(rejection) = modern::check(&admitted.headers, &envelope) {
+            return Err(refuse(rejection, envelope.first_request_id().as_ref()));
+        }
+        Ok(StatelessRequest {
+            body,
+            envelope: Some(envelope),
+        })
+    }
+
+    /// Serves a 2026-07-28 request here ([`McpProxy::read_stateless`]): its sealed values
+    /// opened, then relayed to the upstream (`broker::stateless`). Errors carry the request's
+    /// id.
+    async fn serve_stateless(&self, admitted: &Admitted, request: StatelessRequest) -> Reply {
+        let StatelessRequest { mut body, envelope } = request;
+        let (mut id, mut rpc) = (None, None);
         let mut headers = std::borrow::Cow::Borrowed(&admitted.headers);
-        if admitted.method == Method::POST {
-            let mut envelope = match Envelope::parse(&body, admitted.limits) {
-                Ok(envelope) => envelope,
-                Err(e) => return refuse(e.into(), None),
-            };
+        if let Some(mut envelope) = envelope {
             id = envelope.first_request_id();
-            if let Err(rejection) = modern::check(&admitted.headers, &envelope) {
-                return refuse(rejection, id.as_ref());
-            }
             let named;
             (body, named) =
                 match self
                     .broker
-                    .open_task_ids(&mut envelope, body, Revision::Extension, || {
+                    .open_sealed(&mut envelope, body, Revision::Extension, || {
                         self.broker.request_owner(&admitted.headers)
                     }) {
                     Ok(opened) => opened,
@@ -219,9 +239,38 @@ impl McpProxy {
             .await
         {
             Ok(reply) => reply,
-            Err(rejection) => refuse(rejection, id.as_ref()),
+            Err(rejection) => {
+                self.metrics.rejection(&rejection);
+                Reply::rejection(&rejection, id.as_ref())
+            }
         }
     }
+
+    /// The pod that issued the `requestState` of a request read before routing, when it
+    /// carries a genuine one.
+    fn issuer(&self, request: &StatelessRequest, admitted: &Admitted) -> Option<HomeToken> {
+        let (_, message) = request.envelope.as_ref()?.messages.first()?;
+        self.broker.request_state_issuer(message, &admitted.headers)
+    }
+}
+
+/// A 2026-07-28 request read whole: its body and, for a POST, its envelope.
+struct StatelessRequest {
+    body: Bytes,
+    envelope: Option<Envelope>,
+}
+
+/// Whether a 2026-07-28 request may retry a multi round-trip request (a POST whose `Mcp-Method`
+/// may be answered with an `InputRequiredResult`): its body is read before it is routed, as its
+/// `requestState` names the pod to serve it (`docs/design/routing.md#multi-round-trip-requests`).
+fn may_retry_input(admitted: &Admitted) -> bool {
+    admitted.era == Era::Stateless
+        && admitted.method == Method::POST
+        && admitted
+            .headers
+            .get(MCP_METHOD)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|m| mrtr::may_require_input(m.trim()))
 }
 
 /// Per-request state.
@@ -381,14 +430,34 @@ impl ProxyHttp for McpProxy {
             self.metrics.rejection(&rejection);
             return respond(session, ctx, rejection.into()).await;
         }
+        // A retry of a multi round-trip request is read first: its `requestState` names the pod
+        // that serves it. The body stays in pingora's retry buffer for a forward.
+        let mut read_first = None;
+        if may_retry_input(&admitted) {
+            session.as_mut().enable_retry_buffering();
+            match self.read_stateless(session, &admitted).await {
+                Ok(request) => read_first = Some(request),
+                Err(reply) => return respond(session, ctx, reply).await,
+            }
+        }
+        let issuer = read_first.as_ref().and_then(|r| self.issuer(r, &admitted));
+        let mut too_large = false;
         // A POST for a session nobody holds may still be an `initialize` that kept an old session
         // id (`fr15_an_initialize_with_a_stale_session_id_starts_a_new_session`): the body decides,
         // so the 404 waits for it.
-        let miss = match self.route(&admitted, ctx, port).await {
+        let miss = match self.route(&admitted, ctx, port, issuer).await {
             Ok(None) => None,
+            // A body read first that is over the retry buffer cannot be resent: served here.
+            Ok(Some(_)) if read_first.is_some() && session.as_ref().retry_buffer_truncated() => {
+                too_large = true;
+                None
+            }
             Ok(Some(mut forwarding)) => {
                 forwarding.at_most_once =
                     admitted.era == Era::Stateless && admitted.method == Method::POST;
+                if issuer.is_some() {
+                    self.metrics.mrtr_retry("forwarded");
+                }
                 ctx.forward = Some(forwarding);
                 return Ok(false);
             }
@@ -405,7 +474,22 @@ impl ProxyHttp for McpProxy {
             if let Some(v) = admitted.version {
                 self.metrics.protocol_version(v);
             }
-            let reply = self.serve_stateless(session, &admitted).await;
+            if let Some(issuer) = issuer {
+                let outcome = match (issuer == self.router.me(false).home, too_large) {
+                    (true, _) => "served_by_issuer",
+                    (false, true) => "too_large",
+                    (false, false) => "issuer_gone",
+                };
+                self.metrics.mrtr_retry(outcome);
+            }
+            let request = match read_first {
+                Some(request) => request,
+                None => match self.read_stateless(session, &admitted).await {
+                    Ok(request) => request,
+                    Err(reply) => return respond(session, ctx, reply).await,
+                },
+            };
+            let reply = self.serve_stateless(&admitted, request).await;
             return respond(session, ctx, reply).await;
         }
         let body = match self.read_body(session).await {
@@ -637,11 +721,13 @@ impl ProxyHttp for McpProxy {
 impl McpProxy {
     /// Routes an admitted request: `None` to serve it here (a session held here is entered,
     /// `ctx.entered`), a [`Forwarding`] to proxy it to a peer, or the 404/403/503 that ends it.
+    /// `issuer`: the pod that issued the `requestState` of a multi round-trip request's retry.
     async fn route(
         &self,
         admitted: &Admitted,
         ctx: &mut RequestCtx,
         port: Port,
+        issuer: Option<HomeToken>,
     ) -> Result<Option<Forwarding>, Rejection> {
         let session_id = match admitted.era {
             Era::Stateless => None,
@@ -688,8 +774,8 @@ impl McpProxy {
                 let held = ctx.entered.is_some();
                 (Target::Session { id, home, held }, Some(home))
             }
-            None => match self.task_holder(admitted) {
-                Some(home) => (Target::Task { home }, Some(home)),
+            None => match issuer.or_else(|| self.task_holder(admitted)) {
+                Some(home) => (Target::Issued { home }, Some(home)),
                 None => {
                     nonce = placement_nonce();
                     (Target::Placement { nonce: &nonce }, None)
@@ -702,7 +788,7 @@ impl McpProxy {
         {
             Route::Local => Ok(None),
             // Served here: the answer is the task's not-found error (`broker::tasks`).
-            Route::NotFound(_) if matches!(target, Target::Task { .. }) => Ok(None),
+            Route::NotFound(_) if matches!(target, Target::Issued { .. }) => Ok(None),
             Route::NotFound(reason) => {
                 if let Some(id) = session_id.as_deref() {
                     tracing::debug!(

@@ -16,6 +16,7 @@ mod drain;
 mod faults;
 mod handoff;
 mod membership;
+mod mrtr;
 mod peer_trust;
 mod python_sdk;
 mod real_client;

@@ -8,6 +8,7 @@
 //! | `slow` | `count`, `interval_ms`, `call_id`, optional `close_after` | `count` progress notifications (`progress` 1..count, `total` count) `interval_ms` apart on the request's stream, then `done <count>` one interval later; with `close_after = k` (negotiated ≥ 2025-11-25) the SSE connection is closed after the k-th progress with a `retry` hint and the call goes on (SEP-1699) |
 //! | `counter` | – | increments and returns a per-session counter |
 //! | `notify` | `text`, `count` | `count` `notifications/message` with `data: {"text", "seq"}` on the standalone GET stream, returns `sent <count>` |
+//! | `confirm` | `call_id` | a multi round-trip request (2026-07-28): the first call gets an `InputRequiredResult` (an `elicitation/create` when the client declared elicitation, and a `requestState` sealed with this process's key, or `--request-state-key`'s); the retry with that state gets `confirmed <call_id>: <action>`, a state that does not verify -32602 ([`confirm`]; answered before the tool router, so not listed) |
 //! | `job` | `ms`, `call_id` | runs `ms` then returns `done <call_id>`; called by a client that declares the tasks extension (`io.modelcontextprotocol/tasks`), it returns a task at once (`CreateTaskResult`, SEP-2663) polled with `tasks/get` and cancelled with `tasks/cancel` ([`job`]) |
 //!
 //! A 2026-07-28 `subscriptions/listen` that asks for `toolsListChanged` gets a
@@ -38,11 +39,13 @@
 //! stream).
 //!
 //! `GET /stats` → `{"executions": N, "calls": {"<call_id>": n}, "duplicates": {"<call_id>": n},
-//! "completed": N, "aborted": N, "tasks": N, "listening": N}`: `slow` and `job` executions,
+//! "completed": N, "aborted": N, "tasks": N, "listening": N, "request_states_verified": N,
+//! "request_states_rejected": N}`: `slow` and `job` executions,
 //! executions per call id (to merge over several servers: a call run once on each of two pods
 //! ran twice), call ids executed more than once, calls that finished, calls whose task was
 //! dropped before finishing (a stateless client disconnect, L-05), `job` calls that became
-//! tasks, and `subscriptions/listen` streams open now.
+//! tasks, `subscriptions/listen` streams open now, and `confirm` retries whose state verified or
+//! not.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -85,6 +88,7 @@ use serde_json::json;
 use tokio_stream::wrappers::ReceiverStream;
 
 mod auth;
+mod confirm;
 mod job;
 mod limit;
 
@@ -125,6 +129,10 @@ struct Args {
     /// `127.0.0.1`/`localhost` gets 421, an `Origin` that is not local gets 403.
     #[arg(long)]
     local_only: bool,
+    /// The key of `confirm`'s request states (at least 32 bytes); without it each process
+    /// draws its own, so a retry verifies only where its state was issued.
+    #[arg(long, value_name = "FILE")]
+    request_state_key: Option<std::path::PathBuf>,
     /// Require `Authorization: Bearer <JWT>` (HS256 with this file's bytes, `sub` and `exp`).
     #[arg(long, value_name = "FILE")]
     auth_key: Option<std::path::PathBuf>,
@@ -173,6 +181,9 @@ struct Stats {
     tasks: AtomicU64,
     /// `subscriptions/listen` streams open now.
     listening: AtomicU64,
+    /// `confirm` retries whose `requestState` verified / did not.
+    request_states_verified: AtomicU64,
+    request_states_rejected: AtomicU64,
 }
 
 impl Stats {
@@ -204,6 +215,8 @@ impl Stats {
             "rejected_origins": self.rejected_origins.load(Ordering::Relaxed),
             "tasks": self.tasks.load(Ordering::Relaxed),
             "listening": self.listening.load(Ordering::Relaxed),
+            "request_states_verified": self.request_states_verified.load(Ordering::Relaxed),
+            "request_states_rejected": self.request_states_rejected.load(Ordering::Relaxed),
         })
     }
 }
@@ -385,6 +398,8 @@ struct ExampleServer {
     /// The process's tasks (every session and stateless request shares them).
     tasks: TaskManager,
     listen_interval: Duration,
+    /// Seals `confirm`'s request states.
+    request_states: Arc<rmcp::model::RequestStateCodec>,
 }
 
 #[tool_router]
@@ -548,6 +563,12 @@ impl ServerHandler for ExampleServer {
         let tasks_declared = context
             .client_capabilities()
             .is_some_and(|caps| caps.supports_tasks());
+        if request.name == "confirm" {
+            let elicitation = context
+                .client_capabilities()
+                .is_some_and(|caps| caps.elicitation.is_some());
+            return confirm::call(&self.request_states, &self.stats, &request, elicitation);
+        }
         if request.name == "job" && tasks_declared {
             let args = job::JobArgs::parse(request.arguments.as_ref())?;
             let task = job::spawn(&self.tasks, Arc::clone(&self.stats), args);
@@ -669,6 +690,12 @@ async fn main() -> std::io::Result<()> {
         let close_retry = Duration::from_millis(args.close_retry_ms);
         let listen_interval = Duration::from_millis(args.listen_interval_ms);
         let tasks = TaskManager::new();
+        let key = args
+            .request_state_key
+            .as_deref()
+            .map(std::fs::read)
+            .transpose()?;
+        let request_states = Arc::new(confirm::codec(key)?);
         move || {
             Ok(ExampleServer {
                 stats: Arc::clone(&stats),
@@ -677,6 +704,7 @@ async fn main() -> std::io::Result<()> {
                 counter: AtomicU64::new(0),
                 tasks: tasks.clone(),
                 listen_interval,
+                request_states: Arc::clone(&request_states),
             })
         }
     };
