@@ -121,8 +121,9 @@ pub struct RolloutConfig {
     pub rotate_key: bool,
     /// `spec.peer.tls` of every pod: mutual TLS between sidecars (on by default).
     pub peer_tls: bool,
-    /// 2026-07-28 clients beside the sessions: each loops a `slow` call and a `job` task
-    /// (module `modern`); needs an MCP server with `job` ([`Upstream::Example`]).
+    /// 2026-07-28 clients beside the sessions: each loops a `slow` call, a `confirm` multi
+    /// round-trip request and a `job` task (module `modern`); needs an MCP server with `job`
+    /// and `confirm` ([`Upstream::Example`]).
     pub modern_clients: usize,
     /// 2026-07-28 clients that keep a `subscriptions/listen` stream open.
     pub listeners: usize,

@@ -3,8 +3,10 @@
 //! `subscriptions/listen` streams listened to again when a drain ends them.
 //!
 //! Each client loops until the rollout is done: a `slow` call (which must answer `done
-//! <count>`: anything else is a request cut), then a `job` task (tasks extension) polled every
-//! 200 ms at a random entry until it is terminal (a -32602 is a task-not-found answer). Each
+//! <count>`: anything else is a request cut), a `confirm` call (a multi round-trip request:
+//! its retry enters another pod than its first round, and each pod's server has its own
+//! request-state key), then a `job` task (tasks extension) polled every 200 ms at a random
+//! entry until it is terminal (a -32602 is a task-not-found answer). Each
 //! listener keeps a `subscriptions/listen` stream open; a clean end (a drain's) is followed by a
 //! new listen at a random entry, a broken one is counted as cut.
 
@@ -22,7 +24,7 @@ use super::RolloutConfig;
 use super::clients::ISSUER;
 use crate::auth::{Issuer, Refresh, Tokens};
 use crate::client::{ACCEPT_BOTH, McpClient, result_text};
-use crate::modern::{self, get_task, request};
+use crate::modern::{self, get_task, request, send};
 
 /// How often a task is polled.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -30,6 +32,8 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 const JOB_MS: u64 = 1_000;
 /// Polls of one task before the client gives up on it.
 const MAX_POLLS: u32 = 300;
+/// Times a `confirm` call is started over after its retry was refused.
+const MRTR_ATTEMPTS: u32 = 3;
 
 /// What the 2026-07-28 clients experienced.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,6 +56,13 @@ pub struct ModernFigures {
     pub listens_completed: u64,
     /// Listen streams that broke off instead of ending cleanly.
     pub listens_cut: u64,
+    /// `confirm` calls (multi round-trip requests) that completed.
+    pub mrtr_calls: u64,
+    /// Of their retries, those that entered another pod than their first round.
+    pub mrtr_across_pods: u64,
+    /// Retries whose state the server refused (the pod that issued it was gone): the client
+    /// started the call over, as the spec has it.
+    pub mrtr_started_over: u64,
     /// Tasks created.
     pub tasks: u64,
     /// Tasks polled at least once entering a pod other than the one that created them.
@@ -72,6 +83,9 @@ impl ModernFigures {
         self.listens_reestablished += other.listens_reestablished;
         self.listens_completed += other.listens_completed;
         self.listens_cut += other.listens_cut;
+        self.mrtr_calls += other.mrtr_calls;
+        self.mrtr_across_pods += other.mrtr_across_pods;
+        self.mrtr_started_over += other.mrtr_started_over;
         self.tasks += other.tasks;
         self.tasks_across_pods += other.tasks_across_pods;
         self.task_not_found += other.task_not_found;
@@ -201,6 +215,7 @@ impl Worker {
         loop {
             round += 1;
             self.slow_call(round, &mut f).await;
+            self.confirm(round, &mut f).await;
             self.task(round, &mut f).await;
             if self.done() {
                 return f;
@@ -230,6 +245,82 @@ impl Worker {
             Ok((status, answer)) => f.fail(format!("slow {call_id} at {url}: {status} {answer}")),
             Err(e) => f.fail(format!("slow {call_id} at {url}: {e}")),
         }
+    }
+
+    /// A `confirm` call: its first round, then its retry (another request id) entering another
+    /// pod when it can; a retry the server refuses starts the call over (at most 3 times).
+    async fn confirm(&self, round: u64, f: &mut ModernFigures) {
+        let call_id = format!("modern-confirm-{}-{round}", self.index);
+        let mut meta = modern::meta(false);
+        meta["io.modelcontextprotocol/clientCapabilities"] = json!({"elicitation": {"form": {}}});
+        for _attempt in 0..MRTR_ATTEMPTS {
+            let first_at = self.client.entry();
+            let params = json!({"name": "confirm", "arguments": {"call_id": call_id},
+                "_meta": meta});
+            f.requests += 1;
+            let state = match send(
+                &self.client,
+                &first_at,
+                round,
+                "tools/call",
+                Some("confirm"),
+                params,
+            )
+            .await
+            {
+                Ok((StatusCode::OK, answer))
+                    if answer["result"]["resultType"] == "input_required" =>
+                {
+                    answer["result"]["requestState"].clone()
+                }
+                Ok((status, answer)) => {
+                    return f.fail(format!(
+                        "confirm {call_id} at {first_at}: {status} {answer}"
+                    ));
+                }
+                Err(e) => return f.fail(format!("confirm {call_id} at {first_at}: {e}")),
+            };
+            let mut retry_at = self.client.entry();
+            for _ in 0..4 {
+                if retry_at != first_at {
+                    break;
+                }
+                retry_at = self.client.entry();
+            }
+            let params = json!({"name": "confirm", "arguments": {"call_id": call_id},
+                "inputResponses": {"confirm": {"action": "accept", "content": {"ok": true}}},
+                "requestState": state, "_meta": meta});
+            f.requests += 1;
+            let expected = format!("confirmed {call_id}: accept");
+            match send(
+                &self.client,
+                &retry_at,
+                round + 1_000_000,
+                "tools/call",
+                Some("confirm"),
+                params,
+            )
+            .await
+            {
+                Ok((StatusCode::OK, answer)) if result_text(&answer) == Some(expected.as_str()) => {
+                    f.mrtr_calls += 1;
+                    f.mrtr_across_pods += u64::from(retry_at != first_at);
+                    return;
+                }
+                Ok((StatusCode::OK, answer))
+                    if answer["error"]["data"]["reason"] == "request_state_rejected" =>
+                {
+                    f.mrtr_started_over += 1;
+                }
+                Ok((status, answer)) => {
+                    return f.fail(format!(
+                        "confirm {call_id} retry at {retry_at}: {status} {answer}"
+                    ));
+                }
+                Err(e) => return f.fail(format!("confirm {call_id} retry at {retry_at}: {e}")),
+            }
+        }
+        f.fail(format!("confirm {call_id}: refused {MRTR_ATTEMPTS} times"));
     }
 
     async fn task(&self, round: u64, f: &mut ModernFigures) {

@@ -243,6 +243,13 @@ impl RolloutReport {
                 m.listens_completed.to_string(),
             ),
             (
+                "MRTR calls / retried at another pod / started over",
+                format!(
+                    "{} / {} / {}",
+                    m.mrtr_calls, m.mrtr_across_pods, m.mrtr_started_over
+                ),
+            ),
+            (
                 "tasks created / polled across pods",
                 format!("{} / {}", m.tasks, m.tasks_across_pods),
             ),

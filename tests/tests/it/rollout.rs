@@ -131,6 +131,11 @@ fn assert_invisible(report: &RolloutReport) {
     );
     let m = &report.modern;
     assert!(
+        m.slow_calls == 0 || m.mrtr_across_pods > 0,
+        "{}: multi round-trip retries entered another pod than their first round: {m:?}",
+        report.label
+    );
+    assert!(
         m.listens_completed >= m.listens_reestablished,
         "{}: every listen stream a drain ended got its completion result: {m:?}",
         report.label
