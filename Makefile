@@ -158,8 +158,9 @@ bench: deps
 	$(CARGO) bench -p tether-sidecar --bench ring
 	./target/release/tether-bench-routing
 	./target/release/tether-bench-hostile
-# memory per session and request, streams at full speed and read slowly, churn (about five
-# minutes; --quick for a smoke, --baseline-bin-dir DIR beside another build's sidecar)
+# memory per session and request, streams at full speed and read slowly, churn, reaped
+# sessions (about seven minutes; --quick for a smoke, --baseline-bin-dir DIR beside another
+# build's sidecar)
 	./target/release/tether-bench-memory
 
 ## bench-proxy: CPU per request and per event of tether beside nginx and a direct origin, in

@@ -244,6 +244,7 @@ pub(crate) struct Metrics {
     /// Tasks of the tasks extension created on this pod that a client may still poll
     /// (`--max-open-tasks`).
     tasks_open: Gauge,
+    upstream_deletes_pending: Gauge,
     /// Tasks not tracked because `--max-open-tasks` were open: a drain does not wait for them.
     tasks_untracked: Counter,
 }
@@ -301,6 +302,7 @@ impl Metrics {
             tail_events_forwarded: Counter::default(),
             requests_cut: Counter::default(),
             tasks_open: Gauge::default(),
+            upstream_deletes_pending: Gauge::default(),
             tasks_untracked: Counter::default(),
             config_reloads: Family::default(),
             key_ring_reloads: Family::default(),
@@ -513,6 +515,11 @@ impl Metrics {
             "tasks_open",
             "Tasks created on this pod that a client may still poll",
             m.tasks_open.clone(),
+        );
+        r.register(
+            "upstream_deletes_pending",
+            "Upstream DELETEs the sidecar sends on its own (expired sessions' and others), waiting or in flight: at most --max-upstream-deletes at once",
+            m.upstream_deletes_pending.clone(),
         );
         r.register(
             "tasks_untracked",
@@ -848,6 +855,13 @@ impl Metrics {
         self.tail_events_forwarded.inc_by(events);
     }
 
+    /// Upstream `DELETE`s the sidecar sends on its own, waiting or in flight now
+    /// (`tether_upstream_deletes_pending`).
+    pub(crate) fn upstream_deletes_pending(&self, pending: usize) {
+        self.upstream_deletes_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+    }
+
     /// Tasks open on this pod now (`tether_tasks_open`).
     pub(crate) fn tasks_open(&self, open: usize) {
         self.tasks_open.set(i64::try_from(open).unwrap_or(i64::MAX));
@@ -1030,7 +1044,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 58);
+        assert_eq!(fields, 59);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -1068,7 +1082,7 @@ mod tests {
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            58,
+            59,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -256,6 +256,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         cfg.upstream.clone(),
         &cfg.upstream_host,
         cfg.broker.upstream_body_timeout,
+        cfg.upstream_max_idle,
     );
     let reports = Arc::new(own_report(&cfg));
     let (initial, source) = membership(&cfg, &reports);

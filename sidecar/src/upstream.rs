@@ -23,6 +23,8 @@ use crate::mcp::sse_limit::{EventBound, EventTooLarge};
 
 /// How long connecting to the upstream may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an idle connection to the MCP server is kept for reuse.
+pub(crate) const UPSTREAM_POOL_IDLE: Duration = Duration::from_secs(60);
 
 /// Why an upstream exchange failed before a response arrived.
 #[derive(Debug, thiserror::Error)]
@@ -80,9 +82,10 @@ pub(crate) struct Exchange<'a> {
 
 impl Upstream {
     /// A client for the MCP endpoint at `uri` (`http://host:port/path`). `header_timeout` bounds
-    /// the wait for response headers.
-    pub(crate) fn new(uri: Uri, host: &str, header_timeout: Duration) -> Self {
-        let client = http_client(CONNECT_TIMEOUT, Duration::from_secs(60));
+    /// the wait for response headers; at most `max_idle` idle connections are kept
+    /// (`--upstream-max-idle-connections`), each for at most [`UPSTREAM_POOL_IDLE`].
+    pub(crate) fn new(uri: Uri, host: &str, header_timeout: Duration, max_idle: usize) -> Self {
+        let client = http_client(CONNECT_TIMEOUT, UPSTREAM_POOL_IDLE, max_idle);
         let host = HeaderValue::from_str(host).ok().or_else(|| {
             let authority = uri.authority()?.as_str();
             HeaderValue::from_str(authority).ok()
@@ -145,18 +148,29 @@ impl Upstream {
     }
 }
 
-/// A pooled HTTP/1 client (no Nagle delay) whose connects give up after `connect_timeout` and
-/// whose idle pooled connections close after `pool_idle`.
+/// A pooled HTTP/1 client (no Nagle delay) whose connects give up after `connect_timeout`,
+/// which keeps at most `max_idle` idle connections per host and closes each after `pool_idle`
+/// ([`pool_timer`]).
 pub(crate) fn http_client(
     connect_timeout: Duration,
     pool_idle: Duration,
+    max_idle: usize,
 ) -> Client<HttpConnector, Full<Bytes>> {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(pool_idle)
+        .pool_max_idle_per_host(max_idle)
+        .pool_timer(pool_timer())
         .build(connector)
+}
+
+/// The timer a client's pool needs to close idle connections on time: without one, hyper's pool
+/// drops an expired connection only when it is next asked for one, so after a burst the idle
+/// connections (and their buffers) stay until traffic comes back.
+pub(crate) fn pool_timer() -> hyper_util::rt::TokioTimer {
+    hyper_util::rt::TokioTimer::new()
 }
 
 /// Headers for a request the sidecar makes on its own (GET resume, DELETE): the negotiated

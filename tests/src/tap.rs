@@ -7,6 +7,9 @@
 //!
 //! Requests are framed by `Content-Length`, as sidecars send them; from a request framed
 //! otherwise (chunked) on, a connection is relayed without being looked at.
+//!
+//! It also counts the connections it relays: open now, and the most open at once (put in front
+//! of an MCP server, how many connections a sidecar keeps to it).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -33,7 +36,32 @@ pub struct Tap {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Recorded>>>,
     withheld: Arc<AtomicUsize>,
+    connections: Arc<Connections>,
     task: JoinHandle<()>,
+}
+
+/// Connections relayed: open now, and the most open at once since the last reset.
+#[derive(Debug, Default)]
+struct Connections {
+    open: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+/// One relayed connection, counted open until dropped.
+struct Counted(Arc<Connections>);
+
+impl Counted {
+    fn new(connections: &Arc<Connections>) -> Self {
+        let open = connections.open.fetch_add(1, Ordering::SeqCst) + 1;
+        connections.peak.fetch_max(open, Ordering::SeqCst);
+        Self(Arc::clone(connections))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// One request that passed, as sent.
@@ -73,9 +101,15 @@ impl Tap {
         let addr = listener.local_addr()?;
         let seen = Arc::new(Mutex::new(Vec::new()));
         let withheld = Arc::new(AtomicUsize::new(0));
-        let (record, count) = (Arc::clone(&seen), Arc::clone(&withheld));
+        let connections = Arc::new(Connections::default());
+        let (record, count, open) = (
+            Arc::clone(&seen),
+            Arc::clone(&withheld),
+            Arc::clone(&connections),
+        );
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                let counted = Counted::new(&open);
                 let Ok(server) = TcpStream::connect(target).await else {
                     continue;
                 };
@@ -84,13 +118,17 @@ impl Tap {
                     Arc::clone(&count),
                     Arc::clone(&withhold),
                 );
-                tokio::spawn(relay(client, server, record, count, withhold));
+                tokio::spawn(async move {
+                    relay(client, server, record, count, withhold).await;
+                    drop(counted);
+                });
             }
         });
         Ok(Self {
             addr,
             seen,
             withheld,
+            connections,
             task,
         })
     }
@@ -114,6 +152,23 @@ impl Tap {
     /// Answers withheld so far.
     pub fn withheld(&self) -> usize {
         self.withheld.load(Ordering::Relaxed)
+    }
+
+    /// Connections open now (until either side closed one).
+    pub fn open_connections(&self) -> usize {
+        self.connections.open.load(Ordering::SeqCst)
+    }
+
+    /// The most connections open at once since the tap started or [`Tap::reset_peak`].
+    pub fn peak_connections(&self) -> usize {
+        self.connections.peak.load(Ordering::SeqCst)
+    }
+
+    /// Starts the peak over from the connections open now.
+    pub fn reset_peak(&self) {
+        let c = &self.connections;
+        c.peak
+            .store(c.open.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 }
 

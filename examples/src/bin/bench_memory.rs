@@ -18,6 +18,11 @@
 //!    2 ms: events received, result received, cut.
 //! 6. **churn**: 200 new sessions per second for 60 s, never deleted: RSS and the `initialize`
 //!    p99 in the first and in the last 5 s.
+//! 7. **reaped**: 2,000 sessions × 2 `echo` calls, 16 at a time, then abandoned: the sidecar
+//!    (idle timeout 2 s) reaps them and ends each upstream; RSS before, after the calls, once
+//!    every session is reaped (the clients' connections closed), and 20 s later (what the reap
+//!    leaves), in 3 rounds on one pod (what stays is a high-water mark when later rounds do not
+//!    add to it).
 //!
 //! With `--baseline-bin-dir DIR` each scenario also runs against `DIR/tether-sidecar` (same
 //! origin, same flags where that build knows them), in a second column of the one table. Every
@@ -59,7 +64,7 @@ struct Args {
     /// too, and the table gets a "baseline" column.
     #[arg(long, value_name = "DIR")]
     baseline_bin_dir: Option<PathBuf>,
-    /// The scenarios to run (1 to 6), comma separated. Default: all.
+    /// The scenarios to run (1 to 7), comma separated. Default: all.
     #[arg(long, value_delimiter = ',', value_name = "N,..")]
     scenarios: Vec<u8>,
     /// Scenario 1: the session counts at which RSS is read, ascending [10000,100000; quick
@@ -98,6 +103,9 @@ struct Args {
     /// Scenario 6: new sessions per second.
     #[arg(long, default_value_t = 200)]
     churn_rate: u32,
+    /// Scenario 7: sessions abandoned and reaped [2000; quick 500].
+    #[arg(long)]
+    reaped_sessions: Option<u64>,
 }
 
 /// The sizes of a run, `--quick` and explicit flags resolved.
@@ -117,6 +125,7 @@ struct Plan {
     slow_events: u64,
     churn_seconds: u64,
     churn_rate: u32,
+    reaped_sessions: u64,
 }
 
 impl Plan {
@@ -126,7 +135,7 @@ impl Plan {
         format!(
             "scenarios {:?}; idle sessions {} ({} handshakes in flight); {} users; {} \
              sessions × {} `echo`; {} `echo` over {} sessions; {} streams × {} events × {} runs; \
-             a slow reader of {} events; churn {}/s for {} s",
+             a slow reader of {} events; churn {}/s for {} s; {} sessions reaped",
             self.scenarios,
             idle.join(", "),
             self.init_concurrency,
@@ -141,6 +150,7 @@ impl Plan {
             count(self.slow_events),
             self.churn_rate,
             self.churn_seconds,
+            count(self.reaped_sessions),
         )
     }
 
@@ -160,7 +170,7 @@ impl Plan {
         idle_sessions.retain(|&n| n > 0);
         Self {
             scenarios: if args.scenarios.is_empty() {
-                (1..=6).collect()
+                (1..=7).collect()
             } else {
                 args.scenarios.clone()
             },
@@ -177,6 +187,7 @@ impl Plan {
             slow_events: pick(args.slow_events, 20_000, 5_000),
             churn_seconds: pick(args.churn_seconds, 60, 10).max(1),
             churn_rate: args.churn_rate.max(1),
+            reaped_sessions: pick(args.reaped_sessions, 2_000, 500).max(1),
         }
     }
 }
@@ -242,13 +253,16 @@ impl Build {
         })
     }
 
-    /// A fresh pod: the origin behind this build's sidecar.
-    async fn pod(&self) -> Outcome<Pod> {
+    /// A fresh pod: the origin behind this build's sidecar, whose sessions end after
+    /// `idle_timeout` (`None`: the test endpoint's 30 min).
+    async fn pod(&self, idle_timeout: Option<&str>) -> Outcome<Pod> {
+        let default = PodSpec::default();
         Pod::start(PodSpec {
             server: Upstream::Origin,
             sidecar_bin: Some(self.bin.clone()),
             sidecar_args: self.flags.clone(),
-            ..PodSpec::default()
+            idle_timeout: idle_timeout.map_or(default.idle_timeout.clone(), str::to_owned),
+            ..default
         })
         .await
         .map_err(|e| format!("the pod did not start: {e}"))
@@ -314,7 +328,7 @@ async fn main() -> ExitCode {
 /// Scenario `n` in a fresh pod of `build`; a pod that fails (or a sidecar that exits) is an
 /// error carrying the pod's logs.
 async fn scenario(n: u8, build: &Build, plan: &Plan) -> Outcome<Rows> {
-    let mut pod = build.pod().await?;
+    let mut pod = build.pod((n == 7).then_some(REAP_IDLE_TIMEOUT)).await?;
     let rows = match n {
         1 => idle_sessions(&pod, plan).await,
         2 => json_requests(&pod, plan).await,
@@ -322,7 +336,8 @@ async fn scenario(n: u8, build: &Build, plan: &Plan) -> Outcome<Rows> {
         4 => fast_streams(&pod, plan).await,
         5 => slow_reader(&pod, plan).await,
         6 => churn(&pod, plan).await,
-        _ => return Err(format!("no scenario {n} (1 to 6)")),
+        7 => reaped(&pod, plan).await,
+        _ => return Err(format!("no scenario {n} (1 to 7)")),
     };
     let running = pod.sidecar_running().unwrap_or(false);
     match rows {
@@ -1060,6 +1075,57 @@ async fn slow_reader(pod: &Pod, plan: &Plan) -> Outcome<Rows> {
         ),
     ])
 }
+
+/// The sessions' idle timeout in scenario 7.
+const REAP_IDLE_TIMEOUT: &str = "2s";
+
+/// Scenario 7: sessions that made a few calls, abandoned and reaped, in [`REAP_ROUNDS`]
+/// rounds on one pod: what a round leaves, and whether the next one adds to it.
+async fn reaped(pod: &Pod, plan: &Plan) -> Outcome<Rows> {
+    const AFTER: Duration = Duration::from_secs(20);
+    let before = settled_rss(pod).await?;
+    let failures = Arc::new(Failures::default());
+    let label = format!("7. {} sessions reaped", count(plan.reaped_sessions));
+    let mib = |rss: u64| format!("{} ({})", size(rss as f64), size(grown(rss, before)));
+    let mut rows = vec![(format!("{label}: RSS before"), size(before as f64))];
+    for round in 1..=REAP_ROUNDS {
+        let client = pod.client();
+        let sessions = Arc::new(open_sessions(&client, plan.reaped_sessions, 16, &failures).await);
+        echo_loop(&client, &sessions, 16, sessions.len() as u64 * 2, &failures).await;
+        let called = rss(pod)?;
+        // The clients go away: their sessions and connections are abandoned.
+        drop((sessions, client));
+        let deadline = Instant::now() + REQUEST_TIMEOUT * 2;
+        while metric(pod, "tether_sessions").await? > 0.0 {
+            if Instant::now() > deadline {
+                return Err("sessions still held 60 s after they were abandoned".into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let reaped = rss(pod)?;
+        tokio::time::sleep(AFTER).await;
+        let after = rss(pod)?;
+        rows.extend([
+            (
+                format!("{label}, round {round}: RSS after the calls (growth)"),
+                mib(called),
+            ),
+            (
+                format!("{label}, round {round}: RSS when the last is reaped"),
+                mib(reaped),
+            ),
+            (
+                format!("{label}, round {round}: RSS 20 s later"),
+                mib(after),
+            ),
+        ]);
+    }
+    rows.push((format!("{label}: failures"), failures.cell()));
+    Ok(rows)
+}
+
+/// Rounds of scenario 7.
+const REAP_ROUNDS: u32 = 3;
 
 /// Scenario 6: sessions opened at a steady rate and never deleted.
 async fn churn(pod: &Pod, plan: &Plan) -> Outcome<Rows> {

@@ -122,6 +122,9 @@ pub(crate) struct BrokerConfig {
     pub(crate) max_event_bytes: usize,
     /// Most tasks tracked as open (`--max-open-tasks`; read at start).
     pub(crate) max_open_tasks: usize,
+    /// Most upstream `DELETE`s sent on the sidecar's own at once (`--max-upstream-deletes`;
+    /// read at start).
+    pub(crate) max_upstream_deletes: usize,
 }
 
 /// The session broker of one pod.
@@ -144,6 +147,16 @@ pub(crate) struct Broker {
     tasks: tasks::Tasks,
     /// Seals the `requestState`s this pod's MCP server issues.
     request_states: crate::mcp::sealed::Sealer,
+    /// Upstream `DELETE`s sent on the sidecar's own, at most `--max-upstream-deletes` at once.
+    deletes: BackgroundDeletes,
+}
+
+/// The upstream sessions the sidecar ends on its own ([`Broker::end_upstream_later`]): slots
+/// for those in flight, and how many are pending (waiting or in flight).
+#[derive(Debug)]
+struct BackgroundDeletes {
+    slots: tokio::sync::Semaphore,
+    pending: std::sync::atomic::AtomicUsize,
 }
 
 impl Broker {
@@ -158,6 +171,10 @@ impl Broker {
         Arc::new(Self {
             tasks: tasks::Tasks::new(minter.sealer(&TASK_ID), cfg.max_open_tasks),
             request_states: minter.sealer(&REQUEST_STATE),
+            deletes: BackgroundDeletes {
+                slots: tokio::sync::Semaphore::new(cfg.max_upstream_deletes.max(1)),
+                pending: std::sync::atomic::AtomicUsize::new(0),
+            },
             minter,
             registry,
             upstream,
@@ -452,12 +469,35 @@ impl Broker {
             "session ended"
         );
         if reason == NotFound::Expired {
-            let broker = Arc::clone(self);
-            let session = Arc::clone(session);
-            tokio::spawn(async move {
-                broker.delete_upstream(&session).await;
-            });
+            self.delete_upstream_later(session);
         }
+    }
+
+    /// Ends `session`'s upstream session in the background ([`Broker::end_upstream_later`]).
+    fn delete_upstream_later(self: &Arc<Self>, session: &Session) {
+        if let Some(upstream_id) = session.upstream_id() {
+            let headers = session.with_credentials(own_headers(session.version().as_str(), false));
+            self.end_upstream_later(upstream_id, headers);
+        }
+    }
+
+    /// Sends `DELETE` for upstream session `upstream_id` in the background (best effort), at
+    /// most `--max-upstream-deletes` at once: a sweep that expires thousands of sessions must
+    /// not open as many connections to the MCP server. A waiting one holds its id and headers
+    /// only (`tether_upstream_deletes_pending`).
+    fn end_upstream_later(self: &Arc<Self>, upstream_id: String, headers: http::HeaderMap) {
+        use std::sync::atomic::Ordering;
+        let pending = self.deletes.pending.fetch_add(1, Ordering::Relaxed) + 1;
+        self.metrics.upstream_deletes_pending(pending);
+        let broker = Arc::clone(self);
+        tokio::spawn(async move {
+            // The semaphore is never closed.
+            let slot = broker.deletes.slots.acquire().await;
+            broker.end_upstream_session(&upstream_id, headers).await;
+            drop(slot);
+            let left = broker.deletes.pending.fetch_sub(1, Ordering::Relaxed) - 1;
+            broker.metrics.upstream_deletes_pending(left);
+        });
     }
 
     /// Tells the upstream a session is over (best effort).
@@ -507,12 +547,7 @@ impl Broker {
     /// one (a 2026-07-28 request the upstream answered with `Mcp-Session-Id`, spec S-10).
     pub(crate) fn abandon_upstream_session(self: &Arc<Self>, upstream_id: String) {
         self.metrics.upstream_error("stateless_session_opened");
-        let broker = Arc::clone(self);
-        tokio::spawn(async move {
-            broker
-                .end_upstream_session(&upstream_id, http::HeaderMap::new())
-                .await;
-        });
+        self.end_upstream_later(upstream_id, http::HeaderMap::new());
     }
 
     fn new_stream(

@@ -187,8 +187,7 @@ impl Broker {
                     "a copy of an earlier push replaced"
                 );
                 stale.end(&StoredReply::from(&Rejection::PeerUnavailable));
-                let broker = Arc::clone(self);
-                tokio::spawn(async move { broker.delete_upstream(&stale).await });
+                self.delete_upstream_later(&stale);
             }
         }
         if session.is_credentialed() {

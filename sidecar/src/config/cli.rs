@@ -231,6 +231,23 @@ pub struct Cli {
     /// API, `resources.limits.memory`): the default `--pod-retained-bytes` is half of it.
     #[arg(long, env = "TETHER_MEMORY_LIMIT", value_name = "BYTES")]
     pub memory_limit: Option<u64>,
+    /// Idle connections to the MCP server kept open for reuse: a connection that falls idle
+    /// beyond them is closed, and an idle one is closed after 60 s. A burst of concurrent
+    /// requests opens as many connections; afterwards only these stay.
+    #[arg(
+        long,
+        env = "TETHER_UPSTREAM_MAX_IDLE_CONNECTIONS",
+        value_name = "N",
+        default_value_t = 32
+    )]
+    pub upstream_max_idle_connections: usize,
+    /// Most `DELETE`s of upstream sessions the sidecar sends on its own at once (sessions it
+    /// expired, an upstream session a 2026-07-28 request opened, a replaced copy's): a sweep
+    /// that expires thousands of sessions ends theirs this many at a time, each waiting one a
+    /// few hundred bytes (`tether_upstream_deletes_pending`), instead of opening thousands of
+    /// connections to the MCP server at once.
+    #[arg(long, env = "TETHER_MAX_UPSTREAM_DELETES", value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_upstream_deletes: u32,
     /// How long the upstream may take to send response headers (504 beyond).
     #[arg(long, env = "TETHER_UPSTREAM_TIMEOUT", value_name = "DURATION", default_value = "300s", value_parser = parse_duration)]
     pub upstream_timeout: Duration,

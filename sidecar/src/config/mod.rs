@@ -110,6 +110,8 @@ pub struct Config {
     /// `Host` of every request to the MCP server: `spec.upstream.host`, else the authority of
     /// [`Config::upstream`].
     pub(crate) upstream_host: String,
+    /// Idle connections to the MCP server kept for reuse (`--upstream-max-idle-connections`).
+    pub(crate) upstream_max_idle: usize,
     /// Admission settings.
     pub(crate) admission: AdmissionPolicy,
     /// Broker settings.
@@ -273,6 +275,7 @@ impl Config {
                     .unwrap_or_default()
             }),
             upstream,
+            upstream_max_idle: cli.upstream_max_idle_connections,
             admission: source.admission(spec),
             broker: source.broker(spec),
             keys,
@@ -396,6 +399,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         forward_origin: spec.upstream.forward_origin,
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
         max_open_tasks: cli.max_open_tasks,
+        max_upstream_deletes: cli.max_upstream_deletes as usize,
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit
         // in the pod's budget.
         max_event_bytes: cli

@@ -194,6 +194,7 @@ mod tests {
             cfg.upstream.clone(),
             &cfg.upstream_host,
             cfg.broker.upstream_body_timeout,
+            cfg.upstream_max_idle,
         );
         let broker = crate::server::broker(&cfg, upstream, Arc::clone(&metrics), Arc::default());
         let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));

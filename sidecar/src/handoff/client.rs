@@ -140,7 +140,7 @@ impl PeerClient {
     /// A client signing with `keys` as pod `uid`; `use_tls` dials the peer port with mutual TLS.
     pub(crate) fn new(keys: KeyRing, uid: String, use_tls: bool) -> Self {
         Self {
-            plain: http_client(CONNECT_TIMEOUT, POOL_IDLE),
+            plain: http_client(CONNECT_TIMEOUT, POOL_IDLE, usize::MAX),
             tls: ArcSwapOption::empty(),
             keys,
             uid,
@@ -174,6 +174,7 @@ impl PeerClient {
             tls: Arc::clone(tls),
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(POOL_IDLE)
+                .pool_timer(crate::upstream::pool_timer())
                 .build(connector),
         });
         self.tls.store(Some(Arc::clone(&made)));

@@ -194,3 +194,85 @@ async fn thousands_of_short_sse_calls_keep_bounded_buffers_and_a_cut_call_resume
     assert_eq!(pod.metric("tether_streams").await.unwrap(), 0.0);
     assert_eq!(pod.metric("tether_buffer_unsent_bytes").await.unwrap(), 0.0);
 }
+
+/// Sessions abandoned by their clients (400, each with a call) are reaped at their idle
+/// timeout and ended upstream: their `DELETE`s go at most `--max-upstream-deletes` at a time,
+/// and afterwards the sidecar keeps at most `--upstream-max-idle-connections` connections to
+/// the MCP server (a tap in front of it counts them), so what the reap cost is given back.
+#[tokio::test]
+async fn reaped_sessions_are_ended_upstream_a_few_at_a_time_and_leave_few_connections() {
+    use std::sync::Arc;
+
+    use futures::StreamExt as _;
+    use tether_tests::pod::UPSTREAM_PORT;
+    use tether_tests::tap::Tap;
+
+    const SESSIONS: usize = 400;
+    let (ip, front) = (tether_tests::addr::next_ip(), tether_tests::addr::next_ip());
+    let tap = Tap::start(
+        (front, UPSTREAM_PORT).into(),
+        (ip, UPSTREAM_PORT).into(),
+        Arc::new(|_: &str| false),
+    )
+    .await
+    .unwrap();
+    let spec = PodSpec {
+        upstream_via: Some(tap.addr),
+        idle_timeout: "2s".into(),
+        sidecar_args: [
+            "--max-upstream-deletes",
+            "4",
+            "--upstream-max-idle-connections",
+            "8",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..PodSpec::default()
+    };
+    let pod = Pod::start_at(ip, spec).await.unwrap();
+    let client = pod.client();
+    futures::stream::iter(0..SESSIONS)
+        .for_each_concurrent(32, |i| {
+            let client = client.clone();
+            async move {
+                let session = client.initialize("2025-11-25").await.unwrap();
+                let answer = client
+                    .call(&session, 2, "echo", json!({"text": format!("s-{i}")}))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    result_text(answer.last().unwrap()),
+                    Some(format!("s-{i}").as_str())
+                );
+            }
+        })
+        .await;
+    tap.reset_peak();
+    let deletes = || {
+        tap.recorded()
+            .iter()
+            .filter(|r| r.bytes.starts_with(b"DELETE "))
+            .count()
+    };
+    for _ in 0..300 {
+        if deletes() == SESSIONS && pod.metric("tether_sessions").await.unwrap() == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(deletes(), SESSIONS, "every reaped session ended upstream");
+    assert_eq!(
+        pod.metric("tether_upstream_deletes_pending").await.unwrap(),
+        0.0
+    );
+    assert!(
+        tap.peak_connections() <= 8 + 4,
+        "at most the idle connections kept and 4 DELETEs at once: {} connections were open",
+        tap.peak_connections()
+    );
+    assert!(
+        tap.open_connections() <= 8,
+        "{} connections to the MCP server stay open",
+        tap.open_connections()
+    );
+}
