@@ -23,7 +23,7 @@ use super::rebuild::Rebuild;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::cursor::EventId;
-use crate::mcp::principal::Owner;
+use crate::mcp::principal::{Owner, credential_expired};
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::{EnterGuard, Session, Standalone};
@@ -38,6 +38,11 @@ impl Broker {
         entered: Option<EnterGuard>,
     ) -> Result<Reply, Rejection> {
         let session = self.entered_session(call, entered.as_ref())?;
+        // A stream opened on a JWT past its `exp` could only end at once: the client refreshes
+        // its token instead of reconnecting in a loop.
+        if credential_expired(&call.headers, std::time::SystemTime::now()) {
+            return Err(Rejection::CredentialExpired);
+        }
         let _busy = session.busy();
         if let Err(refusal) = self.revalidate(&session, &call.headers).await {
             return Ok(refusal);

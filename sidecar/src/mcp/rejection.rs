@@ -210,6 +210,10 @@ pub(crate) enum Rejection {
     /// this endpoint did not seal for its principal (forged, altered, another principal's,
     /// sealed with a retired key; `mcp/mrtr.rs`).
     RequestStateInvalid,
+    /// 401: a GET stream (standalone, or a resume) asked for with a JWT past its `exp`: a stream
+    /// ends when the credential that opened it expires, so none opens on an expired one; the
+    /// client refreshes its token (RFC 6750 `invalid_token`).
+    CredentialExpired,
     /// 502: the MCP server answered with a `requestState` longer than tether seals
     /// ([`crate::mcp::sealed::MAX_UPSTREAM_REQUEST_STATE`] bytes).
     RequestStateTooLong,
@@ -224,6 +228,7 @@ impl Rejection {
             // The MCP server's own answer for an unknown task: a JSON-RPC error, not a transport
             // one.
             TaskNotFound(_) | RequestStateInvalid => StatusCode::OK,
+            CredentialExpired => StatusCode::UNAUTHORIZED,
             OriginForbidden | ForgedHop => StatusCode::FORBIDDEN,
             NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -301,6 +306,7 @@ impl Rejection {
             TaskNotFound(TaskMiss::Gone) => "task_gone",
             TaskIdTooLong => "task_id_oversized",
             RequestStateInvalid => "request_state_invalid",
+            CredentialExpired => "credential_expired",
             RequestStateTooLong => "request_state_oversized",
         }
     }
@@ -431,6 +437,10 @@ impl Rejection {
                 "Bad Gateway: the MCP server named a task with an id longer than {} bytes",
                 crate::mcp::sealed::MAX_UPSTREAM_TASK_ID
             ),
+            CredentialExpired => {
+                "Unauthorized: the access token expired; send the request again with a fresh one"
+                    .into()
+            }
             RequestStateInvalid => "Invalid params: requestState is not one this endpoint \
                  issued to this principal: send the original request again"
                 .into(),
@@ -532,6 +542,7 @@ mod tests {
             TaskIdTooLong,
             RequestStateInvalid,
             RequestStateTooLong,
+            CredentialExpired,
         ];
         for r in &all {
             match r {
@@ -575,7 +586,8 @@ mod tests {
                 | TaskNotFound(_)
                 | TaskIdTooLong
                 | RequestStateInvalid
-                | RequestStateTooLong => {}
+                | RequestStateTooLong
+                | CredentialExpired => {}
             }
         }
         all
@@ -643,6 +655,12 @@ mod tests {
                  `task_gone`), so that polling ends"
             }
             TaskIdTooLong => "the MCP server named a task with an id longer than 256 bytes",
+            CredentialExpired => {
+                "a GET (the standalone stream, or a resume with `Last-Event-ID`) whose bearer JWT \
+                 is past its `exp`, with `WWW-Authenticate: Bearer error=\"invalid_token\"`: a \
+                 stream ends when the token that opened it expires, so none opens on an expired \
+                 one (what the stream holds stays buffered for a resume with a fresh token)"
+            }
             RequestStateInvalid => {
                 "a `tools/call`, `prompts/get` or `resources/read` retry (2026-07-28 multi \
                  round-trip request) whose `requestState` this endpoint did not seal for the \

@@ -78,6 +78,14 @@ impl StoredReply {
                     HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
                 );
             }
+            Rejection::CredentialExpired => {
+                headers.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(
+                        "Bearer error=\"invalid_token\", error_description=\"The access token expired\"",
+                    ),
+                );
+            }
             Rejection::TooManySessions
             | Rejection::UpstreamUnavailable
             | Rejection::UpstreamNotReady

@@ -561,6 +561,10 @@ async fn a_loopback_server_defending_against_dns_rebinding_serves_a_public_host_
     assert_eq!(resp.status(), StatusCode::MISDIRECTED_REQUEST);
 }
 
+/// A resume whose JWT expired is refused by tether itself (a stream ends when its token
+/// expires, so none opens on an expired one), and one whose token the MCP server refuses
+/// (signed by another key, not expired) gets the server's 401; neither gets an event, and the
+/// same resume with a fresh token is served from the buffer.
 #[tokio::test]
 async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_event() {
     let issuer = Issuer::new().unwrap();
@@ -582,6 +586,18 @@ async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_e
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
     let challenge = header_str(&refused, "www-authenticate").unwrap_or_default();
     assert!(challenge.contains("invalid_token"), "{challenge}");
+    let body = body_text(refused).await.unwrap();
+    assert!(!body.contains("progress"), "no buffered event: {body}");
+    assert_eq!(
+        pod.metric(r#"tether_rejections_total{status="401",reason="credential_expired"}"#)
+            .await
+            .unwrap(),
+        1.0
+    );
+    // A token that has not expired but that the MCP server refuses: it is asked.
+    alice.set_authorization(Some(alices_token(&Issuer::new().unwrap(), HOUR)));
+    let refused = alice.get(&session, Some(&cursor)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
     let body = body_text(refused).await.unwrap();
     assert!(!body.contains("progress"), "no buffered event: {body}");
     assert_eq!(
