@@ -467,11 +467,18 @@ impl Reader {
     }
 }
 
-/// Attributes one message to the call, or counts it as foreign or duplicated.
+/// Attributes one message to the call, or counts it as foreign (described in the failures) or
+/// duplicated.
 fn classify(data: &str, request_id: u64, call_id: &str, out: &mut CallOutcome) {
-    let Ok(msg) = serde_json::from_str::<Value>(data) else {
+    let foreign = |out: &mut CallOutcome| {
         out.foreign += 1;
-        return;
+        let shown: String = data.chars().take(240).collect();
+        out.failures.push(format!(
+            "{call_id} (request {request_id}): foreign message {shown}"
+        ));
+    };
+    let Ok(msg) = serde_json::from_str::<Value>(data) else {
+        return foreign(out);
     };
     if msg.get("method").and_then(Value::as_str) == Some("notifications/progress") {
         let token = msg.pointer("/params/progressToken").and_then(Value::as_str);
@@ -485,7 +492,7 @@ fn classify(data: &str, request_id: u64, call_id: &str, out: &mut CallOutcome) {
                     out.progress.push(p);
                 }
             }
-            _ => out.foreign += 1,
+            _ => foreign(out),
         }
         return;
     }
@@ -500,7 +507,7 @@ fn classify(data: &str, request_id: u64, call_id: &str, out: &mut CallOutcome) {
         }
         return;
     }
-    out.foreign += 1;
+    foreign(out);
 }
 
 #[cfg(test)]
