@@ -50,7 +50,7 @@ async fn retry(mcp: &McpClient, url: &str, id: u64, call_id: &str, state: &Value
 /// the pod that issued its state (10 each), none is refused, and a state altered by one
 /// character never reaches a server.
 #[tokio::test]
-async fn mrtr_retries_reach_the_pod_that_issued_their_state() {
+async fn m01_retries_reach_the_pod_that_issued_their_request_state() {
     let ips = tether_tests::addr::ips::<2>();
     let cluster =
         tether_tests::cluster::Cluster::start(&ips, tether_tests::pod::PodSpec::default())
@@ -125,7 +125,7 @@ async fn mrtr_retries_reach_the_pod_that_issued_their_state() {
 /// A server with one key per pod refuses it there (so the client starts over); servers that
 /// share their key across pods (`--request-state-key` here) complete it.
 #[tokio::test]
-async fn mrtr_a_retry_outliving_its_issuer_needs_a_key_shared_by_the_pods() {
+async fn m01_a_retry_outliving_its_issuer_needs_a_key_shared_by_the_pods() {
     let ips = tether_tests::addr::ips::<4>();
     let key = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(key.path(), [7u8; 32]).unwrap();
