@@ -12,7 +12,9 @@
 //!   `UnsupportedProtocolVersionError` with the request's id. Task ids are opened on the way in
 //!   and sealed on the way out (`docs/design/tasks.md`).
 //! - Requests for a session held by another pod, `tasks/*` requests whose `Mcp-Name` names a task
-//!   of another pod, and requests without a session on a draining pod, are forwarded to the peer [`crate::cluster::routing`] picks, through pingora's proxy path: the
+//!   of another pod, retries of multi round-trip requests whose `requestState` another pod
+//!   issued (their body read first and resent from pingora's 64 KiB retry buffer; a larger one
+//!   is served here), and requests without a session on a draining pod, are forwarded to the peer [`crate::cluster::routing`] picks, through pingora's proxy path: the
 //!   client's headers and the peer's status, headers and body pass unchanged (SSE chunks are
 //!   written as they arrive), with the signed hop headers added. A peer that cannot be reached is
 //!   skipped and the next candidate tried.
@@ -787,7 +789,8 @@ impl McpProxy {
             .route(self.lifecycle.is_draining(), target, &hop)
         {
             Route::Local => Ok(None),
-            // Served here: the answer is the task's not-found error (`broker::tasks`).
+            // Served here: a task's request gets the task's not-found error (`broker::tasks`), a
+            // retry of a multi round-trip request goes to this pod's MCP server.
             Route::NotFound(_) if matches!(target, Target::Issued { .. }) => Ok(None),
             Route::NotFound(reason) => {
                 if let Some(id) = session_id.as_deref() {
