@@ -210,9 +210,9 @@ pub(crate) enum Rejection {
     /// this endpoint did not seal for its principal (forged, altered, another principal's,
     /// sealed with a retired key; `mcp/mrtr.rs`).
     RequestStateInvalid,
-    /// 401: a GET stream (standalone, or a resume) asked for with a JWT past its `exp`: a stream
-    /// ends when the credential that opened it expires, so none opens on an expired one; the
-    /// client refreshes its token (RFC 6750 `invalid_token`).
+    /// 401: a GET stream (standalone, or a resume) asked for with a JWT past its `exp`: the
+    /// client refreshes its token (RFC 6750 `invalid_token`) instead of reading a stream on an
+    /// expired credential.
     CredentialExpired,
     /// 502: the MCP server answered with a `requestState` longer than tether seals
     /// ([`crate::mcp::sealed::MAX_UPSTREAM_REQUEST_STATE`] bytes).
@@ -657,9 +657,10 @@ mod tests {
             TaskIdTooLong => "the MCP server named a task with an id longer than 256 bytes",
             CredentialExpired => {
                 "a GET (the standalone stream, or a resume with `Last-Event-ID`) whose bearer JWT \
-                 is past its `exp`, with `WWW-Authenticate: Bearer error=\"invalid_token\"`: a \
-                 stream ends when the token that opened it expires, so none opens on an expired \
-                 one (what the stream holds stays buffered for a resume with a fresh token)"
+                 is past its `exp`, with `WWW-Authenticate: Bearer error=\"invalid_token\"`, \
+                 without asking the MCP server (which may accept a token some seconds past its \
+                 `exp`): the client refreshes its token; what the stream holds stays buffered \
+                 for a resume with the fresh one"
             }
             RequestStateInvalid => {
                 "a `tools/call`, `prompts/get` or `resources/read` retry (2026-07-28 multi \
