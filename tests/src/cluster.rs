@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::client::McpClient;
-use crate::pod::{LISTEN_PORT, Pod, PodSpec, uid};
+use crate::pod::{Drained, LISTEN_PORT, Pod, PodSpec, uid};
 use crate::{HarnessError, Result, load};
 
 /// How long a membership change may take to reach every sidecar (the peers file is polled
@@ -229,6 +229,25 @@ impl Cluster {
     async fn membership_changes(&self) -> Result<Vec<f64>> {
         self.metric_each("tether_membership_changes_total{source=\"peers_file\"}")
             .await
+    }
+
+    /// Drains the pod on `ip`, stops it and removes it from everyone's membership: a pod gone
+    /// after its drain. What its drain reported.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when there is no such pod, the drain fails or the change does not
+    /// propagate.
+    pub async fn drain_and_remove(&mut self, ip: Ipv4Addr) -> Result<Drained> {
+        let pod = self
+            .take(ip)
+            .ok_or_else(|| HarnessError::Protocol(format!("no pod on {ip}")))?;
+        let drained = pod
+            .start_drain()
+            .await
+            .map_err(|e| HarnessError::Protocol(format!("the drain of {ip} failed: {e}")))??;
+        drop(pod);
+        self.set_state(ip, None).await?;
+        Ok(drained)
     }
 
     /// Takes the pod on `ip` out of [`Cluster::pods`] (its membership entry stays): the caller

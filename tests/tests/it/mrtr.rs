@@ -149,9 +149,7 @@ async fn m01_a_retry_outliving_its_issuer_needs_a_key_shared_by_the_pods() {
             cluster.pods[1].mcp_url.clone(),
         );
         let first = first_round(&mcp, &a_url, 1, "c-gone").await;
-        cluster.pods[0].start_drain().await.unwrap().unwrap();
-        drop(cluster.take(pair[0]));
-        cluster.set_state(pair[0], None).await.unwrap();
+        cluster.drain_and_remove(pair[0]).await.unwrap();
         let answer = retry(&mcp, &b_url, 2, "c-gone", &first["requestState"]).await;
         let b = cluster.pods.iter().find(|p| p.mcp_url == b_url).unwrap();
         let gone = r#"tether_mrtr_retries_total{outcome="issuer_gone"}"#;

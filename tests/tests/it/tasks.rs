@@ -95,10 +95,8 @@ async fn k01_a_task_lost_with_its_pod_is_failed_not_unknown() {
         cluster.pods[1].mcp_url.clone(),
     );
     let task_id = create_task(&mcp, &a_url, 60_000, "t-lost").await;
-    let drained = cluster.pods[0].start_drain().await.unwrap().unwrap();
+    let drained = cluster.drain_and_remove(ips[0]).await.unwrap();
     assert_eq!(drained.body["tasksLeft"], 1, "{:?}", drained.body);
-    drop(cluster.take(ips[0]));
-    cluster.set_state(ips[0], None).await.unwrap();
     let (status, answer) = get_task(&mcp, &b_url, 5, &task_id).await.unwrap();
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["id"], 5, "{answer}");
