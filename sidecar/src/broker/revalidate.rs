@@ -26,8 +26,17 @@ use crate::session::Session;
 use crate::stream::refuses_caller;
 use crate::upstream::{Exchange, post_headers};
 
-/// The `ping` a revalidation sends (its answer is read and dropped).
-const PING: &[u8] = br#"{"jsonrpc":"2.0","id":"tether-revalidate","method":"ping"}"#;
+/// The `ping` of one revalidation (its answer is read and dropped), with a request id of its
+/// own: the spec forbids reusing one in a session, and an MCP server routes each answer by its
+/// request's id — with one id for every ping, two revalidations at once (a resume and the
+/// standalone stream's reconnect after a token refresh) got each other's answer or none, and
+/// the other answer reached the standalone stream.
+fn ping() -> Bytes {
+    let id: u64 = rand::random();
+    Bytes::from(format!(
+        r#"{{"jsonrpc":"2.0","id":"tether-revalidate-{id:016x}","method":"ping"}}"#
+    ))
+}
 
 impl Broker {
     /// The digest standing for the credential a request of `session` with `headers` presents
@@ -125,11 +134,7 @@ impl Broker {
             headers: ping_headers,
             last_event_id: None,
         };
-        let Ok(resp) = self
-            .upstream
-            .send(Method::POST, exchange, Bytes::from_static(PING))
-            .await
-        else {
+        let Ok(resp) = self.upstream.send(Method::POST, exchange, ping()).await else {
             return Ok(());
         };
         let status = resp.status();
@@ -148,5 +153,28 @@ impl Broker {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ping;
+    use crate::mcp::jsonrpc::{Envelope, EnvelopeLimits, Message};
+
+    #[test]
+    fn each_revalidation_ping_has_a_request_id_of_its_own() {
+        let id = || {
+            let body = ping();
+            let env = Envelope::parse(&body, EnvelopeLimits { max_batch: 1 }).unwrap();
+            match &env.messages[0].0 {
+                Message::Request { id, method } => {
+                    assert_eq!(method, "ping");
+                    id.clone()
+                }
+                other => panic!("not a request: {other:?}"),
+            }
+        };
+        let ids: std::collections::HashSet<_> = (0..100).map(|_| id()).collect();
+        assert_eq!(ids.len(), 100, "{ids:?}");
     }
 }

@@ -620,6 +620,61 @@ async fn a_resume_with_a_credential_the_server_now_refuses_gets_its_401_and_no_e
     );
 }
 
+/// Revalidations of one session at once — resumes and the standalone stream's reconnect, all
+/// with a credential the MCP server has not accepted within the window, as after a token
+/// refresh — are each answered at once, and nothing but the server's own messages reaches the
+/// standalone stream: every `ping` a revalidation sends has a request id of its own (the spec
+/// forbids reusing one in a session). With one id for every ping, the MCP server (rmcp) answered
+/// one ping on the other's stream and the other on the standalone stream: a resume that waited
+/// for the server's upstream timeout, and a foreign message on the standalone stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_revalidations_in_one_session_are_each_answered() {
+    const RESUMES: usize = 20;
+    let issuer = Issuer::new().unwrap();
+    let pod = Pod::start(PodSpec {
+        revalidate: "1s".into(),
+        sidecar_args: vec!["--max-takeovers".into(), "1000".into()],
+        ..authenticated(&issuer)
+    })
+    .await
+    .unwrap();
+    let alice = pod.client();
+    alice.set_authorization(Some(alices_token(&issuer, HOUR)));
+    let session = alice.initialize("2025-11-25").await.unwrap();
+    let standalone = alice.get(&session, None).await.unwrap();
+    assert_eq!(standalone.status(), StatusCode::OK);
+    let mut standalone = Events::new(standalone);
+    let (_, cursor) = first_cursor(&alice, &session, "revalidated").await;
+    // The call finishes into the buffer and the window passes: each resume asks the server.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let resumes = (0..RESUMES).map(|_| async {
+        tokio::time::timeout(Duration::from_secs(10), alice.get(&session, Some(&cursor)))
+            .await
+            .map(|answered| answered.map(|resp| resp.status()))
+    });
+    let answered = futures::future::join_all(resumes).await;
+    let hung = answered.iter().filter(|a| a.is_err()).count();
+    assert_eq!(
+        hung, 0,
+        "resumes without response headers within 10 s: {answered:?}"
+    );
+    assert!(
+        pod.metric(r#"tether_revalidations_total{result="accepted"}"#)
+            .await
+            .unwrap()
+            >= 2.0,
+        "the resumes revalidated at once"
+    );
+    // The standalone stream carries no answer to a ping it never sent.
+    while let Some(ev) = standalone.next_within(Duration::from_millis(500)).await {
+        let data = ev.data.unwrap_or_default();
+        assert!(
+            data.is_empty(),
+            "a foreign message on the standalone stream: {data}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_on_the_new_holder_is_authorized_by_the_rebuild_it_triggers() {
     let issuer = Issuer::new().unwrap();
