@@ -88,17 +88,15 @@ impl Broker {
         // At the end of an ended standalone stream (its holder handed the session off, or the
         // upstream closed it) the client goes on with the next one, from its start: the new
         // holder's stream, with the server messages buffered while the client read the old one.
-        let (stream, from) = if stream.kind() == StreamKind::Standalone
-            && stream.is_complete()
-            && id.seq >= stream.last_seq()
-        {
-            match session.next_standalone(&id.stream) {
-                Some(next) => (next, 0),
-                None => return Ok(None),
-            }
-        } else {
-            (stream, id.seq)
-        };
+        let (stream, from) =
+            if stream.kind() == StreamKind::Standalone && stream.is_over_after(id.seq) {
+                match session.next_standalone(&id.stream) {
+                    Some(next) => (next, 0),
+                    None => return Ok(None),
+                }
+            } else {
+                (stream, id.seq)
+            };
         let reply = Reply::sse(self.take_over(session, &stream, Start::After(from))?);
         self.metrics
             .resume_hit(stream.last_seq().saturating_sub(from), started.elapsed());

@@ -652,6 +652,19 @@ impl Stream {
         !st.readers.is_empty() || (self.kind.answers_requests() && !st.complete)
     }
 
+    /// Whether a reader after `seq` would get nothing more: the stream is complete and keeps no
+    /// event after it. A followed stream whose writer died ([`Stream::abandon_following`]) is
+    /// numbered past its last event with none there, so its last sequence number says nothing
+    /// of where it ended.
+    pub(crate) fn is_over_after(&self, seq: u64) -> bool {
+        let st = self.state.lock();
+        st.complete
+            && st
+                .buffer
+                .events_after(seq)
+                .is_ok_and(|mut after| after.next().is_none())
+    }
+
     /// Sequence of the newest event.
     pub(crate) fn last_seq(&self) -> u64 {
         self.state.lock().buffer.last_seq()
@@ -1058,6 +1071,23 @@ mod tests {
         assert!(text(feed.next().await).contains("-1\n"));
         assert_eq!(text(feed.next().await), "retry: 100\n\n");
         assert_eq!(feed.next().await, FeedItem::End);
+    }
+
+    #[test]
+    fn a_complete_stream_is_over_after_its_last_event_even_numbered_past_it() {
+        let writer = post_stream(&[]);
+        writer.append(None, progress(1), Instant::now());
+        writer.append(None, progress(2), Instant::now());
+        let (image, _) = writer.snapshot(0, 1 << 20);
+        let copy = copy_of(&image);
+        assert!(!copy.is_over_after(2), "still followed");
+        copy.abandon_following();
+        assert!(
+            copy.last_seq() > 2,
+            "numbered past the dead writer's events"
+        );
+        assert!(!copy.is_over_after(1), "event 2 is still to read");
+        assert!(copy.is_over_after(2));
     }
 
     #[tokio::test]

@@ -17,6 +17,7 @@
 //! | Origin altered by a proxy | [`o01_o02_altered_origins_are_403_at_every_entry_and_reach_no_upstream`] |
 //! | reconnect storm | [`r03_a_resume_storm_stays_within_the_budget_and_loses_nothing`] |
 //! | pod SIGKILLed mid-handoff | [`s06_r01_a_pod_killed_mid_handoff_loses_only_unacknowledged_sessions`] |
+//! | standalone stream's writer SIGKILLed mid-follow | [`r03_a_standalone_stream_whose_writer_was_killed_resumes_on_the_new_holders`] |
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -883,5 +884,90 @@ async fn s06_r01_a_pod_killed_mid_handoff_loses_only_unacknowledged_sessions() {
         problems.len(),
         &problems[..problems.len().min(3)],
         s.cluster.logs()
+    );
+}
+
+/// The `notify` log notifications of `events` until it ends or is silent for 3 s: `(text, seq)`
+/// of each, and the id of the last event (the cursor to resume from).
+async fn notifications(mut events: Events, cursor: &mut String) -> Vec<(String, u64)> {
+    let mut got = Vec::new();
+    while let Some(ev) = events.next_within(Duration::from_secs(3)).await {
+        if let Some(id) = ev.id {
+            *cursor = id;
+        }
+        let Ok(msg) = serde_json::from_str::<Value>(&ev.data.unwrap_or_default()) else {
+            continue;
+        };
+        let data = &msg["params"]["data"];
+        if let (Some(text), Some(seq)) = (data["text"].as_str(), data["seq"].as_u64()) {
+            got.push((text.to_owned(), seq));
+        }
+    }
+    got
+}
+
+/// A standalone stream whose session moved while a call kept it followed goes on at the new
+/// holder after the pod writing it is SIGKILLed: the client's resume after the last event it
+/// read gets the new holder's standalone stream, with what the MCP server sent there. The copy
+/// of a stream whose writer died is numbered past its last event (the writer may have sent
+/// clients events that never arrived); before, that numbering hid its end, and every resume was
+/// served the empty copy, which ended at once: the client reconnected in a loop and every later
+/// notification was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r03_a_standalone_stream_whose_writer_was_killed_resumes_on_the_new_holders() {
+    let mut s = Scenario::start(2, PodSpec::default()).await;
+    let session = s.on_a("2025-11-25").await;
+    let via_a = s.via_a();
+    let resp = via_a.get(&session, None).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let notify = |client: McpClient, id: u64, text: &'static str| {
+        let session = session.clone();
+        async move {
+            let args = json!({"text": text, "count": 3});
+            tether_tests::follow::call_to_answer(
+                &client,
+                &session,
+                id,
+                "notify",
+                args,
+                &Follow::default(),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    notify(via_a.clone(), 2, "before").await;
+    let mut cursor = String::new();
+    let before = notifications(Events::new(resp), &mut cursor).await;
+    assert_eq!(before.len(), 3, "{before:?}");
+    // A call still running at A keeps A writing the session's streams after the move.
+    let call = via_a
+        .post(Some(&session), &slow_body(3, "held", 30, 500), &[])
+        .await
+        .unwrap();
+    let drain = s.drain_a().await;
+    s.wait_moved(1.0).await;
+    let index = s.cluster.pods.iter().position(|p| p.ip == s.a).unwrap();
+    s.cluster.pods[index].kill_sidecar().await.unwrap();
+    let killed = s.cluster.pods.remove(index);
+    drop((drain, call));
+    s.cluster.set_state(s.a, None).await.unwrap();
+    let via_b = s.via_rest();
+    notify(via_b.clone(), 4, "after").await;
+    // The client resumes as EventSource does, after the last event it read.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut after = Vec::new();
+    let mut resumes = 0;
+    while after.len() < 3 && Instant::now() < deadline {
+        resumes += 1;
+        let resp = via_b.get(&session, Some(&cursor)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "resume {resumes}");
+        after.extend(notifications(Events::new(resp), &mut cursor).await);
+    }
+    drop(killed);
+    assert_eq!(
+        after,
+        [1, 2, 3].map(|seq| ("after".to_owned(), seq)),
+        "the notifications sent at the new holder, each once ({resumes} resumes)"
     );
 }
