@@ -28,6 +28,7 @@
 
 use std::collections::BTreeMap;
 
+use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -71,6 +72,29 @@ pub fn key_id(key: &[u8]) -> String {
     h.update(b"tether/key-id/v1\0");
     h.update(key_material(key));
     hex::encode(&h.finalize()[..KEY_ID_LEN / 2])
+}
+
+/// Domain label of log digests ([`log_digest`]).
+pub const DOMAIN_LOG_DIGEST: &[u8] = b"tether/log-digest/v1";
+
+/// HMAC-SHA256 keyed with `key` (a key's [`key_material`]), over `domain` (length-prefixed)
+/// and whatever is added next: every MAC a sidecar makes, one domain per use.
+pub fn keyed_mac(key: &[u8], domain: &[u8]) -> Hmac<Sha256> {
+    // HMAC accepts keys of any length, so this cannot fail.
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+    mac.update(&(domain.len() as u64).to_be_bytes());
+    mac.update(domain);
+    mac
+}
+
+/// The digest a sidecar writes in its logs for `value` (a session id) under `key`: 12 hex
+/// characters. It identifies a session across log lines without revealing its id; whoever holds
+/// the key (the endpoint's Secret) finds a session's lines by it.
+pub fn log_digest(key: &[u8], value: &str) -> String {
+    let mut mac = keyed_mac(key, DOMAIN_LOG_DIGEST);
+    mac.update(value.as_bytes());
+    hex::encode(&mac.finalize().into_bytes()[..6])
 }
 
 /// Why a generation could not be made.

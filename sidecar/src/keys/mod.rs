@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use hmac::{Hmac, KeyInit, Mac};
+use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tether_crds::keyring::{
     CA_BUNDLE, CURRENT_KEY, KEY_ID_LEN, MIN_KEY_BYTES, NEXT_KEY, PREVIOUS_KEY, TLS_CERT, TLS_KEY,
@@ -34,8 +34,6 @@ pub(crate) const DOMAIN_SESSION_ID: &[u8] = b"tether/session-id/v1";
 pub(crate) const DOMAIN_HOP: &[u8] = b"tether/hop/v1";
 /// Domain label of first-version peer-protocol MACs (`docs/design/handoff.md`).
 pub(crate) const DOMAIN_PEER: &[u8] = b"tether/peer/v1";
-/// Domain label of log digests.
-pub(crate) const DOMAIN_LOG_DIGEST: &[u8] = b"tether/log-digest/v1";
 /// Domain of the digest a session's principal is kept as (`mcp/principal.rs`).
 pub(crate) const DOMAIN_PRINCIPAL: &[u8] = b"tether/principal/v1";
 /// Domain of the key that seals task ids (`mcp/sealed.rs`).
@@ -122,16 +120,11 @@ impl Key {
     /// A short keyed digest of `value` for logs: 12 hex characters. It identifies a session
     /// across log lines without revealing its id.
     pub(crate) fn log_digest(&self, value: &str) -> String {
-        hex::encode(&self.mac(DOMAIN_LOG_DIGEST, value.as_bytes())[..6])
+        tether_crds::keyring::log_digest(&self.bytes, value)
     }
 
     fn keyed(&self, domain: &[u8]) -> Hmac<Sha256> {
-        // HMAC accepts keys of any length, so this cannot fail.
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.bytes)
-            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
-        mac.update(&(domain.len() as u64).to_be_bytes());
-        mac.update(domain);
-        mac
+        tether_crds::keyring::keyed_mac(&self.bytes, domain)
     }
 }
 
@@ -500,7 +493,7 @@ mod tests {
         assert_ne!(k.mac(b"a", b"m"), k.mac(b"b", b"m"));
         let tag = k.mac(DOMAIN_SESSION_ID, b"m");
         assert!(k.verify(DOMAIN_SESSION_ID, b"m", &tag[..16]));
-        assert!(!k.verify(DOMAIN_LOG_DIGEST, b"m", &tag[..16]));
+        assert!(!k.verify(tether_crds::keyring::DOMAIN_LOG_DIGEST, b"m", &tag[..16]));
         assert!(
             !k.verify(DOMAIN_SESSION_ID, b"m", &tag[..8]),
             "short tags are refused"
