@@ -15,7 +15,7 @@ PYTHON_DEPS := python3 python3-venv
 # npm (and the Node.js it runs on), which installs the conformance suite: `make conformance`.
 NODE_DEPS := nodejs npm
 
-.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo bench bench-proxy crds references images e2e cluster-deps cluster-root cluster-tools cluster-up cluster-down e2e-local clean
+.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo soak bench bench-proxy crds references images e2e cluster-deps cluster-root cluster-tools cluster-up cluster-down e2e-local clean
 
 all: test
 
@@ -150,6 +150,17 @@ fuzz: deps
 demo: deps
 	$(CARGO) build --release --bins
 	./target/release/tether-demo $(DEMO_ARGS)
+
+## soak: the 5,000-session rolling upgrade SOAK_RUNS times (default 20), one row per run and
+## the totals; fails on any foreign or lost event, client-visible 404, tool run twice or request
+## answered after 10 s or more, and explains each from the sidecars' logs (release build; about
+## seven minutes a run on 2 cores; docs/dev/testing.md#soak).
+SOAK_RUNS ?= 20
+SOAK_ARGS ?= --sessions 5000 --pods 3 --calls 2 --count 5 --interval-ms 1000 --baseline false \
+  --drain-timeout-ms 20000 --ramp-up-ms 10000
+soak: deps
+	$(CARGO) build --release --bins
+	./target/release/tether-demo $(SOAK_ARGS) --runs $(SOAK_RUNS)
 
 ## bench: ring lookup (criterion), forward-hop latency, what hostile input costs, and bounded
 ## memory and backpressure (release build).

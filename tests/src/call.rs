@@ -109,9 +109,21 @@ pub struct CallOutcome {
     pub not_found: u64,
     /// What went wrong, if anything.
     pub failures: Vec<String>,
+    /// The key of the stream read (from the first event id, `<key>-<seq>`).
+    pub stream: Option<String>,
+    /// Sequence numbers of the message events read, in arrival order.
+    pub seqs: Vec<u64>,
 }
 
 impl CallOutcome {
+    /// What was read, for a report: the stream key and the sequence numbers of its events.
+    pub fn read(&self) -> String {
+        match &self.stream {
+            Some(key) => format!("stream {key}, events {:?} read", self.seqs),
+            None => "no event read".to_owned(),
+        }
+    }
+
     /// Expected messages never received: progress values 1..=count missing, plus the result.
     pub fn lost(&self, count: u32) -> u64 {
         let got: HashSet<u32> = self.progress.iter().copied().collect();
@@ -447,7 +459,13 @@ impl Reader {
         }
         let data = ev.data.unwrap_or_default();
         if let Some(id) = ev.id {
-            let key = id.rsplit_once('-').map_or(id.as_str(), |(key, _)| key);
+            let (key, seq) = id.rsplit_once('-').unwrap_or((id.as_str(), ""));
+            if !data.is_empty()
+                && let Ok(seq) = seq.parse()
+            {
+                out.seqs.push(seq);
+            }
+            out.stream.get_or_insert_with(|| key.to_owned());
             if self.stream.get_or_insert_with(|| key.to_owned()) != key {
                 out.foreign += 1;
                 out.failures

@@ -5,6 +5,7 @@
 //! connection) and resume with `GET` + `Last-Event-ID`.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -29,9 +30,25 @@ pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 /// expect (a drain's deadline, a held request), short of the rollout's 90 s finish.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A pooled HTTP/1.1 client.
+/// A response whose headers took this long or longer is *late* ([`Http::late_heads`]): a
+/// client left waiting that long is hung in all but name.
+pub const LATE_HEAD: Duration = Duration::from_secs(10);
+
+/// A pooled HTTP/1.1 client. Its clones share the pool and the count of late responses.
 #[derive(Clone, Debug)]
-pub struct Http(Client<HttpConnector, Full<Bytes>>);
+pub struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+    heads: Arc<HeadWaits>,
+}
+
+/// How long responses kept their clients waiting for headers.
+#[derive(Debug, Default)]
+struct HeadWaits {
+    /// Requests answered (or given up) after [`LATE_HEAD`] or more.
+    late: AtomicU64,
+    /// The longest wait, in milliseconds.
+    longest_ms: AtomicU64,
+}
 
 impl Default for Http {
     fn default() -> Self {
@@ -45,7 +62,19 @@ impl Http {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        Self(Client::builder(TokioExecutor::new()).build(connector))
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            heads: Arc::default(),
+        }
+    }
+
+    /// Requests of this client and its clones whose response headers took [`LATE_HEAD`] or
+    /// more (those that never came included), and the longest wait of any.
+    pub fn late_heads(&self) -> (u64, Duration) {
+        (
+            self.heads.late.load(Ordering::Relaxed),
+            Duration::from_millis(self.heads.longest_ms.load(Ordering::Relaxed)),
+        )
     }
 
     /// Sends a request with `headers` and an optional body.
@@ -68,8 +97,17 @@ impl Http {
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| HarnessError::Http(e.to_string()))?;
         let method = req.method().clone();
-        tokio::time::timeout(RESPONSE_TIMEOUT, self.0.request(req))
-            .await
+        let sent = std::time::Instant::now();
+        let answered = tokio::time::timeout(RESPONSE_TIMEOUT, self.client.request(req)).await;
+        let waited = sent.elapsed();
+        if waited >= LATE_HEAD {
+            self.heads.late.fetch_add(1, Ordering::Relaxed);
+        }
+        let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+        self.heads
+            .longest_ms
+            .fetch_max(waited_ms, Ordering::Relaxed);
+        answered
             .map_err(|_| {
                 HarnessError::Http(format!(
                     "{method} {url}: no response headers within {RESPONSE_TIMEOUT:?}"
@@ -436,6 +474,12 @@ impl McpClient {
     /// [`McpClient::url`].
     pub fn set_entries(&self, urls: Vec<String>) {
         *self.entries.write().unwrap_or_else(PoisonError::into_inner) = urls;
+    }
+
+    /// Requests of this client and its clones whose response headers took
+    /// [`LATE_HEAD`] or more, and the longest wait ([`Http::late_heads`]).
+    pub fn late_heads(&self) -> (u64, Duration) {
+        self.http.late_heads()
     }
 
     /// The entry URL of the next request.

@@ -21,6 +21,7 @@
 //! - [`call`]: one `slow` tool call with cuts and resumes, checked event by event;
 //! - [`follow`]: reconnecting to a stream like EventSource (retry hint, `Retry-After`, 404);
 //! - [`modern`]: a 2026-07-28 (stateless) client, tasks included;
+//! - [`incident`]: what a client saw go wrong, traced in the sidecars' logs by session digest;
 //! - [`load`]: many concurrent sessions of such calls, summed up in a [`load::Report`];
 //! - [`rollout`]: a rolling replacement of every pod under such a load, in a [`rollout::RolloutReport`];
 //! - [`scenario`]: a cluster whose first pod drains and hands its sessions off, for faults
@@ -44,6 +45,7 @@ pub mod clock;
 pub mod cluster;
 pub mod conformance;
 pub mod follow;
+pub mod incident;
 pub mod keyring;
 pub mod kube_api;
 pub mod load;

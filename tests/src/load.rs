@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::call::{self, CallOutcome, CallPlan};
 use crate::client::McpClient;
+use crate::incident::{Incident, IncidentKind};
 use crate::{Result, table};
 
 /// Held by the test of a process that puts the machine under load ([`heavy`]).
@@ -92,6 +93,9 @@ pub struct Report {
     pub resume_latencies: Vec<Duration>,
     /// Failures, with their first messages.
     pub failures: Vec<String>,
+    /// Lost, foreign and duplicated events and failed requests, each with what the client
+    /// knows of it (the load of a rollout names their sessions).
+    pub incidents: Vec<Incident>,
     /// Wall time of the run.
     pub elapsed: Duration,
 }
@@ -147,6 +151,7 @@ impl Report {
         self.executed_twice += other.executed_twice;
         self.resume_latencies.extend(other.resume_latencies);
         self.failures.extend(other.failures);
+        self.incidents.extend(other.incidents);
     }
 
     /// Records one `slow` call with `count` progress notifications: its outcome, or the error
@@ -164,14 +169,17 @@ impl Report {
                     let got: std::collections::HashSet<u32> =
                         out.progress.iter().copied().collect();
                     let missing: Vec<u32> = (1..=count).filter(|p| !got.contains(p)).collect();
-                    eprintln!(
-                        "lost: {call_id}: progress {missing:?} never arrived, result {}",
+                    let detail = format!(
+                        "call {call_id}: progress {missing:?} never arrived, result {}; {}",
                         if out.result.is_some() {
                             "arrived"
                         } else {
                             "missing"
-                        }
+                        },
+                        out.read()
                     );
+                    self.incidents
+                        .push(Incident::new(IncidentKind::Lost, detail));
                 }
                 self.lost += lost;
                 self.duplicated += out.duplicated;

@@ -51,6 +51,12 @@ pub fn key_ring() -> &'static tether_crds::keyring::Generation {
     })
 }
 
+/// The HMAC key of [`key_ring`] as a sidecar reads it: the key that mints the test endpoints'
+/// session ids, and their digests in the sidecars' logs.
+pub fn session_key() -> &'static [u8] {
+    tether_crds::keyring::key_material(&key_ring().key)
+}
+
 /// Writes the files of [`key_ring`] into `dir` (created when missing), as the kubelet mounts the
 /// endpoint's Secret.
 ///
@@ -166,7 +172,7 @@ pub struct PodSpec {
     /// endpoint of the process shares ([`key_ring`]), as plain files.
     pub key_ring: Option<crate::keyring::KeyFiles>,
     /// Environment variables added to the sidecar's, e.g. `KUBECONFIG` for an EndpointSlice
-    /// watch against a fake API server ([`crate::kube_api`]).
+    /// watch against a fake API server ([`crate::kube_api`]), or a `RUST_LOG` of its own.
     pub sidecar_env: Vec<(String, String)>,
     /// Where the sidecar dials its MCP server (`--upstream`): something in front of the server
     /// (a [`crate::tap::Tap`] that records what reaches it); `None`: the server itself.
@@ -826,11 +832,11 @@ fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<
         .arg("--drain-socket")
         .arg(dir.join(DRAIN_SOCKET))
         .args(&spec.sidecar_args)
-        .envs(spec.sidecar_env.iter().map(|(k, v)| (k, v)))
         .env(
             "RUST_LOG",
             std::env::var("TETHER_TEST_LOG").unwrap_or_else(|_| "info".into()),
         )
+        .envs(spec.sidecar_env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)

@@ -20,7 +20,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tether_tests::rollout::{self, AuthLoad, OldSidecar, RolloutConfig, RolloutReport};
+use tether_tests::rollout::{
+    self, AuthLoad, OldSidecar, RolloutConfig, RolloutReport, SoakRow, soak_table,
+};
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -95,7 +97,19 @@ struct Args {
     /// `spec.peer.tls`: mutual TLS between the sidecars; `false` measures what it costs.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     peer_tls: bool,
+    /// Runs the rollout with handoff this many times (a soak, `make soak`; no baseline): one
+    /// row per run and the totals; fails when any run had a foreign or lost event, a 404, a
+    /// tool run twice or a request answered after 10 s or more.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// The sidecars' log filter (`RUST_LOG`): by default each request of a session and each
+    /// move are written, so that every incident is printed with its session's log lines.
+    #[arg(long, default_value = SIDECAR_LOG)]
+    sidecar_log: String,
 }
+
+/// The sidecars' log filter by default: each request of a session and each move at debug.
+const SIDECAR_LOG: &str = "info,tether_sidecar::broker=debug,tether_sidecar::handoff=debug";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -141,8 +155,12 @@ async fn main() -> ExitCode {
         },
         old_sidecar,
         peer_tls: args.peer_tls,
+        sidecar_log: Some(args.sidecar_log.clone()),
         ..RolloutConfig::default()
     };
+    if args.runs > 1 {
+        return soak(&cfg, args.runs).await;
+    }
     println!(
         "rolling upgrade of {} pods under {} MCP sessions and {} 2026-07-28 clients ({} listening) \
          ({} slow calls or more each, {} progress events per call, {}% of calls cut and \
@@ -180,12 +198,7 @@ async fn main() -> ExitCode {
     println!("\n{}", rollout::table(&reports.iter().collect::<Vec<_>>()));
     let handoff = &reports[0];
     for report in &reports {
-        for failure in report.load.failures.iter().take(5) {
-            println!("{} failure: {failure}", report.label);
-        }
-        for (message, n) in &report.sidecar.warnings {
-            println!("{} sidecar warnings: {n} x {message}", report.label);
-        }
+        explain(report);
     }
     if handoff.is_clean() {
         println!(
@@ -205,6 +218,50 @@ async fn main() -> ExitCode {
             "result: FAILED: the {} column is not clean (see the table and failures above)",
             handoff.label
         );
+        ExitCode::FAILURE
+    }
+}
+
+/// Prints what went wrong in `report`: each failure, each incident with its session's log lines
+/// from every sidecar, the sidecars' warnings.
+fn explain(report: &RolloutReport) {
+    for failure in &report.load.failures {
+        println!("{} failure: {failure}", report.label);
+    }
+    let explained = report.explain(tether_tests::pod::session_key());
+    if !explained.is_empty() {
+        println!(
+            "{} incidents, with their sessions' sidecar log lines:",
+            report.label
+        );
+        print!("{explained}");
+    }
+    for (message, n) in &report.sidecar.warnings {
+        println!("{} sidecar warnings: {n} x {message}", report.label);
+    }
+}
+
+/// Runs the rollout with handoff `runs` times: a row per run as it ends, each failed run
+/// explained, then the table of all runs and their totals.
+async fn soak(cfg: &RolloutConfig, runs: u32) -> ExitCode {
+    let mut rows = Vec::new();
+    for run_no in 1..=runs {
+        println!("soak run {run_no} of {runs}...");
+        let Some(report) = run(cfg).await else {
+            return ExitCode::from(2);
+        };
+        let row = SoakRow::of(&report);
+        if !row.is_clean() {
+            explain(&report);
+        }
+        rows.push(row);
+        println!("{}", soak_table(&rows));
+    }
+    if rows.iter().all(SoakRow::is_clean) {
+        println!("result: {runs} of {runs} runs clean");
+        ExitCode::SUCCESS
+    } else {
+        println!("result: FAILED: not every run was clean (see the table and incidents above)");
         ExitCode::FAILURE
     }
 }

@@ -27,6 +27,7 @@ use crate::auth::{Issuer, Refresh, Tokens};
 use crate::call::{self, CallPlan};
 use crate::client::{McpClient, Session, result_text};
 use crate::follow::{self, Follow};
+use crate::incident::{Incident, IncidentKind};
 use crate::{HarnessError, load};
 
 /// The `iss` of every token of a rollout.
@@ -274,8 +275,26 @@ impl Client {
         }
     }
 
-    /// One session's rounds, until the client is done or the session is lost.
+    /// One session's rounds, until the client is done or the session is lost; what went wrong
+    /// in it is recorded as incidents of the session.
     async fn session(&mut self, session: &Session) -> Ended {
+        let report = &self.figures.report;
+        let (failures, incidents) = (report.failures.len(), report.incidents.len());
+        let ended = self.rounds(session).await;
+        let report = &mut self.figures.report;
+        for incident in &mut report.incidents[incidents..] {
+            incident.session.get_or_insert_with(|| session.id.clone());
+        }
+        let failed: Vec<Incident> = report.failures[failures..]
+            .iter()
+            .map(|f| Incident::new(IncidentKind::of_failure(f), f.clone()).in_session(&session.id))
+            .collect();
+        report.incidents.extend(failed);
+        ended
+    }
+
+    /// [`Client::session`]'s rounds.
+    async fn rounds(&mut self, session: &Session) -> Ended {
         let tag = format!("r{}-{:08x}", self.index, rand::random::<u32>());
         let mut standalone = None;
         if self.standalone {

@@ -42,6 +42,7 @@ mod clients;
 mod modern;
 mod report;
 mod rotation;
+mod soak;
 mod standalone;
 
 use std::net::Ipv4Addr;
@@ -51,6 +52,7 @@ use std::time::{Duration, Instant};
 pub use modern::ModernFigures;
 pub use report::{AuthFigures, DrainRecord, RolloutReport, SidecarCounters, table};
 pub use rotation::{RotationReport, RotationStep};
+pub use soak::{SoakRow, soak_table};
 
 use crate::auth::Issuer;
 use crate::client::{McpClient, PUBLIC_HEADERS};
@@ -127,6 +129,10 @@ pub struct RolloutConfig {
     pub modern_clients: usize,
     /// 2026-07-28 clients that keep a `subscriptions/listen` stream open.
     pub listeners: usize,
+    /// The sidecars' log filter (`RUST_LOG`), e.g. one that writes every session's requests
+    /// and moves so that the report explains each incident ([`RolloutReport::explain`]);
+    /// `None`: the harness's (`TETHER_TEST_LOG`, else `info`).
+    pub sidecar_log: Option<String>,
 }
 
 /// The sidecar of the pods before a rollout of tether itself.
@@ -212,6 +218,7 @@ impl Default for RolloutConfig {
             old_sidecar: None,
             rotate_key: false,
             peer_tls: true,
+            sidecar_log: None,
             modern_clients: 20,
             listeners: 4,
         }
@@ -271,6 +278,11 @@ impl RolloutConfig {
             server: self.upstream,
             server_args,
             peer_tls: self.peer_tls,
+            sidecar_env: self
+                .sidecar_log
+                .iter()
+                .map(|filter| ("RUST_LOG".to_owned(), filter.clone()))
+                .collect(),
             ..PodSpec::default()
         }
     }
@@ -373,6 +385,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
     rollout.report.modern = modern.finish(FINISH_TIMEOUT).await;
     let failures = rollout.report.modern.failures.iter().cloned();
     rollout.report.load.failures.extend(failures);
+    rollout.report.late_heads = client.late_heads();
     rollout.step("load done".into());
     if let Some(rotation) = &mut rotation
         && !retired
@@ -383,6 +396,7 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
     for pod in &cluster.pods {
         rollout.read_sidecar(pod).await;
         rollout.read_stats(pod).await;
+        rollout.keep_log(pod);
     }
     Ok(rollout.finish(figures))
 }
@@ -466,10 +480,18 @@ impl Rollout<'_> {
         }
         self.read_stats(&pod).await;
         pod.kill_server().await?;
+        self.keep_log(&pod);
         drop(pod);
         cluster.set_state(old, None).await?;
         self.step(format!("{old} stopped and out of every peers file"));
         Ok(())
+    }
+
+    /// Keeps a pod's sidecar log in the report, to explain the incidents of its sessions.
+    fn keep_log(&mut self, pod: &Pod) {
+        self.report
+            .sidecar_logs
+            .push((format!("pod {}", pod.ip), pod.sidecar_log()));
     }
 
     /// Adds a running sidecar's counters and peak RSS to the report.

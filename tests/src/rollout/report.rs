@@ -143,6 +143,12 @@ pub struct RolloutReport {
     pub rotation: Option<super::RotationReport>,
     /// What the 2026-07-28 clients experienced.
     pub modern: super::ModernFigures,
+    /// Requests whose response headers took [`crate::client::LATE_HEAD`] or more (or never
+    /// came), and the longest wait of any request.
+    pub late_heads: (u64, Duration),
+    /// Every sidecar's log, `(pod, text)`: a session's lines in them explain its incidents
+    /// ([`RolloutReport::explain`]).
+    pub sidecar_logs: Vec<(String, String)>,
 }
 
 impl RolloutReport {
@@ -167,6 +173,17 @@ impl RolloutReport {
             && self.upstream_not_local == 0
             && a.upstream_missing_credentials == 0
             && a.probes_refused == a.probes
+    }
+
+    /// Each incident of the load ([`load::Report::incidents`]), with the log lines of its
+    /// session from every sidecar; `key` is the key that minted the sessions' ids (the
+    /// endpoint's key material).
+    pub fn explain(&self, key: &[u8]) -> String {
+        self.load
+            .incidents
+            .iter()
+            .map(|incident| incident.explain(key, &self.sidecar_logs))
+            .collect()
     }
 
     /// Handoffs sent per session.
@@ -277,6 +294,14 @@ impl RolloutReport {
             ("resumes", r.resumes.to_string()),
             ("resume latency p50", millis(r.resume_quantile(0.50))),
             ("resume latency p99", millis(r.resume_quantile(0.99))),
+            (
+                "requests answered after 10 s or more / longest wait",
+                format!(
+                    "{} / {:.1} s",
+                    self.late_heads.0,
+                    self.late_heads.1.as_secs_f64()
+                ),
+            ),
             (
                 "session moves per session",
                 format!("{:.2}", self.moves_per_session()),

@@ -21,6 +21,7 @@ use super::clients::Figures;
 use crate::Result;
 use crate::client::{Events, McpClient, Session, is_sse, unexpected};
 use crate::follow::{self, Resumed};
+use crate::incident::{Incident, IncidentKind};
 
 /// Attempts to resume the stream before the reader gives up.
 const RESUME_ATTEMPTS: u32 = 5;
@@ -36,6 +37,10 @@ struct Heard {
     received: HashMap<String, HashSet<u64>>,
     /// Event ids seen.
     ids: HashSet<String>,
+    /// The keys of the streams read, in order (a resume may go on with another stream).
+    streams: Vec<String>,
+    /// The id of the last event read.
+    last_id: Option<String>,
     figures: Figures,
 }
 
@@ -46,6 +51,11 @@ impl Heard {
         let mut duplicated = false;
         if let Some(id) = ev.id {
             duplicated = !data.is_empty() && !self.ids.insert(id.clone());
+            let key = id.rsplit_once('-').map_or(id.as_str(), |(key, _)| key);
+            if self.streams.last().is_none_or(|last| last != key) {
+                self.streams.push(key.to_owned());
+            }
+            self.last_id = Some(id.clone());
             *last_id = Some(id);
         }
         if data.is_empty() {
@@ -53,15 +63,50 @@ impl Heard {
         }
         let report = &mut self.figures.report;
         report.events += 1;
+        let event = self.last_id.as_deref().unwrap_or("without an id");
         match notification(&data) {
             Some((text, seq)) if self.expected.contains_key(&text) => {
                 duplicated |= !self.received.entry(text).or_default().insert(seq);
             }
-            _ => report.foreign += 1,
+            _ => {
+                report.foreign += 1;
+                let shown: String = data.chars().take(240).collect();
+                let detail = format!("standalone stream: event {event} is foreign: {shown}");
+                report
+                    .incidents
+                    .push(Incident::new(IncidentKind::Foreign, detail));
+            }
         }
         if duplicated {
             report.duplicated += 1;
+            let detail = format!("standalone stream: event {event} arrived twice");
+            report
+                .incidents
+                .push(Incident::new(IncidentKind::Duplicated, detail));
         }
+    }
+
+    /// Registered notifications not received, for a report: each text with its missing
+    /// sequence numbers, the streams read and the last event id.
+    fn describe_missing(&self) -> String {
+        let mut missing: Vec<(String, Vec<u64>)> = self
+            .expected
+            .iter()
+            .filter_map(|(text, &count)| {
+                let got = self.received.get(text);
+                let seqs: Vec<u64> = (1..=u64::from(count))
+                    .filter(|seq| !got.is_some_and(|g| g.contains(seq)))
+                    .collect();
+                (!seqs.is_empty()).then(|| (text.clone(), seqs))
+            })
+            .collect();
+        missing.sort();
+        format!(
+            "standalone stream: notifications never arrived: {missing:?}; streams read {:?}, \
+             last event {}",
+            self.streams,
+            self.last_id.as_deref().unwrap_or("none")
+        )
     }
 
     /// Registered notifications not received.
@@ -159,10 +204,12 @@ impl Standalone {
         let mut heard = std::mem::take(&mut *lock(&self.heard));
         let missing = heard.missing();
         if missing > 0 {
-            eprintln!(
-                "lost: {missing} standalone notification(s): expected {:?}, received {:?}",
-                heard.expected, heard.received
-            );
+            let detail = heard.describe_missing();
+            heard
+                .figures
+                .report
+                .incidents
+                .push(Incident::new(IncidentKind::Lost, detail));
         }
         heard.figures.report.lost += missing;
         heard.figures
