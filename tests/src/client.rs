@@ -41,6 +41,9 @@ pub struct Http {
     heads: Arc<HeadWaits>,
 }
 
+/// Late requests described at most ([`Http::late_requests`]); the rest are only counted.
+const MAX_LATE_DESCRIBED: usize = 100;
+
 /// How long responses kept their clients waiting for headers.
 #[derive(Debug, Default)]
 struct HeadWaits {
@@ -48,6 +51,50 @@ struct HeadWaits {
     late: AtomicU64,
     /// The longest wait, in milliseconds.
     longest_ms: AtomicU64,
+    /// The first of those answered late (those given up are failures of their own).
+    described: std::sync::Mutex<Vec<LateRequest>>,
+}
+
+impl HeadWaits {
+    /// Describes a request answered late (`headers` as sent), while fewer than
+    /// [`MAX_LATE_DESCRIBED`] are.
+    fn describe_late(
+        &self,
+        method: &Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        waited: Duration,
+    ) {
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let mut described = self
+            .described
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if described.len() < MAX_LATE_DESCRIBED {
+            described.push(LateRequest {
+                session: header("mcp-session-id"),
+                detail: format!(
+                    "{method} {url} (Last-Event-ID {}): response headers after {:.1} s",
+                    header("last-event-id").as_deref().unwrap_or("none"),
+                    waited.as_secs_f64()
+                ),
+            });
+        }
+    }
+}
+
+/// A request answered after [`LATE_HEAD`] or more.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LateRequest {
+    /// Its `Mcp-Session-Id`, if it had one.
+    pub session: Option<String>,
+    /// Method, URL, `Last-Event-ID` and how long its headers took.
+    pub detail: String,
 }
 
 impl Default for Http {
@@ -66,6 +113,16 @@ impl Http {
             client: Client::builder(TokioExecutor::new()).build(connector),
             heads: Arc::default(),
         }
+    }
+
+    /// The requests of this client and its clones answered after [`LATE_HEAD`] or more (the
+    /// first [`MAX_LATE_DESCRIBED`]).
+    pub fn late_requests(&self) -> Vec<LateRequest> {
+        self.heads
+            .described
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Requests of this client and its clones whose response headers took [`LATE_HEAD`] or
@@ -102,6 +159,9 @@ impl Http {
         let waited = sent.elapsed();
         if waited >= LATE_HEAD {
             self.heads.late.fetch_add(1, Ordering::Relaxed);
+            if answered.is_ok() {
+                self.heads.describe_late(&method, url, headers, waited);
+            }
         }
         let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
         self.heads
@@ -482,6 +542,11 @@ impl McpClient {
         self.http.late_heads()
     }
 
+    /// The requests of this client and its clones answered late ([`Http::late_requests`]).
+    pub fn late_requests(&self) -> Vec<LateRequest> {
+        self.http.late_requests()
+    }
+
     /// The entry URL of the next request.
     pub fn entry(&self) -> String {
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
@@ -732,5 +797,26 @@ pub async fn expect_lost_session(resp: Response<Incoming>) -> Result<()> {
         Err(HarnessError::Protocol(format!(
             "expected the 404 of a lost session (-32001), got {error}"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_request_is_described_with_its_session_and_cursor_and_the_rest_counted() {
+        let waits = HeadWaits::default();
+        let headers = [("Mcp-Session-Id", "sid-1"), ("last-event-id", "abc-3")];
+        for _ in 0..=MAX_LATE_DESCRIBED {
+            waits.describe_late(&Method::GET, "http://p/mcp", &headers, LATE_HEAD);
+        }
+        let described = waits.described.lock().unwrap();
+        assert_eq!(described.len(), MAX_LATE_DESCRIBED);
+        assert_eq!(described[0].session.as_deref(), Some("sid-1"));
+        assert_eq!(
+            described[0].detail,
+            "GET http://p/mcp (Last-Event-ID abc-3): response headers after 10.0 s"
+        );
     }
 }

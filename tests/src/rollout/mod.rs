@@ -57,6 +57,7 @@ pub use soak::{SoakRow, soak_table};
 use crate::auth::Issuer;
 use crate::client::{McpClient, PUBLIC_HEADERS};
 use crate::cluster::Cluster;
+use crate::incident::{Incident, IncidentKind};
 use crate::load::Executions;
 use crate::pod::{Pod, PodSpec, Upstream};
 use crate::{HarnessError, Result, addr};
@@ -386,6 +387,12 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
     let failures = rollout.report.modern.failures.iter().cloned();
     rollout.report.load.failures.extend(failures);
     rollout.report.late_heads = client.late_heads();
+    let late = client.late_requests().into_iter().map(|late| Incident {
+        kind: IncidentKind::Hung,
+        session: late.session,
+        detail: late.detail,
+    });
+    rollout.report.load.incidents.extend(late);
     rollout.step("load done".into());
     if let Some(rotation) = &mut rotation
         && !retired
