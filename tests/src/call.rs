@@ -283,7 +283,7 @@ impl Tracked {
 
     /// The key of the stream read (from the first event id).
     pub fn stream(&self) -> Option<&str> {
-        self.reader.stream.as_deref()
+        self.out.stream.as_deref()
     }
 
     /// The cursor a client resumes from: the last event id it read.
@@ -430,8 +430,6 @@ struct Reader {
     request_id: u64,
     call_id: String,
     seen_ids: HashSet<String>,
-    /// The stream key of the first event id (`<key>-<seq>`).
-    stream: Option<String>,
     /// The id of the last event read (priming events included): the cursor to resume from.
     last_id: Option<String>,
     /// The last `retry` hint read: how long to wait before reconnecting (spec R-07).
@@ -445,7 +443,6 @@ impl Reader {
             request_id,
             call_id: call_id.to_owned(),
             seen_ids: HashSet::new(),
-            stream: None,
             last_id: None,
             retry: None,
         }
@@ -465,8 +462,7 @@ impl Reader {
             {
                 out.seqs.push(seq);
             }
-            out.stream.get_or_insert_with(|| key.to_owned());
-            if self.stream.get_or_insert_with(|| key.to_owned()) != key {
+            if out.stream.get_or_insert_with(|| key.to_owned()) != key {
                 out.foreign += 1;
                 out.failures
                     .push(format!("{}: event {id} of another stream", self.call_id));

@@ -45,8 +45,8 @@ struct Heard {
 }
 
 impl Heard {
-    /// Attributes one event; `last_id` follows the stream's cursor.
-    fn record(&mut self, ev: Sse, last_id: &mut Option<String>) {
+    /// Attributes one event; [`Heard::last_id`] follows the stream's cursor.
+    fn record(&mut self, ev: Sse) {
         let data = ev.data.unwrap_or_default();
         let mut duplicated = false;
         if let Some(id) = ev.id {
@@ -55,8 +55,7 @@ impl Heard {
             if self.streams.last().is_none_or(|last| last != key) {
                 self.streams.push(key.to_owned());
             }
-            self.last_id = Some(id.clone());
-            *last_id = Some(id);
+            self.last_id = Some(id);
         }
         if data.is_empty() {
             return; // priming event
@@ -232,18 +231,17 @@ struct Reader {
 
 impl Reader {
     async fn run(mut self, mut events: Events) {
-        let mut last_id = None;
         loop {
             let cut = tokio::select! {
                 ev = events.next() => match ev {
                     Some(ev) => {
-                        lock(&self.heard).record(ev, &mut last_id);
+                        lock(&self.heard).record(ev);
                         continue;
                     }
                     None => false,
                 },
                 // Without a cursor a new GET could not resume: a client cuts only after an event.
-                () = self.cut.notified(), if last_id.is_some() => true,
+                () = self.cut.notified(), if lock(&self.heard).last_id.is_some() => true,
                 _ = self.stopped.changed() => return,
             };
             drop(events);
@@ -251,7 +249,8 @@ impl Reader {
                 let pause = rand::random_range(0..=self.max_pause.as_millis() as u64);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
             }
-            match self.resume(last_id.as_deref()).await {
+            let cursor = lock(&self.heard).last_id.clone();
+            match self.resume(cursor.as_deref()).await {
                 Some(resumed) => events = resumed,
                 None => return,
             }
