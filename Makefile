@@ -154,7 +154,7 @@ demo: deps
 ## soak: the 5,000-session rolling upgrade SOAK_RUNS times (default 20), one row per run and
 ## the totals; fails on any foreign or lost event, client-visible 404, tool run twice or request
 ## answered after 10 s or more, and explains each from the sidecars' logs (release build; about
-## seven minutes a run on 2 cores; docs/dev/testing.md#soak).
+## a minute a run on 2 cores, 21 minutes for 20; docs/dev/testing.md#soak).
 SOAK_RUNS ?= 20
 SOAK_ARGS ?= --sessions 5000 --pods 3 --calls 2 --count 5 --interval-ms 1000 --baseline false \
   --drain-timeout-ms 20000 --ramp-up-ms 10000

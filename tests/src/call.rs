@@ -113,15 +113,24 @@ pub struct CallOutcome {
     pub stream: Option<String>,
     /// Sequence numbers of the message events read, in arrival order.
     pub seqs: Vec<u64>,
+    /// The pod each response that carried the call's stream came from, in order (the POST's,
+    /// then each resume's).
+    pub pods: Vec<String>,
 }
 
 impl CallOutcome {
     /// What was read, for a report: the stream key and the sequence numbers of its events.
     pub fn read(&self) -> String {
+        let from = self.pods.join(", then ");
         match &self.stream {
-            Some(key) => format!("stream {key}, events {:?} read", self.seqs),
-            None => "no event read".to_owned(),
+            Some(key) => format!("stream {key}, events {:?} read from {from}", self.seqs),
+            None => format!("no event read (from {from})"),
         }
+    }
+
+    /// The pod the stream is read from now.
+    fn pod(&self) -> &str {
+        self.pods.last().map_or("no pod", String::as_str)
     }
 
     /// Expected messages never received: progress values 1..=count missing, plus the result.
@@ -246,7 +255,10 @@ impl Tracked {
                 body_text(resp).await?
             )));
         }
-        Ok((Self::new(id, call_id, plan.count), Events::new(resp)))
+        let events = Events::new(resp);
+        let mut call = Self::new(id, call_id, plan.count);
+        call.out.pods.push(events.pod().to_owned());
+        Ok((call, events))
     }
 
     /// Takes one event; returns whether it carried a message (a priming event does not).
@@ -310,7 +322,10 @@ impl Tracked {
         let resumed =
             follow::reconnect(client, session, Some(&cursor), retry_on, &mut self.refused).await?;
         Ok(match resumed {
-            Resumed::Stream(events) => Some(events),
+            Resumed::Stream(events) => {
+                self.out.pods.push(events.pod().to_owned());
+                Some(events)
+            }
             Resumed::Gone => None,
         })
     }
@@ -464,8 +479,11 @@ impl Reader {
             }
             if out.stream.get_or_insert_with(|| key.to_owned()) != key {
                 out.foreign += 1;
-                out.failures
-                    .push(format!("{}: event {id} of another stream", self.call_id));
+                let pod = out.pod().to_owned();
+                out.failures.push(format!(
+                    "{}: event {id} of another stream, from {pod}",
+                    self.call_id
+                ));
             }
             if !data.is_empty() && !self.seen_ids.insert(id.clone()) {
                 out.duplicated += 1;
@@ -487,8 +505,9 @@ fn classify(data: &str, request_id: u64, call_id: &str, out: &mut CallOutcome) {
     let foreign = |out: &mut CallOutcome| {
         out.foreign += 1;
         let shown: String = data.chars().take(240).collect();
+        let pod = out.pod().to_owned();
         out.failures.push(format!(
-            "{call_id} (request {request_id}): foreign message {shown}"
+            "{call_id} (request {request_id}): foreign message from {pod}: {shown}"
         ));
     };
     let Ok(msg) = serde_json::from_str::<Value>(data) else {

@@ -34,6 +34,11 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 /// client left waiting that long is hung in all but name.
 pub const LATE_HEAD: Duration = Duration::from_secs(10);
 
+/// The pod a response came from: the host of the URL its request was sent to (set on every
+/// response by [`Http::send`]; the sidecar logs of a run are named after it, `pod <host>`).
+#[derive(Clone, Debug)]
+pub struct AnsweredBy(pub String);
+
 /// A pooled HTTP/1.1 client. Its clones share the pool and the count of late responses.
 #[derive(Clone, Debug)]
 pub struct Http {
@@ -154,6 +159,7 @@ impl Http {
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| HarnessError::Http(e.to_string()))?;
         let method = req.method().clone();
+        let host = req.uri().host().unwrap_or("unknown").to_owned();
         let sent = std::time::Instant::now();
         let answered = tokio::time::timeout(RESPONSE_TIMEOUT, self.client.request(req)).await;
         let waited = sent.elapsed();
@@ -174,6 +180,10 @@ impl Http {
                 ))
             })?
             .map_err(|e| HarnessError::Http(format!("{url}: {e}")))
+            .map(|mut resp| {
+                resp.extensions_mut().insert(AnsweredBy(host));
+                resp
+            })
     }
 
     /// GET `url`, returning status and body text.
@@ -260,20 +270,34 @@ const RETRY_AFTER_CAP: Duration = Duration::from_secs(2);
 /// The SSE events of a response.
 pub struct Events {
     inner: Pin<Box<dyn Stream<Item = std::result::Result<Sse, sse_stream::Error>> + Send>>,
+    pod: String,
 }
 
 impl std::fmt::Debug for Events {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Events").finish_non_exhaustive()
+        f.debug_struct("Events")
+            .field("pod", &self.pod)
+            .finish_non_exhaustive()
     }
 }
 
 impl Events {
     /// The events of `resp` (which must be `text/event-stream`).
     pub fn new(resp: Response<Incoming>) -> Self {
+        let pod = resp
+            .extensions()
+            .get::<AnsweredBy>()
+            .map_or_else(|| "unknown".to_owned(), |by| format!("pod {}", by.0));
         Self {
             inner: Box::pin(SseStream::new(resp.into_body())),
+            pod,
         }
+    }
+
+    /// The pod these events come from (`pod <host>`, the name of its sidecar log in a run's
+    /// report; `unknown` for a response not sent by [`Http::send`]).
+    pub fn pod(&self) -> &str {
+        &self.pod
     }
 
     /// The next event; `None` when the stream ended or broke.

@@ -181,6 +181,15 @@ impl Report {
                     self.incidents
                         .push(Incident::new(IncidentKind::Lost, detail));
                 }
+                if out.duplicated > 0 {
+                    let detail = format!(
+                        "call {call_id}: {} event(s) arrived twice; {}",
+                        out.duplicated,
+                        out.read()
+                    );
+                    self.incidents
+                        .push(Incident::new(IncidentKind::Duplicated, detail));
+                }
                 self.lost += lost;
                 self.duplicated += out.duplicated;
                 self.foreign += out.foreign;
@@ -340,6 +349,40 @@ mod tests {
         r.foreign = 1;
         assert!(!r.is_clean());
         assert!(r.table().contains("| foreign events"));
+    }
+
+    #[test]
+    fn a_lost_or_duplicated_event_is_an_incident_naming_its_stream_and_pods() {
+        let mut r = Report::default();
+        let out = CallOutcome {
+            progress: vec![1, 2, 2],
+            events: 3,
+            duplicated: 1,
+            stream: Some("k7".into()),
+            seqs: vec![1, 2, 2],
+            pods: vec!["pod 127.0.0.2".into(), "pod 127.0.0.3".into()],
+            ..CallOutcome::default()
+        };
+        r.record_call("c1", 3, Ok(out));
+        assert_eq!((r.lost, r.duplicated), (2, 1));
+        let kinds: Vec<IncidentKind> = r.incidents.iter().map(|i| i.kind).collect();
+        assert_eq!(kinds, [IncidentKind::Lost, IncidentKind::Duplicated]);
+        let lost = &r.incidents[0].detail;
+        assert!(
+            lost.contains("progress [3] never arrived, result missing")
+                && lost.contains(
+                    "stream k7, events [1, 2, 2] read from pod 127.0.0.2, then pod 127.0.0.3"
+                ),
+            "{lost}"
+        );
+        // A clean call is no incident.
+        let whole = CallOutcome {
+            progress: vec![1],
+            result: Some("done 1".into()),
+            ..CallOutcome::default()
+        };
+        r.record_call("c2", 1, Ok(whole));
+        assert_eq!(r.incidents.len(), 2);
     }
 
     #[test]

@@ -41,6 +41,8 @@ struct Heard {
     streams: Vec<String>,
     /// The id of the last event read.
     last_id: Option<String>,
+    /// The pod each GET that carried the stream came from, in order.
+    pods: Vec<String>,
     figures: Figures,
 }
 
@@ -63,6 +65,7 @@ impl Heard {
         let report = &mut self.figures.report;
         report.events += 1;
         let event = self.last_id.as_deref().unwrap_or("without an id");
+        let pod = self.pods.last().map_or("no pod", String::as_str);
         match notification(&data) {
             Some((text, seq)) if self.expected.contains_key(&text) => {
                 duplicated |= !self.received.entry(text).or_default().insert(seq);
@@ -70,7 +73,8 @@ impl Heard {
             _ => {
                 report.foreign += 1;
                 let shown: String = data.chars().take(240).collect();
-                let detail = format!("standalone stream: event {event} is foreign: {shown}");
+                let detail =
+                    format!("standalone stream: event {event} from {pod} is foreign: {shown}");
                 report
                     .incidents
                     .push(Incident::new(IncidentKind::Foreign, detail));
@@ -78,7 +82,7 @@ impl Heard {
         }
         if duplicated {
             report.duplicated += 1;
-            let detail = format!("standalone stream: event {event} arrived twice");
+            let detail = format!("standalone stream: event {event} from {pod} arrived twice");
             report
                 .incidents
                 .push(Incident::new(IncidentKind::Duplicated, detail));
@@ -101,9 +105,10 @@ impl Heard {
             .collect();
         missing.sort();
         format!(
-            "standalone stream: notifications never arrived: {missing:?}; streams read {:?}, \
-             last event {}",
+            "standalone stream: notifications never arrived: {missing:?}; streams read {:?} \
+             from {}, last event {}",
             self.streams,
+            self.pods.join(", then "),
             self.last_id.as_deref().unwrap_or("none")
         )
     }
@@ -154,6 +159,8 @@ impl Standalone {
             return Err(unexpected("standalone GET", resp).await);
         }
         let heard = Arc::new(Mutex::new(Heard::default()));
+        let events = Events::new(resp);
+        lock(&heard).pods.push(events.pod().to_owned());
         let cut = Arc::new(Notify::new());
         let (stop, stopped) = watch::channel(false);
         let reader = Reader {
@@ -164,7 +171,7 @@ impl Standalone {
             stopped,
             max_pause,
         };
-        let task = tokio::spawn(reader.run(Events::new(resp)));
+        let task = tokio::spawn(reader.run(events));
         Ok(Self {
             heard,
             cut,
@@ -269,8 +276,10 @@ impl Reader {
             let failure =
                 match follow::reconnect(client, session, cursor, &[], &mut Vec::new()).await {
                     Ok(Resumed::Stream(events)) => {
+                        let mut heard = lock(&self.heard);
+                        heard.pods.push(events.pod().to_owned());
                         if cursor.is_some() {
-                            let report = &mut lock(&self.heard).figures.report;
+                            let report = &mut heard.figures.report;
                             report.resumes += 1;
                             report.resume_latencies.push(started.elapsed());
                         }
@@ -288,5 +297,52 @@ impl Reader {
             tokio::time::sleep(RESUME_PAUSE).await;
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: &str, data: &str) -> Sse {
+        Sse::default().id(id).data(data)
+    }
+
+    fn note(text: &str, seq: u64) -> String {
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "info", "data": {"text": text, "seq": seq}}})
+        .to_string()
+    }
+
+    #[test]
+    fn what_went_wrong_names_the_events_streams_and_pods() {
+        let mut heard = Heard::default();
+        heard.expected.insert("n0".into(), 3);
+        heard.pods.push("pod 127.0.0.2".into());
+        heard.record(event("k1-1", &note("n0", 1)));
+        heard.record(event("k1-1", &note("n0", 1)));
+        heard.pods.push("pod 127.0.0.3".into());
+        heard.record(event("k2-1", &note("n9", 1)));
+        let report = &heard.figures.report;
+        assert_eq!((report.duplicated, report.foreign), (1, 1));
+        let details: Vec<&str> = report.incidents.iter().map(|i| i.detail.as_str()).collect();
+        assert!(
+            details[0].contains("event k1-1 from pod 127.0.0.2 arrived twice"),
+            "{details:?}"
+        );
+        assert!(
+            details[1].contains("event k2-1 from pod 127.0.0.3 is foreign"),
+            "{details:?}"
+        );
+        assert_eq!(heard.missing(), 2);
+        let missing = heard.describe_missing();
+        assert!(
+            missing.contains(r#"[("n0", [2, 3])]"#)
+                && missing.contains(
+                    r#"streams read ["k1", "k2"] from pod 127.0.0.2, then pod 127.0.0.3"#
+                )
+                && missing.contains("last event k2-1"),
+            "{missing}"
+        );
     }
 }
