@@ -179,11 +179,7 @@ impl RolloutReport {
     /// session from every sidecar; `key` is the key that minted the sessions' ids (the
     /// endpoint's key material).
     pub fn explain(&self, key: &[u8]) -> String {
-        self.load
-            .incidents
-            .iter()
-            .map(|incident| incident.explain(key, &self.sidecar_logs))
-            .collect()
+        crate::incident::explain(&self.load.incidents, key, &self.sidecar_logs)
     }
 
     /// Handoffs sent per session.
