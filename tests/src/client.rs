@@ -37,7 +37,7 @@ pub const LATE_HEAD: Duration = Duration::from_secs(10);
 /// The pod a response came from: the host of the URL its request was sent to (set on every
 /// response by [`Http::send`]; the sidecar logs of a run are named after it, `pod <host>`).
 #[derive(Clone, Debug)]
-pub struct AnsweredBy(pub String);
+pub(crate) struct AnsweredBy(pub(crate) String);
 
 /// A pooled HTTP/1.1 client. Its clones share the pool and the count of late responses.
 #[derive(Clone, Debug)]
