@@ -89,9 +89,9 @@ impl Heard {
         }
     }
 
-    /// Registered notifications not received, for a report: each text with its missing
-    /// sequence numbers, the streams read and the last event id.
-    fn describe_missing(&self) -> String {
+    /// Registered notifications not received: each text with its missing sequence numbers,
+    /// sorted.
+    fn missing_by_text(&self) -> Vec<(String, Vec<u64>)> {
         let mut missing: Vec<(String, Vec<u64>)> = self
             .expected
             .iter()
@@ -104,9 +104,16 @@ impl Heard {
             })
             .collect();
         missing.sort();
+        missing
+    }
+
+    /// Registered notifications not received, for a report: each text with its missing
+    /// sequence numbers, the streams read and the last event id.
+    fn describe_missing(&self) -> String {
         format!(
-            "standalone stream: notifications never arrived: {missing:?}; streams read {:?} \
+            "standalone stream: notifications never arrived: {:?}; streams read {:?} \
              from {}, last event {}",
+            self.missing_by_text(),
             self.streams,
             self.pods.join(", then "),
             self.last_id.as_deref().unwrap_or("none")
@@ -115,14 +122,10 @@ impl Heard {
 
     /// Registered notifications not received.
     fn missing(&self) -> u64 {
-        let mut missing = 0;
-        for (text, &count) in &self.expected {
-            let got = self.received.get(text);
-            missing += (1..=u64::from(count))
-                .filter(|seq| !got.is_some_and(|g| g.contains(seq)))
-                .count() as u64;
-        }
-        missing
+        self.missing_by_text()
+            .iter()
+            .map(|(_, seqs)| seqs.len() as u64)
+            .sum()
     }
 }
 
