@@ -24,6 +24,12 @@ diagnose() {
   kubectl_admin get nodes,pods -A -o wide || true
   kubectl_admin get mcpendpoints -A || true
   kubectl_admin -n tether-e2e-system logs -l app.kubernetes.io/name=tether --tail 40 --prefix || true
+  # Why a pod was evicted or failed, and what the kubelet's eviction manager saw.
+  kubectl_admin get pods -A --field-selector=status.phase=Failed \
+    -o custom-columns=NAMESPACE:.metadata.namespace,POD:.metadata.name,REASON:.status.reason,MESSAGE:.status.message ||
+    true
+  grep -i "eviction manager" "$S/logs/kubelet.log" | grep -iv "summary stats\|control loop\|separate container" |
+    tail -20 || true
 }
 
 log "e2e: Kubernetes $kubernetes, ${E2E_TEST_THREADS:-3} tests at a time"
