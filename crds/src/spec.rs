@@ -347,6 +347,13 @@ pub struct ListenSpec {
     #[x_kube(validation = Rule::new("self.matches('^/[!-~]*$') && !self.contains('?') && !self.contains('#')").message("spec.listen.path must be an absolute URL path without query or fragment, like \"/mcp\""))]
     #[schemars(length(max = 1024))]
     pub path: String,
+    /// Most client connections one source address keeps open on a pod, so that one client
+    /// cannot hold every connection of it: a further one's first request gets 429
+    /// `source_connections`. Clients behind a gateway or an ingress share its address: raise it
+    /// there; `0`: no per-source bound. Unset: the sidecar's `--max-connections-per-source`
+    /// (1024).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_source: Option<u32>,
 }
 
 /// The sidecar's admin listener.
@@ -585,6 +592,7 @@ impl Default for ListenSpec {
         Self {
             port: default_listen_port(),
             path: default_mcp_path(),
+            max_connections_per_source: None,
         }
     }
 }

@@ -26,6 +26,15 @@ struct Reason {
     reason: &'static str,
 }
 
+/// Labels of `tether_connections_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerReason {
+    /// `mcp`, `peer` or `admin`.
+    listener: &'static str,
+    /// `listener_full` or `source_full`.
+    reason: &'static str,
+}
+
 /// Labels of `tether_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -214,8 +223,7 @@ pub(crate) struct Metrics {
     /// 1 while the endpoint file asks for pod settings other than the running ones (they take
     /// effect when the pod restarts), else 0.
     config_restart_pending: Gauge,
-    /// Admin requests refused, by reason (`drain_not_local`: `/drain` from the network;
-    /// `drained_waiters`: more than `MAX_DRAINED_WAITERS` `/drained` waits at once).
+    /// Admin requests refused, by reason (`drain_not_local`: `/drain` from the network).
     admin_refused: Family<Reason, Counter>,
     /// Bytes the pod's sessions retain now, by kind (`journal`, `records`, `buffers`).
     retained_bytes: Family<KindLabel, Gauge>,
@@ -227,6 +235,12 @@ pub(crate) struct Metrics {
     client_connections: Gauge,
     /// Connections open on the peer listener.
     peer_connections: Gauge,
+    /// Connections open on the admin listener.
+    admin_connections: Gauge,
+    /// Session requests running at the MCP server (`--max-calls`).
+    calls_in_flight: Gauge,
+    /// Connections refused a slot, by listener and reason.
+    connections_refused: Family<ListenerReason, Counter>,
     /// Peer messages and connections refused before anything was spent on them, by reason.
     peer_auth_failures: Family<Reason, Counter>,
     /// Nonces of peer messages remembered within the time window.
@@ -313,6 +327,9 @@ impl Metrics {
             upstream_events_too_large: Counter::default(),
             client_connections: Gauge::default(),
             peer_connections: Gauge::default(),
+            admin_connections: Gauge::default(),
+            calls_in_flight: Gauge::default(),
+            connections_refused: Family::default(),
             peer_auth_failures: Family::default(),
             peer_nonces: Gauge::default(),
             header_timeouts: Counter::default(),
@@ -570,6 +587,21 @@ impl Metrics {
             "peer_connections",
             "Connections open on the peer listener",
             m.peer_connections.clone(),
+        );
+        r.register(
+            "admin_connections",
+            "Connections open on the admin listener",
+            m.admin_connections.clone(),
+        );
+        r.register(
+            "calls_in_flight",
+            "Session requests running at the MCP server now, read by a client or not",
+            m.calls_in_flight.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections refused a slot (over the listener's cap or its per-source cap), by listener and reason",
+            m.connections_refused.clone(),
         );
         r.register(
             "peer_auth_failures",
@@ -904,19 +936,34 @@ impl Metrics {
         self.upstream_events_too_large.inc();
     }
 
-    /// A connection opened (`true`) or closed (`false`) on the MCP listener
-    /// (`tether_client_connections`) or, `peer`, the peer listener (`tether_peer_connections`).
-    pub(crate) fn connection(&self, peer: bool, opened: bool) {
-        let gauge = if peer {
-            &self.peer_connections
-        } else {
-            &self.client_connections
+    /// A connection opened (`true`) or closed (`false`) on the `listener` (`mcp`:
+    /// `tether_client_connections`, `peer`: `tether_peer_connections`, `admin`:
+    /// `tether_admin_connections`).
+    pub(crate) fn connection(&self, listener: &'static str, opened: bool) {
+        let gauge = match listener {
+            "peer" => &self.peer_connections,
+            "admin" => &self.admin_connections,
+            _ => &self.client_connections,
         };
         if opened {
             gauge.inc();
         } else {
             gauge.dec();
         }
+    }
+
+    /// Session requests running at the MCP server now (`tether_calls_in_flight`).
+    pub(crate) fn set_calls_in_flight(&self, n: usize) {
+        self.calls_in_flight
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A connection the `listener` refused a slot, for `reason`
+    /// (`tether_connections_refused_total{listener,reason}`).
+    pub(crate) fn connection_refused(&self, listener: &'static str, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&ListenerReason { listener, reason })
+            .inc();
     }
 
     /// A peer message or connection refused before anything was spent on it
@@ -1044,7 +1091,7 @@ mod tests {
             })
             .count();
         let registrations = source.matches("r.register(").count();
-        assert_eq!(fields, 59);
+        assert_eq!(fields, 62);
         assert_eq!(registrations, fields, "a metric field is not registered");
     }
 
@@ -1075,6 +1122,7 @@ mod tests {
         m.key_ring_reload("applied");
         m.peer_auth_failure("mac");
         m.admin_refused("drain_not_local");
+        m.connection_refused("mcp", "source_full");
         m.retained("journal", 1);
         m.revalidation(StatusCode::OK);
         m.request_id_reuse("run");
@@ -1082,7 +1130,7 @@ mod tests {
         let families = exposed_families(&m.encode());
         assert_eq!(
             families.len(),
-            59,
+            62,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -34,7 +34,7 @@ use crate::ops::admin::Admin;
 use crate::ops::control::DrainControl;
 use crate::ops::drain::Drain;
 use crate::ops::shutdown::DrainOnTerm;
-use crate::proxy::{ConnectionLimits, Listening, McpListener, McpProxy};
+use crate::proxy::{ConnectionLimits, HeadTimed, Listener, Listening, McpProxy, SlotLimits};
 use crate::retained::Retained;
 use crate::session::Registry;
 
@@ -336,11 +336,14 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         handoff: Arc::clone(&handoff),
     };
     let limits = ConnectionLimits {
-        max_connections: cfg.max_connections,
+        slots: SlotLimits {
+            max: cfg.max_connections,
+            per_source: cfg.max_connections_per_source,
+        },
         header_timeout: cfg.header_timeout,
     };
     let proxy = Arc::new(pingora::proxy::http_proxy(&server.configuration, proxy));
-    let listener = McpListener::new(
+    let listener = Listener::new(
         Arc::clone(&proxy),
         limits,
         Arc::clone(&metrics),
@@ -349,7 +352,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     let mut mcp = Service::new("mcp".to_owned(), listener);
     mcp.add_tcp(&cfg.listen_addr.to_string());
     // The peer port: peers' messages and requests forwarded to this pod, through the same proxy.
-    let listener = McpListener::new(
+    let listener = Listener::new(
         proxy,
         limits,
         Arc::clone(&metrics),
@@ -369,17 +372,30 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Arc::clone(&metrics),
         cfg.drain_timeout,
     );
+    let admin = Admin::new(
+        upstream,
+        cfg.listen_addr,
+        Arc::clone(&drain),
+        lifecycle,
+        Arc::clone(&metrics),
+        cfg.keys.clone(),
+        Arc::clone(&broker),
+        router.clone(),
+    );
+    let admin_limits = ConnectionLimits {
+        slots: SlotLimits {
+            max: cfg.admin_max_connections,
+            per_source: cfg.admin_max_connections_per_source,
+        },
+        header_timeout: cfg.header_timeout,
+    };
     let mut admin = Service::new(
         "admin".to_owned(),
-        Admin::new(
-            upstream,
-            cfg.listen_addr,
-            Arc::clone(&drain),
-            lifecycle,
+        Listener::new(
+            Arc::new(HeadTimed(admin)),
+            admin_limits,
             Arc::clone(&metrics),
-            cfg.keys.clone(),
-            Arc::clone(&broker),
-            router.clone(),
+            Listening::Admin,
         ),
     );
     admin.add_tcp(&cfg.admin_addr.to_string());

@@ -4,6 +4,7 @@
 //! their ids, and it lets the caller drop a connection mid-stream (dropping the body closes the
 //! connection) and resume with `GET` + `Last-Event-ID`.
 
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -111,12 +112,23 @@ impl Default for Http {
 impl Http {
     /// A new client.
     pub fn new() -> Self {
+        Self::connecting_from(None, Arc::default())
+    }
+
+    /// A new client whose connections leave from `source` (a loopback address: a client pod of
+    /// its own, as a pod's per-source connection bounds see it).
+    pub fn from_source(source: IpAddr) -> Self {
+        Self::connecting_from(Some(source), Arc::default())
+    }
+
+    fn connecting_from(source: Option<IpAddr>, heads: Arc<HeadWaits>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        connector.set_local_address(source);
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
-            heads: Arc::default(),
+            heads,
         }
     }
 
@@ -416,6 +428,15 @@ impl McpClient {
             authorization: Arc::default(),
             tokens: None,
             headers: Arc::default(),
+        }
+    }
+
+    /// A clone of this client (sharing its entries, credentials and headers) whose connections
+    /// leave from `source`, with a connection pool of their own ([`Http::from_source`]).
+    pub fn from_source(&self, source: IpAddr) -> Self {
+        Self {
+            http: Http::connecting_from(Some(source), Arc::clone(&self.http.heads)),
+            ..self.clone()
         }
     }
 

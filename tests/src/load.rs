@@ -16,7 +16,12 @@ use tokio_util::sync::CancellationToken;
 use crate::call::{self, CallOutcome, CallPlan};
 use crate::client::McpClient;
 use crate::incident::{Incident, IncidentKind};
-use crate::{Result, table};
+use crate::{Result, addr, table};
+
+/// Sessions of the load that share one source address: the load comes from client pods of this
+/// many sessions each, each pod's connections counted against a sidecar's per-source bound
+/// (`--max-connections-per-source`) like a real client pod's.
+pub const SESSIONS_PER_SOURCE: usize = 100;
 
 /// Held by the test of a process that puts the machine under load ([`heavy`]).
 static HEAVY: Mutex<()> = Mutex::const_new(());
@@ -267,6 +272,28 @@ pub fn quantile(samples: &[Duration], q: f64) -> Option<Duration> {
     v.get(idx).copied()
 }
 
+/// The clients of `sessions` sessions, one per [`SESSIONS_PER_SOURCE`] of them (session `i`
+/// uses `[i / SESSIONS_PER_SOURCE]`): clones of `client` whose connections leave from a
+/// loopback address of their own when `client` targets loopback pods; plain clones otherwise
+/// (pods behind a Service, reached from the test's own address).
+pub fn client_pods(client: &McpClient, sessions: usize) -> Vec<McpClient> {
+    let loopback = client
+        .url
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|uri| uri.host()?.parse::<std::net::IpAddr>().ok())
+        .is_some_and(|ip| ip.is_loopback());
+    (0..sessions.div_ceil(SESSIONS_PER_SOURCE))
+        .map(|_| {
+            if loopback {
+                client.from_source(addr::next_ip().into())
+            } else {
+                client.clone()
+            }
+        })
+        .collect()
+}
+
 /// Runs the load against `client`'s endpoint: `calls_per_session` calls in each session.
 pub async fn run(client: &McpClient, cfg: &LoadConfig) -> Report {
     let stopped = CancellationToken::new();
@@ -281,9 +308,14 @@ pub async fn run_until(client: &McpClient, cfg: &LoadConfig, stop: CancellationT
     let started = Instant::now();
     let gate = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
+    let sources = client_pods(client, cfg.sessions);
     for i in 0..cfg.sessions {
-        let (client, cfg, gate, stop) =
-            (client.clone(), cfg.clone(), Arc::clone(&gate), stop.clone());
+        let (client, cfg, gate, stop) = (
+            sources[i / SESSIONS_PER_SOURCE].clone(),
+            cfg.clone(),
+            Arc::clone(&gate),
+            stop.clone(),
+        );
         tasks.spawn(async move {
             let _permit = gate.acquire_owned().await;
             session(&client, &cfg, i, &stop).await

@@ -15,6 +15,7 @@
 //!
 //! Handlers return `Result<Reply, Rejection>`; [`Broker::handle`] counts and renders rejections.
 
+mod calls;
 mod cancel;
 mod delete;
 mod get;
@@ -28,6 +29,7 @@ mod stateless;
 mod sweep;
 mod tasks;
 
+pub(crate) use calls::CallLimits;
 pub(crate) use cancel::CancelRelay;
 #[cfg(fuzzing)]
 pub(crate) use pump::UpstreamCursor;
@@ -125,6 +127,9 @@ pub(crate) struct BrokerConfig {
     /// Most upstream `DELETE`s sent on the sidecar's own at once (`--max-upstream-deletes`;
     /// read at start).
     pub(crate) max_upstream_deletes: usize,
+    /// Most calls in flight per session, principal and pod (`--max-session-calls`,
+    /// `--max-principal-calls`, `--max-calls`; read at start).
+    pub(crate) calls: CallLimits,
 }
 
 /// The session broker of one pod.
@@ -145,6 +150,8 @@ pub(crate) struct Broker {
     rebuild_slots: tokio::sync::Semaphore,
     stateless: stateless::StatelessTally,
     tasks: tasks::Tasks,
+    /// Calls in flight, by session, principal and pod.
+    calls: Arc<calls::Calls>,
     /// Seals the `requestState`s this pod's MCP server issues.
     request_states: crate::mcp::sealed::Sealer,
     /// Upstream `DELETE`s sent on the sidecar's own, at most `--max-upstream-deletes` at once.
@@ -170,6 +177,7 @@ impl Broker {
     ) -> Arc<Self> {
         Arc::new(Self {
             tasks: tasks::Tasks::new(minter.sealer(&TASK_ID), cfg.max_open_tasks),
+            calls: calls::Calls::new(cfg.calls, Arc::clone(&metrics)),
             request_states: minter.sealer(&REQUEST_STATE),
             deletes: BackgroundDeletes {
                 slots: tokio::sync::Semaphore::new(cfg.max_upstream_deletes.max(1)),

@@ -24,6 +24,7 @@ use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
 use super::Broker;
+use super::calls::CallSlot;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::{self, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response};
@@ -108,6 +109,12 @@ impl Broker {
         if self.pod_full() {
             return Err(Rejection::PodFull);
         }
+        // A retry joining its running request gives its slots back below.
+        let principal = session.binding().and_then(|b| b.principal);
+        let slots = self
+            .calls
+            .take(session.digest(), principal, ids.len())
+            .map_err(Rejection::TooManyCalls)?;
         let kind = if envelope.batch {
             StreamKind::Batch
         } else {
@@ -117,6 +124,8 @@ impl Broker {
         let claimed = session.claim(&ids, envelope.digest, &stream, self.retry_room());
         // The stream is registered: a handoff from now on carries it.
         drop(entered);
+        // Only a request dispatched now keeps its call slots (held until its exchange ends).
+        let slots = matches!(claimed, Dedupe::New | Dedupe::Reused).then_some(slots);
         match claimed {
             Dedupe::Conflict => {
                 self.metrics.request_id_reuse("refused");
@@ -171,6 +180,7 @@ impl Broker {
                         Arc::clone(&stream),
                         headers,
                         envelope.messages,
+                        slots,
                     ));
                 } else {
                     tokio::spawn(Arc::clone(self).run_request(
@@ -179,6 +189,7 @@ impl Broker {
                         headers,
                         body,
                         ids,
+                        slots,
                     ));
                 }
                 self.serve_post(&session, &stream).await
@@ -276,14 +287,17 @@ impl Broker {
         }
     }
 
-    /// Runs each message of a 2025-03-26 batch as its own upstream POST.
+    /// Runs each message of a 2025-03-26 batch as its own upstream POST; `slots` holds a call
+    /// slot for each of its requests until the last has ended.
     async fn run_batch(
         self: Arc<Self>,
         session: Arc<Session>,
         stream: Arc<Stream>,
         headers: http::HeaderMap,
         messages: Vec<(Message, Value)>,
+        slots: Option<CallSlot>,
     ) {
+        let _slots = slots;
         let mut requests = tokio::task::JoinSet::new();
         for (message, json) in messages {
             let body = Bytes::from(json.to_string());
@@ -295,6 +309,7 @@ impl Broker {
                         headers.clone(),
                         body,
                         vec![id],
+                        None,
                     ));
                 }
                 Message::Notification { .. } | Message::Response => {

@@ -20,6 +20,7 @@ use hyper::body::Incoming;
 use sse_stream::Sse;
 
 use super::Broker;
+use super::calls::CallSlot;
 use super::rebuild::Sent;
 use crate::mcp::headers::MCP_PROTOCOL_VERSION;
 use crate::mcp::jsonrpc::RequestKey;
@@ -120,7 +121,9 @@ enum Resumed {
 
 impl Broker {
     /// Sends one request upstream and serves its answer through `stream`; `ids` are the requests
-    /// this task is responsible for (all of the stream's, or one of a batch).
+    /// this task is responsible for (all of the stream's, or one of a batch). `slots` holds the
+    /// request's place among the calls in flight until the exchange ends (a batch's are held by
+    /// the batch).
     pub(super) async fn run_request(
         self: Arc<Self>,
         session: Arc<Session>,
@@ -128,6 +131,7 @@ impl Broker {
         headers: HeaderMap,
         body: Bytes,
         ids: Vec<RequestKey>,
+        _slots: Option<CallSlot>,
     ) {
         let sent = tokio::select! {
             sent = self.send_in_session(&session, Method::POST, &headers, None, body, true) => sent,

@@ -139,9 +139,11 @@ pub struct Cli {
     /// flight or unread) gets 413 `retry_state_full`.
     #[arg(long, env = "TETHER_MAX_SESSION_RETRY_BYTES", value_name = "BYTES", default_value_t = 8 * 1024 * 1024)]
     pub max_session_retry_bytes: u64,
-    /// How long a request's head (request line and header fields) may take to arrive, from its
-    /// first byte; a client still sending it then has its connection closed (slow-loris
-    /// defence: pingora's own read timeout bounds each read, not the whole head).
+    /// How long a request's head (request line and header fields) may take to arrive: a
+    /// connection's first head from the moment it was accepted, a later one from its first
+    /// byte; a client still sending it then (or sending nothing) has its connection closed
+    /// (slow-loris defence on the MCP, peer and admin listeners: pingora's own read timeout
+    /// bounds each read, not the whole head).
     #[arg(long, env = "TETHER_HEADER_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub header_timeout: Duration,
     /// How long one write to a client may wait for it to read (a chunk of an SSE stream is at
@@ -159,6 +161,36 @@ pub struct Cli {
         default_value_t = 4096
     )]
     pub max_connections: usize,
+    /// Most connections one source address keeps open on the MCP listener (and on the peer
+    /// listener), so that one client, or one pod, cannot hold every connection of the pod; the
+    /// first request of a further one gets 429 `source_connections` + `Retry-After`, then the
+    /// connection is closed. Behind a gateway, whose address every client shares, raise it or
+    /// set 0 (no per-source bound). `spec.listen.maxConnectionsPerSource` overrides it.
+    #[arg(
+        long,
+        env = "TETHER_MAX_CONNECTIONS_PER_SOURCE",
+        value_name = "N",
+        default_value_t = 1024
+    )]
+    pub max_connections_per_source: usize,
+    /// Most connections the admin listener keeps open (probes, `/metrics` scrapes, `/keys`,
+    /// `/drained` waits); a further one's first request gets 503 + `Retry-After`.
+    #[arg(
+        long,
+        env = "TETHER_ADMIN_MAX_CONNECTIONS",
+        value_name = "N",
+        default_value_t = 256
+    )]
+    pub admin_max_connections: usize,
+    /// Most connections one source address keeps open on the admin listener (the kubelet's
+    /// probes and `preStop` hooks come from the node's; 0: no per-source bound).
+    #[arg(
+        long,
+        env = "TETHER_ADMIN_MAX_CONNECTIONS_PER_SOURCE",
+        value_name = "N",
+        default_value_t = 16
+    )]
+    pub admin_max_connections_per_source: usize,
     /// Idle connections to peer sidecars (and to the MCP server, for requests passed through
     /// as they are) kept open for reuse, across all peers: a forwarded request that finds one
     /// skips a new connection and its TLS handshake. Each closes after 20 s unused.
@@ -191,6 +223,35 @@ pub struct Cli {
         default_value_t = 10
     )]
     pub max_takeovers: u32,
+    /// Most requests of one session running at the MCP server at once (counted from their
+    /// dispatch until their answer was read whole or their stream ended, whether a client reads
+    /// them or not); a further one gets 429 `session_calls` + `Retry-After` and is not sent.
+    #[arg(
+        long,
+        env = "TETHER_MAX_SESSION_CALLS",
+        value_name = "N",
+        default_value_t = 64
+    )]
+    pub max_session_calls: usize,
+    /// Most requests running at once of all the sessions bound to one caller
+    /// (`spec.auth.binding`); a further one gets 429 `principal_calls` + `Retry-After`. Sessions
+    /// bound to no caller have the session and pod bounds only.
+    #[arg(
+        long,
+        env = "TETHER_MAX_PRINCIPAL_CALLS",
+        value_name = "N",
+        default_value_t = 512
+    )]
+    pub max_principal_calls: usize,
+    /// Most session requests running at the MCP server at once on this pod
+    /// (`tether_calls_in_flight`); a further one gets 429 `pod_calls` + `Retry-After`.
+    #[arg(
+        long,
+        env = "TETHER_MAX_CALLS",
+        value_name = "N",
+        default_value_t = 4096
+    )]
+    pub max_calls: usize,
     /// Most tasks of the tasks extension this pod tracks as open (created here and not yet
     /// seen terminal by a client, within their `ttlMs`): a drain serves their polls until none is
     /// left or `spec.drain.timeout` (`tether_tasks_open`). Tasks past it are still served and

@@ -134,12 +134,21 @@ pub struct Config {
     pub(crate) max_session_buffer_bytes: u64,
     /// Request body deadline.
     pub(crate) request_timeout: std::time::Duration,
-    /// Request head deadline, from its first byte (`--header-timeout`).
+    /// Request head deadline: a connection's first from its accept, a later one from its first
+    /// byte (`--header-timeout`).
     pub(crate) header_timeout: std::time::Duration,
     /// Longest wait of one write to a client (`--client-write-timeout`).
     pub(crate) client_write_timeout: std::time::Duration,
     /// Most open client connections of the MCP listener (`--max-connections`).
     pub(crate) max_connections: usize,
+    /// Most open connections from one source address (`spec.listen.maxConnectionsPerSource`,
+    /// else `--max-connections-per-source`).
+    pub(crate) max_connections_per_source: usize,
+    /// Most open connections of the admin listener (`--admin-max-connections`).
+    pub(crate) admin_max_connections: usize,
+    /// Most open admin connections from one source address
+    /// (`--admin-max-connections-per-source`).
+    pub(crate) admin_max_connections_per_source: usize,
     /// Most idle pooled connections to peers and the MCP server (`--peer-pool-size`).
     pub(crate) peer_pool_size: usize,
     /// Most requests at once on one HTTP/2 connection between sidecars (`--peer-max-streams`).
@@ -216,6 +225,10 @@ impl Config {
             ("--threads", cli.threads),
             ("--peer-max-message-bytes", cli.peer_max_message_bytes),
             ("--max-connections", cli.max_connections),
+            ("--admin-max-connections", cli.admin_max_connections),
+            ("--max-session-calls", cli.max_session_calls),
+            ("--max-principal-calls", cli.max_principal_calls),
+            ("--max-calls", cli.max_calls),
             ("--peer-pool-size", cli.peer_pool_size),
             ("--peer-max-streams", cli.peer_max_streams as usize),
             ("--max-event-bytes", cli.max_event_bytes),
@@ -290,6 +303,12 @@ impl Config {
             header_timeout: cli.header_timeout,
             client_write_timeout: cli.client_write_timeout,
             max_connections: cli.max_connections,
+            max_connections_per_source: spec
+                .listen
+                .max_connections_per_source
+                .map_or(cli.max_connections_per_source, |n| n as usize),
+            admin_max_connections: cli.admin_max_connections,
+            admin_max_connections_per_source: cli.admin_max_connections_per_source,
             peer_pool_size: cli.peer_pool_size,
             peer_max_streams: cli.peer_max_streams,
             drain_timeout: spec.drain.timeout.into(),
@@ -399,6 +418,11 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         forward_origin: spec.upstream.forward_origin,
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
         max_open_tasks: cli.max_open_tasks,
+        calls: crate::broker::CallLimits {
+            session: cli.max_session_calls,
+            principal: cli.max_principal_calls,
+            pod: cli.max_calls,
+        },
         max_upstream_deletes: cli.max_upstream_deletes as usize,
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit
         // in the pod's budget.
@@ -516,6 +540,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("spec.admin.port"), "{err}");
+    }
+
+    #[test]
+    fn the_endpoint_sets_the_per_source_connection_bound_over_the_flag() {
+        let dir = minimal_endpoint_dir();
+        let file = dir.path().join("endpoint.yaml");
+        let bound = |extra: &[&str]| {
+            Config::load(&test_cli(dir.path(), extra))
+                .unwrap()
+                .max_connections_per_source
+        };
+        assert_eq!(bound(&[]), 1024);
+        assert_eq!(bound(&["--max-connections-per-source", "7"]), 7);
+        let mut own = tether_crds::parse_manifest(&std::fs::read_to_string(&file).unwrap())
+            .unwrap()
+            .spec;
+        own.listen.max_connections_per_source = Some(0);
+        let settings = own.pod_settings().annotation();
+        assert_eq!(
+            bound(&[
+                "--max-connections-per-source",
+                "7",
+                "--pod-settings",
+                &settings
+            ]),
+            0,
+            "spec.listen.maxConnectionsPerSource wins; 0: no per-source bound"
+        );
     }
 
     #[test]

@@ -24,6 +24,18 @@ use super::jsonrpc::{
 };
 use super::tasks::TaskMiss;
 
+/// Which bound of calls in flight a request would pass (`--max-session-calls`,
+/// `--max-principal-calls`, `--max-calls`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum CallScope {
+    /// The session's.
+    Session,
+    /// Its principal's (every session bound to the same caller).
+    Principal,
+    /// The pod's.
+    Pod,
+}
+
 /// Why a session id is answered 404 (spec S-05); the `reason` label of
 /// `tether_not_found_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -150,6 +162,9 @@ pub(crate) enum Rejection {
     /// yet (their upstream responses wait for readers) — takes its whole
     /// `--pod-retained-bytes`; retry after `Retry-After` (or on another pod).
     PodFull,
+    /// 429: the request would pass a bound of calls in flight (of its session, its principal
+    /// or the pod); it is not sent.
+    TooManyCalls(CallScope),
     /// 413: a new request of a session whose retry records and stored replies of requests in
     /// flight or unread already take `--max-session-retry-bytes`.
     RetryStateFull(u64),
@@ -196,6 +211,9 @@ pub(crate) enum Rejection {
     /// 503: the MCP listener holds `--max-connections` client connections; this one is answered
     /// and closed.
     TooManyConnections,
+    /// 429: the client's source address holds `--max-connections-per-source` connections; this
+    /// one is answered and closed.
+    SourceConnections,
     /// 429: more than `--max-takeovers` GETs in a second took over a stream of this session from
     /// another connection (T-09).
     TakeoverBudget,
@@ -240,7 +258,9 @@ impl Rejection {
             TooManySessions | TooManyConnections | PeerUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ResumeBudget | PodFull | TakeoverBudget => StatusCode::TOO_MANY_REQUESTS,
+            ResumeBudget | PodFull | TakeoverBudget | SourceConnections | TooManyCalls(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             UpstreamLost | TaskIdTooLong | RequestStateTooLong => StatusCode::BAD_GATEWAY,
             UpstreamUnavailable | UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -282,6 +302,9 @@ impl Rejection {
             InitializeTooLarge(_) => "initialize_too_large",
             JournalFull(_) => "journal_full",
             PodFull => "pod_full",
+            TooManyCalls(CallScope::Session) => "session_calls",
+            TooManyCalls(CallScope::Principal) => "principal_calls",
+            TooManyCalls(CallScope::Pod) => "pod_calls",
             RetryStateFull(_) => "retry_state_full",
             RequestTimeout => "request_timeout",
             ParseError(_) => "parse_error",
@@ -301,6 +324,7 @@ impl Rejection {
             PeerUnavailable => "peer_unavailable",
             ResumeBudget => "resume_budget",
             TooManyConnections => "too_many_connections",
+            SourceConnections => "source_connections",
             TakeoverBudget => "takeover_budget",
             TaskNotFound(TaskMiss::Unknown) => "task_not_found",
             TaskNotFound(TaskMiss::Gone) => "task_gone",
@@ -373,6 +397,17 @@ impl Rejection {
                  Retry-After"
                     .into()
             }
+            TooManyCalls(scope) => {
+                let whose = match scope {
+                    CallScope::Session => "this session has --max-session-calls",
+                    CallScope::Principal => "this caller's sessions have --max-principal-calls",
+                    CallScope::Pod => "this pod has --max-calls",
+                };
+                format!(
+                    "Too Many Requests: {whose} calls in flight; the request was not sent, retry \
+                     after Retry-After"
+                )
+            }
             RetryStateFull(limit) => format!(
                 "Payload Too Large: the session's requests in flight keep {limit} bytes of retry \
                  state (--max-session-retry-bytes); send more once they are answered"
@@ -425,6 +460,11 @@ impl Rejection {
             TooManyConnections => {
                 "Service Unavailable: too many client connections on this pod; retry after \
                  Retry-After"
+                    .into()
+            }
+            SourceConnections => {
+                "Too Many Requests: too many connections from this address on this pod; retry \
+                 after Retry-After"
                     .into()
             }
             TakeoverBudget => {
@@ -517,6 +557,9 @@ mod tests {
             InitializeTooLarge(1),
             JournalFull("x".into()),
             PodFull,
+            TooManyCalls(CallScope::Session),
+            TooManyCalls(CallScope::Principal),
+            TooManyCalls(CallScope::Pod),
             RetryStateFull(1),
             RequestTimeout,
             ParseError("x".into()),
@@ -536,6 +579,7 @@ mod tests {
             PeerUnavailable,
             ResumeBudget,
             TooManyConnections,
+            SourceConnections,
             TakeoverBudget,
             TaskNotFound(TaskMiss::Unknown),
             TaskNotFound(TaskMiss::Gone),
@@ -563,6 +607,7 @@ mod tests {
                 | InitializeTooLarge(_)
                 | JournalFull(_)
                 | PodFull
+                | TooManyCalls(_)
                 | RetryStateFull(_)
                 | RequestTimeout
                 | ParseError(_)
@@ -582,6 +627,7 @@ mod tests {
                 | PeerUnavailable
                 | ResumeBudget
                 | TooManyConnections
+                | SourceConnections
                 | TakeoverBudget
                 | TaskNotFound(_)
                 | TaskIdTooLong
@@ -696,6 +742,18 @@ mod tests {
                  yet — takes its whole `--pod-retained-bytes`, after the events clients were \
                  sent and the answers of spent requests were given up (with `Retry-After: 1`)"
             }
+            TooManyCalls(CallScope::Session) => {
+                "a request of a session with `--max-session-calls` calls in flight (running at the \
+                 MCP server, read or not); the request is not sent (with `Retry-After: 1`)"
+            }
+            TooManyCalls(CallScope::Principal) => {
+                "a request of a caller whose sessions (`spec.auth.binding`) have \
+                 `--max-principal-calls` calls in flight; not sent (with `Retry-After: 1`)"
+            }
+            TooManyCalls(CallScope::Pod) => {
+                "a request on a pod with `--max-calls` calls in flight; not sent (with \
+                 `Retry-After: 1`)"
+            }
             RetryStateFull(_) => {
                 "a new request of a session whose retry records and stored replies still take \
                  `--max-session-retry-bytes` after its oldest answered requests were forgotten \
@@ -731,6 +789,11 @@ mod tests {
             TooManyConnections => {
                 "the first request of a connection beyond `--max-connections` open ones (with \
                  `Retry-After: 1`; the connection is closed)"
+            }
+            SourceConnections => {
+                "the first request of a connection from a source address that holds \
+                 `--max-connections-per-source` open ones (with `Retry-After: 1`; the connection \
+                 is closed)"
             }
             TakeoverBudget => {
                 "a GET that would take a stream of its session over from another connection (T-09) \
@@ -774,7 +837,8 @@ mod tests {
              Answered before the sidecar sees a request: pingora's own 400 (no JSON body, no CORS \
              headers) for a request head it cannot parse, with more than 256 header fields or over \
              1 MiB (1,048,575 bytes) of head, and its 405 for `CONNECT`; a head still arriving \
-             `--header-timeout` after its first byte closes the connection without an answer, and \
+             `--header-timeout` after its first byte (the first head of a connection: after it was \
+             accepted) closes the connection without an answer, and \
              so does a write to a client that waits `--client-write-timeout` (its stream stays \
              buffered for a resume).\n\n\
              Errors on a stream: a request whose answer cannot come ends with a JSON-RPC error \

@@ -1,6 +1,9 @@
 //! The admin listener (`spec.admin.port`, on the pod IP): `/healthz`, `/readyz`, `/metrics`,
 //! `/drained` (`docs/design/architecture.md#lifecycle`). Anything that reaches the pod IP may
-//! read it; nothing on it changes the pod.
+//! read it; nothing on it changes the pod. Its connections are bounded like the MCP port's
+//! (`--admin-max-connections`, `--admin-max-connections-per-source`, `--header-timeout` from
+//! accept: the listener of `proxy/listener.rs`), so that no stranger can take the pod's memory
+//! or every connection a probe or a `preStop` hook needs.
 //!
 //! - `GET /healthz` → 200 while the process serves;
 //! - `GET /readyz` → 200 when the sidecar's MCP listener and the upstream MCP server accept
@@ -15,8 +18,9 @@
 //! - `GET /drained` (the MCP server container's `preStop httpGet`) → waits until this pod's
 //!   drain has ended — it never starts one — and answers with the drain's outcome
 //!   ([`drain_answer`]); 503 `{"drained":false,"draining":bool}` when none ended within
-//!   `spec.drain.timeout` + [`DRAINED_MARGIN`]. At most [`MAX_DRAINED_WAITERS`] wait at once;
-//!   more get 503 + `Retry-After`.
+//!   `spec.drain.timeout` + [`DRAINED_MARGIN`]. A waiter costs its connection and a watch of the
+//!   drain's outcome, nothing else: any number wait (within the listener's connection caps), so
+//!   strangers waiting cannot crowd out the `preStop` hook.
 //! - `/drain` → 403: a drain starts only from inside the pod, through the drain socket
 //!   ([`crate::ops::control`]).
 
@@ -29,7 +33,6 @@ use async_trait::async_trait;
 use http::{Method, Response, StatusCode, header};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
-use tokio::sync::Semaphore;
 
 use crate::broker::Broker;
 use crate::cluster::routing::Router;
@@ -44,9 +47,6 @@ pub(crate) const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Added to `spec.drain.timeout` to bound a `/drained` wait: the errors of requests cut at the
 /// deadline are flushed after it.
 pub(crate) const DRAINED_MARGIN: Duration = Duration::from_secs(2);
-/// Most `/drained` requests waiting at once (one `preStop` hook per MCP server container needs
-/// one; the rest are refused rather than held).
-pub(crate) const MAX_DRAINED_WAITERS: usize = 4;
 
 /// The admin HTTP application.
 pub(crate) struct Admin {
@@ -58,7 +58,6 @@ pub(crate) struct Admin {
     drain: Arc<Drain>,
     lifecycle: Arc<Lifecycle>,
     metrics: Arc<Metrics>,
-    waiters: Semaphore,
     keys: KeyRing,
     broker: Arc<Broker>,
     router: Router,
@@ -87,7 +86,6 @@ impl Admin {
             drain,
             lifecycle,
             metrics,
-            waiters: Semaphore::new(MAX_DRAINED_WAITERS),
             keys,
             broker,
             router,
@@ -136,18 +134,6 @@ impl Admin {
     }
 
     async fn drained(&self) -> Response<Vec<u8>> {
-        let Ok(_waiting) = self.waiters.try_acquire() else {
-            self.metrics.admin_refused("drained_waiters");
-            let mut answer = text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                format!("{MAX_DRAINED_WAITERS} requests already wait for the drain\n"),
-            );
-            answer
-                .headers_mut()
-                .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
-            return answer;
-        };
         match self
             .drain
             .ended(self.drain.deadline() + DRAINED_MARGIN)

@@ -1,14 +1,18 @@
-//! What the MCP listener knows of one client connection, shared by the listener
-//! (`listener.rs`), the connection's byte stream (`watched.rs`) and the request callbacks: where
-//! the current request head stands against `--header-timeout`, whether pingora answered a head
-//! itself, and whether the connection is beyond `--max-connections`.
+//! What a listener knows of one connection, shared by the listener (`listener.rs`), the
+//! connection's byte stream (`watched.rs`) and the request callbacks: where the current request
+//! head stands against `--header-timeout`, whether pingora answered a head itself, and whether
+//! the connection was refused a slot (`slots.rs`).
 //!
 //! pingora bounds each read of a request head (by its keep-alive timeout), not the whole head,
-//! so a client trickling one byte at a time would hold a connection for as long as it likes. The
-//! head's clock starts at its first byte — an idle keep-alive connection waiting for its next
-//! request is not reading a head — and stops when the proxy gets the parsed head.
+//! so a client trickling one byte at a time would hold a connection for as long as it likes.
+//! The first head's clock starts when the connection is accepted — a connection that sends
+//! nothing is not let hold a slot — and a later head's at its first byte — an idle keep-alive
+//! connection waiting for its next request (at most pingora's keep-alive timeout) is not reading
+//! a head. The clock stops when the application gets the parsed head.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::slots::Full;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -22,7 +26,8 @@ pub(crate) enum Head {
     Delivered,
     /// The next head is awaited and nothing of it came yet (an idle keep-alive connection).
     Awaited,
-    /// A head has been arriving since this instant.
+    /// A head is due since this instant: its first byte, or for the connection's first head
+    /// the moment it was accepted.
     Arriving(Instant),
 }
 
@@ -47,6 +52,8 @@ pub(crate) enum Port {
         /// The connection is mutual TLS.
         tls: bool,
     },
+    /// The admin port (`ops/admin.rs`).
+    Admin,
 }
 
 /// One connection of the MCP or the peer listener.
@@ -59,20 +66,20 @@ pub(crate) struct Connection {
     changed: Notify,
     /// Bytes were written while a head was pending: only pingora answers then, refusing it.
     refused_head: AtomicBool,
-    over_cap: bool,
+    refused: Option<Full>,
     port: Port,
 }
 
 impl Connection {
-    /// A new connection to `port`, before its first request; `over_cap` when it is beyond the
-    /// listener's connection cap.
-    pub(crate) fn new(over_cap: bool, port: Port) -> Self {
+    /// A connection to `port` accepted at `accepted`, its first head due from then; `refused`
+    /// when it got no slot (its first request is answered why, then it closes).
+    pub(crate) fn new(refused: Option<Full>, port: Port, accepted: Instant) -> Self {
         Self {
-            head: Mutex::new(Head::Delivered),
-            pending: AtomicBool::new(false),
+            head: Mutex::new(Head::Arriving(accepted)),
+            pending: AtomicBool::new(true),
             changed: Notify::new(),
             refused_head: AtomicBool::new(false),
-            over_cap,
+            refused,
             port,
         }
     }
@@ -82,12 +89,12 @@ impl Connection {
         self.port
     }
 
-    /// Whether the connection is beyond `--max-connections` (its first request is refused).
-    pub(crate) fn over_cap(&self) -> bool {
-        self.over_cap
+    /// Why the connection got no slot, if it did not (its first request is refused).
+    pub(crate) fn refused(&self) -> Option<Full> {
+        self.refused
     }
 
-    /// The next request's head is awaited (the listener, before each request).
+    /// The next request's head is awaited (the listener, after each request).
     pub(crate) fn await_head(&self) {
         *self.head.lock() = Head::Awaited;
         self.pending.store(true, Ordering::Release);
@@ -167,8 +174,25 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_clock_starts_at_the_first_byte_of_a_head() {
-        let conn = Connection::new(false, Port::Mcp);
+    async fn the_first_heads_clock_starts_at_accept() {
+        let conn = Connection::new(None, Port::Mcp, Instant::now());
+        assert!(
+            overdue_within(&conn, TIMEOUT + Duration::from_millis(1)).await,
+            "a connection that sends nothing is cut at the header deadline"
+        );
+        let conn = Connection::new(None, Port::Mcp, Instant::now());
+        tokio::time::advance(TIMEOUT / 2).await;
+        conn.bytes_read(Instant::now());
+        assert!(
+            overdue_within(&conn, TIMEOUT / 2 + Duration::from_millis(1)).await,
+            "its first byte does not restart the clock"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_heads_clock_starts_at_its_first_byte() {
+        let conn = Connection::new(None, Port::Mcp, Instant::now());
+        conn.head_delivered();
         conn.await_head();
         assert!(
             !overdue_within(&conn, 3 * TIMEOUT).await,
@@ -185,9 +209,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_delivered_head_is_never_overdue() {
-        let conn = Connection::new(false, Port::Mcp);
-        conn.await_head();
-        conn.bytes_read(Instant::now());
+        let conn = Connection::new(None, Port::Mcp, Instant::now());
         let waiting = conn.head_overdue(TIMEOUT);
         tokio::pin!(waiting);
         assert!(
@@ -206,9 +228,12 @@ mod tests {
 
     #[test]
     fn a_write_while_a_head_is_pending_is_pingora_refusing_it() {
-        let conn = Connection::new(false, Port::Mcp);
+        let conn = Connection::new(None, Port::Mcp, Instant::now());
         conn.bytes_written();
-        assert!(!conn.take_refused_head(), "a response before any head");
+        assert!(
+            conn.take_refused_head(),
+            "an answer before the first head is delivered"
+        );
         conn.await_head();
         conn.bytes_read(Instant::now());
         conn.bytes_written();

@@ -1,11 +1,16 @@
-//! The connections of the MCP and the peer listener: pingora's HTTP/1 keep-alive loop around
-//! the proxy ([`McpListener`]), with the limits a trusted proxy puts on its clients
-//! (`docs/design/architecture.md#connection-limits`):
+//! The connections of the MCP, the peer and the admin listener: pingora's HTTP/1 keep-alive
+//! loop around the application — the proxy, or the admin endpoints — ([`Listener`]), with the
+//! limits a trusted proxy puts on its clients (`docs/design/architecture.md#connection-limits`):
 //!
-//! - at most `--max-connections` connections hold a [`Slot`]; the first request of one beyond
-//!   is answered 503 `too_many_connections` by the proxy, and the connection closed;
-//! - a request head still arriving `--header-timeout` after its first byte closes the
-//!   connection ([`Connection::head_overdue`]): pingora's read timeout bounds each read only;
+//! - each listener keeps at most its cap of connections open, and at most its per-source cap
+//!   from one source address ([`Slots`]); the first request of a connection beyond is answered
+//!   503 `too_many_connections` (429 `source_connections` beyond the per-source cap; on the admin
+//!   port a plain 503), and the connection closed — or closed at once when a sixteenth of the
+//!   cap are being refused already;
+//! - a connection's first request head must be complete `--header-timeout` after the
+//!   connection was accepted (a connection that sends nothing holds no slot for longer), a later
+//!   head `--header-timeout` after its first byte ([`Connection::head_overdue`]): pingora's read
+//!   timeout bounds each read only;
 //! - heads pingora answers itself (400: malformed, over its fixed 256 header fields or 1 MiB of
 //!   head; 405: `CONNECT`) are counted.
 //!
@@ -16,38 +21,44 @@
 //! TLS is off, or from a sidecar of the first peer protocol (which then may send only that
 //! protocol's messages). A TLS connection that negotiated `h2` carries its requests as HTTP/2
 //! streams, each served in a task of its own, at most `--peer-max-streams` at once. The peer
-//! port's connections are counted in `tether_peer_connections`, not among the clients'.
+//! port's connections are counted in `tether_peer_connections`, the admin port's in
+//! `tether_admin_connections`, not among the clients'.
 //!
 //! A connection's [`Connection`] reaches each of its requests as pingora's connection user
-//! context, which the proxy hands to `ProxyHttp::on_connection_reuse` before any other
-//! callback — for every request, the first included, since the listener sets it each time.
+//! context, which the proxy takes in `ProxyHttp::on_connection_reuse` before any other
+//! callback — for every request, the first included, since the listener sets it each time —
+//! and the admin endpoints through [`HeadTimed`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use http::{Response, StatusCode, header};
+use pingora::apps::http_app::ServeHttp;
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::http::v2::server::{self as h2_server, H2Accept};
 use pingora::protocols::{ALPN, Digest, Stream};
-use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
+use tokio::time::Instant;
 
 use super::connection::{Connection, Port};
+use super::slots::{Full, Slot, SlotLimits, Slots, Taken};
 use super::watched::Watched;
-use super::{McpProxy, PEER_STREAM_WINDOW, peer_connection_window};
+use super::{PEER_STREAM_WINDOW, peer_connection_window};
 use crate::keys::KeyRing;
 use crate::metrics::Metrics;
 
 /// The first byte of a TLS handshake record.
 const TLS_HANDSHAKE: u8 = 0x16;
 
-/// Which listener an [`McpListener`] serves.
+/// Which listener a [`Listener`] serves.
 #[derive(Clone, Debug)]
 pub(crate) enum Listening {
     /// The MCP port.
     Mcp,
+    /// The admin port.
+    Admin,
     /// The peer port.
     Peer {
         /// The key ring whose TLS configuration is used for each new connection.
@@ -64,66 +75,42 @@ pub(crate) enum Listening {
 /// Seconds an idle keep-alive connection waits for its next request (pingora's own default).
 const KEEPALIVE_SECS: u64 = 60;
 
-/// The connection limits of the MCP listener (from flags).
+/// The connection limits of a listener (from flags).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnectionLimits {
-    /// Most open connections (`--max-connections`).
-    pub(crate) max_connections: usize,
-    /// How long a request head may take from its first byte (`--header-timeout`).
+    /// Most open connections, in all and from one source address (`--max-connections`,
+    /// `--max-connections-per-source`; `--admin-max-connections…` on the admin port).
+    pub(crate) slots: SlotLimits,
+    /// How long a request head may take: the first from the connection's accept, a later one
+    /// from its first byte (`--header-timeout`).
     pub(crate) header_timeout: Duration,
 }
 
-/// The open connections that count against `--max-connections`.
-#[derive(Debug)]
-pub(crate) struct Slots {
-    open: AtomicUsize,
-    max: usize,
-}
-
-/// One connection's place among the [`Slots`], given back when dropped.
-#[derive(Debug)]
-pub(crate) struct Slot(Arc<Slots>);
-
-impl Slots {
-    /// Room for `max` connections.
-    pub(crate) fn new(max: usize) -> Arc<Self> {
-        Arc::new(Self {
-            open: AtomicUsize::new(0),
-            max,
-        })
-    }
-
-    /// A place for one more connection; `None` when all `max` are taken.
-    pub(crate) fn take(self: &Arc<Self>) -> Option<Slot> {
-        self.open
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Slot(Arc::clone(self)))
+impl Listening {
+    /// The value of the `listener` label of the connection metrics.
+    fn name(&self) -> &'static str {
+        match self {
+            Listening::Mcp => "mcp",
+            Listening::Admin => "admin",
+            Listening::Peer { .. } => "peer",
+        }
     }
 }
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// An open connection: counted in `tether_client_connections` (or, on the peer port,
-/// `tether_peer_connections`) until dropped.
+/// An open connection: counted in `tether_client_connections` (or `tether_peer_connections`,
+/// `tether_admin_connections`) until dropped.
 struct Open {
     metrics: Arc<Metrics>,
-    peer: bool,
-    _slot: Option<Slot>,
+    listener: &'static str,
+    _slot: Slot,
 }
 
 impl Open {
-    fn new(metrics: &Arc<Metrics>, peer: bool, slot: Option<Slot>) -> Self {
-        metrics.connection(peer, true);
+    fn new(metrics: &Arc<Metrics>, listener: &'static str, slot: Slot) -> Self {
+        metrics.connection(listener, true);
         Self {
             metrics: Arc::clone(metrics),
-            peer,
+            listener,
             _slot: slot,
         }
     }
@@ -131,46 +118,60 @@ impl Open {
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.metrics.connection(self.peer, false);
+        self.metrics.connection(self.listener, false);
     }
 }
 
-/// The application of the MCP or the peer listener: every accepted connection, its requests
-/// served by the proxy.
-pub(crate) struct McpListener {
-    proxy: Arc<HttpProxy<McpProxy>>,
+/// A listener: every accepted connection, its requests served by the application `A` (the
+/// proxy on the MCP and the peer port, the admin endpoints on the admin port).
+pub(crate) struct Listener<A> {
+    app: Arc<A>,
     slots: Arc<Slots>,
     header_timeout: Duration,
     metrics: Arc<Metrics>,
     listening: Listening,
 }
 
-impl McpListener {
-    /// The listener serving `proxy` within `limits`, as `listening` says.
+impl<A: HttpServerApp + Send + Sync + 'static> Listener<A> {
+    /// The listener serving `app` within `limits`, as `listening` says.
     pub(crate) fn new(
-        proxy: Arc<HttpProxy<McpProxy>>,
+        app: Arc<A>,
         limits: ConnectionLimits,
         metrics: Arc<Metrics>,
         listening: Listening,
     ) -> Self {
         Self {
-            proxy,
-            slots: Slots::new(limits.max_connections),
+            app,
+            slots: Slots::new(limits.slots),
             header_timeout: limits.header_timeout,
             metrics,
             listening,
         }
     }
 
+    /// A slot for a connection from `source`, or why not and whether there is room to answer
+    /// why (a slot held until the answer is written); with none, the connection closes at once.
+    fn admit(&self, source: Option<std::net::IpAddr>) -> Result<Slot, (Full, Option<Slot>)> {
+        let (full, refusing) = match self.slots.take(source) {
+            Taken::Open(slot) => return Ok(slot),
+            Taken::Answer { full, refusing } => (full, Some(refusing)),
+            Taken::Close(full) => (full, None),
+        };
+        self.metrics
+            .connection_refused(self.listening.name(), full.reason());
+        Err((full, refusing))
+    }
+
     /// Which port a new connection is on: on the peer port, TLS when its first byte starts a
     /// handshake; `None` closes it (a plaintext peer when TLS is required, nothing sent within
     /// `--header-timeout`).
     async fn port(&self, stream: &mut Stream) -> Option<Port> {
-        let Listening::Peer {
-            tls, accept_first, ..
-        } = &self.listening
-        else {
-            return Some(Port::Mcp);
+        let (tls, accept_first) = match &self.listening {
+            Listening::Mcp => return Some(Port::Mcp),
+            Listening::Admin => return Some(Port::Admin),
+            Listening::Peer {
+                tls, accept_first, ..
+            } => (tls, accept_first),
         };
         let mut first = [0u8; 1];
         let peeked = tokio::time::timeout(self.header_timeout, stream.try_peek(&mut first)).await;
@@ -211,7 +212,6 @@ impl McpListener {
         let mut session = ServerSession::new_http1(stream);
         session.set_keepalive((!*shutdown.borrow()).then_some(KEEPALIVE_SECS));
         loop {
-            conn.await_head();
             session.set_connection_user_context(Some(Box::new(Arc::clone(conn))));
             // Counted before the connection is dropped, so whoever sees it closed sees it counted.
             let overdue = async {
@@ -219,7 +219,7 @@ impl McpListener {
                 self.metrics.header_timeout();
             };
             let served = tokio::select! {
-                served = self.proxy.process_new_http(session, shutdown) => served,
+                served = self.app.process_new_http(session, shutdown) => served,
                 () = overdue => {
                     tracing::debug!("request head not complete within --header-timeout; closing");
                     return;
@@ -234,6 +234,7 @@ impl McpListener {
             if let Some(settings) = settings {
                 settings.apply_to_session(&mut session);
             }
+            conn.await_head();
         }
     }
 
@@ -297,13 +298,12 @@ impl McpListener {
                     return;
                 }
             };
-            let proxy = Arc::clone(&self.proxy);
+            let app = Arc::clone(&self.app);
             let shutdown = shutdown.clone();
             let serving = Serving::new(&active);
             tokio::spawn(async move {
                 let _serving = serving;
-                proxy
-                    .process_new_http(ServerSession::new_http2(h2_stream), &shutdown)
+                app.process_new_http(ServerSession::new_http2(h2_stream), &shutdown)
                     .await;
             });
         }
@@ -330,22 +330,33 @@ impl Drop for Serving {
 }
 
 #[async_trait]
-impl ServerApp for McpListener {
+impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for Listener<A> {
     async fn process_new(
         self: &Arc<Self>,
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
+        let accepted = Instant::now();
         let mut stream = stream;
-        let peer = matches!(self.listening, Listening::Peer { .. });
-        let slot = self.slots.take();
-        let over_cap = slot.is_none();
-        let _open = Open::new(&self.metrics, peer, slot);
+        let source = stream
+            .get_socket_digest()
+            .and_then(|digest| digest.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+        let (slot, refused) = match self.admit(source) {
+            Ok(slot) => (slot, None),
+            Err((full, Some(refusing))) => (refusing, Some(full)),
+            Err((_, None)) => return None,
+        };
+        let _open = Open::new(&self.metrics, self.listening.name(), slot);
         let port = self.port(&mut stream).await?;
-        let conn = Arc::new(Connection::new(over_cap, port));
+        let conn = Arc::new(Connection::new(refused, port, accepted));
         let watched = Watched::new(stream, Arc::clone(&conn));
         let stream = match port {
-            Port::Peer { tls: true } => self.handshake(watched).await?,
+            Port::Peer { tls: true } => {
+                let secured = self.handshake(watched).await?;
+                // The handshake's own writes answer no request head.
+                conn.take_refused_head();
+                secured
+            }
             _ => Box::new(watched),
         };
         if let Listening::Peer { max_streams, .. } = self.listening
@@ -359,22 +370,39 @@ impl ServerApp for McpListener {
     }
 
     async fn cleanup(&self) {
-        self.proxy.http_cleanup().await;
+        self.app.http_cleanup().await;
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// An application served by a [`Listener`] other than the proxy (the admin endpoints): each
+/// request's head is marked delivered (its deadline met), and the first request of a connection
+/// refused a slot is answered 503 and the connection closed.
+pub(crate) struct HeadTimed<S>(pub(crate) S);
 
-    #[test]
-    fn slots_are_bounded_and_given_back() {
-        let slots = Slots::new(2);
-        let a = slots.take();
-        let b = slots.take();
-        assert!(a.is_some() && b.is_some());
-        assert!(slots.take().is_none(), "a third connection is over the cap");
-        drop(a);
-        assert!(slots.take().is_some(), "a closed connection frees its slot");
+#[async_trait]
+impl<S: ServeHttp + Send + Sync> ServeHttp for HeadTimed<S> {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let conn = session
+            .take_connection_user_context()
+            .and_then(|context| context.downcast::<Arc<Connection>>().ok());
+        if let Some(conn) = &conn {
+            conn.head_delivered();
+        }
+        if let Some(full) = conn.and_then(|c| c.refused()) {
+            session.set_keepalive(None);
+            let why = match full {
+                Full::Source => "too many connections from this address",
+                Full::Listener => "too many connections",
+            };
+            let body = format!("{why}; retry after Retry-After\n").into_bytes();
+            return Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .header(header::RETRY_AFTER, "1")
+                .header(header::CONTENT_TYPE, "text/plain")
+                .header(header::CONTENT_LENGTH, body.len())
+                .body(body)
+                .unwrap_or_default();
+        }
+        self.0.response(session).await
     }
 }

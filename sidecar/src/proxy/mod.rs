@@ -20,17 +20,20 @@
 //!   skipped and the next candidate tried.
 //! - Every response, errors included, carries the CORS headers
 //!   (`o02_fr24_bad_origin_is_403_and_listed_or_missing_origins_pass`).
-//! - Connections are accepted by the [`McpListener`] (`listener.rs`), which bounds their number
-//!   and the time a request head may take; each write to a client may wait at most
+//! - Connections are accepted by the [`Listener`] (`listener.rs`), which bounds their number (in
+//!   all and per source address) and the time a request head may take; each write to a client may wait at most
 //!   `--client-write-timeout`.
 
 mod connection;
 mod forward;
 mod listener;
 mod respond;
+mod slots;
 mod watched;
 
-pub(crate) use listener::{ConnectionLimits, Listening, McpListener};
+pub(crate) use listener::{ConnectionLimits, HeadTimed, Listener, Listening};
+use slots::Full;
+pub(crate) use slots::SlotLimits;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -357,9 +360,9 @@ impl ProxyHttp for McpProxy {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
-        // A connection beyond --max-connections gets one answer, whatever it asks, then closes.
-        let over_cap = ctx.connection.as_ref().is_some_and(|c| c.over_cap());
-        if over_cap {
+        // A connection refused a slot gets one answer, whatever it asks, then closes.
+        let refused = ctx.connection.as_ref().and_then(|c| c.refused());
+        if refused.is_some() {
             session.set_keepalive(None);
         }
         let req = session.req_header();
@@ -427,8 +430,11 @@ impl ProxyHttp for McpProxy {
             Ok(Admission::Request(admitted)) => admitted,
         };
         ctx.origin = admitted.origin.clone();
-        if over_cap {
-            let rejection = Rejection::TooManyConnections;
+        if let Some(full) = refused {
+            let rejection = match full {
+                Full::Source => Rejection::SourceConnections,
+                Full::Listener => Rejection::TooManyConnections,
+            };
             self.metrics.rejection(&rejection);
             return respond(session, ctx, rejection.into()).await;
         }

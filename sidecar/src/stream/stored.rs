@@ -92,7 +92,9 @@ impl StoredReply {
             | Rejection::PeerUnavailable
             | Rejection::ResumeBudget
             | Rejection::PodFull
+            | Rejection::TooManyCalls(_)
             | Rejection::TooManyConnections
+            | Rejection::SourceConnections
             | Rejection::TakeoverBudget
             | Rejection::UpstreamTimeout => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

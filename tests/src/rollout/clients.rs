@@ -111,8 +111,10 @@ impl Load {
         };
         let intruder =
             user("mallory", Refresh::BeforeExpiry).map(|tokens| client.clone().with_tokens(tokens));
+        let sources = load::client_pods(client, cfg.sessions);
         let mut tasks = JoinSet::new();
         for index in 0..cfg.sessions {
+            let client = &sources[index / load::SESSIONS_PER_SOURCE];
             let lazy = cfg
                 .auth
                 .as_ref()

@@ -7,14 +7,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::json;
+use tether_tests::addr;
 use tether_tests::call::{self, CallPlan};
+use tether_tests::client::Http;
 use tether_tests::client::{
     ACCEPT_BOTH, McpClient, Session, body_text, expect_error, header_str, initialize_body,
     json_error, tool_call,
 };
-use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
+use tether_tests::pod::{ADMIN_PORT, LISTEN_PORT, Pod, PodSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// Checks the pod still serves a complete session with a streamed tool call.
 async fn still_serving(pod: &Pod) {
@@ -50,6 +52,14 @@ async fn answer(conn: &mut TcpStream) -> String {
         .await
         .map_or(0, |r| r.unwrap_or(0));
     String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// A connection to `port` of `pod` from the loopback address `source` (a client of its own, as
+/// the pod's per-source bounds see it).
+async fn connect_from(source: std::net::Ipv4Addr, pod: &Pod, port: u16) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind((source, 0).into()).unwrap();
+    socket.connect((pod.ip, port).into()).await.unwrap()
 }
 
 fn status_line(answer: &str) -> String {
@@ -552,8 +562,11 @@ async fn slow_loris_heads_are_cut_at_the_header_deadline_and_idle_connections_ar
     })
     .await
     .unwrap();
-    // An idle keep-alive connection is reading no head: the deadline does not apply to it.
+    // An idle keep-alive connection (after its first request) is reading no head: the
+    // deadline does not apply to it.
     let mut idle = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+    idle.write_all(SESSIONLESS_GET).await.unwrap();
+    assert!(answer(&mut idle).await.contains("session_required"));
     // A head trickled one byte every 100 ms that would take 30 s and never ends.
     let (mut reader, mut writer) = TcpStream::connect((pod.ip, LISTEN_PORT))
         .await
@@ -592,6 +605,141 @@ async fn slow_loris_heads_are_cut_at_the_header_deadline_and_idle_connections_ar
         1.0
     );
     still_serving(&pod).await;
+    assert!(pod.sidecar_running().unwrap(), "{}", pod.logs());
+}
+
+#[tokio::test]
+async fn silent_connections_are_closed_at_the_head_deadline_and_one_source_cannot_hold_every_slot()
+{
+    let pod = Pod::start(PodSpec {
+        sidecar_args: [
+            "--header-timeout",
+            "1s",
+            "--max-connections",
+            "8",
+            "--max-connections-per-source",
+            "4",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let [hog, other] = addr::ips();
+    // The hog opens connections and sends nothing.
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(connect_from(hog, &pod, LISTEN_PORT).await);
+    }
+    pod.wait_for_metric("tether_client_connections", Duration::from_secs(5), |v| {
+        v == 4.0
+    })
+    .await
+    .unwrap();
+    // Its fifth is over its share: answered 429 and closed, while another client is served.
+    let mut fifth = connect_from(hog, &pod, LISTEN_PORT).await;
+    fifth.write_all(SESSIONLESS_GET).await.unwrap();
+    let refused = answer(&mut fifth).await;
+    assert!(
+        refused.starts_with("HTTP/1.1 429")
+            && refused.to_ascii_lowercase().contains("retry-after: 1")
+            && refused.contains(r#""reason":"source_connections""#),
+        "{refused}"
+    );
+    assert!(closed(&mut fifth).await, "the refused connection is closed");
+    let mut served = connect_from(other, &pod, LISTEN_PORT).await;
+    served.write_all(SESSIONLESS_GET).await.unwrap();
+    let answered = answer(&mut served).await;
+    assert!(answered.contains("session_required"), "{answered}");
+    // A connection that sends nothing holds its slot until the head deadline from its accept.
+    for conn in &mut silent {
+        assert!(
+            closed(conn).await,
+            "a silent connection is closed at the deadline"
+        );
+    }
+    assert!(
+        pod.metric("tether_header_timeouts_total").await.unwrap() >= 4.0,
+        "{}",
+        pod.metrics().await.unwrap()
+    );
+    assert_eq!(
+        pod.metric(r#"tether_connections_refused_total{listener="mcp",reason="source_full"}"#)
+            .await
+            .unwrap(),
+        1.0
+    );
+    let mut again = connect_from(hog, &pod, LISTEN_PORT).await;
+    again.write_all(SESSIONLESS_GET).await.unwrap();
+    let answered = answer(&mut again).await;
+    assert!(
+        answered.contains("session_required"),
+        "the source's slots came back: {answered}"
+    );
+    still_serving(&pod).await;
+}
+
+#[tokio::test]
+async fn the_admin_port_bounds_its_connections_per_source_and_their_heads() {
+    let mut pod = Pod::start(PodSpec {
+        sidecar_args: [
+            "--header-timeout",
+            "1s",
+            "--admin-max-connections",
+            "64",
+            "--admin-max-connections-per-source",
+            "8",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    // Four strangers each open 50 connections with a half-sent head.
+    let strangers: [_; 4] = addr::ips();
+    let mut half_sent = Vec::new();
+    for stranger in strangers {
+        for _ in 0..50 {
+            let mut conn = connect_from(stranger, &pod, ADMIN_PORT).await;
+            // Refused ones may be closed before the write lands.
+            let _ = conn.write_all(b"GET /metrics HTTP/1.1\r\nx-slow: ").await;
+            half_sent.push(conn);
+        }
+    }
+    // Each holds at most its share; the rest were refused (answered or closed at once).
+    let refused = pod
+        .wait_for_metric(
+            r#"tether_connections_refused_total{listener="admin",reason="source_full"}"#,
+            Duration::from_secs(5),
+            |v| v >= 4.0 * 42.0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused, 4.0 * 42.0);
+    // Their shares, the refused ones held for an answer (a sixteenth of the cap), this scrape.
+    assert!(pod.metric("tether_admin_connections").await.unwrap() <= 4.0 * 8.0 + 4.0 + 1.0);
+    // The kubelet, from its own address, still probes the pod.
+    let kubelet = Http::from_source(addr::next_ip().into());
+    let (status, body) = kubelet
+        .get_text(&format!("{}/readyz", pod.admin_url))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Every half-sent head is cut at the deadline, counted from the connection's accept.
+    for conn in &mut half_sent {
+        assert!(closed(conn).await, "a half-sent admin head is closed");
+    }
+    drop(kubelet);
+    // What is left: the scrapes' own connections.
+    let open = pod
+        .wait_for_metric("tether_admin_connections", Duration::from_secs(5), |v| {
+            v <= 2.0
+        })
+        .await
+        .unwrap();
+    assert!(open <= 2.0, "{open}");
     assert!(pod.sidecar_running().unwrap(), "{}", pod.logs());
 }
 

@@ -9,6 +9,7 @@ mod auth;
 mod backpressure;
 mod bad_input;
 mod bench_proxy;
+mod calls;
 mod conformance;
 mod contract;
 mod deletion;

@@ -1,0 +1,200 @@
+//! Calls in flight (`docs/design/architecture.md#bounds`): a request the broker dispatches to
+//! the MCP server holds a [`CallSlot`] until its upstream exchange has ended — its answer read
+//! whole, its stream over, or the call cancelled — whether or not a client still reads it. A
+//! client that starts calls and walks away would otherwise make the pod (and the MCP server
+//! behind it) carry any number of them. At most `--max-session-calls` run for one session,
+//! `--max-principal-calls` for one principal (the sessions bound to one caller, `spec.auth`) and
+//! `--max-calls` on the pod; beyond, the request gets 429 with `Retry-After` and is never sent.
+//! A retry that joins its running request takes no slot. [`admit`] decides, [`Calls`] counts
+//! (`tether_calls_in_flight`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::mcp::principal::Principal;
+use crate::mcp::rejection::CallScope;
+use crate::metrics::Metrics;
+
+/// The bounds of calls in flight (from flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CallLimits {
+    /// Most calls of one session (`--max-session-calls`).
+    pub(crate) session: usize,
+    /// Most calls of one principal's sessions (`--max-principal-calls`).
+    pub(crate) principal: usize,
+    /// Most calls on the pod (`--max-calls`).
+    pub(crate) pod: usize,
+}
+
+/// Calls running now: of the session, of its principal (`None`: the session is bound to no
+/// principal), on the pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Running {
+    pub(crate) session: usize,
+    pub(crate) principal: Option<usize>,
+    pub(crate) pod: usize,
+}
+
+/// Whether `n` more calls fit beside `running` within `limits`; the narrowest bound that does
+/// not is named (what the caller itself can change first).
+pub(crate) fn admit(running: Running, n: usize, limits: CallLimits) -> Result<(), CallScope> {
+    if running.session + n > limits.session {
+        Err(CallScope::Session)
+    } else if running.principal.is_some_and(|p| p + n > limits.principal) {
+        Err(CallScope::Principal)
+    } else if running.pod + n > limits.pod {
+        Err(CallScope::Pod)
+    } else {
+        Ok(())
+    }
+}
+
+/// The calls in flight on the pod, by session and by principal.
+#[derive(Debug)]
+pub(crate) struct Calls {
+    limits: CallLimits,
+    counts: Mutex<Counts>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    pod: usize,
+    /// By session digest; a session with none has no entry.
+    by_session: HashMap<String, usize>,
+    /// By principal; a principal with none has no entry.
+    by_principal: HashMap<Principal, usize>,
+}
+
+/// What `n` calls of one session hold, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct CallSlot {
+    calls: Arc<Calls>,
+    session: String,
+    principal: Option<Principal>,
+    n: usize,
+}
+
+impl Calls {
+    /// No calls yet, bounded by `limits`, counted in `metrics`.
+    pub(crate) fn new(limits: CallLimits, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self {
+            limits,
+            counts: Mutex::new(Counts::default()),
+            metrics,
+        })
+    }
+
+    /// Slots for `n` calls of the session with digest `session`, bound to `principal`.
+    ///
+    /// # Errors
+    /// The bound `n` more calls would pass.
+    pub(crate) fn take(
+        self: &Arc<Self>,
+        session: &str,
+        principal: Option<Principal>,
+        n: usize,
+    ) -> Result<CallSlot, CallScope> {
+        let mut counts = self.counts.lock();
+        let running = Running {
+            session: counts.by_session.get(session).copied().unwrap_or(0),
+            principal: principal.map(|p| counts.by_principal.get(&p).copied().unwrap_or(0)),
+            pod: counts.pod,
+        };
+        admit(running, n, self.limits)?;
+        counts.pod += n;
+        *counts.by_session.entry(session.to_owned()).or_default() += n;
+        if let Some(p) = principal {
+            *counts.by_principal.entry(p).or_default() += n;
+        }
+        self.metrics.set_calls_in_flight(counts.pod);
+        Ok(CallSlot {
+            calls: Arc::clone(self),
+            session: session.to_owned(),
+            principal,
+            n,
+        })
+    }
+}
+
+/// Takes `n` off `map[key]`, removing the entry at zero.
+fn give_back<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K, n: usize) {
+    if let Some(count) = map.get_mut(key) {
+        *count = count.saturating_sub(n);
+        if *count == 0 {
+            map.remove(key);
+        }
+    }
+}
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        let mut counts = self.calls.counts.lock();
+        counts.pod = counts.pod.saturating_sub(self.n);
+        give_back(&mut counts.by_session, &self.session, self.n);
+        if let Some(p) = &self.principal {
+            give_back(&mut counts.by_principal, p, self.n);
+        }
+        self.calls.metrics.set_calls_in_flight(counts.pod);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: CallLimits = CallLimits {
+        session: 2,
+        principal: 3,
+        pod: 4,
+    };
+
+    #[test]
+    fn admit_names_the_narrowest_bound_passed() {
+        let running = |session, principal, pod| Running {
+            session,
+            principal,
+            pod,
+        };
+        // (running, more calls, decision)
+        let table = [
+            (running(0, Some(0), 0), 1, Ok(())),
+            (running(1, Some(2), 3), 1, Ok(())),
+            (running(2, Some(2), 2), 1, Err(CallScope::Session)),
+            (running(0, Some(0), 0), 3, Err(CallScope::Session)),
+            (running(1, Some(3), 3), 1, Err(CallScope::Principal)),
+            (running(1, None, 3), 1, Ok(())),
+            (running(1, None, 4), 1, Err(CallScope::Pod)),
+            (running(0, Some(1), 3), 2, Err(CallScope::Pod)),
+        ];
+        for (running, n, decision) in table {
+            assert_eq!(
+                admit(running, n, LIMITS),
+                decision,
+                "{running:?} and {n} more"
+            );
+        }
+    }
+
+    #[test]
+    fn slots_are_counted_per_session_principal_and_pod_and_given_back() {
+        let calls = Calls::new(LIMITS, Arc::new(Metrics::new()));
+        let alice = Some(Principal([1; 16]));
+        let a1 = calls.take("s1", alice, 2).unwrap();
+        assert_eq!(calls.take("s1", alice, 1).unwrap_err(), CallScope::Session);
+        let a2 = calls.take("s2", alice, 1).unwrap();
+        assert_eq!(
+            calls.take("s3", alice, 1).unwrap_err(),
+            CallScope::Principal,
+            "alice's third session is over her share"
+        );
+        let b = calls.take("s4", None, 1).unwrap();
+        assert_eq!(calls.take("s5", None, 1).unwrap_err(), CallScope::Pod);
+        drop((a1, a2, b));
+        let counts = calls.counts.lock();
+        assert_eq!(counts.pod, 0);
+        assert!(counts.by_session.is_empty() && counts.by_principal.is_empty());
+    }
+}
