@@ -202,7 +202,8 @@ pub(crate) fn broker(
                 cfg.pod_retained_bytes,
                 cfg.max_session_buffer_bytes.min(cfg.pod_retained_bytes),
             ),
-        ),
+        )
+        .with_max_principal_sessions(cfg.max_principal_sessions),
         metrics,
     )
 }

@@ -28,8 +28,8 @@ use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{Rejection, VersionMismatch};
 use crate::reply::Reply;
 use crate::retained::Kind;
-use crate::session::Session;
 use crate::session::journal::Journal;
+use crate::session::{NoRoom, Session};
 use crate::stream::{Start, StreamKind};
 use crate::upstream::{Exchange, events, is_sse};
 
@@ -133,9 +133,12 @@ impl Broker {
             session.key(),
         ));
         session.remember_credentials(&call.headers, &cfg.forward_headers);
-        if self.registry.insert(Arc::clone(&session)).is_err() {
+        if let Err(no_room) = self.registry.insert(Arc::clone(&session)) {
             self.abandon_upstream(upstream_id, &call.headers).await;
-            return Err(Rejection::TooManySessions);
+            return Err(match no_room {
+                NoRoom::Pod(_) => Rejection::TooManySessions,
+                NoRoom::Principal(_) => Rejection::PrincipalSessions,
+            });
         }
         self.metrics.session_created();
         tracing::info!(session = session.digest(), %version, "session created");

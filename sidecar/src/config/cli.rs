@@ -102,6 +102,18 @@ pub struct Cli {
         default_value_t = 10_000
     )]
     pub max_sessions: usize,
+    /// Most sessions one principal (the caller a session is bound to, `spec.auth.binding`) holds
+    /// on a pod, so that one caller cannot take every `--max-sessions` slot: a further
+    /// `initialize` of it gets 429 `principal_sessions` + `Retry-After`. Sessions handed over by
+    /// peers are not refused for it; sessions bound to no caller count against `--max-sessions`
+    /// only.
+    #[arg(
+        long,
+        env = "TETHER_MAX_PRINCIPAL_SESSIONS",
+        value_name = "N",
+        default_value_t = 2500
+    )]
+    pub max_principal_sessions: usize,
     /// Most JSON-RPC messages in one batch (a 2025-03-26 session's POST may carry a batch; 400
     /// beyond, found while parsing: a larger batch costs the parse of this many members).
     #[arg(long, env = "TETHER_MAX_BATCH", value_name = "N", default_value_t = 64,

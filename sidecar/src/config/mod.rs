@@ -128,6 +128,8 @@ pub struct Config {
     pub(crate) revision: String,
     /// Most sessions held.
     pub(crate) max_sessions: usize,
+    /// Most sessions of one principal (`--max-principal-sessions`).
+    pub(crate) max_principal_sessions: usize,
     /// The pod's byte budget for everything its sessions retain (`--pod-retained-bytes`).
     pub(crate) pod_retained_bytes: u64,
     /// Each session's share of buffered event data (`--max-session-buffer-bytes`).
@@ -221,6 +223,7 @@ impl Config {
         };
         for (flag, value) in [
             ("--max-sessions", cli.max_sessions),
+            ("--max-principal-sessions", cli.max_principal_sessions),
             ("--max-request-bytes", cli.max_request_bytes),
             ("--threads", cli.threads),
             ("--peer-max-message-bytes", cli.peer_max_message_bytes),
@@ -297,6 +300,7 @@ impl Config {
             pod_uid: cli.pod_uid.clone(),
             revision,
             max_sessions: cli.max_sessions,
+            max_principal_sessions: cli.max_principal_sessions,
             pod_retained_bytes: cli.pod_retained_bytes(),
             max_session_buffer_bytes: cli.max_session_buffer_bytes,
             request_timeout: cli.request_timeout,

@@ -162,6 +162,9 @@ pub(crate) enum Rejection {
     /// yet (their upstream responses wait for readers) — takes its whole
     /// `--pod-retained-bytes`; retry after `Retry-After` (or on another pod).
     PodFull,
+    /// 429: an `initialize` of a principal (`spec.auth.binding`) that holds
+    /// `--max-principal-sessions` sessions on this pod already.
+    PrincipalSessions,
     /// 429: the request would pass a bound of calls in flight (of its session, its principal
     /// or the pod); it is not sent.
     TooManyCalls(CallScope),
@@ -258,9 +261,8 @@ impl Rejection {
             TooManySessions | TooManyConnections | PeerUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ResumeBudget | PodFull | TakeoverBudget | SourceConnections | TooManyCalls(_) => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ResumeBudget | PodFull | TakeoverBudget | SourceConnections | TooManyCalls(_)
+            | PrincipalSessions => StatusCode::TOO_MANY_REQUESTS,
             UpstreamLost | TaskIdTooLong | RequestStateTooLong => StatusCode::BAD_GATEWAY,
             UpstreamUnavailable | UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -302,6 +304,7 @@ impl Rejection {
             InitializeTooLarge(_) => "initialize_too_large",
             JournalFull(_) => "journal_full",
             PodFull => "pod_full",
+            PrincipalSessions => "principal_sessions",
             TooManyCalls(CallScope::Session) => "session_calls",
             TooManyCalls(CallScope::Principal) => "principal_calls",
             TooManyCalls(CallScope::Pod) => "pod_calls",
@@ -395,6 +398,11 @@ impl Rejection {
                 "Too Many Requests: this pod's sessions keep --pod-retained-bytes it cannot free \
                  now (journals, tombstones, events no client has read yet); retry after \
                  Retry-After"
+                    .into()
+            }
+            PrincipalSessions => {
+                "Too Many Requests: this caller holds --max-principal-sessions sessions on this \
+                 pod; end one, or retry after Retry-After"
                     .into()
             }
             TooManyCalls(scope) => {
@@ -557,6 +565,7 @@ mod tests {
             InitializeTooLarge(1),
             JournalFull("x".into()),
             PodFull,
+            PrincipalSessions,
             TooManyCalls(CallScope::Session),
             TooManyCalls(CallScope::Principal),
             TooManyCalls(CallScope::Pod),
@@ -607,6 +616,7 @@ mod tests {
                 | InitializeTooLarge(_)
                 | JournalFull(_)
                 | PodFull
+                | PrincipalSessions
                 | TooManyCalls(_)
                 | RetryStateFull(_)
                 | RequestTimeout
@@ -741,6 +751,10 @@ mod tests {
                 "what the pod cannot free now — journals, tombstones, events no client has read \
                  yet — takes its whole `--pod-retained-bytes`, after the events clients were \
                  sent and the answers of spent requests were given up (with `Retry-After: 1`)"
+            }
+            PrincipalSessions => {
+                "an `initialize` of a caller (`spec.auth.binding`) whose sessions on the pod \
+                 number `--max-principal-sessions` already (with `Retry-After: 1`)"
             }
             TooManyCalls(CallScope::Session) => {
                 "a request of a session with `--max-session-calls` calls in flight (running at the \

@@ -13,12 +13,13 @@ mod answered;
 mod bounded;
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod held;
 pub(crate) mod journal;
 mod registry;
 mod takeovers;
 mod tombstones;
 
-pub(crate) use registry::{Adopted, Refused, Registry};
+pub(crate) use registry::{Adopted, NoRoom, Refused, Registry};
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

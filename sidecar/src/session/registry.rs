@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 
 use super::Session;
 use super::bounded::Bounded;
+use super::held::Held;
 use crate::mcp::rejection::NotFound;
 use crate::retained::Retained;
 
@@ -19,10 +20,21 @@ use crate::retained::Retained;
 /// forwarding.
 const ENDED_LOG: usize = 16384;
 
-/// Why a new session could not be registered.
+/// Why a session could not be registered: the pod holds its maximum of sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("this pod holds its maximum of {0} sessions")]
 pub(crate) struct TooManySessions(pub usize);
+
+/// Why a new session could not be registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NoRoom {
+    /// The pod holds `--max-sessions`.
+    #[error(transparent)]
+    Pod(#[from] TooManySessions),
+    /// The pod holds `--max-principal-sessions` of the session's principal.
+    #[error("this pod holds its maximum of {0} sessions of one principal")]
+    Principal(usize),
+}
 
 /// Why a session pushed by a peer was not taken (`docs/design/handoff.md#one-holder-per-session`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -54,7 +66,7 @@ pub(crate) enum Adopted {
 /// The sessions this pod holds, by client session id.
 #[derive(Debug)]
 pub(crate) struct Registry {
-    sessions: RwLock<HashMap<String, Arc<Session>>>,
+    sessions: RwLock<Held>,
     /// Why sessions ended, by id digest.
     ended: Mutex<Bounded<String, NotFound>>,
     /// Where handed-off sessions went: client session id → UID of the new holder and the
@@ -67,6 +79,8 @@ pub(crate) struct Registry {
     /// (`docs/design/handoff.md#a-pod-killed-mid-handoff`).
     kept: Mutex<HashMap<String, (Arc<Session>, String)>>,
     max_sessions: usize,
+    /// Most sessions of one principal that a new one may join (`--max-principal-sessions`).
+    max_principal_sessions: usize,
     /// Woken (all waiters) whenever what the pod has in flight may have shrunk: a request
     /// ended, a stream completed, a session left or a departed one was forgotten. A drain waits
     /// on it instead of polling.
@@ -108,12 +122,13 @@ impl Registry {
     pub(crate) fn new(max_sessions: usize, retained: Retained) -> Self {
         Self {
             retained,
-            sessions: RwLock::new(HashMap::new()),
+            sessions: RwLock::new(Held::default()),
             ended: Mutex::new(Bounded::new(ENDED_LOG)),
             moved: Mutex::new(Bounded::new(ENDED_LOG)),
             departed: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
             max_sessions,
+            max_principal_sessions: max_sessions,
             activity: Arc::new(Notify::new()),
             schedule: Mutex::default(),
         }
@@ -165,17 +180,29 @@ impl Registry {
         self.sessions.read().len() < self.max_sessions
     }
 
-    /// Registers a session.
+    /// This registry, a new session joining at most `n` others of its principal
+    /// (`--max-principal-sessions`; sessions handed over by peers are not refused for it).
+    pub(crate) fn with_max_principal_sessions(mut self, n: usize) -> Self {
+        self.max_principal_sessions = n;
+        self
+    }
+
+    /// Registers a new session.
     ///
     /// # Errors
-    /// [`TooManySessions`] when the pod is full.
-    pub(crate) fn insert(&self, session: Arc<Session>) -> Result<(), TooManySessions> {
+    /// [`NoRoom`] when the pod is full, or holds its share of the session's principal.
+    pub(crate) fn insert(&self, session: Arc<Session>) -> Result<(), NoRoom> {
         session.report_to(&self.activity);
         let mut map = self.sessions.write();
         if map.len() >= self.max_sessions {
-            return Err(TooManySessions(self.max_sessions));
+            return Err(TooManySessions(self.max_sessions).into());
         }
-        map.insert(session.id.clone(), Arc::clone(&session));
+        if let Some(principal) = session.binding().and_then(|b| b.principal)
+            && map.of_principal(&principal) >= self.max_principal_sessions
+        {
+            return Err(NoRoom::Principal(self.max_principal_sessions));
+        }
+        map.insert(Arc::clone(&session));
         drop(map);
         self.schedule(&session, Instant::now());
         Ok(())
@@ -282,7 +309,7 @@ impl Registry {
         };
         held_again(&session);
         self.moved.lock().forget_where(|k, _| k == id);
-        map.insert(id.to_owned(), Arc::clone(&session));
+        map.insert(Arc::clone(&session));
         drop(map);
         self.schedule(&session, Instant::now());
         self.activity.notify_waiters();
@@ -322,7 +349,7 @@ impl Registry {
             None => None,
         };
         session.report_to(&self.activity);
-        map.insert(session.id.clone(), Arc::clone(&session));
+        map.insert(Arc::clone(&session));
         drop(map);
         if let Some(stale) = &replaced {
             self.schedule.lock().take(stale);
@@ -430,12 +457,64 @@ mod tests {
         );
     }
 
+    /// A session with client id `id`, bound to principal `p` (none: bound to no caller).
+    fn bound(id: &str, p: Option<u8>) -> Arc<Session> {
+        let s = Session::new(
+            id.into(),
+            crate::keys::test_key(),
+            None,
+            tether_crds::ProtocolVersion::V2025_06_18,
+            crate::session::journal::Journal::new(serde_json::Value::Null),
+            &Retained::new(u64::MAX),
+        );
+        s.bind(p.map(|p| crate::mcp::principal::Binding {
+            kind: tether_crds::AuthBinding::Subject,
+            principal: Some(crate::mcp::principal::Principal([p; 16])),
+        }));
+        s
+    }
+
+    #[test]
+    fn a_principal_holds_its_share_of_the_sessions_and_gets_it_back() {
+        let r = Registry::new(4, Retained::new(u64::MAX)).with_max_principal_sessions(2);
+        let a1 = bound("a1", Some(1));
+        r.insert(Arc::clone(&a1)).unwrap();
+        r.insert(bound("a2", Some(1))).unwrap();
+        assert_eq!(r.insert(bound("a3", Some(1))), Err(NoRoom::Principal(2)));
+        r.insert(bound("b1", Some(2))).unwrap();
+        r.insert(bound("n1", None)).unwrap();
+        assert_eq!(
+            r.insert(bound("b2", Some(2))),
+            Err(TooManySessions(4).into()),
+            "the pod's bound still holds"
+        );
+        assert!(r.remove(&a1, NotFound::Deleted));
+        r.insert(bound("a3", Some(1))).unwrap();
+        // A session handed away leaves its principal's count too.
+        let a3 = r.get("a3").unwrap();
+        r.mark_moved(&a3, "pod-b");
+        assert_eq!(
+            r.sessions
+                .read()
+                .of_principal(&crate::mcp::principal::Principal([1; 16])),
+            1
+        );
+        assert!(r.reclaim("a3", "pod-b", |_| {}));
+        assert_eq!(
+            r.sessions
+                .read()
+                .of_principal(&crate::mcp::principal::Principal([1; 16])),
+            2
+        );
+        assert_eq!(r.sessions.read().principals(), 2);
+    }
+
     #[test]
     fn the_registry_remembers_why_sessions_ended() {
         let r = Registry::new(1, Retained::new(u64::MAX));
         let s = session();
         r.insert(Arc::clone(&s)).unwrap();
-        assert_eq!(r.insert(session()), Err(TooManySessions(1)));
+        assert_eq!(r.insert(session()), Err(TooManySessions(1).into()));
         assert!(r.remove(&s, NotFound::Deleted));
         assert!(r.get("id").is_none());
         assert_eq!(r.why_missing(s.digest()), NotFound::Deleted);

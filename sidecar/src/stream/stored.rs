@@ -93,6 +93,7 @@ impl StoredReply {
             | Rejection::ResumeBudget
             | Rejection::PodFull
             | Rejection::TooManyCalls(_)
+            | Rejection::PrincipalSessions
             | Rejection::TooManyConnections
             | Rejection::SourceConnections
             | Rejection::TakeoverBudget

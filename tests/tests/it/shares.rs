@@ -1,11 +1,15 @@
-//! Calls in flight are bounded and counted: a client that starts long calls and walks away
-//! cannot make the pod, or the MCP server behind it, carry any number of them.
+//! No client or principal takes a pod from the others: calls in flight are bounded and counted
+//! (a client that starts long calls and walks away cannot make the pod, or the MCP server behind
+//! it, carry any number of them), and one principal holds at most its share of the sessions.
 
 use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::json;
-use tether_tests::client::{McpClient, Session, body_text, header_str, json_error};
+use tether_tests::auth::Issuer;
+use tether_tests::client::{
+    McpClient, Session, body_text, expect_error, header_str, initialize_body, json_error,
+};
 use tether_tests::pod::{Pod, PodSpec};
 
 /// Starts a `slow` call of about two seconds in `session` and walks away once its answer has
@@ -91,3 +95,38 @@ async fn calls_a_client_walked_away_from_are_bounded_per_session_and_per_pod() {
         .unwrap();
     assert_eq!(refused, 1.0);
 }
+
+#[tokio::test]
+async fn one_principal_holds_its_share_of_the_sessions_and_the_others_the_rest() {
+    let issuer = Issuer::new().unwrap();
+    let pod = Pod::start(PodSpec {
+        server_args: issuer.server_args(),
+        sidecar_args: ["--max-principal-sessions", "3"].map(String::from).to_vec(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let as_user = |sub: &str| {
+        let client = pod.client();
+        client.set_authorization(Some(issuer.bearer("https://idp.example", sub, HOUR)));
+        client
+    };
+    let (mallory, alice) = (as_user("mallory"), as_user("alice"));
+    for _ in 0..3 {
+        mallory.initialize("2025-11-25").await.unwrap();
+    }
+    let refused = mallory
+        .post(None, &initialize_body(1, "2025-11-25"), &[])
+        .await
+        .unwrap();
+    assert_eq!(header_str(&refused, "retry-after"), Some("1".into()));
+    expect_error(refused, StatusCode::TOO_MANY_REQUESTS, "principal_sessions")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        alice.initialize("2025-11-25").await.unwrap();
+    }
+    assert_eq!(pod.metric("tether_sessions").await.unwrap(), 6.0);
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
