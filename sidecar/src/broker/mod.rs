@@ -33,6 +33,7 @@ pub(crate) use calls::CallLimits;
 pub(crate) use cancel::CancelRelay;
 #[cfg(fuzzing)]
 pub(crate) use pump::UpstreamCursor;
+pub(crate) use tasks::TaskLimits;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,8 +123,10 @@ pub(crate) struct BrokerConfig {
     pub(crate) max_takeovers: Option<std::num::NonZeroU32>,
     /// Largest SSE event read from the upstream, in bytes (`--max-event-bytes`).
     pub(crate) max_event_bytes: usize,
-    /// Most tasks tracked as open (`--max-open-tasks`; read at start).
-    pub(crate) max_open_tasks: usize,
+    /// Most tasks tracked as open, in all and of one owner, and how recently a task must have
+    /// been polled for a drain to wait for it (`--max-open-tasks`,
+    /// `--max-principal-open-tasks`, `--task-poll-window`; read at start).
+    pub(crate) tasks: TaskLimits,
     /// Most upstream `DELETE`s sent on the sidecar's own at once (`--max-upstream-deletes`;
     /// read at start).
     pub(crate) max_upstream_deletes: usize,
@@ -176,7 +179,7 @@ impl Broker {
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            tasks: tasks::Tasks::new(minter.sealer(&TASK_ID), cfg.max_open_tasks),
+            tasks: tasks::Tasks::new(minter.sealer(&TASK_ID), cfg.tasks),
             calls: calls::Calls::new(cfg.calls, Arc::clone(&metrics)),
             request_states: minter.sealer(&REQUEST_STATE),
             deletes: BackgroundDeletes {

@@ -117,7 +117,7 @@ impl Broker {
         let mut ended = false;
         let mut seen = |task: Seen| {
             ended |= task.terminal;
-            if !self.tasks.note(task, now) {
+            if !self.tasks.note(task, owner, now) {
                 self.metrics.task_untracked();
             }
         };

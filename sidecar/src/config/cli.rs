@@ -265,9 +265,10 @@ pub struct Cli {
     )]
     pub max_calls: usize,
     /// Most tasks of the tasks extension this pod tracks as open (created here and not yet
-    /// seen terminal by a client, within their `ttlMs`): a drain serves their polls until none is
-    /// left or `spec.drain.timeout` (`tether_tasks_open`). Tasks past it are still served and
-    /// their ids sealed, but a drain does not wait for them (`tether_tasks_untracked_total`).
+    /// seen terminal by a client, within their `ttlMs`): a drain serves the polls of those polled
+    /// within `--task-poll-window` until none is left or `spec.drain.timeout`
+    /// (`tether_tasks_open`). Tasks past it are still served and their ids sealed, but a drain
+    /// does not wait for them (`tether_tasks_untracked_total`).
     #[arg(
         long,
         env = "TETHER_MAX_OPEN_TASKS",
@@ -275,6 +276,21 @@ pub struct Cli {
         default_value_t = 10_000
     )]
     pub max_open_tasks: usize,
+    /// Most open tasks of one owner this pod tracks (the principal their ids are sealed for;
+    /// all anonymous callers share one share), so that one caller's tasks nobody polls to their
+    /// end cannot take every `--max-open-tasks` place; past it they are served, not tracked.
+    #[arg(
+        long,
+        env = "TETHER_MAX_PRINCIPAL_OPEN_TASKS",
+        value_name = "N",
+        default_value_t = 2500
+    )]
+    pub max_principal_open_tasks: usize,
+    /// How recently a client must have polled an open task (been sent its status) for a drain
+    /// to wait for it: a task nobody polls keeps no drain waiting (its next poll, after the pod
+    /// is gone, finds it failed).
+    #[arg(long, env = "TETHER_TASK_POLL_WINDOW", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub task_poll_window: Duration,
     /// Largest SSE event (or line) read from the upstream, in bytes (lowered to
     /// `--pod-retained-bytes` when larger); reading stops at a larger one, never buffered whole,
     /// and its request ends with a JSON-RPC error (`data.reason` = `event_too_large`).

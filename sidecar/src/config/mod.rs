@@ -421,7 +421,11 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         revalidate: spec.auth.revalidate.into(),
         forward_origin: spec.upstream.forward_origin,
         max_takeovers: std::num::NonZeroU32::new(cli.max_takeovers),
-        max_open_tasks: cli.max_open_tasks,
+        tasks: crate::broker::TaskLimits {
+            max_open: cli.max_open_tasks,
+            per_owner: cli.max_principal_open_tasks,
+            poll_window: cli.task_poll_window,
+        },
         calls: crate::broker::CallLimits {
             session: cli.max_session_calls,
             principal: cli.max_principal_calls,

@@ -132,7 +132,7 @@ pub(crate) fn principal(
 /// Who may use a task id (`docs/design/tasks.md#owners`): the identity of the principal whose
 /// request the task's ids were minted for, sealed into them; an id opens only for a request
 /// presenting the same one. Empty: anonymous (or no binding), a principal of its own.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Owner(Vec<u8>);
 
 impl Owner {

@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tether_tests::auth::Issuer;
 use tether_tests::client::McpClient;
 use tether_tests::modern::{get_task, request};
+use tether_tests::pod::{Pod, PodSpec};
 
 /// A `job` call with the tasks extension declared, entering at `url`: the task's id.
 async fn create_task(mcp: &McpClient, url: &str, ms: u64, call_id: &str) -> String {
@@ -73,6 +75,59 @@ async fn k01_tasks_are_polled_from_any_pod_through_the_drain_of_their_own() {
         assert_eq!(stats["executions"], 0, "only A ran the job: {stats}");
     }
     assert_eq!(a.stats().await.unwrap()["duplicates"], json!({}));
+}
+
+/// Tasks nobody polls keep no drain waiting, and one caller whose tasks nobody polls to their
+/// end cannot take the tracking of every other caller's.
+#[tokio::test]
+async fn tasks_nobody_polls_keep_no_drain_waiting_and_one_caller_cannot_fill_the_tracking() {
+    let issuer = Issuer::new().unwrap();
+    let pod = Pod::start(PodSpec {
+        server_args: issuer.server_args(),
+        sidecar_args: [
+            "--max-principal-open-tasks",
+            "2",
+            "--task-poll-window",
+            "1s",
+        ]
+        .map(String::from)
+        .to_vec(),
+        drain_timeout: "20s".into(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let as_user = |sub: &str| {
+        let client = McpClient::new(pod.mcp_url.clone());
+        let hour = Duration::from_secs(3600);
+        client.set_authorization(Some(issuer.bearer("https://idp.example", sub, hour)));
+        client
+    };
+    let (mallory, alice) = (as_user("mallory"), as_user("alice"));
+    for n in 0..3 {
+        create_task(&mallory, &pod.mcp_url, 60_000, &format!("m-{n}")).await;
+    }
+    let untracked = "tether_tasks_untracked_total";
+    assert_eq!(pod.metric(untracked).await.unwrap(), 1.0, "mallory's third");
+    create_task(&alice, &pod.mcp_url, 60_000, "a-0").await;
+    assert_eq!(
+        pod.metric(untracked).await.unwrap(),
+        1.0,
+        "alice's is tracked"
+    );
+    assert_eq!(pod.metric("tether_tasks_open").await.unwrap(), 3.0);
+    // Nobody polls them: the drain does not wait for them until its deadline.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let started = std::time::Instant::now();
+    let drained = pod.drain().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?} {:?}",
+        started.elapsed(),
+        drained.body
+    );
+    assert_eq!(drained.body["tasksOpen"], 0, "{:?}", drained.body);
+    assert!(drained.done, "{:?}", drained.body);
 }
 
 /// A task still working when its pod's drain deadline passed is lost with the pod: a poll
