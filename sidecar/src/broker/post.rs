@@ -109,12 +109,6 @@ impl Broker {
         if self.pod_full() {
             return Err(Rejection::PodFull);
         }
-        // A retry joining its running request gives its slots back below.
-        let principal = session.binding().and_then(|b| b.principal);
-        let slots = self
-            .calls
-            .take(session.digest(), principal, ids.len())
-            .map_err(Rejection::TooManyCalls)?;
         let kind = if envelope.batch {
             StreamKind::Batch
         } else {
@@ -124,8 +118,6 @@ impl Broker {
         let claimed = session.claim(&ids, envelope.digest, &stream, self.retry_room());
         // The stream is registered: a handoff from now on carries it.
         drop(entered);
-        // Only a request dispatched now keeps its call slots (held until its exchange ends).
-        let slots = matches!(claimed, Dedupe::New | Dedupe::Reused).then_some(slots);
         match claimed {
             Dedupe::Conflict => {
                 self.metrics.request_id_reuse("refused");
@@ -171,6 +163,21 @@ impl Broker {
                 if matches!(verdict, Dedupe::Reused) {
                     self.metrics.request_id_reuse("run");
                 }
+                // A request sent now holds call slots until its exchange ends (a retry that
+                // joins it takes none); over a bound it is not sent, and a later retry is.
+                let principal = session.binding().and_then(|b| b.principal);
+                let slots = match self.calls.take(session.digest(), principal, ids.len()) {
+                    Ok(slots) => Some(slots),
+                    Err(scope) => {
+                        let rejection = Rejection::TooManyCalls(scope);
+                        session.withdraw_post(
+                            &stream,
+                            StoredReply::rejection(&rejection, ids.first()),
+                            self.cfg().max_session_retry_bytes,
+                        );
+                        return Err(rejection);
+                    }
+                };
                 tracing::debug!(session = session.digest(), stream = %stream.key(), "request dispatched");
                 let headers = self.upstream_headers(&call.headers);
                 if envelope.batch {

@@ -67,6 +67,10 @@ async fn calls_a_client_walked_away_from_are_bounded_per_session_and_per_pod() {
         call_and_walk_away(&client, &greedy, "greedy-3").await,
         Err((StatusCode::TOO_MANY_REQUESTS, "session_calls".into()))
     );
+    // A retry of a running call joins it: it takes no slot and is never refused for one.
+    call_and_walk_away(&client, &greedy, "greedy-0")
+        .await
+        .unwrap();
     // The other sessions share what is left of the pod's bound.
     for n in 0..2 {
         call_and_walk_away(&client, &other, &format!("other-{n}"))
@@ -83,6 +87,10 @@ async fn calls_a_client_walked_away_from_are_bounded_per_session_and_per_pod() {
     })
     .await
     .unwrap();
+    // The refused request was never sent, so its retry is.
+    call_and_walk_away(&client, &greedy, "greedy-3")
+        .await
+        .unwrap();
     let body = json!({"jsonrpc": "2.0", "id": "after", "method": "tools/call", "params": {
         "name": "slow", "arguments": {"count": 1, "interval_ms": 10, "call_id": "after"}}});
     let resp = client.post(Some(&greedy), &body, &[]).await.unwrap();
