@@ -149,19 +149,6 @@ impl<A: HttpServerApp + Send + Sync + 'static> Listener<A> {
         }
     }
 
-    /// A slot for a connection from `source`, or why not and whether there is room to answer
-    /// why (a slot held until the answer is written); with none, the connection closes at once.
-    fn admit(&self, source: Option<std::net::IpAddr>) -> Result<Slot, (Full, Option<Slot>)> {
-        let (full, refusing) = match self.slots.take(source) {
-            Taken::Open(slot) => return Ok(slot),
-            Taken::Answer { full, refusing } => (full, Some(refusing)),
-            Taken::Close(full) => (full, None),
-        };
-        self.metrics
-            .connection_refused(self.listening.name(), full.reason());
-        Err((full, refusing))
-    }
-
     /// Which port a new connection is on: on the peer port, TLS when its first byte starts a
     /// handshake; `None` closes it (a plaintext peer when TLS is required, nothing sent within
     /// `--header-timeout`).
@@ -341,11 +328,17 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for Listener<A> {
         let source = stream
             .get_socket_digest()
             .and_then(|digest| digest.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
-        let (slot, refused) = match self.admit(source) {
-            Ok(slot) => (slot, None),
-            Err((full, Some(refusing))) => (refusing, Some(full)),
-            Err((_, None)) => return None,
+        // A refused connection holds a slot only while it is answered; none: closed at once.
+        let (slot, refused) = match self.slots.take(source) {
+            Taken::Open(slot) => (Some(slot), None),
+            Taken::Answer { full, refusing } => (Some(refusing), Some(full)),
+            Taken::Close(full) => (None, Some(full)),
         };
+        if let Some(full) = refused {
+            self.metrics
+                .connection_refused(self.listening.name(), full.reason());
+        }
+        let slot = slot?;
         let _open = Open::new(&self.metrics, self.listening.name(), slot);
         let port = self.port(&mut stream).await?;
         let conn = Arc::new(Connection::new(refused, port, accepted));
