@@ -1016,6 +1016,8 @@ impl Metrics {
             ("ttl", e.ttl),
             ("pod_cap", e.pod_cap),
             ("session_cap", e.session_cap),
+            ("unread_ttl", e.unread_ttl),
+            ("principal_share", e.principal_share),
         ] {
             if n > 0 {
                 self.evictions.get_or_create(&Reason { reason }).inc_by(n);

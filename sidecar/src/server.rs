@@ -198,9 +198,10 @@ pub(crate) fn broker(
         upstream,
         Registry::new(
             cfg.max_sessions,
-            Retained::with_session_buffers(
+            Retained::with_shares(
                 cfg.pod_retained_bytes,
                 cfg.max_session_buffer_bytes.min(cfg.pod_retained_bytes),
+                cfg.max_principal_retained_bytes,
             ),
         )
         .with_max_principal_sessions(cfg.max_principal_sessions),

@@ -57,6 +57,12 @@ impl Broker {
             request["params"]["protocolVersion"] = Value::from(offer.as_str());
             headers.remove(MCP_PROTOCOL_VERSION);
         }
+        // The session's id and key now: its principal is a digest keyed by the key, and the
+        // principal's share of the pod is weighed before anything is pinned for it.
+        let (id, key) = self.minter.mint();
+        let cfg = self.cfg();
+        let binding = Binding::of(&call.headers, &cfg.forward_headers, cfg.binding, &key);
+        self.admit_pinning(binding.and_then(|b| b.principal))?;
         // The journal keeps the `initialize` request as sent, for the session's life: its text
         // is what goes upstream, held against the pod's journal budget meanwhile.
         let journal = Journal::new(request);
@@ -115,7 +121,6 @@ impl Broker {
                 VersionMismatch::new(&negotiated, &self.cfg().versions),
             ));
         };
-        let (id, key) = self.minter.mint();
         drop(reservation);
         let session = Session::new(
             id.clone(),
@@ -125,13 +130,7 @@ impl Broker {
             journal,
             self.retained(),
         );
-        let cfg = self.cfg();
-        session.bind(Binding::of(
-            &call.headers,
-            &cfg.forward_headers,
-            cfg.binding,
-            session.key(),
-        ));
+        session.bind(binding);
         session.remember_credentials(&call.headers, &cfg.forward_headers);
         if let Err(no_room) = self.registry.insert(Arc::clone(&session)) {
             self.abandon_upstream(upstream_id, &call.headers).await;

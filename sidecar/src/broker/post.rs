@@ -92,6 +92,10 @@ impl Broker {
                 return Ok(self.task_miss_reply(&rejection, &envelope, Revision::Session));
             }
         };
+        if !envelope.request_ids().is_empty() {
+            // Before the journal may grow: a request adds to what the pod pins.
+            self.admit_pinning(session.binding().and_then(|b| b.principal))?;
+        }
         let _busy = session.busy();
         session.forget_initialize_stream();
         let max_journal = self.cfg().max_journal_bytes;
@@ -105,9 +109,6 @@ impl Broker {
             // Recorded in the journal above: a handoff from now on carries it.
             drop(entered);
             return self.notify(call, &session, &envelope, body).await;
-        }
-        if self.pod_full() {
-            return Err(Rejection::PodFull);
         }
         let kind = if envelope.batch {
             StreamKind::Batch

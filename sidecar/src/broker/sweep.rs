@@ -7,9 +7,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Broker;
-use crate::mcp::rejection::NotFound;
+use crate::mcp::principal::Principal;
+use crate::mcp::rejection::{NotFound, Rejection};
 use crate::retained::Kind;
+use crate::retained::shares::{Admission, PodPinned, admit, fair_share};
 use crate::session::RetryRoom;
+use crate::stream::buffer::Evictions;
 
 impl Broker {
     /// Looks at the sessions due ([`Registry::due`](crate::session::registry::Registry::due)):
@@ -69,10 +72,78 @@ impl Broker {
     /// `--pod-retained-bytes`, or the pod is over it and the last enforcement found nothing
     /// left to give up (the rest belongs to requests in flight). While the pod is only over
     /// its budget, what can be given up goes (soon) instead.
-    pub(super) fn pod_full(&self) -> bool {
+    fn pod_full(&self) -> bool {
         self.enforce_budget_soon();
         let retained = self.retained();
         retained.is_full() || (retained.over() && self.budget_stuck.load(Ordering::Relaxed))
+    }
+
+    /// Whether a request of `principal` (`None`: of a session bound to none) may add to what
+    /// the pod pins ([`admit`]): not when the principal's sessions pin
+    /// `--max-principal-retained-bytes` already; on a full pod ([`Broker::pod_full`]) only
+    /// when it pins less than its fair share — then the unread buffers of the principals over
+    /// theirs are shed to make room.
+    ///
+    /// # Errors
+    /// [`Rejection::PrincipalRetained`] or [`Rejection::PodFull`] (429).
+    pub(super) fn admit_pinning(&self, principal: Option<Principal>) -> Result<(), Rejection> {
+        let retained = self.retained();
+        let pinned = principal.map(|p| retained.pinned_by(&p));
+        let pod = PodPinned {
+            full: self.pod_full(),
+            cap: retained.cap(),
+            holding: retained.principals_pinning(),
+        };
+        match admit(pinned, retained.principal_cap(), pod) {
+            Admission::Admit => Ok(()),
+            Admission::AdmitAndShed => {
+                self.shed_over_shares(pod);
+                Ok(())
+            }
+            Admission::PrincipalFull => Err(Rejection::PrincipalRetained),
+            Admission::PodFull => Err(Rejection::PodFull),
+        }
+    }
+
+    /// Sheds the buffers nobody reads now of the sessions whose principal pins more than its
+    /// fair share of the full `pod`, the greediest principal's first and each one's oldest
+    /// streams first, until the pod pins at most ⅞ of its budget. One walk at a time: a
+    /// request arriving meanwhile goes on, the walk makes room for it too.
+    fn shed_over_shares(&self, pod: PodPinned) {
+        let Some(_walk) = self.shedding.try_lock() else {
+            return;
+        };
+        let retained = self.retained();
+        let fair = fair_share(pod);
+        let over = || retained.pinned() > retained.cap() / 8 * 7;
+        let mut candidates: Vec<_> = self
+            .registry
+            .all()
+            .iter()
+            .filter_map(|s| {
+                let principal = s.binding()?.principal?;
+                let pinned = retained.pinned_by(&principal);
+                (pinned > fair).then(|| (pinned, s.streams()))
+            })
+            .flat_map(|(pinned, streams)| streams.into_iter().map(move |s| (pinned, s)))
+            .filter(|(_, s)| !s.is_read())
+            .collect();
+        candidates.sort_by_key(|(pinned, s)| (std::cmp::Reverse(*pinned), s.created()));
+        let mut shed = Evictions::default();
+        for (_, stream) in candidates {
+            if !over() {
+                break;
+            }
+            shed += stream.shed_unread();
+        }
+        if shed.principal_share > 0 {
+            tracing::info!(
+                events = shed.principal_share,
+                fair_share = fair,
+                "a full pod shed the unread buffers of callers over their fair share"
+            );
+            self.metrics.evictions(&shed);
+        }
     }
 
     /// What a new request's retry records must fit in: the session's budget and window.

@@ -316,6 +316,26 @@ pub struct Cli {
     /// upstream responses are not read, so one session cannot take the pod's budget.
     #[arg(long, env = "TETHER_MAX_SESSION_BUFFER_BYTES", value_name = "BYTES", default_value_t = 32 * 1024 * 1024)]
     pub max_session_buffer_bytes: u64,
+    /// Most bytes the sessions of one principal (the caller a session is bound to,
+    /// `spec.auth.binding`) pin together — journals, tombstones, events no client was sent —
+    /// so that one caller cannot fill `--pod-retained-bytes` with answers it never reads.
+    /// Default: a quarter of `--pod-retained-bytes`. At it, the caller's requests get 429
+    /// `principal_retained`; when the pod's budget is full, a caller over its fair share (the
+    /// budget divided among the callers pinning bytes) gets it too and its unread buffers are
+    /// shed, while the others go on. Sessions bound to no caller count against the pod's
+    /// budget only.
+    #[arg(
+        long,
+        env = "TETHER_MAX_PRINCIPAL_RETAINED_BYTES",
+        value_name = "BYTES"
+    )]
+    pub max_principal_retained_bytes: Option<u64>,
+    /// How long the events of a stream no client was ever sent an event of stay buffered (at
+    /// most `spec.buffer.ttl`): no client holds a cursor of such a stream, only a retry of
+    /// its request can still read it (a stream a reader left mid-way keeps `spec.buffer.ttl`).
+    /// A later retry gets 400 `cursor_evicted`.
+    #[arg(long, env = "TETHER_UNREAD_TTL", value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub unread_ttl: std::time::Duration,
     /// The sidecar container's memory limit, in bytes (the operator sets it from the Downward
     /// API, `resources.limits.memory`): the default `--pod-retained-bytes` is half of it.
     #[arg(long, env = "TETHER_MEMORY_LIMIT", value_name = "BYTES")]
@@ -434,6 +454,13 @@ impl Cli {
             self.memory_limit
                 .map_or(DEFAULT_POD_RETAINED_BYTES, |limit| limit / 2)
         })
+    }
+
+    /// What one principal's sessions may pin: `--max-principal-retained-bytes`, else a
+    /// quarter of the pod's budget.
+    pub(crate) fn max_principal_retained_bytes(&self) -> u64 {
+        self.max_principal_retained_bytes
+            .unwrap_or_else(|| self.pod_retained_bytes() / 4)
     }
 }
 

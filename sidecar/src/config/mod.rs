@@ -134,6 +134,8 @@ pub struct Config {
     pub(crate) pod_retained_bytes: u64,
     /// Each session's share of buffered event data (`--max-session-buffer-bytes`).
     pub(crate) max_session_buffer_bytes: u64,
+    /// What one principal's sessions pin at most (`--max-principal-retained-bytes`).
+    pub(crate) max_principal_retained_bytes: u64,
     /// Request body deadline.
     pub(crate) request_timeout: std::time::Duration,
     /// Request head deadline: a connection's first from its accept, a later one from its first
@@ -303,6 +305,7 @@ impl Config {
             max_principal_sessions: cli.max_principal_sessions,
             pod_retained_bytes: cli.pod_retained_bytes(),
             max_session_buffer_bytes: cli.max_session_buffer_bytes,
+            max_principal_retained_bytes: cli.max_principal_retained_bytes(),
             request_timeout: cli.request_timeout,
             header_timeout: cli.header_timeout,
             client_write_timeout: cli.client_write_timeout,
@@ -390,6 +393,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
             max_events: spec.buffer.max_events as usize,
             max_bytes: spec.buffer.max_bytes,
             ttl: spec.buffer.ttl.into(),
+            unread_ttl: cli.unread_ttl.min(spec.buffer.ttl.into()),
         },
         idle_timeout: spec.session.idle_timeout.into(),
         reloaded_at: None,

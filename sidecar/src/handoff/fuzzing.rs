@@ -110,6 +110,7 @@ const LIMITS: BufferLimits = BufferLimits {
     max_events: 1024,
     max_bytes: 4 * 1024 * 1024,
     ttl: Duration::from_secs(600),
+    unread_ttl: Duration::from_secs(60),
 };
 
 thread_local! {

@@ -165,6 +165,10 @@ pub(crate) enum Rejection {
     /// 429: an `initialize` of a principal (`spec.auth.binding`) that holds
     /// `--max-principal-sessions` sessions on this pod already.
     PrincipalSessions,
+    /// 429: a request of a principal whose sessions pin `--max-principal-retained-bytes`
+    /// (journals, tombstones, events no client was sent), or hold their fair share of a full
+    /// pod.
+    PrincipalRetained,
     /// 429: the request would pass a bound of calls in flight (of its session, its principal
     /// or the pod); it is not sent.
     TooManyCalls(CallScope),
@@ -262,7 +266,7 @@ impl Rejection {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ResumeBudget | PodFull | TakeoverBudget | SourceConnections | TooManyCalls(_)
-            | PrincipalSessions => StatusCode::TOO_MANY_REQUESTS,
+            | PrincipalSessions | PrincipalRetained => StatusCode::TOO_MANY_REQUESTS,
             UpstreamLost | TaskIdTooLong | RequestStateTooLong => StatusCode::BAD_GATEWAY,
             UpstreamUnavailable | UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -305,6 +309,7 @@ impl Rejection {
             JournalFull(_) => "journal_full",
             PodFull => "pod_full",
             PrincipalSessions => "principal_sessions",
+            PrincipalRetained => "principal_retained",
             TooManyCalls(CallScope::Session) => "session_calls",
             TooManyCalls(CallScope::Principal) => "principal_calls",
             TooManyCalls(CallScope::Pod) => "pod_calls",
@@ -403,6 +408,12 @@ impl Rejection {
             PrincipalSessions => {
                 "Too Many Requests: this caller holds --max-principal-sessions sessions on this \
                  pod; end one, or retry after Retry-After"
+                    .into()
+            }
+            PrincipalRetained => {
+                "Too Many Requests: this caller's sessions keep --max-principal-retained-bytes \
+                 of answers nobody read yet (with their journals); read or end them, or retry \
+                 after Retry-After"
                     .into()
             }
             TooManyCalls(scope) => {
@@ -566,6 +577,7 @@ mod tests {
             JournalFull("x".into()),
             PodFull,
             PrincipalSessions,
+            PrincipalRetained,
             TooManyCalls(CallScope::Session),
             TooManyCalls(CallScope::Principal),
             TooManyCalls(CallScope::Pod),
@@ -617,6 +629,7 @@ mod tests {
                 | JournalFull(_)
                 | PodFull
                 | PrincipalSessions
+                | PrincipalRetained
                 | TooManyCalls(_)
                 | RetryStateFull(_)
                 | RequestTimeout
@@ -751,6 +764,12 @@ mod tests {
                 "what the pod cannot free now — journals, tombstones, events no client has read \
                  yet — takes its whole `--pod-retained-bytes`, after the events clients were \
                  sent and the answers of spent requests were given up (with `Retry-After: 1`)"
+            }
+            PrincipalRetained => {
+                "a request or `initialize` of a caller (`spec.auth.binding`) whose sessions pin \
+                 `--max-principal-retained-bytes` — journals, tombstones, events no client was \
+                 sent — or, on a full pod, more than its fair share of `--pod-retained-bytes` \
+                 (the budget divided among the callers pinning bytes; with `Retry-After: 1`)"
             }
             PrincipalSessions => {
                 "an `initialize` of a caller (`spec.auth.binding`) whose sessions on the pod \

@@ -40,6 +40,7 @@ pub(crate) fn limits() -> BufferLimits {
         max_events: 8,
         max_bytes: 1024,
         ttl: Duration::from_secs(60),
+        unread_ttl: Duration::from_secs(60),
     }
 }
 

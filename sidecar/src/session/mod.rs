@@ -772,9 +772,20 @@ impl Session {
     }
 
     /// Binds the session to `binding` (once, before it is used; `None` leaves it unbound).
+    ///
+    /// What the session pins (its journal, tombstones and unsent events) counts in its
+    /// principal's share from then on (`--max-principal-retained-bytes`).
     pub(crate) fn bind(&self, binding: Option<Binding>) {
-        if let Some(binding) = binding {
-            let _ = self.binding.set(binding);
+        let Some(binding) = binding else { return };
+        if self.binding.set(binding).is_err() {
+            return;
+        }
+        if let Some(principal) = binding.principal {
+            let share = self.account.pod().share(principal);
+            self.account.attribute(&share);
+            let mut st = self.state.lock();
+            st.journal_charge.attribute(&share);
+            st.tombstones_charge.attribute(&share);
         }
     }
 
@@ -1368,12 +1379,7 @@ impl Session {
         let streams = self.streams();
         let mut total = Evictions::default();
         for s in streams {
-            let e = s.evict_expired(now);
-            total.count += e.count;
-            total.bytes += e.bytes;
-            total.ttl += e.ttl;
-            total.pod_cap += e.pod_cap;
-            total.session_cap += e.session_cap;
+            total += s.evict_expired(now);
         }
         total
     }

@@ -33,6 +33,9 @@ pub(crate) struct BufferLimits {
     pub(crate) max_bytes: u64,
     /// How long an event stays replayable (`buffer.ttl`).
     pub(crate) ttl: Duration,
+    /// How long the events of a stream no client was ever sent an event of stay
+    /// (`--unread-ttl`, at most `ttl`): only a retry of its request could still read them.
+    pub(crate) unread_ttl: Duration,
 }
 
 /// One buffered SSE event.
@@ -70,6 +73,23 @@ pub(crate) struct Evictions {
     pub(crate) pod_cap: u64,
     /// Over the session's share of it (`--max-session-buffer-bytes`).
     pub(crate) session_cap: u64,
+    /// Of a stream no client was ever sent an event of, older than `--unread-ttl`.
+    pub(crate) unread_ttl: u64,
+    /// Unread, shed for a full pod from a caller over its fair share
+    /// (`--max-principal-retained-bytes`).
+    pub(crate) principal_share: u64,
+}
+
+impl std::ops::AddAssign for Evictions {
+    fn add_assign(&mut self, e: Self) {
+        self.count += e.count;
+        self.bytes += e.bytes;
+        self.ttl += e.ttl;
+        self.pod_cap += e.pod_cap;
+        self.session_cap += e.session_cap;
+        self.unread_ttl += e.unread_ttl;
+        self.principal_share += e.principal_share;
+    }
 }
 
 /// Why events after a cursor cannot be replayed.
@@ -111,6 +131,12 @@ impl StreamBuffer {
     /// How long an event stays replayable (`buffer.ttl`).
     pub(crate) fn ttl(&self) -> Duration {
         self.limits.ttl
+    }
+
+    /// How long the events of a stream no client was ever sent an event of stay
+    /// (`--unread-ttl`).
+    pub(crate) fn unread_ttl(&self) -> Duration {
+        self.limits.unread_ttl
     }
 
     /// An empty buffer (no event yet: last sequence 0).
@@ -317,6 +343,34 @@ impl StreamBuffer {
         self.events.front().map(|e| e.at)
     }
 
+    /// Evicts the events older than `--unread-ttl` at `now` (of a stream no client was ever
+    /// sent an event of: all of them unsent).
+    pub(crate) fn evict_unread(&mut self, now: Instant) -> Evictions {
+        let mut ev = Evictions::default();
+        while self
+            .events
+            .front()
+            .is_some_and(|e| now.saturating_duration_since(e.at) >= self.limits.unread_ttl)
+        {
+            self.pop_front();
+            ev.unread_ttl += 1;
+        }
+        self.count_unsent();
+        ev
+    }
+
+    /// Evicts every event, sent or not (a full pod sheds the unread buffers of a caller over
+    /// its fair share); a resume before them gets `cursor_evicted`.
+    pub(crate) fn shed(&mut self) -> Evictions {
+        let mut ev = Evictions::default();
+        while !self.events.is_empty() {
+            self.pop_front();
+            ev.principal_share += 1;
+        }
+        self.count_unsent();
+        ev
+    }
+
     /// Evicts events older than the TTL at `now`: sent ones, and with `unread` (nobody reads
     /// the stream) unsent ones too — their client had the TTL to come back for them.
     pub(crate) fn evict_expired(&mut self, now: Instant, unread: bool) -> Evictions {
@@ -402,6 +456,7 @@ mod tests {
             max_events,
             max_bytes,
             ttl: Duration::from_millis(ttl_ms),
+            unread_ttl: Duration::from_millis(ttl_ms),
         }
     }
 

@@ -108,6 +108,9 @@ struct State {
     /// The POST's request was not carried out ([`Stream::withdraw`]): `stored` answers the
     /// connections that waited for it, and it is no request's outcome.
     withdrawn: bool,
+    /// A client may hold a cursor of it although none was sent an event here: it came from
+    /// another pod (a handoff).
+    read_elsewhere: bool,
 }
 
 /// One attached reader ([`Feed`]) and the sequence it was sent up to.
@@ -118,6 +121,25 @@ struct Reader {
 }
 
 impl State {
+    /// Whether no client was ever sent anything of the stream, nor reads it now: no cursor of
+    /// it exists, only a retry of its request could read it (`--unread-ttl`).
+    fn never_read(&self) -> bool {
+        !self.read_elsewhere
+            && self.readers.is_empty()
+            && self.delivered == 0
+            && self.forwarded == 0
+            && !self.reply_served
+    }
+
+    /// How long its events stay: `--unread-ttl` while it was never read, else `buffer.ttl`.
+    fn ttl(&self) -> Duration {
+        if self.never_read() {
+            self.buffer.unread_ttl()
+        } else {
+            self.buffer.ttl()
+        }
+    }
+
     /// Moves the buffer's floor to what every reader was sent (the lowest of their positions,
     /// and of the newest event written to a connection or forwarded to the new holder): events
     /// up to there may be evicted, later ones wait for their reader. Returns whether the floor
@@ -237,6 +259,7 @@ impl Stream {
         cancel: CancellationToken,
         following: Option<String>,
     ) -> Arc<Self> {
+        let read_elsewhere = following.is_some();
         Arc::new(Self {
             key,
             kind,
@@ -257,6 +280,7 @@ impl Stream {
                 following,
                 moved_retry: None,
                 withdrawn: false,
+                read_elsewhere,
             }),
             changed: watch::channel(()).0,
             room: Notify::new(),
@@ -691,15 +715,30 @@ impl Stream {
     /// When the oldest buffered event is older than the buffer TTL.
     pub(crate) fn first_expiry(&self) -> Option<Instant> {
         let st = self.state.lock();
-        st.buffer.oldest().map(|at| at + st.buffer.ttl())
+        st.buffer.oldest().map(|at| at + st.ttl())
     }
 
     /// Evicts events older than the buffer TTL: sent ones, and unsent ones too when nobody
     /// reads the stream.
     pub(crate) fn evict_expired(&self, now: Instant) -> Evictions {
         let mut st = self.state.lock();
+        if st.never_read() {
+            return st.buffer.evict_unread(now);
+        }
         let unread = st.readers.is_empty();
         st.buffer.evict_expired(now, unread)
+    }
+
+    /// Evicts every buffered event when nobody reads the stream now (a full pod sheds the
+    /// unread buffers of a caller over its fair share); a resume before them, or a retry of
+    /// its request, gets `cursor_evicted`.
+    pub(crate) fn shed_unread(&self) -> Evictions {
+        let mut st = self.state.lock();
+        if st.readers.is_empty() {
+            st.buffer.shed()
+        } else {
+            Evictions::default()
+        }
     }
 
     /// Whether the writer may append another event: the stream holds less than its bounds of
@@ -751,6 +790,7 @@ mod tests {
             max_events: 100,
             max_bytes: 1 << 20,
             ttl: Duration::from_secs(60),
+            unread_ttl: Duration::from_secs(60),
         }
     }
 
@@ -806,6 +846,57 @@ mod tests {
             s.cancel_token().is_cancelled(),
             "the upstream task is told to stop"
         );
+    }
+
+    #[tokio::test]
+    async fn a_stream_nobody_ever_read_lives_the_unread_ttl_and_one_left_mid_way_the_ttl() {
+        let short = BufferLimits {
+            unread_ttl: Duration::from_secs(5),
+            ..limits()
+        };
+        let make = || {
+            Stream::new(
+                StreamKind::Post,
+                vec![],
+                short,
+                crate::retained::Retained::new(u64::MAX).account(),
+                CancellationToken::new(),
+            )
+        };
+        let t0 = Instant::now();
+        let (unread, left) = (make(), make());
+        for s in [&unread, &left] {
+            for n in 1..=3 {
+                s.append(None, progress(n), t0);
+            }
+        }
+        let mut feed = left.attach(Start::After(0), true, false, Duration::from_secs(10));
+        text(feed.next().await);
+        drop(feed);
+        assert_eq!(unread.first_expiry(), Some(t0 + Duration::from_secs(5)));
+        assert_eq!(left.first_expiry(), Some(t0 + Duration::from_secs(60)));
+        let at = t0 + Duration::from_secs(6);
+        assert_eq!(unread.evict_expired(at).unread_ttl, 3);
+        assert_eq!(left.evict_expired(at), Evictions::default());
+        assert_eq!(
+            unread.check_cursor(0),
+            Err(ReplayError::Evicted { oldest_kept: 4 }),
+            "a retry of its request is told, not served nothing"
+        );
+        assert_eq!(left.evict_expired(t0 + Duration::from_secs(60)).ttl, 3);
+    }
+
+    #[tokio::test]
+    async fn a_full_pod_sheds_a_stream_only_while_nobody_reads_it() {
+        let s = post_stream(&[1]);
+        for n in 1..=3 {
+            s.append(None, progress(n), Instant::now());
+        }
+        let feed = s.attach(Start::After(0), true, false, Duration::from_secs(10));
+        assert_eq!(s.shed_unread(), Evictions::default(), "its reader keeps it");
+        drop(feed);
+        assert_eq!(s.shed_unread().principal_share, 3);
+        assert_eq!(s.buffered(), (0, 0));
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! No client or principal takes a pod from the others: calls in flight are bounded and counted
 //! (a client that starts long calls and walks away cannot make the pod, or the MCP server behind
-//! it, carry any number of them), and one principal holds at most its share of the sessions.
+//! it, carry any number of them), one principal holds at most its share of the sessions, and
+//! at most its share of the bytes the pod cannot free (answers nobody read yet).
 
 use std::time::Duration;
 
@@ -8,9 +9,12 @@ use http::StatusCode;
 use serde_json::json;
 use tether_tests::auth::Issuer;
 use tether_tests::client::{
-    McpClient, Session, body_text, expect_error, header_str, initialize_body, json_error,
+    Events, McpClient, Session, body_text, expect_error, header_str, initialize_body, json_error,
+    messages, result_text, tool_call,
 };
-use tether_tests::pod::{Pod, PodSpec};
+use tether_tests::pod::{LISTEN_PORT, Pod, PodSpec};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 /// Starts a `slow` call of about two seconds in `session` and walks away once its answer has
 /// begun; the reason of a refusal (with its status) otherwise.
@@ -135,6 +139,140 @@ async fn one_principal_holds_its_share_of_the_sessions_and_the_others_the_rest()
         alice.initialize("2025-11-25").await.unwrap();
     }
     assert_eq!(pod.metric("tether_sessions").await.unwrap(), 6.0);
+}
+
+/// Sends a `slow` call of 20 progress events 20 ms apart (about 2 KiB of events) in `session`
+/// as `authorization` over a connection closed as soon as the request is written: the call
+/// runs on, its events are buffered, and no client is ever sent one. Waits until the call
+/// ended at the MCP server; whether it was refused with `principal_retained` instead.
+async fn call_unread(pod: &Pod, session: &Session, authorization: &str, id: u64) -> bool {
+    let refused =
+        || pod.metric(r#"tether_rejections_total{status="429",reason="principal_retained"}"#);
+    let before = refused().await.unwrap();
+    let body = tool_call(
+        id,
+        "slow",
+        json!({"count": 20, "interval_ms": 20, "call_id": id.to_string()}),
+        Some("p"),
+    )
+    .to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-session-id: {}\r\n\
+         mcp-protocol-version: {}\r\nauthorization: {authorization}\r\n\
+         content-length: {}\r\n\r\n{body}",
+        pod.ip,
+        session.id,
+        session.version,
+        body.len()
+    );
+    let mut conn = TcpStream::connect((pod.ip, LISTEN_PORT)).await.unwrap();
+    conn.write_all(request.as_bytes()).await.unwrap();
+    drop(conn);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    pod.wait_for_metric("tether_calls_in_flight", Duration::from_secs(10), |v| {
+        v == 0.0
+    })
+    .await
+    .unwrap();
+    refused().await.unwrap() > before
+}
+
+#[tokio::test]
+async fn one_caller_cannot_fill_the_pod_with_answers_it_never_reads() {
+    let issuer = Issuer::new().unwrap();
+    // 64 KiB for the pod: a caller may pin a quarter of it (the default share).
+    let pod = Pod::start(PodSpec {
+        server_args: issuer.server_args(),
+        sidecar_args: ["--pod-retained-bytes", "65536", "--unread-ttl", "6s"]
+            .map(String::from)
+            .to_vec(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let as_user = |sub: &str| {
+        let client = pod.client();
+        client.set_authorization(Some(issuer.bearer("https://idp.example", sub, HOUR)));
+        client
+    };
+    let (mallory, alice) = (as_user("mallory"), as_user("alice"));
+    let mallorys = issuer.bearer("https://idp.example", "mallory", HOUR);
+    mallory.set_authorization(Some(mallorys.clone()));
+    let sessions = [
+        mallory.initialize("2025-11-25").await.unwrap(),
+        mallory.initialize("2025-11-25").await.unwrap(),
+    ];
+    let mut calls = 0;
+    while !call_unread(&pod, &sessions[calls % 2], &mallorys, calls as u64).await {
+        calls += 1;
+        assert!(
+            calls < 40,
+            "a caller that never reads is stopped at its share"
+        );
+    }
+    // Stopped at its share (16 KiB of 64), not at the pod's budget.
+    let unsent = pod
+        .wait_for_metric("tether_buffer_unsent_bytes", Duration::from_secs(5), |v| {
+            v >= 12_000.0
+        })
+        .await
+        .unwrap();
+    assert!(
+        (12_000.0..32_768.0).contains(&unsent),
+        "{unsent} unsent bytes after {calls} calls: the caller's share and at most one call more"
+    );
+    // Everyone else is served as before: a new session, a call read to its end.
+    let alice_session = alice.initialize("2025-11-25").await.unwrap();
+    let answer = alice
+        .call(&alice_session, 1, "echo", json!({"text": "still here"}))
+        .await
+        .unwrap();
+    assert_eq!(answer.last().and_then(result_text), Some("still here"));
+    // A stream its reader left mid-way keeps `buffer.ttl`: alice reads two events of a call,
+    // drops the connection, and resumes after mallory's unread streams are gone.
+    let body = tool_call(
+        2,
+        "slow",
+        json!({"count": 20, "interval_ms": 20, "call_id": "alice"}),
+        Some("a"),
+    );
+    let resp = alice.post(Some(&alice_session), &body, &[]).await.unwrap();
+    let mut events = Events::new(resp);
+    let mut last_id = None;
+    for _ in 0..2 {
+        let ev = events.next_within(Duration::from_secs(5)).await.unwrap();
+        last_id = ev.id.or(last_id);
+    }
+    drop(events);
+    // Never read: gone after `--unread-ttl`, and the caller may call again.
+    let left = pod
+        .wait_for_metric("tether_buffer_unsent_bytes", Duration::from_secs(15), |v| {
+            v < 4_096.0
+        })
+        .await
+        .unwrap();
+    assert!(left < 4_096.0, "{left} unsent bytes after --unread-ttl");
+    let evicted = pod
+        .metric(r#"tether_buffer_evictions_total{reason="unread_ttl"}"#)
+        .await
+        .unwrap();
+    assert!(evicted >= 20.0 * 4.0, "{evicted} unread events evicted");
+    assert!(
+        !call_unread(&pod, &sessions[0], &mallorys, 100).await,
+        "room again"
+    );
+    let resp = alice
+        .get(&alice_session, Some(last_id.as_deref().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let rest = messages(resp, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        rest.last().and_then(result_text),
+        Some("done 20"),
+        "{rest:?}"
+    );
 }
 
 const HOUR: Duration = Duration::from_secs(3600);

@@ -124,8 +124,9 @@ fn sidecar_layers_keep_their_rules() {
             // (session-id MACs).
             ("keys", &[]),
             ("mcp", &["keys"]),
-            // The tally of retained bytes is a leaf; state never reaches up.
-            ("retained", &[]),
+            // The tally of retained bytes knows only whose bytes they are (a principal's
+            // digest); state never reaches up.
+            ("retained", &["mcp"]),
             ("stream", &["mcp", "retained"]),
             // A session's digests are keyed by the key that minted its id.
             ("session", &["mcp", "stream", "retained", "keys"]),

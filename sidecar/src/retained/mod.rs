@@ -8,12 +8,21 @@
 //! event buffers, `--max-session-buffer-bytes`, kept by a [`BufferAccount`]) keep one session
 //! from taking the pod's budget.
 //!
+//! What a principal's sessions pin is counted together too ([`shares`]): one principal pins at
+//! most `--max-principal-retained-bytes`, and when the pod is full, the principals over their
+//! fair share are refused and give up their unread buffers, never the others.
+//!
 //! A [`Charge`] is what one session holds of one kind; a [`Held`] is what one of its streams
 //! holds of a [`Shared`] session tally (its stored reply). Both are given back when dropped, so
 //! the tally falls back when a reply is forgotten or a session ends, expires or moves away.
 
-use std::sync::Arc;
+pub(crate) mod shares;
+
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::mcp::principal::Principal;
+use shares::{Share, Shares};
 
 /// What a session retains, as `tether_retained_bytes` labels it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +81,9 @@ struct Tally {
     cap: u64,
     /// `--max-session-buffer-bytes`: each session's share of buffered event data.
     session_buffers: u64,
+    /// What each principal's sessions pin, and `--max-principal-retained-bytes`.
+    shares: Arc<Shares>,
+    principal_cap: u64,
 }
 
 impl Retained {
@@ -79,14 +91,17 @@ impl Retained {
     /// at most the whole of it (tests and fuzzing).
     #[cfg(any(test, fuzzing))]
     pub(crate) fn new(cap: u64) -> Self {
-        Self::with_session_buffers(cap, cap)
+        Self::with_shares(cap, cap, cap)
     }
 
     /// An empty tally against a budget of `cap` bytes, each session's event buffers taking at
-    /// most `session_buffers` bytes of it.
-    pub(crate) fn with_session_buffers(cap: u64, session_buffers: u64) -> Self {
+    /// most `session_buffers` bytes of it, and each principal's sessions pinning at most
+    /// `principal_cap`.
+    pub(crate) fn with_shares(cap: u64, session_buffers: u64, principal_cap: u64) -> Self {
         Self(Arc::new(Tally {
             session_buffers,
+            shares: Arc::default(),
+            principal_cap,
             bytes: Default::default(),
             unsent: AtomicU64::new(0),
             events: AtomicU64::new(0),
@@ -130,6 +145,31 @@ impl Retained {
     /// requests that would add to them are refused.
     pub(crate) fn is_full(&self) -> bool {
         self.pinned() >= self.0.cap
+    }
+
+    /// `--pod-retained-bytes`.
+    pub(crate) fn cap(&self) -> u64 {
+        self.0.cap
+    }
+
+    /// `--max-principal-retained-bytes`.
+    pub(crate) fn principal_cap(&self) -> u64 {
+        self.0.principal_cap
+    }
+
+    /// The tally of what `principal`'s sessions pin.
+    pub(crate) fn share(&self, principal: Principal) -> Arc<Share> {
+        self.0.shares.of(principal)
+    }
+
+    /// Bytes `principal`'s sessions pin now.
+    pub(crate) fn pinned_by(&self, principal: &Principal) -> u64 {
+        self.0.shares.pinned_by(principal)
+    }
+
+    /// Principals pinning some bytes now.
+    pub(crate) fn principals_pinning(&self) -> u64 {
+        self.0.shares.holding()
     }
 
     /// Buffered events and stream buffers on the pod now.
@@ -179,6 +219,7 @@ impl Retained {
                 bytes: AtomicU64::new(0),
                 unsent: AtomicU64::new(0),
                 cap: self.0.session_buffers,
+                share: OnceLock::new(),
             }),
         }
     }
@@ -189,6 +230,7 @@ impl Retained {
             retained: self.clone(),
             kind,
             bytes: 0,
+            share: None,
         }
     }
 }
@@ -208,6 +250,8 @@ struct SessionBuffers {
     /// Of which no client was sent yet.
     unsent: AtomicU64,
     cap: u64,
+    /// The tally of the principal the session is bound to (unsent bytes count there too).
+    share: OnceLock<Arc<Share>>,
 }
 
 impl BufferAccount {
@@ -254,6 +298,17 @@ impl BufferAccount {
         } else {
             unsent.fetch_sub(from - to, Ordering::Relaxed);
         }
+        if let Some(share) = self.session.share.get() {
+            share.adjust(from, to);
+        }
+    }
+
+    /// Counts the session's unsent bytes, from now on, in `share` too (its principal's; once,
+    /// when the session is bound, before another thread sees it).
+    pub(crate) fn attribute(&self, share: &Arc<Share>) {
+        if self.session.share.set(Arc::clone(share)).is_ok() {
+            share.adjust(0, self.session.unsent.load(Ordering::Relaxed));
+        }
     }
 
     /// Counts a stream buffer made (`true`) or dropped.
@@ -268,6 +323,8 @@ pub(crate) struct Charge {
     retained: Retained,
     kind: Kind,
     bytes: u64,
+    /// The principal's tally it counts in too (journals and tombstones of a bound session).
+    share: Option<Arc<Share>>,
 }
 
 impl Charge {
@@ -295,8 +352,19 @@ impl Charge {
                 (others + now + grow <= cap).then_some(now + grow)
             })
             .map_err(|_| PodFull)?;
+        if let Some(share) = &self.share {
+            share.adjust(self.bytes, bytes);
+        }
         self.bytes = bytes;
         Ok(())
+    }
+
+    /// Counts what it holds, from now on, in `share` too (its session's principal's).
+    pub(crate) fn attribute(&mut self, share: &Arc<Share>) {
+        share.adjust(0, self.bytes);
+        if let Some(old) = self.share.replace(Arc::clone(share)) {
+            old.adjust(self.bytes, 0);
+        }
     }
 
     /// Holds `bytes` from now on, whatever the pod's cap (what another pod already accepted,
@@ -311,6 +379,9 @@ impl Charge {
             tally.fetch_add(bytes - self.bytes, Ordering::Relaxed);
         } else {
             tally.fetch_sub(self.bytes - bytes, Ordering::Relaxed);
+        }
+        if let Some(share) = &self.share {
+            share.adjust(self.bytes, bytes);
         }
         self.bytes = bytes;
     }
@@ -412,7 +483,7 @@ mod tests {
 
     #[test]
     fn a_session_share_bounds_its_buffers_within_the_pod_budget() {
-        let pod = Retained::with_session_buffers(1_000, 300);
+        let pod = Retained::with_shares(1_000, 300, 1_000);
         let (a, b) = (pod.account(), pod.account());
         a.take_event(200);
         b.take_event(250);
@@ -449,5 +520,39 @@ mod tests {
         pod.give_back_events(1, 101);
         drop(b);
         assert_eq!((session.bytes(), pod.total()), (0, 0));
+    }
+
+    #[test]
+    fn a_principals_share_counts_what_its_sessions_pin() {
+        let pod = Retained::with_shares(1_000, 1_000, 400);
+        let share = pod.share(Principal([7; 16]));
+        let (a, b) = (pod.account(), pod.account());
+        let mut journal = pod.charge(Kind::Journal);
+        journal.resize(100);
+        a.adjust_unsent(0, 50);
+        a.attribute(&share);
+        journal.attribute(&share);
+        assert_eq!(
+            share.pinned(),
+            150,
+            "what was pinned before the binding counts"
+        );
+        a.adjust_unsent(50, 250);
+        journal.try_resize(120).unwrap();
+        b.adjust_unsent(0, 500);
+        assert_eq!(
+            share.pinned(),
+            370,
+            "the other session is not the principal's"
+        );
+        assert_eq!(pod.principals_pinning(), 1);
+        drop(journal);
+        a.adjust_unsent(250, 0);
+        assert_eq!(
+            (share.pinned(), pod.principals_pinning()),
+            (0, 0),
+            "given back as the parts shrink and drop"
+        );
+        b.adjust_unsent(500, 0);
     }
 }
