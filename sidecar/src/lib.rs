@@ -27,6 +27,7 @@
 mod broker;
 mod cluster;
 mod config;
+mod counts;
 #[cfg(fuzzing)]
 pub mod fuzzing;
 mod handoff;

@@ -8,11 +8,11 @@
 //! A retry that joins its running request takes no slot. [`admit`] decides, [`Calls`] counts
 //! (`tether_calls_in_flight`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::counts::Counts;
 use crate::mcp::principal::Principal;
 use crate::mcp::rejection::CallScope;
 use crate::metrics::Metrics;
@@ -55,17 +55,17 @@ pub(crate) fn admit(running: Running, n: usize, limits: CallLimits) -> Result<()
 #[derive(Debug)]
 pub(crate) struct Calls {
     limits: CallLimits,
-    counts: Mutex<Counts>,
+    counts: Mutex<InFlight>,
     metrics: Arc<Metrics>,
 }
 
 #[derive(Debug, Default)]
-struct Counts {
+struct InFlight {
     pod: usize,
-    /// By session digest; a session with none has no entry.
-    by_session: HashMap<String, usize>,
-    /// By principal; a principal with none has no entry.
-    by_principal: HashMap<Principal, usize>,
+    /// By session digest.
+    by_session: Counts<String>,
+    /// By principal.
+    by_principal: Counts<Principal>,
 }
 
 /// What `n` calls of one session hold, given back when dropped.
@@ -82,7 +82,7 @@ impl Calls {
     pub(crate) fn new(limits: CallLimits, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {
             limits,
-            counts: Mutex::new(Counts::default()),
+            counts: Mutex::new(InFlight::default()),
             metrics,
         })
     }
@@ -99,15 +99,15 @@ impl Calls {
     ) -> Result<CallSlot, CallScope> {
         let mut counts = self.counts.lock();
         let running = Running {
-            session: counts.by_session.get(session).copied().unwrap_or(0),
-            principal: principal.map(|p| counts.by_principal.get(&p).copied().unwrap_or(0)),
+            session: counts.by_session.get(session),
+            principal: principal.map(|p| counts.by_principal.get(&p)),
             pod: counts.pod,
         };
         admit(running, n, self.limits)?;
         counts.pod += n;
-        *counts.by_session.entry(session.to_owned()).or_default() += n;
+        counts.by_session.add(session.to_owned(), n);
         if let Some(p) = principal {
-            *counts.by_principal.entry(p).or_default() += n;
+            counts.by_principal.add(p, n);
         }
         self.metrics.set_calls_in_flight(counts.pod);
         Ok(CallSlot {
@@ -119,23 +119,13 @@ impl Calls {
     }
 }
 
-/// Takes `n` off `map[key]`, removing the entry at zero.
-fn give_back<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K, n: usize) {
-    if let Some(count) = map.get_mut(key) {
-        *count = count.saturating_sub(n);
-        if *count == 0 {
-            map.remove(key);
-        }
-    }
-}
-
 impl Drop for CallSlot {
     fn drop(&mut self) {
         let mut counts = self.calls.counts.lock();
         counts.pod = counts.pod.saturating_sub(self.n);
-        give_back(&mut counts.by_session, &self.session, self.n);
+        counts.by_session.sub(&self.session, self.n);
         if let Some(p) = &self.principal {
-            give_back(&mut counts.by_principal, p, self.n);
+            counts.by_principal.sub(p, self.n);
         }
         self.calls.metrics.set_calls_in_flight(counts.pod);
     }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::Broker;
+use crate::counts::Counts;
 use crate::mcp::jsonrpc::Envelope;
 use crate::mcp::principal::Owner;
 use crate::mcp::rejection::Rejection;
@@ -65,19 +66,14 @@ pub(super) struct Tasks {
 struct Open {
     /// The server's id → the task.
     by_id: HashMap<String, Kept>,
-    /// Kept tasks per owner; an owner with none has no entry.
-    by_owner: HashMap<Owner, usize>,
+    /// Kept tasks per owner.
+    by_owner: Counts<Owner>,
 }
 
 impl Open {
     fn remove(&mut self, id: &str) {
-        if let Some(kept) = self.by_id.remove(id)
-            && let Some(n) = self.by_owner.get_mut(&kept.owner)
-        {
-            *n -= 1;
-            if *n == 0 {
-                self.by_owner.remove(&kept.owner);
-            }
+        if let Some(kept) = self.by_id.remove(id) {
+            self.by_owner.sub(&kept.owner, 1);
         }
     }
 
@@ -96,8 +92,7 @@ impl Open {
 
     /// Whether one more task of `owner` fits within `limits`.
     fn has_room(&self, owner: &Owner, limits: TaskLimits) -> bool {
-        self.by_id.len() < limits.max_open
-            && self.by_owner.get(owner).copied().unwrap_or(0) < limits.per_owner
+        self.by_id.len() < limits.max_open && self.by_owner.get(owner) < limits.per_owner
     }
 }
 
@@ -131,7 +126,7 @@ impl Tasks {
                 return false;
             }
         }
-        *open.by_owner.entry(owner.clone()).or_default() += 1;
+        open.by_owner.add(owner.clone(), 1);
         open.by_id.insert(
             seen.upstream,
             Kept {

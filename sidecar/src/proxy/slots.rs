@@ -7,11 +7,12 @@
 //! for their answer at once, further ones are closed as soon as they are accepted, so that
 //! refusing costs no more than a bounded share of the pod either.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+
+use crate::counts::Counts;
 
 /// The bounds of one listener's connections (from flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,16 +76,15 @@ pub(crate) enum Taken {
 #[derive(Debug)]
 pub(crate) struct Slots {
     limits: SlotLimits,
-    counts: Mutex<Counts>,
+    counts: Mutex<Taking>,
 }
 
 #[derive(Debug, Default)]
-struct Counts {
+struct Taking {
     open: usize,
     refusing: usize,
-    /// Open connections per source address; a source with none has no entry, so the map
-    /// never holds more entries than there are open connections.
-    by_source: HashMap<IpAddr, usize>,
+    /// Open connections per source address (never more entries than open connections).
+    by_source: Counts<IpAddr>,
 }
 
 /// One connection's place among the [`Slots`] (open, or refused and being answered), given
@@ -109,7 +109,7 @@ impl Slots {
     pub(crate) fn new(limits: SlotLimits) -> Arc<Self> {
         Arc::new(Self {
             limits,
-            counts: Mutex::new(Counts::default()),
+            counts: Mutex::new(Taking::default()),
         })
     }
 
@@ -117,12 +117,12 @@ impl Slots {
     /// against the listener's bound only).
     pub(crate) fn take(self: &Arc<Self>, source: Option<IpAddr>) -> Taken {
         let mut counts = self.counts.lock();
-        let from_source = source.map_or(0, |ip| counts.by_source.get(&ip).copied().unwrap_or(0));
+        let from_source = source.map_or(0, |ip| counts.by_source.get(&ip));
         match admit(counts.open, from_source, self.limits) {
             Ok(()) => {
                 counts.open += 1;
                 if let Some(ip) = source {
-                    *counts.by_source.entry(ip).or_default() += 1;
+                    counts.by_source.add(ip, 1);
                 }
                 Taken::Open(self.slot(Held::Open(source)))
             }
@@ -152,13 +152,8 @@ impl Drop for Slot {
             Held::Refusing => counts.refusing -= 1,
             Held::Open(source) => {
                 counts.open -= 1;
-                if let Some(ip) = source
-                    && let Some(n) = counts.by_source.get_mut(&ip)
-                {
-                    *n -= 1;
-                    if *n == 0 {
-                        counts.by_source.remove(&ip);
-                    }
+                if let Some(ip) = source {
+                    counts.by_source.sub(&ip, 1);
                 }
             }
         }

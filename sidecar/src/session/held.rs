@@ -4,6 +4,8 @@
 //! the map itself.
 
 use std::collections::HashMap;
+
+use crate::counts::Counts;
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -17,8 +19,8 @@ pub(super) struct Held {
     /// The principal each held session was counted under, by id (sessions bound to none have
     /// no entry).
     principal_of: HashMap<String, Principal>,
-    /// Held sessions per principal; a principal with none has no entry.
-    by_principal: HashMap<Principal, usize>,
+    /// Held sessions per principal.
+    by_principal: Counts<Principal>,
 }
 
 impl Held {
@@ -27,7 +29,7 @@ impl Held {
         let id = session.id.clone();
         self.remove(&id);
         if let Some(principal) = session.binding().and_then(|b| b.principal) {
-            *self.by_principal.entry(principal).or_default() += 1;
+            self.by_principal.add(principal, 1);
             self.principal_of.insert(id.clone(), principal);
         }
         self.by_id.insert(id, session);
@@ -35,20 +37,15 @@ impl Held {
 
     /// Lets the session with client id `id` go; it, if it was held.
     pub(super) fn remove(&mut self, id: &str) -> Option<Arc<Session>> {
-        if let Some(principal) = self.principal_of.remove(id)
-            && let Some(n) = self.by_principal.get_mut(&principal)
-        {
-            *n -= 1;
-            if *n == 0 {
-                self.by_principal.remove(&principal);
-            }
+        if let Some(principal) = self.principal_of.remove(id) {
+            self.by_principal.sub(&principal, 1);
         }
         self.by_id.remove(id)
     }
 
     /// Sessions held for `principal`.
     pub(super) fn of_principal(&self, principal: &Principal) -> usize {
-        self.by_principal.get(principal).copied().unwrap_or(0)
+        self.by_principal.get(principal)
     }
 
     /// Principals with a held session (for tests).

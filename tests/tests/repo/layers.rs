@@ -129,7 +129,9 @@ fn sidecar_layers_keep_their_rules() {
             ("retained", &["mcp"]),
             ("stream", &["mcp", "retained"]),
             // A session's digests are keyed by the key that minted its id.
-            ("session", &["mcp", "stream", "retained", "keys"]),
+            ("session", &["mcp", "stream", "retained", "keys", "counts"]),
+            // Counts by key are a leaf.
+            ("counts", &[]),
             // Membership and routing know no state and no broker.
             ("cluster", &["mcp", "metrics", "keys"]),
         ],
