@@ -6,7 +6,9 @@
 //! `--max-principal-calls` for one principal (the sessions bound to one caller, `spec.auth`) and
 //! `--max-calls` on the pod; beyond, the request gets 429 with `Retry-After` and is never sent.
 //! A retry that joins its running request takes no slot. [`admit`] decides, [`Calls`] counts
-//! (`tether_calls_in_flight`).
+//! (`tether_calls_in_flight`), and each call counts [`CALL_BYTES`] against the pod's budget
+//! (`tether_retained_bytes{kind="calls"}`), so what calls cost is part of what the budget
+//! keeps within bounds.
 
 use std::sync::Arc;
 
@@ -16,6 +18,12 @@ use crate::counts::Counts;
 use crate::mcp::principal::Principal;
 use crate::mcp::rejection::CallScope;
 use crate::metrics::Metrics;
+use crate::retained::{Charge, Kind, Retained};
+
+/// What a call in flight costs the sidecar while its upstream exchange runs, read or not: the
+/// upstream connection's buffers and the tasks that drive it. Measured in a release build (a
+/// session's calls started and walked away from, `make bench`): about 48 KiB each.
+pub(crate) const CALL_BYTES: u64 = 48 * 1024;
 
 /// The bounds of calls in flight (from flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +65,7 @@ pub(crate) struct Calls {
     limits: CallLimits,
     counts: Mutex<InFlight>,
     metrics: Arc<Metrics>,
+    retained: Retained,
 }
 
 #[derive(Debug, Default)]
@@ -75,15 +84,19 @@ pub(crate) struct CallSlot {
     session: String,
     principal: Option<Principal>,
     n: usize,
+    /// The calls' [`CALL_BYTES`] in the pod's budget.
+    _bytes: Charge,
 }
 
 impl Calls {
-    /// No calls yet, bounded by `limits`, counted in `metrics`.
-    pub(crate) fn new(limits: CallLimits, metrics: Arc<Metrics>) -> Arc<Self> {
+    /// No calls yet, bounded by `limits`, counted in `metrics` and in the pod's `retained`
+    /// bytes.
+    pub(crate) fn new(limits: CallLimits, metrics: Arc<Metrics>, retained: Retained) -> Arc<Self> {
         Arc::new(Self {
             limits,
             counts: Mutex::new(InFlight::default()),
             metrics,
+            retained,
         })
     }
 
@@ -110,11 +123,14 @@ impl Calls {
             counts.by_principal.add(p, n);
         }
         self.metrics.set_calls_in_flight(counts.pod);
+        let mut bytes = self.retained.charge(Kind::Calls);
+        bytes.resize(CALL_BYTES * n as u64);
         Ok(CallSlot {
             calls: Arc::clone(self),
             session: session.to_owned(),
             principal,
             n,
+            _bytes: bytes,
         })
     }
 }
@@ -170,7 +186,8 @@ mod tests {
 
     #[test]
     fn slots_are_counted_per_session_principal_and_pod_and_given_back() {
-        let calls = Calls::new(LIMITS, Arc::new(Metrics::new()));
+        let retained = Retained::new(u64::MAX);
+        let calls = Calls::new(LIMITS, Arc::new(Metrics::new()), retained.clone());
         let alice = Some(Principal([1; 16]));
         let a1 = calls.take("s1", alice, 2).unwrap();
         assert_eq!(calls.take("s1", alice, 1).unwrap_err(), CallScope::Session);
@@ -182,7 +199,13 @@ mod tests {
         );
         let b = calls.take("s4", None, 1).unwrap();
         assert_eq!(calls.take("s5", None, 1).unwrap_err(), CallScope::Pod);
+        assert_eq!(
+            retained.bytes(Kind::Calls),
+            4 * CALL_BYTES,
+            "each call's cost in the pod's budget, refused ones none"
+        );
         drop((a1, a2, b));
+        assert_eq!(retained.bytes(Kind::Calls), 0);
         let counts = calls.counts.lock();
         assert_eq!(counts.pod, 0);
         assert!(counts.by_session.is_empty() && counts.by_principal.is_empty());

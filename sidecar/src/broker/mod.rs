@@ -182,7 +182,7 @@ impl Broker {
     ) -> Arc<Self> {
         Arc::new(Self {
             tasks: tasks::Tasks::new(minter.sealer(&TASK_ID), cfg.tasks),
-            calls: calls::Calls::new(cfg.calls, Arc::clone(&metrics)),
+            calls: calls::Calls::new(cfg.calls, Arc::clone(&metrics), registry.retained().clone()),
             request_states: minter.sealer(&REQUEST_STATE),
             deletes: BackgroundDeletes {
                 slots: tokio::sync::Semaphore::new(cfg.max_upstream_deletes.max(1)),

@@ -298,7 +298,7 @@ pub struct Cli {
     pub max_event_bytes: usize,
     /// The pod's one byte budget for everything its sessions retain
     /// (`tether_retained_bytes{kind}`): event buffers, journals, retry records, stored
-    /// replies, tombstones. Default: half of `--memory-limit`, else 128 MiB. Over it, the
+    /// replies, tombstones (calls in flight show there too, bounded by `--max-calls`). Default: half of `--memory-limit`, else 128 MiB. Over it, the
     /// events clients were sent and the answers of spent requests are given up, oldest first;
     /// while what cannot be freed (journals, tombstones, events no client was sent) fills it,
     /// upstream responses are not read and new sessions and requests get 429 `pod_full`.

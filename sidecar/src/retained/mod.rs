@@ -37,16 +37,22 @@ pub(crate) enum Kind {
     Tombstones,
     /// Buffered SSE event data, sent or not.
     Buffers,
+    /// Calls in flight: what an upstream exchange costs while it runs, read or not
+    /// (`broker/calls.rs`). Counted, not held to the byte budget: nothing can give it up, and
+    /// a budget full of calls would stall the very streams whose end frees them; their number
+    /// is bounded instead (`--max-calls` and its shares).
+    Calls,
 }
 
 impl Kind {
     /// Every kind, in label order.
-    pub(crate) const ALL: [Kind; 5] = [
+    pub(crate) const ALL: [Kind; 6] = [
         Kind::Journal,
         Kind::Records,
         Kind::Replies,
         Kind::Tombstones,
         Kind::Buffers,
+        Kind::Calls,
     ];
 
     /// The `kind` label.
@@ -57,6 +63,7 @@ impl Kind {
             Kind::Replies => "replies",
             Kind::Tombstones => "tombstones",
             Kind::Buffers => "buffers",
+            Kind::Calls => "calls",
         }
     }
 }
@@ -71,7 +78,7 @@ pub(crate) struct Retained(Arc<Tally>);
 
 #[derive(Debug)]
 struct Tally {
-    bytes: [AtomicU64; 5],
+    bytes: [AtomicU64; 6],
     /// Bytes of buffered events no client was sent yet (part of `Buffers`).
     unsent: AtomicU64,
     /// Buffered events, and stream buffers (kept as they change, so the gauges cost no walk).
@@ -115,9 +122,13 @@ impl Retained {
         self.0.bytes[kind as usize].load(Ordering::Relaxed)
     }
 
-    /// Bytes retained now, every kind together.
+    /// Bytes held to the budget now: every kind but [`Kind::Calls`].
     pub(crate) fn total(&self) -> u64 {
-        Kind::ALL.iter().map(|&k| self.bytes(k)).sum()
+        Kind::ALL
+            .iter()
+            .filter(|&&k| k != Kind::Calls)
+            .map(|&k| self.bytes(k))
+            .sum()
     }
 
     /// Whether the pod retains more than its budget: sent events and spent answers go then.
@@ -505,6 +516,9 @@ mod tests {
     #[test]
     fn every_kind_counts_against_the_one_budget() {
         let pod = Retained::new(1_000);
+        let mut calls = pod.charge(Kind::Calls);
+        calls.resize(5_000);
+        assert!(!pod.over(), "calls are counted, bounded by their number");
         let session = Shared::new(&pod, Kind::Replies);
         let a = session.hold(600);
         let b = session.hold(300);
