@@ -29,7 +29,7 @@ mod stateless;
 mod sweep;
 mod tasks;
 
-pub(crate) use calls::CallLimits;
+pub(crate) use calls::{CALL_BYTES, CallLimits};
 pub(crate) use cancel::CancelRelay;
 #[cfg(fuzzing)]
 pub(crate) use pump::UpstreamCursor;

@@ -256,14 +256,12 @@ pub struct Cli {
     )]
     pub max_principal_calls: usize,
     /// Most session requests running at the MCP server at once on this pod
-    /// (`tether_calls_in_flight`); a further one gets 429 `pod_calls` + `Retry-After`.
-    #[arg(
-        long,
-        env = "TETHER_MAX_CALLS",
-        value_name = "N",
-        default_value_t = 4096
-    )]
-    pub max_calls: usize,
+    /// (`tether_calls_in_flight`); a further one gets 429 `pod_calls` + `Retry-After`. Each
+    /// costs the sidecar about 48 KiB while it runs (`tether_retained_bytes{kind="calls"}`), so
+    /// the default follows the container: as many as fit in a quarter of `--memory-limit`,
+    /// else 4,096.
+    #[arg(long, env = "TETHER_MAX_CALLS", value_name = "N")]
+    pub max_calls: Option<usize>,
     /// Most tasks of the tasks extension this pod tracks as open (created here and not yet
     /// seen terminal by a client, within their `ttlMs`): a drain serves the polls of those polled
     /// within `--task-poll-window` until none is left or `spec.drain.timeout`
@@ -443,6 +441,9 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
+/// `--max-calls` when `--memory-limit` and the flag are both absent.
+pub(crate) const DEFAULT_MAX_CALLS: usize = 4096;
+
 /// `--pod-retained-bytes` when `--memory-limit` and the flag are both absent: 128 MiB.
 pub(crate) const DEFAULT_POD_RETAINED_BYTES: u64 = 128 * 1024 * 1024;
 
@@ -453,6 +454,18 @@ impl Cli {
         self.pod_retained_bytes.unwrap_or_else(|| {
             self.memory_limit
                 .map_or(DEFAULT_POD_RETAINED_BYTES, |limit| limit / 2)
+        })
+    }
+
+    /// Most calls in flight on the pod: `--max-calls`, else as many as a quarter of
+    /// `--memory-limit` holds, else [`DEFAULT_MAX_CALLS`].
+    pub(crate) fn max_calls(&self) -> usize {
+        self.max_calls.unwrap_or_else(|| {
+            self.memory_limit.map_or(DEFAULT_MAX_CALLS, |limit| {
+                usize::try_from(limit / 4 / crate::broker::CALL_BYTES)
+                    .unwrap_or(usize::MAX)
+                    .max(1)
+            })
         })
     }
 

@@ -233,7 +233,7 @@ impl Config {
             ("--admin-max-connections", cli.admin_max_connections),
             ("--max-session-calls", cli.max_session_calls),
             ("--max-principal-calls", cli.max_principal_calls),
-            ("--max-calls", cli.max_calls),
+            ("--max-calls", cli.max_calls()),
             ("--peer-pool-size", cli.peer_pool_size),
             ("--peer-max-streams", cli.peer_max_streams as usize),
             ("--max-event-bytes", cli.max_event_bytes),
@@ -433,7 +433,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         calls: crate::broker::CallLimits {
             session: cli.max_session_calls,
             principal: cli.max_principal_calls,
-            pod: cli.max_calls,
+            pod: cli.max_calls(),
         },
         max_upstream_deletes: cli.max_upstream_deletes as usize,
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit
@@ -611,6 +611,27 @@ mod tests {
         assert_eq!(event_limit(&["--pod-buffer-bytes", "20000"]), 20000);
         assert_eq!(event_limit(&["--max-event-bytes", "100"]), 100);
         assert!(Config::load(&test_cli(dir.path(), &["--max-event-bytes", "0"])).is_err());
+    }
+
+    #[test]
+    fn calls_and_principal_shares_follow_the_flags_else_the_memory_limit_and_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let cli = |extra: &[&str]| test_cli(dir.path(), extra);
+        assert_eq!(cli(&[]).max_calls(), 4096);
+        assert_eq!(
+            cli(&["--memory-limit", "268435456"]).max_calls(),
+            1365,
+            "a quarter of 256 MiB in calls of 48 KiB"
+        );
+        let both = ["--memory-limit", "268435456", "--max-calls", "10"];
+        assert_eq!(cli(&both).max_calls(), 10);
+        assert_eq!(cli(&[]).max_principal_retained_bytes(), 32 << 20);
+        assert_eq!(
+            cli(&["--pod-retained-bytes", "1000"]).max_principal_retained_bytes(),
+            250
+        );
+        let flag = ["--max-principal-retained-bytes", "7"];
+        assert_eq!(cli(&flag).max_principal_retained_bytes(), 7);
     }
 
     #[test]
