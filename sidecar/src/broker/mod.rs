@@ -148,8 +148,8 @@ pub(crate) struct Broker {
     /// Whether the last enforcement left the pod over its budget: nothing it could give up
     /// was left (what is over belongs to requests in flight), so new requests wait.
     budget_stuck: std::sync::atomic::AtomicBool,
-    /// Held by the one walk shedding unread buffers of callers over their fair share.
-    shedding: parking_lot::Mutex<()>,
+    /// When the last walk shedding unread buffers of callers over their fair share began.
+    last_shedding: parking_lot::Mutex<Option<std::time::Instant>>,
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
     rebuild_slots: tokio::sync::Semaphore,
@@ -194,7 +194,7 @@ impl Broker {
             metrics,
             last_enforcement: parking_lot::Mutex::new(None),
             budget_stuck: std::sync::atomic::AtomicBool::new(false),
-            shedding: parking_lot::Mutex::new(()),
+            last_shedding: parking_lot::Mutex::new(None),
             resume_budget: cfg
                 .resume_budget
                 .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),

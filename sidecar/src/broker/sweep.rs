@@ -107,12 +107,12 @@ impl Broker {
 
     /// Sheds the buffers nobody reads now of the sessions whose principal pins more than its
     /// fair share of the full `pod`, the greediest principal's first and each one's oldest
-    /// streams first, until the pod pins at most ⅞ of its budget. One walk at a time: a
-    /// request arriving meanwhile goes on, the walk makes room for it too.
+    /// streams first, until the pod pins at most ⅞ of its budget. At most one walk every
+    /// 50 ms: a request arriving meanwhile goes on, the last walk made room for it too.
     fn shed_over_shares(&self, pod: PodPinned) {
-        let Some(_walk) = self.shedding.try_lock() else {
+        if !due(&self.last_shedding) {
             return;
-        };
+        }
         let retained = self.retained();
         let fair = fair_share(pod);
         let over = || retained.pinned() > retained.cap() / 8 * 7;
@@ -233,8 +233,8 @@ impl Broker {
     }
 }
 
-/// Whether a cap enforcement from the data path is due: none ran in the last 50 ms (and no
-/// other is starting now); if so, it counts as running now.
+/// Whether a walk from the data path (a cap enforcement, a shedding) is due: none ran in the
+/// last 50 ms (and no other is starting now); if so, it counts as running now.
 fn due(last: &parking_lot::Mutex<Option<Instant>>) -> bool {
     let now = Instant::now();
     let Some(mut last) = last.try_lock() else {
