@@ -150,7 +150,7 @@ async fn one_principal_holds_its_share_of_the_sessions_and_the_others_the_rest()
     assert_eq!(pod.metric("tether_sessions").await.unwrap(), 6.0);
 }
 
-/// Sends a `slow` call of 20 progress events 20 ms apart (about 2 KiB of events) in `session`
+/// Sends a `slow` call of 20 progress events 10 ms apart (about 2 KiB of events) in `session`
 /// as `authorization` over a connection closed as soon as the request is written: the call
 /// runs on, its events are buffered, and no client is ever sent one. Waits until the call
 /// ended at the MCP server; whether it was refused with `principal_retained` instead.
@@ -161,7 +161,7 @@ async fn call_unread(pod: &Pod, session: &Session, authorization: &str, id: u64)
     let body = tool_call(
         id,
         "slow",
-        json!({"count": 20, "interval_ms": 20, "call_id": id.to_string()}),
+        json!({"count": 20, "interval_ms": 10, "call_id": id.to_string()}),
         Some("p"),
     )
     .to_string();
@@ -284,6 +284,66 @@ async fn one_caller_cannot_fill_the_pod_with_answers_it_never_reads() {
         Some("done 20"),
         "{rest:?}"
     );
+}
+
+#[tokio::test]
+async fn a_full_pod_sheds_the_callers_over_their_fair_share_and_admits_the_others() {
+    let issuer = Issuer::new().unwrap();
+    // 64 KiB for the pod, each caller may pin 40,000 bytes: two callers can fill it.
+    let pod = Pod::start(PodSpec {
+        server_args: issuer.server_args(),
+        sidecar_args: [
+            "--pod-retained-bytes",
+            "65536",
+            "--max-principal-retained-bytes",
+            "40000",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..PodSpec::default()
+    })
+    .await
+    .unwrap();
+    let bearer = |sub: &str| issuer.bearer("https://idp.example", sub, HOUR);
+    let session_of = async |sub: &str| {
+        let client = pod.client();
+        client.set_authorization(Some(bearer(sub)));
+        client.initialize("2025-11-25").await.unwrap()
+    };
+    let (first, second) = (session_of("first").await, session_of("second").await);
+    let fill = async |session: &Session, sub: &str| {
+        for id in 0..40 {
+            if call_unread(&pod, session, &bearer(sub), id).await {
+                return id;
+            }
+        }
+        panic!("{sub} was never stopped");
+    };
+    fill(&first, "first").await;
+    let shed = r#"tether_buffer_evictions_total{reason="principal_share"}"#;
+    assert_eq!(pod.metric(shed).await.unwrap(), 0.0, "the pod had room");
+    // The second caller fills the pod; under its fair share (half of it) it is admitted and
+    // the first caller's unread answers make room; at its fair share it is refused.
+    fill(&second, "second").await;
+    let evicted = pod.metric(shed).await.unwrap();
+    assert!(
+        evicted > 0.0,
+        "the caller over its fair share gave up unread events"
+    );
+    // A third caller, pinning nothing, is served whatever the others did.
+    let third = pod.client();
+    third.set_authorization(Some(bearer("third")));
+    let session = third.initialize("2025-11-25").await.unwrap();
+    let answer = third
+        .call(
+            &session,
+            1,
+            "slow",
+            json!({"count": 3, "interval_ms": 10, "call_id": "t"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.last().and_then(result_text), Some("done 3"));
 }
 
 const HOUR: Duration = Duration::from_secs(3600);
