@@ -1,11 +1,14 @@
 //! DELETE: the client ends its session (spec S-05, S-07).
 //!
 //! The upstream is told first, with the DELETE's own headers (its credentials). Only an
-//! upstream 2xx, a 404 (the upstream session is gone already) or an upstream that cannot be
-//! reached ends the session here; later requests for it get 404. Any other answer — 405 from an
-//! upstream that forbids client termination, 401/403 for a caller it does not accept, a 5xx —
-//! passes through and the session stays. The upstream's success status (200, 202…) passes
-//! through; 204 when it answered 404 or could not be asked.
+//! upstream 2xx or a 404 (the upstream session is gone already) ends the session here; later
+//! requests for it get 404. Any other answer — 405 from an upstream that forbids client
+//! termination, 401/403 for a caller it does not accept, a 5xx — passes through and the session
+//! stays; so does an upstream that cannot be reached (503 + `Retry-After`): nothing ends on a
+//! credential the MCP server did not judge. A session with no upstream session to end (handed
+//! over and not rebuilt yet, or an MCP server without sessions) has the DELETE's credentials
+//! judged first, as an answer from memory has (`broker/revalidate.rs`). The upstream's success
+//! status (200, 202…) passes through; 204 when it answered 404 or had no session to end.
 
 use std::sync::Arc;
 
@@ -27,6 +30,11 @@ impl Broker {
         entered: Option<EnterGuard>,
     ) -> Result<Reply, Rejection> {
         let session = self.entered_session(call, entered.as_ref())?;
+        if session.upstream_id().is_none()
+            && let Err(refusal) = self.revalidate(&session, &call.headers).await
+        {
+            return Ok(refusal);
+        }
         let answer = match session.upstream_id() {
             None => None,
             Some(upstream_session) => {
@@ -35,10 +43,11 @@ impl Broker {
                     headers: self.upstream_headers(&call.headers),
                     last_event_id: None,
                 };
-                self.upstream
+                let sent = self
+                    .upstream
                     .send(Method::DELETE, exchange, Bytes::new())
-                    .await
-                    .ok()
+                    .await;
+                Some(sent.map_err(|e| self.upstream_rejection(&e))?)
             }
         };
         let reply = match answer {

@@ -451,7 +451,9 @@ impl Broker {
             // Nothing is served, dispatched or remembered: the id alone opens nothing.
             return Err(Rejection::SessionNotFound(NotFound::PrincipalMismatch));
         }
-        session.remember_credentials(&call.headers, &cfg.forward_headers);
+        // The request's credentials become the session's only once the MCP server accepted
+        // them (`Broker::send_in_session`, `Broker::revalidate`): a forged token naming the
+        // caller passes the binding, never the server.
         match call.version {
             Some(v) if v != session.version() && !cfg.versions.contains(&v) => Err(
                 Rejection::UnsupportedVersion(VersionMismatch::new(v.as_str(), &cfg.versions)),

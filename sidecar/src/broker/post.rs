@@ -5,7 +5,10 @@
 //!   is served from the stream's buffer (SSE) or gets the upstream's JSON answer unchanged.
 //! - A body with only notifications or responses is forwarded and the upstream's status (202,
 //!   spec T-05) passes through unchanged; `notifications/cancelled` also ends the local stream of
-//!   the cancelled request (spec L-02).
+//!   the cancelled request (spec L-02) once the MCP server accepted it.
+//! - Journal entries (`session/journal.rs`) are checked to fit before anything is sent and
+//!   recorded once the MCP server accepted the message that carries them: a credential it
+//!   refuses (a forged token that passes the binding) changes nothing in the session.
 //! - A request id already seen in the session with the same body is a retry: it attaches to the
 //!   existing stream instead of being dispatched again, so the upstream sees it exactly once.
 //!   The same id with another body is a new request once the first was answered (clients that
@@ -25,6 +28,7 @@ use tether_crds::ProtocolVersion;
 
 use super::Broker;
 use super::calls::CallSlot;
+use super::pump::Dispatch;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::{self, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response};
@@ -32,9 +36,8 @@ use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::tasks::Revision;
 use crate::reply::Reply;
-use crate::session::{Dedupe, EnterGuard, Entry, Session};
-use crate::stream::StoredReply;
-use crate::stream::{Head, Start, Stream, StreamKind};
+use crate::session::{Dedupe, EnterGuard, Entry, Session, journal};
+use crate::stream::{Head, Start, StoredReply, Stream, StreamKind, refuses_caller};
 
 impl Broker {
     pub(super) async fn post(
@@ -98,17 +101,25 @@ impl Broker {
         }
         let _busy = session.busy();
         session.forget_initialize_stream();
-        let max_journal = self.cfg().max_journal_bytes;
-        for (message, raw) in &envelope.messages {
-            session.record(message, raw, max_journal)?;
-        }
+        // Journal entries are recorded once the MCP server accepted the message that carries
+        // them (a credential it refuses changes nothing); one that would not fit is refused
+        // before anything is sent.
+        let journaled: Vec<(Message, Value)> = envelope
+            .messages
+            .iter()
+            .filter(|(message, _)| journal::belongs(message))
+            .cloned()
+            .collect();
+        session.check_journal(&journaled, self.cfg().max_journal_bytes)?;
         self.metrics
             .protocol_version(call.version.unwrap_or(session.version()));
         let ids = envelope.request_ids();
         if ids.is_empty() {
-            // Recorded in the journal above: a handoff from now on carries it.
+            // Held until the notifications are forwarded and their journal entries recorded:
+            // a handoff after that carries them.
+            let reply = self.notify(call, &session, &envelope, body).await;
             drop(entered);
-            return self.notify(call, &session, &envelope, body).await;
+            return reply;
         }
         let kind = if envelope.batch {
             StreamKind::Batch
@@ -191,12 +202,16 @@ impl Broker {
                         slots,
                     ));
                 } else {
-                    tokio::spawn(Arc::clone(self).run_request(
-                        Arc::clone(&session),
-                        Arc::clone(&stream),
+                    let dispatch = Dispatch {
                         headers,
                         body,
                         ids,
+                        journal: journaled,
+                    };
+                    tokio::spawn(Arc::clone(self).run_request(
+                        Arc::clone(&session),
+                        Arc::clone(&stream),
+                        dispatch,
                         slots,
                     ));
                 }
@@ -231,6 +246,10 @@ impl Broker {
     }
 
     /// Forwards notifications and responses; the upstream's answer passes through unchanged.
+    /// What a message changes here — a journal entry, a cancellation of a running request
+    /// (spec L-02, relayed with the caller's credentials when the request runs on another pod)
+    /// — happens only once the MCP server accepted that message: a credential it refuses
+    /// changes nothing.
     async fn notify(
         self: &Arc<Self>,
         call: &Admitted,
@@ -239,18 +258,17 @@ impl Broker {
         body: Bytes,
     ) -> Result<Reply, Rejection> {
         let headers = self.upstream_headers(&call.headers);
-        let bodies = if envelope.batch {
-            envelope
-                .messages
-                .iter()
-                .map(|(_, json)| Bytes::from(json.to_string()))
-                .collect()
-        } else {
-            vec![body]
-        };
+        let mut body = Some(body);
         let mut answer: Option<StoredReply> = None;
-        for body in bodies {
-            let stored = self.forward(session, headers.clone(), body).await?;
+        for (message, raw) in &envelope.messages {
+            let sent = match body.take().filter(|_| !envelope.batch) {
+                Some(body) => body,
+                None => Bytes::from(raw.to_string()),
+            };
+            let stored = self.forward(session, headers.clone(), sent).await?;
+            if !refuses_caller(stored.status) {
+                self.accepted(call, session, message, raw);
+            }
             let keep = match &answer {
                 None => true,
                 Some(prev) => prev.status.is_success() && !stored.status.is_success(),
@@ -259,19 +277,41 @@ impl Broker {
                 answer = Some(stored);
             }
         }
-        for (message, raw) in &envelope.messages {
-            if let Message::Notification { method, params } = message
-                && method == "notifications/cancelled"
-                && let Some(id) = params.get("requestId")
-            {
-                let id = RequestKey::of(id);
-                self.relay_cancel(session, &id, raw);
-                if let Some(stream) = session.stream_of_request(&id) {
-                    stream.cancel_request(&id);
-                }
+        Ok(answer.map_or_else(|| Reply::empty(StatusCode::ACCEPTED), Reply::from))
+    }
+
+    /// What the MCP server's acceptance of notification `message` changes here: its journal
+    /// entry, and the cancellation of the request it names.
+    fn accepted(&self, call: &Admitted, session: &Session, message: &Message, raw: &Value) {
+        self.record_accepted(session, &[(message.clone(), raw.clone())]);
+        if let Message::Notification { method, params } = message
+            && method == "notifications/cancelled"
+            && let Some(id) = params.get("requestId")
+        {
+            let id = RequestKey::of(id);
+            self.relay_cancel(session, &id, raw, &call.headers);
+            if let Some(stream) = session.stream_of_request(&id) {
+                stream.cancel_request(&id);
             }
         }
-        Ok(answer.map_or_else(|| Reply::empty(StatusCode::ACCEPTED), Reply::from))
+    }
+
+    /// Records the journal entries of a message the MCP server accepted (checked to fit before
+    /// it was sent: another request may have taken the room since, which is logged).
+    pub(super) fn record_accepted(&self, session: &Session, entries: &[(Message, Value)]) {
+        let max = self.cfg().max_journal_bytes;
+        for (message, raw) in entries {
+            if !journal::belongs(message) {
+                continue;
+            }
+            if let Err(rejection) = session.record(message, raw, max) {
+                tracing::info!(
+                    session = session.digest(),
+                    reason = rejection.reason(),
+                    "an accepted request's journal entry no longer fits: a rebuild will not replay it"
+                );
+            }
+        }
     }
 
     /// Sends one message upstream and reads the whole answer.
@@ -310,23 +350,31 @@ impl Broker {
         for (message, json) in messages {
             let body = Bytes::from(json.to_string());
             match message {
-                Message::Request { id, .. } => {
+                Message::Request { ref id, .. } => {
+                    let dispatch = Dispatch {
+                        headers: headers.clone(),
+                        body,
+                        ids: vec![id.clone()],
+                        journal: vec![(message, json)],
+                    };
                     requests.spawn(Arc::clone(&self).run_request(
                         Arc::clone(&session),
                         Arc::clone(&stream),
-                        headers.clone(),
-                        body,
-                        vec![id],
+                        dispatch,
                         None,
                     ));
                 }
                 Message::Notification { .. } | Message::Response => {
-                    if let Err(rejection) = self.forward(&session, headers.clone(), body).await {
-                        tracing::debug!(
+                    match self.forward(&session, headers.clone(), body).await {
+                        Ok(stored) if !refuses_caller(stored.status) => {
+                            self.record_accepted(&session, &[(message, json)]);
+                        }
+                        Ok(_) => {}
+                        Err(rejection) => tracing::debug!(
                             session = session.digest(),
                             reason = rejection.reason(),
                             "batch notification not delivered"
-                        );
+                        ),
                     }
                 }
             }

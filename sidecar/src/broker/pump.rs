@@ -17,20 +17,20 @@ use bytes::Bytes;
 use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use hyper::body::Incoming;
+use serde_json::Value;
 use sse_stream::Sse;
 
 use super::Broker;
 use super::calls::CallSlot;
 use super::rebuild::Sent;
 use crate::mcp::headers::MCP_PROTOCOL_VERSION;
-use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::jsonrpc::{Message, RequestKey};
 use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::sse_limit::EventTooLarge;
 use crate::mcp::tasks::Revision;
 use crate::session::Session;
-use crate::stream::StoredReply;
-use crate::stream::{Stream, StreamKind};
+use crate::stream::{StoredReply, Stream, StreamKind, refuses_caller};
 use crate::upstream::{UpstreamError, event_too_large, events, is_sse, read_body};
 
 /// `data.reason` of the error that ends a request whose upstream stream was lost.
@@ -119,6 +119,17 @@ enum Resumed {
     SessionGone,
 }
 
+/// One upstream POST of a session's request(s).
+pub(super) struct Dispatch {
+    /// The upstream headers (the client's credentials among them).
+    pub(super) headers: HeaderMap,
+    pub(super) body: Bytes,
+    /// The requests this exchange answers.
+    pub(super) ids: Vec<RequestKey>,
+    /// Its journal entries, recorded once the MCP server accepted it (checked to fit before).
+    pub(super) journal: Vec<(Message, Value)>,
+}
+
 impl Broker {
     /// Sends one request upstream and serves its answer through `stream`; `ids` are the requests
     /// this task is responsible for (all of the stream's, or one of a batch). `slots` holds the
@@ -128,11 +139,15 @@ impl Broker {
         self: Arc<Self>,
         session: Arc<Session>,
         stream: Arc<Stream>,
-        headers: HeaderMap,
-        body: Bytes,
-        ids: Vec<RequestKey>,
+        dispatch: Dispatch,
         _slots: Option<CallSlot>,
     ) {
+        let Dispatch {
+            headers,
+            body,
+            ids,
+            journal,
+        } = dispatch;
         let sent = tokio::select! {
             sent = self.send_in_session(&session, Method::POST, &headers, None, body, true) => sent,
             () = stream.cancel_token().cancelled() => return,
@@ -179,6 +194,9 @@ impl Broker {
             }
         };
         self.note_acceptance(&session, &headers, resp.status());
+        if !refuses_caller(resp.status()) {
+            self.record_accepted(&session, &journal);
+        }
         if resp.status() == StatusCode::OK && is_sse(&resp) {
             stream.mark_sse(crate::mcp::headers::forwarded_response_headers(
                 resp.headers(),

@@ -35,7 +35,7 @@ use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::session::{Adopted, Refused, Session};
-use crate::stream::StoredReply;
+use crate::stream::{StoredReply, refuses_caller};
 use crate::upstream::{Exchange, UpstreamError, is_sse, own_headers, post_headers, session_gone};
 
 /// Adopted sessions rebuilt in the background at the same time.
@@ -138,6 +138,10 @@ impl Broker {
                 .send(method.clone(), exchange, body.clone())
                 .await?;
             if !session_gone(resp.status()) {
+                if !refuses_caller(resp.status()) {
+                    // Accepted: the session's own requests carry these credentials from now on.
+                    session.remember_credentials(headers, &self.cfg().forward_headers);
+                }
                 return Ok(Sent::Answer(resp));
             }
             let recovered = if rebuilt {

@@ -3,11 +3,15 @@
 //! sees it. Before serving one with a credential the server has not accepted for the session
 //! within the window, the sidecar asks the server with a `ping` in the session carrying that
 //! credential; the server's 401 or 403 (with its `WWW-Authenticate`) goes to the client and
-//! nothing is served. Every answer the server gives a dispatched request that is not a 401/403
-//! counts as an acceptance of its credential; a 401/403 withdraws one, and a JWT past its `exp`
-//! is judged again whatever was accepted. A session handed over and not rebuilt yet is
-//! rebuilt first, with the request's credentials: the rebuild is the server's judgement (a
-//! refused one passes its answer on, `broker/rebuild.rs`).
+//! nothing is served. It fails closed: while the server cannot say (unreachable, not ready for
+//! the rebuild it needs, any answer but a success or a refusal), nothing is served either — 503
+//! `credential_unconfirmed` + `Retry-After`. Every answer the server gives a dispatched request
+//! that is not a 401/403 counts as an acceptance of its credential; a 401/403 withdraws one,
+//! and a JWT past its `exp` is judged again whatever was accepted. A session handed over and
+//! not rebuilt yet is rebuilt first, with the request's credentials: the rebuild is the
+//! server's judgement (a refused one passes its answer on, `broker/rebuild.rs`). A ping the
+//! server accepts makes its credential the session's (the one the sidecar's own requests
+//! carry), as an accepted request does (`Broker::send_in_session`).
 
 use std::sync::Arc;
 
@@ -16,7 +20,7 @@ use http::{HeaderMap, Method, StatusCode};
 use tether_crds::AuthBinding;
 
 use super::Broker;
-use super::rebuild::Rebuild;
+use super::rebuild::{Rebuild, Sent};
 use crate::mcp::headers::credential_headers;
 use crate::mcp::principal::Owner;
 use crate::mcp::principal::{Principal, credential_expired, credential_expiry, principal};
@@ -24,7 +28,7 @@ use crate::mcp::rejection::{NotFound, Rejection};
 use crate::reply::Reply;
 use crate::session::Session;
 use crate::stream::refuses_caller;
-use crate::upstream::{Exchange, post_headers};
+use crate::upstream::post_headers;
 
 /// The `ping` of one revalidation (its answer is read and dropped), with a request id of its
 /// own: the spec forbids reusing one in a session, and an MCP server routes each answer by its
@@ -91,10 +95,11 @@ impl Broker {
     }
 
     /// Whether a request of `session` with `headers` may be answered from memory: `Err` with
-    /// the MCP server's 401/403 when the server refuses its credential now. A request without
-    /// credentials, a credential accepted within the window, or a server that cannot say
-    /// (unreachable, not ready for the rebuild it needs, another answer) is served; a session
-    /// its rebuild ended gets 404.
+    /// the MCP server's 401/403 when the server refuses its credential now, and 503
+    /// `credential_unconfirmed` while it cannot say (unreachable, not ready for the rebuild it
+    /// needs, an answer that is neither a success nor a refusal). A request without credentials
+    /// or with a credential accepted within the window is served; a session its rebuild ended
+    /// gets 404.
     pub(super) async fn revalidate(
         self: &Arc<Self>,
         session: &Arc<Session>,
@@ -117,25 +122,25 @@ impl Broker {
                 Rebuild::Done if session.credential_accepted(key, window) => return Ok(()),
                 Rebuild::Done => {}
                 Rebuild::Denied(refusal) => return Err(Reply::from(refusal)),
-                Rebuild::NotReady => return Ok(()),
+                Rebuild::NotReady => return Err(Rejection::CredentialUnconfirmed.into()),
                 Rebuild::Ended => {
                     return Err(Rejection::SessionNotFound(NotFound::UpstreamGone).into());
                 }
             }
         }
-        let Some(upstream_session) = session.upstream_id() else {
-            return Ok(());
-        };
         // The request's own credentials, whatever another request of the session sent since.
         let mut ping_headers = post_headers(Some(session.version().as_str()));
         ping_headers.extend(credential_headers(headers, &self.cfg().forward_headers));
-        let exchange = Exchange {
-            upstream_session: Some(&upstream_session),
-            headers: ping_headers,
-            last_event_id: None,
-        };
-        let Ok(resp) = self.upstream.send(Method::POST, exchange, ping()).await else {
-            return Ok(());
+        let resp = match self
+            .send_in_session(session, Method::POST, &ping_headers, None, ping(), true)
+            .await
+        {
+            Ok(Sent::Answer(resp)) => resp,
+            Ok(Sent::Denied(refusal)) => return Err(Reply::from(refusal)),
+            Ok(Sent::Gone) => {
+                return Err(Rejection::SessionNotFound(NotFound::UpstreamGone).into());
+            }
+            Ok(Sent::Rebuilt) | Err(_) => return Err(Rejection::CredentialUnconfirmed.into()),
         };
         let status = resp.status();
         let answer = self
@@ -146,12 +151,11 @@ impl Broker {
             Ok(refusal) if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {
                 Err(Reply::from(refusal))
             }
-            _ => {
-                if status.is_success() {
-                    session.accept_credential(key);
-                }
+            _ if status.is_success() => {
+                session.accept_credential(key);
                 Ok(())
             }
+            _ => Err(Rejection::CredentialUnconfirmed.into()),
         }
     }
 }

@@ -7,9 +7,11 @@
 
 use std::sync::Arc;
 
+use http::{HeaderMap, HeaderName, HeaderValue};
+
 use super::image;
 use crate::broker::Broker;
-use crate::handoff::wire::{CancelPush, HeldQuery, SessionPush, TailPush};
+use crate::handoff::wire::{CancelPush, HeldQuery, MAX_CANCEL_CREDENTIALS, SessionPush, TailPush};
 use crate::lifecycle::Lifecycle;
 use crate::session::Refused;
 
@@ -124,14 +126,42 @@ pub(crate) fn apply_tail(broker: &Broker, tail: &TailPush) -> Result<usize, Adop
 /// # Errors
 /// [`AdoptError::NotHeld`] when no session with that id is here any more.
 pub(crate) async fn cancel_here(broker: &Arc<Broker>, push: &CancelPush) -> Result<(), AdoptError> {
+    let credentials = cancel_credentials(&push.credentials, &broker.cfg().forward_headers)
+        .map_err(AdoptError::Invalid)?;
     let session = broker
         .departed_session(&push.session)
         .or_else(|| broker.held(&push.session))
         .ok_or(AdoptError::NotHeld)?;
     broker
-        .cancel_upstream(&session, &push.request, &push.notification)
+        .cancel_upstream(&session, &push.request, &push.notification, &credentials)
         .await;
     Ok(())
+}
+
+/// The credential headers a [`CancelPush`] carries, as headers: at most
+/// [`MAX_CANCEL_CREDENTIALS`], each named in `forward_headers`, each a valid header value.
+///
+/// # Errors
+/// What is wrong with them.
+fn cancel_credentials(
+    pairs: &[(String, String)],
+    forward_headers: &[HeaderName],
+) -> Result<HeaderMap, String> {
+    if pairs.len() > MAX_CANCEL_CREDENTIALS {
+        return Err(format!(
+            "a cancellation carries at most {MAX_CANCEL_CREDENTIALS} credential headers"
+        ));
+    }
+    let mut headers = HeaderMap::new();
+    for (name, value) in pairs {
+        let Some(name) = forward_headers.iter().find(|h| h.as_str() == name) else {
+            return Err("a cancellation's credential header is not a forwarded one".into());
+        };
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| "a cancellation's credential header value is invalid".to_owned())?;
+        headers.append(name.clone(), value);
+    }
+    Ok(headers)
 }
 
 /// Ends followed streams whose writer is no longer `alive` (killed mid-handoff): their pending
@@ -146,6 +176,33 @@ pub(crate) fn abandon_orphans(broker: &Broker, alive: &dyn Fn(&str) -> bool) {
                 );
                 stream.abandon_following();
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relayed_cancellation_carries_only_forwarded_credential_headers() {
+        let forwarded = [HeaderName::from_static("authorization")];
+        let pair = |name: &str, value: &str| (name.to_owned(), value.to_owned());
+        let ok = cancel_credentials(&[pair("authorization", "Bearer t")], &forwarded).unwrap();
+        assert_eq!(ok.get("authorization").unwrap(), "Bearer t");
+        assert!(cancel_credentials(&[], &forwarded).unwrap().is_empty());
+        for (pairs, why) in [
+            (vec![pair("cookie", "a=b")], "not a forwarded header"),
+            (
+                vec![pair("authorization", "bad\nvalue")],
+                "not a header value",
+            ),
+            (
+                vec![pair("authorization", "Bearer t"); MAX_CANCEL_CREDENTIALS + 1],
+                "too many",
+            ),
+        ] {
+            assert!(cancel_credentials(&pairs, &forwarded).is_err(), "{why}");
         }
     }
 }

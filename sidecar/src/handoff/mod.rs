@@ -106,18 +106,32 @@ impl std::fmt::Debug for Relay {
 }
 
 impl CancelRelay for Relay {
-    fn relay(&self, writer: String, session: String, request: RequestKey, notification: Value) {
+    fn relay(
+        &self,
+        writer: String,
+        session: String,
+        request: RequestKey,
+        notification: Value,
+        credentials: http::HeaderMap,
+    ) {
         let Some(handoff) = self.0.upgrade() else {
             return;
         };
         let Some(peer) = handoff.router.view().peer(&writer).cloned() else {
             return;
         };
+        let credentials = credentials
+            .iter()
+            .filter_map(|(name, value)| {
+                Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+            })
+            .collect();
         let push = CancelPush {
             from: handoff.router.uid().to_owned(),
             session,
             request,
             notification,
+            credentials,
         };
         let Ok(body) = serde_json::to_vec(&push) else {
             return;

@@ -264,7 +264,16 @@ pub(crate) struct CancelPush {
     pub(crate) request: RequestKey,
     /// The client's `notifications/cancelled` message.
     pub(crate) notification: serde_json::Value,
+    /// The canceller's credential headers (lowercase name, value; at most
+    /// [`MAX_CANCEL_CREDENTIALS`], names among the receiver's `spec.auth.forwardHeaders`): the
+    /// cancellation reaches the MCP server with them, never with the session's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) credentials: Vec<(String, String)>,
 }
+
+/// Most credential headers a [`CancelPush`] carries (`spec.auth.forwardHeaders` lists at most
+/// 16 names).
+pub(crate) const MAX_CANCEL_CREDENTIALS: usize = 16;
 
 #[cfg(test)]
 mod tests {

@@ -206,6 +206,11 @@ pub(crate) enum Rejection {
     UpstreamNotReady,
     /// 504: the upstream did not answer in time.
     UpstreamTimeout,
+    /// 503: an answer from memory (a resume, a standalone GET, a retry) or a DELETE with a
+    /// credential the MCP server has not accepted for the session lately, while the server
+    /// cannot say whether it does (unreachable, not ready, failing): nothing is served or
+    /// ended until it can; retry after `Retry-After`.
+    CredentialUnconfirmed,
     /// 403: `Tether-Hop` headers whose peer MAC does not verify (not sent by a sidecar of this
     /// endpoint).
     ForgedHop,
@@ -268,7 +273,9 @@ impl Rejection {
             ResumeBudget | PodFull | TakeoverBudget | SourceConnections | TooManyCalls(_)
             | PrincipalSessions | PrincipalRetained => StatusCode::TOO_MANY_REQUESTS,
             UpstreamLost | TaskIdTooLong | RequestStateTooLong => StatusCode::BAD_GATEWAY,
-            UpstreamUnavailable | UpstreamNotReady => StatusCode::SERVICE_UNAVAILABLE,
+            UpstreamUnavailable | UpstreamNotReady | CredentialUnconfirmed => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UnsupportedVersion(_)
             | UnsupportedNegotiatedVersion(_)
@@ -325,6 +332,7 @@ impl Rejection {
             CursorEvicted => "cursor_evicted",
             TooManySessions => "too_many_sessions",
             UpstreamUnavailable => "upstream_unavailable",
+            CredentialUnconfirmed => "credential_unconfirmed",
             UpstreamLost => "upstream_answer_lost",
             UpstreamNotReady => "upstream_not_ready",
             UpstreamTimeout => "upstream_timeout",
@@ -468,6 +476,12 @@ impl Rejection {
                     .into()
             }
             UpstreamTimeout => "Gateway Timeout: the MCP server did not answer in time".into(),
+            CredentialUnconfirmed => {
+                "Service Unavailable: the MCP server cannot confirm this request's credentials \
+                 now, and nothing is served from memory or ended without it; retry after \
+                 Retry-After"
+                    .into()
+            }
             ForgedHop => "Forbidden: Tether-Hop headers not signed by a peer sidecar".into(),
             PeerUnavailable => {
                 "Service Unavailable: no routable pod could take this request; retry".into()
@@ -593,6 +607,7 @@ mod tests {
             CursorEvicted,
             TooManySessions,
             UpstreamUnavailable,
+            CredentialUnconfirmed,
             UpstreamLost,
             UpstreamNotReady,
             UpstreamTimeout,
@@ -646,6 +661,7 @@ mod tests {
                 | UpstreamLost
                 | UpstreamNotReady
                 | UpstreamTimeout
+                | CredentialUnconfirmed
                 | ForgedHop
                 | PeerUnavailable
                 | ResumeBudget
@@ -796,6 +812,12 @@ mod tests {
             ResumeBudget => {
                 "more resumes (`GET` + `Last-Event-ID`) reached this pod in a second than \
                  `--resume-budget` allows (a reconnect storm); retry after `Retry-After`"
+            }
+            CredentialUnconfirmed => {
+                "a resume, standalone GET, retry answered from memory or DELETE whose credential \
+                 the MCP server has not accepted for the session within `spec.auth.revalidate`, \
+                 while the server cannot judge it (unreachable, not ready, failing): nothing is \
+                 served or ended on an unconfirmed credential (with `Retry-After: 1`)"
             }
             UpstreamUnavailable => {
                 "the MCP server cannot be reached — it refuses connections — so the request \

@@ -378,6 +378,16 @@ impl Charge {
         }
     }
 
+    /// Whether [`Charge::try_resize`] to `bytes` would succeed now (changes nothing).
+    pub(crate) fn fits(&self, bytes: u64) -> bool {
+        if bytes <= self.bytes || self.kind != Kind::Journal {
+            return true;
+        }
+        let pod = &self.retained;
+        let others = pod.bytes(Kind::Tombstones) + pod.unsent();
+        others + pod.bytes(self.kind) + (bytes - self.bytes) <= pod.0.cap
+    }
+
     /// Holds `bytes` from now on, whatever the pod's cap (what another pod already accepted,
     /// and kinds without a cap).
     pub(crate) fn resize(&mut self, bytes: u64) {

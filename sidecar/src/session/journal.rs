@@ -9,7 +9,9 @@
 //! counts; its size is bounded and counted ([`Journal::bytes`]): at most
 //! [`MAX_SUBSCRIPTIONS`] subscriptions, at most the session's `--max-journal-bytes` in all; a
 //! request that would grow it past either is refused before it is sent upstream (the
-//! `initialize` itself is bounded by `--max-initialize-bytes` before the session exists).
+//! `initialize` itself is bounded by `--max-initialize-bytes` before the session exists), and an
+//! entry is recorded only once the MCP server accepted the request that carries it, so a
+//! credential the server refuses changes nothing.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +31,19 @@ pub(crate) enum JournalError {
     TooManySubscriptions,
     /// The pod's journals are full (what the admission callback refused).
     PodFull,
+}
+
+/// Whether `message` is of a kind the journal keeps (`notifications/initialized`,
+/// `logging/setLevel`, `resources/subscribe`, `resources/unsubscribe`).
+pub(crate) fn belongs(message: &Message) -> bool {
+    match message {
+        Message::Notification { method, .. } => method == "notifications/initialized",
+        Message::Request { method, .. } => matches!(
+            method.as_str(),
+            "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe"
+        ),
+        Message::Response => false,
+    }
 }
 
 /// A JSON value as compact text.

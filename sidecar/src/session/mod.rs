@@ -852,16 +852,35 @@ impl Session {
             ..
         } = &mut *st;
         let admit = |bytes: usize| journal_charge.try_resize(bytes as u64).is_ok();
-        match journal.record(message, raw, max_bytes, admit) {
-            Ok(_) => Ok(()),
-            Err(JournalError::TooLarge(limit)) => Err(Rejection::JournalFull(format!(
-                "its journal would exceed {limit} bytes (--max-journal-bytes)"
-            ))),
-            Err(JournalError::TooManySubscriptions) => Err(Rejection::JournalFull(format!(
-                "it holds {MAX_SUBSCRIPTIONS} resource subscriptions"
-            ))),
-            Err(JournalError::PodFull) => Err(Rejection::PodFull),
+        journal
+            .record(message, raw, max_bytes, admit)
+            .map(|_| ())
+            .map_err(journal_rejection)
+    }
+
+    /// Whether `entries` could be recorded in the journal now ([`Session::record`] of each, in
+    /// order), changing nothing: a request is refused before it is sent when its journal entry
+    /// would not fit, and recorded once the MCP server accepted it.
+    ///
+    /// # Errors
+    /// As [`Session::record`].
+    pub(crate) fn check_journal(
+        &self,
+        entries: &[(Message, Value)],
+        max_bytes: usize,
+    ) -> Result<(), Rejection> {
+        if entries.is_empty() {
+            return Ok(());
         }
+        let st = self.state.lock();
+        let mut journal = st.journal.clone();
+        for (message, raw) in entries {
+            let admit = |bytes: usize| st.journal_charge.fits(bytes as u64);
+            journal
+                .record(message, raw, max_bytes, admit)
+                .map_err(journal_rejection)?;
+        }
+        Ok(())
     }
 
     /// A copy of the journal.
@@ -1448,11 +1467,60 @@ impl Drop for BusyGuard {
     }
 }
 
+/// The rejection of a journal entry that does not fit.
+fn journal_rejection(e: JournalError) -> Rejection {
+    match e {
+        JournalError::TooLarge(limit) => Rejection::JournalFull(format!(
+            "its journal would exceed {limit} bytes (--max-journal-bytes)"
+        )),
+        JournalError::TooManySubscriptions => Rejection::JournalFull(format!(
+            "it holds {MAX_SUBSCRIPTIONS} resource subscriptions"
+        )),
+        JournalError::PodFull => Rejection::PodFull,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::fixtures::{ANY_ROOM, key, limits, session, stream};
     use super::*;
     use crate::stream::Head;
+
+    #[test]
+    fn a_journal_check_changes_nothing_and_refuses_what_recording_would() {
+        let s = session();
+        let entry = |method: &str, params: serde_json::Value| {
+            let raw =
+                serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+            let message = Message::Request {
+                id: crate::mcp::jsonrpc::RequestKey::of(&raw["id"]),
+                method: method.to_owned(),
+            };
+            (message, raw)
+        };
+        let level = entry("logging/setLevel", serde_json::json!({"level": "debug"}));
+        let before = s.journal();
+        s.check_journal(std::slice::from_ref(&level), 1 << 20)
+            .unwrap();
+        assert_eq!(s.journal(), before, "checked, not recorded");
+        let big = entry(
+            "resources/subscribe",
+            serde_json::json!({"uri": "u", "pad": "x".repeat(2_000)}),
+        );
+        let refused = s.check_journal(&[level.clone(), big.clone()], before.bytes() + 100);
+        assert!(
+            matches!(refused, Err(Rejection::JournalFull(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            s.record(&big.0, &big.1, before.bytes() + 100)
+                .map_err(|r| r.reason()),
+            Err("journal_full"),
+            "what the check refuses, recording refuses"
+        );
+        s.record(&level.0, &level.1, 1 << 20).unwrap();
+        assert_ne!(s.journal(), before);
+    }
 
     #[test]
     fn the_next_sweep_is_when_the_session_turns_idle_or_something_of_it_expires() {

@@ -94,6 +94,8 @@ impl StoredReply {
             | Rejection::PodFull
             | Rejection::TooManyCalls(_)
             | Rejection::PrincipalSessions
+            | Rejection::PrincipalRetained
+            | Rejection::CredentialUnconfirmed
             | Rejection::TooManyConnections
             | Rejection::SourceConnections
             | Rejection::TakeoverBudget

@@ -15,6 +15,7 @@ mod deletion;
 mod drain;
 mod faults;
 mod handoff;
+mod leaked_id;
 mod membership;
 mod mrtr;
 mod peer_trust;

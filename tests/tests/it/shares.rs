@@ -231,6 +231,12 @@ async fn one_caller_cannot_fill_the_pod_with_answers_it_never_reads() {
         (12_000.0..32_768.0).contains(&unsent),
         "{unsent} unsent bytes after {calls} calls: the caller's share and at most one call more"
     );
+    let echo = tool_call(99, "echo", json!({"text": "x"}), None);
+    let refused = mallory.post(Some(&sessions[0]), &echo, &[]).await.unwrap();
+    assert_eq!(header_str(&refused, "retry-after"), Some("1".into()));
+    expect_error(refused, StatusCode::TOO_MANY_REQUESTS, "principal_retained")
+        .await
+        .unwrap();
     // Everyone else is served as before: a new session, a call read to its end.
     let alice_session = alice.initialize("2025-11-25").await.unwrap();
     let answer = alice
