@@ -60,8 +60,10 @@ impl Broker {
         // The session's id and key now: its principal is a digest keyed by the key, and the
         // principal's share of the pod is weighed before anything is pinned for it.
         let (id, key) = self.minter.mint();
-        let cfg = self.cfg();
-        let binding = Binding::of(&call.headers, &cfg.forward_headers, cfg.binding, &key);
+        let binding = {
+            let cfg = self.cfg();
+            Binding::of(&call.headers, &cfg.forward_headers, cfg.binding, &key)
+        };
         self.admit_pinning(binding.and_then(|b| b.principal))?;
         // The journal keeps the `initialize` request as sent, for the session's life: its text
         // is what goes upstream, held against the pod's journal budget meanwhile.
@@ -131,7 +133,7 @@ impl Broker {
             self.retained(),
         );
         session.bind(binding);
-        session.remember_credentials(&call.headers, &cfg.forward_headers);
+        session.remember_credentials(&call.headers, &self.cfg().forward_headers);
         if let Err(no_room) = self.registry.insert(Arc::clone(&session)) {
             self.abandon_upstream(upstream_id, &call.headers).await;
             return Err(match no_room {
