@@ -126,7 +126,7 @@ pub(crate) fn apply_tail(broker: &Broker, tail: &TailPush) -> Result<usize, Adop
 /// # Errors
 /// [`AdoptError::NotHeld`] when no session with that id is here any more.
 pub(crate) async fn cancel_here(broker: &Arc<Broker>, push: &CancelPush) -> Result<(), AdoptError> {
-    let credentials = cancel_credentials(&push.credentials, &broker.cfg().forward_headers)
+    let credentials = cancel_credentials(&push.credentials.0, &broker.cfg().forward_headers)
         .map_err(AdoptError::Invalid)?;
     let session = broker
         .departed_session(&push.session)

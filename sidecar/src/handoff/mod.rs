@@ -37,7 +37,7 @@ use crate::metrics::Metrics;
 use crate::session::Session;
 use client::{Destination, PeerClient, SendError};
 use follow::Followed;
-use wire::{CancelPush, HeldAnswer, HeldQuery, SessionPush};
+use wire::{CancelPush, Credentials, HeldAnswer, HeldQuery, SessionPush};
 
 /// Sessions pushed at the same time.
 pub(crate) const MAX_PARALLEL_MOVES: usize = 64;
@@ -120,12 +120,15 @@ impl CancelRelay for Relay {
         let Some(peer) = handoff.router.view().peer(&writer).cloned() else {
             return;
         };
-        let credentials = credentials
-            .iter()
-            .filter_map(|(name, value)| {
-                Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-            })
-            .collect();
+        let credentials = Credentials(
+            credentials
+                .iter()
+                .filter_map(|(name, value)| {
+                    Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+                })
+                .collect(),
+        );
+        let carries_credentials = !credentials.0.is_empty();
         let push = CancelPush {
             from: handoff.router.uid().to_owned(),
             session,
@@ -138,6 +141,12 @@ impl CancelRelay for Relay {
         };
         tokio::spawn(async move {
             let protocol = handoff.router.health().protocol_for(&peer.uid).await;
+            if carries_credentials && protocol == FIRST_PROTOCOL {
+                // The first protocol authenticates nothing before the body: no credential goes
+                // there. The call runs to its end.
+                tracing::info!(peer = %peer.name, "a cancellation is not relayed to a first-protocol peer");
+                return;
+            }
             let to = handoff.destination(&peer, protocol);
             if let Err(e) = handoff
                 .client

@@ -267,8 +267,28 @@ pub(crate) struct CancelPush {
     /// The canceller's credential headers (lowercase name, value; at most
     /// [`MAX_CANCEL_CREDENTIALS`], names among the receiver's `spec.auth.forwardHeaders`): the
     /// cancellation reaches the MCP server with them, never with the session's own.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) credentials: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "Credentials::is_empty")]
+    pub(crate) credentials: Credentials,
+}
+
+/// Credential headers (lowercase name, value) carried by a [`CancelPush`]; their `Debug` shows
+/// the names only, so a logged message never shows a credential.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub(crate) struct Credentials(pub(crate) Vec<(String, String)>);
+
+impl Credentials {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(name, _)| name))
+            .finish()
+    }
 }
 
 /// Most credential headers a [`CancelPush`] carries (`spec.auth.forwardHeaders` lists at most
@@ -362,5 +382,36 @@ mod tests {
             assert!(v.get(field).is_none(), "{field} left out: {v}");
         }
         assert!(v["streams"][0].get("withdrawn").is_none(), "{v}");
+    }
+
+    #[test]
+    fn a_cancellations_credentials_travel_but_never_show_in_debug() {
+        let push = CancelPush {
+            from: "b".into(),
+            session: "s".into(),
+            request: RequestKey::of(&json!(2)),
+            notification: json!({"method": "notifications/cancelled"}),
+            credentials: Credentials(vec![("authorization".into(), "Bearer secret".into())]),
+        };
+        let text = serde_json::to_string(&push).unwrap();
+        assert!(
+            text.contains(r#""credentials":[["authorization","Bearer secret"]]"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<CancelPush>(&text).unwrap(), push);
+        let shown = format!("{push:?}");
+        assert!(
+            shown.contains("authorization") && !shown.contains("secret"),
+            "{shown}"
+        );
+        let anonymous = CancelPush {
+            credentials: Credentials::default(),
+            ..push
+        };
+        assert!(
+            !serde_json::to_string(&anonymous)
+                .unwrap()
+                .contains("credentials")
+        );
     }
 }

@@ -6,17 +6,20 @@
 //! the credentials the sidecar's own requests carry, and while the MCP server is down nothing
 //! is served from memory or ended on it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::json;
+use tether_tests::addr;
 use tether_tests::auth::Issuer;
 use tether_tests::call::{self, CallPlan};
 use tether_tests::client::{
     McpClient, Session, body_text, header_str, json_error, messages, tool_call,
 };
-use tether_tests::pod::{Pod, PodSpec};
+use tether_tests::pod::{Pod, PodSpec, UPSTREAM_PORT};
 use tether_tests::scenario::Scenario;
+use tether_tests::tap::Tap;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -45,18 +48,53 @@ async fn refused(client: &McpClient, session: &Session, body: &serde_json::Value
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{text}");
 }
 
+/// The journal messages a rebuild replayed (request ids `tether-replay-<n>`) among the requests
+/// `tap` saw.
+fn replayed(tap: &Tap) -> Vec<serde_json::Value> {
+    tap.recorded()
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(r.body()).ok())
+        .filter(|m| {
+            m["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("tether-replay-"))
+        })
+        .collect()
+}
+
+/// `logging/setLevel` to `level`, request `id`.
+fn set_level(id: u64, level: &str) -> serde_json::Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "logging/setLevel", "params": {"level": level}})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forged_token_cancels_nothing_and_never_becomes_the_sessions_credentials() {
+async fn a_forged_token_cancels_nothing_journals_nothing_and_never_becomes_the_sessions() {
     let issuer = Issuer::new().unwrap();
-    let pod = Pod::start(PodSpec {
-        server_args: issuer.server_args(),
-        ..PodSpec::default()
-    })
+    let (ip, front) = (addr::next_ip(), addr::next_ip());
+    // Between the sidecar and the MCP server, a tap that records what the sidecar sends.
+    let tap = Tap::start(
+        (front, UPSTREAM_PORT).into(),
+        (ip, UPSTREAM_PORT).into(),
+        Arc::new(|_: &str| false),
+    )
     .await
     .unwrap();
+    let spec = PodSpec {
+        server_args: issuer.server_args(),
+        upstream_via: Some(tap.addr),
+        ..PodSpec::default()
+    };
+    let mut pod = Pod::start_at(ip, spec).await.unwrap();
     let victim = pod.client();
-    victim.set_authorization(Some(alice(&issuer)));
+    let token = alice(&issuer);
+    victim.set_authorization(Some(token.clone()));
     let session = victim.initialize("2025-11-25").await.unwrap();
+    let set = victim
+        .post(Some(&session), &set_level(3, "warning"), &[])
+        .await
+        .unwrap();
+    assert_eq!(set.status(), StatusCode::OK);
+    drop(body_text(set).await);
     // Progress every 400 ms; the MCP server closes the SSE connection after the 2nd and the
     // sidecar resumes the upstream stream with the session's credentials (SEP-1699).
     let mut plan = CallPlan::steady(6, 400);
@@ -68,8 +106,9 @@ async fn a_forged_token_cancels_nothing_and_never_becomes_the_sessions_credentia
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mallory = mallory(pod.client());
     refused(&mallory, &session, &cancel(7)).await;
-    let subscribe = json!({"jsonrpc": "2.0", "id": 8, "method": "logging/setLevel",
-                           "params": {"level": "debug"}});
+    refused(&mallory, &session, &set_level(8, "debug")).await;
+    let subscribe = json!({"jsonrpc": "2.0", "id": 9, "method": "resources/subscribe",
+                           "params": {"uri": "file:///forged"}});
     refused(&mallory, &session, &subscribe).await;
     let out = running.await.unwrap().unwrap();
     assert_eq!(
@@ -83,12 +122,41 @@ async fn a_forged_token_cancels_nothing_and_never_becomes_the_sessions_credentia
         pod.metric("tether_upstream_resumes_total").await.unwrap(),
         1.0
     );
-    let stats = pod.stats().await.unwrap();
-    assert_eq!(
-        stats["unauthenticated"], 2,
-        "only the forged requests were refused; the resume carried alice's token: {stats}"
+    let resumes: Vec<_> = tap
+        .recorded()
+        .into_iter()
+        .filter(|r| r.head().starts_with("GET ") && r.header("last-event-id").is_some())
+        .collect();
+    assert!(!resumes.is_empty(), "the sidecar resumed the call's stream");
+    for resume in &resumes {
+        assert_eq!(
+            resume.header("authorization").as_deref(),
+            Some(token.as_str()),
+            "the session's credentials are alice's"
+        );
+    }
+    // The MCP server restarts: alice's next request rebuilds the session from its journal.
+    pod.restart_server().await.unwrap();
+    // The tap closes the sidecar's idle connections after the server's: let the sidecar see it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = victim
+        .call(&session, 10, "echo", json!({"text": "after the restart"}))
+        .await
+        .unwrap();
+    assert!(answer.iter().any(|m| m["result"].is_object()), "{answer:?}");
+    let replayed = replayed(&tap);
+    let levels: Vec<_> = replayed
+        .iter()
+        .filter(|m| m["method"] == "logging/setLevel")
+        .map(|m| m["params"]["level"].clone())
+        .collect();
+    assert_eq!(levels, [json!("warning")], "{replayed:?}");
+    assert!(
+        !replayed
+            .iter()
+            .any(|m| m["method"] == "resources/subscribe"),
+        "{replayed:?}"
     );
-    assert_eq!(stats["calls"]["victim"], 1, "{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
