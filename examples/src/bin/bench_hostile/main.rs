@@ -1,16 +1,31 @@
-//! `tether-bench-hostile`: what hostile requests cost a sidecar, on loopback (`make bench`).
+//! `tether-bench-hostile`: what hostile requests and floods cost a sidecar, on loopback
+//! (`make bench`).
 //!
-//! Starts one pod (example server + sidecar) and prints two tables:
+//! Prints three tables:
 //!
-//! - **CPU per request**: the sidecar's CPU time (every thread's, from
+//! - **CPU per request** (one pod, this file): the sidecar's CPU time (every thread's, from
 //!   `/proc/<pid>/task/*/schedstat`) over a run of each request, divided by the run's length, and
 //!   the answer's p50 — a 4 MiB JSON-RPC batch (95,000 members) without a session, with a forged
 //!   session id, and on a 2025-11-25 session (which may not batch); a request with a 1 MiB id;
 //!   and, for comparison in the same run, an `echo` call that is served.
-//! - **A session under fire**: `echo` call latency of one session, sequential, quiet and while
-//!   the hostile requests above arrive at a steady rate (2 per second by default).
+//! - **A session under fire** (the same pod): `echo` call latency of one session, sequential,
+//!   quiet and while the hostile requests above arrive at a steady rate (2 per second by
+//!   default).
+//! - **Floods** ([`floods`], a second pod whose MCP server requires bearer JWTs): a *victim* —
+//!   its own principal, its own loopback source address — calls `echo` in its session, one call
+//!   after another, while an *attacker* (another principal, other source addresses) floods the
+//!   pod for `--flood-seconds`, one flood per row, all in the same run: nothing (the baseline),
+//!   unread answers, silent connections on the MCP port, half-sent heads on the admin port,
+//!   walked-away calls, a session flood by one principal, `/drained` waiters, unpolled tasks.
+//!   Each row gives what the attacker did and what the sidecar counted of it, the victim's
+//!   `echo` p50 / p99 / errors, a `/readyz` probe's p99 (a kubelet of its own address) and the
+//!   sidecar's RSS before, at its peak and after the pod settled ([`watch`]).
 //!
+//! `--floods-only` skips the first two tables; `--flood-rows` picks rows of the third.
 //! Release binaries give the meaningful figures (`make bench` builds them).
+
+mod floods;
+mod watch;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -40,6 +55,12 @@ struct Args {
     /// Hostile requests per second while under fire.
     #[arg(long, default_value_t = 2)]
     rate: u32,
+    /// Print the Floods table only.
+    #[arg(long)]
+    floods_only: bool,
+    /// The Floods table's knobs.
+    #[command(flatten)]
+    floods: floods::Knobs,
 }
 
 type Outcome<T> = Result<T, String>;
@@ -47,20 +68,29 @@ type Outcome<T> = Result<T, String>;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let pod = match Pod::start_default().await {
-        Ok(pod) => pod,
-        Err(e) => {
-            eprintln!("tether-bench-hostile: cannot start the pod: {e}");
-            return ExitCode::FAILURE;
+    if !args.floods_only {
+        let pod = match Pod::start_default().await {
+            Ok(pod) => pod,
+            Err(e) => {
+                eprintln!("tether-bench-hostile: cannot start the pod: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match run(&pod, &args).await {
+            Ok(tables) => println!("{tables}\n"),
+            Err(e) => {
+                eprintln!("tether-bench-hostile: {e}\n{}", pod.logs());
+                return ExitCode::FAILURE;
+            }
         }
-    };
-    match run(&pod, &args).await {
-        Ok(tables) => {
-            println!("{tables}");
+    }
+    match floods::table(&args.floods).await {
+        Ok(table) => {
+            println!("{table}");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("tether-bench-hostile: {e}\n{}", pod.logs());
+            eprintln!("tether-bench-hostile: floods: {e}");
             ExitCode::FAILURE
         }
     }
