@@ -257,7 +257,7 @@ pub struct Cli {
     pub max_principal_calls: usize,
     /// Most session requests running at the MCP server at once on this pod
     /// (`tether_calls_in_flight`); a further one gets 429 `pod_calls` + `Retry-After`. Each
-    /// costs the sidecar about 48 KiB while it runs (`tether_retained_bytes{kind="calls"}`), so
+    /// costs the sidecar about 100 KiB while it runs (`tether_retained_bytes{kind="calls"}`), so
     /// the default follows the container: as many as fit in a quarter of `--memory-limit`,
     /// else 4,096.
     #[arg(long, env = "TETHER_MAX_CALLS", value_name = "N")]

@@ -620,8 +620,8 @@ mod tests {
         assert_eq!(cli(&[]).max_calls(), 4096);
         assert_eq!(
             cli(&["--memory-limit", "268435456"]).max_calls(),
-            1365,
-            "a quarter of 256 MiB in calls of 48 KiB"
+            655,
+            "a quarter of 256 MiB in calls of 100 KiB"
         );
         let both = ["--memory-limit", "268435456", "--max-calls", "10"];
         assert_eq!(cli(&both).max_calls(), 10);

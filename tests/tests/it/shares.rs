@@ -75,7 +75,7 @@ async fn calls_a_client_walked_away_from_are_bounded_per_session_and_per_pod() {
         )
         .await
         .unwrap();
-    assert_eq!(bytes, 3.0 * 48.0 * 1024.0, "and their cost shown");
+    assert_eq!(bytes, 3.0 * 100.0 * 1024.0, "and their cost shown");
     assert_eq!(
         call_and_walk_away(&client, &greedy, "greedy-3").await,
         Err((StatusCode::TOO_MANY_REQUESTS, "session_calls".into()))
