@@ -127,12 +127,10 @@ async fn one_principal_holds_its_share_of_the_sessions_and_the_others_the_rest()
     })
     .await
     .unwrap();
-    let as_user = |sub: &str| {
-        let client = pod.client();
-        client.set_authorization(Some(issuer.bearer("https://idp.example", sub, HOUR)));
-        client
-    };
-    let (mallory, alice) = (as_user("mallory"), as_user("alice"));
+    let (mallory, alice) = (
+        as_user(&pod, &issuer, "mallory"),
+        as_user(&pod, &issuer, "alice"),
+    );
     for _ in 0..3 {
         mallory.initialize("2025-11-25").await.unwrap();
     }
@@ -200,12 +198,10 @@ async fn one_caller_cannot_fill_the_pod_with_answers_it_never_reads() {
     })
     .await
     .unwrap();
-    let as_user = |sub: &str| {
-        let client = pod.client();
-        client.set_authorization(Some(issuer.bearer("https://idp.example", sub, HOUR)));
-        client
-    };
-    let (mallory, alice) = (as_user("mallory"), as_user("alice"));
+    let (mallory, alice) = (
+        as_user(&pod, &issuer, "mallory"),
+        as_user(&pod, &issuer, "alice"),
+    );
     let mallorys = issuer.bearer("https://idp.example", "mallory", HOUR);
     mallory.set_authorization(Some(mallorys.clone()));
     let sessions = [
@@ -350,6 +346,13 @@ async fn a_full_pod_sheds_the_callers_over_their_fair_share_and_admits_the_other
         .await
         .unwrap();
     assert_eq!(answer.last().and_then(result_text), Some("done 3"));
+}
+
+/// A client of `pod` presenting `sub`'s token from `issuer`.
+fn as_user(pod: &Pod, issuer: &Issuer, sub: &str) -> McpClient {
+    let client = pod.client();
+    client.set_authorization(Some(issuer.bearer("https://idp.example", sub, HOUR)));
+    client
 }
 
 const HOUR: Duration = Duration::from_secs(3600);
