@@ -124,6 +124,11 @@ impl<K: Eq + Hash, V> Bounded<K, V> {
         forgotten
     }
 
+    /// How many entries it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
     /// Every entry, oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.slots.iter().flatten().map(|(k, v)| (k, v))

@@ -56,6 +56,13 @@ pub(crate) const MAX_REQUEST_RECORDS: usize = 16384;
 /// id, digest, stream key; the ring's room; its place in the index), for
 /// `tether_retained_bytes{kind="records"}`.
 const RECORD_OVERHEAD: u64 = 96;
+/// How long after a walk of a session's retry state that could not bring it within its window
+/// (`--retry-window`, `--retry-window-bytes`: everything beyond still in use) the next such
+/// walk waits: until then the session may stay over its window — its budget
+/// (`--max-session-retry-bytes`) is still enforced at once —, so that a flood of requests whose
+/// answers nobody reads costs one walk per pace, not one walk of thousands of streams per
+/// request.
+const WINDOW_WALK_PACE: Duration = Duration::from_millis(50);
 
 /// What the retry record of request `id` takes: its id and the rest.
 fn record_bytes(id: &RequestKey) -> u64 {
@@ -151,6 +158,10 @@ struct State {
     tombstones_charge: Charge,
     /// How many answered requests stay replayable (the latest a request brought).
     window: RetryWindow,
+    /// When the last walk of the retry state could not bring it within its window, everything
+    /// beyond still in use; the next walk of the window waits [`WINDOW_WALK_PACE`] from then
+    /// ([`Session::trim_window`]).
+    crowded_at: Option<Instant>,
     /// The SSE stream that answered `initialize`, until it is spent and the session's next
     /// message arrived ([`Session::forget_initialize_stream`]).
     initialize_stream: Option<StreamKey>,
@@ -397,6 +408,7 @@ impl Session {
                 reuses_ids: false,
                 tombstones_charge: retained.charge(Kind::Tombstones),
                 window: RetryWindow::DEFAULT,
+                crowded_at: None,
                 initialize_stream: None,
                 entering: 0,
                 handoff: HandoffState::Held,
@@ -999,34 +1011,69 @@ impl Session {
     /// over requests still in use only), their ids buried and their streams forgotten; then
     /// spent streams beyond the window (streams no record leads to) and retry state beyond
     /// `bytes` ([`Session::shed`]).
+    ///
+    /// A walk that falls short of ⅞ of the window, everything beyond still in use, makes the
+    /// next one wait [`WINDOW_WALK_PACE`].
     fn trim_window(st: &mut State, now: Instant) {
-        let State {
-            streams, requests, ..
-        } = st;
-        let forgotten = requests.forget_oldest_beyond(st.window.requests, |_, rec| {
-            streams
-                .get(&rec.stream)
-                .is_none_or(|s| s.kind().answers_requests() && s.is_spent(now))
-        });
-        if !forgotten.is_empty() {
-            let bytes = st.records_charge.bytes() - forgotten.iter().map(record_bytes).sum::<u64>();
-            st.records_charge.resize(bytes);
-            for id in &forgotten {
-                Self::bury(st, id, now);
-            }
+        if Self::paced(st, now) {
+            return;
         }
-        let mut i = 0;
-        while st.stream_count() > st.window.requests && i < st.stream_order.len() {
-            match st.streams.get(&st.stream_order[i]) {
-                Some(s) if !(s.kind().answers_requests() && s.is_spent(now)) => i += 1,
-                _ => {
-                    if let Some(key) = st.stream_order.remove(i) {
-                        st.forget(&key);
+        let limit = st.window.bytes;
+        let over_bytes = Self::retry_bytes(st) > limit;
+        let crowded = Self::walk_window(st, now);
+        Self::shed(st, limit, now);
+        let shed_short = over_bytes && Self::retry_bytes(st) > limit / 8 * 7;
+        st.crowded_at = (crowded || shed_short).then_some(now);
+    }
+
+    /// Whether a walk less than [`WINDOW_WALK_PACE`] ago found the session crowded: it fell
+    /// short of ⅞ of the window, everything beyond still in use.
+    fn paced(st: &State, now: Instant) -> bool {
+        st.crowded_at
+            .is_some_and(|at| now.saturating_duration_since(at) < WINDOW_WALK_PACE)
+    }
+
+    /// Once the session keeps more than its window's count of records or streams, forgets
+    /// what [`Session::trim_window`] forgets down to ⅞ of the count (room for the next requests
+    /// without another walk), stepping over what is still in use; whether it fell short of ⅞.
+    fn walk_window(st: &mut State, now: Instant) -> bool {
+        let keep = st.window.requests;
+        let room = keep - keep / 8;
+        let mut short = false;
+        if st.requests.len() > keep {
+            let State {
+                streams, requests, ..
+            } = st;
+            let forgotten = requests.forget_oldest_beyond(room, |_, rec| {
+                streams
+                    .get(&rec.stream)
+                    .is_none_or(|s| s.kind().answers_requests() && s.is_spent(now))
+            });
+            if !forgotten.is_empty() {
+                let bytes =
+                    st.records_charge.bytes() - forgotten.iter().map(record_bytes).sum::<u64>();
+                st.records_charge.resize(bytes);
+                for id in &forgotten {
+                    Self::bury(st, id, now);
+                }
+            }
+            short = st.requests.len() > room;
+        }
+        if st.stream_count() > keep {
+            let mut i = 0;
+            while st.stream_count() > room && i < st.stream_order.len() {
+                match st.streams.get(&st.stream_order[i]) {
+                    Some(s) if !(s.kind().answers_requests() && s.is_spent(now)) => i += 1,
+                    _ => {
+                        if let Some(key) = st.stream_order.remove(i) {
+                            st.forget(&key);
+                        }
                     }
                 }
             }
+            short |= st.stream_count() > room;
         }
-        Self::shed(st, st.window.bytes, now);
+        short
     }
 
     /// Leaves a tombstone for request `id`, until the window's TTL from now.
@@ -1255,6 +1302,8 @@ impl Session {
         }
     }
 
+    /// Registers `stream`; beyond [`MAX_STREAMS`] the oldest complete streams nobody reads
+    /// are forgotten, as many as are beyond (a walk that stops there).
     fn insert_stream(st: &mut State, stream: &Arc<Stream>) {
         stream.count_replies_in(&st.replies);
         if let Some(observer) = &st.observer {
@@ -1266,24 +1315,21 @@ impl Session {
         st.streams.insert(stream.key().clone(), Arc::clone(stream));
         st.stream_order.push_back(stream.key().clone());
         let mut budget = st.stream_order.len().saturating_sub(MAX_STREAMS);
-        if budget == 0 {
-            return;
-        }
-        let mut kept = VecDeque::with_capacity(st.stream_order.len());
-        while let Some(key) = st.stream_order.pop_front() {
-            let forget = budget > 0
-                && st
-                    .streams
-                    .get(&key)
-                    .is_none_or(|s| s.is_complete() && !s.is_active());
+        let mut i = 0;
+        while budget > 0 && i < st.stream_order.len() {
+            let forget = st
+                .streams
+                .get(&st.stream_order[i])
+                .is_none_or(|s| s.is_complete() && !s.is_active());
             if forget {
-                st.forget(&key);
+                if let Some(key) = st.stream_order.remove(i) {
+                    st.forget(&key);
+                }
                 budget -= 1;
             } else {
-                kept.push_back(key);
+                i += 1;
             }
         }
-        st.stream_order = kept;
     }
 
     /// The stream with `key`, if this session has it.
@@ -1937,6 +1983,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_window_crowded_with_answers_nobody_read_is_walked_once_per_pace() {
+        let s = session();
+        let (room, reply) = window_of(2, u64::MAX);
+        let claim = |i: i64| {
+            let st = stream(&s, &[key(i)]);
+            assert!(matches!(
+                s.claim(&[key(i)], [1; 32], &st, room),
+                Dedupe::New
+            ));
+            s.keep_reply(&st, reply.clone(), u64::MAX);
+            st
+        };
+        let first = claim(1);
+        let _unread = [claim(2), claim(3)];
+        assert!(
+            s.state.lock().crowded_at.is_some(),
+            "three answers nobody read in a window of two: the walk forgot none"
+        );
+        assert!(matches!(first.wait_head().await, Head::Stored(_)), "served");
+        let _fourth = claim(4);
+        assert!(
+            s.state.lock().requests.contains(&key(1)),
+            "within the pace, no walk: the spent record stays"
+        );
+        s.state.lock().crowded_at = Some(Instant::now() - WINDOW_WALK_PACE);
+        let _fifth = claim(5);
+        let st = s.state.lock();
+        assert!(
+            !st.requests.contains(&key(1)),
+            "the pace over, the walk forgot the spent record"
+        );
+        assert!(st.requests.contains(&key(2)), "an unread answer stays");
+        assert!(st.crowded_at.is_some(), "still crowded: walked again later");
+    }
+
+    #[tokio::test]
     async fn a_handed_answer_becomes_a_compact_record_that_retries_and_handoffs_replay() {
         let s = session();
         let (room, reply) = window_of(8, u64::MAX);
@@ -2005,7 +2087,7 @@ mod tests {
     #[test]
     fn tombstones_expire_with_the_ttl() {
         let s = session();
-        let (room, reply) = window_of(1, 0);
+        let (room, reply) = window_of(1, u64::MAX);
         for i in 1..=3 {
             let st = stream(&s, &[key(i)]);
             s.claim(&[key(i)], [1; 32], &st, room);
@@ -2013,7 +2095,7 @@ mod tests {
             drop(futures::executor::block_on(st.wait_head()));
         }
         let buried = s.state.lock().tombstones.bytes();
-        assert!(buried > 0, "a window of no bytes buries what it forgets");
+        assert!(buried > 0, "a window of one request buries what it forgets");
         s.evict_expired(Instant::now() + Duration::from_secs(61));
         assert_eq!(s.state.lock().tombstones_charge.bytes(), 0);
         let st = stream(&s, &[key(1)]);
