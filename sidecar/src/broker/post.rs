@@ -126,6 +126,16 @@ impl Broker {
         } else {
             StreamKind::Post
         };
+        // A new request over a bound of calls in flight is refused before anything is built
+        // for it: a refusal that made a stream and a record cost a flood as much as a call.
+        // A retry still joins or replays its request.
+        let principal = session.binding().and_then(|b| b.principal);
+        let taken = if session.is_new(&ids, envelope.digest) {
+            let taken = self.calls.take(session.digest(), principal, ids.len());
+            Some(taken.map_err(Rejection::TooManyCalls)?)
+        } else {
+            None
+        };
         let stream = self.new_stream(&session, kind, ids.clone());
         let claimed = session.claim(&ids, envelope.digest, &stream, self.retry_room());
         // The stream is registered: a handoff from now on carries it.
@@ -177,8 +187,11 @@ impl Broker {
                 }
                 // A request sent now holds call slots until its exchange ends (a retry that
                 // joins it takes none); over a bound it is not sent, and a later retry is.
-                let principal = session.binding().and_then(|b| b.principal);
-                let slots = match self.calls.take(session.digest(), principal, ids.len()) {
+                let slots = taken.map_or_else(
+                    || self.calls.take(session.digest(), principal, ids.len()),
+                    Ok,
+                );
+                let slots = match slots {
                     Ok(slots) => Some(slots),
                     Err(scope) => {
                         let rejection = Rejection::TooManyCalls(scope);

@@ -960,6 +960,13 @@ impl Session {
         BusyGuard(Arc::clone(self))
     }
 
+    /// Whether the request ids of a POST are new to the session (or reuse answered ids): what
+    /// [`Session::claim`] would register rather than join, replay or refuse, as of now.
+    pub(crate) fn is_new(&self, ids: &[RequestKey], digest: [u8; 32]) -> bool {
+        let verdict = Self::classify(&self.state.lock(), ids, digest);
+        matches!(verdict, Dedupe::New | Dedupe::Reused)
+    }
+
     /// Classifies the request ids of a POST against the session's records and, when they are
     /// new and their records fit in `room`, registers `stream` for them, atomically (concurrent
     /// retries dispatch once). To make room, spent streams ([`Stream::is_spent`]) are
