@@ -746,6 +746,34 @@ impl McpClient {
         Ok(resp)
     }
 
+    /// Calls the `echo` tool with `text` (request id `id`): `Ok` when answered 200 within
+    /// `within` with a result carrying `text`.
+    ///
+    /// # Errors
+    /// [`HarnessError::Status`] for any other answer, [`HarnessError::Http`] when the exchange
+    /// fails or takes longer than `within`.
+    pub async fn echo(
+        &self,
+        session: &Session,
+        id: u64,
+        text: &str,
+        within: Duration,
+    ) -> Result<()> {
+        let call = tool_call(id, "echo", json!({"text": text}), None);
+        let (status, body) = tokio::time::timeout(within, self.post_text(Some(session), &call))
+            .await
+            .map_err(|_| HarnessError::Http(format!("echo: no answer within {within:?}")))??;
+        if status == StatusCode::OK && body.contains(r#""result""#) && body.contains(text) {
+            Ok(())
+        } else {
+            Err(HarnessError::Status {
+                what: "echo".to_owned(),
+                status,
+                body,
+            })
+        }
+    }
+
     /// Calls a tool and returns all messages of the answer.
     ///
     /// # Errors

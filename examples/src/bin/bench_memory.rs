@@ -46,11 +46,11 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use parking_lot::Mutex;
 use serde_json::json;
-use tether_tests::bins;
 use tether_tests::client::{McpClient, Session, body_text, initialize_body, tool_call};
 use tether_tests::load::{executed_twice, quantile};
 use tether_tests::pod::{Pod, PodSpec, Upstream, family_samples};
 use tether_tests::table;
+use tether_tests::{HarnessError, bins};
 use tokio::sync::Semaphore;
 
 /// Command line.
@@ -624,21 +624,11 @@ async fn open_sessions(
 
 /// One `echo` call with request id `id`, bounded; `Ok` when answered 200 with the text.
 async fn echo(client: &McpClient, session: &Session, id: u64) -> Outcome<()> {
-    let call = tool_call(id, "echo", json!({"text": "bench"}), None);
-    let exchange = async {
-        let (status, text) = client
-            .post_text(Some(session), &call)
-            .await
-            .map_err(|e| e.to_string())?;
-        if status == StatusCode::OK && text.contains("bench") {
-            Ok(())
-        } else {
-            Err(answered("echo", status, &text))
-        }
-    };
-    tokio::time::timeout(REQUEST_TIMEOUT, exchange)
-        .await
-        .map_err(|_| "echo: no answer within 30 s".to_owned())?
+    match client.echo(session, id, "bench", REQUEST_TIMEOUT).await {
+        Ok(()) => Ok(()),
+        Err(HarnessError::Status { status, body, .. }) => Err(answered("echo", status, &body)),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// `total` `echo` calls by `users` users in a closed loop, user `u` on session `u % len`; the

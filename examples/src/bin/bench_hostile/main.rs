@@ -33,11 +33,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use http::StatusCode;
 use serde_json::{Value, json};
 use tether_tests::client::{McpClient, Session, body_text};
 use tether_tests::load::quantile;
 use tether_tests::pod::Pod;
+
+use crate::watch::echo;
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -262,21 +263,6 @@ async fn refused(client: &McpClient, h: &Hostile) -> Outcome<()> {
         Ok(())
     } else {
         Err(format!("{} answered {status}: {text:.200}", h.name))
-    }
-}
-
-/// One `echo` call with request id `id`, answered 200.
-async fn echo(client: &McpClient, session: &Session, id: u64) -> Outcome<()> {
-    let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-        "params": {"name": "echo", "arguments": {"text": "bench"}}});
-    let (status, text) = client
-        .post_text(Some(session), &call)
-        .await
-        .map_err(|e| e.to_string())?;
-    if status == StatusCode::OK && text.contains("bench") {
-        Ok(())
-    } else {
-        Err(format!("echo answered {status}: {text:.200}"))
     }
 }
 

@@ -23,8 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use serde_json::json;
-use tether_tests::client::{Http, McpClient, Session, body_text, tool_call};
+use tether_tests::client::{Http, McpClient, Session};
 use tether_tests::pod::{Pod, family_samples, process_cpu};
 
 use crate::Outcome;
@@ -123,25 +122,13 @@ impl Victim {
     }
 }
 
-/// One `echo` call with request id `id`: anything but a 200 carrying its result is an error.
-async fn echo(client: &McpClient, session: &Session, id: u64) -> Outcome<()> {
-    let call = tool_call(id, "echo", json!({"text": "victim"}), None);
-    let answered = tokio::time::timeout(REQUEST_TIMEOUT, async {
-        let resp = client.post(Some(session), &call, &[]).await?;
-        let status = resp.status();
-        Ok::<_, tether_tests::HarnessError>((status, body_text(resp).await?))
-    })
-    .await;
-    match answered {
-        Err(_) => Err(format!("echo: no answer within {REQUEST_TIMEOUT:?}")),
-        Ok(Err(e)) => Err(format!("echo: {e}")),
-        Ok(Ok((StatusCode::OK, text)))
-            if text.contains(r#""result""#) && text.contains("victim") =>
-        {
-            Ok(())
-        }
-        Ok(Ok((status, text))) => Err(format!("echo answered {status}: {text:.200}")),
-    }
+/// One `echo` call of the victim with request id `id`: anything but a 200 carrying its result
+/// within [`REQUEST_TIMEOUT`] is an error.
+pub(crate) async fn echo(client: &McpClient, session: &Session, id: u64) -> Outcome<()> {
+    client
+        .echo(session, id, "victim", REQUEST_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// `GET /readyz`, answered 200.
