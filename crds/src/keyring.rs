@@ -135,13 +135,12 @@ impl Generation {
         Self::with_key(label, key.as_bytes())
     }
 
-    /// A generation around an existing HMAC `key` with a new CA and leaf, whose common names
-    /// carry the key's id as [`Generation::new`]'s do: the operator keeps the key of a Secret
-    /// from before the key ring and adds the certificates.
+    /// A generation around the HMAC `key` with a new CA and leaf, whose common names carry the
+    /// key's id.
     ///
     /// # Errors
     /// [`GenerateError`] as [`Generation::new`].
-    pub fn with_key(label: &str, key: &[u8]) -> Result<Self, GenerateError> {
+    fn with_key(label: &str, key: &[u8]) -> Result<Self, GenerateError> {
         use rcgen::{
             BasicConstraints, CertificateParams, DistinguishedName, DnType,
             ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,

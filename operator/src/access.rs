@@ -48,10 +48,12 @@ pub const RECONCILE: &[Access] = &[
         resources: &["deployments"],
         verbs: &["get", "list", "watch", "patch"],
     },
+    // Listed only (by the target's selector or the injection's label): the pods' reports
+    // during a rotation, the retirement of the dedicated ServiceAccount, the finalizer's wait.
     Access {
         group: "",
         resources: &["pods"],
-        verbs: READ,
+        verbs: &["list"],
     },
     // Granted on to the sidecars' Role (their membership reads the peer Service's slices).
     Access {
@@ -106,16 +108,6 @@ pub const RECONCILE: &[Access] = &[
 pub const SIDECAR: &[Access] = &[Access {
     group: "discovery.k8s.io",
     resources: &["endpointslices"],
-    verbs: READ,
-}];
-
-/// What sidecars of releases before the EndpointSlice membership watch (their Pods): kept in
-/// the sidecars' Role, besides [`SIDECAR`], only while a pod of the target still runs such a
-/// sidecar (`dereference::Live::pods_watch_pods`), so an upgrade's old pods keep their view of
-/// the new ones until they are gone.
-pub const SIDECAR_POD_WATCH: &[Access] = &[Access {
-    group: "",
-    resources: &["pods"],
     verbs: READ,
 }];
 

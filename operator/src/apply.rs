@@ -15,8 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::error::Error;
-use crate::fields;
-use crate::names::{LEGACY_FIELD_MANAGER, Names};
+use crate::names::Names;
 use crate::plan::inject;
 use crate::plan::keys::KeyStep;
 use crate::plan::steps::{Ensure, Retire, Step, Steps};
@@ -75,14 +74,11 @@ pub(crate) async fn steps(
     })
 }
 
-/// Applies the injection without force when `Steps::injection_sent`; returns whether the pod
-/// template changed (the Deployment's `metadata.generation` moved), or the conflict that kept
-/// it from writing. Fields the operator's field manager from before each endpoint had its own
-/// still manages (`Steps::legacy_manager`) are taken over (force) when they are the only
-/// conflict, and that manager is released once the endpoint's own holds the injection. Before
-/// that, the old manager applies today's injection itself, so that what it alone holds of an
-/// older one (a hook handler of another type, say) is pruned rather than merged with today's
-/// into a template the API server refuses.
+/// Applies the injection without force unless the Deployment holds all of it
+/// (`Ensure::covered`); returns whether the pod template changed (the Deployment's
+/// `metadata.generation` moved), or the conflict that kept it from writing. A conflict that
+/// lies only in what tether alone puts into the pod template ([`inject::is_own_field`]) is
+/// resolved with force.
 async fn inject(
     api: &Api<Deployment>,
     names: &Names,
@@ -91,22 +87,14 @@ async fn inject(
 ) -> Result<Result<bool, Conflict>, Error> {
     let live = steps.injection.live;
     let body = &steps.injection.desired;
-    if !steps.injection_sent(body)? {
+    if steps.injection.covered(body)? {
         return Ok(Ok(false));
     }
-    if steps.legacy_manager {
-        match send(api, body, &Manager::legacy(), written).await {
-            Ok(_) | Err(Error::Kube(kube::Error::Api(_))) => {}
-            Err(other) => return Err(other),
-        }
-    }
-    let mut answer = match send(api, body, &Manager::gentle(names), written).await {
+    let answer = match send(api, body, &Manager::gentle(names), written).await {
         Ok(answer) => answer,
         Err(Error::Kube(kube::Error::Api(status))) if status.code == 409 => {
             let conflicts = field_conflicts(&status);
-            let ours = |(field, manager): &(String, String)| {
-                manager == LEGACY_FIELD_MANAGER || inject::is_own_field(field)
-            };
+            let ours = |(field, _): &(String, String)| inject::is_own_field(field);
             if conflicts.is_empty() || !conflicts.iter().all(ours) {
                 let hint = Hint {
                     grace: steps.grace_needed,
@@ -117,11 +105,6 @@ async fn inject(
         }
         Err(other) => return Err(other),
     };
-    if steps.legacy_manager
-        && let Some(name) = live.and_then(|l| l.metadata.name.as_deref())
-    {
-        answer = release(api, &names.namespace, name, LEGACY_FIELD_MANAGER).await?;
-    }
     let generation = |d: Option<&Deployment>| d.and_then(|d| d.metadata.generation);
     Ok(Ok(generation(Some(&answer)) != generation(live)))
 }
@@ -183,8 +166,7 @@ fn field_conflict(conflicts: &[(String, String)], message: &str, hint: &Hint) ->
     )
 }
 
-/// Server-side applies the status `status` of the endpoint `names` (a `K`), and releases what
-/// the operator's field manager from before each endpoint had its own holds there.
+/// Server-side applies the status `status` of the endpoint `names` (a `K`).
 ///
 /// # Errors
 /// [`Error::Kube`] when the request fails.
@@ -202,17 +184,8 @@ where
         "status": status,
     });
     let manager = Manager::forced(names);
-    let answer = api
-        .patch_status(&names.endpoint, &manager.0, &Patch::Apply(&body))
+    api.patch_status(&names.endpoint, &manager.0, &Patch::Apply(&body))
         .await?;
-    // The operator's manager from before each endpoint had its own would keep the status
-    // fields it alone still holds (counts of an outcome that no longer has them): release it.
-    if fields::applies(answer.meta(), LEGACY_FIELD_MANAGER, Some("status")) {
-        let empty = json!({"apiVersion": K::api_version(&()), "kind": K::kind(&())});
-        let params = PatchParams::apply(LEGACY_FIELD_MANAGER);
-        api.patch_status(&names.endpoint, &params, &Patch::Apply(&empty))
-            .await?;
-    }
     Ok(())
 }
 
@@ -253,11 +226,6 @@ impl Manager {
     /// The endpoint's manager, not forced: for the user's Deployment.
     fn gentle(names: &Names) -> Self {
         Self(PatchParams::apply(&names.field_manager()))
-    }
-
-    /// The operator's manager from before each endpoint had its own, not forced.
-    fn legacy() -> Self {
-        Self(PatchParams::apply(LEGACY_FIELD_MANAGER))
     }
 }
 

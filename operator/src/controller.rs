@@ -20,9 +20,10 @@ use crate::apply::{self, Written};
 use crate::dereference;
 use crate::error::Error;
 use crate::events::Events;
+use crate::fields;
 use crate::keys::{self, Asks};
 use crate::names::{FINALIZER, Names, OPERATOR};
-use crate::plan::{self, Defaults, inject, plan};
+use crate::plan::{self, Defaults, plan};
 use crate::reports::{self, HttpReports, KeyReports};
 use crate::status::{self, Outcome, PodCounts};
 use crate::validate::{Target, validate};
@@ -300,18 +301,14 @@ async fn cleanup(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     let names = Names::of(ep).ok_or(Error::Unnamed)?;
     let target_name = &ep.spec.target_ref.name;
     let target = dereference::target(&ctx.client, &names, target_name).await?;
-    if let Some(deployment) = &target {
+    let manager = names.field_manager();
+    let applied = |d: &Deployment| fields::applies(&d.metadata, &manager);
+    if target.as_ref().is_some_and(applied) {
         let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &names.namespace);
-        let managers = inject::releases(deployment, &names);
-        for manager in &managers {
-            apply::release(&deployments, &names.namespace, target_name, manager).await?;
-        }
-        if !managers.is_empty() {
-            let note =
-                format!("removed the sidecar from Deployment {target_name:?}; its pods roll");
-            ctx.event(ep, EventType::Normal, "InjectionRemoved", note)
-                .await;
-        }
+        apply::release(&deployments, &names.namespace, target_name, &manager).await?;
+        let note = format!("removed the sidecar from Deployment {target_name:?}; its pods roll");
+        ctx.event(ep, EventType::Normal, "InjectionRemoved", note)
+            .await;
     }
     let pods = dereference::injected_pods(&ctx.client, &names, target.as_ref()).await?;
     if pods > 0 {

@@ -16,11 +16,10 @@ use kube::api::{Api, ListParams};
 use kube::core::{Selector, SelectorExt};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
-use tether_crds::keyring::CURRENT_KEY;
 
 use crate::admission;
 use crate::error::Error;
-use crate::names::{INJECTED_ANNOTATION, Names, SIDECAR_CONTAINER};
+use crate::names::{INJECTED_ANNOTATION, Names};
 use crate::validate::{Target, render_selector};
 
 /// The live objects one reconcile of a valid target acts on, as read before it writes.
@@ -28,9 +27,7 @@ use crate::validate::{Target, render_selector};
 pub(crate) struct Live {
     /// The config ConfigMap.
     pub config_map: Option<ConfigMap>,
-    /// The key-ring Secret ([`Names::secret`]), whoever controls it, with its data; when it is
-    /// missing, the Secret from before the key ring that the endpoint controls and its pods
-    /// mounted ([`Names::legacy_secrets`]), whose key a new ring keeps.
+    /// The key-ring Secret ([`Names::secret`]), whoever controls it, with its data.
     pub key_ring: Found,
     /// The client Service, then the headless peer Service.
     pub services: [Option<Service>; 2],
@@ -42,11 +39,6 @@ pub(crate) struct Live {
     pub pods_run_as_ours: bool,
     /// The sidecar's Role.
     pub role: Option<Role>,
-    /// Whether a pod of the target still runs a sidecar of a release that watched Pods (its
-    /// environment names [`LEGACY_POD_SELECTOR_ENV`]) while the live Role still grants that
-    /// watch: the Role keeps it until those pods are gone. Listed only while the Role grants
-    /// Pods.
-    pub pods_watch_pods: bool,
     /// The sidecar's RoleBinding.
     pub role_binding: Option<RoleBinding>,
     /// The target's pods, listed only when the key ring's decision waits for their reports
@@ -59,45 +51,15 @@ pub(crate) struct Live {
 }
 
 /// What the reconcile found of the endpoint's key ring.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub(crate) enum Found {
     /// The key-ring Secret, controlled by the endpoint.
     Ring(Box<Secret>),
     /// A Secret of the key ring's name that the endpoint does not control.
     NotOwned(Box<Secret>),
     /// No key-ring Secret.
-    Missing {
-        /// A Secret from before the key ring that the endpoint controls, whose key the new ring
-        /// keeps.
-        legacy: Option<Legacy>,
-    },
-}
-
-impl Default for Found {
-    fn default() -> Self {
-        Self::Missing { legacy: None }
-    }
-}
-
-/// A Secret from before the key ring: one immutable HMAC key, `secret`.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Legacy {
-    /// Its name.
-    pub(crate) name: String,
-    /// Its key, when it holds one.
-    pub(crate) key: Option<Vec<u8>>,
-}
-
-impl std::fmt::Debug for Legacy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Legacy")
-            .field("name", &self.name)
-            .field(
-                "key",
-                &self.key.as_deref().map(tether_crds::keyring::key_id),
-            )
-            .finish()
-    }
+    #[default]
+    Missing,
 }
 
 /// The Deployment `name` of the endpoint's namespace, if it exists.
@@ -141,15 +103,13 @@ pub(crate) async fn children(
         && target.users_service_account(names).is_some();
     let reports_needed = key_pods(&key_ring);
     let role: Option<Role> = reads.get(ns, &names.sidecar_rbac()).await?;
-    let role_watches_pods = role.as_ref().is_some_and(grants_pods);
-    let pods: Vec<Pod> = if retiring || reports_needed || role_watches_pods {
+    let pods: Vec<Pod> = if retiring || reports_needed {
         let selector = target.deployment.spec.as_ref().map(|s| &s.selector);
         reads.list(ns, selector).await?
     } else {
         Vec::new()
     };
     let pods_run_as_ours = retiring && runs_as(&pods, &names.sidecar_rbac());
-    let pods_watch_pods = role_watches_pods && pods.iter().any(watches_pods);
     Ok(Live {
         config_map,
         key_ring,
@@ -158,7 +118,6 @@ pub(crate) async fn children(
         pods_run_as_ours,
         key_pods: reports_needed.then_some(pods),
         role,
-        pods_watch_pods,
         role_binding: reads.get(ns, &names.sidecar_rbac()).await?,
         budgets: reads.list(ns, None).await?,
         pdb: reads.get(ns, &names.pdb()).await?,
@@ -180,39 +139,24 @@ pub(crate) fn meta_controlled_by(meta: &ObjectMeta, owner: &OwnerReference) -> b
 }
 
 /// The key-ring Secret of the endpoint `names` (controller owner reference `owner`): ours, a
-/// Secret of its name someone else controls, or missing, with the Secret from before the key
-/// ring that the endpoint controls and its pods mounted. Only Secrets of these names are read.
+/// Secret of its name someone else controls, or missing. Only the Secret of that name is read.
 async fn key_ring(
     reads: &impl Reads,
     names: &Names,
     owner: &OwnerReference,
 ) -> Result<Found, Error> {
-    let ns = &names.namespace;
-    if let Some(secret) = reads.get::<Secret>(ns, &names.secret()).await? {
-        let secret = Box::new(secret);
-        return Ok(if controlled_by(secret.as_ref(), owner) {
-            Found::Ring(secret)
-        } else {
-            Found::NotOwned(secret)
-        });
-    }
-    for name in names.legacy_secrets() {
-        let ours = reads
-            .get::<Secret>(ns, &name)
-            .await?
-            .filter(|s| controlled_by(s, owner));
-        if let Some(secret) = ours {
-            let key = secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(CURRENT_KEY))
-                .map(|k| k.0.clone());
-            return Ok(Found::Missing {
-                legacy: Some(Legacy { name, key }),
-            });
-        }
-    }
-    Ok(Found::Missing { legacy: None })
+    let Some(secret) = reads
+        .get::<Secret>(&names.namespace, &names.secret())
+        .await?
+    else {
+        return Ok(Found::Missing);
+    };
+    let secret = Box::new(secret);
+    Ok(if controlled_by(secret.as_ref(), owner) {
+        Found::Ring(secret)
+    } else {
+        Found::NotOwned(secret)
+    })
 }
 
 /// How many pods still run the endpoint's sidecar: pods labelled with [`INJECTED_ANNOTATION`]
@@ -248,34 +192,6 @@ pub(crate) async fn injected_pods(
         }));
     }
     Ok(injected.len())
-}
-
-/// The environment variable of the sidecars of releases whose membership watched Pods: their
-/// label selector.
-pub(crate) const LEGACY_POD_SELECTOR_ENV: &str = "TETHER_POD_SELECTOR";
-
-/// Whether `role` grants a read of Pods (the sidecars' Role of an older release).
-fn grants_pods(role: &Role) -> bool {
-    role.rules.iter().flatten().any(|r| {
-        r.resources
-            .iter()
-            .flatten()
-            .any(|resource| resource == "pods")
-    })
-}
-
-/// Whether `pod` runs a sidecar that watches Pods ([`LEGACY_POD_SELECTOR_ENV`]).
-fn watches_pods(pod: &Pod) -> bool {
-    let Some(spec) = pod.spec.as_ref() else {
-        return false;
-    };
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(&spec.containers)
-        .filter(|c| c.name == SIDECAR_CONTAINER)
-        .flat_map(|c| c.env.iter().flatten())
-        .any(|e| e.name == LEGACY_POD_SELECTOR_ENV)
 }
 
 /// Whether one of `pods` runs as ServiceAccount `account`.

@@ -101,7 +101,7 @@ mod tests {
             "metadata": {"name": "w", "labels": {"a": "1"}},
             "spec": {"template": {"spec": {
                 "initContainers": [{"name": "tether-sidecar", "image": "s:1", "env": [{"name": "X", "value": "1"}]}],
-                "containers": [{"name": "server", "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": 9901}}}}],
+                "containers": [{"name": "server", "lifecycle": {"preStop": {"httpGet": {"path": "/drained", "port": 9901}}}}],
                 "terminationGracePeriodSeconds": 75,
             }}},
         });
@@ -113,7 +113,7 @@ mod tests {
                     {"name": "tether-sidecar", "image": "s:1", "imagePullPolicy": "IfNotPresent",
                      "env": [{"name": "X", "value": "1"}], "terminationMessagePath": "/dev/termination-log"},
                 ],
-                "containers": [{"name": "server", "image": "srv", "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": 9901, "scheme": "HTTP"}}}}],
+                "containers": [{"name": "server", "image": "srv", "lifecycle": {"preStop": {"httpGet": {"path": "/drained", "port": 9901, "scheme": "HTTP"}}}}],
                 "terminationGracePeriodSeconds": 75,
             }}},
             "status": {"replicas": 3},

@@ -7,7 +7,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use crate::names::{LEGACY_FIELD_MANAGER, Names};
+use crate::names::Names;
 
 /// One step of a field path in `FieldsV1` terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +54,7 @@ pub(crate) fn managers<'m>(meta: &'m ObjectMeta, path: &[Step<'_>]) -> Vec<&'m s
         .collect()
 }
 
-/// Whether only tether's field managers manage the `preStop` of `deployment`'s MCP server
+/// Whether only the endpoint's field manager manages the `preStop` of `deployment`'s MCP server
 /// container `container` (or none does): then the injection carries that hook. Not when the
 /// user's manifest carries it ([`crate::validate`] checked it is ours) — then the operator
 /// co-owns nothing in the user's container, and renaming or removing it in the user's manifest
@@ -78,20 +78,19 @@ pub(crate) fn tether_alone_manages_pre_stop(
         .all(|m| is_ours(m, names))
 }
 
-/// Whether field manager `manager` is this endpoint's (or the operator's from before each
-/// endpoint had its own).
+/// Whether field manager `manager` is this endpoint's.
 pub(crate) fn is_ours(manager: &str, names: &Names) -> bool {
-    manager == names.field_manager() || manager == LEGACY_FIELD_MANAGER
+    manager == names.field_manager()
 }
 
-/// Whether `manager` has server-side applied fields of `subresource` (`None`: the object
-/// itself, else e.g. `status`) that are still recorded: what an apply of nothing with that
-/// manager releases. An `Update` entry of the same name is not released that way.
-pub(crate) fn applies(meta: &ObjectMeta, manager: &str, subresource: Option<&str>) -> bool {
+/// Whether `manager` has server-side applied fields of the object itself (not of a
+/// subresource) that are still recorded: what an apply of nothing with that manager releases.
+/// An `Update` entry of the same name is not released that way.
+pub(crate) fn applies(meta: &ObjectMeta, manager: &str) -> bool {
     meta.managed_fields.iter().flatten().any(|entry| {
         entry.manager.as_deref() == Some(manager)
             && entry.operation.as_deref() == Some("Apply")
-            && entry.subresource.as_deref().filter(|s| !s.is_empty()) == subresource
+            && entry.subresource.as_deref().unwrap_or_default().is_empty()
     })
 }
 
@@ -123,6 +122,8 @@ mod tests {
                 {"manager": "tether-operator/weather", "operation": "Apply", "subresource": "status",
                  "fieldsType": "FieldsV1",
                  "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:terminationGracePeriodSeconds": {}}}}}},
+                {"manager": "tether-operator/other", "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:pods": {}}}},
             ],
         }))
         .unwrap();
@@ -147,9 +148,12 @@ mod tests {
         assert_eq!(managers(&meta, &pre_stop), ["tether-operator/weather"]);
         assert!(managers(&meta, &pod_spec_field("serviceAccountName")).is_empty());
         assert!(managers(&ObjectMeta::default(), &grace).is_empty());
-        assert!(applies(&meta, "tether-operator/weather", None));
-        assert!(applies(&meta, "tether-operator/weather", Some("status")));
-        assert!(!applies(&meta, "helm", None), "an Update entry");
-        assert!(!applies(&meta, "kubectl", None));
+        assert!(applies(&meta, "tether-operator/weather"));
+        assert!(!applies(&meta, "helm"), "an Update entry");
+        assert!(!applies(&meta, "kubectl"));
+        assert!(
+            !applies(&meta, "tether-operator/other"),
+            "of the status only"
+        );
     }
 }

@@ -9,9 +9,6 @@ use tether_crds::McpEndpoint;
 /// The operator's name: the `managed-by` label of its children, the reporting controller of
 /// its Events, and the prefix of its field managers ([`Names::field_manager`]).
 pub(crate) const OPERATOR: &str = "tether-operator";
-/// The field manager of every apply before each endpoint had its own: released from a target
-/// Deployment once the endpoint's own manager holds the injection.
-pub(crate) const LEGACY_FIELD_MANAGER: &str = OPERATOR;
 pub use tether_crds::SIDECAR_CONTAINER;
 /// Label on every child the operator creates, with [`OPERATOR`] as its value.
 pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -39,9 +36,6 @@ pub const SECRET_KEY: &str = tether_crds::keyring::CURRENT_KEY;
 /// Path on the sidecar's admin port that waits for the pod's drain to end (the MCP server's
 /// injected `preStop httpGet`); it never starts a drain.
 pub(crate) const DRAINED_PATH: &str = "/drained";
-/// The admin path older operators' `preStop` hooks called, which started the drain; the sidecar
-/// now answers it 403 (a drain starts only inside the pod).
-pub(crate) const LEGACY_DRAIN_PATH: &str = "/drain";
 /// Where the sidecar image has its binary (`images/sidecar.Dockerfile`); the sidecar's `preStop`
 /// runs `<binary> drain`.
 pub(crate) const SIDECAR_BINARY: &str = "/usr/local/bin/tether-sidecar";
@@ -89,26 +83,10 @@ impl Names {
     /// characters of the endpoint's UID>`. The UID makes the name new when an endpoint is
     /// deleted and re-created under the same name: a kubelet may keep serving a cached Secret of
     /// a name it has mounted before, and pods that read different keys reject each other's
-    /// session ids and handoffs. `keys` keeps it apart from the immutable Secrets of one key
-    /// that releases before the key ring created (`Names::legacy_secrets`).
+    /// session ids and handoffs.
     pub fn secret(&self) -> String {
-        format!("{}-tether-keys-{}", self.endpoint, self.uid_prefix())
-    }
-
-    /// The Secrets of one immutable HMAC key (`secret`) that releases before the key ring
-    /// created, in the order those releases chose the one their pods mount: `<endpoint>-tether`
-    /// (kept while the endpoint controlled it), then `<endpoint>-tether-<uid>`. The key ring of
-    /// an endpoint that controls one keeps its key.
-    pub(crate) fn legacy_secrets(&self) -> [String; 2] {
-        [
-            self.config(),
-            format!("{}-tether-{}", self.endpoint, self.uid_prefix()),
-        ]
-    }
-
-    /// The first [`SECRET_UID_CHARS`] characters of the endpoint's UID.
-    fn uid_prefix(&self) -> String {
-        self.uid.chars().take(SECRET_UID_CHARS).collect()
+        let uid: String = self.uid.chars().take(SECRET_UID_CHARS).collect();
+        format!("{}-tether-keys-{uid}", self.endpoint)
     }
 
     /// The field manager of the endpoint's applies, `tether-operator/<endpoint>`: one per
@@ -175,14 +153,9 @@ mod tests {
     use crate::fixtures::{self, DEPLOYMENT};
 
     #[test]
-    fn the_key_ring_has_a_name_of_its_own_beside_the_older_secrets() {
+    fn the_key_ring_is_named_after_the_endpoint_and_its_uid() {
         let names = fixtures::names(&fixtures::endpoint(fixtures::MINIMAL_ENDPOINT));
         assert_eq!(names.secret(), "weather-tether-keys-6f1c2a9e");
-        assert_eq!(
-            names.legacy_secrets(),
-            ["weather-tether", "weather-tether-6f1c2a9e"]
-        );
-        assert!(!names.legacy_secrets().contains(&names.secret()));
     }
 
     #[test]

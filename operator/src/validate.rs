@@ -10,11 +10,7 @@ use tether_crds::{
     ADMIN_PORT_NAME, McpEndpoint, PEER_PORT_NAME, SIDECAR_MCP_PORT_NAME, validate_spec,
 };
 
-use crate::fields::tether_alone_manages_pre_stop;
-use crate::names::{
-    DRAINED_PATH, INJECTED_ANNOTATION, LEGACY_DRAIN_PATH, MAX_SERVICE_NAME, Names,
-    SIDECAR_CONTAINER,
-};
+use crate::names::{DRAINED_PATH, INJECTED_ANNOTATION, MAX_SERVICE_NAME, Names, SIDECAR_CONTAINER};
 
 /// Why an endpoint cannot be reconciled as asked.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -129,7 +125,7 @@ pub fn validate<'a>(
     check_sidecar_name(pod, deployment, names)?;
     check_ports(ep, pod)?;
     let upstream = upstream_container(ep, pod)?;
-    check_pre_stop(ep, names, deployment, upstream)?;
+    check_pre_stop(ep, upstream)?;
     Ok(Target {
         deployment,
         pod,
@@ -230,15 +226,8 @@ fn upstream_container<'a>(ep: &McpEndpoint, pod: &'a PodSpec) -> Result<&'a Cont
 }
 
 /// The MCP server's container gets a `preStop` that waits for the drain; one the user set is
-/// never replaced. The hook older operators injected (`httpGet /drain`, which the sidecar now
-/// refuses) is replaced when the operator alone manages it, and a conflict when the user's
-/// manifest carries it.
-fn check_pre_stop(
-    ep: &McpEndpoint,
-    names: &Names,
-    deployment: &Deployment,
-    container: &Container,
-) -> Result<(), Conflict> {
+/// never replaced, unless it is that very hook.
+fn check_pre_stop(ep: &McpEndpoint, container: &Container) -> Result<(), Conflict> {
     let Some(pre_stop) = container
         .lifecycle
         .as_ref()
@@ -246,29 +235,15 @@ fn check_pre_stop(
     else {
         return Ok(());
     };
-    let calls = |path: &str| {
-        pre_stop.http_get.as_ref().is_some_and(|g| {
-            g.path.as_deref() == Some(path)
-                && g.port
-                    == k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(
-                        ep.spec.admin.port,
-                    ))
-        })
-    };
-    if calls(DRAINED_PATH) {
+    let waits_for_the_drain = pre_stop.http_get.as_ref().is_some_and(|g| {
+        g.path.as_deref() == Some(DRAINED_PATH)
+            && g.port
+                == k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(
+                    ep.spec.admin.port,
+                ))
+    });
+    if waits_for_the_drain {
         return Ok(());
-    }
-    if calls(LEGACY_DRAIN_PATH) {
-        if tether_alone_manages_pre_stop(names, deployment, &container.name) {
-            return Ok(());
-        }
-        return Err(Conflict::new(
-            "PreStopConflict",
-            format!(
-                "container {:?} has the preStop hook of an older tether (httpGet {} on port {}), which the sidecar now refuses with 403 because a drain starts only inside the pod; change its path to {}",
-                container.name, LEGACY_DRAIN_PATH, ep.spec.admin.port, DRAINED_PATH
-            ),
-        ));
     }
     Err(Conflict::new(
         "PreStopConflict",
@@ -377,24 +352,6 @@ mod tests {
             reason(&ep, &with_containers(json!([server(our_hook)]))),
             None
         );
-        // The hook of an older tether, carried by the user's manifest: it would get 403.
-        let legacy =
-            json!({"lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": 9901}}}});
-        let legacy_of = |manager: &str| {
-            fixtures::deployment_with(|d| {
-                d["spec"]["template"]["spec"]["containers"] = json!([server(legacy.clone())]);
-                d["metadata"]["managedFields"] = json!([{
-                    "manager": manager, "operation": "Apply", "fieldsType": "FieldsV1",
-                    "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:containers": {
-                        "k:{\"name\":\"server\"}": {".": {}, "f:name": {},
-                            "f:lifecycle": {"f:preStop": {"f:httpGet": {"f:path": {}, "f:port": {}}}}}}}}}},
-                }]);
-            })
-        };
-        assert_eq!(reason(&ep, &legacy_of("kubectl")), Some("PreStopConflict"));
-        // The same hook applied by the operator alone is replaced by the injection.
-        assert_eq!(reason(&ep, &legacy_of("tether-operator")), None);
-        assert_eq!(reason(&ep, &legacy_of("tether-operator/weather")), None);
         let port = json!({"ports": [{"containerPort": 3000}, {"containerPort": 8080}]});
         assert_eq!(
             reason(&ep, &with_containers(json!([server(port)]))),

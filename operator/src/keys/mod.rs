@@ -1,9 +1,9 @@
 //! The endpoint's key ring (`docs/design/peer-trust.md#the-key-ring`), pure: given what the
 //! reconcile found of its Secret (`crate::dereference::Found`) and the pods' reports
 //! (`crate::reports`), what the user asks through the endpoint's annotations
-//! ([`Asks`]), and what one reconcile does about it ([`decide`]): create the ring (keeping the
-//! key of a Secret from before the key ring), take one step of a rotation once every pod
-//! reports the step before, or stop with a conflict rather than replace a Secret silently.
+//! ([`Asks`]), and what one reconcile does about it ([`decide`]): create the ring, take one
+//! step of a rotation once every pod reports the step before, or stop with a conflict rather
+//! than replace a Secret silently.
 //!
 //! - `ring`: the ring in the Secret's layout, and the stage, promote and retire steps;
 //! - `rotation`: the decision of one reconcile, with the status and Event it gives;

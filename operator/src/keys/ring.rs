@@ -368,8 +368,9 @@ mod tests {
             refused(&|d| drop(d.insert(TLS_CERT.into(), ByteString(b"junk".to_vec())))),
             TLS_CERT
         );
-        let mut legacy = BTreeMap::new();
-        legacy.insert(CURRENT_KEY.to_owned(), ByteString(vec![7; 32]));
-        assert_eq!(Ring::parse(&legacy).unwrap_err().file, CA_BUNDLE);
+        // A key without certificates is no ring.
+        let mut key_only = BTreeMap::new();
+        key_only.insert(CURRENT_KEY.to_owned(), ByteString(vec![7; 32]));
+        assert_eq!(Ring::parse(&key_only).unwrap_err().file, CA_BUNDLE);
     }
 }

@@ -3,9 +3,8 @@
 //! order of the rules:
 //!
 //! 1. A Secret of the ring's name that the endpoint does not control: `SecretNotOwned`.
-//! 2. No ring: create one — with the key of a Secret from before the key ring when there is one
-//!    — unless `status.keys.secret` says it existed, which is `SecretMissing` until a new
-//!    `mcp.tether.dev/new-key` value asks for a new key.
+//! 2. No ring: create one, unless `status.keys.secret` says it existed, which is
+//!    `SecretMissing` until a new `mcp.tether.dev/new-key` value asks for a new key.
 //! 3. A ring a sidecar would refuse: `SecretInvalid`.
 //! 4. Stable: a new `mcp.tether.dev/rotate-key` value stages a new key.
 //! 5. Staged: promote once every pod reports the staged key as `next`.
@@ -15,12 +14,12 @@
 //!
 //! Values present when the ring is created count as handled: only a change asks again.
 
-use tether_crds::keyring::{GenerateError, Generation, KeyReport, MIN_KEY_BYTES, key_material};
+use tether_crds::keyring::{GenerateError, Generation, KeyReport};
 use tether_crds::spec::{KeyPhase, KeyRingStatus};
 
 use super::ring::{Ids, Ring};
 use super::{Asks, NEW_KEY_ANNOTATION, RETIRE_ANNOTATION, ROTATE_ANNOTATION, ROTATION_ANNOTATION};
-use crate::dereference::{Found, Legacy};
+use crate::dereference::Found;
 use crate::reports::PodReport;
 use crate::validate::{Conflict, controller_of};
 
@@ -133,7 +132,7 @@ pub(crate) fn decide(
             let conflict = Conflict::new("SecretNotOwned", message);
             return Ok(Decision::conflict(conflict, before));
         }
-        Found::Missing { legacy } => {
+        Found::Missing => {
             let existed = before.is_some_and(|k| k.secret == secret);
             if existed && !new_key_asked {
                 let message = format!(
@@ -143,7 +142,6 @@ pub(crate) fn decide(
                 return Ok(Decision::conflict(conflict, before));
             }
             return create(
-                legacy.as_ref().filter(|_| !existed),
                 existed,
                 asks,
                 new_key,
@@ -329,11 +327,9 @@ fn retire_at_once(ring: &Ring, ids: &Ids, token: &str) -> Step {
     }
 }
 
-/// The creation of a ring: with the key of `legacy` when it holds one a sidecar accepts, else a
-/// new one; `existed` when it replaces a ring that is gone (a new key was asked for). The
-/// values of `asks` count as handled.
+/// The creation of a ring with a new key; `existed` when it replaces a ring that is gone (a new
+/// key was asked for). The values of `asks` count as handled.
 fn create(
-    legacy: Option<&Legacy>,
     existed: bool,
     asks: &Asks,
     new_key: Option<String>,
@@ -341,29 +337,16 @@ fn create(
     secret: &str,
     label: &str,
 ) -> Result<Decision, GenerateError> {
-    let kept = legacy
-        .and_then(|l| Some((l.name.as_str(), l.key.as_ref()?)))
-        .filter(|(_, key)| key_material(key).len() >= MIN_KEY_BYTES);
-    let generation = match kept {
-        Some((_, key)) => Generation::with_key(label, key)?,
-        None => Generation::new(label)?,
-    };
+    let generation = Generation::new(label)?;
     let id = generation.id();
-    let event = match kept {
-        _ if existed => Some((
+    let event = existed.then(|| {
+        (
             "NewKey",
             format!(
                 "created Secret {secret} with a new key {id}, as {NEW_KEY_ANNOTATION} asked: sessions minted with the lost key end"
             ),
-        )),
-        Some((name, _)) => Some((
-            "KeyRingMigrated",
-            format!(
-                "created the key ring {secret} around the key {id} of Secret {name}, with new peer certificates: sessions keep verifying"
-            ),
-        )),
-        None => None,
-    };
+        )
+    });
     let ring = Ring::of(&generation);
     let retired = asks.retire.clone().or_else(|| retired.cloned());
     let status = status_of(secret, &ring, asks.rotate.clone(), retired, new_key, None);
@@ -512,8 +495,12 @@ mod tests {
 
     #[test]
     fn values_present_when_the_ring_is_created_count_as_handled() {
-        let missing = Found::Missing { legacy: None };
-        let d = decide_on(&missing, &asks(Some("r"), Some("x"), Some("n")), None, None);
+        let d = decide_on(
+            &Found::Missing,
+            &asks(Some("r"), Some("x"), Some("n")),
+            None,
+            None,
+        );
         let Write::Create { ring, rotation } = &d.write else {
             panic!("{:?}", d.write)
         };
@@ -589,11 +576,7 @@ mod tests {
             &retire,
             Some(&handled)
         ));
-        assert!(!waits_on_pods(
-            &Found::Missing { legacy: None },
-            &none,
-            None
-        ));
+        assert!(!waits_on_pods(&Found::Missing, &none, None));
     }
 
     #[test]
@@ -608,22 +591,17 @@ mod tests {
         assert_eq!(d.write, Write::Leave);
         let status = d.status.unwrap();
         assert_eq!(status.retired.as_deref(), Some("x"));
-        let missing = Found::Missing {
-            legacy: Some(Legacy {
-                name: "weather-tether".into(),
-                key: Some(vec![7; 32]),
-            }),
-        };
+        let missing = Found::Missing;
         let d = decide_on(&missing, &asks(None, None, None), Some(&status), None);
         assert_eq!(d.write, Write::Leave);
         assert_eq!(d.conflict.unwrap().reason, "SecretMissing");
         assert_eq!(d.status.as_ref(), Some(&status), "the status is kept");
-        // A new key asked for: a fresh one, never the old Secret's.
+        // A new key asked for: a fresh one.
         let d = decide_on(&missing, &asks(None, None, Some("n")), Some(&status), None);
         let Write::Create { ring, .. } = d.write else {
             panic!("a new ring")
         };
-        assert_ne!(ring.current, vec![7; 32]);
+        assert_ne!(ring.current, stable.current);
         assert_eq!(d.event.unwrap().0, "NewKey");
     }
 }

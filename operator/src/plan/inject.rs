@@ -3,7 +3,6 @@
 //! merges with the user's fields and an empty apply with the same field manager removes exactly
 //! it.
 
-use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::{Value, json};
 use tether_crds::{
     ADMIN_PORT_NAME, McpEndpoint, PEER_PORT_NAME, POD_SETTINGS_ANNOTATION, SIDECAR_MCP_PORT_NAME,
@@ -12,9 +11,9 @@ use tether_crds::{
 use super::{Defaults, GRACE_MARGIN_SECS};
 use crate::fields;
 use crate::names::{
-    CONFIG_DIR, CONFIG_KEY, CONFIG_VOLUME, DRAIN_SOCKET, DRAINED_PATH, INJECTED_ANNOTATION,
-    LEGACY_FIELD_MANAGER, Names, RUN_DIR, RUN_VOLUME, SECRET_DIR, SECRET_VOLUME, SIDECAR_BINARY,
-    SIDECAR_CONTAINER, TOKEN_DIR, TOKEN_VOLUME,
+    CONFIG_DIR, CONFIG_KEY, CONFIG_VOLUME, DRAIN_SOCKET, DRAINED_PATH, INJECTED_ANNOTATION, Names,
+    RUN_DIR, RUN_VOLUME, SECRET_DIR, SECRET_VOLUME, SIDECAR_BINARY, SIDECAR_CONTAINER, TOKEN_DIR,
+    TOKEN_VOLUME,
 };
 use crate::validate::Target;
 
@@ -115,24 +114,6 @@ pub(crate) fn grace_period(ep: &McpEndpoint, names: &Names, target: &Target<'_>)
         DEFAULT_GRACE_SECS
     };
     (needed > without_us).then_some(needed)
-}
-
-/// The field managers whose fields an endpoint's removal releases from `deployment`: the
-/// endpoint's own, and the operator's from before each endpoint had its own when the pod
-/// template says this endpoint injected the sidecar (another endpoint's injection is never
-/// touched).
-pub(crate) fn releases(deployment: &Deployment, names: &Names) -> Vec<String> {
-    let applied = |manager: &str| fields::applies(&deployment.metadata, manager, None);
-    let injected_here = crate::names::injected_by(deployment)
-        .is_some_and(|endpoint| endpoint.name == names.endpoint);
-    let mut managers = Vec::new();
-    if applied(&names.field_manager()) {
-        managers.push(names.field_manager());
-    }
-    if injected_here && applied(LEGACY_FIELD_MANAGER) {
-        managers.push(LEGACY_FIELD_MANAGER.to_owned());
-    }
-    managers
 }
 
 /// Whether the field at `path` (a server-side apply field path, as a conflict names it:
@@ -257,10 +238,7 @@ fn sidecar(ep: &McpEndpoint, names: &Names, defaults: &Defaults) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
-    use crate::fixtures::{self, MINIMAL_ENDPOINT};
 
     #[test]
     fn only_what_tether_alone_puts_into_the_template_is_its_own() {
@@ -282,31 +260,5 @@ mod tests {
         ] {
             assert!(!is_own_field(theirs), "{theirs}");
         }
-    }
-
-    #[test]
-    fn an_endpoint_releases_its_own_manager_and_the_old_shared_one_only_where_it_injected() {
-        let names = fixtures::names(&fixtures::endpoint(MINIMAL_ENDPOINT));
-        let managed = |managers: &[&str], injected_by: Option<&str>| {
-            fixtures::deployment_with(|d| {
-                let entries: Vec<_> = managers
-                    .iter()
-                    .map(|m| json!({"manager": m, "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {}}))
-                    .collect();
-                d["metadata"]["managedFields"] = json!(entries);
-                if let Some(endpoint) = injected_by {
-                    d["spec"]["template"]["metadata"]["annotations"] =
-                        json!({INJECTED_ANNOTATION: endpoint});
-                }
-            })
-        };
-        let d = managed(&["helm", "tether-operator/weather"], Some("weather"));
-        assert_eq!(releases(&d, &names), ["tether-operator/weather"]);
-        let d = managed(&["helm", "tether-operator"], Some("weather"));
-        assert_eq!(releases(&d, &names), ["tether-operator"]);
-        // Another endpoint injected this Deployment: the old shared manager is its.
-        let d = managed(&["tether-operator", "tether-operator/other"], Some("other"));
-        assert!(releases(&d, &names).is_empty());
-        assert!(releases(&managed(&["helm"], None), &names).is_empty());
     }
 }

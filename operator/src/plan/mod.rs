@@ -191,7 +191,6 @@ mod tests {
             "metadata.labels['pod-template-hash']",
             "each sidecar reports its pod's revision"
         );
-        assert!(!env.contains_key("TETHER_POD_SELECTOR"), "no Pod watch");
         assert_eq!(
             env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"],
             "status.podIP"
@@ -298,8 +297,6 @@ mod tests {
         shorter.spec.drain.timeout = std::time::Duration::from_secs(30).into();
         let ours = grace_managed_by(135, "tether-operator/weather");
         assert_eq!(grace(&shorter, &ours), Some(30 + GRACE_MARGIN_SECS));
-        let legacy = grace_managed_by(135, "tether-operator");
-        assert_eq!(grace(&shorter, &legacy), Some(30 + GRACE_MARGIN_SECS));
         let mut quick = ep.clone();
         quick.spec.drain.timeout = std::time::Duration::from_millis(4500).into();
         assert_eq!(inject::needed_grace(&quick), 5 + GRACE_MARGIN_SECS);

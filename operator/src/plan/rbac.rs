@@ -1,10 +1,9 @@
 //! What the sidecar needs to watch its endpoint's peer Service (the Kubernetes membership
 //! source): a Role ([`access::SIDECAR`]: `endpointslices: get, list, watch` in the namespace —
-//! no read of Pods, whose specs may carry secrets in environment variables; during an upgrade
-//! from a release whose sidecars watched Pods, also [`access::SIDECAR_POD_WATCH`] until their
-//! pods are gone), a RoleBinding to the pods' ServiceAccount, and a dedicated ServiceAccount
-//! only when the pod template names none (a ServiceAccount the user chose is never replaced;
-//! binding to `default` would grant every pod of the namespace the watch).
+//! no read of Pods, whose specs may carry secrets in environment variables), a RoleBinding to
+//! the pods' ServiceAccount, and a dedicated ServiceAccount only when the pod template names
+//! none (a ServiceAccount the user chose is never replaced; binding to `default` would grant
+//! every pod of the namespace the watch).
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
@@ -36,14 +35,6 @@ pub(crate) fn role(names: &Names, owner: &OwnerReference) -> Role {
         metadata: child_meta(names, names.sidecar_rbac(), owner),
         rules: Some(access::policy_rules(access::SIDECAR)),
     }
-}
-
-/// Adds the Pod watch of older sidecars ([`access::SIDECAR_POD_WATCH`]) to `role`, while pods
-/// still run one.
-pub(crate) fn also_watch_pods(role: &mut Role) {
-    role.rules
-        .get_or_insert_with(Vec::new)
-        .extend(access::policy_rules(access::SIDECAR_POD_WATCH));
 }
 
 /// Binds [`role`] to ServiceAccount `subject` of the namespace.

@@ -14,8 +14,7 @@ use super::network::covering_pdb;
 use super::{Plan, rbac};
 use crate::dereference::{Live, controlled_by, meta_controlled_by};
 use crate::diff::covers;
-use crate::fields;
-use crate::names::{LEGACY_FIELD_MANAGER, Names};
+use crate::names::Names;
 use crate::validate::{Conflict, Target, controller_of};
 
 /// A child to server-side apply unless its live object already holds every field of `desired`.
@@ -98,29 +97,11 @@ pub(crate) struct Steps<'a> {
     pub pdb: Step<'a, PodDisruptionBudget>,
     /// The sidecar injection, on the target Deployment.
     pub injection: Ensure<'a, Deployment, serde_json::Value>,
-    /// Whether the operator's field manager from before each endpoint had its own
-    /// ([`LEGACY_FIELD_MANAGER`]) still manages fields of the target Deployment: the endpoint
-    /// takes the injection over from it, then releases it.
-    pub legacy_manager: bool,
     /// Seconds of `terminationGracePeriodSeconds` the drain needs.
     pub grace_needed: i64,
 }
 
 impl Steps<'_> {
-    /// Whether the injection is sent: the Deployment lacks some of `body` (the JSON of
-    /// `injection.desired`), or [`Self::legacy_manager`] still manages fields there — the
-    /// endpoint's manager must hold the injection before that one is released, or the release
-    /// would drop the sidecar from the pods (and the next reconcile bring it back: two rollouts).
-    ///
-    /// # Errors
-    /// When the live Deployment does not serialize (not expected).
-    pub(crate) fn injection_sent(
-        &self,
-        body: &serde_json::Value,
-    ) -> Result<bool, serde_json::Error> {
-        Ok(self.legacy_manager || !self.injection.covered(body)?)
-    }
-
     /// Checks that every live child these steps would write is the endpoint's: an object of a
     /// child's name that someone else created, or that another owner controls, is never taken
     /// over (nor garbage-collected with the endpoint). The key-ring Secret is checked before,
@@ -178,14 +159,11 @@ impl Plan {
             config_map,
             services: [client, peers],
             service_account,
-            mut role,
+            role,
             mut role_binding,
             pdb,
             grace_needed,
         } = self;
-        if live.pods_watch_pods {
-            rbac::also_watch_pods(&mut role);
-        }
         let [live_client, live_peers] = &live.services;
         let service_account = match (service_account, target.users_service_account(names)) {
             (Some(desired), _) => Step::Ensure(Ensure {
@@ -245,11 +223,6 @@ impl Plan {
                 desired: injection,
                 live: Some(target.deployment),
             },
-            legacy_manager: fields::applies(
-                &target.deployment.metadata,
-                LEGACY_FIELD_MANAGER,
-                None,
-            ),
             grace_needed,
         }
     }

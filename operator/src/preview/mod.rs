@@ -12,7 +12,6 @@
 mod inputs;
 mod yaml;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -140,9 +139,7 @@ pub async fn preview(
     items.push(ensure(&steps.role)?);
     items.push(ensure(&steps.role_binding)?);
     items.extend(step(&steps.pdb)?);
-    let injection = steps.injection.desired.clone();
-    let sent = steps.injection_sent(&injection)?;
-    items.push(applied::<Deployment>(injection, sent)?);
+    items.push(ensure(&steps.injection)?);
     Ok(Outcome::Planned(Preview {
         endpoint: format!("{}/{}", names.namespace, names.endpoint),
         target: ep.spec.target_ref.name.clone(),

@@ -32,8 +32,7 @@ impl Preview {
                 Write::Create(body) => (
                     format!(
                         "create {what}; its data is redacted: the operator draws a random \
-                         {KEY_BYTES}-byte key (hex) and a peer CA and certificate when it creates it \
-                         (or keeps the key of the endpoint's Secret from before the key ring)"
+                         {KEY_BYTES}-byte key (hex) and a peer CA and certificate when it creates it"
                     ),
                     body.clone(),
                 ),

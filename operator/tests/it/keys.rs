@@ -1,10 +1,10 @@
 //! The endpoint's key ring against the in-memory API server (`docs/design/peer-trust.md#rotation`): a
-//! new endpoint's ring and its certificates, the key of a Secret from before the key ring kept,
-//! a rotation in three steps that waits for the pods' reports (set by the tests through
-//! [`Reports`](crate::support::operator::Reports)), a retirement at once, and the Secret never
-//! replaced silently: deleted (`SecretMissing` until restored or a new key is asked for), or of
-//! its name but someone else's (`SecretNotOwned`), or broken (`SecretInvalid`). Every reconcile
-//! stays within the operator's RBAC rules (`Operator::reconcile` asserts it).
+//! new endpoint's ring and its certificates, a rotation in three steps that waits for the pods'
+//! reports (set by the tests through [`Reports`](crate::support::operator::Reports)), a
+//! retirement at once, and the Secret never replaced silently: deleted (`SecretMissing` until
+//! restored or a new key is asked for), or of its name but someone else's (`SecretNotOwned`), or
+//! broken (`SecretInvalid`). Every reconcile stays within the operator's RBAC rules
+//! (`Operator::reconcile` asserts it).
 
 use std::collections::BTreeMap;
 
@@ -227,54 +227,6 @@ async fn a_new_endpoint_gets_a_key_ring_whose_certificate_chains_to_its_ca() {
         "{:?}",
         operator.reports().asked()
     );
-}
-
-#[tokio::test]
-async fn a_secret_of_one_key_from_before_the_key_ring_keeps_its_key() {
-    let legacy_key = [7_u8; 32];
-    let legacy = |owner: &str| {
-        json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "weather-tether-e-1", "namespace": NS,
-                "ownerReferences": [{"apiVersion": "mcp.tether.dev/v1alpha1", "kind": "McpEndpoint",
-                    "name": "weather", "uid": owner, "controller": true}]},
-            "type": "Opaque", "immutable": true, "data": {"secret": ByteString(legacy_key.to_vec())}})
-    };
-    let legacy_path = format!("{SECRETS}/weather-tether-e-1");
-    let api = api_with(&[
-        (EP_PATH, endpoint(true)),
-        (DEPLOY_PATH, deployment()),
-        (&legacy_path, legacy("e-1")),
-    ]);
-    let before = stored(&api, &legacy_path);
-    let (result, writes) = Operator::new(&api).reconcile(EP_PATH).await;
-    result.expect("the migration");
-    assert!(objects(&writes).contains(&format!("POST {SECRETS}")));
-    let id = key_id(&legacy_key);
-    assert_eq!(ring(&api)["secret"], legacy_key, "sessions keep verifying");
-    assert!(contains(
-        &certificates(&ring(&api)["ca.crt"])[0],
-        &ca_name(&id)
-    ));
-    assert!(note(&writes, "KeyRingMigrated").contains(&id));
-    assert_eq!(keys_status(&api)["current"], id);
-    assert_eq!(
-        stored(&api, &legacy_path),
-        before,
-        "the old Secret is left as it is"
-    );
-    assert_eq!(
-        pod_spec(&api)["volumes"][1]["secret"]["secretName"],
-        "weather-tether-keys-e-1"
-    );
-    // A Secret of that name someone else controls lends no key.
-    let api = api_with(&[
-        (EP_PATH, endpoint(true)),
-        (DEPLOY_PATH, deployment()),
-        (&legacy_path, legacy("someone-else")),
-    ]);
-    let (_, writes) = Operator::new(&api).reconcile(EP_PATH).await;
-    assert_ne!(ring(&api)["secret"], legacy_key);
-    assert!(!reasons(&writes).contains(&"KeyRingMigrated".to_owned()));
 }
 
 #[tokio::test]

@@ -3,8 +3,8 @@
 //! operator write (`admission`), whole reconciles
 //! (`reconcile`), what a real cluster does to the operator (`cluster`), Events (`events`),
 //! leader election (`leader`), the example manifests with `tether-operator plan`
-//! (`examples`), the key ring and its rotation (`keys`), and what a platform team meets over an endpoint's life, an operator upgrade
-//! first (`upgrade`). The real-cluster tests are the gated `e2e` binary.
+//! (`examples`), the key ring and its rotation (`keys`), and what a platform team meets over an
+//! endpoint's life (`lifecycle`). The real-cluster tests are the gated `e2e` binary.
 
 mod admission;
 mod api_server;
@@ -13,6 +13,6 @@ mod events;
 mod examples;
 mod keys;
 mod leader;
+mod lifecycle;
 mod reconcile;
 mod support;
-mod upgrade;

@@ -280,7 +280,8 @@ async fn a_users_budget_replaces_ours_and_a_users_service_account_retires_ours()
     let (_, writes) = reconcile_once(&api).await;
     assert_eq!(paths(&writes), Vec::<String>::new(), "not created again");
     // The user names their own ServiceAccount. While an old pod runs with ours, the RoleBinding
-    // binds both (its sidecar keeps the Pod watch); ours is deleted once no pod runs with it.
+    // binds both (its sidecar keeps its membership watch); ours is deleted once no pod runs with
+    // it.
     const POD_PATH: &str = "/api/v1/namespaces/tools/pods/weather-old";
     {
         let mut a = api.lock().unwrap();
@@ -469,39 +470,6 @@ async fn the_plan_preview_names_every_write_of_a_reconcile_in_order() {
             "PATCH rolebindings/weather-tether-sidecar"
         ]
     );
-}
-
-#[tokio::test]
-async fn the_status_the_old_shared_field_manager_wrote_keeps_nothing_stale() {
-    let api = api_with(&[(EP_PATH, endpoint(true))]);
-    // An operator from before field managers per endpoint counted the pods of a target.
-    let old = json!({"apiVersion": "mcp.tether.dev/v1alpha1", "kind": "McpEndpoint",
-                     "status": {"pods": 3, "routable": 3, "draining": 0}});
-    crate::support::apply_as(
-        &api,
-        "tether-operator",
-        &format!("{EP_PATH}/status"),
-        &old,
-        true,
-    )
-    .expect("the old status");
-    // The target is gone now: the new status has no counts, and the old ones go with their
-    // manager.
-    let (_, writes) = reconcile_once(&api).await;
-    assert_eq!(
-        objects(&writes),
-        [
-            format!("PATCH {EP_PATH}/status"),
-            format!("PATCH {EP_PATH}/status")
-        ]
-    );
-    let status = api.lock().unwrap().objects[EP_PATH]["status"].clone();
-    assert_eq!(condition(&status, "Degraded")["reason"], "TargetNotFound");
-    for count in ["pods", "routable", "draining"] {
-        assert!(status.get(count).is_none(), "{status}");
-    }
-    let (_, writes) = reconcile_once(&api).await;
-    assert!(writes.is_empty(), "{:?}", paths(&writes));
 }
 
 #[tokio::test]
