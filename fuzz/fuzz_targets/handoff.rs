@@ -1,8 +1,8 @@
 //! The peer protocol's messages and the adoption of a pushed session
 //! (`sidecar/src/handoff/wire.rs`, `sidecar/src/handoff/image.rs`).
 //!
-//! The input is a peer message body: a `POST /v1/sessions` push, optionally followed by a NUL
-//! byte and a `POST /v1/tail` body. Invariants:
+//! The input is a peer message body: a `POST /v2/sessions` push, optionally followed by a NUL
+//! byte and a `POST /v2/tail` body. Invariants:
 //!
 //! - every kind of message the listener decodes re-encodes to bytes that decode to the same
 //!   message, and encoding that gives the same bytes again (JSON text is not kept byte for byte:

@@ -78,16 +78,12 @@ pub fn random_stream_key() -> String {
 
 // ---- session ids -----------------------------------------------------------------------------
 
-/// Length of a session id of the current format (it names its key), in characters.
+/// Length of a session id (it names its key), in characters.
 pub const SESSION_ID_LEN: usize = crate::mcp::session_id::ENCODED_LEN;
-/// The format version in the first byte of a session id of the current format.
+/// The format version in the first byte of a session id.
 pub const SESSION_ID_VERSION: u8 = crate::mcp::session_id::ID_VERSION;
-/// Length of a session id of the first format (no key id), in characters.
-pub const FIRST_FORMAT_LEN: usize = crate::mcp::session_id::FIRST_FORMAT_LEN;
-/// The format version in the first byte of a session id of the first format.
-pub const FIRST_FORMAT_VERSION: u8 = crate::mcp::session_id::FIRST_FORMAT;
 
-/// The id of the key `secret` (4 bytes), as a session id of the current format carries it.
+/// The id of the key `secret` (4 bytes), as a session id carries it.
 pub fn key_id(secret: &[u8]) -> [u8; 4] {
     Key::new(secret.to_vec()).id().0
 }
@@ -108,13 +104,11 @@ pub enum IdRejection {
 pub struct Minter(IdMinter);
 
 impl Minter {
-    /// The minter of pod `pod_uid` with endpoint secret `secret`; `first_format` mints ids of
-    /// the first format (for peers that read only those).
-    pub fn new(secret: &[u8], pod_uid: &str, first_format: bool) -> Self {
+    /// The minter of pod `pod_uid` with endpoint secret `secret`.
+    pub fn new(secret: &[u8], pod_uid: &str) -> Self {
         Self(IdMinter::new(
             KeyRing::from_bytes(secret.to_vec()),
             HomeToken::for_pod(pod_uid),
-            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(first_format)),
         ))
     }
 
@@ -406,8 +400,8 @@ pub fn wire_round_trip(kind: PeerMessage, body: &[u8]) -> Option<WireTrip> {
     crate::handoff::fuzzing::wire_round_trip(kind, body)
 }
 
-/// A `POST /v1/sessions` body adopted as the receiving pod adopts it, then, when `input` holds a
-/// NUL byte, the `POST /v1/tail` body after it applied, and the adopted session read back (see
+/// A `POST /v2/sessions` body adopted as the receiving pod adopts it, then, when `input` holds a
+/// NUL byte, the `POST /v2/tail` body after it applied, and the adopted session read back (see
 /// [`Adopted`]).
 ///
 /// # Errors

@@ -968,7 +968,7 @@ impl Metrics {
 
     /// A peer message or connection refused before anything was spent on it
     /// (`tether_peer_auth_failures_total{reason}`: `header`, `mac`, `misaddressed`, `skew`,
-    /// `message_too_large`, `replayed`, `digest_mismatch`, `tls`).
+    /// `message_too_large`, `replayed`, `digest_mismatch`, `tls`, `plaintext`).
     pub(crate) fn peer_auth_failure(&self, reason: &'static str) {
         self.peer_auth_failures
             .get_or_create(&Reason { reason })

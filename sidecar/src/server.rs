@@ -4,7 +4,6 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -181,20 +180,11 @@ fn reload_keys(keys: &KeyRing, metrics: &Metrics) {
 }
 
 /// Builds the broker from the configuration, with its client of the upstream and the pod's
-/// metrics; new session ids take the first format while `first_format_ids` is set.
-pub(crate) fn broker(
-    cfg: &Config,
-    upstream: Upstream,
-    metrics: Arc<Metrics>,
-    first_format_ids: Arc<AtomicBool>,
-) -> Arc<Broker> {
+/// metrics.
+pub(crate) fn broker(cfg: &Config, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Broker> {
     Broker::new(
         cfg.broker.clone(),
-        IdMinter::new(
-            cfg.keys.clone(),
-            HomeToken::for_pod(&cfg.pod_uid),
-            first_format_ids,
-        ),
+        IdMinter::new(cfg.keys.clone(), HomeToken::for_pod(&cfg.pod_uid)),
         upstream,
         Registry::new(
             cfg.max_sessions,
@@ -262,17 +252,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     );
     let reports = Arc::new(own_report(&cfg));
     let (initial, source) = membership(&cfg, &reports);
-    let health = PeerHealth::new(cfg.peer_protocols);
-    // Until the first round of probes tells, a peer may be one that reads only first-format ids.
-    let first_format_ids = Arc::new(AtomicBool::new(
-        !cfg.peer_protocols.current() || (source.is_some() && cfg.peer_protocols.first()),
-    ));
-    let broker = broker(
-        &cfg,
-        upstream.clone(),
-        Arc::clone(&metrics),
-        Arc::clone(&first_format_ids),
-    );
+    let health = PeerHealth::new();
+    let broker = broker(&cfg, upstream.clone(), Arc::clone(&metrics));
     let sink = MembershipSink::new(initial, Arc::clone(&metrics));
     sink.set_dwell(cfg.rebalance_dwell);
     if !matches!(cfg.membership, MembershipConfig::Kubernetes { .. }) {
@@ -328,7 +309,6 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             cfg.keys.clone(),
             cfg.pod_uid.clone(),
             cfg.peer_max_message_bytes,
-            cfg.peer_protocols,
             router.clone(),
             reports,
         )),
@@ -361,7 +341,6 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Listening::Peer {
             keys: cfg.keys.clone(),
             tls: cfg.peer_tls,
-            accept_first: cfg.peer_protocols.first(),
             max_streams: cfg.peer_max_streams,
         },
     );
@@ -468,13 +447,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     ));
     if let Some(source) = source {
         let name = source.name();
-        let prober = Prober::new(
-            health,
-            sink.clone(),
-            metrics,
-            cfg.pod_uid.clone(),
-            first_format_ids,
-        );
+        let prober = Prober::new(health, sink.clone(), metrics, cfg.pod_uid.clone());
         server.add_service(background_service("peer-prober", prober));
         server.add_service(background_service(name, MembershipService { source, sink }));
     }

@@ -163,9 +163,6 @@ pub struct PodSpec {
     /// `spec.peer.tls`: mutual TLS between the sidecars (the default, as in production). The
     /// manifest names it only when `false`, so a sidecar of a release before the field reads it.
     pub peer_tls: bool,
-    /// Give the sidecar its key as one file (`--secret-file`, the current key of the ring),
-    /// as a sidecar of a release before the key ring takes it.
-    pub secret_file: bool,
     /// The endpoint's Secret this pod mounts (`--secret-dir`), written as the kubelet writes a
     /// Secret volume ([`crate::keyring::mount`]) so that [`Pod::mount_keys`] can update it
     /// atomically later: an endpoint whose key ring rotates. `None`: the key ring every test
@@ -206,7 +203,6 @@ impl Default for PodSpec {
             server_args: Vec::new(),
             sidecar_bin: None,
             peer_tls: true,
-            secret_file: false,
             key_ring: None,
             sidecar_env: Vec::new(),
             upstream_via: None,
@@ -797,19 +793,6 @@ fn spawn_server(ip: Ipv4Addr, spec: &PodSpec, log: PathBuf) -> Result<Child> {
         .spawn()?)
 }
 
-/// The flags that give the sidecar the endpoint's key ring (see [`PodSpec::secret_file`]).
-fn secret_args(spec: &PodSpec, dir: &std::path::Path) -> [std::ffi::OsString; 2] {
-    let keys = dir.join(KEYS_DIR);
-    if spec.secret_file {
-        [
-            "--secret-file".into(),
-            keys.join(tether_crds::keyring::CURRENT_KEY).into(),
-        ]
-    } else {
-        ["--secret-dir".into(), keys.into()]
-    }
-}
-
 fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<Child> {
     let (out, err) = log_file(dir.join("sidecar.log"))?;
     let bin = match &spec.sidecar_bin {
@@ -823,7 +806,8 @@ fn spawn_sidecar(ip: Ipv4Addr, spec: &PodSpec, dir: &std::path::Path) -> Result<
         .arg(ip.to_string())
         .arg("--pod-uid")
         .arg(uid(ip))
-        .args(secret_args(spec, dir))
+        .arg("--secret-dir")
+        .arg(dir.join(KEYS_DIR))
         .arg("--upstream")
         .arg(
             spec.upstream_via

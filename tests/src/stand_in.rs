@@ -1,9 +1,8 @@
 //! A stand-in for a peer: something at an address the membership lists as a pod of the
 //! endpoint that is no sidecar of it, as a workload matching the endpoint's labels by accident or
 //! one impersonating a peer would be. It answers `200 {"ok":true}` to every request on the MCP
-//! port (peers' probes included) and on the peer port, optionally claiming the current peer
-//! protocol (`Tether-Peer-Protocol: 2`) so that sidecars speak it to the stand-in, and counts
-//! the requests it got.
+//! port (peers' probes included) and on the peer port, claiming the current peer protocol
+//! (`Tether-Peer-Protocol: 2`) as a sidecar does, and records the requests it got.
 
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,7 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::pod::{LISTEN_PORT, PEER_PORT};
 
-/// The peer protocol a stand-in claims when asked to.
+/// The peer protocol a stand-in claims.
 const CLAIMED_PROTOCOL: &str = "2";
 
 /// A running stand-in; dropping it stops it.
@@ -29,12 +28,11 @@ pub struct StandIn {
 }
 
 impl StandIn {
-    /// Serves the MCP port and the peer port of `ip`; `claim` adds `Tether-Peer-Protocol: 2`
-    /// to every answer.
+    /// Serves the MCP port and the peer port of `ip`.
     ///
     /// # Errors
     /// I/O errors of binding.
-    pub async fn start(ip: Ipv4Addr, claim: bool) -> std::io::Result<Self> {
+    pub async fn start(ip: Ipv4Addr) -> std::io::Result<Self> {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for port in [LISTEN_PORT, PEER_PORT] {
@@ -44,11 +42,9 @@ impl StandIn {
                 seen.lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .push((port, req.uri().path().to_owned()));
-                let mut resp = Response::builder().header(header::CONTENT_TYPE, "application/json");
-                if claim {
-                    resp = resp.header("tether-peer-protocol", CLAIMED_PROTOCOL);
-                }
-                let resp = resp
+                let resp = Response::builder()
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .header("tether-peer-protocol", CLAIMED_PROTOCOL)
                     .body(Full::new(Bytes::from_static(b"{\"ok\":true}")))
                     .unwrap_or_default();
                 async move { resp }
@@ -63,12 +59,18 @@ impl StandIn {
 
     /// Requests it got on `port` for `path`.
     pub fn requests(&self, port: u16, path: &str) -> usize {
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.seen()
             .iter()
             .filter(|(p, seen)| *p == port && seen == path)
             .count()
+    }
+
+    /// Every request it got, as the port and the path, in order.
+    pub fn seen(&self) -> Vec<(u16, String)> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

@@ -87,8 +87,7 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     old_bin_dir: Option<std::path::PathBuf>,
     /// 2026-07-28 clients beside the sessions: each loops a stateless `slow` call and a `job`
-    /// task polled at random pods (none with `--old-bin-dir`: sidecars before task ids show
-    /// the MCP server's own task ids, which the new pods do not route).
+    /// task polled at random pods.
     #[arg(long, default_value_t = 100)]
     modern_clients: usize,
     /// 2026-07-28 clients that keep a `subscriptions/listen` stream open.
@@ -143,16 +142,8 @@ async fn main() -> ExitCode {
             lazy_fraction: args.lazy_refresh_fraction,
             probe_probability: args.probe_probability,
         }),
-        modern_clients: if old_sidecar.is_some() {
-            0
-        } else {
-            args.modern_clients
-        },
-        listeners: if old_sidecar.is_some() {
-            0
-        } else {
-            args.listeners
-        },
+        modern_clients: args.modern_clients,
+        listeners: args.listeners,
         old_sidecar,
         peer_tls: args.peer_tls,
         sidecar_log: Some(args.sidecar_log.clone()),

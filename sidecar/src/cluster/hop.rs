@@ -1,25 +1,25 @@
 //! The hop headers of a request forwarded between sidecars: where it has been, signed by the
 //! pod that forwarded it (`docs/design/routing.md#forwarding`,
-//! `docs/design/peer-trust.md#hop-headers-protocol-2`).
+//! `docs/design/peer-trust.md#hop-headers`).
 //!
-//! | header | protocol 2 | first protocol |
-//! |---|---|---|
-//! | `Tether-Hop` | hop number, 1 to [`MAX_HOPS`] | the same |
-//! | `Tether-Visited` | comma-separated UIDs of the pods it passed | the same |
-//! | `Tether-Hop-Time` | the sender's Unix time in milliseconds | — |
-//! | `Tether-Hop-To` | the receiver's pod UID | — |
-//! | `Tether-Hop-Mac` | `<key id>:<base64url 16 bytes>`, domain `tether/hop/v2`, over `"{hop}\n{visited}\n{session id}\n{time}\n{receiver}"` | base64url 16 bytes, domain `tether/hop/v1`, over `"{hop}\n{visited}\n{session id}"` |
+//! | header | value |
+//! |---|---|
+//! | `Tether-Hop` | hop number, 1 to [`MAX_HOPS`] |
+//! | `Tether-Visited` | comma-separated UIDs of the pods it passed |
+//! | `Tether-Hop-Time` | the sender's Unix time in milliseconds |
+//! | `Tether-Hop-To` | the receiver's pod UID |
+//! | `Tether-Hop-Mac` | `<key id>:<base64url 16 bytes>`, domain `tether/hop/v2`, over `"{hop}\n{visited}\n{session id}\n{time}\n{receiver}"` |
 //!
-//! Protocol 2's arrive on the peer port only, where a request without them is refused; the first
-//! protocol's on the MCP port only, while `--peer-min-protocol` is 1 ([`Accept`]). Either way a
-//! header set that does not verify is 403 `forged_hop`, and never reaches the MCP server.
+//! They arrive on the peer port only, where a request without them is refused; on the MCP port
+//! any of them is refused ([`Accept`]). Either way a header set that does not verify is 403
+//! `forged_hop`, and never reaches the MCP server.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 
-use crate::keys::{DOMAIN_HOP, KeyId, KeyRing};
+use crate::keys::{KeyId, KeyRing};
 use crate::mcp::rejection::Rejection;
 
 /// Most hops a request takes between sidecars looking for the session's holder: the owner, the
@@ -34,9 +34,9 @@ pub(crate) const TETHER_HOP: HeaderName = HeaderName::from_static("tether-hop");
 pub(crate) const TETHER_VISITED: HeaderName = HeaderName::from_static("tether-visited");
 /// The signature of the hop headers.
 pub(crate) const TETHER_HOP_MAC: HeaderName = HeaderName::from_static("tether-hop-mac");
-/// The forwarding pod's Unix time, in milliseconds (protocol 2).
+/// The forwarding pod's Unix time, in milliseconds.
 pub(crate) const TETHER_HOP_TIME: HeaderName = HeaderName::from_static("tether-hop-time");
-/// The receiving pod's UID (protocol 2).
+/// The receiving pod's UID.
 pub(crate) const TETHER_HOP_TO: HeaderName = HeaderName::from_static("tether-hop-to");
 /// Every hop header, removed from what reaches the MCP server.
 pub(crate) const HOP_HEADERS: [HeaderName; 5] = [
@@ -48,21 +48,18 @@ pub(crate) const HOP_HEADERS: [HeaderName; 5] = [
 ];
 /// Largest distance between a hop's time and the receiver's clock.
 pub(crate) const HOP_WINDOW: Duration = Duration::from_secs(10);
-/// Domain label of protocol 2's hop MACs.
-const DOMAIN_HOP_V2: &[u8] = b"tether/hop/v2";
+/// Domain label of the hop MACs.
+const DOMAIN_HOP: &[u8] = b"tether/hop/v2";
 const MAC_LEN: usize = 16;
 
 /// Which hop headers a listener takes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Accept<'a> {
-    /// The MCP port of a sidecar that speaks the first protocol too: that protocol's headers,
-    /// from a sidecar of that version; a request without any is at its entry pod.
-    First,
-    /// The MCP port otherwise: any hop header is refused.
+    /// The MCP port: any hop header is refused; a request is at its entry pod.
     Nothing,
-    /// The peer port: protocol 2's, addressed to `me` and within [`HOP_WINDOW`] of `now_ms`;
-    /// a request without them is refused.
-    Current {
+    /// The peer port: hop headers addressed to `me` and within [`HOP_WINDOW`] of `now_ms`; a
+    /// request without them is refused.
+    Peer {
         /// This pod's UID.
         me: &'a str,
         /// This pod's Unix time, in milliseconds.
@@ -70,18 +67,13 @@ pub(crate) enum Accept<'a> {
     },
 }
 
-/// How a forward signs its hop headers.
+/// Whom a forward's hop headers are signed for: the peer port of `to`, at Unix time `now_ms`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Signing<'a> {
-    /// For a sidecar of the first protocol (to its MCP port).
-    First,
-    /// Protocol 2 (to the peer port of `to`), at Unix time `now_ms`.
-    Current {
-        /// The receiving pod's UID.
-        to: &'a str,
-        /// This pod's Unix time, in milliseconds.
-        now_ms: u64,
-    },
+pub(crate) struct Signing<'a> {
+    /// The receiving pod's UID.
+    pub(crate) to: &'a str,
+    /// This pod's Unix time, in milliseconds.
+    pub(crate) now_ms: u64,
 }
 
 /// Where a request has been: its hop count and the pods it visited.
@@ -93,17 +85,7 @@ pub(crate) struct Hop {
     pub(crate) visited: Vec<String>,
 }
 
-fn first_message(count: u8, visited: &str, session_id: Option<&str>) -> Vec<u8> {
-    format!("{count}\n{visited}\n{}", session_id.unwrap_or("")).into_bytes()
-}
-
-fn current_message(
-    count: u8,
-    visited: &str,
-    session_id: Option<&str>,
-    time: u64,
-    to: &str,
-) -> Vec<u8> {
+fn message(count: u8, visited: &str, session_id: Option<&str>, time: u64, to: &str) -> Vec<u8> {
     format!(
         "{count}\n{visited}\n{}\n{time}\n{to}",
         session_id.unwrap_or("")
@@ -125,15 +107,11 @@ impl Hop {
         accept: Accept<'_>,
     ) -> Result<Self, Rejection> {
         let any = HOP_HEADERS.iter().any(|h| headers.contains_key(h));
-        let current =
-            headers.contains_key(&TETHER_HOP_TIME) || headers.contains_key(&TETHER_HOP_TO);
-        match accept {
-            Accept::First | Accept::Nothing if !any => return Ok(Self::default()),
-            Accept::Nothing => return Err(Rejection::ForgedHop),
-            Accept::First if current => return Err(Rejection::ForgedHop),
-            Accept::Current { .. } if !current => return Err(Rejection::ForgedHop),
-            _ => {}
-        }
+        let (me, now_ms) = match accept {
+            Accept::Nothing if any => return Err(Rejection::ForgedHop),
+            Accept::Nothing => return Ok(Self::default()),
+            Accept::Peer { me, now_ms } => (me, now_ms),
+        };
         let text = |name: &HeaderName| {
             headers
                 .get(name)
@@ -147,38 +125,25 @@ impl Hop {
             .ok_or(Rejection::ForgedHop)?;
         let visited = text(&TETHER_VISITED)?;
         let mac = text(&TETHER_HOP_MAC)?;
-        let genuine = match accept {
-            Accept::Current { me, now_ms } => {
-                let time: u64 = text(&TETHER_HOP_TIME)?
-                    .parse()
-                    .map_err(|_| Rejection::ForgedHop)?;
-                let to = text(&TETHER_HOP_TO)?;
-                let (id, tag) = mac.split_once(':').ok_or(Rejection::ForgedHop)?;
-                let tag = URL_SAFE_NO_PAD
-                    .decode(tag)
-                    .map_err(|_| Rejection::ForgedHop)?;
-                let key = KeyId::parse(id)
-                    .and_then(|id| keys.get(id))
-                    .ok_or(Rejection::ForgedHop)?;
-                tag.len() == MAC_LEN
-                    && key.verify(
-                        DOMAIN_HOP_V2,
-                        &current_message(count, visited, session_id, time, to),
-                        &tag,
-                    )
-                    && to == me
-                    && u128::from(now_ms.abs_diff(time)) <= HOP_WINDOW.as_millis()
-            }
-            _ => {
-                let tag = URL_SAFE_NO_PAD
-                    .decode(mac)
-                    .map_err(|_| Rejection::ForgedHop)?;
-                tag.len() == MAC_LEN
-                    && keys
-                        .verifying(DOMAIN_HOP, &first_message(count, visited, session_id), &tag)
-                        .is_some()
-            }
-        };
+        let time: u64 = text(&TETHER_HOP_TIME)?
+            .parse()
+            .map_err(|_| Rejection::ForgedHop)?;
+        let to = text(&TETHER_HOP_TO)?;
+        let (id, tag) = mac.split_once(':').ok_or(Rejection::ForgedHop)?;
+        let tag = URL_SAFE_NO_PAD
+            .decode(tag)
+            .map_err(|_| Rejection::ForgedHop)?;
+        let key = KeyId::parse(id)
+            .and_then(|id| keys.get(id))
+            .ok_or(Rejection::ForgedHop)?;
+        let genuine = tag.len() == MAC_LEN
+            && key.verify(
+                DOMAIN_HOP,
+                &message(count, visited, session_id, time, to),
+                &tag,
+            )
+            && to == me
+            && u128::from(now_ms.abs_diff(time)) <= HOP_WINDOW.as_millis();
         if !genuine {
             return Err(Rejection::ForgedHop);
         }
@@ -208,7 +173,7 @@ impl Hop {
     }
 
     /// The signed headers of this hop state, to set on the forwarded request, signed with the
-    /// current key of `keys` as `signing` says.
+    /// current key of `keys` for `signing`'s receiver and time.
     pub(crate) fn headers(
         &self,
         keys: &KeyRing,
@@ -223,26 +188,16 @@ impl Hop {
             (TETHER_HOP, value(self.count.to_string())),
             (TETHER_VISITED, value(visited.clone())),
         ];
-        match signing {
-            Signing::First => {
-                let mac = keys.mac(DOMAIN_HOP, &first_message(self.count, &visited, session_id));
-                out.push((
-                    TETHER_HOP_MAC,
-                    value(URL_SAFE_NO_PAD.encode(&mac[..MAC_LEN])),
-                ));
-            }
-            Signing::Current { to, now_ms } => {
-                let key = keys.current();
-                let mac = key.mac(
-                    DOMAIN_HOP_V2,
-                    &current_message(self.count, &visited, session_id, now_ms, to),
-                );
-                let tag = URL_SAFE_NO_PAD.encode(&mac[..MAC_LEN]);
-                out.push((TETHER_HOP_TIME, value(now_ms.to_string())));
-                out.push((TETHER_HOP_TO, value(to.to_owned())));
-                out.push((TETHER_HOP_MAC, value(format!("{}:{tag}", key.id()))));
-            }
-        }
+        let Signing { to, now_ms } = signing;
+        let key = keys.current();
+        let mac = key.mac(
+            DOMAIN_HOP,
+            &message(self.count, &visited, session_id, now_ms, to),
+        );
+        let tag = URL_SAFE_NO_PAD.encode(&mac[..MAC_LEN]);
+        out.push((TETHER_HOP_TIME, value(now_ms.to_string())));
+        out.push((TETHER_HOP_TO, value(to.to_owned())));
+        out.push((TETHER_HOP_MAC, value(format!("{}:{tag}", key.id()))));
         out
     }
 }
@@ -262,17 +217,17 @@ mod tests {
     const NOW: u64 = 1_000_000;
 
     fn at_b(now_ms: u64) -> Accept<'static> {
-        Accept::Current {
+        Accept::Peer {
             me: "pod-b",
             now_ms,
         }
     }
 
     #[test]
-    fn current_hop_headers_round_trip_and_bind_receiver_time_and_session() {
+    fn hop_headers_round_trip_and_bind_receiver_time_and_session() {
         let k = keys();
         let hop = Hop::default().next("pod-a");
-        let to_b = Signing::Current {
+        let to_b = Signing {
             to: "pod-b",
             now_ms: NOW,
         };
@@ -288,7 +243,7 @@ mod tests {
         refused(
             &headers,
             Some("sid"),
-            Accept::Current {
+            Accept::Peer {
                 me: "pod-c",
                 now_ms: NOW,
             },
@@ -298,7 +253,6 @@ mod tests {
             Some("sid"),
             at_b(NOW + HOP_WINDOW.as_millis() as u64 + 1),
         );
-        refused(&headers, Some("sid"), Accept::First);
         refused(&headers, Some("sid"), Accept::Nothing);
         let other = KeyRing::from_bytes(b"fedcba9876543210fedc".to_vec());
         assert_eq!(
@@ -310,7 +264,7 @@ mod tests {
         refused(
             &tampered,
             Some("sid"),
-            Accept::Current {
+            Accept::Peer {
                 me: "pod-c",
                 now_ms: NOW,
             },
@@ -319,35 +273,13 @@ mod tests {
         older.insert(TETHER_HOP_TIME, HeaderValue::from_static("999999"));
         refused(&older, Some("sid"), at_b(NOW));
         refused(&HeaderMap::new(), None, at_b(NOW));
-    }
-
-    #[test]
-    fn first_protocol_hop_headers_are_read_on_the_mcp_port_only() {
-        let k = keys();
-        let hop = Hop::default().next("pod-a");
-        let headers = map(hop.headers(&k, Some("sid"), Signing::First));
-        assert_eq!(Hop::read(&headers, &k, Some("sid"), Accept::First), Ok(hop));
-        for accept in [Accept::Nothing, at_b(NOW)] {
-            assert_eq!(
-                Hop::read(&headers, &k, Some("sid"), accept),
-                Err(Rejection::ForgedHop)
-            );
-        }
-        assert_eq!(
-            Hop::read(&headers, &k, Some("other"), Accept::First),
-            Err(Rejection::ForgedHop)
-        );
         let mut partial = HeaderMap::new();
         partial.insert(TETHER_VISITED, HeaderValue::from_static("x"));
+        refused(&partial, None, at_b(NOW));
+        refused(&partial, None, Accept::Nothing);
         assert_eq!(
-            Hop::read(&partial, &k, None, Accept::First),
-            Err(Rejection::ForgedHop)
+            Hop::read(&HeaderMap::new(), &k, None, Accept::Nothing),
+            Ok(Hop::default())
         );
-        for accept in [Accept::First, Accept::Nothing] {
-            assert_eq!(
-                Hop::read(&HeaderMap::new(), &k, None, accept),
-                Ok(Hop::default())
-            );
-        }
     }
 }

@@ -10,10 +10,9 @@
 //!   A refused probe is [`Down::Refused`]; a probe that gets no answer in time (a frozen pod
 //!   still accepts connections) is [`Down::Unresponsive`].
 //!
-//! A probe's answer also says which peer protocol the peer speaks (`Tether-Peer-Protocol`; a
-//! sidecar of the first protocol sends none): [`PeerHealth::protocol`] remembers the highest
-//! seen per peer (`docs/design/peer-trust.md#protocol-versions`), and after each round the
-//! prober tells the session-id minter whether some live peer reads only the first id format.
+//! A sidecar's answer to a probe names the peer protocol it speaks ([`TETHER_PEER_PROTOCOL`],
+//! `docs/design/peer-trust.md#protocol-versions`): a sidecar of a later protocol reads it to
+//! speak to this one in [`PEER_PROTOCOL`].
 //!
 //! A successful probe clears the mark at once. Routing skips a down peer like a visited one,
 //! except the live home of a session that is merely unresponsive: that request gets 503 +
@@ -24,7 +23,6 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -55,37 +53,6 @@ pub(crate) const TETHER_PEER_PROTOCOL: http::HeaderName =
     http::HeaderName::from_static("tether-peer-protocol");
 /// The peer protocol this sidecar speaks (`docs/design/peer-trust.md#protocol-versions`).
 pub(crate) const PEER_PROTOCOL: u8 = 2;
-/// The first peer protocol, spoken to and accepted from its sidecars while
-/// `--peer-min-protocol` is 1.
-pub(crate) const FIRST_PROTOCOL: u8 = 1;
-
-/// The peer protocols a sidecar speaks: `--peer-min-protocol` to `--peer-max-protocol`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Protocols {
-    /// The oldest one spoken to and accepted from a peer.
-    pub(crate) min: u8,
-    /// The newest one (1: this sidecar behaves as one of the previous release).
-    pub(crate) max: u8,
-}
-
-impl Protocols {
-    /// Both, first and current.
-    #[cfg(test)]
-    pub(crate) const BOTH: Self = Self {
-        min: FIRST_PROTOCOL,
-        max: PEER_PROTOCOL,
-    };
-
-    /// Whether the first protocol is spoken at all.
-    pub(crate) fn first(self) -> bool {
-        self.min <= FIRST_PROTOCOL
-    }
-
-    /// Whether protocol 2 is spoken.
-    pub(crate) fn current(self) -> bool {
-        self.max >= PEER_PROTOCOL
-    }
-}
 
 /// Why a peer is down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,93 +63,16 @@ pub(crate) enum Down {
     Unresponsive,
 }
 
-/// Peers currently considered down, by UID, with the cause and the instant the mark expires;
-/// and the peer protocol each peer was last seen to speak.
-#[derive(Debug)]
+/// Peers currently considered down, by UID, with the cause and the instant the mark expires.
+#[derive(Debug, Default)]
 pub(crate) struct PeerHealth {
     down: ArcSwap<HashMap<String, (Down, Instant)>>,
-    /// Per probed peer: the protocol its answers showed, `None` while it answered none.
-    protocols: ArcSwap<HashMap<String, Option<u8>>>,
-    /// The protocols this sidecar speaks.
-    speaks: Protocols,
-    /// Woken after each round of probes.
-    probed: tokio::sync::Notify,
 }
 
 impl PeerHealth {
-    /// Nobody down, no protocol known; peers are spoken to in one of `speaks`.
-    pub(crate) fn new(speaks: Protocols) -> Arc<Self> {
-        Arc::new(Self {
-            down: ArcSwap::default(),
-            protocols: ArcSwap::default(),
-            speaks,
-            probed: tokio::sync::Notify::new(),
-        })
-    }
-
-    /// The protocols this sidecar speaks.
-    pub(crate) fn speaks(&self) -> Protocols {
-        self.speaks
-    }
-
-    /// Records a probe of `uid`: answered speaking `protocol`, or not answered (`None`). A
-    /// peer never goes back to an older protocol: the highest seen is kept.
-    pub(crate) fn record_protocol(&self, uid: &str, protocol: Option<u8>) {
-        let known = self.protocols.load().get(uid).copied();
-        if known.is_some_and(|k| k >= protocol) {
-            return;
-        }
-        self.protocols.rcu(|map| {
-            let mut map = HashMap::clone(map);
-            let known = map.entry(uid.to_owned()).or_insert(protocol);
-            *known = (*known).max(protocol);
-            map
-        });
-    }
-
-    /// Forgets the protocols of peers no longer in `alive`.
-    fn retain_protocols(&self, alive: &[&str]) {
-        if self
-            .protocols
-            .load()
-            .keys()
-            .all(|uid| alive.contains(&uid.as_str()))
-        {
-            return;
-        }
-        self.protocols.rcu(|map| {
-            let mut map = HashMap::clone(map);
-            map.retain(|uid, _| alive.contains(&uid.as_str()));
-            map
-        });
-    }
-
-    /// The protocol `uid` was seen to speak, if it answered a probe.
-    pub(crate) fn protocol(&self, uid: &str) -> Option<u8> {
-        self.protocols.load().get(uid).copied().flatten()
-    }
-
-    /// The protocol to speak to `uid`: the one it was seen to speak (at least
-    /// `--peer-min-protocol`). A peer not probed yet (it just joined: the prober probes a new
-    /// peer at once) is waited for, at most one round of probes; one that does not answer its
-    /// probes gets the current protocol (its connection will fail or tell).
-    pub(crate) async fn protocol_for(&self, uid: &str) -> u8 {
-        let Protocols { min, max } = self.speaks;
-        if min == max {
-            return max;
-        }
-        let round = PROBE_INTERVAL + PROBE_TIMEOUT;
-        let _ = tokio::time::timeout(round, async {
-            loop {
-                let probed = self.probed.notified();
-                if self.protocols.load().contains_key(uid) {
-                    return;
-                }
-                probed.await;
-            }
-        })
-        .await;
-        self.protocol(uid).map_or(max, |p| p.clamp(min, max))
+    /// Nobody down.
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::default()
     }
 
     /// Marks `uid` down for `cause`, for [`DOWN_HOLD`] from `now`.
@@ -226,8 +116,6 @@ pub(crate) struct Prober {
     sink: MembershipSink,
     metrics: Arc<Metrics>,
     own_uid: String,
-    /// Set while some live peer reads only the first session-id format (the minter's flag).
-    first_format_ids: Arc<AtomicBool>,
     client: Client<HttpConnector, Empty<Bytes>>,
     /// Time between rounds ([`PROBE_INTERVAL`]).
     interval: Duration,
@@ -237,14 +125,12 @@ pub(crate) struct Prober {
 
 impl Prober {
     /// A prober of the peers in `sink` (all but `own_uid`); `tether_peers_down` goes to
-    /// `metrics`; `first_format_ids` is set while a live peer speaks only the first protocol
-    /// (or has not answered yet, while that protocol is accepted).
+    /// `metrics`.
     pub(crate) fn new(
         health: Arc<PeerHealth>,
         sink: MembershipSink,
         metrics: Arc<Metrics>,
         own_uid: String,
-        first_format_ids: Arc<AtomicBool>,
     ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(PROBE_TIMEOUT));
@@ -254,7 +140,6 @@ impl Prober {
             sink,
             metrics,
             own_uid,
-            first_format_ids,
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build(connector),
@@ -273,19 +158,13 @@ impl Prober {
         }
     }
 
-    /// Probes the sidecar listening on `addr`: the peer protocol it speaks when it answers
-    /// 200 in time.
-    async fn probe(&self, addr: SocketAddr) -> Result<u8, Down> {
+    /// Probes the sidecar listening on `addr`: `Ok` when it answers 200 in time.
+    async fn probe(&self, addr: SocketAddr) -> Result<(), Down> {
         let Ok(uri) = format!("http://{addr}{PEER_PROBE_PATH}").parse::<http::Uri>() else {
             return Err(Down::Unresponsive);
         };
         match tokio::time::timeout(self.timeout, self.client.get(uri)).await {
-            Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => Ok(resp
-                .headers()
-                .get(&TETHER_PEER_PROTOCOL)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(FIRST_PROTOCOL)),
+            Ok(Ok(resp)) if resp.status() == http::StatusCode::OK => Ok(()),
             Ok(Err(e)) if refused(&e) => Err(Down::Refused),
             _ => Err(Down::Unresponsive),
         }
@@ -302,7 +181,7 @@ impl BackgroundService for Prober {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                // A new view may hold a peer never probed: its protocol is needed now.
+                // A new view may hold a peer never probed: it is probed at once.
                 Ok(()) = changes.changed() => {}
                 _ = shutdown.changed() => return,
             }
@@ -320,17 +199,7 @@ impl BackgroundService for Prober {
             let now = Instant::now();
             let mut down = [(Down::Refused, 0i64), (Down::Unresponsive, 0i64)];
             for ((uid, name, addr), result) in peers.iter().zip(results) {
-                let cause = match result {
-                    Ok(protocol) => {
-                        self.health.record_protocol(uid, Some(protocol));
-                        None
-                    }
-                    Err(cause) => {
-                        self.health.record_protocol(uid, None);
-                        Some(cause)
-                    }
-                };
-                let Some(cause) = cause else {
+                let Err(cause) = result else {
                     if failures
                         .remove(uid)
                         .is_some_and(|n| n >= FAILURES_TO_MARK_DOWN)
@@ -352,16 +221,6 @@ impl BackgroundService for Prober {
                     }
                 }
             }
-            let alive: Vec<&str> = peers.iter().map(|(uid, _, _)| uid.as_str()).collect();
-            self.health.retain_protocols(&alive);
-            let speaks = self.health.speaks();
-            let first_format = !speaks.current()
-                || (speaks.first()
-                    && alive
-                        .iter()
-                        .any(|uid| self.health.protocol(uid).is_none_or(|p| p < PEER_PROTOCOL)));
-            self.first_format_ids.store(first_format, Ordering::Relaxed);
-            self.health.probed.notify_waiters();
             for (cause, n) in down {
                 let reason = match cause {
                     Down::Refused => "refused",
@@ -391,10 +250,7 @@ mod tests {
 
     #[test]
     fn marks_expire_and_clear() {
-        let h = PeerHealth::new(Protocols {
-            min: PEER_PROTOCOL,
-            max: PEER_PROTOCOL,
-        });
+        let h = PeerHealth::new();
         let t0 = Instant::now();
         assert_eq!(h.down("a", t0), None);
         h.mark_down("a", Down::Refused, t0);
@@ -444,7 +300,7 @@ mod tests {
                 });
             }
         });
-        let health = PeerHealth::new(Protocols::BOTH);
+        let health = PeerHealth::new();
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let peer = |uid: &str, port: u16| Peer {
             uid: uid.into(),
@@ -467,14 +323,8 @@ mod tests {
             );
             // Shorter clocks than in production, in the same proportions.
             let (interval, timeout) = (Duration::from_millis(50), Duration::from_millis(250));
-            let prober = Prober::new(
-                Arc::clone(&health),
-                sink,
-                Arc::clone(&metrics),
-                "me".into(),
-                Arc::default(),
-            )
-            .with_timing(interval, timeout);
+            let prober = Prober::new(Arc::clone(&health), sink, Arc::clone(&metrics), "me".into())
+                .with_timing(interval, timeout);
             let (stop, shutdown) = tokio::sync::watch::channel(false);
             let task = tokio::spawn(async move { prober.start(shutdown).await });
             tokio::time::sleep((interval + timeout) * (FAILURES_TO_MARK_DOWN + 1)).await;

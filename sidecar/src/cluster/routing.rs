@@ -401,7 +401,7 @@ mod tests {
                 .map(|(u, st)| peer(u, *st))
                 .collect(),
         };
-        let health = PeerHealth::new(crate::cluster::peer_health::Protocols::BOTH);
+        let health = PeerHealth::new();
         let router = Router::new(
             MembershipSink::new(snapshot, Arc::default()),
             Arc::clone(&health),

@@ -389,18 +389,6 @@ pub struct Cli {
     /// buffers travel in several messages.
     #[arg(long, env = "TETHER_PEER_MAX_MESSAGE_BYTES", value_name = "BYTES", default_value_t = 16 * 1024 * 1024)]
     pub peer_max_message_bytes: usize,
-    /// The oldest peer protocol spoken to and accepted from other sidecars
-    /// (`docs/design/peer-trust.md#protocol-versions`): 1 lets sidecars of the previous release
-    /// (plaintext messages, session ids without a key id) take part, as during a rollout of
-    /// tether itself; 2 refuses them.
-    #[arg(long, env = "TETHER_PEER_MIN_PROTOCOL", value_name = "VERSION", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub peer_min_protocol: u8,
-    /// The newest peer protocol spoken: 2, or 1 to behave as a sidecar of the previous release
-    /// (plaintext messages without acknowledgements, first-protocol hop headers, session ids
-    /// without a key id, no peer TLS) — for testing a rollout of tether itself
-    /// (`docs/design/peer-trust.md#protocol-versions`).
-    #[arg(long, env = "TETHER_PEER_MAX_PROTOCOL", value_name = "VERSION", default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub peer_max_protocol: u8,
     /// This pod's pod settings (ports, paths, upstream, migration, drain) as the JSON of the
     /// `mcp.tether.dev/pod-settings` annotation, which the operator passes through the downward
     /// API; they override the endpoint file's, so a sidecar restarted in an old pod during a

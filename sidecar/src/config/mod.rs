@@ -13,7 +13,6 @@ use crate::broker::BrokerConfig;
 use crate::cluster::membership::Snapshot;
 use crate::cluster::membership::peers_file::{self, valid_uid};
 use crate::cluster::membership::reports::{MAX_REVISION, valid_revision};
-use crate::cluster::peer_health::Protocols;
 use crate::config::cli::Cli;
 use crate::keys::{KeyError, KeyRing};
 use crate::mcp::admission::AdmissionPolicy;
@@ -120,8 +119,6 @@ pub struct Config {
     pub(crate) keys: KeyRing,
     /// Whether sidecar-to-sidecar traffic is mutual TLS (`spec.peer.tls`).
     pub(crate) peer_tls: bool,
-    /// The peer protocols spoken (`--peer-min-protocol`, `--peer-max-protocol`).
-    pub(crate) peer_protocols: Protocols,
     /// This pod's UID.
     pub(crate) pod_uid: String,
     /// This pod's revision (`--revision`), reported to its peers.
@@ -199,18 +196,7 @@ impl Config {
                 });
             }
         };
-        let peer_protocols = Protocols {
-            min: cli.peer_min_protocol,
-            max: cli.peer_max_protocol,
-        };
-        if peer_protocols.min > peer_protocols.max {
-            return Err(ConfigError::Flag {
-                flag: "--peer-min-protocol",
-                message: "must not be above --peer-max-protocol".into(),
-            });
-        }
-        // A sidecar of the first protocol speaks no TLS to its peers.
-        let peer_tls = spec.peer.tls && peer_protocols.current();
+        let peer_tls = spec.peer.tls;
         if peer_tls && keys.load().tls().is_none() {
             return Err(ConfigError::NoPeerTls);
         }
@@ -298,7 +284,6 @@ impl Config {
             broker: source.broker(spec),
             keys,
             peer_tls,
-            peer_protocols,
             pod_uid: cli.pod_uid.clone(),
             revision,
             max_sessions: cli.max_sessions,

@@ -6,8 +6,7 @@
 //! A message counts only when its answer carries an acknowledgement that verifies for the
 //! receiver addressed, the message's nonce and body, and the status received; anything else is
 //! [`SendError::Unacknowledged`], 2xx included. A 401 `skew` is answered with the receiver's
-//! clock: the message is signed again once, with the time corrected. A peer of the first
-//! protocol gets that protocol's plaintext message, which it does not acknowledge.
+//! clock: the message is signed again once, with the time corrected.
 //!
 //! The client is also how the Kubernetes membership learns what a peer reports of itself
 //! ([`Exchange`]: `POST /v2/about`, this pod's report out, the peer's back).
@@ -29,7 +28,6 @@ use super::auth::{self, Signed};
 use super::listener::ABOUT_PATH;
 use super::wire::About;
 use crate::cluster::membership::reports::{Exchange, Report};
-use crate::cluster::peer_health::{FIRST_PROTOCOL, PEER_PROTOCOL};
 use crate::keys::KeyRing;
 use crate::keys::tls::{PeerTls, server_name};
 use crate::upstream::http_client;
@@ -108,8 +106,6 @@ pub(crate) struct Destination<'a> {
     pub(crate) uid: &'a str,
     /// Its peer port.
     pub(crate) addr: SocketAddr,
-    /// The peer protocol it speaks.
-    pub(crate) protocol: u8,
 }
 
 /// The TLS client of one key-ring load.
@@ -181,8 +177,8 @@ impl PeerClient {
         Ok(made)
     }
 
-    /// POSTs `body` (JSON) to `path` (a protocol-2 path, `/v2/…`) on the peer listener of `to`;
-    /// `Ok` once acknowledged with 2xx.
+    /// POSTs `body` (JSON) to `path` (`/v2/…`) on the peer listener of `to`; `Ok` once
+    /// acknowledged with 2xx.
     ///
     /// # Errors
     /// [`SendError`].
@@ -192,14 +188,11 @@ impl PeerClient {
         path: &str,
         body: Bytes,
     ) -> Result<(), SendError> {
-        if to.protocol <= FIRST_PROTOCOL {
-            return self.post_first(to.addr, path, body).await;
-        }
         self.ask(to, path, body).await.map(|_| ())
     }
 
-    /// POSTs `body` to `path` on the peer listener of `to`, which speaks protocol 2; the body of
-    /// its acknowledged 2xx answer.
+    /// POSTs `body` to `path` on the peer listener of `to`; the body of its acknowledged 2xx
+    /// answer.
     ///
     /// # Errors
     /// [`SendError`].
@@ -267,36 +260,12 @@ impl PeerClient {
             timed(self.plain.request(req)).await
         }
     }
-
-    /// The first protocol's message: plaintext, its MAC over the body, no acknowledgement.
-    async fn post_first(&self, addr: SocketAddr, path: &str, body: Bytes) -> Result<(), SendError> {
-        let first = path.replacen("/v2/", "/v1/", 1);
-        let mut req = Request::builder()
-            .method(Method::POST)
-            .uri(format!("http://{addr}{first}"))
-            .header(header::CONTENT_TYPE, "application/json");
-        for (name, value) in auth::v1::sign(&self.keys, &first, &self.uid, &body) {
-            req = req.header(name, value);
-        }
-        let req = req
-            .body(Full::new(body))
-            .map_err(|e| SendError::Unreachable(e.to_string()))?;
-        let (status, _, answer) = timed(self.plain.request(req)).await?;
-        if status.is_success() {
-            return Ok(());
-        }
-        Err(refused(status, &answer))
-    }
 }
 
 #[async_trait::async_trait]
 impl Exchange for PeerClient {
     async fn exchange(&self, uid: &str, peer: SocketAddr, own: &Report) -> Option<Report> {
-        let to = Destination {
-            uid,
-            addr: peer,
-            protocol: PEER_PROTOCOL,
-        };
+        let to = Destination { uid, addr: peer };
         let body = Bytes::from(serde_json::to_vec(&About::of(&self.uid, own)).ok()?);
         let answer = match self.ask(to, ABOUT_PATH, body).await {
             Ok(answer) => answer,

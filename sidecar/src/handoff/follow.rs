@@ -119,8 +119,7 @@ pub(super) async fn follow(
             stream.forwarded(at.position);
         }
     }
-    let protocol = handoff.router.health().protocol_for(&target.uid).await;
-    let to = handoff.destination(target, protocol);
+    let to = handoff.destination(target);
     let budget = handoff
         .max_message_bytes
         .saturating_sub(MESSAGE_OVERHEAD)

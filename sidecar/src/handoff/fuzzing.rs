@@ -18,11 +18,11 @@ use crate::stream::{FeedItem, Start, Stream, StreamKind};
 /// The kinds of peer message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerMessage {
-    /// `POST /v1/sessions`.
+    /// `POST /v2/sessions`.
     Session,
-    /// `POST /v1/tail`.
+    /// `POST /v2/tail`.
     Tail,
-    /// `POST /v1/cancel`.
+    /// `POST /v2/cancel`.
     Cancel,
 }
 

@@ -40,7 +40,7 @@ fn numbered_within(image: &StreamImage) -> bool {
         && image.events.iter().all(|e| e.seq <= MAX_SEQ)
 }
 
-/// The image of a session snapshot (the body of `POST /v1/sessions`).
+/// The image of a session snapshot (the body of `POST /v2/sessions`).
 pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
     let (initialize, initialized, log_level, subscriptions) = snapshot.journal.parts();
     SessionImage {

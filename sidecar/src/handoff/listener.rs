@@ -1,8 +1,7 @@
 //! The peer protocol's messages on the peer port (`spec.peer.port`): where sidecars push
 //! sessions and tails to this pod (`docs/design/handoff.md`, `docs/design/peer-trust.md`).
 //! The peer port's connections (TLS, limits) and its forwarded requests are the proxy's; the
-//! proxy hands every request under `/v2/` (and `/v1/`, while the first protocol is accepted)
-//! to [`PeerListener::serve`].
+//! proxy hands every request under `/v2/` to [`PeerListener::serve`].
 //!
 //! | request | answer |
 //! |---|---|
@@ -16,11 +15,7 @@
 //! | a body other than the signed one | 400 `digest_mismatch` |
 //! | more than [`MAX_CONCURRENT`] messages at once for [`QUEUE_WAIT`], or [`MAX_NONCES`] nonces in the window | 503 `busy` |
 //!
-//! Every answer to a message that authenticated carries `Tether-Peer-Ack`. The same paths under
-//! `/v1/` speak the first protocol: authenticated after the body is read, not acknowledged — so
-//! they are taken only while membership holds a pod whose probe answers say it speaks only that
-//! protocol (401 at once otherwise), and only [`MAX_FIRST_CONCURRENT`] at a time, in slots of
-//! their own: what they hold never delays a message of protocol 2.
+//! Every answer to a message that authenticated carries `Tether-Peer-Ack`.
 //! Error bodies are JSON `{"error": "...", "reason": "..."}`.
 
 use std::net::IpAddr;
@@ -39,7 +34,6 @@ use super::wire::{About, CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPus
 use crate::broker::Broker;
 use crate::cluster::membership::View;
 use crate::cluster::membership::reports::Reports;
-use crate::cluster::peer_health::{FIRST_PROTOCOL, Protocols};
 use crate::cluster::routing::Router;
 use crate::keys::KeyRing;
 use crate::lifecycle::Lifecycle;
@@ -56,12 +50,8 @@ pub(crate) const CANCEL_PATH: &str = "/v2/cancel";
 pub(crate) const HELD_PATH: &str = "/v2/held";
 /// Path of the exchange of reports.
 pub(crate) const ABOUT_PATH: &str = "/v2/about";
-/// The first protocol's paths, in the order of the current ones.
-pub(crate) const FIRST_PATHS: [&str; 3] = ["/v1/sessions", "/v1/tail", "/v1/cancel"];
 /// Messages handled at the same time; more wait.
 pub(crate) const MAX_CONCURRENT: usize = 128;
-/// First-protocol messages handled at the same time, in slots of their own.
-pub(crate) const MAX_FIRST_CONCURRENT: usize = 8;
 /// How long a message waits for a slot before 503.
 pub(crate) const QUEUE_WAIT: Duration = Duration::from_secs(5);
 /// How long a message body may take to arrive.
@@ -72,7 +62,7 @@ type Refusal = (StatusCode, &'static str, String);
 
 /// Whether a path is the peer protocol's (the proxy hands it to [`PeerListener::serve`]).
 pub(crate) fn is_peer_path(path: &str) -> bool {
-    path.starts_with("/v2/") || path.starts_with("/v1/")
+    path.starts_with("/v2/")
 }
 
 /// What a message asks for.
@@ -86,11 +76,7 @@ enum Kind {
 }
 
 impl Kind {
-    fn of(path: &str, first: bool) -> Option<Self> {
-        if first {
-            let at = FIRST_PATHS.iter().position(|p| *p == path)?;
-            return Some([Self::Sessions, Self::Tail, Self::Cancel][at]);
-        }
+    fn of(path: &str) -> Option<Self> {
         match path {
             SESSIONS_PATH => Some(Self::Sessions),
             TAIL_PATH => Some(Self::Tail),
@@ -110,19 +96,16 @@ pub(crate) struct PeerListener {
     keys: KeyRing,
     uid: String,
     max_message_bytes: usize,
-    speaks: Protocols,
     router: Router,
     reports: Arc<Reports>,
     slots: Semaphore,
-    first_slots: Semaphore,
     nonces: Nonces,
 }
 
 impl PeerListener {
     /// The listener of pod `uid`, adopting into `broker` (unless `lifecycle` says this pod
-    /// drains), checking MACs with `keys`, refusing bodies over `max_message_bytes`;
-    /// the protocols `speaks` says: the first one's messages only from the pods of `router`'s
-    /// membership that speak only that one; peers' reports go to `reports`, which has this pod's.
+    /// drains), checking MACs with `keys`, refusing bodies over `max_message_bytes`; peers'
+    /// reports go to `reports`, which has this pod's, when `router`'s membership lists them.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         broker: Arc<Broker>,
@@ -131,7 +114,6 @@ impl PeerListener {
         keys: KeyRing,
         uid: String,
         max_message_bytes: usize,
-        speaks: Protocols,
         router: Router,
         reports: Arc<Reports>,
     ) -> Self {
@@ -142,11 +124,9 @@ impl PeerListener {
             keys,
             uid,
             max_message_bytes,
-            speaks,
             router,
             reports,
             slots: Semaphore::new(MAX_CONCURRENT),
-            first_slots: Semaphore::new(MAX_FIRST_CONCURRENT),
             nonces: Nonces::new(auth::WINDOW * 2, MAX_NONCES),
         }
     }
@@ -157,20 +137,11 @@ impl PeerListener {
             let req = session.req_header();
             (req.method.clone(), req.uri.path().to_owned())
         };
-        let first = path.starts_with("/v1/");
-        let spoken = if first {
-            self.speaks.first()
-        } else {
-            self.speaks.current()
-        };
-        let Some(kind) = Kind::of(&path, first).filter(|_| spoken) else {
+        let Some(kind) = Kind::of(&path) else {
             return error(StatusCode::NOT_FOUND, "unknown_path", "unknown path");
         };
         if method != Method::POST {
             return error(StatusCode::METHOD_NOT_ALLOWED, "method", "use POST");
-        }
-        if first {
-            return self.serve_first(session, &path, kind).await;
         }
         let claim = match self.authenticate(session, &method, &path) {
             Ok(claim) => claim,
@@ -277,47 +248,6 @@ impl PeerListener {
         }
         self.carry_out(kind, &claim.from, remote_ip(session), &body)
             .await
-    }
-
-    /// Whether first-protocol messages may be read: membership holds a live pod whose probes
-    /// show it speaks only the first protocol (a rollout of tether itself is under way).
-    fn first_protocol_peers(&self) -> bool {
-        let view = self.router.view();
-        view.snapshot().peers.iter().any(|p| {
-            p.state.is_alive() && self.router.health().protocol(&p.uid) == Some(FIRST_PROTOCOL)
-        })
-    }
-
-    /// A message of the first protocol: the body is read, then authenticated.
-    async fn serve_first(&self, session: &mut ServerSession, path: &str, kind: Kind) -> Reply {
-        if !self.first_protocol_peers() {
-            self.metrics.peer_auth_failure("header");
-            session.set_keepalive(None);
-            return error(
-                StatusCode::UNAUTHORIZED,
-                "unauthenticated",
-                "no pod of the first peer protocol is left: its messages are refused",
-            );
-        }
-        let Ok(Ok(_slot)) = tokio::time::timeout(QUEUE_WAIT, self.first_slots.acquire()).await
-        else {
-            return error(StatusCode::SERVICE_UNAVAILABLE, "busy", "too many messages");
-        };
-        let limit = self.max_message_bytes;
-        let body = match read_body(session, limit, |_| true).await {
-            Ok(body) => body,
-            Err((status, reason, message)) => return error(status, reason, &message),
-        };
-        let headers: HeaderMap = session.req_header().headers.clone();
-        let from = match auth::v1::verify(&self.keys, path, &headers, &body) {
-            Ok(uid) => uid,
-            Err(e) => {
-                self.metrics.peer_auth_failure("mac");
-                return error(StatusCode::UNAUTHORIZED, "unauthenticated", &e.to_string());
-            }
-        };
-        let (status, body) = self.carry_out(kind, &from, remote_ip(session), &body).await;
-        json(status, body)
     }
 
     /// Applies an authenticated message from `from`, whose connection comes from `remote`

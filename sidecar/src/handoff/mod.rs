@@ -29,7 +29,6 @@ use serde_json::Value;
 use crate::broker::{Broker, CancelRelay, Here};
 use crate::cluster::membership::{Peer, PeerState};
 use crate::cluster::peer_health::Down;
-use crate::cluster::peer_health::FIRST_PROTOCOL;
 use crate::cluster::routing::Router;
 use crate::lifecycle::Lifecycle;
 use crate::mcp::jsonrpc::RequestKey;
@@ -128,7 +127,6 @@ impl CancelRelay for Relay {
                 })
                 .collect(),
         );
-        let carries_credentials = !credentials.0.is_empty();
         let push = CancelPush {
             from: handoff.router.uid().to_owned(),
             session,
@@ -140,14 +138,7 @@ impl CancelRelay for Relay {
             return;
         };
         tokio::spawn(async move {
-            let protocol = handoff.router.health().protocol_for(&peer.uid).await;
-            if carries_credentials && protocol == FIRST_PROTOCOL {
-                // The first protocol authenticates nothing before the body: no credential goes
-                // there. The call runs to its end.
-                tracing::info!(peer = %peer.name, "a cancellation is not relayed to a first-protocol peer");
-                return;
-            }
-            let to = handoff.destination(&peer, protocol);
+            let to = handoff.destination(&peer);
             if let Err(e) = handoff
                 .client
                 .post(to, listener::CANCEL_PATH, Bytes::from(body))
@@ -214,7 +205,7 @@ impl Handoff {
     }
 
     /// Installs this handoff as `broker`'s relay of cancellations for requests still running on
-    /// the pod a session came from (`POST /v1/cancel`).
+    /// the pod a session came from (`POST /v2/cancel`).
     pub(crate) fn relay_cancellations(self: &Arc<Self>) {
         self.broker
             .set_cancel_relay(Arc::new(Relay(Arc::downgrade(self))));
@@ -229,12 +220,11 @@ impl Handoff {
         SocketAddr::new(peer.address.ip(), peer.peer_port.unwrap_or(self.peer_port))
     }
 
-    /// Where a message to `peer`, which speaks `protocol`, goes.
-    fn destination<'a>(&self, peer: &'a Peer, protocol: u8) -> Destination<'a> {
+    /// Where a message to `peer` goes.
+    fn destination<'a>(&self, peer: &'a Peer) -> Destination<'a> {
         Destination {
             uid: &peer.uid,
             addr: self.peer_addr(peer),
-            protocol,
         }
     }
 
@@ -304,10 +294,9 @@ impl Handoff {
         let mut last = None;
         for target in candidates {
             // Each candidate gets a later epoch than any before: a copy an earlier attempt left
-            // anywhere is stale against it. A sidecar of the first protocol knows no epoch.
+            // anywhere is stale against it.
             let epoch = session.advance_epoch();
-            let protocol = self.router.health().protocol_for(&target.uid).await;
-            push.session.epoch = if protocol > FIRST_PROTOCOL { epoch } else { 0 };
+            push.session.epoch = epoch;
             let body = match serde_json::to_vec(&push) {
                 Ok(body) => Bytes::from(body),
                 Err(e) => {
@@ -315,10 +304,7 @@ impl Handoff {
                     return Err(MoveError::Failed(SendError::Unreachable(e.to_string())));
                 }
             };
-            match self
-                .push_to(&target, &body, session.id(), epoch, protocol)
-                .await
-            {
+            match self.push_to(&target, &body, session.id(), epoch).await {
                 Ok(()) => {
                     self.moved(&session, &target, imaged, started);
                     return Ok(target.uid);
@@ -348,9 +334,8 @@ impl Handoff {
         Err(last.map_or(MoveError::NoTarget, MoveError::Failed))
     }
 
-    /// Pushes the body of session `session` (at `epoch`) to one peer, which speaks `protocol`,
-    /// retrying transient failures with
-    /// backoff. A push that may have arrived but got no valid answer is settled by asking the
+    /// Pushes the body of session `session` (at `epoch`) to one peer, retrying transient
+    /// failures with backoff. A push that may have arrived but got no valid answer is settled by asking the
     /// peer whether it took the session ([`Handoff::confirm`]) before another pod is tried.
     ///
     /// # Errors
@@ -362,9 +347,8 @@ impl Handoff {
         body: &Bytes,
         session: &str,
         epoch: u64,
-        protocol: u8,
     ) -> Result<(), MoveError> {
-        let to = self.destination(target, protocol);
+        let to = self.destination(target);
         let mut attempt = 0;
         let failed = loop {
             match self
@@ -386,7 +370,7 @@ impl Handoff {
                 .mark_down(&target.uid, Down::Refused, Instant::now());
         }
         let maybe_taken = matches!(failed, SendError::Lost(_) | SendError::Unacknowledged(_));
-        if !maybe_taken || protocol <= FIRST_PROTOCOL {
+        if !maybe_taken {
             return Err(MoveError::Failed(failed));
         }
         match self.confirm(to, session, epoch).await {

@@ -1,9 +1,8 @@
 //! The messages of the peer protocol (`docs/design/handoff.md`): JSON bodies of
 //! `POST /v2/sessions` (a session pushed to its new holder), `POST /v2/tail` (events of a
 //! handed-off stream that arrived after the push), `POST /v2/cancel`, `POST /v2/held` and
-//! `POST /v2/about` (what a sidecar reports of itself, asked and answered alike). The
-//! first protocol's messages (`/v1/…`) are the same bodies without the fields protocol 2 added,
-//! which are left out when empty or zero so a receiver of that protocol reads them.
+//! `POST /v2/about` (what a sidecar reports of itself, asked and answered alike). Optional
+//! fields are left out when empty, false or zero.
 //!
 //! Event data travels as text (SSE `data:` is UTF-8 by definition); request ids as their
 //! JSON text ([`RequestKey`]); stream keys in their 12-character form ([`StreamKey`], checked on
@@ -48,7 +47,6 @@ pub(crate) struct SessionImage {
     pub(crate) standalone_unsupported: Option<ReplyImage>,
     /// The session's clients presented credentials (never the credentials themselves): the
     /// receiver waits for the session's next request to rebuild it with that request's.
-    /// Left out when false, so a receiver of the first version of this message reads it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) credentialed: bool,
     /// The principal the session is bound to (`spec.auth.binding`): `subject:<hex digest>`,
@@ -62,7 +60,7 @@ pub(crate) struct SessionImage {
     pub(crate) accepted: Vec<AcceptedImage>,
     /// The push's handoff epoch (`docs/design/handoff.md#one-holder-per-session`): a receiver
     /// holding the session at a later epoch refuses it, one holding an earlier copy replaces
-    /// it. Left out when 0, so a receiver of the first protocol reads it.
+    /// it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) epoch: u64,
 }

@@ -30,10 +30,6 @@ pub(crate) const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Domain label of session-id MACs.
 pub(crate) const DOMAIN_SESSION_ID: &[u8] = b"tether/session-id/v1";
-/// Domain label of first-version hop MACs (`Tether-Hop-Mac`, `docs/design/routing.md#forwarding`).
-pub(crate) const DOMAIN_HOP: &[u8] = b"tether/hop/v1";
-/// Domain label of first-version peer-protocol MACs (`docs/design/handoff.md`).
-pub(crate) const DOMAIN_PEER: &[u8] = b"tether/peer/v1";
 /// Domain of the digest a session's principal is kept as (`mcp/principal.rs`).
 pub(crate) const DOMAIN_PRINCIPAL: &[u8] = b"tether/principal/v1";
 /// Domain of the key that seals task ids (`mcp/sealed.rs`).
@@ -306,22 +302,6 @@ impl KeyRing {
         self.ring.load().get(id).cloned()
     }
 
-    /// HMAC-SHA256 with the current key (see [`Key::mac`]).
-    pub(crate) fn mac(&self, domain: &[u8], message: &[u8]) -> [u8; 32] {
-        self.ring.load().current.mac(domain, message)
-    }
-
-    /// The first key of the ring for which `tag` verifies (messages that do not name their
-    /// key: the first protocol version).
-    pub(crate) fn verifying(&self, domain: &[u8], message: &[u8], tag: &[u8]) -> Option<Arc<Key>> {
-        self.ring
-            .load()
-            .keys()
-            .map(|(_, k)| k)
-            .find(|k| k.verify(domain, message, tag))
-            .cloned()
-    }
-
     /// Reads the source again and swaps the ring in when a file changed: `Ok(true)` then,
     /// `Ok(false)` when nothing changed (a ring of a single file or of fixed keys never does).
     ///
@@ -540,8 +520,9 @@ mod tests {
         let next = Generation::new("ns/ep").unwrap();
         write(dir.path(), &[(NEXT_KEY, &next.key)]);
         assert!(ring.reload().unwrap());
-        let tag = Key::new(next.key.clone()).mac(DOMAIN_HOP, b"m");
-        let found = ring.verifying(DOMAIN_HOP, b"m", &tag).unwrap();
+        let tag = Key::new(next.key.clone()).mac(DOMAIN_SESSION_ID, b"m");
+        let found = ring.get(KeyId::of(&next.key)).unwrap();
+        assert!(found.verify(DOMAIN_SESSION_ID, b"m", &tag));
         assert_eq!(found.id().to_string(), next.id());
         assert_eq!(
             ring.current().id().to_string(),

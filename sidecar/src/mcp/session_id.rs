@@ -1,24 +1,21 @@
 //! Client session ids minted by the sidecar (`docs/design/architecture.md#sessions`).
 //!
-//! Two formats, both `base64url` without padding (visible ASCII, spec S-02):
+//! 60 characters of `base64url` without padding (visible ASCII, spec S-02), over:
 //!
-//! | bytes | format 1 (55 characters) | format 2 (60 characters) |
-//! |---|---|---|
-//! | 1 | format version, `1` | format version, `2` |
-//! | 4 | — | id of the key that signed it ([`KeyId`]) |
-//! | 16 | random (CSPRNG), makes the id unguessable (spec S-08) | the same |
-//! | 8 | home token: first 8 bytes of SHA-256(`tether/home/v1` ‖ pod UID) | the same |
-//! | 16 | HMAC-SHA256 over the bytes before it, truncated | the same |
+//! | bytes | field |
+//! |---|---|
+//! | 1 | format version, `2` |
+//! | 4 | id of the key that signed it ([`KeyId`]) |
+//! | 16 | random (CSPRNG), makes the id unguessable (spec S-08) |
+//! | 8 | home token: first 8 bytes of SHA-256(`tether/home/v1` ‖ pod UID) |
+//! | 16 | HMAC-SHA256 over the bytes before it, truncated |
 //!
-//! Format 2 names its key, so a verifier picks it from the ring
-//! (`docs/design/peer-trust.md#the-key-ring`); format 1 verifies with any key of the ring. A pod
-//! mints format 2 unless its first-format flag says a peer of the endpoint reads only
-//! format 1 (a sidecar of the first peer protocol, during a rollout of tether itself,
-//! `docs/design/peer-trust.md#protocol-versions`). A forged or foreign id fails the MAC and is
-//! answered 404 at once (spec S-05), with no hop.
+//! An id names its key, so a verifier picks it from the ring
+//! (`docs/design/peer-trust.md#the-key-ring`). A forged or foreign id fails the MAC and is
+//! answered 404 at once (spec S-05), with no hop. (Version 1 was a format without the key id
+//! that no released sidecar ever minted; it is refused like any unknown version.)
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -27,9 +24,7 @@ use sha2::{Digest, Sha256};
 use super::sealed::{Purpose, Sealer};
 use crate::keys::{DOMAIN_SESSION_ID, Key, KeyId, KeyRing};
 
-/// Format version of ids that do not name their key.
-pub(crate) const FIRST_FORMAT: u8 = 1;
-/// Format version of ids that name their key.
+/// Format version of the ids.
 pub(crate) const ID_VERSION: u8 = 2;
 const KEY_ID_LEN: usize = 4;
 const RANDOM_LEN: usize = 16;
@@ -37,9 +32,7 @@ const HOME_LEN: usize = 8;
 const MAC_LEN: usize = 16;
 /// Bytes after the version and key id: random, home, MAC.
 const BODY_LEN: usize = RANDOM_LEN + HOME_LEN + MAC_LEN;
-/// Length of an encoded id of the first format, in characters.
-pub(crate) const FIRST_FORMAT_LEN: usize = 55;
-/// Length of an encoded id of the current format, in characters.
+/// Length of an encoded id, in characters.
 pub(crate) const ENCODED_LEN: usize = 60;
 
 /// The pod a session was created on, as carried inside its id.
@@ -88,19 +81,12 @@ pub(crate) struct Verified {
 pub(crate) struct IdMinter {
     keys: KeyRing,
     home: HomeToken,
-    first_format: Arc<AtomicBool>,
 }
 
 impl IdMinter {
-    /// A minter for the pod whose home token is `home`, signing with `keys`' current key; new
-    /// ids take the first format while `first_format` is set (the peer prober sets it while a
-    /// live peer reads only that one).
-    pub(crate) fn new(keys: KeyRing, home: HomeToken, first_format: Arc<AtomicBool>) -> Self {
-        Self {
-            keys,
-            home,
-            first_format,
-        }
+    /// A minter for the pod whose home token is `home`, signing with `keys`' current key.
+    pub(crate) fn new(keys: KeyRing, home: HomeToken) -> Self {
+        Self { keys, home }
     }
 
     /// The sealer of this pod's values of `purpose`, with the same ring ([`Sealer`]).
@@ -112,12 +98,8 @@ impl IdMinter {
     pub(crate) fn mint(&self) -> (String, Arc<Key>) {
         let key = self.keys.current();
         let mut raw = Vec::with_capacity(1 + KEY_ID_LEN + BODY_LEN);
-        if self.first_format.load(Ordering::Relaxed) {
-            raw.push(FIRST_FORMAT);
-        } else {
-            raw.push(ID_VERSION);
-            raw.extend_from_slice(&key.id().0);
-        }
+        raw.push(ID_VERSION);
+        raw.extend_from_slice(&key.id().0);
         let mut random = [0u8; RANDOM_LEN];
         rand::fill(&mut random);
         raw.extend_from_slice(&random);
@@ -142,38 +124,28 @@ impl IdMinter {
     /// # Errors
     /// [`IdError`] for anything that is not a genuine id of this endpoint.
     pub(crate) fn verify(&self, id: &str) -> Result<Verified, IdError> {
-        let key_len = match id.len() {
-            FIRST_FORMAT_LEN => 0,
-            ENCODED_LEN => KEY_ID_LEN,
-            _ => return Err(IdError::Malformed),
-        };
-        let raw = URL_SAFE_NO_PAD.decode(id).map_err(|_| IdError::Malformed)?;
-        if raw.len() != 1 + key_len + BODY_LEN {
+        if id.len() != ENCODED_LEN {
             return Err(IdError::Malformed);
         }
-        let expected = if key_len == 0 {
-            FIRST_FORMAT
-        } else {
-            ID_VERSION
-        };
-        if raw[0] != expected {
+        let raw = URL_SAFE_NO_PAD.decode(id).map_err(|_| IdError::Malformed)?;
+        if raw.len() != 1 + KEY_ID_LEN + BODY_LEN {
+            return Err(IdError::Malformed);
+        }
+        if raw[0] != ID_VERSION {
             return Err(IdError::UnknownVersion);
         }
         let (signed, mac) = raw.split_at(raw.len() - MAC_LEN);
-        let key = if key_len == 0 {
-            self.keys.verifying(DOMAIN_SESSION_ID, signed, mac)
-        } else {
-            let named = KeyId(
-                raw[1..=KEY_ID_LEN]
-                    .try_into()
-                    .map_err(|_| IdError::Malformed)?,
-            );
-            self.keys
-                .get(named)
-                .filter(|k| k.verify(DOMAIN_SESSION_ID, signed, mac))
-        };
+        let named = KeyId(
+            raw[1..=KEY_ID_LEN]
+                .try_into()
+                .map_err(|_| IdError::Malformed)?,
+        );
+        let key = self
+            .keys
+            .get(named)
+            .filter(|k| k.verify(DOMAIN_SESSION_ID, signed, mac));
         let key = key.ok_or(IdError::BadMac)?;
-        let home_at = 1 + key_len + RANDOM_LEN;
+        let home_at = 1 + KEY_ID_LEN + RANDOM_LEN;
         let mut home = [0; HOME_LEN];
         home.copy_from_slice(&raw[home_at..home_at + HOME_LEN]);
         Ok(Verified {
@@ -193,7 +165,6 @@ mod tests {
         IdMinter::new(
             KeyRing::from_bytes(secret.to_vec()),
             HomeToken::for_pod(pod),
-            Arc::default(),
         )
     }
 
@@ -210,10 +181,6 @@ mod tests {
         assert_eq!(home(&m, &id), Ok(HomeToken::for_pod("pod-a")));
         assert_eq!(m.verify(&id).unwrap().key.id(), key.id());
         assert_ne!(m.mint().0, id, "ids are random");
-        m.first_format.store(true, Ordering::Relaxed);
-        let (first, _) = m.mint();
-        assert_eq!(first.len(), FIRST_FORMAT_LEN);
-        assert_eq!(home(&m, &first), Ok(HomeToken::for_pod("pod-a")));
     }
 
     #[test]
@@ -222,12 +189,23 @@ mod tests {
         let other_endpoint = minter(b"fedcba9876543210", "pod-a");
         let (id, _) = other_endpoint.mint();
         assert_eq!(home(&a, &id), Err(IdError::BadMac));
-        other_endpoint.first_format.store(true, Ordering::Relaxed);
-        assert_eq!(home(&a, &other_endpoint.mint().0), Err(IdError::BadMac));
         assert_eq!(home(&a, "not-an-id"), Err(IdError::Malformed));
-        for len in [FIRST_FORMAT_LEN, ENCODED_LEN] {
-            assert_eq!(home(&a, &"A".repeat(len)), Err(IdError::UnknownVersion));
-        }
+        assert_eq!(
+            home(&a, &"A".repeat(ENCODED_LEN)),
+            Err(IdError::UnknownVersion)
+        );
+        // The 55-character format without a key id, which no released sidecar minted: 1, 16
+        // random bytes, the home token, the MAC. It is refused even with a valid MAC.
+        let mut unnamed = vec![1u8];
+        unnamed.extend_from_slice(&[7; RANDOM_LEN]);
+        unnamed.extend_from_slice(&HomeToken::for_pod("pod-a").0);
+        let key = KeyRing::from_bytes(b"0123456789abcdef".to_vec()).current();
+        let mac = key.mac(DOMAIN_SESSION_ID, &unnamed);
+        unnamed.extend_from_slice(&mac[..MAC_LEN]);
+        assert_eq!(
+            home(&a, &URL_SAFE_NO_PAD.encode(unnamed)),
+            Err(IdError::Malformed)
+        );
         // A peer of the same endpoint mints ids this pod accepts, with the peer as home.
         let peer = minter(b"0123456789abcdef", "pod-b");
         assert_eq!(home(&a, &peer.mint().0), Ok(HomeToken::for_pod("pod-b")));
@@ -240,21 +218,15 @@ mod tests {
         let before = IdMinter::new(
             KeyRing::fixed(Ring::single(Key::new(b"old key 0123456789".to_vec()))),
             HomeToken::for_pod("pod-a"),
-            Arc::default(),
         );
         let (named, _) = before.mint();
-        before.first_format.store(true, Ordering::Relaxed);
-        let (unnamed, _) = before.mint();
         let rotated = IdMinter::new(
             KeyRing::fixed(Ring::rotated(new, Some(old))),
             HomeToken::for_pod("pod-b"),
-            Arc::default(),
         );
-        for id in [&named, &unnamed] {
-            let v = rotated.verify(id).unwrap();
-            assert_eq!(v.home, HomeToken::for_pod("pod-a"));
-            assert_eq!(v.key.id(), KeyId::of(b"old key 0123456789"));
-        }
+        let v = rotated.verify(&named).unwrap();
+        assert_eq!(v.home, HomeToken::for_pod("pod-a"));
+        assert_eq!(v.key.id(), KeyId::of(b"old key 0123456789"));
         assert_eq!(
             rotated.mint().1.id(),
             KeyId::of(b"new key 0123456789"),
@@ -262,7 +234,6 @@ mod tests {
         );
         let retired = minter(b"new key 0123456789", "pod-b");
         assert_eq!(home(&retired, &named), Err(IdError::BadMac));
-        assert_eq!(home(&retired, &unnamed), Err(IdError::BadMac));
     }
 
     proptest! {

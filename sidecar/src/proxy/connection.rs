@@ -44,7 +44,7 @@ impl Head {
 /// Which listener a connection came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Port {
-    /// The MCP port: clients, and forwards of sidecars of the first peer protocol.
+    /// The MCP port: clients only.
     Mcp,
     /// The peer port: peer messages and forwarded requests only; `tls` when the connection is
     /// mutual TLS with a certificate of the endpoint's CA.

@@ -36,8 +36,6 @@ pub(crate) struct Forwarding {
     pub(crate) fallback: Option<Rejection>,
     /// The request was sent back to this pod's own listener after every candidate failed.
     pub(crate) to_self: bool,
-    /// The peer protocol spoken to `peer` (decided when its connection is made).
-    pub(crate) protocol: u8,
     /// The request may run at most once: it is sent again only after a connection that was
     /// never made, never after one that broke (a 2026-07-28 POST, which nobody de-duplicates).
     pub(crate) at_most_once: bool,
@@ -61,7 +59,6 @@ impl Forwarding {
             unreachable: Vec::new(),
             fallback: None,
             to_self: false,
-            protocol: crate::cluster::peer_health::PEER_PROTOCOL,
             at_most_once: false,
         }
     }

@@ -18,8 +18,7 @@
 //! connection from a plaintext one by its first byte (a TLS handshake record starts with
 //! `0x16`, no HTTP method does): TLS is accepted with the key ring's current configuration
 //! (mutual: a client certificate of the endpoint's CA is required); plaintext only when peer
-//! TLS is off, or from a sidecar of the first peer protocol (which then may send only that
-//! protocol's messages). A TLS connection that negotiated `h2` carries its requests as HTTP/2
+//! TLS is off, otherwise the connection is closed before a byte is read. A TLS connection that negotiated `h2` carries its requests as HTTP/2
 //! streams, each served in a task of its own, at most `--peer-max-streams` at once. The peer
 //! port's connections are counted in `tether_peer_connections`, the admin port's in
 //! `tether_admin_connections`, not among the clients'.
@@ -65,8 +64,6 @@ pub(crate) enum Listening {
         keys: KeyRing,
         /// Peer TLS is on (`spec.peer.tls`).
         tls: bool,
-        /// Plaintext connections of first-protocol sidecars are taken (`--peer-min-protocol 1`).
-        accept_first: bool,
         /// Most requests at once on one HTTP/2 connection (`--peer-max-streams`).
         max_streams: u32,
     },
@@ -150,15 +147,13 @@ impl<A: HttpServerApp + Send + Sync + 'static> Listener<A> {
     }
 
     /// Which port a new connection is on: on the peer port, TLS when its first byte starts a
-    /// handshake; `None` closes it (a plaintext peer when TLS is required, nothing sent within
-    /// `--header-timeout`).
+    /// handshake; `None` closes it (plaintext when TLS is required, counted `plaintext`; nothing
+    /// sent within `--header-timeout`).
     async fn port(&self, stream: &mut Stream) -> Option<Port> {
-        let (tls, accept_first) = match &self.listening {
+        let tls = match &self.listening {
             Listening::Mcp => return Some(Port::Mcp),
             Listening::Admin => return Some(Port::Admin),
-            Listening::Peer {
-                tls, accept_first, ..
-            } => (tls, accept_first),
+            Listening::Peer { tls, .. } => *tls,
         };
         let mut first = [0u8; 1];
         let peeked = tokio::time::timeout(self.header_timeout, stream.try_peek(&mut first)).await;
@@ -168,7 +163,11 @@ impl<A: HttpServerApp + Send + Sync + 'static> Listener<A> {
         if first[0] == TLS_HANDSHAKE {
             return Some(Port::Peer { tls: true });
         }
-        (!*tls || *accept_first).then_some(Port::Peer { tls: false })
+        if tls {
+            self.metrics.peer_auth_failure("plaintext");
+            return None;
+        }
+        Some(Port::Peer { tls: false })
     }
 
     /// Accepts mutual TLS on `stream` with the key ring's current configuration; `None` (the

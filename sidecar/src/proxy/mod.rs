@@ -53,7 +53,7 @@ use tether_crds::keyring::PEER_SERVER_NAME;
 
 use crate::broker::{Broker, Here};
 use crate::cluster::hop::{Accept, HOP_HEADERS, Signing};
-use crate::cluster::peer_health::{FIRST_PROTOCOL, PEER_PROBE_PATH, TETHER_PEER_PROTOCOL};
+use crate::cluster::peer_health::{PEER_PROBE_PATH, PEER_PROTOCOL, TETHER_PEER_PROTOCOL};
 use crate::cluster::routing::{ForwardKind, Hop, Route, Router, Target};
 use crate::handoff::Handoff;
 use crate::handoff::auth::now_ms;
@@ -119,8 +119,8 @@ pub(crate) struct McpProxy {
     pub(crate) client_write_timeout: Duration,
     /// The peer protocol's messages on the peer port.
     pub(crate) peer: Arc<PeerListener>,
-    /// This pod's peer port (`spec.peer.port`), where forwards of protocol 2 go (a peer's own
-    /// port when membership knows it).
+    /// This pod's peer port (`spec.peer.port`), where forwards go (a peer's own port when
+    /// membership knows it).
     pub(crate) peer_port: u16,
     /// Peer traffic is mutual TLS (`spec.peer.tls`).
     pub(crate) peer_tls: bool,
@@ -372,20 +372,9 @@ impl ProxyHttp for McpProxy {
             req.headers.clone(),
         );
         let port = ctx.port(session);
-        if let Port::Peer { tls } = port {
-            let plaintext_not_first = self.peer_tls && !tls && !path.starts_with("/v1/");
-            let forward_to_first = !is_peer_path(&path) && !self.router.health().speaks().current();
-            if plaintext_not_first || forward_to_first {
-                // Plaintext on a TLS peer port: only a first-protocol sidecar's messages; and a
-                // sidecar of the first protocol takes forwarded requests on its MCP port only.
-                let rejection = Rejection::ForgedHop;
-                self.metrics.rejection(&rejection);
-                return respond(session, ctx, rejection.into()).await;
-            }
-            if is_peer_path(&path) {
-                let reply = self.peer.serve(session.as_downstream_mut()).await;
-                return respond(session, ctx, reply).await;
-            }
+        if matches!(port, Port::Peer { .. }) && is_peer_path(&path) {
+            let reply = self.peer.serve(session.as_downstream_mut()).await;
+            return respond(session, ctx, reply).await;
         }
         if method == Method::GET && path == PEER_PROBE_PATH {
             // Peers' liveness probe (`peer_health`): answered here, on the port they forward to,
@@ -394,7 +383,7 @@ impl ProxyHttp for McpProxy {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
             headers.insert(
                 TETHER_PEER_PROTOCOL,
-                HeaderValue::from(u16::from(self.router.health().speaks().max)),
+                HeaderValue::from(u16::from(PEER_PROTOCOL)),
             );
             let reply = Reply {
                 status: StatusCode::OK,
@@ -523,12 +512,7 @@ impl ProxyHttp for McpProxy {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
-        if let Some(f) = ctx.forward.as_mut() {
-            f.protocol = if f.peer.uid == self.router.uid() {
-                self.router.health().speaks().max
-            } else {
-                self.router.health().protocol_for(&f.peer.uid).await
-            };
+        if let Some(f) = ctx.forward.as_ref() {
             let mut peer = self.peer_of(f)?;
             peer.options.connection_timeout = Some(PEER_CONNECT_TIMEOUT);
             peer.options.idle_timeout = Some(PEER_IDLE_TIMEOUT);
@@ -587,13 +571,9 @@ impl ProxyHttp for McpProxy {
         }
         if let Some(f) = &ctx.forward {
             let next = f.hop_so_far().next(self.router.uid());
-            let signing = if f.protocol <= FIRST_PROTOCOL {
-                Signing::First
-            } else {
-                Signing::Current {
-                    to: &f.peer.uid,
-                    now_ms: now_ms(),
-                }
+            let signing = Signing {
+                to: &f.peer.uid,
+                now_ms: now_ms(),
             };
             for (name, value) in
                 next.headers(self.router.secret(), f.session_id.as_deref(), signing)
@@ -741,14 +721,12 @@ impl McpProxy {
             Era::Stateless => None,
             _ => admitted.session_id.clone(),
         };
-        let speaks = self.router.health().speaks();
         let accept = match port {
-            Port::Peer { .. } if speaks.current() => Accept::Current {
+            Port::Peer { .. } => Accept::Peer {
                 me: self.router.uid(),
                 now_ms: now_ms(),
             },
-            Port::Mcp if speaks.first() => Accept::First,
-            _ => Accept::Nothing,
+            Port::Mcp | Port::Admin => Accept::Nothing,
         };
         let hop = Hop::read(
             &admitted.headers,
@@ -837,13 +815,9 @@ impl McpProxy {
             .task_holder(text(MCP_NAME)?.trim(), &admitted.headers)
     }
 
-    /// The connection of a forward: to a sidecar of the first protocol, its MCP port in
-    /// plaintext; otherwise its peer port, over mutual TLS with the key ring's current
-    /// certificate when peer TLS is on.
+    /// The connection of a forward: the peer's peer port, over mutual TLS with the key ring's
+    /// current certificate when peer TLS is on.
     fn peer_of(&self, f: &Forwarding) -> pingora::Result<HttpPeer> {
-        if f.protocol <= FIRST_PROTOCOL {
-            return Ok(HttpPeer::new(f.peer.address, false, String::new()));
-        }
         let addr = std::net::SocketAddr::new(
             f.peer.address.ip(),
             f.peer.peer_port.unwrap_or(self.peer_port),

@@ -136,36 +136,25 @@ pub struct RolloutConfig {
     pub sidecar_log: Option<String>,
 }
 
-/// The sidecar of the pods before a rollout of tether itself.
-#[derive(Clone, Debug, Default)]
+/// The sidecar of the pods before a rollout of tether itself: another build's binary.
+#[derive(Clone, Debug)]
 pub struct OldSidecar {
-    /// Its binary; `None`: the workspace's.
-    pub bin: Option<std::path::PathBuf>,
-    /// Flags added to its command line (e.g. `--peer-max-protocol 1`, the previous release's
-    /// peer protocol).
-    pub args: Vec<String>,
-    /// It takes its key as one file (`--secret-file`): a release before the key ring.
-    pub secret_file: bool,
+    /// Its binary.
+    pub bin: std::path::PathBuf,
 }
 
 impl OldSidecar {
-    /// The previous release's sidecar in `dir` (its `tether-sidecar`), as a rollout of tether
-    /// runs it: with `--secret-file` when it does not know `--secret-dir`.
+    /// The `tether-sidecar` of another build, in `dir`.
     ///
     /// # Errors
     /// [`HarnessError`] when the binary cannot be run.
     pub fn in_dir(dir: &std::path::Path) -> Result<Self> {
         let bin = dir.join("tether-sidecar");
-        let help = std::process::Command::new(&bin)
-            .arg("--help")
+        std::process::Command::new(&bin)
+            .arg("--version")
             .output()
             .map_err(|e| HarnessError::Start(format!("{}: {e}", bin.display())))?;
-        let key_ring = String::from_utf8_lossy(&help.stdout).contains("--secret-dir");
-        Ok(Self {
-            bin: Some(bin),
-            args: Vec::new(),
-            secret_file: !key_ring,
-        })
+        Ok(Self { bin })
     }
 }
 
@@ -257,9 +246,7 @@ impl RolloutConfig {
     fn old_pod_spec(&self, issuer: Option<&Issuer>) -> PodSpec {
         let mut spec = self.pod_spec(issuer);
         if let Some(old) = &self.old_sidecar {
-            spec.sidecar_bin.clone_from(&old.bin);
-            spec.sidecar_args.extend(old.args.iter().cloned());
-            spec.secret_file = old.secret_file;
+            spec.sidecar_bin = Some(old.bin.clone());
         }
         spec
     }
@@ -305,12 +292,6 @@ impl RolloutConfig {
         if self.pods == 0 {
             return Err(HarnessError::Start(
                 "a rollout needs at least one pod".into(),
-            ));
-        }
-        if self.rotate_key && self.old_sidecar.as_ref().is_some_and(|o| o.secret_file) {
-            return Err(HarnessError::Start(
-                "a sidecar given one key file (--secret-file) never reloads it: no key rotation"
-                    .into(),
             ));
         }
         let old = (0..self.pods).map(|_| addr::next_ip()).collect();

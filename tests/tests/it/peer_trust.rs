@@ -13,7 +13,7 @@
 //! | fault | test |
 //! |---|---|
 //! | slow unauthenticated connections on the peer ports | [`unauthenticated_slow_connections_to_the_peer_port_delay_no_handoff`] |
-//! | a stand-in answering 200 to everything | [`a_stand_in_answering_200_to_everything_never_receives_a_session`], [`a_stand_in_that_cannot_complete_tls_never_receives_a_session`], [`a_stand_in_claiming_no_protocol_gets_nothing_once_the_first_protocol_is_off`] |
+//! | a stand-in answering 200 to everything | [`a_stand_in_answering_200_to_everything_never_receives_a_session`], [`a_stand_in_that_cannot_complete_tls_gets_nothing_but_probes`] |
 //! | a captured push sent again | [`s05_replayed_and_misaddressed_pushes_are_refused`] |
 //! | the answer to a push lost | [`a_lost_acknowledgement_leaves_one_holder`] |
 //! | the new holder killed after its acknowledgement | [`a_new_holder_killed_right_after_its_ack_leaves_the_session_to_the_next`] |
@@ -46,8 +46,8 @@ const SESSIONS: &str = "/v2/sessions";
 const HELD: &str = "/v2/held";
 /// Path of tail messages.
 const TAIL: &str = "/v2/tail";
-/// Path of session pushes of the first peer protocol.
-const FIRST_SESSIONS: &str = "/v1/sessions";
+/// Path of the sidecars' liveness probe of each other, on the MCP port.
+const PROBE: &str = "/.tether/ping";
 /// How long a test waits for something it expects of the pods.
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -307,13 +307,13 @@ fn acknowledged_within(metrics: &str, secs: f64) -> (f64, f64) {
 /// key ring (`docs/design/peer-trust.md#what-a-peer-may-be`). Peer TLS is on; 64 connections on
 /// each of B's and C's peer ports send a byte every 200 ms, opened again whenever closed: 22 a
 /// plaintext `POST /v2/sessions` head announcing 16 MiB without authentication, 21 such a head
-/// at once and then its body, 21 a TLS ClientHello. The heads sent at once are answered at once
-/// (403 `forged_hop`: plaintext on a TLS peer port), their bodies never waited for; the others
-/// stay open. Meanwhile A, with 16 sessions each running a `slow` call, drains: every
-/// session is handed off, each acknowledged within 2 s (a message slot held by a slow
+/// at once and then its body, 21 a TLS ClientHello. Every plaintext connection is closed at its
+/// first byte, before a head is read (`tether_peer_auth_failures_total{reason="plaintext"}`);
+/// the ClientHellos stay open. Meanwhile A, with 16 sessions each running a `slow` call, drains:
+/// every session is handed off, each acknowledged within 2 s (a message slot held by a slow
 /// connection would make it wait 5 s for one), no client sees a 404, every event arrives once.
-/// The peers then close the slow heads and ClientHellos at `--header-timeout` (10 s): header
-/// timeouts, and TLS handshakes refused in `tether_peer_auth_failures_total{reason="tls"}`.
+/// The peers then close the ClientHellos at `--header-timeout` (10 s): TLS handshakes refused in
+/// `tether_peer_auth_failures_total{reason="tls"}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unauthenticated_slow_connections_to_the_peer_port_delay_no_handoff() {
     const CALLS: usize = 16;
@@ -342,20 +342,20 @@ async fn unauthenticated_slow_connections_to_the_peer_port_delay_no_handoff() {
             (ip, [heads, bodies, hellos])
         })
         .collect();
-    let forged = "tether_rejections_total{status=\"403\",reason=\"forged_hop\"}";
-    for (ip, [_, bodies, _]) in &slow {
+    let plaintext = "tether_peer_auth_failures_total{reason=\"plaintext\"}";
+    for (ip, [heads, bodies, _]) in &slow {
         let pod = s.cluster.pod(*ip).unwrap();
-        let held = (HEADS + HELLOS) as f64;
+        let held = HELLOS as f64;
         let open = pod.wait_for_metric("tether_peer_connections", WAIT, |n| n >= held);
-        // Each connection sends its next head once the last one was answered: two heads per
-        // connection refused means each was answered at least once.
-        let twice = (2 * BODIES) as f64;
-        let refused = pod.wait_for_metric(forged, WAIT, |n| n >= twice);
+        // Each connection is opened again once closed: two refusals per connection means each
+        // was closed at least once.
+        let twice = (2 * (HEADS + BODIES)) as f64;
+        let refused = pod.wait_for_metric(plaintext, WAIT, |n| n >= twice);
         let (open, refused) = (s.check(open.await), s.check(refused.await));
+        let ended = heads.ended() + bodies.ended();
         assert!(
-            open >= held && refused >= twice && bodies.ended() >= BODIES,
-            "{ip}: {open} peer connections, {refused} heads refused, {} answered",
-            bodies.ended()
+            open >= held && refused >= twice && ended >= HEADS + BODIES,
+            "{ip}: {open} peer connections, {refused} plaintext connections refused, {ended} closed"
         );
     }
     let drain = s.drain_a().await;
@@ -374,35 +374,36 @@ async fn unauthenticated_slow_connections_to_the_peer_port_delay_no_handoff() {
     for (ip, [heads, bodies, hellos]) in &slow {
         let pod = s.cluster.pod(*ip).unwrap();
         let sample = "tether_peer_auth_failures_total{reason=\"tls\"}";
-        let tls = pod.wait_for_metric(sample, WAIT, |n| n >= HELLOS as f64);
-        let timeouts =
-            pod.wait_for_metric("tether_header_timeouts_total", WAIT, |n| n >= HEADS as f64);
-        let (tls, timeouts) = (s.check(tls.await), s.check(timeouts.await));
+        let tls = s.check(
+            pod.wait_for_metric(sample, WAIT, |n| n >= HELLOS as f64)
+                .await,
+        );
+        let plaintext = s.check(pod.metric(plaintext).await);
         println!(
             "{ip}: {} slow heads, {} heads with slow bodies, {} ClientHellos opened; \
-             {timeouts} header timeouts, {tls} TLS handshakes refused",
+             {plaintext} plaintext connections closed, {tls} TLS handshakes refused",
             heads.opened(),
             bodies.opened(),
             hellos.opened()
         );
         assert!(
-            tls >= HELLOS as f64 && timeouts >= HEADS as f64,
-            "{ip}: {tls} TLS refusals, {timeouts} header timeouts\n{}",
+            tls >= HELLOS as f64,
+            "{ip}: {tls} TLS refusals\n{}",
             pod.logs()
         );
     }
 }
 
 /// With `spec`, a stand-in in the membership (a routable pod of the endpoint's revision at its
-/// own address) answers `200 {"ok":true}` to everything, claiming peer protocol 2 when `claim`.
+/// own address) answers `200 {"ok":true}` to everything, claiming peer protocol 2.
 /// A holds 30 sessions and drains: each is handed to B (A and B are the only sidecars), however
 /// many were first pushed to the stand-in; A keeps forwarding every one to B, and once A stopped,
 /// B serves them all. Returns A's failed handoffs by reason and the stand-in, for the caller's
 /// checks.
-async fn drain_past_a_stand_in(spec: PodSpec, claim: bool) -> (Value, StandIn) {
+async fn drain_past_a_stand_in(spec: PodSpec) -> (Value, StandIn) {
     const N: usize = 30;
     let [a, b, fake] = addr::ips();
-    let stand_in = StandIn::start(fake, claim).await.unwrap();
+    let stand_in = StandIn::start(fake).await.unwrap();
     let mut cluster = Cluster::start(&[a, b], spec).await.unwrap();
     let mut members = cluster.members.clone();
     members.push(Member::new(fake, "routable"));
@@ -420,9 +421,8 @@ async fn drain_past_a_stand_in(spec: PodSpec, claim: bool) -> (Value, StandIn) {
     assert_eq!(
         received,
         N as f64,
-        "B adopted every session; the stand-in got {} pushes of protocol 2, {} of protocol 1",
+        "B adopted every session; the stand-in got {} pushes",
         stand_in.requests(PEER_PORT, SESSIONS),
-        stand_in.requests(PEER_PORT, FIRST_SESSIONS),
     );
     // A forwards each session to where it moved.
     echo_in_each(&via_a, &sessions, 3, "moved").await;
@@ -444,7 +444,7 @@ async fn drain_past_a_stand_in(spec: PodSpec, claim: bool) -> (Value, StandIn) {
 /// too: not held), and hands the session to B. No session is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stand_in_answering_200_to_everything_never_receives_a_session() {
-    let (failed, stand_in) = drain_past_a_stand_in(plaintext(), true).await;
+    let (failed, stand_in) = drain_past_a_stand_in(plaintext()).await;
     let pushed = stand_in.requests(PEER_PORT, SESSIONS);
     let asked = stand_in.requests(PEER_PORT, HELD);
     println!("stand-in: {pushed} pushes, {asked} questions; A's failed handoffs: {failed}");
@@ -456,13 +456,25 @@ async fn a_stand_in_answering_200_to_everything_never_receives_a_session() {
     assert_eq!(asked, pushed, "each push was asked about once");
 }
 
-/// The same stand-in, peer TLS on: it cannot complete a TLS handshake, so no push ever reaches
-/// it as HTTP; A counts the attempts `unreachable` and hands every session to B.
+/// The same stand-in with the defaults (peer TLS on): it cannot complete a TLS handshake with
+/// the endpoint's CA, so it gets nothing but liveness probes — no push, no forwarded client
+/// request (which would carry the client's bearer token), on either port. A counts its attempts
+/// `unreachable` and hands every session to B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_stand_in_that_cannot_complete_tls_never_receives_a_session() {
-    let (failed, stand_in) = drain_past_a_stand_in(PodSpec::default(), true).await;
-    println!("A's failed handoffs: {failed}");
-    assert_eq!(stand_in.requests(PEER_PORT, SESSIONS), 0);
+async fn a_stand_in_that_cannot_complete_tls_gets_nothing_but_probes() {
+    let (failed, stand_in) = drain_past_a_stand_in(PodSpec::default()).await;
+    let seen = stand_in.seen();
+    let probes = seen
+        .iter()
+        .filter(|(port, path)| *port == LISTEN_PORT && path == PROBE)
+        .count();
+    println!("A's failed handoffs: {failed}; the stand-in got {probes} probes");
+    assert!(probes >= 1, "the stand-in was probed as a pod");
+    let other: Vec<_> = seen
+        .iter()
+        .filter(|(port, path)| !(*port == LISTEN_PORT && path == PROBE))
+        .collect();
+    assert!(other.is_empty(), "the stand-in got {other:?}");
     assert!(
         failed["reason=\"unacknowledged\""].is_null(),
         "nothing answered as HTTP: {failed}"
@@ -473,29 +485,8 @@ async fn a_stand_in_that_cannot_complete_tls_never_receives_a_session() {
     );
 }
 
-/// A stand-in that claims no peer protocol looks like a sidecar of the first one
-/// (`docs/design/peer-trust.md#protocol-versions`), whose messages are not acknowledged: once the
-/// first protocol is off (`--peer-min-protocol 2`, peer TLS on), it is sent protocol 2 only,
-/// which it cannot answer, and never handed a session.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_stand_in_claiming_no_protocol_gets_nothing_once_the_first_protocol_is_off() {
-    let spec = PodSpec {
-        sidecar_args: vec!["--peer-min-protocol".into(), "2".into()],
-        ..PodSpec::default()
-    };
-    let (failed, stand_in) = drain_past_a_stand_in(spec, false).await;
-    println!("A's failed handoffs: {failed}");
-    for port in [LISTEN_PORT, PEER_PORT] {
-        assert_eq!(stand_in.requests(port, FIRST_SESSIONS), 0, "port {port}");
-    }
-    assert!(
-        failed["reason=\"unreachable\""].as_f64() >= Some(1.0),
-        "the stand-in was tried: {failed}"
-    );
-}
-
 /// S-05 (a session ended stays ended), and what stops a captured message
-/// (`docs/design/peer-trust.md#authentication-peer-protocol-2`), with peer TLS off: a tap in
+/// (`docs/design/peer-trust.md#authentication`), with peer TLS off: a tap in
 /// front of B's peer port records A's signed pushes as A drains. Sent again byte for byte, the
 /// push of one session is refused by B, which took it (409 `replayed`), and by C, a pod of the
 /// same endpoint it was not addressed to (421 `misaddressed`); readdressed to C, its MAC fails

@@ -9,12 +9,6 @@
 //!   prints beside it; it must complete and show the 404s of the sessions its stopped pods
 //!   took with them, none before the first pod stopped.
 //! - With migration `Pin`: no session sees its `counter` restart (its sessions never move).
-//! - A rollout of tether itself (`docs/design/peer-trust.md#protocol-versions`): the old pods'
-//!   sidecars speak the first peer protocol only (`--peer-max-protocol 1`: plaintext messages
-//!   without acknowledgements, hop headers of that protocol, session ids without a key id), the
-//!   new pods' protocol 2 over mutual TLS; every session crosses the protocol boundary with the
-//!   same zeros as a rollout of the MCP server.
-//!
 //! - A rotation of the endpoint's key during the rollout (`docs/design/peer-trust.md#rotation`):
 //!   stage, promote and retire interleaved with the replacements, each written to every pod's
 //!   Secret volume at a moment of its own; every step reported by every pod, new pods started
@@ -24,7 +18,7 @@
 //! Each run holds [`load::heavy`]: no other load runs beside it (they share the machine's cores).
 
 use tether_tests::load;
-use tether_tests::rollout::{self, OldSidecar, RolloutConfig, RolloutReport};
+use tether_tests::rollout::{self, RolloutConfig, RolloutReport};
 
 /// The figures every run must reach, whatever it shows about 404s.
 fn assert_complete(report: &RolloutReport, sessions: u64, events: u64) {
@@ -141,21 +135,6 @@ fn assert_invisible(report: &RolloutReport) {
         report.label
     );
     assert!(report.is_clean(), "{}: not clean", report.label);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rollout_of_tether_itself_from_the_first_peer_protocol_is_invisible_to_clients() {
-    let _heavy = load::heavy().await;
-    let report = run_printed(&RolloutConfig {
-        old_sidecar: Some(OldSidecar {
-            args: vec!["--peer-max-protocol".into(), "1".into()],
-            ..OldSidecar::default()
-        }),
-        ..RolloutConfig::default()
-    })
-    .await;
-    assert_complete(&report, 200, 10_000);
-    assert_invisible(&report);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
-//! Authentication of peer-protocol messages, protocol 2
-//! (`docs/design/peer-trust.md#authentication-peer-protocol-2`), and of their answers.
+//! Authentication of peer-protocol messages (`docs/design/peer-trust.md#authentication`), and
+//! of their answers.
 //!
 //! A request is signed over its method, path, sender, receiver, time, nonce, length and body
 //! digest ([`sign`]); the receiver checks all of it on the request head alone ([`check`]), so
@@ -7,9 +7,7 @@
 //! as it arrives ([`BodyCheck`]). Every answer carries an acknowledgement MAC over the receiver,
 //! the nonce, the digest and the status ([`ack`]); a sender counts an answer only when it
 //! verifies ([`verify_ack`]). MACs name their key ([`KeyId`]), signed with the current key and
-//! verified with the one named. The first protocol's authentication is [`v1`].
-
-pub(crate) mod v1;
+//! verified with the one named.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
