@@ -16,7 +16,9 @@
 //! not listed the new pod yet) is not published unless this pod drains: the last good view stays
 //! and the sink counts its source as failing ([`MembershipSink::failing`]), so the view ages and
 //! requests for sessions it cannot place get 503, not 404. The first view is published (and
-//! confirmed, [`MembershipSink::confirm`]) only once the slices list this pod.
+//! confirmed, [`MembershipSink::confirm`]) only once the slices list this pod. What the watch
+//! does with each view is decided by a pure [`judge`] (its [`Verdict`]: wait, hold the last good
+//! view, or publish); the watch loop only carries the verdict out.
 //!
 //! A pod whose report is not known yet (not asked yet, unreachable, or not holding the
 //! endpoint's key ring) is [`PeerState::Draining`] whatever its conditions say: it keeps the
@@ -251,7 +253,8 @@ impl Membership for EndpointSlices {
         let mut reported = self.reports.changes();
         let asking: Arc<Mutex<HashSet<String>>> = Arc::default();
         let mut asks: JoinSet<()> = JoinSet::new();
-        // The last event's view lacked this pod (logged once per such spell).
+        // A spell without this pod is on: a watch event's view lacked it since the last one
+        // published (a failing `Verdict::Hold` starts it, a confirmed `Verdict::Publish` ends it).
         let mut without_self = false;
         loop {
             // Whether the watch delivered an event (the view may be confirmed as current).
@@ -285,17 +288,20 @@ impl Membership for EndpointSlices {
                 Ok(()) = reported.changed() => {}
                 _ = shutdown.changed() => return,
             }
-            if !slices.listed {
-                continue;
-            }
             let endpoints = slices.endpoints();
             let own = endpoints.get(self.reports.own_uid());
-            if own.is_none() && !sink.is_terminating() {
-                // The Service's slices are gone, or the controller has not listed this pod yet:
-                // a view without this pod is not current (its sessions' homes would be unknown).
-                if watched {
-                    sink.failing();
-                    if !std::mem::replace(&mut without_self, true) {
+            let draining = sink.is_terminating();
+            match judge(slices.listed, own, draining, watched, without_self) {
+                Verdict::Wait => {}
+                Verdict::Hold {
+                    failing,
+                    warn_missing,
+                } => {
+                    if failing {
+                        sink.failing();
+                        without_self = true;
+                    }
+                    if warn_missing {
                         tracing::warn!(
                             namespace = %self.namespace,
                             service = %self.service,
@@ -303,27 +309,97 @@ impl Membership for EndpointSlices {
                             "the peer Service's EndpointSlices do not list this pod; keeping the last good membership"
                         );
                     }
+                    self.ask_unknown(&endpoints, &asking, &mut asks);
                 }
-                self.ask_unknown(&endpoints, &asking, &mut asks);
-                continue;
-            }
-            if watched {
-                if std::mem::take(&mut without_self) {
-                    tracing::info!(
-                        namespace = %self.namespace,
-                        service = %self.service,
-                        "the peer Service's EndpointSlices list this pod again"
-                    );
+                Verdict::Publish {
+                    listed_again,
+                    confirm,
+                    terminating,
+                } => {
+                    if listed_again {
+                        tracing::info!(
+                            namespace = %self.namespace,
+                            service = %self.service,
+                            "the peer Service's EndpointSlices list this pod again"
+                        );
+                    }
+                    if confirm {
+                        sink.confirm();
+                        without_self = false;
+                    }
+                    if terminating {
+                        sink.mark_terminating();
+                    }
+                    self.reports.retain(|uid| endpoints.contains_key(uid));
+                    sink.publish(SOURCE, snapshot_of(endpoints.values(), &self.reports));
+                    self.ask_unknown(&endpoints, &asking, &mut asks);
                 }
-                sink.confirm();
             }
-            if own.is_some_and(|own| own.terminating) {
-                sink.mark_terminating();
-            }
-            self.reports.retain(|uid| endpoints.contains_key(uid));
-            sink.publish(SOURCE, snapshot_of(endpoints.values(), &self.reports));
-            self.ask_unknown(&endpoints, &asking, &mut asks);
         }
+    }
+}
+
+/// What the EndpointSlice watch does with its view after a watch event or a change of the
+/// peers' reports ([`judge`]). `EndpointSlices::run` executes it: the fields' effects in their
+/// order, then the variant's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The watcher's first complete list has not arrived: nothing is done (the sink keeps its
+    /// initial view).
+    Wait,
+    /// The view does not hold this pod, which does not drain (the Service's slices were
+    /// deleted, or the controller has not listed the new pod yet): it is not current (every
+    /// other pod's sessions would have an unknown home) and is not published, the last good
+    /// view stays in force; the pods of the view whose report is unknown are still asked.
+    Hold {
+        /// The view came from a watch event: the sink counts its source as failing
+        /// ([`MembershipSink::failing`]), so the last good view ages, and a spell without this
+        /// pod is on until a watch event's view is published.
+        failing: bool,
+        /// The event is the spell's first: a warning is logged (once per spell).
+        warn_missing: bool,
+    },
+    /// The view is published: the reports kept of pods it no longer lists are dropped, its
+    /// snapshot is published ([`snapshot_of`]) and its pods whose report is unknown are asked.
+    Publish {
+        /// The event ends a spell without this pod: that is logged.
+        listed_again: bool,
+        /// The view came from a watch event: it is confirmed current
+        /// ([`MembershipSink::confirm`]), and a spell without this pod ends.
+        confirm: bool,
+        /// This pod's own endpoint is `terminating`: its drain starts
+        /// ([`MembershipSink::mark_terminating`], idempotent).
+        terminating: bool,
+    },
+}
+
+/// What the EndpointSlice watch does with its view ([`Verdict`]), given whether the watcher's
+/// first complete list arrived (`listed`), this pod's own endpoint in the view (`own`), whether
+/// this pod drains already (`draining`: its endpoint turned `terminating` before, so a view
+/// without it is published), whether the view came from a watch event (`watched`; else from a
+/// change of the peers' reports) and whether a spell without this pod is on (`without_self`: a
+/// watch event's view lacked it since the last one published). Pure: the rules of
+/// `docs/design/routing.md#kubernetes-endpointslice-watch`, without the I/O.
+pub(crate) fn judge(
+    listed: bool,
+    own: Option<&Endpoint>,
+    draining: bool,
+    watched: bool,
+    without_self: bool,
+) -> Verdict {
+    if !listed {
+        return Verdict::Wait;
+    }
+    match own {
+        None if !draining => Verdict::Hold {
+            failing: watched,
+            warn_missing: watched && !without_self,
+        },
+        _ => Verdict::Publish {
+            listed_again: watched && without_self,
+            confirm: watched,
+            terminating: own.is_some_and(|own| own.terminating),
+        },
     }
 }
 
@@ -457,6 +533,94 @@ mod tests {
         super::super::slices::endpoints_of(
             &serde_json::from_value(slice_json("s", values)).unwrap(),
         )
+    }
+
+    #[test]
+    fn the_judge_decides_what_each_view_gets() {
+        let endpoint = |terminating: bool| Endpoint {
+            uid: "uid-a".into(),
+            name: "a".into(),
+            ip: [10, 0, 0, 1].into(),
+            mcp_port: Some(MCP),
+            peer_port: Some(PEER),
+            serving: !terminating,
+            terminating,
+        };
+        let (serving, terminating) = (endpoint(false), endpoint(true));
+        let hold = |failing, warn_missing| Verdict::Hold {
+            failing,
+            warn_missing,
+        };
+        let publish = |listed_again, confirm, terminating| Verdict::Publish {
+            listed_again,
+            confirm,
+            terminating,
+        };
+        // (case, (listed, this pod's endpoint, draining, watched, without_self), verdict)
+        let table = [
+            (
+                "not listed yet",
+                (false, None, false, true, false),
+                Verdict::Wait,
+            ),
+            (
+                "not listed yet, a report changed",
+                (false, None, false, false, false),
+                Verdict::Wait,
+            ),
+            (
+                "without this pod, a watch event, first",
+                (true, None, false, true, false),
+                hold(true, true),
+            ),
+            (
+                "without this pod, a watch event, again",
+                (true, None, false, true, true),
+                hold(true, false),
+            ),
+            (
+                "without this pod, a report changed",
+                (true, None, false, false, true),
+                hold(false, false),
+            ),
+            (
+                "without this pod, which drains",
+                (true, None, true, true, false),
+                publish(false, true, false),
+            ),
+            (
+                "with this pod after a spell without it",
+                (true, Some(&serving), false, true, true),
+                publish(true, true, false),
+            ),
+            (
+                "with this pod terminating",
+                (true, Some(&terminating), false, true, false),
+                publish(false, true, true),
+            ),
+            (
+                "with this pod terminating, draining already",
+                (true, Some(&terminating), true, true, false),
+                publish(false, true, true),
+            ),
+            (
+                "with this pod",
+                (true, Some(&serving), false, true, false),
+                publish(false, true, false),
+            ),
+            (
+                "with this pod, a report changed",
+                (true, Some(&serving), false, false, false),
+                publish(false, false, false),
+            ),
+        ];
+        for (case, (listed, own, draining, watched, without_self), verdict) in table {
+            assert_eq!(
+                judge(listed, own, draining, watched, without_self),
+                verdict,
+                "{case}"
+            );
+        }
     }
 
     #[test]
