@@ -13,7 +13,6 @@ use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{BackgroundService, background_service};
 use pingora::services::listening::Service;
 
-use crate::broker::Broker;
 use crate::cluster::membership::kubernetes::EndpointSlices;
 use crate::cluster::membership::peers_file::PeersFile;
 use crate::cluster::membership::reports::{Report, Reports};
@@ -27,15 +26,12 @@ use crate::handoff::client::PeerClient;
 use crate::handoff::listener::PeerListener;
 use crate::keys::{KeyRing, RELOAD_INTERVAL};
 use crate::lifecycle::Lifecycle;
-use crate::mcp::session_id::{HomeToken, IdMinter};
 use crate::metrics::Metrics;
 use crate::ops::admin::Admin;
 use crate::ops::control::DrainControl;
 use crate::ops::drain::Drain;
 use crate::ops::shutdown::DrainOnTerm;
 use crate::proxy::{ConnectionLimits, HeadTimed, Listener, Listening, McpProxy, SlotLimits};
-use crate::retained::Retained;
-use crate::session::Registry;
 
 use crate::upstream::Upstream;
 
@@ -179,26 +175,6 @@ fn reload_keys(keys: &KeyRing, metrics: &Metrics) {
     }
 }
 
-/// Builds the broker from the configuration, with its client of the upstream and the pod's
-/// metrics.
-pub(crate) fn broker(cfg: &Config, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Broker> {
-    Broker::new(
-        cfg.broker.clone(),
-        IdMinter::new(cfg.keys.clone(), HomeToken::for_pod(&cfg.pod_uid)),
-        upstream,
-        Registry::new(
-            cfg.max_sessions,
-            Retained::with_shares(
-                cfg.pod_retained_bytes,
-                cfg.max_session_buffer_bytes.min(cfg.pod_retained_bytes),
-                cfg.max_principal_retained_bytes,
-            ),
-        )
-        .with_max_principal_sessions(cfg.max_principal_sessions),
-        metrics,
-    )
-}
-
 /// Fails when the drain socket cannot be created at `path` (pingora would only log it from its
 /// listener thread). A socket file left by an earlier run is replaced, as pingora does.
 fn check_drain_socket(path: &std::path::Path) -> Result<(), ConfigError> {
@@ -253,7 +229,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     let reports = Arc::new(own_report(&cfg));
     let (initial, source) = membership(&cfg, &reports);
     let health = PeerHealth::new();
-    let broker = broker(&cfg, upstream.clone(), Arc::clone(&metrics));
+    let broker = cfg.broker_of(upstream.clone(), Arc::clone(&metrics));
     let sink = MembershipSink::new(initial, Arc::clone(&metrics));
     sink.set_dwell(cfg.rebalance_dwell);
     if !matches!(cfg.membership, MembershipConfig::Kubernetes { .. }) {
@@ -278,8 +254,12 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         router.clone(),
         Arc::clone(&lifecycle),
         Arc::clone(&metrics),
+        Arc::new(PeerClient::new(
+            cfg.keys.clone(),
+            cfg.pod_uid.clone(),
+            cfg.peer_tls,
+        )),
         cfg.peer_addr.port(),
-        cfg.peer_tls,
         cfg.peer_max_message_bytes,
         cfg.handoff,
         cfg.drain_timeout,

@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use http::Uri;
 use tether_crds::{McpEndpointSpec, PodSettings, ProtocolVersion, load_manifest, validate_spec};
 
-use crate::broker::BrokerConfig;
+use std::sync::Arc;
+
+use crate::broker::{Broker, BrokerConfig};
 use crate::cluster::membership::Snapshot;
 use crate::cluster::membership::peers_file::{self, valid_uid};
 use crate::cluster::membership::reports::{MAX_REVISION, valid_revision};
@@ -18,7 +20,12 @@ use crate::keys::{KeyError, KeyRing};
 use crate::mcp::admission::AdmissionPolicy;
 use crate::mcp::jsonrpc::EnvelopeLimits;
 use crate::mcp::origin::OriginPolicy;
+use crate::mcp::session_id::{HomeToken, IdMinter};
+use crate::metrics::Metrics;
+use crate::retained::Retained;
+use crate::session::Registry;
 use crate::stream::buffer::BufferLimits;
+use crate::upstream::Upstream;
 
 /// Consecutive failed upstream stream resumes before a stream is given up.
 pub(crate) const UPSTREAM_RESUME_ATTEMPTS: u32 = 5;
@@ -176,6 +183,26 @@ pub struct Config {
 }
 
 impl Config {
+    /// The pod's broker: its settings, session ids minted for this pod, its client of the
+    /// upstream, its registry within the pod's bounds, and the pod's metrics.
+    pub(crate) fn broker_of(&self, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Broker> {
+        Broker::new(
+            self.broker.clone(),
+            IdMinter::new(self.keys.clone(), HomeToken::for_pod(&self.pod_uid)),
+            upstream,
+            Registry::new(
+                self.max_sessions,
+                Retained::with_shares(
+                    self.pod_retained_bytes,
+                    self.max_session_buffer_bytes.min(self.pod_retained_bytes),
+                    self.max_principal_retained_bytes,
+                ),
+            )
+            .with_max_principal_sessions(self.max_principal_sessions),
+            metrics,
+        )
+    }
+
     /// Loads the manifest and secret and combines them with the flags.
     ///
     /// # Errors

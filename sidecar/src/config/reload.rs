@@ -196,7 +196,7 @@ mod tests {
             cfg.broker.upstream_body_timeout,
             cfg.upstream_max_idle,
         );
-        let broker = crate::server::broker(&cfg, upstream, Arc::clone(&metrics));
+        let broker = cfg.broker_of(upstream, Arc::clone(&metrics));
         let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));
         let reloader = Reloader::new(
             cfg.source.clone(),

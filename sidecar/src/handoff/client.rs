@@ -99,6 +99,26 @@ impl SendError {
     }
 }
 
+/// How the mover and the tail follower reach a peer: [`PeerClient`] in production, a scripted
+/// fake in the component tests of `handoff/`.
+#[async_trait::async_trait]
+pub(crate) trait PeerLink: Send + Sync {
+    /// POSTs `body` (JSON) to `path` (`/v2/…`) on the peer listener of `to`; the body of its
+    /// acknowledged 2xx answer.
+    ///
+    /// # Errors
+    /// [`SendError`].
+    async fn ask(&self, to: Destination<'_>, path: &str, body: Bytes) -> Result<Bytes, SendError>;
+
+    /// The same, for a message whose answer carries nothing but its acknowledgement.
+    ///
+    /// # Errors
+    /// [`SendError`].
+    async fn post(&self, to: Destination<'_>, path: &str, body: Bytes) -> Result<(), SendError> {
+        self.ask(to, path, body).await.map(|_| ())
+    }
+}
+
 /// Where a message goes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Destination<'a> {
@@ -177,26 +197,8 @@ impl PeerClient {
         Ok(made)
     }
 
-    /// POSTs `body` (JSON) to `path` (`/v2/…`) on the peer listener of `to`; `Ok` once
-    /// acknowledged with 2xx.
-    ///
-    /// # Errors
-    /// [`SendError`].
-    pub(crate) async fn post(
-        &self,
-        to: Destination<'_>,
-        path: &str,
-        body: Bytes,
-    ) -> Result<(), SendError> {
-        self.ask(to, path, body).await.map(|_| ())
-    }
-
-    /// POSTs `body` to `path` on the peer listener of `to`; the body of its acknowledged 2xx
-    /// answer.
-    ///
-    /// # Errors
-    /// [`SendError`].
-    pub(crate) async fn ask(
+    /// Sends a signed message and judges its answer (the [`PeerLink`] of production).
+    async fn signed(
         &self,
         to: Destination<'_>,
         path: &str,
@@ -263,11 +265,18 @@ impl PeerClient {
 }
 
 #[async_trait::async_trait]
+impl PeerLink for PeerClient {
+    async fn ask(&self, to: Destination<'_>, path: &str, body: Bytes) -> Result<Bytes, SendError> {
+        self.signed(to, path, body).await
+    }
+}
+
+#[async_trait::async_trait]
 impl Exchange for PeerClient {
     async fn exchange(&self, uid: &str, peer: SocketAddr, own: &Report) -> Option<Report> {
         let to = Destination { uid, addr: peer };
         let body = Bytes::from(serde_json::to_vec(&About::of(&self.uid, own)).ok()?);
-        let answer = match self.ask(to, ABOUT_PATH, body).await {
+        let answer = match self.signed(to, ABOUT_PATH, body).await {
             Ok(answer) => answer,
             Err(error) => {
                 tracing::debug!(peer = uid, %error, "no report from the peer yet");

@@ -8,12 +8,15 @@
 pub(crate) mod adopt;
 pub(crate) mod auth;
 pub(crate) mod client;
+mod decide;
 mod follow;
 #[cfg(fuzzing)]
 pub(crate) mod fuzzing;
 mod image;
 pub(crate) mod listener;
 mod nonces;
+#[cfg(test)]
+mod tests;
 pub(crate) mod wire;
 
 use std::collections::HashMap;
@@ -34,7 +37,8 @@ use crate::lifecycle::Lifecycle;
 use crate::mcp::jsonrpc::RequestKey;
 use crate::metrics::Metrics;
 use crate::session::Session;
-use client::{Destination, PeerClient, SendError};
+use client::{Destination, PeerLink, SendError};
+use decide::{AfterPush, Held};
 use follow::Followed;
 use wire::{CancelPush, Credentials, HeldAnswer, HeldQuery, SessionPush};
 
@@ -156,7 +160,7 @@ pub(crate) struct Handoff {
     router: Router,
     lifecycle: Arc<Lifecycle>,
     metrics: Arc<Metrics>,
-    client: PeerClient,
+    client: Arc<dyn PeerLink>,
     peer_port: u16,
     max_message_bytes: usize,
     enabled: bool,
@@ -170,8 +174,9 @@ pub(crate) struct Handoff {
 }
 
 impl Handoff {
-    /// The handoff of `broker`'s pod: targets from `router`'s membership, messages to peers'
-    /// listeners on `peer_port` (over mutual TLS with `tls`) of at most `max_message_bytes`,
+    /// The handoff of `broker`'s pod: targets from `router`'s membership, messages through
+    /// `client` (the signed [`client::PeerClient`] in production) to peers' listeners on
+    /// `peer_port`, of at most `max_message_bytes`,
     /// tails retried for up to `patience` (`spec.drain.timeout`), adopted sessions following a new
     /// owner routable for `dwell`; `enabled` false never moves a session (`--handoff false`,
     /// `migration: Pin`) but still adopts.
@@ -181,14 +186,13 @@ impl Handoff {
         router: Router,
         lifecycle: Arc<Lifecycle>,
         metrics: Arc<Metrics>,
+        client: Arc<dyn PeerLink>,
         peer_port: u16,
-        tls: bool,
         max_message_bytes: usize,
         enabled: bool,
         patience: Duration,
         dwell: Duration,
     ) -> Arc<Self> {
-        let client = PeerClient::new(router.secret().clone(), router.uid().to_owned(), tls);
         Arc::new(Self {
             broker,
             router,
@@ -309,7 +313,7 @@ impl Handoff {
                     self.moved(&session, &target, imaged, started);
                     return Ok(target.uid);
                 }
-                Err(MoveError::Failed(e)) if e.refused_for("stale_epoch") => {
+                Err(MoveError::Superseded) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, "a peer holds the session at a later epoch; the copy here is dropped");
                     self.metrics.handoff_failed("superseded");
                     session.finish_move(Some(target.uid.clone()));
@@ -335,11 +339,13 @@ impl Handoff {
     }
 
     /// Pushes the body of session `session` (at `epoch`) to one peer, retrying transient
-    /// failures with backoff. A push that may have arrived but got no valid answer is settled by asking the
-    /// peer whether it took the session ([`Handoff::confirm`]) before another pod is tried.
+    /// failures with backoff ([`decide::after_push`]). A push that may have arrived but got no
+    /// valid answer is settled by asking the peer whether it took the session
+    /// ([`Handoff::confirm`]) before another pod is tried.
     ///
     /// # Errors
     /// [`MoveError::Failed`] when the peer did not take it (another may be tried);
+    /// [`MoveError::Superseded`] when it holds the session at a later epoch;
     /// [`MoveError::InDoubt`] when nobody can say.
     async fn push_to(
         &self,
@@ -350,43 +356,47 @@ impl Handoff {
     ) -> Result<(), MoveError> {
         let to = self.destination(target);
         let mut attempt = 0;
-        let failed = loop {
-            match self
+        loop {
+            let error = match self
                 .client
                 .post(to, listener::SESSIONS_PATH, body.clone())
                 .await
             {
                 Ok(()) => return Ok(()),
-                Err(e) if e.is_transient() && attempt < BACKOFF.len() => {
-                    tokio::time::sleep(BACKOFF[attempt]).await;
+                Err(error) => error,
+            };
+            match decide::after_push(&error, attempt, &BACKOFF) {
+                AfterPush::Again(pause) => {
+                    tokio::time::sleep(pause).await;
                     attempt += 1;
                 }
-                Err(e) => break e,
+                AfterPush::Superseded => return Err(MoveError::Superseded),
+                AfterPush::NextCandidate { down } => {
+                    if down {
+                        self.router
+                            .health()
+                            .mark_down(&target.uid, Down::Refused, Instant::now());
+                    }
+                    return Err(MoveError::Failed(error));
+                }
+                AfterPush::Ask => {
+                    return match self.confirm(to, session, epoch).await {
+                        Some(true) => {
+                            tracing::info!(peer = %target.name, "a push without an answer was taken");
+                            Ok(())
+                        }
+                        Some(false) => Err(MoveError::Failed(error)),
+                        None => Err(MoveError::InDoubt),
+                    };
+                }
             }
-        };
-        if matches!(failed, SendError::Unreachable(_)) {
-            self.router
-                .health()
-                .mark_down(&target.uid, Down::Refused, Instant::now());
-        }
-        let maybe_taken = matches!(failed, SendError::Lost(_) | SendError::Unacknowledged(_));
-        if !maybe_taken {
-            return Err(MoveError::Failed(failed));
-        }
-        match self.confirm(to, session, epoch).await {
-            Some(true) => {
-                tracing::info!(peer = %target.name, "a push without an answer was taken");
-                Ok(())
-            }
-            Some(false) => Err(MoveError::Failed(failed)),
-            None => Err(MoveError::InDoubt),
         }
     }
 
-    /// Asks `to` whether it took `session` at `epoch` (`POST /v2/held`), a few times: its
-    /// acknowledged answer; `Some(false)` when it cannot be reached (a pod that accepts no
-    /// connection holds nothing) or does not acknowledge (it is no peer); `None` when it never
-    /// answers.
+    /// Asks `to` whether it took `session` at `epoch` (`POST /v2/held`), a few times
+    /// ([`decide::after_question`]): its acknowledged answer; `Some(false)` when it cannot be
+    /// reached (a pod that accepts no connection holds nothing) or does not acknowledge (it is
+    /// no peer); `None` when it never answers.
     async fn confirm(&self, to: Destination<'_>, session: &str, epoch: u64) -> Option<bool> {
         let query = HeldQuery {
             from: self.router.uid().to_owned(),
@@ -397,20 +407,22 @@ impl Handoff {
         let mut reached = false;
         for pause in CONFIRM_BACKOFF {
             tokio::time::sleep(pause).await;
-            match self.client.ask(to, listener::HELD_PATH, body.clone()).await {
-                Ok(answer) => {
-                    return serde_json::from_slice::<HeldAnswer>(&answer)
+            let outcome = self
+                .client
+                .ask(to, listener::HELD_PATH, body.clone())
+                .await
+                .map(|answer| {
+                    serde_json::from_slice::<HeldAnswer>(&answer)
                         .ok()
-                        .map(|a| a.held);
-                }
-                Err(SendError::Unacknowledged(_) | SendError::Refused { .. }) => {
-                    return Some(false);
-                }
-                Err(SendError::Lost(_)) => reached = true,
-                Err(SendError::Unreachable(_)) => {}
+                        .map(|a| a.held)
+                });
+            match decide::after_question(&outcome) {
+                Held::Known(held) => return Some(held),
+                Held::InDoubt => return None,
+                Held::Unknown { reached: r } => reached |= r,
             }
         }
-        (!reached).then_some(false)
+        decide::never_answered(reached)
     }
 
     /// The target acknowledged: forward requests there, close ≥ 2025-11-25 readers with
