@@ -1,5 +1,5 @@
 //! The peer protocol's messages and the adoption of a pushed session
-//! (`sidecar/src/handoff/wire.rs`, `sidecar/src/handoff/image.rs`).
+//! (`sidecar/src/peer/wire.rs`, `sidecar/src/handoff/image.rs`).
 //!
 //! The input is a peer message body: a `POST /v2/sessions` push, optionally followed by a NUL
 //! byte and a `POST /v2/tail` body. Invariants:

@@ -36,6 +36,7 @@ mod lifecycle;
 mod mcp;
 mod metrics;
 mod ops;
+mod peer;
 mod proxy;
 mod reply;
 mod retained;

@@ -22,7 +22,6 @@ use crate::cluster::routing::Router;
 use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigError, MembershipConfig};
 use crate::handoff::Handoff;
-use crate::handoff::client::PeerClient;
 use crate::handoff::listener::PeerListener;
 use crate::keys::{KeyRing, RELOAD_INTERVAL};
 use crate::lifecycle::Lifecycle;
@@ -31,6 +30,7 @@ use crate::ops::admin::Admin;
 use crate::ops::control::DrainControl;
 use crate::ops::drain::Drain;
 use crate::ops::shutdown::DrainOnTerm;
+use crate::peer::client::PeerClient;
 use crate::proxy::{ConnectionLimits, HeadTimed, Listener, Listening, McpProxy, SlotLimits};
 
 use crate::upstream::Upstream;

@@ -2,7 +2,6 @@
 //! state), the session [`ring`], [`routing`] of a request to the pod that holds its session and
 //! [`peer_health`] (`docs/design/routing.md`).
 
-pub(crate) mod hop;
 pub(crate) mod membership;
 pub(crate) mod peer_health;
 pub(crate) mod ring;

@@ -5,14 +5,10 @@
 //! - a forward that cannot connect to it: [`Down::Refused`] when the connection is refused (no
 //!   process listens: the pod's sessions are gone), [`Down::Unresponsive`] on a connect timeout;
 //! - [`FAILURES_TO_MARK_DOWN`] consecutive failed probes by the [`Prober`] (every
-//!   [`PROBE_INTERVAL`], each bounded by [`PROBE_TIMEOUT`]) of [`PEER_PROBE_PATH`] on the peer's
+//!   [`PROBE_INTERVAL`], each bounded by [`PROBE_TIMEOUT`]) of [`PROBE_PATH`] on the peer's
 //!   MCP listener — the address forwards use, so no other port needs to be open between pods.
 //!   A refused probe is [`Down::Refused`]; a probe that gets no answer in time (a frozen pod
 //!   still accepts connections) is [`Down::Unresponsive`].
-//!
-//! A sidecar's answer to a probe names the peer protocol it speaks ([`TETHER_PEER_PROTOCOL`],
-//! `docs/design/peer-trust.md#protocol-versions`): a sidecar of a later protocol reads it to
-//! speak to this one in [`PEER_PROTOCOL`].
 //!
 //! A successful probe clears the mark at once. Routing skips a down peer like a visited one,
 //! except the live home of a session that is merely unresponsive: that request gets 503 +
@@ -37,6 +33,7 @@ use pingora::services::background::BackgroundService;
 
 use crate::cluster::membership::MembershipSink;
 use crate::metrics::Metrics;
+use crate::peer::PROBE_PATH;
 
 /// How long a failed peer is skipped after its last failure.
 pub(crate) const DOWN_HOLD: Duration = Duration::from_secs(3);
@@ -46,14 +43,6 @@ pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Consecutive failed probes that mark a peer down.
 pub(crate) const FAILURES_TO_MARK_DOWN: u32 = 2;
-/// The path every sidecar answers `200 ok` on, on its MCP listener, for its peers' probes.
-pub(crate) const PEER_PROBE_PATH: &str = "/.tether/ping";
-/// The header of a probe's answer naming the highest peer protocol the sidecar speaks.
-pub(crate) const TETHER_PEER_PROTOCOL: http::HeaderName =
-    http::HeaderName::from_static("tether-peer-protocol");
-/// The peer protocol this sidecar speaks (`docs/design/peer-trust.md#protocol-versions`).
-pub(crate) const PEER_PROTOCOL: u8 = 2;
-
 /// Why a peer is down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Down {
@@ -110,7 +99,7 @@ impl PeerHealth {
     }
 }
 
-/// Probes every live peer's [`PEER_PROBE_PATH`] and keeps [`PeerHealth`] current.
+/// Probes every live peer's [`PROBE_PATH`] and keeps [`PeerHealth`] current.
 pub(crate) struct Prober {
     health: Arc<PeerHealth>,
     sink: MembershipSink,
@@ -160,7 +149,7 @@ impl Prober {
 
     /// Probes the sidecar listening on `addr`: `Ok` when it answers 200 in time.
     async fn probe(&self, addr: SocketAddr) -> Result<(), Down> {
-        let Ok(uri) = format!("http://{addr}{PEER_PROBE_PATH}").parse::<http::Uri>() else {
+        let Ok(uri) = format!("http://{addr}{PROBE_PATH}").parse::<http::Uri>() else {
             return Err(Down::Unresponsive);
         };
         match tokio::time::timeout(self.timeout, self.client.get(uri)).await {

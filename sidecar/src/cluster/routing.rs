@@ -8,12 +8,12 @@
 
 use std::sync::Arc;
 
-pub(crate) use crate::cluster::hop::{Hop, MAX_HOPS, MAX_WALK_HOPS};
 use crate::cluster::membership::{MembershipSink, Peer, PeerState, View};
 use crate::cluster::peer_health::{Down, PeerHealth};
 use crate::keys::KeyRing;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::session_id::HomeToken;
+pub(crate) use crate::peer::hop::{Hop, MAX_HOPS, MAX_WALK_HOPS};
 
 /// How long membership may go unconfirmed and still be trusted, unless set otherwise.
 pub(crate) const DEFAULT_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);

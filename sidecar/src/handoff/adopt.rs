@@ -11,8 +11,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::image;
 use crate::broker::Broker;
-use crate::handoff::wire::{CancelPush, HeldQuery, MAX_CANCEL_CREDENTIALS, SessionPush, TailPush};
 use crate::lifecycle::Lifecycle;
+use crate::peer::wire::{CancelPush, HeldQuery, MAX_CANCEL_CREDENTIALS, SessionPush, TailPush};
 use crate::session::Refused;
 
 /// Why a pushed session or tail was not taken.

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use super::client::SendError;
+use crate::peer::client::SendError;
 
 /// What the mover does after one attempt to push a session to one candidate failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,13 +16,13 @@ use tokio::sync::Notify;
 
 use http::StatusCode;
 
-use super::client::{Destination, SendError};
 use super::image;
-use super::listener::TAIL_PATH;
-use super::wire::TailPush;
 use super::{Handoff, MESSAGE_OVERHEAD};
 use crate::cluster::membership::Peer;
 use crate::mcp::cursor::StreamKey;
+use crate::peer::TAIL_PATH;
+use crate::peer::client::{Destination, SendError};
+use crate::peer::wire::TailPush;
 use crate::session::{Session, SessionSnapshot, Standalone};
 use crate::stream::{Stream, StreamKind};
 

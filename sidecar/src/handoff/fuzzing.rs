@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::image;
-use super::wire::{CancelPush, SessionPush, TailPush};
+use crate::peer::wire::{CancelPush, SessionPush, TailPush};
 use crate::retained::Retained;
 use crate::stream::buffer::BufferLimits;
 use crate::stream::{FeedItem, Start, Stream, StreamKind};

@@ -1,6 +1,6 @@
 //! Sessions and streams as handoff images (`docs/design/handoff.md`): the conversions between
 //! the state a pod holds ([`SessionSnapshot`], [`StreamSnapshot`]) and the messages of the peer
-//! protocol ([`super::wire`]). It is the only module that knows both, so a new version of the
+//! protocol ([`crate::peer::wire`]). It is the only module that knows both, so a new version of the
 //! peer protocol changes `handoff/` only.
 //!
 //! Event data travels as text (SSE `data:` is UTF-8 by definition); retry-record digests as
@@ -15,12 +15,12 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tether_crds::ProtocolVersion;
 
-use super::wire::{
+use crate::keys::Key;
+use crate::mcp::principal::{Binding, Principal};
+use crate::peer::wire::{
     AcceptedImage, EventImage, JournalImage, KindImage, ReplyImage, RequestImage, SessionImage,
     StreamImage,
 };
-use crate::keys::Key;
-use crate::mcp::principal::{Binding, Principal};
 use crate::retained::Retained;
 use crate::session::journal::Journal;
 use crate::session::{RetryRecord, Session, SessionSnapshot};

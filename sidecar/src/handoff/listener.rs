@@ -28,28 +28,19 @@ use pingora::protocols::http::ServerSession;
 use tokio::sync::Semaphore;
 
 use super::adopt::{self, AdoptError};
-use super::auth::{self, BodyCheck, Claim, TETHER_PEER_ACK, TETHER_PEER_TIME};
-use super::nonces::{MAX_NONCES, NonceError, Nonces};
-use super::wire::{About, CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPush};
 use crate::broker::Broker;
 use crate::cluster::membership::View;
-use crate::cluster::membership::reports::Reports;
+use crate::cluster::membership::reports::{self, Reports};
 use crate::cluster::routing::Router;
 use crate::keys::KeyRing;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
+use crate::peer::auth::{self, BodyCheck, Claim, TETHER_PEER_ACK, TETHER_PEER_TIME};
+use crate::peer::nonces::{MAX_NONCES, NonceError, Nonces};
+use crate::peer::wire::{About, CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPush};
+use crate::peer::{ABOUT_PATH, CANCEL_PATH, HELD_PATH, SESSIONS_PATH, TAIL_PATH};
 use crate::reply::{Reply, ReplyBody};
 
-/// Path of session pushes.
-pub(crate) const SESSIONS_PATH: &str = "/v2/sessions";
-/// Path of tail messages.
-pub(crate) const TAIL_PATH: &str = "/v2/tail";
-/// Path of relayed cancellations.
-pub(crate) const CANCEL_PATH: &str = "/v2/cancel";
-/// Path of the question whether a session was taken.
-pub(crate) const HELD_PATH: &str = "/v2/held";
-/// Path of the exchange of reports.
-pub(crate) const ABOUT_PATH: &str = "/v2/about";
 /// Messages handled at the same time; more wait.
 pub(crate) const MAX_CONCURRENT: usize = 128;
 /// How long a message waits for a slot before 503.
@@ -59,11 +50,6 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A refused message: status, reason label, message.
 type Refusal = (StatusCode, &'static str, String);
-
-/// Whether a path is the peer protocol's (the proxy hands it to [`PeerListener::serve`]).
-pub(crate) fn is_peer_path(path: &str) -> bool {
-    path.starts_with("/v2/")
-}
 
 /// What a message asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,9 +259,9 @@ impl PeerListener {
                 return match parse::<About>(from, body) {
                     Ok(about) => {
                         if speaks_for(&self.router.view(), from, remote) {
-                            self.reports.record(from, about.report());
+                            self.reports.record(from, about.into());
                         }
-                        let own = About::of(&self.uid, self.reports.own());
+                        let own = reports::about(&self.uid, self.reports.own());
                         (StatusCode::OK, serde_json::json!(own))
                     }
                     Err(refused) => refusal(refused),

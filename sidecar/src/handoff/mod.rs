@@ -6,18 +6,14 @@
 //! `docs/design/handoff.md#moving-one-session`.
 
 pub(crate) mod adopt;
-pub(crate) mod auth;
-pub(crate) mod client;
 mod decide;
 mod follow;
 #[cfg(fuzzing)]
 pub(crate) mod fuzzing;
 mod image;
 pub(crate) mod listener;
-mod nonces;
 #[cfg(test)]
 mod tests;
-pub(crate) mod wire;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -36,11 +32,12 @@ use crate::cluster::routing::Router;
 use crate::lifecycle::Lifecycle;
 use crate::mcp::jsonrpc::RequestKey;
 use crate::metrics::Metrics;
+use crate::peer::client::{Destination, PeerLink, SendError};
+use crate::peer::wire::{CancelPush, Credentials, HeldAnswer, HeldQuery, SessionPush};
+use crate::peer::{CANCEL_PATH, HELD_PATH, SESSIONS_PATH};
 use crate::session::Session;
-use client::{Destination, PeerLink, SendError};
 use decide::{AfterPush, Held};
 use follow::Followed;
-use wire::{CancelPush, Credentials, HeldAnswer, HeldQuery, SessionPush};
 
 /// Sessions pushed at the same time.
 pub(crate) const MAX_PARALLEL_MOVES: usize = 64;
@@ -145,7 +142,7 @@ impl CancelRelay for Relay {
             let to = handoff.destination(&peer);
             if let Err(e) = handoff
                 .client
-                .post(to, listener::CANCEL_PATH, Bytes::from(body))
+                .post(to, CANCEL_PATH, Bytes::from(body))
                 .await
             {
                 tracing::warn!(peer = %peer.name, error = %e, "cannot relay a cancellation");
@@ -175,7 +172,7 @@ pub(crate) struct Handoff {
 
 impl Handoff {
     /// The handoff of `broker`'s pod: targets from `router`'s membership, messages through
-    /// `client` (the signed [`client::PeerClient`] in production) to peers' listeners on
+    /// `client` (the signed [`crate::peer::client::PeerClient`] in production) to peers' listeners on
     /// `peer_port`, of at most `max_message_bytes`,
     /// tails retried for up to `patience` (`spec.drain.timeout`), adopted sessions following a new
     /// owner routable for `dwell`; `enabled` false never moves a session (`--handoff false`,
@@ -357,11 +354,7 @@ impl Handoff {
         let to = self.destination(target);
         let mut attempt = 0;
         loop {
-            let error = match self
-                .client
-                .post(to, listener::SESSIONS_PATH, body.clone())
-                .await
-            {
+            let error = match self.client.post(to, SESSIONS_PATH, body.clone()).await {
                 Ok(()) => return Ok(()),
                 Err(error) => error,
             };
@@ -409,7 +402,7 @@ impl Handoff {
             tokio::time::sleep(pause).await;
             let outcome = self
                 .client
-                .ask(to, listener::HELD_PATH, body.clone())
+                .ask(to, HELD_PATH, body.clone())
                 .await
                 .map(|answer| {
                     serde_json::from_slice::<HeldAnswer>(&answer)

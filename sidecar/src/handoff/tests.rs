@@ -14,9 +14,6 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
-use super::client::{Destination, PeerLink, SendError};
-use super::listener::{HELD_PATH, SESSIONS_PATH};
-use super::wire::{HeldAnswer, HeldQuery, SessionPush};
 use super::{Handoff, MoveError};
 use crate::broker::{Broker, Here};
 use crate::cluster::membership::fixtures::peer;
@@ -27,6 +24,9 @@ use crate::config::{Config, test_cli};
 use crate::lifecycle::Lifecycle;
 use crate::mcp::session_id::{HomeToken, IdMinter};
 use crate::metrics::Metrics;
+use crate::peer::client::{Destination, PeerLink, SendError};
+use crate::peer::wire::{HeldAnswer, HeldQuery, SessionPush};
+use crate::peer::{HELD_PATH, SESSIONS_PATH};
 use crate::session::Session;
 use crate::session::journal::Journal;
 

@@ -52,12 +52,9 @@ use pingora::{ErrorSource, ErrorType};
 use tether_crds::keyring::PEER_SERVER_NAME;
 
 use crate::broker::{Broker, Here};
-use crate::cluster::hop::{Accept, HOP_HEADERS, Signing};
-use crate::cluster::peer_health::{PEER_PROBE_PATH, PEER_PROTOCOL, TETHER_PEER_PROTOCOL};
 use crate::cluster::routing::{ForwardKind, Hop, Route, Router, Target};
 use crate::handoff::Handoff;
-use crate::handoff::auth::now_ms;
-use crate::handoff::listener::{PeerListener, is_peer_path};
+use crate::handoff::listener::PeerListener;
 use crate::lifecycle::Lifecycle;
 use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::mcp::headers::{MCP_METHOD, MCP_NAME};
@@ -69,6 +66,9 @@ use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::session_id::HomeToken;
 use crate::mcp::tasks::{Revision, names_task};
 use crate::metrics::Metrics;
+use crate::peer::auth::now_ms;
+use crate::peer::hop::{Accept, HOP_HEADERS, Signing};
+use crate::peer::{PROBE_PATH, PROTOCOL, TETHER_PEER_PROTOCOL, is_peer_path};
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{EnterGuard, Entry};
 
@@ -376,15 +376,12 @@ impl ProxyHttp for McpProxy {
             let reply = self.peer.serve(session.as_downstream_mut()).await;
             return respond(session, ctx, reply).await;
         }
-        if method == Method::GET && path == PEER_PROBE_PATH {
+        if method == Method::GET && path == PROBE_PATH {
             // Peers' liveness probe (`peer_health`): answered here, on the port they forward to,
             // with the peer protocol this sidecar speaks.
             let mut headers = http::HeaderMap::new();
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-            headers.insert(
-                TETHER_PEER_PROTOCOL,
-                HeaderValue::from(u16::from(PEER_PROTOCOL)),
-            );
+            headers.insert(TETHER_PEER_PROTOCOL, HeaderValue::from(u16::from(PROTOCOL)));
             let reply = Reply {
                 status: StatusCode::OK,
                 headers,

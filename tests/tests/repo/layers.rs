@@ -111,7 +111,7 @@ fn check(graph: &Imports, may_import: &[(&str, &[&str])]) {
 
 #[test]
 fn sidecar_layers_keep_their_rules() {
-    let (graph, users) = imports("sidecar/src", &["handoff::wire", "handoff::image"]);
+    let (graph, users) = imports("sidecar/src", &["peer::wire", "handoff::image"]);
     assert!(
         graph.contains_key("session") && graph.contains_key("mcp"),
         "the sidecar's folders moved: {:?}",
@@ -132,8 +132,11 @@ fn sidecar_layers_keep_their_rules() {
             ("session", &["mcp", "stream", "retained", "keys", "counts"]),
             // Counts by key are a leaf.
             ("counts", &[]),
+            // The peer protocol knows no session, no broker and no membership: its messages,
+            // their MACs, the client that sends them, the hop headers.
+            ("peer", &["keys", "mcp", "upstream"]),
             // Membership and routing know no state and no broker.
-            ("cluster", &["mcp", "metrics", "keys"]),
+            ("cluster", &["mcp", "metrics", "keys", "peer"]),
         ],
     );
     let broker = graph.get("broker").cloned().unwrap_or_default();
@@ -143,9 +146,20 @@ fn sidecar_layers_keep_their_rules() {
             "broker/ imports {above}: the broker knows nothing of peers"
         );
     }
+    // The wire format is read where messages are made and served: handoff/ (sessions, tails,
+    // cancellations), and the exchange of reports (cluster/membership/reports.rs).
+    let wire = users.get("peer::wire").cloned().unwrap_or_default();
+    let elsewhere: Vec<&String> = wire
+        .iter()
+        .filter(|f| !f.starts_with("handoff/") && f.as_str() != "cluster/membership/reports.rs")
+        .collect();
     assert!(
-        users.is_empty(),
-        "the peer protocol's wire format is used outside handoff/: {users:?}"
+        elsewhere.is_empty(),
+        "the peer protocol's wire format is used outside handoff/: {elsewhere:?}"
+    );
+    assert!(
+        !users.contains_key("handoff::image"),
+        "a session's image is made outside handoff/: {users:?}"
     );
     assert_eq!(circle(&graph), None, "an import circle in the sidecar");
 }

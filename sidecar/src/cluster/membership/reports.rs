@@ -3,8 +3,8 @@
 //!
 //! An EndpointSlice names a pod and says whether it serves, but not which revision it runs nor
 //! how old it is: the Kubernetes membership source learns both from the pod's sidecar. Two
-//! sidecars exchange their [`Report`]s in one peer-protocol message (`POST /v2/about`, sent and
-//! answered by `handoff/`, authenticated as every peer message): the asker sends its own and gets
+//! sidecars exchange their [`Report`]s in one peer-protocol message (`POST /v2/about`, sent by
+//! [`PeerClient`]'s [`Exchange`] and answered by `handoff/`, authenticated as every peer message): the asker sends its own and gets
 //! the other's, so a pod that can reach another teaches it about itself too. [`Reports`] keeps
 //! the reports by pod UID, this pod's own among them.
 //!
@@ -22,7 +22,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use parking_lot::Mutex;
+
+use crate::peer::ABOUT_PATH;
+use crate::peer::client::{Destination, PeerClient, PeerLink};
+use crate::peer::wire::About;
 
 /// Most peers whose reports are kept (a bound on what peers can make this pod remember).
 pub(crate) const MAX_REPORTS: usize = 4096;
@@ -157,6 +162,46 @@ impl Reports {
     }
 }
 
+/// The `about` message of pod `from`, carrying `report`.
+pub(crate) fn about(from: &str, report: &Report) -> About {
+    About {
+        from: from.to_owned(),
+        revision: report.revision.clone(),
+        started_ms: report.started_ms,
+        listen_port: report.listen_port,
+        peer_port: report.peer_port,
+    }
+}
+
+impl From<About> for Report {
+    /// The report an `about` message carries.
+    fn from(about: About) -> Self {
+        Self {
+            revision: about.revision,
+            started_ms: about.started_ms,
+            listen_port: about.listen_port,
+            peer_port: about.peer_port,
+        }
+    }
+}
+
+#[async_trait]
+impl Exchange for PeerClient {
+    async fn exchange(&self, uid: &str, peer: SocketAddr, own: &Report) -> Option<Report> {
+        let to = Destination { uid, addr: peer };
+        let body = Bytes::from(serde_json::to_vec(&about(self.uid(), own)).ok()?);
+        let answer = match self.ask(to, ABOUT_PATH, body).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                tracing::debug!(peer = uid, %error, "no report from the peer yet");
+                return None;
+            }
+        };
+        let about: About = serde_json::from_slice(&answer).ok()?;
+        (about.from == uid).then(|| about.into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,5 +311,25 @@ mod tests {
             reports.record("p0", report("r2", 1)),
             "a known peer still updates"
         );
+    }
+
+    #[test]
+    fn a_report_travels_in_camel_case_and_round_trips() {
+        use serde_json::json;
+        let report = Report {
+            revision: "5d8f7c9b6".into(),
+            started_ms: 1_767_225_600_000,
+            listen_port: 8080,
+            peer_port: 9901,
+        };
+        let about = about("pod-a", &report);
+        let text = serde_json::to_value(&about).unwrap();
+        assert_eq!(
+            text,
+            json!({"from": "pod-a", "revision": "5d8f7c9b6", "startedMs": 1_767_225_600_000u64,
+                   "listenPort": 8080, "peerPort": 9901})
+        );
+        let back: About = serde_json::from_value(text).unwrap();
+        assert_eq!(Report::from(back), report);
     }
 }

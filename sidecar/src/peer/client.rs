@@ -25,9 +25,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::auth::{self, Signed};
-use super::listener::ABOUT_PATH;
-use super::wire::About;
-use crate::cluster::membership::reports::{Exchange, Report};
 use crate::keys::KeyRing;
 use crate::keys::tls::{PeerTls, server_name};
 use crate::upstream::http_client;
@@ -164,6 +161,11 @@ impl PeerClient {
         }
     }
 
+    /// The UID of the pod it signs for.
+    pub(crate) fn uid(&self) -> &str {
+        &self.uid
+    }
+
     /// The TLS client of the key ring loaded now (made again when the ring's TLS changed).
     fn tls_client(&self) -> Result<Arc<TlsClient>, SendError> {
         let ring = self.keys.load();
@@ -268,23 +270,6 @@ impl PeerClient {
 impl PeerLink for PeerClient {
     async fn ask(&self, to: Destination<'_>, path: &str, body: Bytes) -> Result<Bytes, SendError> {
         self.signed(to, path, body).await
-    }
-}
-
-#[async_trait::async_trait]
-impl Exchange for PeerClient {
-    async fn exchange(&self, uid: &str, peer: SocketAddr, own: &Report) -> Option<Report> {
-        let to = Destination { uid, addr: peer };
-        let body = Bytes::from(serde_json::to_vec(&About::of(&self.uid, own)).ok()?);
-        let answer = match self.signed(to, ABOUT_PATH, body).await {
-            Ok(answer) => answer,
-            Err(error) => {
-                tracing::debug!(peer = uid, %error, "no report from the peer yet");
-                return None;
-            }
-        };
-        let about: About = serde_json::from_slice(&answer).ok()?;
-        (about.from == uid).then(|| about.report())
     }
 }
 

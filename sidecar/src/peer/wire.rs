@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::cluster::membership::reports::Report;
 use crate::mcp::cursor::StreamKey;
 use crate::mcp::jsonrpc::RequestKey;
 
@@ -217,29 +216,6 @@ pub(crate) struct About {
     pub(crate) peer_port: u16,
 }
 
-impl About {
-    /// Pod `from`'s `report`.
-    pub(crate) fn of(from: &str, report: &Report) -> Self {
-        Self {
-            from: from.to_owned(),
-            revision: report.revision.clone(),
-            started_ms: report.started_ms,
-            listen_port: report.listen_port,
-            peer_port: report.peer_port,
-        }
-    }
-
-    /// The report it carries.
-    pub(crate) fn report(self) -> Report {
-        Report {
-            revision: self.revision,
-            started_ms: self.started_ms,
-            listen_port: self.listen_port,
-            peer_port: self.peer_port,
-        }
-    }
-}
-
 /// The answer to a [`HeldQuery`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -297,25 +273,6 @@ pub(crate) const MAX_CANCEL_CREDENTIALS: usize = 16;
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-
-    #[test]
-    fn a_report_travels_in_camel_case_and_round_trips() {
-        let report = Report {
-            revision: "5d8f7c9b6".into(),
-            started_ms: 1_767_225_600_000,
-            listen_port: 8080,
-            peer_port: 9901,
-        };
-        let about = About::of("pod-a", &report);
-        let text = serde_json::to_value(&about).unwrap();
-        assert_eq!(
-            text,
-            json!({"from": "pod-a", "revision": "5d8f7c9b6", "startedMs": 1_767_225_600_000u64,
-                   "listenPort": 8080, "peerPort": 9901})
-        );
-        let back: About = serde_json::from_value(text).unwrap();
-        assert_eq!(back.report(), report);
-    }
 
     #[test]
     fn a_session_round_trips_and_unknown_fields_are_refused() {
