@@ -1,4 +1,4 @@
-//! The peer TLS material of one key-ring load (`docs/design/peer-trust.md#transport`): the
+//! The peer TLS material of one key-ring load (`docs/design/peer-protocol.md#transport`): the
 //! certificate this sidecar presents, the CA bundle a peer's certificate must chain to, and the
 //! rustls configurations built from them once, at load, for the three places that speak TLS to
 //! peers: the peer listener ([`PeerTls::server`]), the handoff client ([`PeerTls::client`]) and

@@ -1,4 +1,4 @@
-//! Authentication of peer-protocol messages (`docs/design/peer-trust.md#authentication`), and
+//! Authentication of peer-protocol messages (`docs/design/peer-protocol.md#authentication`), and
 //! of their answers.
 //!
 //! A request is signed over its method, path, sender, receiver, time, nonce, length and body

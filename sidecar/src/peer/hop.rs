@@ -1,6 +1,6 @@
 //! The hop headers of a request forwarded between sidecars: where it has been, signed by the
 //! pod that forwarded it (`docs/design/routing.md#forwarding`,
-//! `docs/design/peer-trust.md#hop-headers`).
+//! `docs/design/peer-protocol.md#hop-headers`).
 //!
 //! | header | value |
 //! |---|---|

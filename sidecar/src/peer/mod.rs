@@ -1,5 +1,5 @@
 //! The peer protocol: how the sidecars of one endpoint talk to each other
-//! (`docs/design/peer-trust.md`, `docs/design/handoff.md#the-peer-protocol-version-2`). Its
+//! (`docs/design/peer-trust.md`, `docs/design/peer-protocol.md#messages`). Its
 //! version, paths and probe header are here; the messages ([`wire`]), their authentication and
 //! acknowledgements ([`auth`]), replayed nonces ([`nonces`]), the sending side ([`client`]) and
 //! the signed hop headers of a forwarded request ([`hop`]) are its modules. It is the layer below
@@ -24,7 +24,7 @@ pub(crate) mod hop;
 pub(crate) mod nonces;
 pub(crate) mod wire;
 
-/// The peer protocol this sidecar speaks (`docs/design/peer-trust.md#protocol-versions`).
+/// The peer protocol this sidecar speaks (`docs/design/peer-protocol.md#versions`).
 pub(crate) const PROTOCOL: u8 = 2;
 /// Path of session pushes.
 pub(crate) const SESSIONS_PATH: &str = "/v2/sessions";

@@ -1,5 +1,5 @@
 //! The nonces of peer messages seen within the time window, so a captured message sent again is
-//! refused (409 `replayed`, `docs/design/peer-trust.md#authentication`).
+//! refused (409 `replayed`, `docs/design/peer-protocol.md#authentication`).
 //!
 //! A message's time is within [`auth::WINDOW`](super::auth::WINDOW) of the receiver's clock, so
 //! a copy of it can be accepted at most `2 × WINDOW` after the original arrived: each nonce is

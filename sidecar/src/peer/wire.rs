@@ -28,7 +28,7 @@ pub(crate) struct SessionPush {
 }
 
 /// Everything a pod needs to serve a session it did not create
-/// (`docs/design/handoff.md#post-v2sessions`).
+/// (`docs/design/peer-protocol.md#post-v2sessions`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct SessionImage {

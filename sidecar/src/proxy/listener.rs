@@ -14,7 +14,7 @@
 //! - heads pingora answers itself (400: malformed, over its fixed 256 header fields or 1 MiB of
 //!   head; 405: `CONNECT`) are counted.
 //!
-//! The peer port ([`Listening::Peer`], `docs/design/peer-trust.md#transport`) tells a TLS
+//! The peer port ([`Listening::Peer`], `docs/design/peer-protocol.md#transport`) tells a TLS
 //! connection from a plaintext one by its first byte (a TLS handshake record starts with
 //! `0x16`, no HTTP method does): TLS is accepted with the key ring's current configuration
 //! (mutual: a client certificate of the endpoint's CA is required); plaintext only when peer

@@ -486,7 +486,7 @@ async fn a_stand_in_that_cannot_complete_tls_gets_nothing_but_probes() {
 }
 
 /// S-05 (a session ended stays ended), and what stops a captured message
-/// (`docs/design/peer-trust.md#authentication`), with peer TLS off: a tap in
+/// (`docs/design/peer-protocol.md#authentication`), with peer TLS off: a tap in
 /// front of B's peer port records A's signed pushes as A drains. Sent again byte for byte, the
 /// push of one session is refused by B, which took it (409 `replayed`), and by C, a pod of the
 /// same endpoint it was not addressed to (421 `misaddressed`); readdressed to C, its MAC fails
