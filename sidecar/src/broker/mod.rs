@@ -586,3 +586,6 @@ impl Broker {
         stream.attach(start, take_over, session.primes(), self.cfg().keep_alive)
     }
 }
+
+#[cfg(test)]
+mod tests;
