@@ -1,8 +1,9 @@
 //! The layers of the code keep their rules (`docs/design/architecture.md#layers`,
 //! `docs/design/operator.md`): which top-level module of a crate may import which, and no
 //! import circles. Read from the sources: every `crate::<module>` path outside comments and
-//! outside the `#[cfg(test)]` module at the end of a file (tests may assemble whatever they
-//! test).
+//! outside the inline `#[cfg(test)] mod tests { … }` at the end of a file (unit tests may assemble
+//! whatever they test). A test module of its own file (`mod tests;`, the in-process component
+//! tests) is read like production code: it assembles its layer from what that layer may import.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,7 +34,7 @@ fn imports(src: &str, watch: &[&str]) -> (Imports, BTreeMap<String, BTreeSet<Str
         }
         let text = read(&file);
         let production = text
-            .find("\n#[cfg(test)]\nmod tests")
+            .find("\n#[cfg(test)]\nmod tests {")
             .map_or(text.as_str(), |at| &text[..at]);
         let entry = graph.entry(top.clone()).or_default();
         for line in production.lines() {
