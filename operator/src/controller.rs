@@ -1,6 +1,8 @@
 //! The reconcile of one `McpEndpoint`: dereference → admit and validate → plan → apply → status under a
 //! finalizer (`mcp.tether.dev/injection`), with the key ring's step (`crate::keys`), Events and
-//! the error policy (`docs/design/operator.md`).
+//! the error policy (`docs/design/operator.md`). The decisions are `plan::target` and
+//! `plan::decide`, which `tether-operator plan` runs too; here is the I/O around them: the
+//! reads from the API server, the pods' key reports, the writes, the status and the Events.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use kube::{Client, Resource, ResourceExt};
 use tether_crds::McpEndpoint;
 use tether_crds::spec::KeyRingStatus;
 
-use crate::admission::{Policy, admit};
+use crate::admission::Policy;
 use crate::apply::{self, Written};
 use crate::dereference;
 use crate::error::Error;
@@ -23,10 +25,10 @@ use crate::events::Events;
 use crate::fields;
 use crate::keys::{self, Asks};
 use crate::names::{FINALIZER, Names, OPERATOR};
-use crate::plan::{self, Defaults, plan};
+use crate::plan::{self, Defaults, Rotation};
 use crate::reports::{self, HttpReports, KeyReports};
 use crate::status::{self, Outcome, PodCounts};
-use crate::validate::{Target, validate};
+use crate::validate::Target;
 
 /// How often an endpoint is looked at again without any change (pods becoming ready, a
 /// conflict the user resolved; a target created later wakes it at once, [`crate::watches`]).
@@ -164,18 +166,12 @@ pub(crate) fn error_policy(_ep: Arc<McpEndpoint>, error: &Error, _ctx: Arc<Conte
 async fn converge(ep: &McpEndpoint, ctx: &Context) -> Result<Action, Error> {
     let names = Names::of(ep).ok_or(Error::Unnamed)?;
     let target_name = &ep.spec.target_ref.name;
-    let kept = |outcome| Injected {
-        outcome,
-        keys: ep.status.as_ref().and_then(|s| s.keys.clone()),
-        soon: false,
-    };
     let injected = match dereference::target(&ctx.client, &names, target_name).await? {
-        None => kept(Outcome::TargetNotFound(target_name.clone())),
+        None => Injected::kept(ep, Outcome::TargetNotFound(target_name.clone())),
         Some(deployment) => {
             let labels = dereference::namespace_labels(&ctx.client, &names, &deployment).await?;
-            let admitted = admit(ep, &names, &deployment, labels.as_ref(), &ctx.policy);
-            match admitted.and_then(|()| validate(ep, &names, &deployment)) {
-                Err(conflict) => kept(Outcome::Conflict(conflict)),
+            match plan::target(ep, &names, &deployment, labels.as_ref(), &ctx.policy) {
+                Err(conflict) => Injected::kept(ep, Outcome::Conflict(conflict)),
                 Ok(target) => inject(ep, &names, &target, ctx).await?,
             }
         }
@@ -219,6 +215,17 @@ struct Injected {
     soon: bool,
 }
 
+impl Injected {
+    /// `outcome`, before the key ring's decision: `ep`'s `status.keys` kept, not soon.
+    fn kept(ep: &McpEndpoint, outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            keys: ep.status.as_ref().and_then(|s| s.keys.clone()),
+            soon: false,
+        }
+    }
+}
+
 /// Brings the children of `ep` on its valid `target` to the plan and takes the key ring's
 /// step; returns the target's pods, or the conflict that stopped it (the key ring's Secret
 /// missing or not the endpoint's, a child's name taken, a field of the Deployment another
@@ -230,39 +237,20 @@ async fn inject(
     ctx: &Context,
 ) -> Result<Injected, Error> {
     let owner = ep.controller_owner_ref(&()).ok_or(Error::Unnamed)?;
-    let asks = Asks::of(ep);
     let before = ep.status.as_ref().and_then(|s| s.keys.as_ref());
-    let waits = |found: &_| keys::waits_on_pods(found, &asks, before);
+    let waits = |found: &_| keys::waits_on_pods(found, &Asks::of(ep), before);
     let live = dereference::children(&ctx.client, names, &owner, target, waits).await?;
     let reports = match &live.key_pods {
         Some(pods) => Some(reports::gather(ctx.reports.as_ref(), pods, ep.spec.admin.port).await),
         None => None,
     };
-    let label = format!("{}/{}", names.namespace, names.endpoint);
-    let secret = names.secret();
-    let decision = keys::decide(
-        &live.key_ring,
-        &asks,
-        before,
-        reports.as_deref(),
-        &secret,
-        &label,
-    )?;
-    let unchanged = |outcome| Injected {
-        outcome,
-        keys: before.cloned(),
-        soon: false,
+    let rotation = Rotation::Take(reports.as_deref());
+    let decided = plan::decide(ep, names, &owner, &ctx.defaults, target, &live, rotation)?;
+    let decision = match decided {
+        Ok(decision) => decision,
+        Err(conflict) => return Ok(Injected::kept(ep, Outcome::Conflict(conflict))),
     };
-    if let Some(conflict) = decision.conflict {
-        return Ok(unchanged(Outcome::Conflict(conflict)));
-    }
-    let key_ring = plan::keys::step(names, &owner, &live.key_ring, &decision.write);
-    let steps = plan(ep, names, target, &ctx.defaults, &owner, &secret)
-        .steps(names, &owner, target, &live, key_ring);
-    if let Err(conflict) = steps.check_taken(&owner) {
-        return Ok(unchanged(Outcome::Conflict(conflict)));
-    }
-    let written = apply::steps(&ctx.client, names, &steps).await?;
+    let written = apply::steps(&ctx.client, names, &decision.steps).await?;
     if !written.objects.is_empty() {
         let note = applied_note(&written);
         ctx.event(ep, EventType::Normal, "Applied", note).await;
@@ -277,7 +265,7 @@ async fn inject(
     };
     Ok(Injected {
         outcome,
-        keys: decision.status,
+        keys: decision.keys,
         soon: decision.soon,
     })
 }

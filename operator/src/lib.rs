@@ -7,7 +7,8 @@
 //!   `preview` (the same pipeline on manifests, printed instead of sent: `tether-operator plan`);
 //! - writes: `apply` (ensure, create once, patch the key ring, delete a retired child; the
 //!   status);
-//! - pure steps: `plan` (the children and the steps against the live ones), `status`;
+//! - pure steps: `plan` (the children and the steps against the live ones, and `plan::decide`,
+//!   the decision of one reconcile that `controller` and `preview` share), `status`;
 //! - the key ring, pure: `keys` (its creation and the steps of a rotation, from what was read);
 //! - reads: `dereference` (the target and the live children, read once before any write),
 //!   `reports` (what each pod's sidecar loaded of the key ring);

@@ -16,7 +16,7 @@ mod rotation;
 use tether_crds::McpEndpoint;
 
 pub(crate) use ring::Ring;
-pub(crate) use rotation::{Write, decide, waits_on_pods};
+pub(crate) use rotation::{Decision, Write, decide, waits_on_pods};
 
 /// Annotation on an `McpEndpoint`: a value other than the last one handled
 /// (`status.keys.rotation`) starts a rotation, or waits for the one under way.

@@ -63,14 +63,22 @@ pub(crate) struct Decision {
 }
 
 impl Decision {
-    /// Nothing written, the status kept: `conflict`.
-    fn conflict(conflict: Conflict, before: Option<&KeyRingStatus>) -> Self {
+    /// Nothing written, the status `before` kept, no step taken: the ring is left as it is.
+    pub(crate) fn leave(before: Option<&KeyRingStatus>) -> Self {
         Self {
             write: Write::Leave,
-            conflict: Some(conflict),
+            conflict: None,
             status: before.cloned(),
             event: None,
             soon: false,
+        }
+    }
+
+    /// Nothing written, the status kept: `conflict`.
+    fn conflict(conflict: Conflict, before: Option<&KeyRingStatus>) -> Self {
+        Self {
+            conflict: Some(conflict),
+            ..Self::leave(before)
         }
     }
 }

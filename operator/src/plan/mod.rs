@@ -10,14 +10,20 @@
 //! - [`keys`]: the key-ring Secret, whole when it is created, a JSON patch per rotation step;
 //! - `network`: the client Service, the headless peer Service, the PodDisruptionBudget;
 //! - `rbac`: the sidecar's Role, RoleBinding and, when needed, ServiceAccount;
-//! - `steps`: the plan against the live objects, with the retirements.
+//! - `steps`: the plan against the live objects, with the retirements;
+//! - `decide`: the decision of one reconcile that the controller and the preview share
+//!   (`target`: admitted and validated; `decide`: the key ring's step and the steps, or the
+//!   conflict).
 
 pub mod config;
+pub(crate) mod decide;
 pub mod inject;
 pub mod keys;
 pub(crate) mod network;
 pub(crate) mod rbac;
 pub(crate) mod steps;
+
+pub(crate) use decide::{Rotation, decide, target};
 
 use k8s_openapi::api::core::v1::{ConfigMap, ResourceRequirements, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;

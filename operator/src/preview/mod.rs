@@ -1,10 +1,11 @@
 //! `tether-operator plan`: what one reconcile of an endpoint would write, printed instead of
 //! sent, like `helm template` (`docs/guide/install.md#preview-what-the-operator-will-write`).
-//! It runs the controller's own steps on manifests read from files — [`validate`], [`plan`],
-//! `Plan::steps`, with the live children read by [`dereference::children`] from a
-//! [`Snapshot`](dereference::Snapshot) instead of the API server, and the key ring's creation
-//! decided by `keys::decide` — and contacts no API server. It asks no pod for its key report,
-//! so the steps of a rotation are not previewed; the keys are always redacted.
+//! It runs the controller's own decision on manifests read from files — `plan::target` (admit
+//! and validate) and `plan::decide` (the key ring, the plan, the steps against the live
+//! children), with the live children read by [`dereference::children`] from a
+//! [`Snapshot`](dereference::Snapshot) instead of the API server — and contacts no API server.
+//! It asks no pod for its key report (`plan::Rotation::Skip`), so the steps of a rotation are
+//! not previewed; the keys are always redacted.
 //!
 //! - `inputs`: reading the files into [`Inputs`] (the endpoint, its target, the live objects);
 //! - `yaml`: rendering a [`Preview`] as the YAML stream the command prints ([`Preview::to_yaml`]).
@@ -17,14 +18,13 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::admission::{Policy, admit};
-use crate::dereference::{self, Found};
+use crate::admission::Policy;
+use crate::dereference;
 use crate::error::Error;
-use crate::keys::{self, Asks};
 use crate::plan::keys::KeyStep;
 use crate::plan::steps::{Ensure, Step};
-use crate::plan::{self, Defaults, plan};
-use crate::validate::{Conflict, validate};
+use crate::plan::{self, Defaults, Rotation};
+use crate::validate::Conflict;
 
 pub use inputs::{InputError, Inputs};
 
@@ -102,31 +102,16 @@ pub async fn preview(
         ..
     } = inputs;
     let labels = dereference::namespace_labels(live, names, deployment).await?;
-    let admitted = admit(ep, names, deployment, labels.as_ref(), policy);
-    let target = match admitted.and_then(|()| validate(ep, names, deployment)) {
+    let target = match plan::target(ep, names, deployment, labels.as_ref(), policy) {
         Ok(target) => target,
         Err(conflict) => return Ok(Outcome::Degraded(conflict)),
     };
     // No pod is asked for its key report: a rotation is not previewed.
     let live = dereference::children(live, names, owner, &target, |_| false).await?;
-    let key_ring = match &live.key_ring {
-        Found::Ring(_) => KeyStep::Leave,
-        found => {
-            let before = ep.status.as_ref().and_then(|s| s.keys.as_ref());
-            let label = format!("{}/{}", names.namespace, names.endpoint);
-            let asks = Asks::of(ep);
-            let decision = keys::decide(found, &asks, before, None, &names.secret(), &label)?;
-            if let Some(conflict) = decision.conflict {
-                return Ok(Outcome::Degraded(conflict));
-            }
-            plan::keys::step(names, owner, found, &decision.write)
-        }
+    let steps = match plan::decide(ep, names, owner, defaults, &target, &live, Rotation::Skip)? {
+        Ok(decision) => decision.steps,
+        Err(conflict) => return Ok(Outcome::Degraded(conflict)),
     };
-    let steps = plan(ep, names, &target, defaults, owner, &names.secret())
-        .steps(names, owner, &target, &live, key_ring);
-    if let Err(conflict) = steps.check_taken(owner) {
-        return Ok(Outcome::Degraded(conflict));
-    }
     // The order of `apply::steps`; the keys are never shown (`created` redacts them).
     let mut items = vec![ensure(&steps.config_map)?];
     if let KeyStep::Create(secret) = &steps.key_ring {
