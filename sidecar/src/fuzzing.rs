@@ -32,11 +32,12 @@ use crate::cluster::membership::peers_file::{self, PeersFileError};
 use crate::cluster::membership::{Peer, PeerState, Snapshot, View};
 use crate::keys::{DOMAIN_SESSION_ID, Key, KeyRing};
 use crate::mcp::cursor::{EventId, StreamKey};
+use crate::mcp::home::HomeToken;
 use crate::mcp::jsonrpc::{self, EnvelopeError, EnvelopeLimits, Message};
 use crate::mcp::origin::{OriginCheck, OriginPolicy};
 use crate::mcp::principal::Owner;
 use crate::mcp::sealed::{Sealer, TASK_ID};
-use crate::mcp::session_id::{HomeToken, IdError, IdMinter};
+use crate::mcp::session_id::{IdError, IdMinter};
 use crate::mcp::sse;
 use crate::mcp::tasks;
 

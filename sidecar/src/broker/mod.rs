@@ -64,8 +64,9 @@ pub(crate) enum Here {
 }
 use crate::keys::KeyId;
 use crate::mcp::headers::forwarded_request_headers;
+use crate::mcp::home::HomeToken;
 use crate::mcp::sealed::{REQUEST_STATE, TASK_ID};
-use crate::mcp::session_id::{HomeToken, IdMinter, Verified};
+use crate::mcp::session_id::{IdMinter, Verified};
 use crate::stream::{Feed, Start, Stream, StreamKind};
 use crate::upstream::{Exchange, Upstream, own_headers};
 

@@ -32,6 +32,7 @@ use super::pump::Dispatch;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::{self, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response};
+use crate::mcp::methods::CANCELLED;
 use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::tasks::Revision;
@@ -298,7 +299,7 @@ impl Broker {
     fn accepted(&self, call: &Admitted, session: &Session, message: &Message, raw: &Value) {
         self.record_accepted(session, &[(message.clone(), raw.clone())]);
         if let Message::Notification { method, params } = message
-            && method == "notifications/cancelled"
+            && method == CANCELLED
             && let Some(id) = params.get("requestId")
         {
             let id = RequestKey::of(id);

@@ -32,6 +32,7 @@ use super::Broker;
 use super::initialize::{Messages, negotiated_version, sse_messages};
 use crate::mcp::headers::{MCP_SESSION_ID, credential_headers, replace_credentials};
 use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::methods::INITIALIZE;
 use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::session::{Adopted, Refused, Session};
@@ -360,7 +361,7 @@ impl Broker {
         let headers = |version| self.rebuild_headers(session, request, post_headers(version));
         let sent = headers(None);
         let accepted = self.credential_key(session, &sent);
-        let (upstream_id, messages) = self.exchange("initialize", None, sent, &init).await?;
+        let (upstream_id, messages) = self.exchange(INITIALIZE, None, sent, &init).await?;
         if let Some(key) = accepted {
             // The MCP server accepted these credentials for the session it opened.
             session.accept_credential(key);

@@ -22,6 +22,7 @@ use tether_crds::AuthBinding;
 use super::Broker;
 use super::rebuild::{Rebuild, Sent};
 use crate::mcp::headers::credential_headers;
+use crate::mcp::methods::PING;
 use crate::mcp::principal::Owner;
 use crate::mcp::principal::{Principal, credential_expired, credential_expiry, principal};
 use crate::mcp::rejection::{NotFound, Rejection};
@@ -38,7 +39,7 @@ use crate::upstream::post_headers;
 fn ping() -> Bytes {
     let id: u64 = rand::random();
     Bytes::from(format!(
-        r#"{{"jsonrpc":"2.0","id":"tether-revalidate-{id:016x}","method":"ping"}}"#
+        r#"{{"jsonrpc":"2.0","id":"tether-revalidate-{id:016x}","method":"{PING}"}}"#
     ))
 }
 

@@ -16,11 +16,11 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::Broker;
+use crate::mcp::home::HomeToken;
 use crate::mcp::jsonrpc::{Envelope, Message};
 use crate::mcp::mrtr;
 use crate::mcp::principal::Owner;
 use crate::mcp::rejection::Rejection;
-use crate::mcp::session_id::HomeToken;
 use crate::mcp::tasks::{self, Revision, Seen};
 
 /// A field name a message spells when it may hold a sealed value.

@@ -21,11 +21,11 @@ use bytes::Bytes;
 
 use super::Broker;
 use crate::counts::Counts;
+use crate::mcp::home::HomeToken;
 use crate::mcp::jsonrpc::Envelope;
 use crate::mcp::principal::Owner;
 use crate::mcp::rejection::Rejection;
 use crate::mcp::sealed::Sealer;
-use crate::mcp::session_id::HomeToken;
 use crate::mcp::tasks::{self, Revision, Seen, TaskMiss};
 use crate::reply::Reply;
 

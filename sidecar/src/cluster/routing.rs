@@ -11,8 +11,8 @@ use std::sync::Arc;
 use crate::cluster::membership::{MembershipSink, Peer, PeerState, View};
 use crate::cluster::peer_health::{Down, PeerHealth};
 use crate::keys::KeyRing;
+use crate::mcp::home::HomeToken;
 use crate::mcp::rejection::{NotFound, Rejection};
-use crate::mcp::session_id::HomeToken;
 pub(crate) use crate::peer::hop::{Hop, MAX_HOPS, MAX_WALK_HOPS};
 
 /// How long membership may go unconfirmed and still be trusted, unless set otherwise.

@@ -12,6 +12,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::methods::INITIALIZE;
+
 /// A JSON-RPC id as a map key: its JSON text, so `1` and `"1"` stay distinct.
 #[derive(
     Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
@@ -165,7 +167,7 @@ impl Envelope {
 
     /// Whether the body is a single `initialize` request.
     pub(crate) fn is_initialize(&self) -> bool {
-        self.is_request_of("initialize")
+        self.is_request_of(INITIALIZE)
     }
 
     /// Whether the body is a single request of `method`.
@@ -178,7 +180,7 @@ impl Envelope {
     pub(crate) fn contains_initialize(&self) -> bool {
         self.messages
             .iter()
-            .any(|(m, _)| matches!(m, Message::Request { method, .. } if method == "initialize"))
+            .any(|(m, _)| matches!(m, Message::Request { method, .. } if method == INITIALIZE))
     }
 }
 

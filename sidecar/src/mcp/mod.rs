@@ -5,6 +5,7 @@
 //! - [`jsonrpc`]: envelopes, request ids, error codes;
 //! - [`modern`]: a 2026-07-28 request's standard headers checked against its body;
 //! - [`rejection`]: the catalogue of errors the sidecar answers itself;
+//! - [`methods`]: MCP's method names; [`home`]: the pod a session id or a sealed value names;
 //! - [`session_id`]: the client session ids the sidecar mints; [`cursor`]: event ids;
 //! - [`headers`]: header names and what passes through; [`sse`]: SSE framing; [`sse_limit`]:
 //!   the size bound of an upstream SSE event;
@@ -14,7 +15,9 @@
 pub(crate) mod admission;
 pub(crate) mod cursor;
 pub(crate) mod headers;
+pub(crate) mod home;
 pub(crate) mod jsonrpc;
+pub(crate) mod methods;
 pub(crate) mod modern;
 pub(crate) mod mrtr;
 pub(crate) mod origin;

@@ -29,9 +29,6 @@ use super::rejection::Rejection;
 /// The key of `params._meta` that names a 2026-07-28 request's protocol version.
 pub(crate) const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 
-/// The method of a long-lived stream of notifications (SEP-2575, replacing the GET stream).
-pub(crate) const LISTEN: &str = "subscriptions/listen";
-
 /// The `_meta` key naming the subscription a listen stream's messages belong to: the listen
 /// request's id.
 const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";

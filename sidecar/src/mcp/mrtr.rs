@@ -18,9 +18,9 @@
 
 use serde_json::Value;
 
+use super::home::HomeToken;
 use super::principal::Owner;
 use super::sealed::{SealError, Sealer};
-use super::session_id::HomeToken;
 
 /// The field the state travels in, both ways.
 pub(crate) const REQUEST_STATE_FIELD: &str = "requestState";

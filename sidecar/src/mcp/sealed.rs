@@ -30,8 +30,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 
+use super::home::HomeToken;
 use super::principal::Owner;
-use super::session_id::HomeToken;
 use crate::keys::{
     DOMAIN_REQUEST_STATE_NONCE, DOMAIN_REQUEST_STATE_SEAL, DOMAIN_TASK_ID_NONCE,
     DOMAIN_TASK_ID_SEAL, Key, KeyId, KeyRing,

@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use sha2::{Digest, Sha256};
 
+use super::home::{HOME_LEN, HomeToken};
 use super::sealed::{Purpose, Sealer};
 use crate::keys::{DOMAIN_SESSION_ID, Key, KeyId, KeyRing};
 
@@ -28,29 +28,11 @@ use crate::keys::{DOMAIN_SESSION_ID, Key, KeyId, KeyRing};
 pub(crate) const ID_VERSION: u8 = 2;
 const KEY_ID_LEN: usize = 4;
 const RANDOM_LEN: usize = 16;
-const HOME_LEN: usize = 8;
 const MAC_LEN: usize = 16;
 /// Bytes after the version and key id: random, home, MAC.
 const BODY_LEN: usize = RANDOM_LEN + HOME_LEN + MAC_LEN;
 /// Length of an encoded id, in characters.
 pub(crate) const ENCODED_LEN: usize = 60;
-
-/// The pod a session was created on, as carried inside its id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct HomeToken(pub [u8; HOME_LEN]);
-
-impl HomeToken {
-    /// The home token of the pod with this UID.
-    pub(crate) fn for_pod(pod_uid: &str) -> Self {
-        let mut h = Sha256::new();
-        h.update(b"tether/home/v1");
-        h.update(pod_uid.as_bytes());
-        let digest = h.finalize();
-        let mut token = [0; HOME_LEN];
-        token.copy_from_slice(&digest[..HOME_LEN]);
-        Self(token)
-    }
-}
 
 /// Why a presented id is not one of ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -20,9 +20,12 @@
 
 use serde_json::Value;
 
+use super::home::HomeToken;
+use super::methods::{
+    LISTEN, TASK_NOTIFICATIONS, TASKS_CANCEL, TASKS_GET, TASKS_RESULT, TASKS_UPDATE, TOOLS_CALL,
+};
 use super::principal::Owner;
 use super::sealed::{Opened, SealError, Sealer};
-use super::session_id::HomeToken;
 
 /// The `_meta` key that ties a message to a task (2025-11-25 tasks, "Associating Task-Related
 /// Messages").
@@ -42,8 +45,8 @@ pub(crate) enum Revision {
 /// Whether requests of `method` name their task in `params.taskId` in `revision`.
 pub(crate) fn names_task(method: &str, revision: Revision) -> bool {
     match method {
-        "tasks/get" | "tasks/update" | "tasks/cancel" => true,
-        "tasks/result" => revision == Revision::Session,
+        TASKS_GET | TASKS_UPDATE | TASKS_CANCEL => true,
+        TASKS_RESULT => revision == Revision::Session,
         _ => false,
     }
 }
@@ -51,8 +54,7 @@ pub(crate) fn names_task(method: &str, revision: Revision) -> bool {
 /// Whether a 2026-07-28 request of `method` may be answered with task ids: it names a task, may
 /// create one (`tools/call`) or streams notifications (`subscriptions/listen`).
 pub(crate) fn may_answer_with_tasks(method: &str) -> bool {
-    names_task(method, Revision::Extension)
-        || matches!(method, "tools/call" | super::modern::LISTEN)
+    names_task(method, Revision::Extension) || matches!(method, TOOLS_CALL | LISTEN)
 }
 
 /// A task object a message carried to the client: its MCP server id, whether its status is
@@ -108,7 +110,7 @@ pub(crate) fn seal(
     let status_notification = message
         .get("method")
         .and_then(Value::as_str)
-        .is_some_and(|m| m.starts_with("notifications/tasks/"));
+        .is_some_and(|m| m.starts_with(TASK_NOTIFICATIONS));
     if let Some(params) = message.get_mut("params").filter(|p| p.is_object()) {
         if status_notification {
             changed |= seal_task(params, ids, owner, seen)?;
@@ -176,7 +178,7 @@ const LOST_TASK: &str = "the pod that ran this task is gone (its drain ended bef
 /// not-found that says the id was never valid. Its times are `now` (RFC 3339): the pod that
 /// knew when it was created is gone. `None` for other methods (they keep the not-found error).
 pub(crate) fn lost_task_answer(request: &Value, revision: Revision, now: &str) -> Option<Value> {
-    if request.get("method").and_then(Value::as_str) != Some("tasks/get") {
+    if request.get("method").and_then(Value::as_str) != Some(TASKS_GET) {
         return None;
     }
     let task_id = request.pointer("/params/taskId")?.as_str()?;

@@ -10,8 +10,8 @@ use pingora::ErrorType;
 use crate::cluster::membership::{Peer, View};
 use crate::cluster::peer_health::Down;
 use crate::cluster::routing::{ForwardKind, Hop, Me, Route, Target, route};
+use crate::mcp::home::HomeToken;
 use crate::mcp::rejection::{NotFound, Rejection};
-use crate::mcp::session_id::HomeToken;
 
 /// Most peers a forward tries to connect to before it gives up (each failure marks the peer
 /// down, so later requests skip it without trying).

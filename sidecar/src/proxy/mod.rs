@@ -58,12 +58,12 @@ use crate::handoff::listener::PeerListener;
 use crate::lifecycle::Lifecycle;
 use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::mcp::headers::{MCP_METHOD, MCP_NAME};
+use crate::mcp::home::HomeToken;
 use crate::mcp::jsonrpc::{Envelope, Message, RequestKey};
 use crate::mcp::modern;
 use crate::mcp::mrtr;
 use crate::mcp::origin::OriginCheck;
 use crate::mcp::rejection::{NotFound, Rejection};
-use crate::mcp::session_id::HomeToken;
 use crate::mcp::tasks::{Revision, names_task};
 use crate::metrics::Metrics;
 use crate::peer::auth::now_ms;
@@ -881,7 +881,7 @@ impl McpProxy {
         &self,
         id: &str,
         ctx: &mut RequestCtx,
-    ) -> Result<(crate::mcp::session_id::HomeToken, Option<String>), Rejection> {
+    ) -> Result<(crate::mcp::home::HomeToken, Option<String>), Rejection> {
         loop {
             let (home, here) = self.broker.locate(id).map_err(Rejection::SessionNotFound)?;
             let session = match here {

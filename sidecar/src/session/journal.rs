@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::mcp::jsonrpc::Message;
+use crate::mcp::methods::{
+    INITIALIZED, LOGGING_SET_LEVEL, RESOURCES_SUBSCRIBE, RESOURCES_UNSUBSCRIBE,
+};
 
 /// Most resource subscriptions a journal keeps; a further `resources/subscribe` is refused.
 pub(crate) const MAX_SUBSCRIPTIONS: usize = 1024;
@@ -37,10 +40,10 @@ pub(crate) enum JournalError {
 /// `logging/setLevel`, `resources/subscribe`, `resources/unsubscribe`).
 pub(crate) fn belongs(message: &Message) -> bool {
     match message {
-        Message::Notification { method, .. } => method == "notifications/initialized",
+        Message::Notification { method, .. } => method == INITIALIZED,
         Message::Request { method, .. } => matches!(
             method.as_str(),
-            "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe"
+            LOGGING_SET_LEVEL | RESOURCES_SUBSCRIBE | RESOURCES_UNSUBSCRIBE
         ),
         Message::Response => false,
     }
@@ -163,15 +166,15 @@ impl Journal {
             Ok(bytes)
         };
         match message {
-            Message::Notification { method, .. } if method == "notifications/initialized" => {
+            Message::Notification { method, .. } if method == INITIALIZED => {
                 self.initialized = true;
             }
-            Message::Request { method, .. } if method == "logging/setLevel" => {
+            Message::Request { method, .. } if method == LOGGING_SET_LEVEL => {
                 let level = text(&params());
                 self.bytes = grow(self.log_level.as_ref().map_or(0, |l| l.len()), level.len())?;
                 self.log_level = Some(level);
             }
-            Message::Request { method, .. } if method == "resources/subscribe" => {
+            Message::Request { method, .. } if method == RESOURCES_SUBSCRIBE => {
                 let Some(uri) = uri() else { return Ok(false) };
                 let old = self.subscriptions.get(&uri).map(|p| p.len());
                 if old.is_none() && self.subscriptions.len() >= MAX_SUBSCRIPTIONS {
@@ -182,7 +185,7 @@ impl Journal {
                 self.bytes = grow(old, uri.len() + params.len())?;
                 self.subscriptions.insert(uri, params);
             }
-            Message::Request { method, .. } if method == "resources/unsubscribe" => {
+            Message::Request { method, .. } if method == RESOURCES_UNSUBSCRIBE => {
                 if let Some(uri) = uri()
                     && let Some(params) = self.subscriptions.remove(&uri)
                 {
@@ -199,17 +202,17 @@ impl Journal {
     pub(crate) fn replay(&self) -> Vec<Value> {
         let mut out = Vec::new();
         if self.initialized {
-            out.push(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+            out.push(json!({"jsonrpc": "2.0", "method": INITIALIZED}));
         }
         let mut request = |method: &str, params: &Value| {
             let id = format!("tether-replay-{}", out.len());
             out.push(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         };
         if let Some(level) = &self.log_level {
-            request("logging/setLevel", &value(level));
+            request(LOGGING_SET_LEVEL, &value(level));
         }
         for params in self.subscriptions.values() {
-            request("resources/subscribe", &value(params));
+            request(RESOURCES_SUBSCRIBE, &value(params));
         }
         out
     }

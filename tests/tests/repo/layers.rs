@@ -65,6 +65,61 @@ fn imports(src: &str, watch: &[&str]) -> (Imports, BTreeMap<String, BTreeSet<Str
     (graph, users)
 }
 
+/// The imports between the files of each folder of the crate whose sources are in `src`:
+/// folder → file → the files of the same folder its production code names (`super::x`,
+/// `crate::<folder>::x`). A folder's `mod.rs` is left out (it declares the others).
+fn file_imports(src: &str) -> BTreeMap<String, Imports> {
+    let mut folders: BTreeMap<String, Imports> = BTreeMap::new();
+    for file in files(src, &["rs"]) {
+        let rel = file
+            .strip_prefix(src)
+            .unwrap_or(&file)
+            .trim_start_matches('/')
+            .to_owned();
+        let parts: Vec<&str> = rel.split('/').collect();
+        let [.., _, name] = parts.as_slice() else {
+            continue;
+        };
+        let stem = name.trim_end_matches(".rs");
+        if stem == "mod" {
+            continue;
+        }
+        let folder_path = parts[..parts.len() - 1].join("::");
+        let text = read(&file);
+        let production = text
+            .find("\n#[cfg(test)]\nmod tests {")
+            .map_or(text.as_str(), |at| &text[..at]);
+        let entry = folders
+            .entry(folder_path.clone())
+            .or_default()
+            .entry(stem.to_owned())
+            .or_default();
+        let own = format!("crate::{folder_path}::");
+        for line in production.lines() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            for prefix in ["super::", own.as_str()] {
+                for (at, _) in code.match_indices(prefix) {
+                    // `x::super::` is a path inside a nested module, not the folder's.
+                    if code[..at].ends_with("::") {
+                        continue;
+                    }
+                    let used: String = code[at + prefix.len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if !used.is_empty() && used != stem && used.chars().all(|c| !c.is_uppercase()) {
+                        entry.insert(used);
+                    }
+                }
+            }
+        }
+    }
+    folders
+}
+
 /// A circle of imports, if there is one.
 fn circle(graph: &Imports) -> Option<Vec<String>> {
     fn visit(
@@ -163,6 +218,13 @@ fn sidecar_layers_keep_their_rules() {
         "a session's image is made outside handoff/: {users:?}"
     );
     assert_eq!(circle(&graph), None, "an import circle in the sidecar");
+    for (folder, files) in file_imports("sidecar/src") {
+        assert_eq!(
+            circle(&files),
+            None,
+            "an import circle between the files of sidecar/src/{folder}"
+        );
+    }
 }
 
 #[test]

@@ -27,7 +27,7 @@ use pingora::server::ShutdownWatch;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::ring::{HrwRing, SessionRing};
-use crate::mcp::session_id::HomeToken;
+use crate::mcp::home::HomeToken;
 use crate::metrics::Metrics;
 
 /// The state of a pod as membership sees it (`docs/design/architecture.md#vocabulary`: routable,
