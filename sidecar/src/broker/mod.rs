@@ -346,9 +346,7 @@ impl Broker {
     /// Takes back a session handed off from here whose new holder is gone: held here again, as
     /// it was before the move (see [`Registry::reclaim`]); `false` without a copy of it.
     pub(crate) fn reclaim(&self, id: &str, lost: &str) -> bool {
-        let reclaimed = self
-            .registry
-            .reclaim(id, lost, |session| session.finish_move(None));
+        let reclaimed = self.registry.reclaim(id, lost, |session| session.reclaim());
         if reclaimed {
             self.metrics.session_reclaimed();
         }

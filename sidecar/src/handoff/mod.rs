@@ -35,7 +35,7 @@ use crate::metrics::Metrics;
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::wire::{CancelPush, Credentials, HeldAnswer, HeldQuery, SessionPush};
 use crate::peer::{CANCEL_PATH, HELD_PATH, SESSIONS_PATH};
-use crate::session::Session;
+use crate::session::{Session, Transfer};
 use decide::{AfterPush, Held};
 use follow::Followed;
 
@@ -271,15 +271,16 @@ impl Handoff {
             self.metrics.handoff_failed("deadline");
             return Err(MoveError::Deadline);
         }
-        if !session.begin_move() {
+        // Dropped on every path that does not end in an acknowledgement: the session is then
+        // served here again.
+        let Some(transfer) = session.begin_move() else {
             return Err(MoveError::Busy);
-        }
+        };
         let started = Instant::now();
         session.all_entered(ENTERING_WAIT).await;
         if !self.broker.holds(&session) {
             // A request that entered before the move ended the session (its DELETE): an ended
             // session is never pushed, or it would live on at the target.
-            session.finish_move(None);
             return Err(MoveError::Busy);
         }
         let budget = self
@@ -301,19 +302,18 @@ impl Handoff {
             let body = match serde_json::to_vec(&push) {
                 Ok(body) => Bytes::from(body),
                 Err(e) => {
-                    session.finish_move(None);
                     return Err(MoveError::Failed(SendError::Unreachable(e.to_string())));
                 }
             };
             match self.push_to(&target, &body, session.id(), epoch).await {
                 Ok(()) => {
-                    self.moved(&session, &target, imaged, started);
+                    self.moved(transfer, &target, imaged, started);
                     return Ok(target.uid);
                 }
                 Err(MoveError::Superseded) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, "a peer holds the session at a later epoch; the copy here is dropped");
                     self.metrics.handoff_failed("superseded");
-                    session.finish_move(Some(target.uid.clone()));
+                    transfer.moved(target.uid.clone());
                     self.broker.mark_moved(&session, &target.uid);
                     self.broker.release_departed(&session, None).await;
                     return Err(MoveError::Superseded);
@@ -326,12 +326,10 @@ impl Handoff {
                 Err(e) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, error = %e, "handoff to peer in doubt; the session stays here");
                     self.metrics.handoff_failed("in_doubt");
-                    session.finish_move(None);
                     return Err(e);
                 }
             }
         }
-        session.finish_move(None);
         Err(last.map_or(MoveError::NoTarget, MoveError::Failed))
     }
 
@@ -422,13 +420,14 @@ impl Handoff {
     /// `retry:`, follow the streams still running.
     fn moved(
         self: &Arc<Self>,
-        session: &Arc<Session>,
+        transfer: Transfer,
         target: &Peer,
         imaged: HashMap<crate::mcp::cursor::StreamKey, follow::Sent>,
         started: Instant,
     ) {
-        session.finish_move(Some(target.uid.clone()));
-        self.broker.mark_moved(session, &target.uid);
+        let session = Arc::clone(transfer.session());
+        transfer.moved(target.uid.clone());
+        self.broker.mark_moved(&session, &target.uid);
         self.metrics.handoff_took(started.elapsed());
         tracing::info!(session = session.digest(), to = %target.name, "session handed off");
         if session.primes() {
@@ -438,7 +437,6 @@ impl Handoff {
             }
         }
         let handoff = Arc::clone(self);
-        let session = Arc::clone(session);
         let target = target.clone();
         tokio::spawn(async move {
             match follow::follow(&handoff, &session, &target, imaged).await {

@@ -14,15 +14,17 @@ mod bounded;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod held;
+mod holding;
 pub(crate) mod journal;
 mod registry;
 mod takeovers;
 mod tombstones;
 
+pub(crate) use holding::HandoffState;
 pub(crate) use registry::{Adopted, NoRoom, Refused, Registry};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -46,6 +48,7 @@ use crate::stream::buffer::{BufferLimits, Evictions};
 use crate::stream::{Stream, StreamKind, StreamSnapshot};
 use answered::Answers;
 use bounded::Bounded;
+use holding::Holding;
 use tombstones::Tombstones;
 
 /// Most streams (live or tombstones) one session keeps.
@@ -165,10 +168,8 @@ struct State {
     /// The SSE stream that answered `initialize`, until it is spent and the session's next
     /// message arrived ([`Session::forget_initialize_stream`]).
     initialize_stream: Option<StreamKey>,
-    /// Requests admitted to this session that have not registered their stream yet.
-    entering: u32,
-    /// Where the session is in a handoff.
-    handoff: HandoffState,
+    /// Where the session is in a handoff, its requests entering, its epoch.
+    holding: Holding,
     /// Woken on every change of every stream (the handoff follower), new streams included.
     observer: Option<Arc<Notify>>,
     /// The pod's activity (the registry's): woken when a request of this session ends or one
@@ -201,17 +202,6 @@ impl State {
     }
 }
 
-/// Where a session is in a handoff (`docs/design/handoff.md#moving-one-session`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum HandoffState {
-    /// Served here.
-    Held,
-    /// Being pushed to a peer: new requests wait until the peer acknowledged or refused.
-    Moving,
-    /// The peer with this UID acknowledged it: requests go there.
-    Moved(String),
-}
-
 /// What a request finds when it enters a session held here ([`Session::enter`]).
 #[derive(Debug)]
 pub(crate) enum Entry {
@@ -239,8 +229,7 @@ impl Drop for EnterGuard {
     fn drop(&mut self) {
         let observer = {
             let mut st = self.0.state.lock();
-            st.entering -= 1;
-            if st.entering > 0 {
+            if !st.holding.entered() {
                 return;
             }
             st.observer.clone()
@@ -248,6 +237,36 @@ impl Drop for EnterGuard {
         self.0.entered.notify_waiters();
         if let Some(observer) = observer {
             observer.notify_one();
+        }
+    }
+}
+
+/// The one handle of a move under way ([`Session::begin_move`]): [`Transfer::moved`] ends it
+/// acknowledged; dropped unfinished, the session is served here again. Either way the waiters
+/// of the session's requests are woken.
+#[derive(Debug)]
+pub(crate) struct Transfer {
+    session: Arc<Session>,
+    done: bool,
+}
+
+impl Transfer {
+    /// The session moved.
+    pub(crate) fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// The peer `to` acknowledged the session: requests for it go there.
+    pub(crate) fn moved(mut self, to: String) {
+        self.done = true;
+        self.session.finish_move(Some(to));
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        if !self.done {
+            self.session.finish_move(None);
         }
     }
 }
@@ -360,10 +379,6 @@ pub(crate) struct Session {
     /// When it was created here, or adopted (the least time between two rebalancing moves
     /// counts from it).
     arrived: Instant,
-    /// The handoff epoch: 0 at `initialize`, one more for every push of the session to a peer,
-    /// carried in its images; a copy of an older epoch is stale
-    /// (`docs/design/handoff.md#one-holder-per-session`).
-    epoch: AtomicU64,
     /// What its streams' buffers count against: the pod's budget and the session's share.
     account: BufferAccount,
 }
@@ -410,8 +425,7 @@ impl Session {
                 window: RetryWindow::DEFAULT,
                 crowded_at: None,
                 initialize_stream: None,
-                entering: 0,
-                handoff: HandoffState::Held,
+                holding: Holding::at(0),
                 observer: None,
                 activity: None,
             }),
@@ -429,7 +443,6 @@ impl Session {
             credentialed: AtomicBool::new(false),
             binding: OnceLock::new(),
             accepted: Mutex::default(),
-            epoch: AtomicU64::new(0),
             arrived: Instant::now(),
         })
     }
@@ -459,7 +472,7 @@ impl Session {
             epoch,
         } = snapshot;
         let session = Self::new(id, key, None, version, journal, retained);
-        session.epoch.store(epoch, Ordering::Relaxed);
+        session.state.lock().holding = Holding::at(epoch);
         session.needs_rebuild.store(true, Ordering::Relaxed);
         session.credentialed.store(credentialed, Ordering::Relaxed);
         session.bind(binding);
@@ -570,7 +583,7 @@ impl Session {
                 .iter()
                 .map(|(key, at)| (*key, at.elapsed()))
                 .collect(),
-            epoch: self.epoch(),
+            epoch: st.holding.epoch(),
         };
         (snapshot, positions)
     }
@@ -652,30 +665,31 @@ impl Session {
 
     /// Admits a request into the session, unless a handoff is moving or moved it.
     pub(crate) fn enter(self: &Arc<Self>) -> Entry {
-        let mut st = self.state.lock();
-        match &st.handoff {
-            HandoffState::Held => {
-                st.entering += 1;
-                Entry::Entered(EnterGuard(Arc::clone(self)))
-            }
-            HandoffState::Moving => Entry::Moving,
-            HandoffState::Moved(to) => Entry::Moved(to.clone()),
+        match self.state.lock().holding.enter() {
+            Ok(()) => Entry::Entered(EnterGuard(Arc::clone(self))),
+            Err(HandoffState::Moved(to)) => Entry::Moved(to),
+            Err(_) => Entry::Moving,
         }
     }
 
-    /// Starts a handoff; `false` when one is under way or done.
-    pub(crate) fn begin_move(&self) -> bool {
-        let mut st = self.state.lock();
-        if st.handoff != HandoffState::Held {
-            return false;
-        }
-        st.handoff = HandoffState::Moving;
-        true
+    /// Starts a handoff: the one [`Transfer`] that ends it; `None` when one is under way or
+    /// done.
+    pub(crate) fn begin_move(self: &Arc<Self>) -> Option<Transfer> {
+        self.state.lock().holding.begin().then(|| Transfer {
+            session: Arc::clone(self),
+            done: false,
+        })
+    }
+
+    /// Takes back the session from a peer that acknowledged it and left: served here again.
+    pub(crate) fn reclaim(&self) {
+        self.state.lock().holding.reclaim();
+        self.handoff_settled.notify_waiters();
     }
 
     /// Requests admitted and not registered yet.
     pub(crate) fn entering(&self) -> u32 {
-        self.state.lock().entering
+        self.state.lock().holding.entering()
     }
 
     /// When it was created here, or adopted.
@@ -683,23 +697,20 @@ impl Session {
         self.arrived
     }
 
-    /// Its handoff epoch.
+    /// Its handoff epoch (`docs/design/handoff.md#one-holder-per-session`).
     pub(crate) fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
+        self.state.lock().holding.epoch()
     }
 
     /// The epoch of a new push of the session: one more than any before, so a copy an earlier
     /// push may have left at a peer is stale against it.
     pub(crate) fn advance_epoch(&self) -> u64 {
-        self.epoch.fetch_add(1, Ordering::AcqRel) + 1
+        self.state.lock().holding.advance_epoch()
     }
 
     /// Ends a handoff: acknowledged by `to`, or refused everywhere (`None`: served here again).
-    pub(crate) fn finish_move(&self, to: Option<String>) {
-        self.state.lock().handoff = match to {
-            Some(uid) => HandoffState::Moved(uid),
-            None => HandoffState::Held,
-        };
+    fn finish_move(&self, to: Option<String>) {
+        self.state.lock().holding.finish(to);
         self.handoff_settled.notify_waiters();
     }
 
@@ -709,7 +720,7 @@ impl Session {
         let wait = async {
             loop {
                 let entered = self.entered.notified();
-                if self.state.lock().entering == 0 {
+                if self.state.lock().holding.entering() == 0 {
                     return;
                 }
                 entered.await;
@@ -723,7 +734,7 @@ impl Session {
         let wait = async {
             loop {
                 let notified = self.handoff_settled.notified();
-                if self.state.lock().handoff != HandoffState::Moving {
+                if self.state.lock().holding.state() != &HandoffState::Moving {
                     return;
                 }
                 notified.await;
@@ -1271,7 +1282,7 @@ impl Session {
             return;
         };
         let mut st = self.state.lock();
-        if st.handoff != HandoffState::Held || !st.streams.contains_key(stream.key()) {
+        if !st.holding.is_held() || !st.streams.contains_key(stream.key()) {
             return;
         }
         if st
@@ -2083,10 +2094,10 @@ mod tests {
         s.claim(&[key(1)], [1; 32], &st, room);
         s.keep_reply(&st, reply, u64::MAX);
         drop(st.wait_head().await);
-        assert!(s.begin_move());
+        let transfer = s.begin_move().expect("a held session moves");
         s.settle(&st);
         assert_eq!(s.streams().len(), 1, "the follower still sees the stream");
-        s.finish_move(None);
+        drop(transfer);
         s.settle(&st);
         assert!(s.streams().is_empty());
     }
@@ -2193,14 +2204,14 @@ mod tests {
         let Entry::Entered(guard) = s.enter() else {
             panic!("a held session admits requests")
         };
-        assert!(s.begin_move());
-        assert!(!s.begin_move(), "one move at a time");
+        let transfer = s.begin_move().expect("a held session moves");
+        assert!(s.begin_move().is_none(), "one move at a time");
         assert_eq!(s.entering(), 1);
         assert!(matches!(s.enter(), Entry::Moving));
         drop(guard);
         assert_eq!(s.entering(), 0);
         assert!(!s.settled(Duration::from_millis(20)).await, "still moving");
-        s.finish_move(Some("pod-b".into()));
+        transfer.moved("pod-b".into());
         assert!(s.settled(Duration::from_millis(20)).await);
         assert!(matches!(s.enter(), Entry::Moved(uid) if uid == "pod-b"));
         let r = Registry::new(4, Retained::new(u64::MAX));
