@@ -1,23 +1,16 @@
 //! A fake Kubernetes API server for the sidecar's EndpointSlice watch
-//! (`docs/design/routing.md#kubernetes-endpointslice-watch`): plain HTTP on a loopback address,
-//! serving the EndpointSlices of one Service of one namespace as a kube-apiserver does for a
-//! `kube::runtime::watcher` —
-//!
-//! - `GET /apis/discovery.k8s.io/v1/namespaces/<ns>/endpointslices?labelSelector=…` (a LIST):
-//!   an `EndpointSliceList` of the slices that match the selector (equality terms `k=v`,
-//!   comma-separated; the sidecar asks for `kubernetes.io/service-name=<service>`), with the
-//!   list's `resourceVersion`;
-//! - the same with `watch=true` (or `1`) and `resourceVersion=R` (a WATCH): the response stays
-//!   open and carries, one JSON line each, the `ADDED` / `MODIFIED` / `DELETED` events after `R`
-//!   of the matching slices;
-//! - anything else: 404 with a `Status`.
+//! (`docs/design/routing.md#kubernetes-endpointslice-watch`): the tests' in-memory API server
+//! (`tether_fake_kube`) over plain HTTP on a loopback address, which a `kube::runtime::watcher`
+//! LISTs (`labelSelector`, the list's `resourceVersion`) and WATCHes (`watch=true`,
+//! `resourceVersion=R`: the `ADDED` / `MODIFIED` / `DELETED` events after `R`) as a
+//! kube-apiserver.
 //!
 //! The test describes pods ([`PodObject`], [`FakeKube::apply`], [`FakeKube::delete`]); the fake
-//! plays the EndpointSlice controller of the Service it was started with: the pods its selector
-//! matches are its endpoints (conditions `ready` always true, since the peer Service publishes
-//! not-ready addresses; `serving` the pod's readiness; `terminating` its deletion), packed
-//! [`SLICE_CAPACITY`] to a slice so that a few pods already make several slices, with the ports
-//! `tether-peer` and `mcp`.
+//! plays the EndpointSlice controller of the Service it was started with, writing the
+//! EndpointSlices into the server: the pods its selector matches are its endpoints (conditions
+//! `ready` always true, since the peer Service publishes not-ready addresses; `serving` the pod's
+//! readiness; `terminating` its deletion), packed [`SLICE_CAPACITY`] to a slice so that a few
+//! pods already make several slices, with the ports `tether-peer` and `mcp`.
 //!
 //! The test controls the answers: [`FakeKube::hold_lists`] keeps every LIST waiting (an API
 //! server slow to answer, or not reachable yet) until it is released. A sidecar reaches it with
@@ -26,21 +19,14 @@
 //! reads `KUBECONFIG` first). The fake stops (every connection with it) when dropped.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tether_crds::{ENDPOINT_ANNOTATION, MCP_PORT_NAME, PEER_PORT_NAME};
+use tether_fake_kube::{ApiServer, Shared, apply_as, serve_http};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::pod::{LISTEN_PORT, PEER_PORT, PodSpec, uid};
@@ -55,8 +41,8 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Endpoints per slice (the EndpointSlice controller packs up to 100; fewer here, so that tests
 /// see several slices).
 pub const SLICE_CAPACITY: usize = 2;
-
-type Body = BoxBody<Bytes, Infallible>;
+/// The field manager of the slices, as the EndpointSlice controller writes them.
+const CONTROLLER: &str = "endpointslice-controller.k8s.io";
 
 /// A pod, as the fake's EndpointSlice controller sees it.
 #[derive(Clone, Debug)]
@@ -124,41 +110,25 @@ impl PodObject {
     }
 }
 
-/// What the fake serves.
-struct State {
-    namespace: String,
-    /// The Service whose slices it serves, and its selector.
-    service: String,
-    selector: Selector,
-    inner: Mutex<Inner>,
-    /// The latest resource version, for the watches to wake on.
-    changed: watch::Sender<u64>,
-    /// Whether LISTs wait ([`FakeKube::hold_lists`]).
-    hold: watch::Sender<bool>,
-    lists: AtomicU64,
-    watches: AtomicU64,
-    /// Every request: method, path and query.
-    requests: Mutex<Vec<String>>,
-}
-
+/// The pods the fake's EndpointSlice controller knows.
 #[derive(Default)]
-struct Inner {
-    resource_version: u64,
+struct Pods {
     /// The pods by UID, with their place (pods are packed into slices in the order they came).
-    pods: BTreeMap<String, (usize, PodObject)>,
+    by_uid: BTreeMap<String, (usize, PodObject)>,
     /// Places given so far.
     places: usize,
-    /// The slices by number, as last served.
-    slices: BTreeMap<usize, Value>,
-    /// Every change: resource version, event type, labels, object.
-    log: Vec<(u64, &'static str, BTreeMap<String, String>, Value)>,
 }
 
 /// A fake kube-apiserver (module docs).
 pub struct FakeKube {
     /// Its base URL, `http://ip:port`.
     pub url: String,
-    state: Arc<State>,
+    api: Shared,
+    namespace: String,
+    /// The Service whose slices it makes, and its selector.
+    service: String,
+    selector: BTreeMap<String, String>,
+    pods: Mutex<Pods>,
     kubeconfig: tempfile::NamedTempFile,
     server: JoinHandle<()>,
 }
@@ -170,7 +140,7 @@ impl Drop for FakeKube {
 }
 
 impl FakeKube {
-    /// Starts a fake API server on a fresh loopback address, serving the EndpointSlices of
+    /// Starts a fake API server on a fresh loopback address, with the EndpointSlices of
     /// Service `service` of `namespace`, which selects the pods carrying every label of
     /// `selector` (at first none).
     ///
@@ -198,26 +168,18 @@ impl FakeKube {
                  current-context: fake\n"
             ),
         )?;
-        let state = Arc::new(State {
-            namespace: namespace.to_owned(),
-            service: service.to_owned(),
-            selector: Selector(
-                selector
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            ),
-            inner: Mutex::default(),
-            changed: watch::Sender::new(0),
-            hold: watch::Sender::new(false),
-            lists: AtomicU64::new(0),
-            watches: AtomicU64::new(0),
-            requests: Mutex::default(),
-        });
-        let server = tokio::spawn(serve(listener, Arc::clone(&state)));
+        let api = Shared::default();
+        let server = tokio::spawn(serve_http(listener, Arc::clone(&api)));
         Ok(Self {
             url,
-            state,
+            api,
+            namespace: namespace.to_owned(),
+            service: service.to_owned(),
+            selector: selector
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            pods: Mutex::default(),
             kubeconfig,
             server,
         })
@@ -229,58 +191,58 @@ impl FakeKube {
     pub fn slice_watch(&self, mut spec: PodSpec) -> PodSpec {
         spec.sidecar_args.extend([
             "--peer-service".to_owned(),
-            self.state.service.clone(),
+            self.service.clone(),
             "--namespace".to_owned(),
-            self.state.namespace.clone(),
+            self.namespace.clone(),
         ]);
         spec.sidecar_env.extend([
             (
                 "KUBECONFIG".to_owned(),
                 self.kubeconfig.path().display().to_string(),
             ),
-            ("POD_NAMESPACE".to_owned(), self.state.namespace.clone()),
+            ("POD_NAMESPACE".to_owned(), self.namespace.clone()),
         ]);
         spec
     }
 
     /// Adds `pod` or replaces the pod of its UID; the slice that holds it changes.
     pub fn apply(&self, pod: &PodObject) {
-        let mut inner = self.state.lock();
-        let place = match inner.pods.get(&pod.uid()) {
+        let mut pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        let place = match pods.by_uid.get(&pod.uid()) {
             Some((place, _)) => *place,
             None => {
-                inner.places += 1;
-                inner.places - 1
+                pods.places += 1;
+                pods.places - 1
             }
         };
-        inner.pods.insert(pod.uid(), (place, pod.clone()));
-        self.state.update(&mut inner, place / SLICE_CAPACITY);
+        pods.by_uid.insert(pod.uid(), (place, pod.clone()));
+        self.publish(&pods, place / SLICE_CAPACITY);
     }
 
     /// Removes the pod on `ip` (its endpoint leaves its slice). Whether it was there.
     pub fn delete(&self, ip: Ipv4Addr) -> bool {
-        let mut inner = self.state.lock();
-        let Some((place, _)) = inner.pods.remove(&uid(ip)) else {
+        let mut pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some((place, _)) = pods.by_uid.remove(&uid(ip)) else {
             return false;
         };
-        self.state.update(&mut inner, place / SLICE_CAPACITY);
+        self.publish(&pods, place / SLICE_CAPACITY);
         true
     }
 
     /// Makes every LIST wait (`true`) until released (`false`); a LIST already waiting is
     /// answered, with the slices of that moment, once released.
     pub fn hold_lists(&self, hold: bool) {
-        self.state.hold.send_replace(hold);
+        self.server().hold_lists(hold);
     }
 
     /// LIST requests received so far (answered or held).
     pub fn lists(&self) -> u64 {
-        self.state.lists.load(Ordering::Relaxed)
+        self.server().lists
     }
 
     /// WATCH requests received so far.
     pub fn watches(&self) -> u64 {
-        self.state.watches.load(Ordering::Relaxed)
+        self.server().watches
     }
 
     /// Polls (every 20 ms, at most `within`) until at least `n` LISTs arrived; whether they did.
@@ -297,311 +259,72 @@ impl FakeKube {
 
     /// Every request received, one line each (method, path and query), for failure messages.
     pub fn requests(&self) -> String {
-        self.state
-            .requests
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .join("\n")
-    }
-}
-
-impl State {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.server().requests.join("\n")
     }
 
-    /// The labels of every slice of the Service.
-    fn slice_labels(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([
-            (SERVICE_NAME_LABEL.to_owned(), self.service.clone()),
-            (
-                "endpointslice.kubernetes.io/managed-by".to_owned(),
-                "endpointslice-controller.k8s.io".to_owned(),
-            ),
-        ])
+    fn server(&self) -> MutexGuard<'_, ApiServer> {
+        self.api.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Slice number `slice` as the pods make it now, at `resource_version`; `None` when none
-    /// of its pods is selected.
-    fn slice(&self, inner: &Inner, slice: usize, resource_version: u64) -> Option<Value> {
-        let endpoints: Vec<Value> = inner
-            .pods
+    /// The path of slice number `slice`.
+    fn slice_path(&self, slice: usize) -> String {
+        format!(
+            "/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices/{}-{slice}",
+            self.namespace, self.service
+        )
+    }
+
+    /// Writes slice number `slice` as `pods` make it now: applied by the EndpointSlice
+    /// controller, or deleted when none of its pods is selected.
+    ///
+    /// # Panics
+    /// When the server refuses the slice.
+    fn publish(&self, pods: &Pods, slice: usize) {
+        let endpoints: Vec<Value> = pods
+            .by_uid
             .values()
             .filter(|(place, pod)| {
-                place / SLICE_CAPACITY == slice && self.selector.matches(&pod.labels)
+                place / SLICE_CAPACITY == slice
+                    && self
+                        .selector
+                        .iter()
+                        .all(|(k, v)| pod.labels.get(k) == Some(v))
             })
             .map(|(_, pod)| pod.endpoint(&self.namespace))
             .collect();
-        (!endpoints.is_empty()).then(|| {
-            json!({
-                "apiVersion": "discovery.k8s.io/v1",
-                "kind": "EndpointSlice",
-                "metadata": {
-                    "name": format!("{}-{slice}", self.service),
-                    "namespace": self.namespace,
-                    "resourceVersion": resource_version.to_string(),
-                    "labels": self.slice_labels(),
+        let path = self.slice_path(slice);
+        if endpoints.is_empty() {
+            if self.server().objects.contains_key(&path) {
+                tether_fake_kube::delete(&self.api, &path).expect("the slice is deleted");
+            }
+            return;
+        }
+        let object = json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": format!("{}-{slice}", self.service),
+                "namespace": self.namespace,
+                "labels": {
+                    SERVICE_NAME_LABEL: self.service,
+                    "endpointslice.kubernetes.io/managed-by": CONTROLLER,
                 },
-                "addressType": "IPv4",
-                "ports": [
-                    {"name": PEER_PORT_NAME, "port": PEER_PORT, "protocol": "TCP"},
-                    {"name": MCP_PORT_NAME, "port": LISTEN_PORT, "protocol": "TCP"},
-                ],
-                "endpoints": endpoints,
-            })
-        })
-    }
-
-    /// Makes slice number `slice` again from the pods: an `ADDED`, `MODIFIED` or `DELETED`
-    /// event when it changed.
-    fn update(&self, inner: &mut Inner, slice: usize) {
-        let rv = inner.resource_version + 1;
-        let made = self.slice(inner, slice, rv);
-        let old = inner.slices.get(&slice).cloned();
-        let same = |a: &Value, b: &Value| a["endpoints"] == b["endpoints"];
-        let (kind, object) = match (old, made) {
-            (None, None) => return,
-            (Some(old), Some(made)) if same(&old, &made) => return,
-            (None, Some(made)) => ("ADDED", made),
-            (Some(_), Some(made)) => ("MODIFIED", made),
-            (Some(mut old), None) => {
-                old["metadata"]["resourceVersion"] = json!(rv.to_string());
-                ("DELETED", old)
-            }
-        };
-        inner.resource_version = rv;
-        if kind == "DELETED" {
-            inner.slices.remove(&slice);
-        } else {
-            inner.slices.insert(slice, object.clone());
-        }
-        inner.log.push((rv, kind, self.slice_labels(), object));
-        self.changed.send_replace(rv);
-    }
-
-    /// The slices matching `selector` and the list's resource version.
-    fn list(&self, selector: &Selector) -> (u64, Vec<Value>) {
-        let inner = self.lock();
-        let items = if selector.matches(&self.slice_labels()) {
-            inner.slices.values().cloned().collect()
-        } else {
-            Vec::new()
-        };
-        (inner.resource_version, items)
-    }
-
-    /// The watch events after resource version `after` of slices matching `selector`, as JSON
-    /// lines, and the last version they reach.
-    fn events_after(&self, after: u64, selector: &Selector) -> (u64, Vec<Bytes>) {
-        let inner = self.lock();
-        let mut last = after;
-        let mut lines = Vec::new();
-        for (rv, kind, labels, object) in inner.log.iter().filter(|(rv, ..)| *rv > after) {
-            last = *rv;
-            if selector.matches(labels) {
-                let mut line = serde_json::to_vec(&json!({"type": kind, "object": object}))
-                    .unwrap_or_default();
-                line.push(b'\n');
-                lines.push(Bytes::from(line));
-            }
-        }
-        (last, lines)
-    }
-}
-
-/// A label selector of equality terms (`a=b,c==d`).
-#[derive(Clone, Debug, Default)]
-struct Selector(Vec<(String, String)>);
-
-impl Selector {
-    fn parse(text: &str) -> Option<Self> {
-        let mut terms = Vec::new();
-        for term in text.split(',').filter(|t| !t.trim().is_empty()) {
-            let (k, v) = term.split_once("==").or_else(|| term.split_once('='))?;
-            if k.ends_with('!') {
-                return None;
-            }
-            terms.push((k.trim().to_owned(), v.trim().to_owned()));
-        }
-        Some(Self(terms))
-    }
-
-    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.0.iter().all(|(k, v)| labels.get(k) == Some(v))
-    }
-}
-
-/// `application/x-www-form-urlencoded` decoding of one query component.
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Accepts connections until the fake is dropped (which aborts this task and, with it, every
-/// connection's).
-async fn serve(listener: TcpListener, state: Arc<State>) {
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        let Ok((io, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let state = Arc::clone(&state);
-        connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(answer(&state, &req).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(io), service)
-                .await;
+            },
+            "addressType": "IPv4",
+            "ports": [
+                {"name": PEER_PORT_NAME, "port": PEER_PORT, "protocol": "TCP"},
+                {"name": MCP_PORT_NAME, "port": LISTEN_PORT, "protocol": "TCP"},
+            ],
+            "endpoints": endpoints,
         });
-        while connections.try_join_next().is_some() {}
+        apply_as(&self.api, CONTROLLER, &path, &object, true)
+            .unwrap_or_else(|status| panic!("the slice {path} is refused: {status}"));
     }
-}
-
-fn full(status: StatusCode, body: &Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())).boxed())
-        .unwrap_or_default()
-}
-
-fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
-    full(
-        code,
-        &json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code.as_u16(),
-        }),
-    )
-}
-
-async fn answer(state: &Arc<State>, req: &Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path();
-    let query: BTreeMap<String, String> = req
-        .uri()
-        .query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|kv| !kv.is_empty())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (decode(k), decode(v))
-        })
-        .collect();
-    state
-        .requests
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(format!("{} {path} {query:?}", req.method()));
-    let slices = format!(
-        "/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices",
-        state.namespace
-    );
-    if req.method() != http::Method::GET || path != slices {
-        return status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            "the fake serves EndpointSlices only",
-        );
-    }
-    let Some(selector) = Selector::parse(query.get("labelSelector").map_or("", String::as_str))
-    else {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "the fake knows equality selectors only",
-        );
-    };
-    let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-    if !watching {
-        state.lists.fetch_add(1, Ordering::Relaxed);
-        let mut hold = state.hold.subscribe();
-        let _ = hold.wait_for(|held| !*held).await;
-        let (rv, items) = state.list(&selector);
-        return full(
-            StatusCode::OK,
-            &json!({
-                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
-                "metadata": {"resourceVersion": rv.to_string()},
-                "items": items,
-            }),
-        );
-    }
-    state.watches.fetch_add(1, Ordering::Relaxed);
-    let from = query
-        .get("resourceVersion")
-        .and_then(|rv| rv.parse::<u64>().ok())
-        .unwrap_or(0);
-    let events = futures::stream::unfold(
-        (
-            Arc::clone(state),
-            state.changed.subscribe(),
-            from,
-            selector,
-            std::collections::VecDeque::new(),
-        ),
-        |(state, mut changed, mut after, selector, mut pending)| async move {
-            loop {
-                if let Some(line) = pending.pop_front() {
-                    let frame = Ok::<_, Infallible>(Frame::data(line));
-                    return Some((frame, (state, changed, after, selector, pending)));
-                }
-                changed.borrow_and_update();
-                let (last, lines) = state.events_after(after, &selector);
-                after = last;
-                pending.extend(lines);
-                if pending.is_empty() && changed.changed().await.is_err() {
-                    return None;
-                }
-            }
-        },
-    );
-    Response::builder()
-        .status(StatusCode::OK)
-        .header("content-type", "application/json")
-        .body(StreamBody::new(events).boxed())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn selectors_and_query_components() {
-        let labels: BTreeMap<String, String> = [("app", "x"), ("tier", "mcp")]
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .into();
-        assert!(Selector::parse("app=x").unwrap().matches(&labels));
-        assert!(Selector::parse("app==x,tier=mcp").unwrap().matches(&labels));
-        assert!(!Selector::parse("app=y").unwrap().matches(&labels));
-        assert!(Selector::parse("").unwrap().matches(&labels));
-        assert!(Selector::parse("app!=x").is_none());
-        assert_eq!(decode("app%3Dx%2Ctier%3Dmcp"), "app=x,tier=mcp");
-        assert_eq!(decode("a+b%"), "a b%");
-    }
 
     #[tokio::test]
     async fn pods_become_endpoints_of_the_services_slices() {
@@ -624,22 +347,25 @@ mod tests {
         }
         let stranger = Ipv4Addr::new(127, 9, 0, 9);
         api.apply(&PodObject::stranger(stranger, "r1", &[("app", "x")]));
-        let selector = Selector::parse("kubernetes.io/service-name=test-peers").unwrap();
-        let (_, slices) = api.state.list(&selector);
-        assert_eq!(slices.len(), 2, "{SLICE_CAPACITY} endpoints a slice");
-        let endpoints: Vec<&Value> = slices
+        let slices = |api: &FakeKube| -> Vec<Value> {
+            let server = api.server();
+            (0..3)
+                .filter_map(|n| server.objects.get(&api.slice_path(n)).cloned())
+                .collect()
+        };
+        let made = slices(&api);
+        assert_eq!(made.len(), 2, "{SLICE_CAPACITY} endpoints a slice");
+        let endpoints: Vec<&Value> = made
             .iter()
             .flat_map(|s| s["endpoints"].as_array().unwrap())
             .collect();
         assert_eq!(endpoints.len(), 3, "not the stranger");
         assert_eq!(endpoints[0]["targetRef"]["uid"], uid(ips[0]));
         assert_eq!(endpoints[0]["conditions"]["serving"], true);
-        assert_eq!(slices[0]["ports"][1]["name"], MCP_PORT_NAME);
-        assert!(
-            api.state
-                .list(&Selector::parse("kubernetes.io/service-name=other").unwrap())
-                .1
-                .is_empty()
+        assert_eq!(made[0]["ports"][1]["name"], MCP_PORT_NAME);
+        assert_eq!(
+            made[0]["metadata"]["labels"][SERVICE_NAME_LABEL],
+            "test-peers"
         );
 
         let mut leaving = PodObject::of_endpoint(ips[2], "test", "test", "r1", &[("app", "x")]);
@@ -647,18 +373,8 @@ mod tests {
         api.apply(&leaving);
         assert!(api.delete(ips[2]));
         assert!(!api.delete(ips[2]));
-        let (rv, lines) = api.state.events_after(0, &selector);
-        let kinds: Vec<String> = lines
-            .iter()
-            .map(|l| {
-                serde_json::from_slice::<Value>(l).unwrap()["type"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned()
-            })
-            .collect();
+        let kinds: Vec<&str> = api.server().events.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, ["ADDED", "MODIFIED", "ADDED", "MODIFIED", "DELETED"]);
-        assert_eq!(rv, 5);
-        assert_eq!(api.state.list(&selector).1.len(), 1);
+        assert_eq!(slices(&api).len(), 1);
     }
 }

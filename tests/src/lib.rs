@@ -14,7 +14,8 @@
 //! - [`conformance`]: the official MCP conformance suite, run against a URL, its checks read back;
 //! - [`keyring`]: an endpoint's key ring through a rotation, mounted as the kubelet mounts a
 //!   Secret;
-//! - [`kube_api`]: a fake Kubernetes API server for the sidecar's EndpointSlice watch;
+//! - [`kube_api`]: the in-memory Kubernetes API server (`tether-fake-kube`) over HTTP, playing the
+//!   EndpointSlice controller, for the sidecar's EndpointSlice watch;
 //! - [`clock`]: the machine's monotonic clock, shared by its processes;
 //! - [`client`]: an MCP client on hyper that can cut its connection and resume with
 //!   `Last-Event-ID`;

@@ -10,12 +10,13 @@ use serde_json::{Value, json};
 use tether_operator::access::Grant;
 use tether_operator::admission::{ImagePattern, NAMESPACE_OPT_IN_LABEL, OPT_IN_LABEL, Policy};
 use tether_operator::controller::Context;
+use tether_operator::metrics::Metrics;
 
 use crate::support::operator::{
     DEPLOY_PATH, EP_PATH, NS, Operator, assert_degraded_only, defaults, degraded, deployment,
     endpoint, injected, reconcile_once,
 };
-use crate::support::{Shared, api_with, apply_as, client_of, namespace, paths, stored};
+use crate::support::{Shared, api_with, apply_as, client_of, grant, namespace, paths, stored};
 
 /// The fixtures' Deployment without its opt-in label.
 fn not_opted_in() -> Value {
@@ -111,8 +112,8 @@ async fn a_namespaced_install_reconciles_its_namespaces_only_within_its_roles() 
         (&elsewhere(EP_PATH), moved(endpoint(true))),
         (&elsewhere(DEPLOY_PATH), moved(deployment())),
     ]);
-    api.lock().unwrap().grant = Grant::Namespaces(vec![NS.to_owned()]);
-    let metrics = Arc::clone(&api.lock().unwrap().metrics);
+    grant(&api, Grant::Namespaces(vec![NS.to_owned()]));
+    let metrics = Arc::new(Metrics::default());
     let ctx = Arc::new(Context::new(client_of(&api, NS), defaults(), metrics, None));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let watched = [NS.to_owned()];
@@ -163,9 +164,9 @@ fn stored_status_is_null(obj: &Value) -> bool {
 async fn the_server_refuses_a_reconcile_outside_the_watched_namespaces() {
     // The mock's namespaced rules bite: the same reconcile, with the Role only elsewhere.
     let api = api_with(&[(EP_PATH, endpoint(true)), (DEPLOY_PATH, deployment())]);
-    api.lock().unwrap().grant = Grant::Namespaces(vec!["elsewhere".into()]);
+    grant(&api, Grant::Namespaces(vec!["elsewhere".into()]));
     let client = client_of(&api, NS);
-    let metrics = Arc::clone(&api.lock().unwrap().metrics);
+    let metrics = Arc::new(Metrics::default());
     let ctx = Arc::new(Context::new(client, defaults(), metrics, None));
     let ep = serde_json::from_value(stored(&api, EP_PATH)).unwrap();
     let result = tether_operator::controller::reconcile(Arc::new(ep), ctx).await;

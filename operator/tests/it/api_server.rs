@@ -3,14 +3,13 @@
 //! they add), canonical quantities, name validation, label selectors, finalizers, immutable
 //! Secrets and JSON patches that test what they change.
 
-use crate::support::defaults::canonical_quantity;
-use crate::support::fields::owners;
 use crate::support::{
     Shared, api_with, apply_as, client_of, create_as, delete, json_patch_as, stored, update_as,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
+use tether_fake_kube::{canonical_quantity, owners};
 
 const CONFIG_MAPS: &str = "/api/v1/namespaces/tools/configmaps";
 const CM: &str = "/api/v1/namespaces/tools/configmaps/settings";

@@ -9,7 +9,6 @@
 use std::time::Duration;
 
 use crate::support::cluster::{collect_garbage, restricted_violations, service_endpoint_ports};
-use crate::support::fields::owners;
 use crate::support::operator::{
     DEPLOY_PATH, ENDPOINTS, EP_PATH, EVENTS_PATH, NS, Operator, applied_by_kubectl,
     assert_degraded_at, assert_degraded_only, condition, degraded, deployment, endpoint,
@@ -22,6 +21,7 @@ use crate::support::{
 use http::Method;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
+use tether_fake_kube::owners;
 use tether_operator::admission::NAMESPACE_OPT_IN_LABEL;
 use tether_operator::leader::{Election, LEASE_SECONDS, lead};
 

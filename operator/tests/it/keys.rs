@@ -364,7 +364,7 @@ async fn a_rotation_stages_promotes_and_retires_as_the_pods_report_each_step() {
         json!({"secret": "weather-tether-keys-e-1", "current": new, "phase": "Stable", "rotation": "r1"})
     );
     assert_eq!(condition(&status, "Progressing")["reason"], "Complete");
-    let steps = api.lock().unwrap().metrics.encode();
+    let steps = operator.metrics().encode();
     for step in ["staged", "promoted", "retired"] {
         assert!(
             steps.contains(&format!(

@@ -6,7 +6,6 @@
 use serde_json::{Value, json};
 
 use crate::support::cluster::collect_garbage;
-use crate::support::fields::{managed_fields, owners};
 use crate::support::operator::{
     DEPLOY_PATH, ENDPOINTS, EP_PATH, NS, Operator, applied_by_kubectl, degraded, deployment,
     endpoint, injected, injected_example, manifest, pod_spec, pods_rolled,
@@ -14,6 +13,7 @@ use crate::support::operator::{
 use crate::support::{
     Shared, api_created_by, api_with, apply_as, create_as, delete, paths, stored, update_as,
 };
+use tether_fake_kube::{managed_fields, owners};
 
 const GRACE: &str = ".spec.template.spec.terminationGracePeriodSeconds";
 const PODS: &str = "/api/v1/namespaces/tools/pods";

@@ -1,5 +1,5 @@
 //! The operator against an in-memory API server that behaves like a Kubernetes one
-//! ([`support`]), in one test binary: that server itself (`api_server`), who may make the
+//! (`tether_fake_kube`, enforcing the operator's RBAC rules through [`support`]), in one test binary: that server itself (`api_server`), who may make the
 //! operator write (`admission`), whole reconciles
 //! (`reconcile`), what a real cluster does to the operator (`cluster`), Events (`events`),
 //! leader election (`leader`), the example manifests with `tether-operator plan`

@@ -20,6 +20,7 @@ use tether_operator::plan::Defaults;
 use tether_operator::reports::KeyReports;
 
 use super::{Shared, Write, api_with, apply_as, client_of, paths, stored};
+use tether_operator::metrics::Metrics;
 
 /// The namespace of the fixtures.
 pub const NS: &str = "tools";
@@ -117,6 +118,7 @@ pub struct Operator {
     api: Shared,
     ctx: Arc<Context>,
     reports: Arc<Reports>,
+    metrics: Arc<Metrics>,
 }
 
 impl Operator {
@@ -129,9 +131,9 @@ impl Operator {
     /// [`Operator::new`], allowing the sidecar images of `policy` (default: the repository of
     /// `tether-sidecar:test`).
     pub fn allowing(api: &Shared, policy: Option<Policy>) -> Self {
-        let metrics = Arc::clone(&api.lock().unwrap().metrics);
+        let metrics = Arc::new(Metrics::default());
         let reports = Arc::new(Reports::default());
-        let mut ctx = Context::new(client_of(api, NS), defaults(), metrics, None)
+        let mut ctx = Context::new(client_of(api, NS), defaults(), Arc::clone(&metrics), None)
             .with_reports(Arc::clone(&reports) as Arc<dyn KeyReports>);
         if let Some(policy) = policy {
             ctx = ctx.with_policy(policy);
@@ -140,7 +142,13 @@ impl Operator {
             api: Arc::clone(api),
             ctx: Arc::new(ctx),
             reports,
+            metrics,
         }
+    }
+
+    /// The operator's metrics over its reconciles.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// What the sidecars report of their key rings.
