@@ -33,8 +33,6 @@ use crate::ops::shutdown::DrainOnTerm;
 use crate::peer::client::PeerClient;
 use crate::proxy::{ConnectionLimits, HeadTimed, Listener, Listening, McpProxy, SlotLimits};
 
-use crate::upstream::Upstream;
-
 /// How often idle sessions and expired events are swept.
 pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Seconds pingora waits after its listeners close, then gives runtimes to stop. Requests in
@@ -220,12 +218,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     server.bootstrap();
     let metrics = Arc::new(Metrics::new());
     let lifecycle = Arc::new(Lifecycle::default());
-    let upstream = Upstream::new(
-        cfg.upstream.clone(),
-        &cfg.upstream_host,
-        cfg.broker.upstream_body_timeout,
-        cfg.upstream_max_idle,
-    );
+    let upstream = cfg.upstream_client();
     let reports = Arc::new(own_report(&cfg));
     let (initial, source) = membership(&cfg, &reports);
     let health = PeerHealth::new();

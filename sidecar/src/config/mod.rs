@@ -184,6 +184,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// The pod's client of its MCP server (`upstream`, its `Host`, the body timeout, the idle
+    /// connections kept).
+    pub(crate) fn upstream_client(&self) -> Upstream {
+        Upstream::new(
+            self.upstream.clone(),
+            &self.upstream_host,
+            self.broker.upstream_body_timeout,
+            self.upstream_max_idle,
+        )
+    }
+
     /// The pod's broker: its settings, session ids minted for this pod, its client of the
     /// upstream, its registry within the pod's bounds, and the pod's metrics.
     pub(crate) fn broker_of(&self, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Broker> {

@@ -190,12 +190,7 @@ mod tests {
         write(&file, "  origins: {allow: [\"https://a.example\"]}\n");
         let cfg = Config::load(&test_cli(dir.path(), &[])).unwrap();
         let metrics = Arc::new(Metrics::new());
-        let upstream = crate::upstream::Upstream::new(
-            cfg.upstream.clone(),
-            &cfg.upstream_host,
-            cfg.broker.upstream_body_timeout,
-            cfg.upstream_max_idle,
-        );
+        let upstream = cfg.upstream_client();
         let broker = cfg.broker_of(upstream, Arc::clone(&metrics));
         let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));
         let reloader = Reloader::new(

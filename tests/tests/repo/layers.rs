@@ -12,17 +12,32 @@ use tether_tests::repo::{files, read};
 /// Top-level module → the top-level modules its production code names (`crate::x`).
 type Imports = BTreeMap<String, BTreeSet<String>>;
 
+/// Every `.rs` file of the crate whose sources are in `src`: its path from `src`, and its
+/// production code (the file before an inline `#[cfg(test)] mod tests { … }` at its end).
+fn production_sources(src: &str) -> Vec<(String, String)> {
+    files(src, &["rs"])
+        .into_iter()
+        .map(|file| {
+            let rel = file
+                .strip_prefix(src)
+                .unwrap_or(&file)
+                .trim_start_matches('/')
+                .to_owned();
+            let mut text = read(&file);
+            if let Some(at) = text.find("\n#[cfg(test)]\nmod tests {") {
+                text.truncate(at);
+            }
+            (rel, text)
+        })
+        .collect()
+}
+
 /// The imports between the top-level modules of the crate whose sources are in `src` (a path
 /// from the workspace root), and which files name `crate::<path>` for each `path` in `watch`.
 fn imports(src: &str, watch: &[&str]) -> (Imports, BTreeMap<String, BTreeSet<String>>) {
     let mut graph = Imports::new();
     let mut users: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in files(src, &["rs"]) {
-        let rel = file
-            .strip_prefix(src)
-            .unwrap_or(&file)
-            .trim_start_matches('/')
-            .to_owned();
+    for (rel, production) in production_sources(src) {
         let top = rel
             .split('/')
             .next()
@@ -32,10 +47,6 @@ fn imports(src: &str, watch: &[&str]) -> (Imports, BTreeMap<String, BTreeSet<Str
         if top == "lib" || top == "main" {
             continue;
         }
-        let text = read(&file);
-        let production = text
-            .find("\n#[cfg(test)]\nmod tests {")
-            .map_or(text.as_str(), |at| &text[..at]);
         let entry = graph.entry(top.clone()).or_default();
         for line in production.lines() {
             let code = line.trim_start();
@@ -70,12 +81,7 @@ fn imports(src: &str, watch: &[&str]) -> (Imports, BTreeMap<String, BTreeSet<Str
 /// `crate::<folder>::x`). A folder's `mod.rs` is left out (it declares the others).
 fn file_imports(src: &str) -> BTreeMap<String, Imports> {
     let mut folders: BTreeMap<String, Imports> = BTreeMap::new();
-    for file in files(src, &["rs"]) {
-        let rel = file
-            .strip_prefix(src)
-            .unwrap_or(&file)
-            .trim_start_matches('/')
-            .to_owned();
+    for (rel, production) in production_sources(src) {
         let parts: Vec<&str> = rel.split('/').collect();
         let [.., _, name] = parts.as_slice() else {
             continue;
@@ -85,10 +91,6 @@ fn file_imports(src: &str) -> BTreeMap<String, Imports> {
             continue;
         }
         let folder_path = parts[..parts.len() - 1].join("::");
-        let text = read(&file);
-        let production = text
-            .find("\n#[cfg(test)]\nmod tests {")
-            .map_or(text.as_str(), |at| &text[..at]);
         let entry = folders
             .entry(folder_path.clone())
             .or_default()
