@@ -11,6 +11,7 @@
 
 mod answered;
 mod bounded;
+mod credentials;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod held;
@@ -19,13 +20,13 @@ pub(crate) mod journal;
 mod registry;
 mod takeovers;
 mod tombstones;
+mod upstream_link;
 
 pub(crate) use holding::HandoffState;
 pub(crate) use registry::{Adopted, NoRoom, Refused, Registry};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName};
@@ -37,7 +38,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::keys::Key;
 use crate::mcp::cursor::StreamKey;
-use crate::mcp::headers::{credential_headers, replace_credentials};
 use crate::mcp::jsonrpc::{Message, RequestKey};
 use crate::mcp::principal::{Binding, Principal};
 use crate::mcp::rejection::Rejection;
@@ -48,8 +48,10 @@ use crate::stream::buffer::{BufferLimits, Evictions};
 use crate::stream::{Stream, StreamKind, StreamSnapshot};
 use answered::Answers;
 use bounded::Bounded;
+use credentials::Credentials;
 use holding::Holding;
 use tombstones::Tombstones;
+use upstream_link::UpstreamLink;
 
 /// Most streams (live or tombstones) one session keeps.
 pub(crate) const MAX_STREAMS: usize = 4096;
@@ -144,7 +146,6 @@ struct State {
     standalone: Standalone,
     last_activity: Instant,
     busy: u32,
-    upstream_id: Option<String>,
     journal: Journal,
     /// The journal's bytes, counted in the pod's tally.
     journal_charge: Charge,
@@ -347,33 +348,16 @@ pub(crate) struct Session {
     state: Mutex<State>,
     /// Serialises opening the upstream standalone GET stream ([`Session::open_standalone_once`]).
     standalone_open: tokio::sync::Mutex<()>,
-    /// Serialises rebuilding the upstream session from the journal ([`Session::rebuild_once`]).
-    rebuilding: tokio::sync::Mutex<()>,
-    /// The session came from a peer, or a rebuild waits for the MCP server: its upstream
-    /// session is rebuilt before next use.
-    needs_rebuild: AtomicBool,
-    /// When the current row of rebuilds the MCP server was not ready for began.
-    rebuild_failing_since: Mutex<Option<Instant>>,
-    /// It came with a standalone stream open at the sender: the rebuild opens one here too.
-    reopen_standalone: AtomicBool,
+    /// The upstream session and whether it must be rebuilt before next use.
+    upstream: UpstreamLink,
     /// Woken when a handoff ends (acknowledged or refused).
     handoff_settled: Notify,
     /// Woken when the last request admitted and not yet registered is ([`EnterGuard`]).
     entered: Notify,
     /// Take-overs of its streams by GETs in the current second (`--max-takeovers`).
     takeovers: Mutex<takeovers::Takeovers>,
-    /// The credential headers of the session's latest client request that carried any
-    /// (`spec.auth.forwardHeaders`): what requests the sidecar makes on the session's behalf
-    /// carry. Memory only; never logged, never in a handoff image.
-    credentials: Mutex<HeaderMap>,
-    /// Some client request of the session carried credentials (here or on an earlier holder).
-    credentialed: AtomicBool,
-    /// The principal every request of the session must present, fixed at its `initialize`;
-    /// unset: no binding.
-    binding: OnceLock<Binding>,
-    /// Digests of credentials the MCP server accepted for this session, with when (at most
-    /// [`ACCEPTED_CREDENTIALS`], newest last).
-    accepted: Mutex<VecDeque<(Principal, Instant)>>,
+    /// Its clients' credentials, its binding and the credentials the MCP server accepted.
+    credentials: Credentials,
     /// Its place in the registry's sweep schedule ([`registry::Registry::schedule`]).
     pub(super) sweep_at: Mutex<Option<(Instant, u64)>>,
     /// When it was created here, or adopted (the least time between two rebalancing moves
@@ -382,9 +366,6 @@ pub(crate) struct Session {
     /// What its streams' buffers count against: the pod's budget and the session's share.
     account: BufferAccount,
 }
-
-/// Most accepted credentials a session remembers (`spec.auth.revalidate`).
-const ACCEPTED_CREDENTIALS: usize = 8;
 
 impl Session {
     /// A new session whose id `key` minted (its keyed digest stands for the id in logs);
@@ -414,7 +395,6 @@ impl Session {
                 standalone: Standalone::None,
                 last_activity: Instant::now(),
                 busy: 0,
-                upstream_id,
                 journal,
                 journal_charge,
                 records_charge: retained.charge(Kind::Records),
@@ -430,19 +410,13 @@ impl Session {
                 activity: None,
             }),
             standalone_open: tokio::sync::Mutex::new(()),
-            rebuilding: tokio::sync::Mutex::new(()),
-            needs_rebuild: AtomicBool::new(false),
-            rebuild_failing_since: Mutex::new(None),
-            reopen_standalone: AtomicBool::new(false),
+            upstream: UpstreamLink::live(upstream_id),
             handoff_settled: Notify::new(),
             entered: Notify::new(),
             takeovers: Mutex::default(),
             sweep_at: Mutex::new(None),
             account: retained.account(),
-            credentials: Mutex::default(),
-            credentialed: AtomicBool::new(false),
-            binding: OnceLock::new(),
-            accepted: Mutex::default(),
+            credentials: Credentials::default(),
             arrived: Instant::now(),
         })
     }
@@ -472,26 +446,13 @@ impl Session {
             epoch,
         } = snapshot;
         let session = Self::new(id, key, None, version, journal, retained);
+        session.credentials.adopt(credentialed, accepted);
         session.state.lock().holding = Holding::at(epoch);
-        session.needs_rebuild.store(true, Ordering::Relaxed);
-        session.credentialed.store(credentialed, Ordering::Relaxed);
         session.bind(binding);
-        let now = Instant::now();
-        *session.accepted.lock() = accepted
-            .into_iter()
-            .rev()
-            .take(ACCEPTED_CREDENTIALS)
-            .rev()
-            // Older than the longest window: of no use, and maybe beyond this pod's clock.
-            .filter(|(_, age)| *age <= tether_crds::MAX_REVALIDATE)
-            .filter_map(|(key, age)| Some((key, now.checked_sub(age)?)))
-            .collect();
         let standalone_open = streams
             .iter()
             .any(|s| s.kind == StreamKind::Standalone && !s.complete);
-        session
-            .reopen_standalone
-            .store(standalone_open, Ordering::Relaxed);
+        session.upstream.adopt(standalone_open);
         if let Some(reply) = standalone_unsupported {
             session.state.lock().standalone = Standalone::Unsupported(Box::new(reply));
         }
@@ -577,12 +538,7 @@ impl Session {
             },
             credentialed: self.is_credentialed(),
             binding: self.binding(),
-            accepted: self
-                .accepted
-                .lock()
-                .iter()
-                .map(|(key, at)| (*key, at.elapsed()))
-                .collect(),
+            accepted: self.credentials.accepted_ages(),
             epoch: st.holding.epoch(),
         };
         (snapshot, positions)
@@ -609,8 +565,7 @@ impl Session {
     /// Runs `work` (a rebuild of the upstream session from the journal) while no other rebuild
     /// of this session runs; callers check again inside whether one is still needed.
     pub(crate) async fn rebuild_once<F: Future>(&self, work: F) -> F::Output {
-        let _one_at_a_time = self.rebuilding.lock().await;
-        work.await
+        self.upstream.rebuild_once(work).await
     }
 
     /// Runs `work` (opening the upstream standalone GET stream) while no other opening of this
@@ -623,22 +578,18 @@ impl Session {
     /// Whether the upstream session must be rebuilt from the journal before first use (the
     /// session came from a peer).
     pub(crate) fn needs_rebuild(&self) -> bool {
-        self.needs_rebuild.load(Ordering::Relaxed)
+        self.upstream.needs_rebuild()
     }
 
     /// Records that the upstream session was rebuilt.
     pub(crate) fn rebuilt(&self) {
-        self.needs_rebuild.store(false, Ordering::Relaxed);
-        *self.rebuild_failing_since.lock() = None;
+        self.upstream.rebuilt();
     }
 
     /// Records a rebuild the MCP server was not ready for: the next request tries again.
     /// Returns how long rebuilds have been failing so (since the first of the row).
     pub(crate) fn defer_rebuild(&self) -> Duration {
-        self.needs_rebuild.store(true, Ordering::Relaxed);
-        let now = Instant::now();
-        let since = *self.rebuild_failing_since.lock().get_or_insert(now);
-        now.saturating_duration_since(since)
+        self.upstream.defer()
     }
 
     /// Records a rebuild the MCP server refused for the caller's credentials: the next request
@@ -653,14 +604,13 @@ impl Session {
     /// Records that the session has no upstream session: its next request rebuilds one from
     /// the journal (a session taken back after this pod ended its upstream session).
     pub(crate) fn rebuild_on_next_use(&self) {
-        self.needs_rebuild.store(true, Ordering::Relaxed);
-        *self.rebuild_failing_since.lock() = None;
+        self.upstream.rebuild_on_next_use();
     }
 
     /// Whether the rebuilt upstream session needs a standalone stream at once (the sender had
     /// one open); `true` only once.
     pub(crate) fn take_reopen_standalone(&self) -> bool {
-        self.reopen_standalone.swap(false, Ordering::Relaxed)
+        self.upstream.take_reopen_standalone()
     }
 
     /// Admits a request into the session, unless a handoff is moving or moved it.
@@ -780,18 +730,13 @@ impl Session {
     /// Keeps the headers `names` of a client request of the session (`spec.auth.forwardHeaders`)
     /// as its credentials, when it carries any; a request without them changes nothing.
     pub(crate) fn remember_credentials(&self, request: &HeaderMap, names: &[HeaderName]) {
-        let found = credential_headers(request, names);
-        if found.is_empty() {
-            return;
-        }
-        self.credentialed.store(true, Ordering::Relaxed);
-        *self.credentials.lock() = found;
+        self.credentials.remember(request, names);
     }
 
     /// `headers` with the session's credentials (the latest a client request presented) in
     /// place of any the headers had.
     pub(crate) fn with_credentials(&self, headers: HeaderMap) -> HeaderMap {
-        replace_credentials(headers, &self.credentials.lock())
+        self.credentials.apply(headers)
     }
 
     /// Binds the session to `binding` (once, before it is used; `None` leaves it unbound).
@@ -800,7 +745,7 @@ impl Session {
     /// principal's share from then on (`--max-principal-retained-bytes`).
     pub(crate) fn bind(&self, binding: Option<Binding>) {
         let Some(binding) = binding else { return };
-        if self.binding.set(binding).is_err() {
+        if !self.credentials.bind(binding) {
             return;
         }
         if let Some(principal) = binding.principal {
@@ -814,46 +759,38 @@ impl Session {
 
     /// Records that the MCP server accepted credential `key` for the session just now.
     pub(crate) fn accept_credential(&self, key: Principal) {
-        let mut accepted = self.accepted.lock();
-        accepted.retain(|(k, _)| *k != key);
-        if accepted.len() == ACCEPTED_CREDENTIALS {
-            accepted.pop_front();
-        }
-        accepted.push_back((key, Instant::now()));
+        self.credentials.accept(key);
     }
 
     /// Forgets that the MCP server accepted credential `key` (it refused it since).
     pub(crate) fn withdraw_credential(&self, key: Principal) {
-        self.accepted.lock().retain(|(k, _)| *k != key);
+        self.credentials.withdraw(key);
     }
 
     /// Whether the MCP server accepted credential `key` for the session within `window`.
     pub(crate) fn credential_accepted(&self, key: Principal, window: Duration) -> bool {
-        self.accepted
-            .lock()
-            .iter()
-            .any(|(k, at)| *k == key && at.elapsed() < window)
+        self.credentials.accepted(key, window)
     }
 
     /// The principal the session is bound to, if any.
     pub(crate) fn binding(&self) -> Option<Binding> {
-        self.binding.get().copied()
+        self.credentials.binding()
     }
 
     /// Whether some client request of the session presented credentials, here or (as its
     /// handoff image says) on an earlier holder.
     pub(crate) fn is_credentialed(&self) -> bool {
-        self.credentialed.load(Ordering::Relaxed)
+        self.credentials.is_credentialed()
     }
 
     /// The upstream's session id (it changes when the session is rebuilt).
     pub(crate) fn upstream_id(&self) -> Option<String> {
-        self.state.lock().upstream_id.clone()
+        self.upstream.id()
     }
 
     /// Switches to a rebuilt upstream session.
     pub(crate) fn set_upstream_id(&self, id: Option<String>) {
-        self.state.lock().upstream_id = id;
+        self.upstream.set_id(id);
     }
 
     /// Records a client message in the journal if it belongs there, within the session's
