@@ -12,8 +12,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::Notify;
-
 use http::StatusCode;
 
 use super::image;
@@ -111,8 +109,7 @@ pub(super) async fn follow(
     target: &Peer,
     mut sent: HashMap<StreamKey, Sent>,
 ) -> Followed {
-    let wake = Arc::new(Notify::new());
-    session.observe(&wake);
+    let mut changes = session.subscribe();
     for stream in session.streams() {
         if let Some(at) = sent.get(stream.key()) {
             // The image carried them: here they may make room for the upstream's next.
@@ -130,7 +127,7 @@ pub(super) async fn follow(
         if handoff.broker.departed_session(session.id()).is_none() {
             return Followed::Reclaimed;
         }
-        let woken = wake.notified();
+        changes.look();
         let (push, next, more) = delta(handoff, session, &sent, budget);
         if !push.streams.is_empty() {
             let events: usize = push.streams.iter().map(|s| s.events.len()).sum();
@@ -191,7 +188,7 @@ pub(super) async fn follow(
             }
             wait = linger.saturating_sub(since.elapsed());
         }
-        let _ = tokio::time::timeout(wait, woken).await;
+        let _ = tokio::time::timeout(wait, changes.changed()).await;
     }
 }
 

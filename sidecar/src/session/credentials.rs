@@ -1,4 +1,5 @@
-//! Who a session speaks for (`docs/design/auth.md`): the credentials its clients present
+//! Who a session speaks for (`docs/design/architecture.md#sessions`,
+//! `docs/design/handoff.md#credentials`): the credentials its clients present
 //! (`spec.auth.forwardHeaders`), the principal it is bound to (`spec.auth.binding`) and the
 //! credentials the MCP server accepted for it (`spec.auth.revalidate`).
 //!

@@ -12,6 +12,7 @@
 mod answered;
 mod bounded;
 mod credentials;
+mod feed;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod held;
@@ -22,6 +23,7 @@ mod takeovers;
 mod tombstones;
 mod upstream_link;
 
+pub(crate) use feed::Subscription;
 pub(crate) use holding::HandoffState;
 pub(crate) use registry::{Adopted, NoRoom, Refused, Registry};
 
@@ -49,6 +51,7 @@ use crate::stream::{Stream, StreamKind, StreamSnapshot};
 use answered::Answers;
 use bounded::Bounded;
 use credentials::Credentials;
+use feed::Feed;
 use holding::Holding;
 use tombstones::Tombstones;
 use upstream_link::UpstreamLink;
@@ -171,8 +174,6 @@ struct State {
     initialize_stream: Option<StreamKey>,
     /// Where the session is in a handoff, its requests entering, its epoch.
     holding: Holding,
-    /// Woken on every change of every stream (the handoff follower), new streams included.
-    observer: Option<Arc<Notify>>,
     /// The pod's activity (the registry's): woken when a request of this session ends or one
     /// of its streams completes.
     activity: Option<Arc<Notify>>,
@@ -228,17 +229,11 @@ impl EnterGuard {
 
 impl Drop for EnterGuard {
     fn drop(&mut self) {
-        let observer = {
-            let mut st = self.0.state.lock();
-            if !st.holding.entered() {
-                return;
-            }
-            st.observer.clone()
-        };
-        self.0.entered.notify_waiters();
-        if let Some(observer) = observer {
-            observer.notify_one();
+        if !self.0.state.lock().holding.entered() {
+            return;
         }
+        self.0.entered.notify_waiters();
+        self.0.feed.tell();
     }
 }
 
@@ -352,6 +347,8 @@ pub(crate) struct Session {
     upstream: UpstreamLink,
     /// Woken when a handoff ends (acknowledged or refused).
     handoff_settled: Notify,
+    /// Tells its subscribers of every change ([`Session::subscribe`]).
+    feed: Feed,
     /// Woken when the last request admitted and not yet registered is ([`EnterGuard`]).
     entered: Notify,
     /// Take-overs of its streams by GETs in the current second (`--max-takeovers`).
@@ -406,12 +403,12 @@ impl Session {
                 crowded_at: None,
                 initialize_stream: None,
                 holding: Holding::at(0),
-                observer: None,
                 activity: None,
             }),
             standalone_open: tokio::sync::Mutex::new(()),
             upstream: UpstreamLink::live(upstream_id),
             handoff_settled: Notify::new(),
+            feed: Feed::new(),
             entered: Notify::new(),
             takeovers: Mutex::default(),
             sweep_at: Mutex::new(None),
@@ -488,7 +485,7 @@ impl Session {
                         from,
                     );
                     added += snapshot.events.len();
-                    Self::insert_stream(&mut st, &stream);
+                    self.insert_stream(&mut st, &stream);
                 }
             }
         }
@@ -635,6 +632,7 @@ impl Session {
     pub(crate) fn reclaim(&self) {
         self.state.lock().holding.reclaim();
         self.handoff_settled.notify_waiters();
+        self.feed.tell();
     }
 
     /// Requests admitted and not registered yet.
@@ -662,6 +660,7 @@ impl Session {
     fn finish_move(&self, to: Option<String>) {
         self.state.lock().holding.finish(to);
         self.handoff_settled.notify_waiters();
+        self.feed.tell();
     }
 
     /// Waits until every request admitted into the session registered its stream (a move
@@ -703,13 +702,9 @@ impl Session {
         }
     }
 
-    /// Wakes `observer` on every change of every stream, present and future.
-    pub(crate) fn observe(&self, observer: &Arc<Notify>) {
-        let mut st = self.state.lock();
-        st.observer = Some(Arc::clone(observer));
-        for stream in st.streams.values() {
-            stream.observe(observer);
-        }
+    /// A new follower of the session's changes (see [`feed`]).
+    pub(crate) fn subscribe(&self) -> Subscription {
+        self.feed.subscribe()
     }
 
     /// The client session id (never log it; use [`Session::digest`]).
@@ -812,10 +807,14 @@ impl Session {
             ..
         } = &mut *st;
         let admit = |bytes: usize| journal_charge.try_resize(bytes as u64).is_ok();
-        journal
+        let changed = journal
             .record(message, raw, max_bytes, admit)
-            .map(|_| ())
-            .map_err(journal_rejection)
+            .map_err(journal_rejection)?;
+        drop(st);
+        if changed {
+            self.feed.tell();
+        }
+        Ok(())
     }
 
     /// Whether `entries` could be recorded in the journal now ([`Session::record`] of each, in
@@ -946,7 +945,7 @@ impl Session {
         if need > room.session_bytes || !Self::shed(&mut st, fits, now) {
             return Dedupe::SessionFull(room.session_bytes);
         }
-        Self::insert_stream(&mut st, stream);
+        self.insert_stream(&mut st, stream);
         for id in ids {
             Self::insert_record(&mut st, id, digest, stream.key().clone());
         }
@@ -1234,7 +1233,7 @@ impl Session {
     pub(crate) fn register_stream(&self, stream: &Arc<Stream>) {
         let mut st = self.state.lock();
         st.initialize_stream = Some(stream.key().clone());
-        Self::insert_stream(&mut st, stream);
+        self.insert_stream(&mut st, stream);
     }
 
     /// Forgets the stream that answered `initialize` once it is spent (every event handed to
@@ -1259,11 +1258,10 @@ impl Session {
 
     /// Registers `stream`; beyond [`MAX_STREAMS`] the oldest complete streams nobody reads
     /// are forgotten, as many as are beyond (a walk that stops there).
-    fn insert_stream(st: &mut State, stream: &Arc<Stream>) {
+    fn insert_stream(&self, st: &mut State, stream: &Arc<Stream>) {
         stream.count_replies_in(&st.replies);
-        if let Some(observer) = &st.observer {
-            stream.observe(observer);
-        }
+        stream.feed_into(self.feed.sender());
+        self.feed.tell();
         if let Some(activity) = &st.activity {
             stream.report_to(activity);
         }
@@ -1329,7 +1327,7 @@ impl Session {
     pub(crate) fn set_standalone(&self, standalone: Standalone) {
         let mut st = self.state.lock();
         if let Standalone::Open(stream) = &standalone {
-            Self::insert_stream(&mut st, stream);
+            self.insert_stream(&mut st, stream);
             if self.is_ended() {
                 stream.complete();
             }
@@ -1586,6 +1584,38 @@ mod tests {
             headers: http::HeaderMap::new(),
             body: bytes::Bytes::new(),
         }
+    }
+
+    #[tokio::test]
+    async fn every_subscriber_follows_the_session_its_streams_and_its_moves() {
+        let s = session();
+        let mut subscribers = [s.subscribe(), s.subscribe()];
+        async fn told(subscribers: &mut [Subscription]) -> bool {
+            let mut all = true;
+            for sub in subscribers {
+                let wait = tokio::time::timeout(Duration::from_millis(20), sub.changed());
+                all &= wait.await.is_ok();
+                sub.look();
+            }
+            all
+        }
+        assert!(!told(&mut subscribers).await, "nothing changed yet");
+        let st = stream(&s, &[key(1)]);
+        assert!(matches!(
+            s.claim(&[key(1)], [1; 32], &st, ANY_ROOM),
+            Dedupe::New
+        ));
+        assert!(told(&mut subscribers).await, "a stream registered");
+        st.append(
+            None,
+            bytes::Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#),
+            Instant::now(),
+        );
+        assert!(told(&mut subscribers).await, "its answer");
+        let transfer = s.begin_move().expect("held");
+        drop(transfer);
+        assert!(told(&mut subscribers).await, "a move ended");
+        assert!(!told(&mut subscribers).await, "told once per change");
     }
 
     #[tokio::test]

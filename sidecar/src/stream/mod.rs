@@ -204,8 +204,8 @@ pub(crate) struct Stream {
     /// Woken when the buffer's floor rises: its writer may have room again
     /// ([`Stream::wait_room`]).
     room: Notify,
-    /// Woken on every change, for the handoff follower of a moved session.
-    observer: Mutex<Option<Arc<Notify>>>,
+    /// Its session's change feed, told of every change.
+    feed: OnceLock<watch::Sender<()>>,
     /// Woken (all waiters) when the stream completes: the pod's activity, which a drain waits on.
     activity: OnceLock<Arc<Notify>>,
     /// The session's tally of stored replies, which this stream's reply is counted in.
@@ -284,7 +284,7 @@ impl Stream {
             }),
             changed: watch::channel(()).0,
             room: Notify::new(),
-            observer: Mutex::new(None),
+            feed: OnceLock::new(),
             activity: OnceLock::new(),
             replies: OnceLock::new(),
             created: Instant::now(),
@@ -406,10 +406,9 @@ impl Stream {
         self.complete();
     }
 
-    /// Wakes `observer` on every change from now on (the handoff follower).
-    pub(crate) fn observe(&self, observer: &Arc<Notify>) {
-        *self.observer.lock() = Some(Arc::clone(observer));
-        observer.notify_one();
+    /// Tells `feed` (its session's change feed) of every change from now on.
+    pub(crate) fn feed_into(&self, feed: &watch::Sender<()>) {
+        let _ = self.feed.set(feed.clone());
     }
 
     /// The session moved: readers get what is buffered, then `retry:` (`hint`) and a clean close.
@@ -418,11 +417,11 @@ impl Stream {
         self.touch();
     }
 
-    /// Wakes readers and the observer.
+    /// Wakes readers and the session's change feed.
     fn touch(&self) {
         self.changed.send_replace(());
-        if let Some(observer) = self.observer.lock().as_ref() {
-            observer.notify_one();
+        if let Some(feed) = self.feed.get() {
+            feed.send_replace(());
         }
     }
 

@@ -1,0 +1,125 @@
+//! A session's change feed: any number of subscribers follow what changes in the session
+//! (the handoff follower of a moved session, `docs/design/handoff.md#moving-one-session`; a
+//! replica or a shadow ledger would follow it the same way).
+//!
+//! ```text
+//!   a change ── Feed::tell ──▶ version n+1 ──▶ every Subscription: changed() returns
+//!                                              (once for any number of changes since it last
+//!                                               looked: it reads the session again)
+//! ```
+//!
+//! The feed carries no data: a subscriber reads what it needs from the session once told. It
+//! is told of
+//! - every change of every stream of the session (events, answers, completion; streams tell it
+//!   themselves, [`crate::stream::Stream::feed_into`]),
+//! - a stream registered (a new request, the standalone stream, streams imported from a peer),
+//! - the journal changed,
+//! - the last request entering the session registered its stream, and the handoff state
+//!   changed (a move ended, the session was taken back).
+//!
+//! A change made before [`Subscription::look`] returns is seen by what the subscriber reads
+//! after it; one made after it makes the next [`Subscription::changed`] return: none is lost.
+
+use tokio::sync::watch;
+
+/// The sending end, kept by the session and handed to its streams.
+#[derive(Debug)]
+pub(super) struct Feed(watch::Sender<()>);
+
+impl Feed {
+    /// A feed nobody follows yet.
+    pub(super) fn new() -> Self {
+        Self(watch::channel(()).0)
+    }
+
+    /// Tells every subscriber something changed.
+    pub(super) fn tell(&self) {
+        self.0.send_replace(());
+    }
+
+    /// What a stream of the session tells of its changes.
+    pub(super) fn sender(&self) -> &watch::Sender<()> {
+        &self.0
+    }
+
+    /// A new subscriber: its first [`Subscription::changed`] returns at the first change from
+    /// now on.
+    pub(super) fn subscribe(&self) -> Subscription {
+        Subscription(self.0.subscribe())
+    }
+}
+
+/// One follower of a session's changes.
+#[derive(Debug)]
+pub(crate) struct Subscription(watch::Receiver<()>);
+
+impl Subscription {
+    /// Marks every change so far as seen: call it before reading the session.
+    pub(crate) fn look(&mut self) {
+        self.0.mark_unchanged();
+    }
+
+    /// Waits for a change since the last [`Subscription::look`] (returns at once if one came
+    /// meanwhile). Never returns once the session is gone: nothing changes any more.
+    pub(crate) async fn changed(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const SOON: Duration = Duration::from_millis(20);
+
+    async fn told(s: &mut Subscription) -> bool {
+        tokio::time::timeout(SOON, s.changed()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn every_subscriber_is_told_of_a_change() {
+        let feed = Feed::new();
+        let (mut a, mut b) = (feed.subscribe(), feed.subscribe());
+        assert!(!told(&mut a).await, "nothing changed yet");
+        feed.tell();
+        assert!(told(&mut a).await);
+        assert!(told(&mut b).await, "not only one of them");
+        assert!(!told(&mut a).await, "told once per change");
+    }
+
+    #[tokio::test]
+    async fn changes_while_a_subscriber_reads_are_not_lost() {
+        let feed = Feed::new();
+        let mut s = feed.subscribe();
+        feed.tell();
+        s.look();
+        assert!(!told(&mut s).await, "seen before reading");
+        feed.tell();
+        feed.tell();
+        assert!(told(&mut s).await, "changed after its look");
+        assert!(
+            !told(&mut s).await,
+            "many changes, one wake: it reads them all"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_of_the_session_tells_through_the_sender() {
+        let feed = Feed::new();
+        let mut s = feed.subscribe();
+        feed.sender().clone().send_replace(());
+        assert!(told(&mut s).await);
+    }
+
+    #[tokio::test]
+    async fn a_gone_session_changes_no_more() {
+        let feed = Feed::new();
+        let mut s = feed.subscribe();
+        drop(feed);
+        assert!(!told(&mut s).await, "waits, does not spin");
+    }
+}
