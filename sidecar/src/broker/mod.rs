@@ -43,7 +43,7 @@ use http::Method;
 use tether_crds::ProtocolVersion;
 
 use crate::mcp::admission::Admitted;
-use crate::mcp::jsonrpc::RequestKey;
+use crate::mcp::jsonrpc::{Body, RequestKey};
 use crate::mcp::rejection::{NotFound, Rejection, VersionMismatch};
 use crate::metrics::Metrics;
 use crate::reply::Reply;
@@ -226,7 +226,7 @@ impl Broker {
     pub(crate) async fn handle(
         self: &Arc<Self>,
         call: Admitted,
-        body: Bytes,
+        body: Body,
         entered: Option<EnterGuard>,
     ) -> Reply {
         // At debug level each request logs its start and its answer's head (a stream goes on).

@@ -31,7 +31,9 @@ use super::calls::CallSlot;
 use super::pump::Dispatch;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
-use crate::mcp::jsonrpc::{self, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response};
+use crate::mcp::jsonrpc::{
+    self, Body, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response,
+};
 use crate::mcp::methods::CANCELLED;
 use crate::mcp::principal::Owner;
 use crate::mcp::rejection::{NotFound, Rejection};
@@ -44,7 +46,7 @@ impl Broker {
     pub(super) async fn post(
         self: &Arc<Self>,
         call: &Admitted,
-        body: Bytes,
+        body: Body,
         entered: Option<EnterGuard>,
     ) -> Result<Reply, Rejection> {
         self.post_once(call, body, entered, true).await
@@ -55,10 +57,11 @@ impl Broker {
     async fn post_once(
         self: &Arc<Self>,
         call: &Admitted,
-        body: Bytes,
+        body: Body,
         entered: Option<EnterGuard>,
         may_redispatch: bool,
     ) -> Result<Reply, Rejection> {
+        let (body, parsed) = body.into_parts(call.limits);
         // Batching follows the session's negotiated version, whatever the header claims: only a
         // 2025-03-26 session may batch (B-01/B-02), checked before the body is parsed. A batch
         // without a session is refused below (`initialize` is never batched; anything else
@@ -73,7 +76,7 @@ impl Broker {
             }
             _ => None,
         };
-        let mut envelope = Envelope::parse(&body, call.limits).map_err(Rejection::from)?;
+        let mut envelope = parsed.map_err(Rejection::from)?;
         if envelope.is_initialize() {
             let id = envelope.request_ids().remove(0);
             self.metrics
@@ -178,7 +181,8 @@ impl Broker {
                 {
                     // Its answer was no outcome: this request, with its own credentials, is
                     // dispatched (its record went with the withdrawal).
-                    return Box::pin(self.post_once(call, body, Some(guard), false)).await;
+                    return Box::pin(self.post_once(call, Body::new(body), Some(guard), false))
+                        .await;
                 }
                 reply
             }

@@ -31,7 +31,7 @@ use crate::mcp::admission::{Admission, AdmissionPolicy};
 use crate::mcp::cursor::EventId;
 use crate::mcp::headers::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::mcp::home::HomeToken;
-use crate::mcp::jsonrpc::EnvelopeLimits;
+use crate::mcp::jsonrpc::{Body, EnvelopeLimits};
 use crate::mcp::origin::OriginPolicy;
 use crate::mcp::session_id::IdMinter;
 use crate::metrics::Metrics;
@@ -304,7 +304,7 @@ impl Pod {
             other => panic!("not admitted: {other:?}"),
         };
         let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
-        self.broker.handle(admitted, body, None).await
+        self.broker.handle(admitted, Body::new(body), None).await
     }
 
     /// A session as a client opens it (`initialize`, then `notifications/initialized`): its id.

@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 
+use bytes::Bytes;
 use serde::de::{DeserializeSeed, IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
@@ -222,6 +223,47 @@ pub(crate) fn is_batch(body: &[u8]) -> bool {
     body.iter()
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|b| *b == b'[')
+}
+
+/// A request body read whole, its envelope parsed at most once: by whoever first needs it (the
+/// request's lane, to tell an `initialize` from a request for a lost session), then handed on
+/// with the body.
+#[derive(Debug)]
+pub(crate) struct Body {
+    bytes: Bytes,
+    envelope: Option<Result<Envelope, EnvelopeError>>,
+}
+
+impl Body {
+    /// A body not parsed yet.
+    pub(crate) fn new(bytes: Bytes) -> Self {
+        Self {
+            bytes,
+            envelope: None,
+        }
+    }
+
+    /// A body parsed now.
+    pub(crate) fn parsed(bytes: Bytes, limits: EnvelopeLimits) -> Self {
+        let envelope = Some(Envelope::parse(&bytes, limits));
+        Self { bytes, envelope }
+    }
+
+    /// Whether the body parsed as a single `initialize` request.
+    pub(crate) fn is_initialize(&self) -> bool {
+        matches!(&self.envelope, Some(Ok(envelope)) if envelope.is_initialize())
+    }
+
+    /// The bytes and the envelope, parsed now if nobody parsed it before.
+    pub(crate) fn into_parts(
+        self,
+        limits: EnvelopeLimits,
+    ) -> (Bytes, Result<Envelope, EnvelopeError>) {
+        let envelope = self
+            .envelope
+            .unwrap_or_else(|| Envelope::parse(&self.bytes, limits));
+        (self.bytes, envelope)
+    }
 }
 
 /// The start of the error a batch over the limit gets.

@@ -1,5 +1,7 @@
-//! The pingora side of the data plane: a [`ProxyHttp`] whose `request_filter` admits every
-//! request and serves sessionful ones through the [`Broker`].
+//! The pingora side of the data plane: a [`ProxyHttp`] whose `request_filter` carries out each
+//! request's [`Lane`], decided in `lane.rs` (admission, locating and entering its session,
+//! routing, era), and serves sessionful ones through the [`Broker`]. The callbacks decide
+//! nothing of their own.
 //!
 //! - Sessionful requests (2025-03-26 … 2025-11-25) are answered by the sidecar itself: the body
 //!   is read (bounded in size and time), the broker produces a [`Reply`], and SSE replies are
@@ -26,13 +28,13 @@
 
 mod connection;
 mod forward;
+mod lane;
 mod listener;
 mod respond;
 mod slots;
 mod watched;
 
 pub(crate) use listener::{ConnectionLimits, HeadTimed, Listener, Listening};
-use slots::Full;
 pub(crate) use slots::SlotLimits;
 
 use std::sync::Arc;
@@ -40,10 +42,11 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use connection::{Connection, Port};
 use forward::{Failure, Forwarding, Next, World, failed_answer, is_connect_error};
-use http::{HeaderValue, Method, StatusCode, header};
+use http::{HeaderValue, StatusCode, header};
+use lane::{BodySource, Head, Lane, Lanes, StatelessRequest};
 use pingora::http::RequestHeader;
 use pingora::prelude::HttpPeer;
 use pingora::protocols::ALPN;
@@ -51,26 +54,22 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{ErrorSource, ErrorType};
 use tether_crds::keyring::PEER_SERVER_NAME;
 
-use crate::broker::{Broker, Here};
-use crate::cluster::routing::{ForwardKind, Hop, Route, Router, Target};
+use crate::broker::Broker;
+use crate::cluster::routing::Router;
 use crate::handoff::Handoff;
 use crate::handoff::listener::PeerListener;
 use crate::lifecycle::Lifecycle;
-use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
-use crate::mcp::headers::{MCP_METHOD, MCP_NAME};
-use crate::mcp::home::HomeToken;
-use crate::mcp::jsonrpc::{Envelope, Message, RequestKey};
+use crate::mcp::admission::{AdmissionPolicy, Admitted};
+use crate::mcp::headers::MCP_NAME;
+use crate::mcp::jsonrpc::Message;
 use crate::mcp::modern;
-use crate::mcp::mrtr;
 use crate::mcp::origin::OriginCheck;
-use crate::mcp::rejection::{NotFound, Rejection};
-use crate::mcp::tasks::{Revision, names_task};
+use crate::mcp::tasks::Revision;
 use crate::metrics::Metrics;
 use crate::peer::auth::now_ms;
-use crate::peer::hop::{Accept, HOP_HEADERS, Signing};
-use crate::peer::{PROBE_PATH, PROTOCOL, TETHER_PEER_PROTOCOL, is_peer_path};
+use crate::peer::hop::{HOP_HEADERS, Signing};
+use crate::peer::{PROTOCOL, TETHER_PEER_PROTOCOL};
 use crate::reply::{Reply, ReplyBody};
-use crate::session::{EnterGuard, Entry};
 
 /// How long connecting to a peer sidecar may take before the next candidate is tried: the TCP
 /// connection and, with peer TLS, its handshake (pingora bounds both with it).
@@ -131,73 +130,21 @@ pub(crate) struct McpProxy {
 }
 
 impl McpProxy {
-    /// Reads the whole request body, at most `max_body_bytes` within `body_timeout`.
-    async fn read_body(&self, session: &mut Session) -> Result<Bytes, Rejection> {
-        let limit = self.policy.load().max_body_bytes;
-        let read = async {
-            let mut body = BytesMut::new();
-            while let Some(chunk) = session
-                .read_request_body()
-                .await
-                .map_err(|_| Rejection::InvalidRequest("the request body broke off".into()))?
-            {
-                if body.len() + chunk.len() > limit {
-                    return Err(Rejection::PayloadTooLarge(limit));
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok(body.freeze())
-        };
-        tokio::time::timeout(self.body_timeout, read)
-            .await
-            .unwrap_or(Err(Rejection::RequestTimeout))
-    }
-
-    /// The JSON-RPC id of the request in the body, read for an error that echoes it (a body
-    /// that cannot be read or parsed has none).
-    async fn request_id(&self, session: &mut Session) -> Option<RequestKey> {
-        let body = self.read_body(session).await.ok()?;
-        let limits = self.policy.load().envelope;
-        Envelope::parse(&body, limits).ok()?.first_request_id()
-    }
-
-    /// Reads a 2026-07-28 request: its body (bounded), a POST's checked against its standard
-    /// headers ([`modern::check`]); otherwise the error's reply, with the request's id once the
-    /// body is read.
-    async fn read_stateless(
-        &self,
-        session: &mut Session,
-        admitted: &Admitted,
-    ) -> Result<StatelessRequest, Reply> {
-        let refuse = |rejection: Rejection, id: Option<&RequestKey>| {
-            self.metrics.rejection(&rejection);
-            Reply::rejection(&rejection, id)
-        };
-        let body = match self.read_body(session).await {
-            Ok(body) => body,
-            Err(rejection) => {
-                session.set_keepalive(None);
-                return Err(refuse(rejection, None));
-            }
-        };
-        if admitted.method != Method::POST {
-            return Ok(StatelessRequest {
-                body,
-                envelope: None,
-            });
+    /// What this request's lane is decided from ([`Lanes::decide`]), with the admission
+    /// policy as loaded now.
+    fn lanes(&self) -> Lanes<'_> {
+        Lanes {
+            broker: &self.broker,
+            router: &self.router,
+            policy: self.policy.load_full(),
+            lifecycle: &self.lifecycle,
+            handoff: &self.handoff,
+            metrics: &self.metrics,
+            body_timeout: self.body_timeout,
         }
-        let envelope =
-            Envelope::parse(&body, admitted.limits).map_err(|e| refuse(e.into(), None))?;
-        if let Err(rejection) = modern::check(&admitted.headers, &envelope) {
-            return Err(refuse(rejection, envelope.first_request_id().as_ref()));
-        }
-        Ok(StatelessRequest {
-            body,
-            envelope: Some(envelope),
-        })
     }
 
-    /// Serves a 2026-07-28 request here ([`McpProxy::read_stateless`]): its sealed values
+    /// Serves a 2026-07-28 request here ([`Lane::Stateless`]): its sealed values
     /// opened, then relayed to the upstream (`broker::stateless`). Errors carry the request's
     /// id.
     async fn serve_stateless(&self, admitted: &Admitted, request: StatelessRequest) -> Reply {
@@ -250,32 +197,6 @@ impl McpProxy {
             }
         }
     }
-
-    /// The pod that issued the `requestState` of a request read before routing, when it
-    /// carries a genuine one.
-    fn issuer(&self, request: &StatelessRequest, admitted: &Admitted) -> Option<HomeToken> {
-        let (_, message) = request.envelope.as_ref()?.messages.first()?;
-        self.broker.request_state_issuer(message, &admitted.headers)
-    }
-}
-
-/// A 2026-07-28 request read whole: its body and, for a POST, its envelope.
-struct StatelessRequest {
-    body: Bytes,
-    envelope: Option<Envelope>,
-}
-
-/// Whether a 2026-07-28 request may retry a multi round-trip request (a POST whose `Mcp-Method`
-/// may be answered with an `InputRequiredResult`): its body is read before it is routed, as its
-/// `requestState` names the pod to serve it (`docs/design/routing.md#multi-round-trip-requests`).
-fn may_retry_input(admitted: &Admitted) -> bool {
-    admitted.era == Era::Stateless
-        && admitted.method == Method::POST
-        && admitted
-            .headers
-            .get(MCP_METHOD)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|m| mrtr::may_require_input(m.trim()))
 }
 
 /// Per-request state.
@@ -287,9 +208,6 @@ pub(crate) struct RequestCtx {
     answered: bool,
     /// Set when the request is forwarded to a peer.
     forward: Option<Forwarding>,
-    /// The session held here that the request entered (released once its stream is
-    /// registered, so a handoff never images a session halfway through a request).
-    entered: Option<EnterGuard>,
     /// The client connection the request came on.
     connection: Option<Arc<Connection>>,
 }
@@ -317,7 +235,6 @@ impl ProxyHttp for McpProxy {
             body_bytes: 0,
             answered: false,
             forward: None,
-            entered: None,
             connection: None,
         }
     }
@@ -366,141 +283,41 @@ impl ProxyHttp for McpProxy {
             session.set_keepalive(None);
         }
         let req = session.req_header();
-        let (method, path, headers) = (
-            req.method.clone(),
-            req.uri.path().to_owned(),
-            req.headers.clone(),
-        );
-        let port = ctx.port(session);
-        if matches!(port, Port::Peer { .. }) && is_peer_path(&path) {
-            let reply = self.peer.serve(session.as_downstream_mut()).await;
-            return respond(session, ctx, reply).await;
-        }
-        if method == Method::GET && path == PROBE_PATH {
-            // Peers' liveness probe (`peer_health`): answered here, on the port they forward to,
-            // with the peer protocol this sidecar speaks.
-            let mut headers = http::HeaderMap::new();
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-            headers.insert(TETHER_PEER_PROTOCOL, HeaderValue::from(u16::from(PROTOCOL)));
-            let reply = Reply {
-                status: StatusCode::OK,
-                headers,
-                body: ReplyBody::Full(Bytes::from_static(b"ok\n")),
-            };
-            return respond(session, ctx, reply).await;
-        }
-        let admitted = match self.policy.load_full().admit(&method, &path, &headers) {
-            Err(refused) => {
-                self.metrics.rejection(&refused.rejection);
-                ctx.origin = refused.origin;
-                // MCP's `UnsupportedProtocolVersionError` answers the request by its id.
-                let id = match &refused.rejection {
-                    Rejection::UnsupportedVersion(v)
-                        if method == Method::POST && !v.modern().is_empty() =>
-                    {
-                        self.request_id(session).await
-                    }
-                    _ => None,
-                };
-                let reply = Reply::rejection(&refused.rejection, id.as_ref());
-                return respond(session, ctx, reply).await;
-            }
-            Ok(Admission::Preflight(headers)) => {
-                let reply = Reply {
-                    status: StatusCode::NO_CONTENT,
-                    headers,
-                    body: ReplyBody::Empty,
-                };
-                return respond(session, ctx, reply).await;
-            }
-            Ok(Admission::Request(admitted)) => admitted,
+        let head = Head {
+            method: req.method.clone(),
+            path: req.uri.path().to_owned(),
+            headers: req.headers.clone(),
+            port: ctx.port(session),
+            refused,
         };
-        ctx.origin = admitted.origin.clone();
-        if let Some(full) = refused {
-            let rejection = match full {
-                Full::Source => Rejection::SourceConnections,
-                Full::Listener => Rejection::TooManyConnections,
-            };
-            self.metrics.rejection(&rejection);
-            return respond(session, ctx, rejection.into()).await;
-        }
-        // A retry of a multi round-trip request is read first: its `requestState` names the pod
-        // that serves it. The body stays in pingora's retry buffer for a forward.
-        let mut read_first = None;
-        if may_retry_input(&admitted) {
-            session.as_mut().enable_retry_buffering();
-            match self.read_stateless(session, &admitted).await {
-                Ok(request) => read_first = Some(request),
-                Err(reply) => return respond(session, ctx, reply).await,
-            }
-        }
-        let issuer = read_first.as_ref().and_then(|r| self.issuer(r, &admitted));
-        let mut too_large = false;
-        // A POST for a session nobody holds may still be an `initialize` that kept an old session
-        // id (`fr15_an_initialize_with_a_stale_session_id_starts_a_new_session`): the body decides,
-        // so the 404 waits for it.
-        let miss = match self.route(&admitted, ctx, port, issuer).await {
-            Ok(None) => None,
-            // A body read first that is over the retry buffer cannot be resent: served here.
-            Ok(Some(_)) if read_first.is_some() && session.as_ref().retry_buffer_truncated() => {
-                too_large = true;
-                None
-            }
-            Ok(Some(mut forwarding)) => {
-                forwarding.at_most_once =
-                    admitted.era == Era::Stateless && admitted.method == Method::POST;
-                if issuer.is_some() {
-                    self.metrics.mrtr_retry("forwarded");
+        let (lane, origin) = self.lanes().decide(&head, session).await;
+        ctx.origin = origin;
+        let reply = match lane {
+            Lane::Peer => self.peer.serve(session.as_downstream_mut()).await,
+            Lane::Probe => probe_reply(),
+            Lane::Preflight(headers) => Reply {
+                status: StatusCode::NO_CONTENT,
+                headers,
+                body: ReplyBody::Empty,
+            },
+            Lane::Refuse(refusal) => {
+                self.metrics.rejection(&refusal.rejection);
+                if refusal.close {
+                    session.set_keepalive(None);
                 }
+                Reply::rejection(&refusal.rejection, refusal.id.as_ref())
+            }
+            Lane::Forward(forwarding) => {
                 ctx.forward = Some(forwarding);
                 return Ok(false);
             }
-            Err(rejection @ Rejection::SessionNotFound(_)) if admitted.method == Method::POST => {
-                Some(rejection)
-            }
-            Err(rejection) => {
-                self.metrics.rejection(&rejection);
-                return respond(session, ctx, rejection.into()).await;
-            }
+            Lane::Stateless { admitted, request } => self.serve_stateless(&admitted, request).await,
+            Lane::Session {
+                admitted,
+                body,
+                entered,
+            } => self.broker.handle(admitted, body, entered).await,
         };
-        self.metrics.request(&admitted.method, admitted.era);
-        if admitted.era == Era::Stateless {
-            if let Some(v) = admitted.version {
-                self.metrics.protocol_version(v);
-            }
-            if let Some(issuer) = issuer {
-                let outcome = match (issuer == self.router.me(false).home, too_large) {
-                    (true, _) => "served_by_issuer",
-                    (false, true) => "too_large",
-                    (false, false) => "issuer_gone",
-                };
-                self.metrics.mrtr_retry(outcome);
-            }
-            let request = match read_first {
-                Some(request) => request,
-                None => match self.read_stateless(session, &admitted).await {
-                    Ok(request) => request,
-                    Err(reply) => return respond(session, ctx, reply).await,
-                },
-            };
-            let reply = self.serve_stateless(&admitted, request).await;
-            return respond(session, ctx, reply).await;
-        }
-        let body = match self.read_body(session).await {
-            Ok(body) => body,
-            Err(rejection) => {
-                self.metrics.rejection(&rejection);
-                session.set_keepalive(None);
-                return respond(session, ctx, rejection.into()).await;
-            }
-        };
-        if let Some(rejection) = miss
-            && !Envelope::parse(&body, admitted.limits).is_ok_and(|e| e.is_initialize())
-        {
-            self.metrics.rejection(&rejection);
-            return respond(session, ctx, rejection.into()).await;
-        }
-        let reply = self.broker.handle(admitted, body, ctx.entered.take()).await;
         respond(session, ctx, reply).await
     }
 
@@ -704,114 +521,6 @@ impl ProxyHttp for McpProxy {
 }
 
 impl McpProxy {
-    /// Routes an admitted request: `None` to serve it here (a session held here is entered,
-    /// `ctx.entered`), a [`Forwarding`] to proxy it to a peer, or the 404/403/503 that ends it.
-    /// `issuer`: the pod that issued the `requestState` of a multi round-trip request's retry.
-    async fn route(
-        &self,
-        admitted: &Admitted,
-        ctx: &mut RequestCtx,
-        port: Port,
-        issuer: Option<HomeToken>,
-    ) -> Result<Option<Forwarding>, Rejection> {
-        let session_id = match admitted.era {
-            Era::Stateless => None,
-            _ => admitted.session_id.clone(),
-        };
-        let accept = match port {
-            Port::Peer { .. } => Accept::Peer {
-                me: self.router.uid(),
-                now_ms: now_ms(),
-            },
-            Port::Mcp | Port::Admin => Accept::Nothing,
-        };
-        let hop = Hop::read(
-            &admitted.headers,
-            self.router.secret(),
-            session_id.as_deref(),
-            accept,
-        )?;
-        let nonce;
-        let (target, home) = match session_id.as_deref() {
-            Some(id) => {
-                let (mut home, mut moved) = self.enter(id, ctx).await?;
-                if let Some(uid) = &moved
-                    && self.router.moved_to(uid, &hop)
-                        == Err(Rejection::SessionNotFound(NotFound::NoHolder))
-                {
-                    // The pod it was handed to is gone: if this one kept a copy, it moves again
-                    // (or is served here); it may have moved on already.
-                    self.handoff.push_again(id, uid).await;
-                    (home, moved) = self.enter(id, ctx).await?;
-                }
-                if let Some(uid) = moved {
-                    let peer = self.router.moved_to(&uid, &hop)?;
-                    return Ok(Some(Forwarding::new(
-                        peer,
-                        ForwardKind::Moved,
-                        hop,
-                        session_id,
-                        Some(home),
-                    )));
-                }
-                let held = ctx.entered.is_some();
-                (Target::Session { id, home, held }, Some(home))
-            }
-            None => match issuer.or_else(|| self.task_holder(admitted)) {
-                Some(home) => (Target::Issued { home }, Some(home)),
-                None => {
-                    nonce = placement_nonce();
-                    (Target::Placement { nonce: &nonce }, None)
-                }
-            },
-        };
-        match self
-            .router
-            .route(self.lifecycle.is_draining(), target, &hop)
-        {
-            Route::Local => Ok(None),
-            // Served here: a task's request gets the task's not-found error (`broker::tasks`), a
-            // retry of a multi round-trip request goes to this pod's MCP server.
-            Route::NotFound(_) if matches!(target, Target::Issued { .. }) => Ok(None),
-            Route::NotFound(reason) => {
-                if let Some(id) = session_id.as_deref() {
-                    tracing::debug!(
-                        session = self.broker.log_digest(id),
-                        reason = reason.label(),
-                        hop = hop.count,
-                        visited = hop.visited.join(","),
-                        "no pod holds the session"
-                    );
-                }
-                Err(Rejection::SessionNotFound(reason))
-            }
-            Route::Unavailable => Err(Rejection::PeerUnavailable),
-            Route::Forward { peer, kind } => {
-                tracing::debug!(peer = %peer.name, kind = kind.label(), hop = hop.count + 1, "forwarding");
-                Ok(Some(Forwarding::new(peer, kind, hop, session_id, home)))
-            }
-        }
-    }
-
-    /// The pod holding the task a 2026-07-28 `tasks/*` request names in `Mcp-Name`, when that is
-    /// a genuine task id (the header is checked against the body where the request is served).
-    fn task_holder(&self, admitted: &Admitted) -> Option<HomeToken> {
-        if admitted.era != Era::Stateless || admitted.method != Method::POST {
-            return None;
-        }
-        let text = |name| {
-            admitted
-                .headers
-                .get(name)
-                .and_then(|v: &HeaderValue| v.to_str().ok())
-        };
-        text(MCP_METHOD)
-            .map(str::trim)
-            .filter(|m| names_task(m, Revision::Extension))?;
-        self.broker
-            .task_holder(text(MCP_NAME)?.trim(), &admitted.headers)
-    }
-
     /// The connection of a forward: the peer's peer port, over mutual TLS with the key ring's
     /// current certificate when peer TLS is on.
     fn peer_of(&self, f: &Forwarding) -> pingora::Result<HttpPeer> {
@@ -874,34 +583,35 @@ impl McpProxy {
         }
         decision.next != Next::GiveUp
     }
+}
 
-    /// Enters session `id` when it is held here (`ctx.entered`), waiting out a handoff under
-    /// way; returns its home and, when it was handed off from here, the new holder's UID.
-    async fn enter(
-        &self,
-        id: &str,
-        ctx: &mut RequestCtx,
-    ) -> Result<(crate::mcp::home::HomeToken, Option<String>), Rejection> {
-        loop {
-            let (home, here) = self.broker.locate(id).map_err(Rejection::SessionNotFound)?;
-            let session = match here {
-                Here::Held(session) => session,
-                Here::Moved(uid) => return Ok((home, Some(uid))),
-                Here::Absent => return Ok((home, None)),
-            };
-            match session.enter() {
-                Entry::Entered(guard) => {
-                    ctx.entered = Some(guard);
-                    return Ok((home, None));
-                }
-                Entry::Moved(uid) => return Ok((home, Some(uid))),
-                Entry::Moving => {
-                    if !session.settled(MOVE_WAIT).await {
-                        return Err(Rejection::PeerUnavailable);
-                    }
-                }
-            }
-        }
+/// The answer to the peers' liveness probe (`peer_health`), on the port they forward to, with
+/// the peer protocol this sidecar speaks.
+fn probe_reply() -> Reply {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    headers.insert(TETHER_PEER_PROTOCOL, HeaderValue::from(u16::from(PROTOCOL)));
+    Reply {
+        status: StatusCode::OK,
+        headers,
+        body: ReplyBody::Full(Bytes::from_static(b"ok\n")),
+    }
+}
+
+/// A client's request body, read through pingora (its retry buffer keeps what a forward
+/// resends).
+#[async_trait]
+impl BodySource for Session {
+    async fn chunk(&mut self) -> Result<Option<Bytes>, ()> {
+        self.read_request_body().await.map_err(|_| ())
+    }
+
+    fn keep_for_resend(&mut self) {
+        self.as_mut().enable_retry_buffering();
+    }
+
+    fn too_large_to_resend(&self) -> bool {
+        self.as_ref().retry_buffer_truncated()
     }
 }
 
