@@ -7,6 +7,8 @@
 
 pub(crate) mod adopt;
 mod decide;
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod follow;
 #[cfg(fuzzing)]
 pub(crate) mod fuzzing;

@@ -18,9 +18,10 @@
 //!    ([`Handoff::cut`]), forwarded to the new holder like any other event.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{OnceCell, watch};
+use tokio::time::Instant;
 
 use crate::broker::Broker;
 use crate::handoff::Handoff;
@@ -66,7 +67,7 @@ pub(crate) struct Drain {
     metrics: Arc<Metrics>,
     deadline: Duration,
     outcome: OnceCell<DrainOutcome>,
-    /// When the drain began.
+    /// When the drain began, on tokio's clock (the system's, but paused in tests).
     began: std::sync::OnceLock<Instant>,
     /// The outcome once the drain ended, for those who wait without starting it.
     ended: watch::Sender<Option<DrainOutcome>>,
@@ -100,9 +101,9 @@ impl Drain {
         *self.outcome.get_or_init(|| self.drain()).await
     }
 
-    /// When the drain began (`None` before it did).
-    pub(crate) fn began(&self) -> Option<Instant> {
-        self.began.get().copied()
+    /// When the drain began (`None` before it did), on the system's clock.
+    pub(crate) fn began(&self) -> Option<std::time::Instant> {
+        self.began.get().map(|began| began.into_std())
     }
 
     /// Waits, for at most `limit`, until a drain started by someone else has ended; never
@@ -129,7 +130,7 @@ impl Drain {
         let stateless_in_flight = self.broker.stateless_in_flight();
         let tasks_open = self.broker.open_tasks();
         tracing::info!(deadline = ?self.deadline, handoff = self.handoff.enabled(), stateless_in_flight, listen_closed, tasks_open, "draining: no new sessions");
-        let (handed_off, not_moved) = self.handoff.move_all(deadline).await;
+        let (handed_off, not_moved) = self.handoff.move_all(deadline.into_std()).await;
         if handed_off + not_moved > 0 {
             tracing::info!(handed_off, not_moved, "sessions handed off");
         }
@@ -183,10 +184,9 @@ impl Drain {
     /// changes (a request ended, a stream completed, a session left).
     async fn wait_until(&self, until: Instant, done: impl Fn() -> bool) {
         let activity = self.broker.activity();
-        let until = tokio::time::Instant::from_std(until);
         loop {
             let changed = activity.notified();
-            if done() || tokio::time::Instant::now() >= until {
+            if done() || Instant::now() >= until {
                 return;
             }
             tokio::select! {
@@ -198,3 +198,6 @@ impl Drain {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,105 @@
+//! A pod for the crate's in-process component tests (`#[cfg(test)]`): pod `pod-a` in a
+//! membership view of three routable pods (`pod-b` and `pod-c` are its peers), with its real
+//! broker, membership, router, lifecycle and [`Handoff`] wired as `server.rs` wires them,
+//! and the [`PeerLink`] the test gives in place of the peers. Nothing here talks to an MCP
+//! server.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tether_crds::ProtocolVersion;
+
+use super::Handoff;
+use crate::broker::Broker;
+use crate::cluster::membership::fixtures::peer;
+use crate::cluster::membership::{MembershipSink, PeerState, Snapshot};
+use crate::cluster::peer_health::PeerHealth;
+use crate::cluster::routing::Router;
+use crate::config::{Config, test_cli};
+use crate::lifecycle::Lifecycle;
+use crate::mcp::home::HomeToken;
+use crate::mcp::session_id::IdMinter;
+use crate::metrics::Metrics;
+use crate::peer::client::PeerLink;
+use crate::session::Session;
+use crate::session::journal::Journal;
+
+/// The endpoint file of the least endpoint: `weather`, every setting at its default
+/// (`spec.drain.timeout` 60 s).
+pub(crate) const ENDPOINT: &str = "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\n\
+     metadata: {name: weather}\nspec:\n  targetRef: {kind: Deployment, name: weather}\n";
+
+/// Pod `pod-a` of three routable pods.
+pub(crate) struct Pod {
+    pub(crate) cfg: Config,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) broker: Arc<Broker>,
+    pub(crate) lifecycle: Arc<Lifecycle>,
+    /// Moves sessions unless `--handoff=false` (or `migration: Pin`) says otherwise.
+    pub(crate) handoff: Arc<Handoff>,
+    _dir: tempfile::TempDir,
+}
+
+impl Pod {
+    /// The pod of the endpoint file `endpoint` (e.g. [`ENDPOINT`]) and the flags `args`, whose
+    /// messages to peers go to `peers`.
+    pub(crate) fn start(endpoint: &str, args: &[&str], peers: Arc<dyn PeerLink>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("endpoint.yaml"), endpoint).unwrap();
+        let cfg = Config::load(&test_cli(dir.path(), args)).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let broker = cfg.broker_of(cfg.upstream_client(), Arc::clone(&metrics));
+        let snapshot = Snapshot {
+            peers: ["pod-a", "pod-b", "pod-c"]
+                .iter()
+                .map(|uid| peer(uid, PeerState::Routable))
+                .collect(),
+        };
+        let sink = MembershipSink::new(snapshot, Arc::clone(&metrics));
+        let router = Router::new(
+            sink,
+            PeerHealth::new(),
+            cfg.listen_addr,
+            cfg.pod_uid.clone(),
+            cfg.keys.clone(),
+        )
+        .stale_after(cfg.membership_stale_after);
+        let lifecycle = Arc::new(Lifecycle::default());
+        let handoff = Handoff::new(
+            Arc::clone(&broker),
+            router,
+            Arc::clone(&lifecycle),
+            Arc::clone(&metrics),
+            peers,
+            cfg.peer_addr.port(),
+            cfg.peer_max_message_bytes,
+            cfg.handoff,
+            cfg.drain_timeout,
+            cfg.rebalance_dwell,
+        );
+        Self {
+            cfg,
+            metrics,
+            broker,
+            lifecycle,
+            handoff,
+            _dir: dir,
+        }
+    }
+
+    /// A new session held here, its id minted for home `home` (its MAC is genuine),
+    /// negotiated 2025-06-18, with no upstream session yet.
+    pub(crate) fn hold(&self, home: &str) -> Arc<Session> {
+        let (id, key) = IdMinter::new(self.cfg.keys.clone(), HomeToken::for_pod(home)).mint();
+        let session = Session::new(
+            id,
+            key,
+            None,
+            ProtocolVersion::V2025_06_18,
+            Journal::new(Value::Null),
+            self.broker.retained(),
+        );
+        assert!(self.broker.adopt_session(Arc::clone(&session)).unwrap());
+        session
+    }
+}
