@@ -34,6 +34,9 @@ pub(crate) struct Pod {
     pub(crate) cfg: Config,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) broker: Arc<Broker>,
+    /// The membership view the router reads; a test publishes another to change it.
+    pub(crate) sink: MembershipSink,
+    pub(crate) router: Router,
     pub(crate) lifecycle: Arc<Lifecycle>,
     /// Moves sessions unless `--handoff=false` (or `migration: Pin`) says otherwise.
     pub(crate) handoff: Arc<Handoff>,
@@ -57,7 +60,7 @@ impl Pod {
         };
         let sink = MembershipSink::new(snapshot, Arc::clone(&metrics));
         let router = Router::new(
-            sink,
+            sink.clone(),
             PeerHealth::new(),
             cfg.listen_addr,
             cfg.pod_uid.clone(),
@@ -67,7 +70,7 @@ impl Pod {
         let lifecycle = Arc::new(Lifecycle::default());
         let handoff = Handoff::new(
             Arc::clone(&broker),
-            router,
+            router.clone(),
             Arc::clone(&lifecycle),
             Arc::clone(&metrics),
             peers,
@@ -81,6 +84,8 @@ impl Pod {
             cfg,
             metrics,
             broker,
+            sink,
+            router,
             lifecycle,
             handoff,
             _dir: dir,

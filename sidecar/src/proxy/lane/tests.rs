@@ -11,30 +11,21 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
-use tether_crds::ProtocolVersion;
 
 use super::{BodySource, Head, Lane, Lanes};
-use crate::broker::Broker;
 use crate::cluster::membership::fixtures::peer;
-use crate::cluster::membership::{MembershipSink, PeerState, Snapshot};
-use crate::cluster::peer_health::PeerHealth;
-use crate::cluster::routing::{ForwardKind, Router};
-use crate::config::{Config, test_cli};
-use crate::handoff::Handoff;
-use crate::lifecycle::Lifecycle;
-use crate::mcp::admission::AdmissionPolicy;
+use crate::cluster::membership::{PeerState, Snapshot};
+use crate::cluster::routing::ForwardKind;
+use crate::handoff::fixtures;
 use crate::mcp::headers::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::mcp::home::HomeToken;
 use crate::mcp::origin::OriginCheck;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::session_id::IdMinter;
-use crate::metrics::Metrics;
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::{PROBE_PATH, SESSIONS_PATH};
 use crate::proxy::connection::Port;
 use crate::proxy::slots::Full;
-use crate::session::Session;
-use crate::session::journal::Journal;
 
 /// Peers that are never reached: no test here moves a session.
 #[derive(Debug)]
@@ -88,78 +79,36 @@ impl BodySource for Sent {
     }
 }
 
-/// Pod `pod-a` of three routable pods.
-struct Pod {
-    broker: Arc<Broker>,
-    router: Router,
-    policy: Arc<AdmissionPolicy>,
-    lifecycle: Arc<Lifecycle>,
-    handoff: Arc<Handoff>,
-    metrics: Arc<Metrics>,
-    sink: MembershipSink,
-    cfg: Config,
-    _dir: tempfile::TempDir,
+/// Pod `pod-a` of three routable pods ([`fixtures::Pod`]), its endpoint allowing one browser
+/// origin, its requests' bodies at most 4 KiB.
+struct Pod(fixtures::Pod);
+
+impl std::ops::Deref for Pod {
+    type Target = fixtures::Pod;
+
+    fn deref(&self) -> &fixtures::Pod {
+        &self.0
+    }
 }
 
 impl Pod {
     fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("endpoint.yaml"),
-            "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: weather}\n\
-             spec:\n  targetRef: {kind: Deployment, name: weather}\n\
-             \x20 origins: {allow: [\"https://app.example.com\"]}\n",
-        )
-        .unwrap();
-        let cfg = Config::load(&test_cli(dir.path(), &["--max-request-bytes=4096"])).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let broker = cfg.broker_of(cfg.upstream_client(), Arc::clone(&metrics));
-        let snapshot = Snapshot {
-            peers: ["pod-a", "pod-b", "pod-c"]
-                .iter()
-                .map(|uid| peer(uid, PeerState::Routable))
-                .collect(),
-        };
-        let sink = MembershipSink::new(snapshot, Arc::clone(&metrics));
-        let router = Router::new(
-            sink.clone(),
-            PeerHealth::new(),
-            cfg.listen_addr,
-            cfg.pod_uid.clone(),
-            cfg.keys.clone(),
-        )
-        .stale_after(cfg.membership_stale_after);
-        let lifecycle = Arc::new(Lifecycle::default());
-        let handoff = Handoff::new(
-            Arc::clone(&broker),
-            router.clone(),
-            Arc::clone(&lifecycle),
-            Arc::clone(&metrics),
-            Arc::new(NoPeers),
-            cfg.peer_addr.port(),
-            cfg.peer_max_message_bytes,
-            true,
-            cfg.drain_timeout,
-            cfg.rebalance_dwell,
+        let endpoint = format!(
+            "{}  origins: {{allow: [\"https://app.example.com\"]}}\n",
+            fixtures::ENDPOINT
         );
-        Self {
-            broker,
-            router,
-            policy: Arc::new(cfg.admission.clone()),
-            lifecycle,
-            handoff,
-            metrics,
-            sink,
-            cfg,
-            _dir: dir,
-        }
+        Self(fixtures::Pod::start(
+            &endpoint,
+            &["--max-request-bytes=4096"],
+            Arc::new(NoPeers),
+        ))
     }
 
     fn lanes(&self) -> Lanes<'_> {
         Lanes {
             broker: &self.broker,
             router: &self.router,
-            policy: Arc::clone(&self.policy),
+            policy: Arc::new(self.cfg.admission.clone()),
             lifecycle: &self.lifecycle,
             handoff: &self.handoff,
             metrics: &self.metrics,
@@ -172,21 +121,6 @@ impl Pod {
         IdMinter::new(self.cfg.keys.clone(), HomeToken::for_pod(home))
             .mint()
             .0
-    }
-
-    /// A session held here.
-    fn hold(&self) -> Arc<Session> {
-        let (id, key) = IdMinter::new(self.cfg.keys.clone(), HomeToken::for_pod("pod-a")).mint();
-        let session = Session::new(
-            id,
-            key,
-            None,
-            ProtocolVersion::V2025_06_18,
-            Journal::new(Value::Null),
-            self.broker.retained(),
-        );
-        assert!(self.broker.adopt_session(Arc::clone(&session)).unwrap());
-        session
     }
 
     async fn decide(&self, head: &Head, body: &mut Sent) -> (Lane, OriginCheck) {
@@ -383,7 +317,7 @@ async fn a_draining_pod_places_an_initialize_on_a_peer_without_reading_it() {
 #[tokio::test(start_paused = true)]
 async fn a_session_held_here_is_entered_and_served_here() {
     let pod = Pod::start();
-    let session = pod.hold();
+    let session = pod.hold("pod-a");
     let (lane, _) = pod
         .decide(
             &head(Method::POST, Some(session.id())),
@@ -419,7 +353,7 @@ async fn a_session_homed_on_a_live_peer_goes_home_untouched() {
 #[tokio::test(start_paused = true)]
 async fn a_session_handed_off_from_here_follows_it_to_its_new_holder() {
     let pod = Pod::start();
-    let session = pod.hold();
+    let session = pod.hold("pod-a");
     pod.broker.mark_moved(&session, "pod-c");
     let (lane, _) = pod
         .decide(&head(Method::GET, Some(session.id())), &mut Sent::default())
@@ -430,7 +364,7 @@ async fn a_session_handed_off_from_here_follows_it_to_its_new_holder() {
 #[tokio::test(start_paused = true)]
 async fn a_request_waits_out_a_move_then_is_served_where_the_session_is() {
     let pod = Pod::start();
-    let session = pod.hold();
+    let session = pod.hold("pod-a");
     // The move fails after a second: the session stays here and the request enters it.
     let transfer = session.begin_move().expect("held");
     tokio::spawn(async move {
