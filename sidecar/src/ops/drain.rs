@@ -25,7 +25,7 @@ use tokio::sync::{OnceCell, watch};
 use crate::broker::Broker;
 use crate::handoff::Handoff;
 use crate::lifecycle::Lifecycle;
-use crate::metrics::Metrics;
+use crate::ops::metrics::OpsMetrics;
 
 /// How often a drain looks again at what it waits for, woken or not.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -63,7 +63,7 @@ pub(crate) struct Drain {
     broker: Arc<Broker>,
     handoff: Arc<Handoff>,
     lifecycle: Arc<Lifecycle>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<OpsMetrics>,
     deadline: Duration,
     outcome: OnceCell<DrainOutcome>,
     /// When the drain began.
@@ -80,7 +80,7 @@ impl Drain {
         broker: Arc<Broker>,
         handoff: Arc<Handoff>,
         lifecycle: Arc<Lifecycle>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<OpsMetrics>,
         deadline: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {

@@ -27,6 +27,7 @@
 mod connection;
 mod forward;
 mod listener;
+pub(crate) mod metrics;
 mod respond;
 mod slots;
 mod watched;
@@ -65,10 +66,10 @@ use crate::mcp::mrtr;
 use crate::mcp::origin::OriginCheck;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::tasks::{Revision, names_task};
-use crate::metrics::Metrics;
 use crate::peer::auth::now_ms;
 use crate::peer::hop::{Accept, HOP_HEADERS, Signing};
 use crate::peer::{PROBE_PATH, PROTOCOL, TETHER_PEER_PROTOCOL, is_peer_path};
+use crate::proxy::metrics::{ForwardOutcome, MrtrRetry, ProxyMetrics};
 use crate::reply::{Reply, ReplyBody};
 use crate::session::{EnterGuard, Entry};
 
@@ -108,8 +109,8 @@ pub(crate) struct McpProxy {
     pub(crate) policy: Arc<ArcSwap<AdmissionPolicy>>,
     /// Whether this pod drains.
     pub(crate) lifecycle: Arc<Lifecycle>,
-    /// Requests, rejections and forwards are counted here.
-    pub(crate) metrics: Arc<Metrics>,
+    /// Requests, retries and forwards are counted here (rejections in the broker's metrics).
+    pub(crate) metrics: Arc<ProxyMetrics>,
     /// How long a request body may take to arrive (slow clients get 408).
     pub(crate) body_timeout: Duration,
     /// Bounds each read from a peer a request was forwarded to: it exceeds the peer's own
@@ -170,7 +171,7 @@ impl McpProxy {
         admitted: &Admitted,
     ) -> Result<StatelessRequest, Reply> {
         let refuse = |rejection: Rejection, id: Option<&RequestKey>| {
-            self.metrics.rejection(&rejection);
+            self.broker.metrics().rejection(&rejection);
             Reply::rejection(&rejection, id)
         };
         let body = match self.read_body(session).await {
@@ -245,7 +246,7 @@ impl McpProxy {
         {
             Ok(reply) => reply,
             Err(rejection) => {
-                self.metrics.rejection(&rejection);
+                self.broker.metrics().rejection(&rejection);
                 Reply::rejection(&rejection, id.as_ref())
             }
         }
@@ -391,7 +392,7 @@ impl ProxyHttp for McpProxy {
         }
         let admitted = match self.policy.load_full().admit(&method, &path, &headers) {
             Err(refused) => {
-                self.metrics.rejection(&refused.rejection);
+                self.broker.metrics().rejection(&refused.rejection);
                 ctx.origin = refused.origin;
                 // MCP's `UnsupportedProtocolVersionError` answers the request by its id.
                 let id = match &refused.rejection {
@@ -421,7 +422,7 @@ impl ProxyHttp for McpProxy {
                 Full::Source => Rejection::SourceConnections,
                 Full::Listener => Rejection::TooManyConnections,
             };
-            self.metrics.rejection(&rejection);
+            self.broker.metrics().rejection(&rejection);
             return respond(session, ctx, rejection.into()).await;
         }
         // A retry of a multi round-trip request is read first: its `requestState` names the pod
@@ -450,7 +451,7 @@ impl ProxyHttp for McpProxy {
                 forwarding.at_most_once =
                     admitted.era == Era::Stateless && admitted.method == Method::POST;
                 if issuer.is_some() {
-                    self.metrics.mrtr_retry("forwarded");
+                    self.metrics.mrtr_retry(MrtrRetry::Forwarded);
                 }
                 ctx.forward = Some(forwarding);
                 return Ok(false);
@@ -459,20 +460,20 @@ impl ProxyHttp for McpProxy {
                 Some(rejection)
             }
             Err(rejection) => {
-                self.metrics.rejection(&rejection);
+                self.broker.metrics().rejection(&rejection);
                 return respond(session, ctx, rejection.into()).await;
             }
         };
         self.metrics.request(&admitted.method, admitted.era);
         if admitted.era == Era::Stateless {
             if let Some(v) = admitted.version {
-                self.metrics.protocol_version(v);
+                self.broker.metrics().protocol_version(v);
             }
             if let Some(issuer) = issuer {
                 let outcome = match (issuer == self.router.me(false).home, too_large) {
-                    (true, _) => "served_by_issuer",
-                    (false, true) => "too_large",
-                    (false, false) => "issuer_gone",
+                    (true, _) => MrtrRetry::ServedByIssuer,
+                    (false, true) => MrtrRetry::TooLarge,
+                    (false, false) => MrtrRetry::IssuerGone,
                 };
                 self.metrics.mrtr_retry(outcome);
             }
@@ -489,7 +490,7 @@ impl ProxyHttp for McpProxy {
         let body = match self.read_body(session).await {
             Ok(body) => body,
             Err(rejection) => {
-                self.metrics.rejection(&rejection);
+                self.broker.metrics().rejection(&rejection);
                 session.set_keepalive(None);
                 return respond(session, ctx, rejection.into()).await;
             }
@@ -497,7 +498,7 @@ impl ProxyHttp for McpProxy {
         if let Some(rejection) = miss
             && !Envelope::parse(&body, admitted.limits).is_ok_and(|e| e.is_initialize())
         {
-            self.metrics.rejection(&rejection);
+            self.broker.metrics().rejection(&rejection);
             return respond(session, ctx, rejection.into()).await;
         }
         let reply = self.broker.handle(admitted, body, ctx.entered.take()).await;
@@ -655,7 +656,7 @@ impl ProxyHttp for McpProxy {
                 self.policy.load().max_body_bytes,
             )
         });
-        self.metrics.rejection(&rejection);
+        self.broker.metrics().rejection(&rejection);
         let code = rejection.status().as_u16();
         let _ = respond(session, ctx, rejection.into()).await;
         FailToProxy {
@@ -680,13 +681,15 @@ impl ProxyHttp for McpProxy {
         let Some(f) = &ctx.forward else { return };
         // Connect failures were counted when they happened (`fail_to_connect`).
         let outcome = match e {
-            None => Some("ok"),
+            None => Some(ForwardOutcome::Ok),
             Some(e) if is_connect_error(e.etype()) => None,
-            Some(e) if e.esource() == &ErrorSource::Downstream => Some("client_closed"),
-            Some(_) => Some("error"),
+            Some(e) if e.esource() == &ErrorSource::Downstream => {
+                Some(ForwardOutcome::ClientClosed)
+            }
+            Some(_) => Some(ForwardOutcome::Error),
         };
         if let Some(outcome) = outcome {
-            self.metrics.forward(f.kind.label(), outcome);
+            self.metrics.forward(f.kind, outcome);
         }
         self.metrics.forward_hop(f.hop.count.saturating_add(1));
     }
@@ -859,7 +862,7 @@ impl McpProxy {
         };
         let decision = forward::after_failure(f, failure, &world);
         if decision.rerouted {
-            self.metrics.forward(kind.label(), "connect_error");
+            self.metrics.forward(kind, ForwardOutcome::ConnectError);
             match failure {
                 Failure::Connect { .. } => {
                     tracing::warn!(peer = %name, %address, %error, "peer unreachable; trying the next candidate");
