@@ -25,8 +25,8 @@
 //! (`fuzz/`) use `fuzzing` (`sidecar/src/fuzzing.rs`), which exists only in builds with
 //! `--cfg fuzzing`.
 
-/// Makes each type a metric label value, written as its `label()`; the layers' `metrics.rs`
-/// name their label enums here.
+/// Makes each type a metric label value, written as its `label()` (each layer's `metrics.rs`
+/// lists the label enums it encodes).
 macro_rules! label_value {
     ($($ty:ty),+ $(,)?) => {$(
         impl prometheus_client::encoding::EncodeLabelValue for $ty {
