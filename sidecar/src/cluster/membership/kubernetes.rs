@@ -61,7 +61,7 @@ use super::reports::{Exchange, Report, Reports};
 use super::slices::{Endpoint, SliceSet, address_type};
 use super::{Membership, MembershipSink, Peer, PeerState, Snapshot, Source};
 
-/// The source's name (metric label).
+/// This source, as logs and `tether_membership_changes_total{source}` name it.
 pub(crate) const SOURCE: Source = Source::Kubernetes;
 /// The label an EndpointSlice carries naming its Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

@@ -16,7 +16,7 @@ use super::{Membership, MembershipSink, Peer, PeerState, Snapshot, Source};
 
 /// How often the file is re-read.
 pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(200);
-/// The source's name (metric label).
+/// This source, as logs and `tether_membership_changes_total{source}` name it.
 pub(crate) const SOURCE: Source = Source::PeersFile;
 
 /// Why a peers file was not accepted.
