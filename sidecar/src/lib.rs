@@ -10,19 +10,35 @@
 //!   stored replies; sessions with their retry records and journal, and the registry;
 //! - `cluster/`: membership, the session ring, routing between sidecars, peer health;
 //! - `keys/`: the endpoint's key ring (HMAC keys, the peer TLS material) and its reloads;
-//! - `upstream.rs`, `metrics.rs`, `lifecycle.rs`, `reply.rs`: the MCP server client, the
-//!   Prometheus metrics, the pod's serving/draining state, what a client is answered;
+//! - `upstream.rs`, `lifecycle.rs`, `reply.rs`: the MCP server client, the pod's
+//!   serving/draining state, what a client is answered;
 //! - `broker/`: what the sidecar does with a sessionful request (initialize, POST, GET,
 //!   DELETE, upstream pumps, rebuilds, sweeps);
 //! - `handoff/`: moving sessions between sidecars, and the peer protocol it speaks;
 //! - `proxy/`: the pingora callbacks of the MCP listener, with forwarding decisions as plain
 //!   functions;
 //! - `ops/`: the admin listener, the drain socket, the drain, signals; `config/`: flags, the
-//!   endpoint file and its reloads; `server.rs` assembles it all.
+//!   endpoint file and its reloads; `server.rs` assembles it all, and `metrics.rs` the
+//!   Prometheus metrics each folder counts (its own `metrics.rs`).
 //!
 //! The binary (`main.rs`) and the tests use the small face re-exported here; the fuzz targets
 //! (`fuzz/`) use `fuzzing` (`sidecar/src/fuzzing.rs`), which exists only in builds with
 //! `--cfg fuzzing`.
+
+/// Makes each type a metric label value, written as its `label()` (each layer's `metrics.rs`
+/// lists the label enums it encodes).
+macro_rules! label_value {
+    ($($ty:ty),+ $(,)?) => {$(
+        impl prometheus_client::encoding::EncodeLabelValue for $ty {
+            fn encode(
+                &self,
+                encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+            ) -> std::fmt::Result {
+                std::fmt::Write::write_str(encoder, self.label())
+            }
+        }
+    )+};
+}
 
 mod broker;
 mod cluster;

@@ -19,6 +19,7 @@ use crate::cluster::membership::reports::{Report, Reports};
 use crate::cluster::membership::{Membership, MembershipSink, Peer, PeerState, Snapshot};
 use crate::cluster::peer_health::{PeerHealth, Prober};
 use crate::cluster::routing::Router;
+use crate::config::metrics::{ConfigMetrics, KeyRingReload};
 use crate::config::reload::Reloader;
 use crate::config::{Config, ConfigError, MembershipConfig};
 use crate::handoff::Handoff;
@@ -26,7 +27,7 @@ use crate::handoff::listener::PeerListener;
 use crate::keys::{KeyRing, RELOAD_INTERVAL};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
-use crate::ops::admin::Admin;
+use crate::ops::admin::{Admin, Exposition};
 use crate::ops::control::DrainControl;
 use crate::ops::drain::Drain;
 use crate::ops::shutdown::DrainOnTerm;
@@ -154,11 +155,11 @@ fn membership(cfg: &Config, reports: &Arc<Reports>) -> (Snapshot, Option<Box<dyn
 
 /// Reads the key ring again (`docs/design/peer-trust.md#the-key-ring`): a change is applied
 /// whole and logged with the key ids; a ring that does not load keeps the last good one.
-fn reload_keys(keys: &KeyRing, metrics: &Metrics) {
+fn reload_keys(keys: &KeyRing, metrics: &ConfigMetrics) {
     match keys.reload() {
         Ok(false) => {}
         Ok(true) => {
-            metrics.key_ring_reload("applied");
+            metrics.key_ring_reload(KeyRingReload::Applied);
             let ring = keys.load();
             let ids: Vec<String> = ring
                 .keys()
@@ -167,7 +168,7 @@ fn reload_keys(keys: &KeyRing, metrics: &Metrics) {
             tracing::info!(keys = %ids.join(" "), tls = ring.tls().is_some(), "key ring reloaded");
         }
         Err(e) => {
-            metrics.key_ring_reload("invalid");
+            metrics.key_ring_reload(KeyRingReload::Invalid);
             tracing::warn!(error = %e, "keeping the last good key ring");
         }
     }
@@ -222,8 +223,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     let reports = Arc::new(own_report(&cfg));
     let (initial, source) = membership(&cfg, &reports);
     let health = PeerHealth::new();
-    let broker = cfg.broker_of(upstream.clone(), Arc::clone(&metrics));
-    let sink = MembershipSink::new(initial, Arc::clone(&metrics));
+    let broker = cfg.broker_of(upstream.clone(), Arc::clone(&metrics.broker));
+    let sink = MembershipSink::new(initial, Arc::clone(&metrics.cluster));
     sink.set_dwell(cfg.rebalance_dwell);
     if !matches!(cfg.membership, MembershipConfig::Kubernetes { .. }) {
         // Alone, or a peers file read at start: the view is complete from the start; an
@@ -246,7 +247,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Arc::clone(&broker),
         router.clone(),
         Arc::clone(&lifecycle),
-        Arc::clone(&metrics),
+        Arc::clone(&metrics.handoff),
         Arc::new(PeerClient::new(
             cfg.keys.clone(),
             cfg.pod_uid.clone(),
@@ -264,21 +265,21 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         cfg.source.clone(),
         Arc::clone(&admission),
         Arc::clone(&broker),
-        Arc::clone(&metrics),
+        Arc::clone(&metrics.config),
     );
     let proxy = McpProxy {
         broker: Arc::clone(&broker),
         router: router.clone(),
         policy: admission,
         lifecycle: Arc::clone(&lifecycle),
-        metrics: Arc::clone(&metrics),
+        metrics: Arc::clone(&metrics.proxy),
         body_timeout: cfg.request_timeout,
         peer_read_timeout,
         client_write_timeout: cfg.client_write_timeout,
         peer: Arc::new(PeerListener::new(
             Arc::clone(&broker),
             Arc::clone(&lifecycle),
-            Arc::clone(&metrics),
+            Arc::clone(&metrics.handoff),
             cfg.keys.clone(),
             cfg.pod_uid.clone(),
             cfg.peer_max_message_bytes,
@@ -301,7 +302,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     let listener = Listener::new(
         Arc::clone(&proxy),
         limits,
-        Arc::clone(&metrics),
+        Arc::clone(&metrics.proxy),
         Listening::Mcp,
     );
     let mut mcp = Service::new("mcp".to_owned(), listener);
@@ -310,11 +311,12 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     let listener = Listener::new(
         proxy,
         limits,
-        Arc::clone(&metrics),
+        Arc::clone(&metrics.proxy),
         Listening::Peer {
             keys: cfg.keys.clone(),
             tls: cfg.peer_tls,
             max_streams: cfg.peer_max_streams,
+            refusals: Arc::clone(&metrics.handoff),
         },
     );
     let mut peer = Service::new("peer".to_owned(), listener);
@@ -323,7 +325,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Arc::clone(&broker),
         Arc::clone(&handoff),
         Arc::clone(&lifecycle),
-        Arc::clone(&metrics),
+        Arc::clone(&metrics.ops),
         cfg.drain_timeout,
     );
     let admin = Admin::new(
@@ -331,7 +333,8 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         cfg.listen_addr,
         Arc::clone(&drain),
         lifecycle,
-        Arc::clone(&metrics),
+        Arc::clone(&metrics) as Arc<dyn Exposition>,
+        Arc::clone(&metrics.ops),
         cfg.keys.clone(),
         Arc::clone(&broker),
         router.clone(),
@@ -348,7 +351,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         Listener::new(
             Arc::new(HeadTimed(admin)),
             admin_limits,
-            Arc::clone(&metrics),
+            Arc::clone(&metrics.proxy),
             Listening::Admin,
         ),
     );
@@ -390,7 +393,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         },
     ));
     let keys = cfg.keys.clone();
-    let key_metrics = Arc::clone(&metrics);
+    let key_metrics = Arc::clone(&metrics.config);
     server.add_service(background_service(
         "key-ring-reload",
         Periodic {
@@ -420,7 +423,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
     ));
     if let Some(source) = source {
         let name = source.name();
-        let prober = Prober::new(health, sink.clone(), metrics, cfg.pod_uid.clone());
+        let prober = Prober::new(health, sink.clone(), cfg.pod_uid.clone());
         server.add_service(background_service("peer-prober", prober));
         server.add_service(background_service(name, MembershipService { source, sink }));
     }

@@ -14,10 +14,10 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::metrics::BrokerMetrics;
 use crate::counts::Counts;
 use crate::mcp::principal::Principal;
 use crate::mcp::rejection::CallScope;
-use crate::metrics::Metrics;
 use crate::retained::{Charge, Kind, Retained};
 
 /// What a call in flight costs the sidecar while its upstream exchange runs, read or not: the
@@ -65,7 +65,7 @@ pub(crate) fn admit(running: Running, n: usize, limits: CallLimits) -> Result<()
 pub(crate) struct Calls {
     limits: CallLimits,
     counts: Mutex<InFlight>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<BrokerMetrics>,
     retained: Retained,
 }
 
@@ -92,7 +92,11 @@ pub(crate) struct CallSlot {
 impl Calls {
     /// No calls yet, bounded by `limits`, counted in `metrics` and in the pod's `retained`
     /// bytes.
-    pub(crate) fn new(limits: CallLimits, metrics: Arc<Metrics>, retained: Retained) -> Arc<Self> {
+    pub(crate) fn new(
+        limits: CallLimits,
+        metrics: Arc<BrokerMetrics>,
+        retained: Retained,
+    ) -> Arc<Self> {
         Arc::new(Self {
             limits,
             counts: Mutex::new(InFlight::default()),
@@ -188,7 +192,11 @@ mod tests {
     #[test]
     fn slots_are_counted_per_session_principal_and_pod_and_given_back() {
         let retained = Retained::new(u64::MAX);
-        let calls = Calls::new(LIMITS, Arc::new(Metrics::new()), retained.clone());
+        let calls = Calls::new(
+            LIMITS,
+            Arc::new(BrokerMetrics::new(&mut Default::default())),
+            retained.clone(),
+        );
         let alice = Some(Principal([1; 16]));
         let a1 = calls.take("s1", alice, 2).unwrap();
         assert_eq!(calls.take("s1", alice, 1).unwrap_err(), CallScope::Session);

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 
 use super::Broker;
+use super::metrics::ResumeMiss;
 use super::rebuild::Rebuild;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
@@ -72,18 +73,18 @@ impl Broker {
     /// would reopen forever.
     fn resume(&self, session: &Session, cursor: &str) -> Result<Option<Reply>, Rejection> {
         let started = Instant::now();
-        let miss = |reason: &'static str, rejection: Rejection| {
+        let miss = |reason: ResumeMiss, rejection: Rejection| {
             self.metrics.resume_miss(reason);
             rejection
         };
-        let id =
-            EventId::parse(cursor).map_err(|_| miss("malformed", Rejection::MalformedCursor))?;
+        let id = EventId::parse(cursor)
+            .map_err(|_| miss(ResumeMiss::Malformed, Rejection::MalformedCursor))?;
         let stream = session
             .stream(&id.stream)
-            .ok_or_else(|| miss("unknown_stream", Rejection::UnknownCursor))?;
+            .ok_or_else(|| miss(ResumeMiss::UnknownStream, Rejection::UnknownCursor))?;
         stream.check_cursor(id.seq).map_err(|e| match e {
-            ReplayError::Ahead { .. } => miss("ahead", Rejection::UnknownCursor),
-            ReplayError::Evicted { .. } => miss("evicted", Rejection::CursorEvicted),
+            ReplayError::Ahead { .. } => miss(ResumeMiss::Ahead, Rejection::UnknownCursor),
+            ReplayError::Evicted { .. } => miss(ResumeMiss::Evicted, Rejection::CursorEvicted),
         })?;
         // At the end of an ended standalone stream (its holder handed the session off, or the
         // upstream closed it) the client goes on with the next one, from its start: the new

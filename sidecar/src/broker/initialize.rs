@@ -20,6 +20,7 @@ use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
 use super::Broker;
+use super::metrics::UpstreamFailure;
 use crate::mcp::admission::Admitted;
 use crate::mcp::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::mcp::jsonrpc::{RequestKey, response_id};
@@ -111,7 +112,8 @@ impl Broker {
             }
             None => {
                 self.abandon_upstream(upstream_id, &call.headers).await;
-                self.metrics.upstream_error("initialize_without_result");
+                self.metrics
+                    .upstream_error(UpstreamFailure::InitializeWithoutResult);
                 return Err(Rejection::UpstreamLost);
             }
         };

@@ -20,6 +20,7 @@ mod cancel;
 mod delete;
 mod get;
 mod initialize;
+pub(crate) mod metrics;
 mod post;
 mod pump;
 mod rebuild;
@@ -42,10 +43,10 @@ use bytes::Bytes;
 use http::Method;
 use tether_crds::ProtocolVersion;
 
+use crate::broker::metrics::{BrokerMetrics, UpstreamFailure};
 use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::{Body, RequestKey};
 use crate::mcp::rejection::{NotFound, Rejection, VersionMismatch};
-use crate::metrics::Metrics;
 use crate::reply::Reply;
 use crate::retained::Retained;
 use crate::session::{EnterGuard, Registry, Session};
@@ -143,7 +144,7 @@ pub(crate) struct Broker {
     minter: IdMinter,
     registry: Registry,
     upstream: Upstream,
-    metrics: Arc<Metrics>,
+    metrics: Arc<BrokerMetrics>,
     /// When the data path last enforced `--pod-retained-bytes` (at most every 50 ms).
     last_enforcement: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Whether the last enforcement left the pod over its budget: nothing it could give up
@@ -179,7 +180,7 @@ impl Broker {
         minter: IdMinter,
         upstream: Upstream,
         registry: Registry,
-        metrics: Arc<Metrics>,
+        metrics: Arc<BrokerMetrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
             tasks: tasks::Tasks::new(minter.sealer(&TASK_ID), cfg.tasks),
@@ -382,6 +383,11 @@ impl Broker {
         forwarded_request_headers(client, self.cfg().forward_origin)
     }
 
+    /// Where the broker counts, and the proxy counts what it answers itself.
+    pub(crate) fn metrics(&self) -> &BrokerMetrics {
+        &self.metrics
+    }
+
     /// The pod's byte budget (`--pod-retained-bytes`) and its tally of what sessions retain.
     pub(crate) fn retained(&self) -> &Retained {
         self.registry.retained()
@@ -551,7 +557,7 @@ impl Broker {
         {
             Ok(resp) => Some(resp.status()),
             Err(e) => {
-                self.metrics.upstream_error("delete");
+                self.metrics.upstream_error(UpstreamFailure::Delete);
                 tracing::debug!(error = %e, "upstream DELETE failed");
                 None
             }
@@ -561,7 +567,8 @@ impl Broker {
     /// Ends, in the background, an upstream session opened by a request that must not have
     /// one (a 2026-07-28 request the upstream answered with `Mcp-Session-Id`, spec S-10).
     pub(crate) fn abandon_upstream_session(self: &Arc<Self>, upstream_id: String) {
-        self.metrics.upstream_error("stateless_session_opened");
+        self.metrics
+            .upstream_error(UpstreamFailure::StatelessSessionOpened);
         self.end_upstream_later(upstream_id, http::HeaderMap::new());
     }
 

@@ -28,6 +28,7 @@ use tether_crds::ProtocolVersion;
 
 use super::Broker;
 use super::calls::CallSlot;
+use super::metrics::IdReuse;
 use super::pump::Dispatch;
 use super::rebuild::Sent;
 use crate::mcp::admission::Admitted;
@@ -146,7 +147,7 @@ impl Broker {
         drop(entered);
         match claimed {
             Dedupe::Conflict => {
-                self.metrics.request_id_reuse("refused");
+                self.metrics.request_id_reuse(IdReuse::Refused);
                 Err(Rejection::RequestIdReused)
             }
             Dedupe::SessionFull(limit) => Err(Rejection::RetryStateFull(limit)),
@@ -154,11 +155,11 @@ impl Broker {
                 self.registry.why_missing(session.digest()),
             )),
             Dedupe::Expired(id) => {
-                self.metrics.request_id_reuse("expired");
+                self.metrics.request_id_reuse(IdReuse::Expired);
                 Ok(expired_reply(&id).with_session_id(session.id()))
             }
             Dedupe::Answered(stored) => {
-                self.metrics.request_id_reuse("replayed");
+                self.metrics.request_id_reuse(IdReuse::Replayed);
                 tracing::debug!(
                     session = session.digest(),
                     "a retry gets its request's answer again"
@@ -169,7 +170,7 @@ impl Broker {
                 Ok(stored_reply(&session, stored))
             }
             Dedupe::Retry(existing) => {
-                self.metrics.request_id_reuse("joined");
+                self.metrics.request_id_reuse(IdReuse::Joined);
                 tracing::debug!(session = session.digest(), stream = %existing.key(), following = ?existing.following(), "a retry joins its request's stream");
                 if let Err(refusal) = self.revalidate(&session, &call.headers).await {
                     return Ok(refusal);
@@ -188,7 +189,7 @@ impl Broker {
             }
             verdict @ (Dedupe::New | Dedupe::Reused) => {
                 if matches!(verdict, Dedupe::Reused) {
-                    self.metrics.request_id_reuse("run");
+                    self.metrics.request_id_reuse(IdReuse::Run);
                 }
                 // A request sent now holds call slots until its exchange ends (a retry that
                 // joins it takes none); over a bound it is not sent, and a later retry is.

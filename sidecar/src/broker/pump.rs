@@ -22,6 +22,7 @@ use sse_stream::Sse;
 
 use super::Broker;
 use super::calls::CallSlot;
+use super::metrics::UpstreamFailure;
 use super::rebuild::Sent;
 use crate::mcp::headers::MCP_PROTOCOL_VERSION;
 use crate::mcp::jsonrpc::{Message, RequestKey};
@@ -283,7 +284,8 @@ impl Broker {
             }
             failures += 1;
             if failures > self.cfg().upstream_resume_attempts {
-                self.metrics.upstream_error("resume_exhausted");
+                self.metrics
+                    .upstream_error(UpstreamFailure::ResumeExhausted);
                 self.give_up(session, stream, ids);
                 return;
             }
@@ -449,7 +451,7 @@ impl Broker {
             Ok(Sent::Gone) => Resumed::SessionGone,
             Ok(Sent::Rebuilt) => Resumed::Rebuilt,
             Ok(Sent::Denied(reply)) => {
-                self.metrics.upstream_error("resume_refused");
+                self.metrics.upstream_error(UpstreamFailure::ResumeRefused);
                 tracing::debug!(status = %reply.status, "upstream refused the rebuild a stream resume needs");
                 Resumed::Failed
             }
@@ -460,12 +462,13 @@ impl Broker {
                 Resumed::Body(resp.into_body())
             }
             Ok(Sent::Answer(resp)) => {
-                self.metrics.upstream_error("resume_refused");
+                self.metrics.upstream_error(UpstreamFailure::ResumeRefused);
                 tracing::debug!(status = %resp.status(), "upstream refused a stream resume");
                 Resumed::Failed
             }
             Err(e) => {
-                self.metrics.upstream_error("resume_unavailable");
+                self.metrics
+                    .upstream_error(UpstreamFailure::ResumeUnavailable);
                 tracing::debug!(error = %e, "upstream stream resume failed");
                 Resumed::Failed
             }
@@ -553,7 +556,7 @@ impl Broker {
         let body = read_body(resp.into_body(), max_bytes, timeout)
             .await
             .map_err(|e| {
-                self.metrics.upstream_error("body");
+                self.metrics.upstream_error(UpstreamFailure::Body);
                 tracing::debug!(error = %e, "upstream body not read");
                 match e {
                     crate::upstream::BodyError::Timeout(_) => Rejection::UpstreamTimeout,
@@ -578,19 +581,19 @@ impl Broker {
         tracing::warn!(error = %e, "upstream request failed");
         match e {
             UpstreamError::Refused(_) => {
-                self.metrics.upstream_error("refused");
+                self.metrics.upstream_error(UpstreamFailure::Refused);
                 Rejection::UpstreamUnavailable
             }
             UpstreamError::Unavailable(_) => {
-                self.metrics.upstream_error("lost");
+                self.metrics.upstream_error(UpstreamFailure::Lost);
                 Rejection::UpstreamLost
             }
             UpstreamError::Timeout(_) => {
-                self.metrics.upstream_error("timeout");
+                self.metrics.upstream_error(UpstreamFailure::Timeout);
                 Rejection::UpstreamTimeout
             }
             UpstreamError::NotReady => {
-                self.metrics.upstream_error("not_ready");
+                self.metrics.upstream_error(UpstreamFailure::NotReady);
                 Rejection::UpstreamNotReady
             }
         }

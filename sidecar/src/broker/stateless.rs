@@ -30,6 +30,7 @@ use http_body_util::BodyDataStream;
 use tokio::sync::watch;
 
 use super::Broker;
+use super::metrics::UpstreamFailure;
 use crate::mcp::headers::{MCP_SESSION_ID, forward_response_header};
 use crate::mcp::jsonrpc::RequestKey;
 use crate::mcp::methods::LISTEN;
@@ -111,7 +112,7 @@ impl Broker {
                     (cfg.max_upstream_body_bytes, cfg.upstream_body_timeout)
                 };
                 let json = read_body(body, max_bytes, within).await.map_err(|e| {
-                    self.metrics.upstream_error("body");
+                    self.metrics.upstream_error(UpstreamFailure::Body);
                     match e {
                         BodyError::Timeout(_) => Rejection::UpstreamTimeout,
                         _ => Rejection::UpstreamLost,

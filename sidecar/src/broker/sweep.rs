@@ -53,8 +53,7 @@ impl Broker {
             retained.unsent(),
         );
         for kind in Kind::ALL {
-            self.metrics
-                .retained(kind.label(), self.retained().bytes(kind));
+            self.metrics.retained(kind, self.retained().bytes(kind));
         }
         self.open_tasks();
     }

@@ -26,6 +26,7 @@ use tether_crds::{AuthBinding, Migration, ProtocolVersion};
 use tokio::sync::watch;
 
 use super::{Broker, BrokerConfig, CallLimits, TaskLimits};
+use crate::broker::metrics::BrokerMetrics;
 use crate::keys::KeyRing;
 use crate::mcp::admission::{Admission, AdmissionPolicy};
 use crate::mcp::cursor::EventId;
@@ -34,7 +35,6 @@ use crate::mcp::home::HomeToken;
 use crate::mcp::jsonrpc::{Body, EnvelopeLimits};
 use crate::mcp::origin::OriginPolicy;
 use crate::mcp::session_id::IdMinter;
-use crate::metrics::Metrics;
 use crate::reply::{Reply, ReplyBody};
 use crate::retained::Retained;
 use crate::session::{Registry, RetryWindow};
@@ -247,7 +247,13 @@ fn broker(upstream: SocketAddr) -> Arc<Broker> {
         KeyRing::from_bytes(b"tether-broker-test-key".to_vec()),
         HomeToken::for_pod("pod-a"),
     );
-    Broker::new(cfg, minter, upstream, registry, Arc::new(Metrics::new()))
+    Broker::new(
+        cfg,
+        minter,
+        upstream,
+        registry,
+        Arc::new(BrokerMetrics::new(&mut Default::default())),
+    )
 }
 
 /// A broker in front of a [`FakeMcp`], and the admission its requests pass.

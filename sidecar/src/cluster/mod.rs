@@ -3,6 +3,7 @@
 //! [`peer_health`] (`docs/design/routing.md`).
 
 pub(crate) mod membership;
+pub(crate) mod metrics;
 pub(crate) mod peer_health;
 pub(crate) mod ring;
 pub(crate) mod routing;

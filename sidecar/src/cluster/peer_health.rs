@@ -32,7 +32,6 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::cluster::membership::MembershipSink;
-use crate::metrics::Metrics;
 use crate::peer::PROBE_PATH;
 
 /// How long a failed peer is skipped after its last failure.
@@ -44,12 +43,22 @@ pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Consecutive failed probes that mark a peer down.
 pub(crate) const FAILURES_TO_MARK_DOWN: u32 = 2;
 /// Why a peer is down.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::VariantArray)]
 pub(crate) enum Down {
     /// Its address refuses connections: no sidecar runs there any more.
     Refused,
     /// It accepts connections (or drops them) but does not answer in time.
     Unresponsive,
+}
+
+impl Down {
+    /// The `reason` label of `tether_peers_down`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Refused => "refused",
+            Self::Unresponsive => "unresponsive",
+        }
+    }
 }
 
 /// Peers currently considered down, by UID, with the cause and the instant the mark expires.
@@ -103,7 +112,6 @@ impl PeerHealth {
 pub(crate) struct Prober {
     health: Arc<PeerHealth>,
     sink: MembershipSink,
-    metrics: Arc<Metrics>,
     own_uid: String,
     client: Client<HttpConnector, Empty<Bytes>>,
     /// Time between rounds ([`PROBE_INTERVAL`]).
@@ -113,21 +121,15 @@ pub(crate) struct Prober {
 }
 
 impl Prober {
-    /// A prober of the peers in `sink` (all but `own_uid`); `tether_peers_down` goes to
-    /// `metrics`.
-    pub(crate) fn new(
-        health: Arc<PeerHealth>,
-        sink: MembershipSink,
-        metrics: Arc<Metrics>,
-        own_uid: String,
-    ) -> Self {
+    /// A prober of the peers in `sink` (all but `own_uid`); `tether_peers_down` goes to the
+    /// sink's metrics.
+    pub(crate) fn new(health: Arc<PeerHealth>, sink: MembershipSink, own_uid: String) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(PROBE_TIMEOUT));
         connector.set_nodelay(true);
         Self {
             health,
             sink,
-            metrics,
             own_uid,
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))
@@ -211,11 +213,7 @@ impl BackgroundService for Prober {
                 }
             }
             for (cause, n) in down {
-                let reason = match cause {
-                    Down::Refused => "refused",
-                    Down::Unresponsive => "unresponsive",
-                };
-                self.metrics.peers_down(reason, n);
+                self.sink.metrics().peers_down(cause, n);
             }
         }
     }
@@ -290,7 +288,6 @@ mod tests {
             }
         });
         let health = PeerHealth::new();
-        let metrics = Arc::new(crate::metrics::Metrics::new());
         let peer = |uid: &str, port: u16| Peer {
             uid: uid.into(),
             name: uid.into(),
@@ -308,12 +305,12 @@ mod tests {
                 Snapshot {
                     peers: vec![peer(uid, port)],
                 },
-                Arc::clone(&metrics),
+                Arc::default(),
             );
             // Shorter clocks than in production, in the same proportions.
             let (interval, timeout) = (Duration::from_millis(50), Duration::from_millis(250));
-            let prober = Prober::new(Arc::clone(&health), sink, Arc::clone(&metrics), "me".into())
-                .with_timing(interval, timeout);
+            let prober =
+                Prober::new(Arc::clone(&health), sink, "me".into()).with_timing(interval, timeout);
             let (stop, shutdown) = tokio::sync::watch::channel(false);
             let task = tokio::spawn(async move { prober.start(shutdown).await });
             tokio::time::sleep((interval + timeout) * (FAILURES_TO_MARK_DOWN + 1)).await;

@@ -19,7 +19,7 @@ pub(crate) use crate::peer::hop::{Hop, MAX_HOPS, MAX_WALK_HOPS};
 pub(crate) const DEFAULT_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Why a request is forwarded (the `kind` label of `tether_forwards_total`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::VariantArray)]
 pub(crate) enum ForwardKind {
     /// To the session's live home, or to the pod a task id names.
     Home,

@@ -2,6 +2,7 @@
 //! start-up. Anything wrong is a [`ConfigError`] naming the manifest field or the flag.
 
 pub(crate) mod cli;
+pub(crate) mod metrics;
 pub(crate) mod reload;
 
 use std::net::SocketAddr;
@@ -11,6 +12,7 @@ use tether_crds::{McpEndpointSpec, PodSettings, ProtocolVersion, load_manifest, 
 
 use std::sync::Arc;
 
+use crate::broker::metrics::BrokerMetrics;
 use crate::broker::{Broker, BrokerConfig};
 use crate::cluster::membership::Snapshot;
 use crate::cluster::membership::peers_file::{self, valid_uid};
@@ -22,7 +24,6 @@ use crate::mcp::home::HomeToken;
 use crate::mcp::jsonrpc::EnvelopeLimits;
 use crate::mcp::origin::OriginPolicy;
 use crate::mcp::session_id::IdMinter;
-use crate::metrics::Metrics;
 use crate::retained::Retained;
 use crate::session::Registry;
 use crate::stream::buffer::BufferLimits;
@@ -197,7 +198,7 @@ impl Config {
 
     /// The pod's broker: its settings, session ids minted for this pod, its client of the
     /// upstream, its registry within the pod's bounds, and the pod's metrics.
-    pub(crate) fn broker_of(&self, upstream: Upstream, metrics: Arc<Metrics>) -> Arc<Broker> {
+    pub(crate) fn broker_of(&self, upstream: Upstream, metrics: Arc<BrokerMetrics>) -> Arc<Broker> {
         Broker::new(
             self.broker.clone(),
             IdMinter::new(self.keys.clone(), HomeToken::for_pod(&self.pod_uid)),

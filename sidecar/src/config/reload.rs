@@ -27,8 +27,8 @@ use tether_crds::{McpEndpointSpec, parse_manifest};
 
 use crate::broker::{Broker, BrokerConfig};
 use crate::config::ConfigSource;
+use crate::config::metrics::{ConfigMetrics, ConfigReload};
 use crate::mcp::admission::AdmissionPolicy;
-use crate::metrics::Metrics;
 
 /// What one check of the endpoint file found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,12 +51,12 @@ pub(crate) enum Reload {
 
 impl Reload {
     /// The `result` label of `tether_config_reloads_total` (`None`: nothing to count).
-    fn result(&self) -> Option<&'static str> {
+    fn result(&self) -> Option<ConfigReload> {
         match self {
             Reload::Unchanged => None,
-            Reload::Applied { .. } => Some("applied"),
-            Reload::Invalid(_) => Some("invalid"),
-            Reload::Unreadable(_) => Some("unreadable"),
+            Reload::Applied { .. } => Some(ConfigReload::Applied),
+            Reload::Invalid(_) => Some(ConfigReload::Invalid),
+            Reload::Unreadable(_) => Some(ConfigReload::Unreadable),
         }
     }
 }
@@ -75,7 +75,7 @@ pub(crate) struct Reloader {
     source: ConfigSource,
     admission: Arc<ArcSwap<AdmissionPolicy>>,
     broker: Arc<Broker>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ConfigMetrics>,
     state: Mutex<State>,
 }
 
@@ -86,7 +86,7 @@ impl Reloader {
         source: ConfigSource,
         admission: Arc<ArcSwap<AdmissionPolicy>>,
         broker: Arc<Broker>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ConfigMetrics>,
     ) -> Self {
         let newest = source.started_with.clone();
         Self {
@@ -170,6 +170,7 @@ mod tests {
     use super::*;
     use crate::config::{Config, test_cli};
     use crate::mcp::origin::OriginCheck;
+    use crate::metrics::Metrics;
 
     const HEAD: &str = "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: weather}\nspec:\n  targetRef: {kind: Deployment, name: weather}\n";
 
@@ -189,15 +190,15 @@ mod tests {
         let file = dir.path().join("endpoint.yaml");
         write(&file, "  origins: {allow: [\"https://a.example\"]}\n");
         let cfg = Config::load(&test_cli(dir.path(), &[])).unwrap();
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Metrics::new();
         let upstream = cfg.upstream_client();
-        let broker = cfg.broker_of(upstream, Arc::clone(&metrics));
+        let broker = cfg.broker_of(upstream, Arc::clone(&metrics.broker));
         let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));
         let reloader = Reloader::new(
             cfg.source.clone(),
             Arc::clone(&admission),
             broker.clone(),
-            metrics,
+            Arc::clone(&metrics.config),
         );
 
         // The file as the sidecar started with it.

@@ -6,20 +6,24 @@
 
 use std::sync::Arc;
 
+use prometheus_client::registry::Registry;
+
 use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
 use super::Handoff;
+use super::metrics::HandoffMetrics;
 use crate::broker::Broker;
+use crate::broker::metrics::BrokerMetrics;
 use crate::cluster::membership::fixtures::peer;
 use crate::cluster::membership::{MembershipSink, PeerState, Snapshot};
+use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::peer_health::PeerHealth;
 use crate::cluster::routing::Router;
 use crate::config::{Config, test_cli};
 use crate::lifecycle::Lifecycle;
 use crate::mcp::home::HomeToken;
 use crate::mcp::session_id::IdMinter;
-use crate::metrics::Metrics;
 use crate::peer::client::PeerLink;
 use crate::session::Session;
 use crate::session::journal::Journal;
@@ -32,7 +36,9 @@ pub(crate) const ENDPOINT: &str = "apiVersion: mcp.tether.dev/v1alpha1\nkind: Mc
 /// Pod `pod-a` of three routable pods.
 pub(crate) struct Pod {
     pub(crate) cfg: Config,
-    pub(crate) metrics: Arc<Metrics>,
+    /// Where the pod's metrics (broker, membership, handoff) are registered; a test registers
+    /// the parts of the layer it drives here too, before it shares the pod.
+    pub(crate) registry: Registry,
     pub(crate) broker: Arc<Broker>,
     /// The membership view the router reads; a test publishes another to change it.
     pub(crate) sink: MembershipSink,
@@ -50,15 +56,18 @@ impl Pod {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("endpoint.yaml"), endpoint).unwrap();
         let cfg = Config::load(&test_cli(dir.path(), args)).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let broker = cfg.broker_of(cfg.upstream_client(), Arc::clone(&metrics));
+        let mut registry = Registry::with_prefix("tether");
+        let broker = cfg.broker_of(
+            cfg.upstream_client(),
+            Arc::new(BrokerMetrics::new(&mut registry)),
+        );
         let snapshot = Snapshot {
             peers: ["pod-a", "pod-b", "pod-c"]
                 .iter()
                 .map(|uid| peer(uid, PeerState::Routable))
                 .collect(),
         };
-        let sink = MembershipSink::new(snapshot, Arc::clone(&metrics));
+        let sink = MembershipSink::new(snapshot, Arc::new(ClusterMetrics::new(&mut registry)));
         let router = Router::new(
             sink.clone(),
             PeerHealth::new(),
@@ -72,7 +81,7 @@ impl Pod {
             Arc::clone(&broker),
             router.clone(),
             Arc::clone(&lifecycle),
-            Arc::clone(&metrics),
+            Arc::new(HandoffMetrics::new(&mut registry)),
             peers,
             cfg.peer_addr.port(),
             cfg.peer_max_message_bytes,
@@ -82,7 +91,7 @@ impl Pod {
         );
         Self {
             cfg,
-            metrics,
+            registry,
             broker,
             sink,
             router,
@@ -90,6 +99,13 @@ impl Pod {
             handoff,
             _dir: dir,
         }
+    }
+
+    /// The pod's metrics in the Prometheus text format.
+    pub(crate) fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        text
     }
 
     /// A new session held here, its id minted for home `home` (its MAC is genuine),

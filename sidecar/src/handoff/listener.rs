@@ -28,14 +28,14 @@ use pingora::protocols::http::ServerSession;
 use tokio::sync::Semaphore;
 
 use super::adopt::{self, AdoptError};
+use super::metrics::HandoffMetrics;
 use crate::broker::Broker;
 use crate::cluster::membership::View;
 use crate::cluster::membership::reports::{self, Reports};
 use crate::cluster::routing::Router;
 use crate::keys::KeyRing;
 use crate::lifecycle::Lifecycle;
-use crate::metrics::Metrics;
-use crate::peer::auth::{self, BodyCheck, Claim, TETHER_PEER_ACK, TETHER_PEER_TIME};
+use crate::peer::auth::{self, AuthFailure, BodyCheck, Claim, TETHER_PEER_ACK, TETHER_PEER_TIME};
 use crate::peer::nonces::{MAX_NONCES, NonceError, Nonces};
 use crate::peer::wire::{About, CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPush};
 use crate::peer::{ABOUT_PATH, CANCEL_PATH, HELD_PATH, SESSIONS_PATH, TAIL_PATH};
@@ -78,7 +78,7 @@ impl Kind {
 pub(crate) struct PeerListener {
     broker: Arc<Broker>,
     lifecycle: Arc<Lifecycle>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<HandoffMetrics>,
     keys: KeyRing,
     uid: String,
     max_message_bytes: usize,
@@ -96,7 +96,7 @@ impl PeerListener {
     pub(crate) fn new(
         broker: Arc<Broker>,
         lifecycle: Arc<Lifecycle>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<HandoffMetrics>,
         keys: KeyRing,
         uid: String,
         max_message_bytes: usize,
@@ -164,7 +164,7 @@ impl PeerListener {
             self.max_message_bytes,
         )
         .map_err(|refused| {
-            self.metrics.peer_auth_failure(refused.reason());
+            self.metrics.peer_auth_failure(refused.failure());
             let mut reply = error(refused.status(), refused.reason(), &refused.to_string());
             if matches!(refused, auth::Refused::Skew(_)) {
                 reply
@@ -179,7 +179,7 @@ impl PeerListener {
                 Ok(claim)
             }
             Err(NonceError::Replayed) => {
-                self.metrics.peer_auth_failure("replayed");
+                self.metrics.peer_auth_failure(AuthFailure::Replayed);
                 let mut reply = error(StatusCode::CONFLICT, "replayed", "message seen before");
                 reply.headers.insert(
                     TETHER_PEER_ACK,
@@ -224,7 +224,7 @@ impl PeerListener {
             }
         };
         if !check.matches() {
-            self.metrics.peer_auth_failure("digest_mismatch");
+            self.metrics.peer_auth_failure(AuthFailure::DigestMismatch);
             session.set_keepalive(None);
             return refusal((
                 StatusCode::BAD_REQUEST,

@@ -14,6 +14,7 @@ mod follow;
 pub(crate) mod fuzzing;
 mod image;
 pub(crate) mod listener;
+pub(crate) mod metrics;
 #[cfg(test)]
 mod tests;
 
@@ -31,9 +32,9 @@ use crate::broker::{Broker, CancelRelay, Here};
 use crate::cluster::membership::{Peer, PeerState};
 use crate::cluster::peer_health::Down;
 use crate::cluster::routing::Router;
+use crate::handoff::metrics::{HandoffFailure, HandoffMetrics};
 use crate::lifecycle::Lifecycle;
 use crate::mcp::jsonrpc::RequestKey;
-use crate::metrics::Metrics;
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::wire::{CancelPush, Credentials, HeldAnswer, HeldQuery, SessionPush};
 use crate::peer::{CANCEL_PATH, HELD_PATH, SESSIONS_PATH};
@@ -158,7 +159,7 @@ pub(crate) struct Handoff {
     broker: Arc<Broker>,
     router: Router,
     lifecycle: Arc<Lifecycle>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<HandoffMetrics>,
     client: Arc<dyn PeerLink>,
     peer_port: u16,
     max_message_bytes: usize,
@@ -184,7 +185,7 @@ impl Handoff {
         broker: Arc<Broker>,
         router: Router,
         lifecycle: Arc<Lifecycle>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<HandoffMetrics>,
         client: Arc<dyn PeerLink>,
         peer_port: u16,
         max_message_bytes: usize,
@@ -265,12 +266,12 @@ impl Handoff {
     ) -> Result<String, MoveError> {
         let candidates = self.candidates(session.id());
         if candidates.is_empty() {
-            self.metrics.handoff_failed("no_target");
+            self.metrics.handoff_failed(HandoffFailure::NoTarget);
             return Err(MoveError::NoTarget);
         }
         let _slot = self.moves.acquire().await;
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            self.metrics.handoff_failed("deadline");
+            self.metrics.handoff_failed(HandoffFailure::Deadline);
             return Err(MoveError::Deadline);
         }
         // Dropped on every path that does not end in an acknowledgement: the session is then
@@ -314,7 +315,7 @@ impl Handoff {
                 }
                 Err(MoveError::Superseded) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, "a peer holds the session at a later epoch; the copy here is dropped");
-                    self.metrics.handoff_failed("superseded");
+                    self.metrics.handoff_failed(HandoffFailure::Superseded);
                     transfer.moved(target.uid.clone());
                     self.broker.mark_moved(&session, &target.uid);
                     self.broker.release_departed(&session, None).await;
@@ -322,12 +323,12 @@ impl Handoff {
                 }
                 Err(MoveError::Failed(e)) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, error = %e, "handoff to peer failed");
-                    self.metrics.handoff_failed(e.label());
+                    self.metrics.handoff_failed(HandoffFailure::from(&e));
                     last = Some(e);
                 }
                 Err(e) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, error = %e, "handoff to peer in doubt; the session stays here");
-                    self.metrics.handoff_failed("in_doubt");
+                    self.metrics.handoff_failed(HandoffFailure::InDoubt);
                     return Err(e);
                 }
             }
@@ -453,7 +454,7 @@ impl Handoff {
                 }
                 Followed::HolderLost => {
                     tracing::warn!(session = session.digest(), peer = %target.name, "the new holder left or lost the session; pushing it again");
-                    handoff.metrics.handoff_failed("holder_lost");
+                    handoff.metrics.handoff_failed(HandoffFailure::HolderLost);
                     handoff.push_again(session.id(), &target.uid).await;
                 }
                 Followed::Ended => {
@@ -465,7 +466,7 @@ impl Handoff {
                     // Its calls still run here: the upstream session stays until the pod
                     // stops (the drain's cut ends what is left).
                     tracing::warn!(session = session.digest(), peer = %target.name, "tail forwarding stopped");
-                    handoff.metrics.handoff_failed("tail");
+                    handoff.metrics.handoff_failed(HandoffFailure::Tail);
                 }
                 Followed::Reclaimed => {}
             }
@@ -586,7 +587,7 @@ impl Handoff {
                 session = session.digest(),
                 "the pod a session was handed to left; pushing it again"
             );
-            self.metrics.handoff_failed("holder_lost");
+            self.metrics.handoff_failed(HandoffFailure::HolderLost);
             let h = Arc::clone(self);
             tokio::spawn(async move { h.push_again(session.id(), &lost).await });
         }

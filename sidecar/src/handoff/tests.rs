@@ -11,20 +11,22 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tether_crds::ProtocolVersion;
 
+use super::metrics::HandoffMetrics;
 use super::{Handoff, MoveError};
+use crate::broker::metrics::BrokerMetrics;
 use crate::broker::{Broker, Here};
 use crate::cluster::membership::fixtures::peer;
-use crate::cluster::membership::{MembershipSink, PeerState, Snapshot};
+use crate::cluster::membership::{MembershipSink, PeerState, Snapshot, Source};
 use crate::cluster::peer_health::PeerHealth;
 use crate::cluster::routing::Router;
 use crate::config::{Config, test_cli};
 use crate::lifecycle::Lifecycle;
 use crate::mcp::home::HomeToken;
 use crate::mcp::session_id::IdMinter;
-use crate::metrics::Metrics;
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::wire::{HeldAnswer, HeldQuery, SessionPush};
 use crate::peer::{HELD_PATH, SESSIONS_PATH};
@@ -130,7 +132,8 @@ struct Pod {
     broker: Arc<Broker>,
     lifecycle: Arc<Lifecycle>,
     sink: MembershipSink,
-    metrics: Arc<Metrics>,
+    /// Where the handoff's metrics are registered.
+    metrics: Registry,
     peers: Arc<Peers>,
     session: Arc<Session>,
     _dir: tempfile::TempDir,
@@ -146,16 +149,16 @@ impl Pod {
         )
         .unwrap();
         let cfg = Config::load(&test_cli(dir.path(), &[])).unwrap();
-        let metrics = Arc::new(Metrics::new());
+        let mut metrics = Registry::with_prefix("tether");
         let upstream = cfg.upstream_client();
-        let broker = cfg.broker_of(upstream, Arc::clone(&metrics));
+        let broker = cfg.broker_of(upstream, Arc::new(BrokerMetrics::new(&mut metrics)));
         let snapshot = Snapshot {
             peers: ["pod-a", "pod-b", "pod-c"]
                 .iter()
                 .map(|uid| peer(uid, PeerState::Routable))
                 .collect(),
         };
-        let sink = MembershipSink::new(snapshot, Arc::clone(&metrics));
+        let sink = MembershipSink::new(snapshot, Arc::default());
         let router = Router::new(
             sink.clone(),
             PeerHealth::new(),
@@ -169,7 +172,7 @@ impl Pod {
             Arc::clone(&broker),
             router,
             Arc::clone(&lifecycle),
-            Arc::clone(&metrics),
+            Arc::new(HandoffMetrics::new(&mut metrics)),
             Arc::clone(&peers) as Arc<dyn PeerLink>,
             cfg.peer_addr.port(),
             cfg.peer_max_message_bytes,
@@ -229,9 +232,9 @@ impl Pod {
 
     /// `tether_handoffs_failed_total` by reason.
     fn failed(&self) -> Vec<String> {
-        self.metrics
-            .encode()
-            .lines()
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.metrics).unwrap();
+        text.lines()
             .filter(|l| l.starts_with("tether_handoffs_failed_total{"))
             .map(str::to_owned)
             .collect()
@@ -441,7 +444,7 @@ async fn a_session_whose_new_holder_left_is_pushed_again_from_the_copy_kept_here
             .map(|uid| peer(uid, PeerState::Routable))
             .collect(),
     };
-    assert!(pod.sink.publish("test", without));
+    assert!(pod.sink.publish(Source::Kubernetes, without));
     pod.handoff.rebalance().await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(pod.peers.pushes(), [(first, 1), (second.clone(), 2)]);

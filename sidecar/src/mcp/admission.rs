@@ -30,7 +30,7 @@ use crate::mcp::rejection::{Rejection, VersionMismatch};
 pub(crate) const MAX_SESSION_ID_LEN: usize = 256;
 
 /// The protocol family of a request (`docs/design/architecture.md#vocabulary`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::VariantArray)]
 pub(crate) enum Era {
     /// 2025-03-26, 2025-06-18, 2025-11-25: sessions, resumable streams.
     Sessionful,

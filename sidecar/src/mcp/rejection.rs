@@ -38,7 +38,7 @@ pub(crate) enum CallScope {
 
 /// Why a session id is answered 404 (spec S-05); the `reason` label of
 /// `tether_not_found_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::VariantArray)]
 pub(crate) enum NotFound {
     /// The id fails the MAC: forged, or minted for another endpoint.
     Forged,

@@ -38,8 +38,8 @@ use crate::broker::Broker;
 use crate::cluster::routing::Router;
 use crate::keys::{KeyRing, Role};
 use crate::lifecycle::Lifecycle;
-use crate::metrics::Metrics;
 use crate::ops::drain::{Drain, DrainOutcome};
+use crate::ops::metrics::{AdminRefusal, OpsMetrics};
 use crate::upstream::Upstream;
 
 /// How long `/readyz` waits for a TCP connection to the upstream.
@@ -47,6 +47,12 @@ pub(crate) const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Added to `spec.drain.timeout` to bound a `/drained` wait: the errors of requests cut at the
 /// deadline are flushed after it.
 pub(crate) const DRAINED_MARGIN: Duration = Duration::from_secs(2);
+
+/// What `GET /metrics` serves: the pod's metrics, assembled above this layer.
+pub(crate) trait Exposition: Send + Sync {
+    /// The metrics in the Prometheus text format.
+    fn encode(&self) -> String;
+}
 
 /// The admin HTTP application.
 pub(crate) struct Admin {
@@ -57,7 +63,8 @@ pub(crate) struct Admin {
     listening: AtomicBool,
     drain: Arc<Drain>,
     lifecycle: Arc<Lifecycle>,
-    metrics: Arc<Metrics>,
+    exposition: Arc<dyn Exposition>,
+    metrics: Arc<OpsMetrics>,
     keys: KeyRing,
     broker: Arc<Broker>,
     router: Router,
@@ -65,16 +72,17 @@ pub(crate) struct Admin {
 
 impl Admin {
     /// Admin endpoints of a pod whose MCP server is `upstream` and whose MCP listener is
-    /// `listener`, draining with `drain`, ready unless `lifecycle` drains, serving `metrics`,
-    /// reporting the key ring `keys` and the sessions of `broker`, ready once `router`'s
-    /// membership is known.
+    /// `listener`, draining with `drain`, ready unless `lifecycle` drains, serving `exposition`
+    /// (counting its refusals in `metrics`), reporting the key ring `keys` and the sessions of
+    /// `broker`, ready once `router`'s membership is known.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         upstream: Upstream,
         listener: SocketAddr,
         drain: Arc<Drain>,
         lifecycle: Arc<Lifecycle>,
-        metrics: Arc<Metrics>,
+        exposition: Arc<dyn Exposition>,
+        metrics: Arc<OpsMetrics>,
         keys: KeyRing,
         broker: Arc<Broker>,
         router: Router,
@@ -85,6 +93,7 @@ impl Admin {
             listening: AtomicBool::new(false),
             drain,
             lifecycle,
+            exposition,
             metrics,
             keys,
             broker,
@@ -202,7 +211,7 @@ impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let req = session.req_header();
         if req.uri.path() == "/drain" {
-            self.metrics.admin_refused("drain_not_local");
+            self.metrics.admin_refused(AdminRefusal::DrainNotLocal);
             return text(
                 StatusCode::FORBIDDEN,
                 "text/plain",
@@ -245,7 +254,7 @@ impl ServeHttp for Admin {
             "/metrics" => text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                self.metrics.encode(),
+                self.exposition.encode(),
             ),
             _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
         }

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::broker::Broker;
 use crate::handoff::Handoff;
 use crate::lifecycle::Lifecycle;
-use crate::metrics::Metrics;
+use crate::ops::metrics::OpsMetrics;
 
 /// How often a drain looks again at what it waits for, woken or not.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -64,7 +64,7 @@ pub(crate) struct Drain {
     broker: Arc<Broker>,
     handoff: Arc<Handoff>,
     lifecycle: Arc<Lifecycle>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<OpsMetrics>,
     deadline: Duration,
     outcome: OnceCell<DrainOutcome>,
     /// When the drain began, on tokio's clock (the system's, but paused in tests).
@@ -81,7 +81,7 @@ impl Drain {
         broker: Arc<Broker>,
         handoff: Arc<Handoff>,
         lifecycle: Arc<Lifecycle>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<OpsMetrics>,
         deadline: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {

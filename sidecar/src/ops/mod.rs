@@ -5,4 +5,5 @@
 pub(crate) mod admin;
 pub(crate) mod control;
 pub(crate) mod drain;
+pub(crate) mod metrics;
 pub(crate) mod shutdown;

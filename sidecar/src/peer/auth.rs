@@ -182,14 +182,60 @@ impl Refused {
         }
     }
 
+    /// Why the message was refused, as counted in `tether_peer_auth_failures_total{reason}`.
+    pub(crate) fn failure(&self) -> AuthFailure {
+        match self {
+            Self::Header(_) => AuthFailure::Header,
+            Self::Mac => AuthFailure::Mac,
+            Self::Misaddressed => AuthFailure::Misaddressed,
+            Self::Skew(_) => AuthFailure::Skew,
+            Self::TooLarge(_) => AuthFailure::MessageTooLarge,
+        }
+    }
+
     /// The reason label (answer body and `tether_peer_auth_failures_total{reason}`).
     pub(crate) fn reason(&self) -> &'static str {
+        self.failure().label()
+    }
+}
+
+/// Why a peer message or connection was refused before anything was spent on it
+/// (`tether_peer_auth_failures_total{reason}`): a [`Refused`] head, or what the listeners find.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::VariantArray)]
+pub(crate) enum AuthFailure {
+    /// A missing or malformed header.
+    Header,
+    /// The key is not in the ring, or the MAC does not verify.
+    Mac,
+    /// The message is for another pod.
+    Misaddressed,
+    /// The message time is too far from this pod's clock.
+    Skew,
+    /// The announced length is over the limit.
+    MessageTooLarge,
+    /// A nonce seen within the time window.
+    Replayed,
+    /// The body does not match the digest its head announced.
+    DigestMismatch,
+    /// The TLS handshake failed or took too long.
+    Tls,
+    /// A connection that did not start a TLS handshake on a TLS peer port.
+    Plaintext,
+}
+
+impl AuthFailure {
+    /// The `reason` label.
+    pub(crate) fn label(self) -> &'static str {
         match self {
-            Self::Header(_) => "header",
+            Self::Header => "header",
             Self::Mac => "mac",
             Self::Misaddressed => "misaddressed",
-            Self::Skew(_) => "skew",
-            Self::TooLarge(_) => "message_too_large",
+            Self::Skew => "skew",
+            Self::MessageTooLarge => "message_too_large",
+            Self::Replayed => "replayed",
+            Self::DigestMismatch => "digest_mismatch",
+            Self::Tls => "tls",
+            Self::Plaintext => "plaintext",
         }
     }
 }

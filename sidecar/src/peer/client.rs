@@ -85,15 +85,6 @@ impl SendError {
             _ => false,
         }
     }
-
-    /// Metric label.
-    pub(crate) fn label(&self) -> &'static str {
-        match self {
-            Self::Unreachable(_) | Self::Lost(_) => "unreachable",
-            Self::Refused { .. } => "refused",
-            Self::Unacknowledged(_) => "unacknowledged",
-        }
-    }
 }
 
 /// How the mover and the tail follower reach a peer: [`PeerClient`] in production, a scripted

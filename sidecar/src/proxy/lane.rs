@@ -51,10 +51,10 @@ use crate::mcp::mrtr;
 use crate::mcp::origin::OriginCheck;
 use crate::mcp::rejection::{NotFound, Rejection};
 use crate::mcp::tasks::{Revision, names_task};
-use crate::metrics::Metrics;
 use crate::peer::auth::now_ms;
 use crate::peer::hop::Accept;
 use crate::peer::{PROBE_PATH, is_peer_path};
+use crate::proxy::metrics::{MrtrRetry, ProxyMetrics};
 use crate::session::{EnterGuard, Entry};
 
 /// What the pingora callbacks do with a request.
@@ -153,7 +153,7 @@ pub(crate) struct Lanes<'a> {
     pub(crate) handoff: &'a Arc<Handoff>,
     /// Requests and multi round-trip retries are counted here (refusals by whoever answers
     /// them).
-    pub(crate) metrics: &'a Metrics,
+    pub(crate) metrics: &'a ProxyMetrics,
     /// How long a request body may take to arrive (slow clients get 408).
     pub(crate) body_timeout: Duration,
 }
@@ -234,7 +234,7 @@ impl Lanes<'_> {
                 forwarding.at_most_once =
                     admitted.era == Era::Stateless && admitted.method == Method::POST;
                 if issuer.is_some() {
-                    self.metrics.mrtr_retry("forwarded");
+                    self.metrics.mrtr_retry(MrtrRetry::Forwarded);
                 }
                 return Lane::Forward(*forwarding);
             }
@@ -246,13 +246,13 @@ impl Lanes<'_> {
         self.metrics.request(&admitted.method, admitted.era);
         if admitted.era == Era::Stateless {
             if let Some(v) = admitted.version {
-                self.metrics.protocol_version(v);
+                self.broker.metrics().protocol_version(v);
             }
             if let Some(issuer) = issuer {
                 let outcome = match (issuer == self.router.me(false).home, too_large) {
-                    (true, _) => "served_by_issuer",
-                    (false, true) => "too_large",
-                    (false, false) => "issuer_gone",
+                    (true, _) => MrtrRetry::ServedByIssuer,
+                    (false, true) => MrtrRetry::TooLarge,
+                    (false, false) => MrtrRetry::IssuerGone,
                 };
                 self.metrics.mrtr_retry(outcome);
             }

@@ -42,11 +42,13 @@ use pingora::server::ShutdownWatch;
 use tokio::time::Instant;
 
 use super::connection::{Connection, Port};
+use super::metrics::{ListenerName, ProxyMetrics};
 use super::slots::{Full, Slot, SlotLimits, Slots, Taken};
 use super::watched::Watched;
 use super::{PEER_STREAM_WINDOW, peer_connection_window};
+use crate::handoff::metrics::HandoffMetrics;
 use crate::keys::KeyRing;
-use crate::metrics::Metrics;
+use crate::peer::auth::AuthFailure;
 
 /// The first byte of a TLS handshake record.
 const TLS_HANDSHAKE: u8 = 0x16;
@@ -66,6 +68,8 @@ pub(crate) enum Listening {
         tls: bool,
         /// Most requests at once on one HTTP/2 connection (`--peer-max-streams`).
         max_streams: u32,
+        /// Where connections refused before a request are counted (TLS, plaintext).
+        refusals: Arc<HandoffMetrics>,
     },
 }
 
@@ -85,11 +89,11 @@ pub(crate) struct ConnectionLimits {
 
 impl Listening {
     /// The value of the `listener` label of the connection metrics.
-    fn name(&self) -> &'static str {
+    fn name(&self) -> ListenerName {
         match self {
-            Listening::Mcp => "mcp",
-            Listening::Admin => "admin",
-            Listening::Peer { .. } => "peer",
+            Listening::Mcp => ListenerName::Mcp,
+            Listening::Admin => ListenerName::Admin,
+            Listening::Peer { .. } => ListenerName::Peer,
         }
     }
 }
@@ -97,13 +101,13 @@ impl Listening {
 /// An open connection: counted in `tether_client_connections` (or `tether_peer_connections`,
 /// `tether_admin_connections`) until dropped.
 struct Open {
-    metrics: Arc<Metrics>,
-    listener: &'static str,
+    metrics: Arc<ProxyMetrics>,
+    listener: ListenerName,
     _slot: Slot,
 }
 
 impl Open {
-    fn new(metrics: &Arc<Metrics>, listener: &'static str, slot: Slot) -> Self {
+    fn new(metrics: &Arc<ProxyMetrics>, listener: ListenerName, slot: Slot) -> Self {
         metrics.connection(listener, true);
         Self {
             metrics: Arc::clone(metrics),
@@ -125,7 +129,7 @@ pub(crate) struct Listener<A> {
     app: Arc<A>,
     slots: Arc<Slots>,
     header_timeout: Duration,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ProxyMetrics>,
     listening: Listening,
 }
 
@@ -134,7 +138,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> Listener<A> {
     pub(crate) fn new(
         app: Arc<A>,
         limits: ConnectionLimits,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ProxyMetrics>,
         listening: Listening,
     ) -> Self {
         Self {
@@ -150,10 +154,10 @@ impl<A: HttpServerApp + Send + Sync + 'static> Listener<A> {
     /// handshake; `None` closes it (plaintext when TLS is required, counted `plaintext`; nothing
     /// sent within `--header-timeout`).
     async fn port(&self, stream: &mut Stream) -> Option<Port> {
-        let tls = match &self.listening {
+        let (tls, refusals) = match &self.listening {
             Listening::Mcp => return Some(Port::Mcp),
             Listening::Admin => return Some(Port::Admin),
-            Listening::Peer { tls, .. } => *tls,
+            Listening::Peer { tls, refusals, .. } => (*tls, refusals),
         };
         let mut first = [0u8; 1];
         let peeked = tokio::time::timeout(self.header_timeout, stream.try_peek(&mut first)).await;
@@ -164,7 +168,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> Listener<A> {
             return Some(Port::Peer { tls: true });
         }
         if tls {
-            self.metrics.peer_auth_failure("plaintext");
+            refusals.peer_auth_failure(AuthFailure::Plaintext);
             return None;
         }
         Some(Port::Peer { tls: false })
@@ -173,7 +177,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> Listener<A> {
     /// Accepts mutual TLS on `stream` with the key ring's current configuration; `None` (the
     /// connection closes) when the handshake fails or takes longer than `--header-timeout`.
     async fn handshake(&self, stream: Watched) -> Option<Stream> {
-        let Listening::Peer { keys, .. } = &self.listening else {
+        let Listening::Peer { keys, refusals, .. } = &self.listening else {
             return Some(Box::new(stream));
         };
         let config = Arc::clone(&keys.load().tls()?.server);
@@ -182,11 +186,11 @@ impl<A: HttpServerApp + Send + Sync + 'static> Listener<A> {
             Ok(Ok(secured)) => Some(Box::new(secured)),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "peer TLS handshake failed");
-                self.metrics.peer_auth_failure("tls");
+                refusals.peer_auth_failure(AuthFailure::Tls);
                 None
             }
             Err(_) => {
-                self.metrics.peer_auth_failure("tls");
+                refusals.peer_auth_failure(AuthFailure::Tls);
                 None
             }
         }
@@ -334,8 +338,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for Listener<A> {
             Taken::Close(full) => (None, Some(full)),
         };
         if let Some(full) = refused {
-            self.metrics
-                .connection_refused(self.listening.name(), full.reason());
+            self.metrics.connection_refused(self.listening.name(), full);
         }
         let slot = slot?;
         let _open = Open::new(&self.metrics, self.listening.name(), slot);

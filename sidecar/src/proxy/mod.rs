@@ -30,6 +30,7 @@ mod connection;
 mod forward;
 mod lane;
 mod listener;
+pub(crate) mod metrics;
 mod respond;
 mod slots;
 mod watched;
@@ -65,10 +66,10 @@ use crate::mcp::jsonrpc::Message;
 use crate::mcp::modern;
 use crate::mcp::origin::OriginCheck;
 use crate::mcp::tasks::Revision;
-use crate::metrics::Metrics;
 use crate::peer::auth::now_ms;
 use crate::peer::hop::{HOP_HEADERS, Signing};
 use crate::peer::{PROTOCOL, TETHER_PEER_PROTOCOL};
+use crate::proxy::metrics::{ForwardOutcome, ProxyMetrics};
 use crate::reply::{Reply, ReplyBody};
 
 /// How long connecting to a peer sidecar may take before the next candidate is tried: the TCP
@@ -107,8 +108,8 @@ pub(crate) struct McpProxy {
     pub(crate) policy: Arc<ArcSwap<AdmissionPolicy>>,
     /// Whether this pod drains.
     pub(crate) lifecycle: Arc<Lifecycle>,
-    /// Requests, rejections and forwards are counted here.
-    pub(crate) metrics: Arc<Metrics>,
+    /// Requests, retries and forwards are counted here (rejections in the broker's metrics).
+    pub(crate) metrics: Arc<ProxyMetrics>,
     /// How long a request body may take to arrive (slow clients get 408).
     pub(crate) body_timeout: Duration,
     /// Bounds each read from a peer a request was forwarded to: it exceeds the peer's own
@@ -192,7 +193,7 @@ impl McpProxy {
         {
             Ok(reply) => reply,
             Err(rejection) => {
-                self.metrics.rejection(&rejection);
+                self.broker.metrics().rejection(&rejection);
                 Reply::rejection(&rejection, id.as_ref())
             }
         }
@@ -301,7 +302,7 @@ impl ProxyHttp for McpProxy {
                 body: ReplyBody::Empty,
             },
             Lane::Refuse(refusal) => {
-                self.metrics.rejection(&refusal.rejection);
+                self.broker.metrics().rejection(&refusal.rejection);
                 if refusal.close {
                     session.set_keepalive(None);
                 }
@@ -472,7 +473,7 @@ impl ProxyHttp for McpProxy {
                 self.policy.load().max_body_bytes,
             )
         });
-        self.metrics.rejection(&rejection);
+        self.broker.metrics().rejection(&rejection);
         let code = rejection.status().as_u16();
         let _ = respond(session, ctx, rejection.into()).await;
         FailToProxy {
@@ -497,13 +498,15 @@ impl ProxyHttp for McpProxy {
         let Some(f) = &ctx.forward else { return };
         // Connect failures were counted when they happened (`fail_to_connect`).
         let outcome = match e {
-            None => Some("ok"),
+            None => Some(ForwardOutcome::Ok),
             Some(e) if is_connect_error(e.etype()) => None,
-            Some(e) if e.esource() == &ErrorSource::Downstream => Some("client_closed"),
-            Some(_) => Some("error"),
+            Some(e) if e.esource() == &ErrorSource::Downstream => {
+                Some(ForwardOutcome::ClientClosed)
+            }
+            Some(_) => Some(ForwardOutcome::Error),
         };
         if let Some(outcome) = outcome {
-            self.metrics.forward(f.kind.label(), outcome);
+            self.metrics.forward(f.kind, outcome);
         }
         self.metrics.forward_hop(f.hop.count.saturating_add(1));
     }
@@ -568,7 +571,7 @@ impl McpProxy {
         };
         let decision = forward::after_failure(f, failure, &world);
         if decision.rerouted {
-            self.metrics.forward(kind.label(), "connect_error");
+            self.metrics.forward(kind, ForwardOutcome::ConnectError);
             match failure {
                 Failure::Connect { .. } => {
                     tracing::warn!(peer = %name, %address, %error, "peer unreachable; trying the next candidate");

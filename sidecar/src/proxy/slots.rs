@@ -31,7 +31,7 @@ impl SlotLimits {
 }
 
 /// Why a connection gets no slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::VariantArray)]
 pub(crate) enum Full {
     /// Its source address holds `per_source` connections already.
     Source,
@@ -41,7 +41,7 @@ pub(crate) enum Full {
 
 impl Full {
     /// The value of the `reason` label of `tether_connections_refused_total`.
-    pub(crate) fn reason(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Full::Source => "source_full",
             Full::Listener => "listener_full",

@@ -25,7 +25,7 @@ use crate::mcp::principal::Principal;
 use shares::{Share, Shares};
 
 /// What a session retains, as `tether_retained_bytes` labels it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
     /// The journal: the `initialize` request, the log level, the subscriptions.
     Journal,

@@ -193,8 +193,9 @@ fn sidecar_layers_keep_their_rules() {
             // The peer protocol knows no session, no broker and no membership: its messages,
             // their MACs, the client that sends them, the hop headers.
             ("peer", &["keys", "mcp", "upstream"]),
-            // Membership and routing know no state and no broker.
-            ("cluster", &["mcp", "metrics", "keys", "peer"]),
+            // Membership and routing know no state and no broker; they count in their own
+            // metrics (`cluster/metrics.rs`), which `metrics.rs` assembles from above.
+            ("cluster", &["mcp", "keys", "peer"]),
         ],
     );
     let broker = graph.get("broker").cloned().unwrap_or_default();

@@ -59,10 +59,10 @@ use tokio::task::JoinSet;
 
 use super::reports::{Exchange, Report, Reports};
 use super::slices::{Endpoint, SliceSet, address_type};
-use super::{Membership, MembershipSink, Peer, PeerState, Snapshot};
+use super::{Membership, MembershipSink, Peer, PeerState, Snapshot, Source};
 
-/// The source's name (metric label).
-pub(crate) const SOURCE: &str = "kubernetes";
+/// This source, as logs and `tether_membership_changes_total{source}` name it.
+pub(crate) const SOURCE: Source = Source::Kubernetes;
 /// The label an EndpointSlice carries naming its Service.
 pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// The label naming who manages an EndpointSlice.
@@ -230,7 +230,7 @@ impl Drop for Asking {
 #[async_trait]
 impl Membership for EndpointSlices {
     fn name(&self) -> &'static str {
-        SOURCE
+        SOURCE.label()
     }
 
     async fn run(&self, sink: MembershipSink, mut shutdown: ShutdownWatch) {
@@ -463,7 +463,6 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::super::slices::tests::{endpoint_json, slice_json};
-    use crate::metrics::Metrics;
 
     const NAMESPACE: &str = "tether-test";
     const SERVICE: &str = "weather-peers";
@@ -840,7 +839,7 @@ mod tests {
         )
         .with_client(client);
         assert_eq!(source.name(), "kubernetes");
-        let sink = MembershipSink::new(Snapshot::default(), Arc::new(Metrics::new()));
+        let sink = MembershipSink::new(Snapshot::default(), Arc::default());
         assert!(!sink.is_known(), "no list yet: the pod is not ready");
         let deleting = sink.terminating();
         let (stop, shutdown) = tokio::sync::watch::channel(false);
@@ -1039,7 +1038,7 @@ mod tests {
             Arc::clone(&peers) as Arc<dyn Exchange>,
         )
         .with_client(Client::new(service, "default"));
-        let sink = MembershipSink::new(Snapshot::default(), Arc::new(Metrics::new()));
+        let sink = MembershipSink::new(Snapshot::default(), Arc::default());
         let (_stop, shutdown) = tokio::sync::watch::channel(false);
         tokio::spawn({
             let sink = sink.clone();
@@ -1091,7 +1090,7 @@ mod tests {
             Arc::clone(peers) as Arc<dyn Exchange>,
         )
         .with_client(Client::new(service, "default"));
-        let sink = MembershipSink::new(Snapshot::default(), Arc::new(Metrics::new()));
+        let sink = MembershipSink::new(Snapshot::default(), Arc::default());
         tokio::spawn({
             let sink = sink.clone();
             // Never fires: the source runs until the runtime ends with the test.

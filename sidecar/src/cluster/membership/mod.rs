@@ -26,13 +26,13 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::ring::{HrwRing, SessionRing};
 use crate::mcp::home::HomeToken;
-use crate::metrics::Metrics;
 
 /// The state of a pod as membership sees it (`docs/design/architecture.md#vocabulary`: routable,
 /// draining).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::VariantArray)]
 #[serde(rename_all = "lowercase")]
 pub enum PeerState {
     /// Ready and not terminating: may receive new sessions and handoffs.
@@ -95,6 +95,26 @@ impl Snapshot {
             .rev()
             .find(|p| p.state == PeerState::Routable)
             .map(|p| p.revision.as_str())
+    }
+}
+
+/// Which source publishes membership (the `source` label of
+/// `tether_membership_changes_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::VariantArray)]
+pub(crate) enum Source {
+    /// The EndpointSlice watch (`kubernetes.rs`).
+    Kubernetes,
+    /// The peers file (`peers_file.rs`).
+    PeersFile,
+}
+
+impl Source {
+    /// The source's name for logs and metrics.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Kubernetes => "kubernetes",
+            Self::PeersFile => "peers_file",
+        }
     }
 }
 
@@ -296,7 +316,7 @@ impl View {
 #[derive(Clone)]
 pub(crate) struct MembershipSink {
     view: Arc<ArcSwap<View>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ClusterMetrics>,
     terminating: Arc<tokio::sync::watch::Sender<bool>>,
     /// Counts the views published.
     changes: Arc<tokio::sync::watch::Sender<u64>>,
@@ -325,7 +345,7 @@ impl std::fmt::Debug for MembershipSink {
 
 impl MembershipSink {
     /// A sink whose initial view is `initial` (for a pod without peers: itself alone).
-    pub(crate) fn new(initial: Snapshot, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(initial: Snapshot, metrics: Arc<ClusterMetrics>) -> Self {
         let sink = Self {
             view: Arc::new(ArcSwap::from_pointee(View::new(initial))),
             metrics,
@@ -341,6 +361,11 @@ impl MembershipSink {
         sink
     }
 
+    /// Where membership and the peer probes are counted.
+    pub(crate) fn metrics(&self) -> &ClusterMetrics {
+        &self.metrics
+    }
+
     /// The current view (lock-free).
     pub(crate) fn view(&self) -> Arc<View> {
         self.view.load_full()
@@ -348,14 +373,14 @@ impl MembershipSink {
 
     /// Publishes `snapshot` from `source`; does nothing when it equals the current one.
     /// Returns whether the view changed.
-    pub(crate) fn publish(&self, source: &'static str, snapshot: Snapshot) -> bool {
+    pub(crate) fn publish(&self, source: Source, snapshot: Snapshot) -> bool {
         if self.view.load().snapshot == snapshot {
             return false;
         }
         let view = Arc::new(View::after(snapshot, &self.view.load()));
         self.update_gauges(&view);
         tracing::info!(
-            source,
+            source = source.label(),
             routable = view.count(PeerState::Routable),
             draining = view.count(PeerState::Draining),
             gone = view.count(PeerState::Gone),
@@ -427,7 +452,7 @@ impl MembershipSink {
 
     fn update_gauges(&self, view: &View) {
         for state in [PeerState::Routable, PeerState::Draining, PeerState::Gone] {
-            self.metrics.set_ring_size(state.label(), view.count(state));
+            self.metrics.set_ring_size(state, view.count(state));
         }
     }
 }
@@ -453,6 +478,8 @@ pub(crate) mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
+    use crate::ops::admin::Exposition;
 
     pub(crate) fn peer(uid: &str, state: PeerState, revision: &str) -> Peer {
         Peer {
@@ -467,7 +494,7 @@ mod tests {
 
     #[test]
     fn a_view_is_trusted_once_known_and_ages_while_its_source_fails() {
-        let sink = MembershipSink::new(Snapshot::default(), Arc::new(Metrics::new()));
+        let sink = MembershipSink::new(Snapshot::default(), Arc::default());
         let later = std::time::Instant::now() + std::time::Duration::from_secs(5);
         assert!(!sink.is_known());
         assert!(
@@ -618,20 +645,20 @@ mod tests {
 
     #[test]
     fn publishing_an_equal_snapshot_changes_nothing() {
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Metrics::new();
         let snap = Snapshot {
             peers: vec![peer("a", PeerState::Routable, "v1")],
         };
-        let sink = MembershipSink::new(snap.clone(), Arc::clone(&metrics));
-        assert!(!sink.publish("test", snap.clone()));
+        let sink = MembershipSink::new(snap.clone(), Arc::clone(&metrics.cluster));
+        assert!(!sink.publish(Source::PeersFile, snap.clone()));
         let mut next = snap;
         next.peers[0].state = PeerState::Draining;
-        assert!(sink.publish("test", next));
+        assert!(sink.publish(Source::PeersFile, next));
         assert_eq!(sink.view().count(PeerState::Draining), 1);
         assert!(
             metrics
                 .encode()
-                .contains("tether_membership_changes_total{source=\"test\"} 1")
+                .contains("tether_membership_changes_total{source=\"peers_file\"} 1")
         );
     }
 

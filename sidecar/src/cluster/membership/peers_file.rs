@@ -12,12 +12,12 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use serde::Deserialize;
 
-use super::{Membership, MembershipSink, Peer, PeerState, Snapshot};
+use super::{Membership, MembershipSink, Peer, PeerState, Snapshot, Source};
 
 /// How often the file is re-read.
 pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(200);
-/// The source's name (metric label).
-pub(crate) const SOURCE: &str = "peers_file";
+/// This source, as logs and `tether_membership_changes_total{source}` name it.
+pub(crate) const SOURCE: Source = Source::PeersFile;
 
 /// Why a peers file was not accepted.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -146,7 +146,7 @@ impl PeersFile {
 #[async_trait]
 impl Membership for PeersFile {
     fn name(&self) -> &'static str {
-        SOURCE
+        SOURCE.label()
     }
 
     async fn run(&self, sink: MembershipSink, mut shutdown: ShutdownWatch) {
@@ -256,7 +256,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("peers.yaml");
         std::fs::write(&path, "- {uid: a, address: '127.0.0.2:8080'}\n").unwrap();
-        let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+        let metrics = std::sync::Arc::default();
         let sink = MembershipSink::new(Snapshot::default(), metrics);
         let (stop, shutdown) = tokio::sync::watch::channel(false);
         let source = PeersFile::new(path.clone());

@@ -17,6 +17,7 @@ use serde_json::Value;
 use super::{CUT_FLUSH, Drain, DrainOutcome};
 use crate::broker::Here;
 use crate::handoff::fixtures::{ENDPOINT, Pod};
+use crate::ops::metrics::OpsMetrics;
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::{SESSIONS_PATH, TAIL_PATH};
 use crate::session::fixtures::{ANY_ROOM, key, stream};
@@ -97,13 +98,14 @@ impl PeerLink for Peers {
 /// Pod `pod-a` (flags `args`), its scripted peers and its drain.
 fn start(args: &[&str]) -> (Pod, Arc<Peers>, Arc<Drain>) {
     let peers = Arc::new(Peers::default());
-    let pod = Pod::start(ENDPOINT, args, Arc::clone(&peers) as Arc<dyn PeerLink>);
+    let mut pod = Pod::start(ENDPOINT, args, Arc::clone(&peers) as Arc<dyn PeerLink>);
+    let metrics = Arc::new(OpsMetrics::new(&mut pod.registry));
     assert_eq!(pod.cfg.drain_timeout, DEADLINE);
     let drain = Drain::new(
         Arc::clone(&pod.broker),
         Arc::clone(&pod.handoff),
         Arc::clone(&pod.lifecycle),
-        Arc::clone(&pod.metrics),
+        metrics,
         pod.cfg.drain_timeout,
     );
     (pod, peers, drain)
@@ -131,7 +133,6 @@ fn holder(pod: &Pod, session: &Session) -> String {
 /// order).
 fn metric(pod: &Pod, family: &str) -> Vec<String> {
     let mut lines: Vec<String> = pod
-        .metrics
         .encode()
         .lines()
         .filter(|l| l.starts_with(family))

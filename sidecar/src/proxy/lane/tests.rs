@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::{BodySource, Head, Lane, Lanes};
 use crate::cluster::membership::fixtures::peer;
-use crate::cluster::membership::{PeerState, Snapshot};
+use crate::cluster::membership::{PeerState, Snapshot, Source};
 use crate::cluster::routing::ForwardKind;
 use crate::handoff::fixtures;
 use crate::mcp::headers::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
@@ -25,6 +25,7 @@ use crate::mcp::session_id::IdMinter;
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::{PROBE_PATH, SESSIONS_PATH};
 use crate::proxy::connection::Port;
+use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::slots::Full;
 
 /// Peers that are never reached: no test here moves a session.
@@ -81,13 +82,17 @@ impl BodySource for Sent {
 
 /// Pod `pod-a` of three routable pods ([`fixtures::Pod`]), its endpoint allowing one browser
 /// origin, its requests' bodies at most 4 KiB.
-struct Pod(fixtures::Pod);
+struct Pod {
+    pod: fixtures::Pod,
+    /// The lane's counts, registered with the pod's.
+    metrics: ProxyMetrics,
+}
 
 impl std::ops::Deref for Pod {
     type Target = fixtures::Pod;
 
     fn deref(&self) -> &fixtures::Pod {
-        &self.0
+        &self.pod
     }
 }
 
@@ -97,11 +102,10 @@ impl Pod {
             "{}  origins: {{allow: [\"https://app.example.com\"]}}\n",
             fixtures::ENDPOINT
         );
-        Self(fixtures::Pod::start(
-            &endpoint,
-            &["--max-request-bytes=4096"],
-            Arc::new(NoPeers),
-        ))
+        let mut pod =
+            fixtures::Pod::start(&endpoint, &["--max-request-bytes=4096"], Arc::new(NoPeers));
+        let metrics = ProxyMetrics::new(&mut pod.registry);
+        Self { pod, metrics }
     }
 
     fn lanes(&self) -> Lanes<'_> {
@@ -129,8 +133,7 @@ impl Pod {
 
     /// `tether_requests_total` and `tether_mrtr_retries_total` as exposed.
     fn counted(&self, family: &str) -> Vec<String> {
-        self.metrics
-            .encode()
+        self.encode()
             .lines()
             .filter(|l| l.starts_with(family))
             .map(str::to_owned)
@@ -403,7 +406,7 @@ async fn fr15_a_post_for_a_session_nobody_holds_is_404_unless_it_is_an_initializ
     let alone = Snapshot {
         peers: vec![peer("pod-a", PeerState::Routable)],
     };
-    assert!(pod.sink.publish("test", alone));
+    assert!(pod.sink.publish(Source::PeersFile, alone));
     let id = pod.id_homed_at("pod-z");
     let no_holder = Rejection::SessionNotFound(NotFound::NoHolder);
     // Until membership's source confirms its view, nobody can say the session is lost: 503.

@@ -1,0 +1,196 @@
+//! What handoff counts (`docs/reference/metrics.md`): failed handoff attempts and how long the
+//! acknowledged ones took, the tails forwarded after them, the requests cut at the drain
+//! deadline, the peer messages and connections refused before anything was spent on them, the
+//! nonces remembered, and how old membership's view is when a rebalance round reads it.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::peer::auth::AuthFailure;
+use crate::peer::client::SendError;
+
+/// Why a handoff attempt failed (`tether_handoffs_failed_total{reason}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::VariantArray)]
+pub(crate) enum HandoffFailure {
+    /// The peer could not be reached.
+    Unreachable,
+    /// The peer answered with an error (draining, full, busy).
+    Refused,
+    /// The peer answered without a valid acknowledgement.
+    Unacknowledged,
+    /// A push got no answer and the target could not say whether it took the session.
+    InDoubt,
+    /// No routable peer to hand the session to.
+    NoTarget,
+    /// Forwarding a stream's tail to the new holder failed.
+    Tail,
+    /// The new holder left or lost the session while this pod still had a copy.
+    HolderLost,
+    /// A peer holds the session at a later epoch: the copy here was stale.
+    Superseded,
+    /// The drain's deadline passed before the session's turn.
+    Deadline,
+}
+
+impl HandoffFailure {
+    /// The `reason` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Unreachable => "unreachable",
+            Self::Refused => "refused",
+            Self::Unacknowledged => "unacknowledged",
+            Self::InDoubt => "in_doubt",
+            Self::NoTarget => "no_target",
+            Self::Tail => "tail",
+            Self::HolderLost => "holder_lost",
+            Self::Superseded => "superseded",
+            Self::Deadline => "deadline",
+        }
+    }
+}
+
+impl From<&SendError> for HandoffFailure {
+    fn from(e: &SendError) -> Self {
+        match e {
+            SendError::Unreachable(_) | SendError::Lost(_) => Self::Unreachable,
+            SendError::Refused { .. } => Self::Refused,
+            SendError::Unacknowledged(_) => Self::Unacknowledged,
+        }
+    }
+}
+
+label_value!(HandoffFailure, AuthFailure);
+
+/// Labels of `tether_handoffs_failed_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabel {
+    /// Why the attempt failed.
+    reason: HandoffFailure,
+}
+
+/// Labels of `tether_peer_auth_failures_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuthLabel {
+    /// Why the message or connection was refused.
+    reason: AuthFailure,
+}
+
+/// Handoff's metrics.
+#[derive(Debug)]
+pub(crate) struct HandoffMetrics {
+    /// Handoff attempts that failed, by reason: a session whose every candidate failed stays
+    /// here.
+    handoffs_failed: Family<FailureLabel, Counter>,
+    /// Time from the start of a session's handoff to the peer's acknowledgement, in seconds.
+    handoff_seconds: Histogram,
+    /// Events of handed-off streams forwarded to their new holder after the push.
+    tail_events_forwarded: Counter,
+    /// Requests still running at the drain deadline, ended with a JSON-RPC error.
+    requests_cut: Counter,
+    /// Peer messages and connections refused before anything was spent on them, by reason.
+    peer_auth_failures: Family<AuthLabel, Counter>,
+    /// Nonces of peer messages remembered within the time window.
+    peer_nonces: Gauge,
+    /// Seconds since membership's source last confirmed its view (0 while it reads its input).
+    membership_age_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl HandoffMetrics {
+    /// Handoff's metrics, registered in `r`.
+    pub(crate) fn new(r: &mut Registry) -> Self {
+        let m = Self {
+            handoffs_failed: Family::default(),
+            handoff_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            tail_events_forwarded: Counter::default(),
+            requests_cut: Counter::default(),
+            peer_auth_failures: Family::default(),
+            peer_nonces: Gauge::default(),
+            membership_age_seconds: Gauge::default(),
+        };
+        r.register(
+            "handoffs_failed",
+            "Failed handoff attempts, by reason",
+            m.handoffs_failed.clone(),
+        );
+        r.register(
+            "handoff_seconds",
+            "Time from the start of a handoff to the peer's acknowledgement",
+            m.handoff_seconds.clone(),
+        );
+        r.register(
+            "tail_events_forwarded",
+            "Events of handed-off streams forwarded to their new holder",
+            m.tail_events_forwarded.clone(),
+        );
+        r.register(
+            "requests_cut",
+            "Requests ended with a JSON-RPC error at the drain deadline",
+            m.requests_cut.clone(),
+        );
+        r.register(
+            "peer_auth_failures",
+            "Peer messages and connections refused before anything was spent on them, by reason",
+            m.peer_auth_failures.clone(),
+        );
+        r.register(
+            "peer_nonces",
+            "Nonces of peer messages remembered within the time window",
+            m.peer_nonces.clone(),
+        );
+        r.register(
+            "membership_age_seconds",
+            "Seconds since membership's source last confirmed its view (0 while it reads its input)",
+            m.membership_age_seconds.clone(),
+        );
+        m
+    }
+
+    /// Counts a failed handoff attempt (`tether_handoffs_failed_total{reason}`).
+    pub(crate) fn handoff_failed(&self, reason: HandoffFailure) {
+        self.handoffs_failed
+            .get_or_create(&FailureLabel { reason })
+            .inc();
+    }
+
+    /// How long a handoff took until the peer acknowledged it (`tether_handoff_seconds`).
+    pub(crate) fn handoff_took(&self, took: Duration) {
+        self.handoff_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Events of handed-off streams forwarded to their new holder
+    /// (`tether_tail_events_forwarded_total`).
+    pub(crate) fn tail_events_forwarded(&self, events: u64) {
+        self.tail_events_forwarded.inc_by(events);
+    }
+
+    /// Requests ended with an error at the drain deadline (`tether_requests_cut_total`).
+    pub(crate) fn requests_cut(&self, requests: u64) {
+        self.requests_cut.inc_by(requests);
+    }
+
+    /// A peer message or connection refused before anything was spent on it
+    /// (`tether_peer_auth_failures_total{reason}`).
+    pub(crate) fn peer_auth_failure(&self, reason: AuthFailure) {
+        self.peer_auth_failures
+            .get_or_create(&AuthLabel { reason })
+            .inc();
+    }
+
+    /// Nonces remembered now (`tether_peer_nonces`).
+    pub(crate) fn peer_nonces(&self, nonces: usize) {
+        self.peer_nonces
+            .set(i64::try_from(nonces).unwrap_or(i64::MAX));
+    }
+
+    /// How old membership's view may be (`tether_membership_age_seconds`).
+    pub(crate) fn membership_age(&self, age: Duration) {
+        self.membership_age_seconds.set(age.as_secs_f64());
+    }
+}
