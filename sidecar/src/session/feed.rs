@@ -1,6 +1,5 @@
 //! A session's change feed: any number of subscribers follow what changes in the session
-//! (the handoff follower of a moved session, `docs/design/handoff.md#moving-one-session`; a
-//! replica or a shadow ledger would follow it the same way).
+//! (the handoff follower of a moved session is one, `docs/design/handoff.md#moving-one-session`).
 //!
 //! ```text
 //!   a change ── Feed::tell ──▶ version n+1 ──▶ every Subscription: changed() returns
@@ -12,10 +11,13 @@
 //! is told of
 //! - every change of every stream of the session (events, answers, completion; streams tell it
 //!   themselves, [`crate::stream::Stream::feed_into`]),
-//! - a stream registered (a new request, the standalone stream, streams imported from a peer),
+//! - a stream registered (a new request, streams imported from a peer), the standalone stream
+//!   set or cleared,
 //! - the journal changed,
 //! - the last request entering the session registered its stream, and the handoff state
 //!   changed (a move ended, the session was taken back).
+//!
+//! What the retry window and the TTL forget (spent streams, records, tombstones) is not told.
 //!
 //! A change made before [`Subscription::look`] returns is seen by what the subscriber reads
 //! after it; one made after it makes the next [`Subscription::changed`] return: none is lost.

@@ -8,28 +8,41 @@
 //! A request's life in the ledger:
 //!
 //! ```text
-//!   claim (new ids)        answered in full, its     spent (every event handed to a client,
-//!  ─────────────▶ running ───────────────────────▶ answered ──── or older than the TTL) ────┐
-//!   record + stream │      client handed the reply  (a compact        │                      │
-//!                   │      (settle)                  record)          │ beyond the window    │
-//!                   │                                                 ▼ (count, bytes, TTL)  ▼
-//!                   │ answered on a stream ─────────────▶ spent ──▶ forgotten: the id ──▶ tombstone
-//!                   │                                               is buried                 │
-//!                   └─ withdrawn (not carried out): its records go; a retry runs again        │ TTL
-//!                                                                                  forgotten ◀┘
+//!   claim (new ids): a record per id, its stream registered
+//!       │
+//!       ▼
+//!   ┌─────────┐  withdrawn (not carried out): its records go; a retry runs it again
+//!   │ running │ ───────────────────────────────────────────────────────────────────▶
+//!   └─────────┘
+//!       │ answered
+//!       ▼
+//!   ┌──────────┐  settle: its client was handed the complete reply  ┌─────────────────┐
+//!   │ answered │ ──────────────────────────────────────────────────▶ │ answered record │
+//!   └──────────┘                                                     └─────────────────┘
+//!       │ every event handed to a client, or older than the TTL              │
+//!       ▼                                                                    │
+//!   ┌───────┐ ◀──────────────────────────────────────────────────────────────┘
+//!   │ spent │
+//!   └───────┘
+//!       │ beyond the window (count, bytes), the budget or the TTL: the stream is forgotten
+//!       │ (a retry: no longer available); its record goes with a walk, its id buried
+//!       ▼
+//!   ┌───────────┐  the TTL
+//!   │ tombstone │ ────────▶ forgotten: the id is new again
+//!   └───────────┘
 //! ```
 //!
 //! - A retry (the same ids, the same body) attaches to the running stream or replays its answer
 //!   ([`Dedupe`]); the same id with another body is refused while the request runs and is a new
 //!   request once answered; a buried id is "no longer available", never dispatched twice
 //!   (unless the session reuses ids: then a new request).
-//! - Only what is spent is forgotten: a stream someone may still read stays, even beyond the
-//!   window; a walk that found everything beyond in use makes the next wait
-//!   [`WINDOW_WALK_PACE`].
-//! - Bounds: [`MAX_STREAMS`] streams, [`MAX_REQUEST_RECORDS`] records (the oldest forgotten
-//!   first), and the retry state's bytes within the session's budget
-//!   (`--max-session-retry-bytes`), spent streams forgotten first ([`RetryLedger::claim`]).
-//!   Tombstones count in that budget and are never forgotten early.
+//! - The window and the budget forget only what is spent: a stream someone may still read
+//!   stays, even beyond them; a walk that found everything beyond the window in use makes the
+//!   next wait [`WINDOW_WALK_PACE`]. New requests that do not fit in the session's budget
+//!   (`--max-session-retry-bytes`) are refused ([`RetryLedger::claim`]); tombstones count in it
+//!   and are never forgotten early.
+//! - Hard bounds forget the oldest: beyond [`MAX_STREAMS`] streams, complete ones nobody reads;
+//!   beyond [`MAX_REQUEST_RECORDS`] records, the oldest record (its id buried).
 //!
 //! The ledger lives under its session's lock; it knows nothing of handoffs or of who follows
 //! the session (its [`super::Session`] tells them).

@@ -742,7 +742,7 @@ impl Session {
         }
         let verdict = st.ledger.claim(ids, digest, stream, room);
         if matches!(verdict, Dedupe::New | Dedupe::Reused) {
-            self.follow_stream(&st, stream);
+            self.listen_to(&st, stream);
         }
         verdict
     }
@@ -832,11 +832,12 @@ impl Session {
     /// activity.
     fn insert_stream(&self, st: &mut State, stream: &Arc<Stream>) {
         st.ledger.insert_stream(stream);
-        self.follow_stream(st, stream);
+        self.listen_to(st, stream);
     }
 
-    /// Has the session's change feed and the pod's activity follow `stream`, just registered.
-    fn follow_stream(&self, st: &State, stream: &Stream) {
+    /// Listens to `stream`, just registered: its changes go out on the session's change feed,
+    /// its completion wakes the pod's activity.
+    fn listen_to(&self, st: &State, stream: &Stream) {
         stream.feed_into(self.feed.sender());
         if let Some(activity) = &st.activity {
             stream.report_to(activity);
@@ -883,6 +884,7 @@ impl Session {
             }
         }
         st.standalone = standalone;
+        self.feed.tell();
     }
 
     /// Forgets the standalone stream `stream` (its upstream gave up); the next GET reopens one.
@@ -890,6 +892,7 @@ impl Session {
         let mut st = self.state.lock();
         if matches!(&st.standalone, Standalone::Open(s) if s.key() == stream.key()) {
             st.standalone = Standalone::None;
+            self.feed.tell();
         }
     }
 
