@@ -11,27 +11,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use parking_lot::Mutex;
-use prometheus_client::registry::Registry;
-use serde_json::Value;
-use tether_crds::ProtocolVersion;
 
-use super::metrics::HandoffMetrics;
-use super::{Handoff, MoveError};
-use crate::broker::metrics::BrokerMetrics;
-use crate::broker::{Broker, Here};
+use super::{MoveError, fixtures};
+use crate::broker::Here;
 use crate::cluster::membership::fixtures::peer;
-use crate::cluster::membership::{MembershipSink, PeerState, Snapshot, Source};
-use crate::cluster::peer_health::PeerHealth;
-use crate::cluster::routing::Router;
-use crate::config::{Config, test_cli};
-use crate::lifecycle::Lifecycle;
-use crate::mcp::home::HomeToken;
-use crate::mcp::session_id::IdMinter;
+use crate::cluster::membership::{PeerState, Snapshot, Source};
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::wire::{HeldAnswer, HeldQuery, SessionPush};
 use crate::peer::{HELD_PATH, SESSIONS_PATH};
 use crate::session::Session;
-use crate::session::journal::Journal;
 
 /// What the fake answers one message with.
 #[derive(Debug)]
@@ -125,85 +113,40 @@ fn held(held: bool) -> Answer {
     ))
 }
 
-/// Pod `pod-a` (this one) with routable peers `pod-b` and `pod-c`, a session held here, and the
-/// scripted peers.
+/// Pod `pod-a` (this one) with routable peers `pod-b` and `pod-c` ([`fixtures::Pod`]), a
+/// session held here, and the scripted peers.
 struct Pod {
-    handoff: Arc<Handoff>,
-    broker: Arc<Broker>,
-    lifecycle: Arc<Lifecycle>,
-    sink: MembershipSink,
-    /// Where the handoff's metrics are registered.
-    metrics: Registry,
+    pod: fixtures::Pod,
     peers: Arc<Peers>,
     session: Arc<Session>,
-    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Pod {
+    type Target = fixtures::Pod;
+
+    fn deref(&self) -> &fixtures::Pod {
+        &self.pod
+    }
 }
 
 impl Pod {
     fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("endpoint.yaml"),
-            "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\nmetadata: {name: weather}\n\
-             spec:\n  targetRef: {kind: Deployment, name: weather}\n",
-        )
-        .unwrap();
-        let cfg = Config::load(&test_cli(dir.path(), &[])).unwrap();
-        let mut metrics = Registry::with_prefix("tether");
-        let upstream = cfg.upstream_client();
-        let broker = cfg.broker_of(upstream, Arc::new(BrokerMetrics::new(&mut metrics)));
-        let snapshot = Snapshot {
-            peers: ["pod-a", "pod-b", "pod-c"]
-                .iter()
-                .map(|uid| peer(uid, PeerState::Routable))
-                .collect(),
-        };
-        let sink = MembershipSink::new(snapshot, Arc::default());
-        let router = Router::new(
-            sink.clone(),
-            PeerHealth::new(),
-            cfg.listen_addr,
-            cfg.pod_uid.clone(),
-            cfg.keys.clone(),
-        );
         let peers = Arc::new(Peers::default());
-        let lifecycle = Arc::new(Lifecycle::default());
-        let handoff = Handoff::new(
-            Arc::clone(&broker),
-            router,
-            Arc::clone(&lifecycle),
-            Arc::new(HandoffMetrics::new(&mut metrics)),
+        let pod = fixtures::Pod::start(
+            fixtures::ENDPOINT,
+            &[],
             Arc::clone(&peers) as Arc<dyn PeerLink>,
-            cfg.peer_addr.port(),
-            cfg.peer_max_message_bytes,
-            true,
-            cfg.drain_timeout,
-            cfg.rebalance_dwell,
         );
         // A session that came from a pod that is gone, with credentials (its rebuild waits for
         // its next request: nothing here talks to an MCP server).
-        let (id, key) = IdMinter::new(cfg.keys.clone(), HomeToken::for_pod("pod-z")).mint();
-        let session = Session::new(
-            id,
-            key,
-            None,
-            ProtocolVersion::V2025_06_18,
-            Journal::new(Value::Null),
-            broker.retained(),
-        );
+        let session = pod.hold("pod-z");
         let mut credentials = HeaderMap::new();
         credentials.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
         session.remember_credentials(&credentials, &[header::AUTHORIZATION]);
-        assert!(broker.adopt_session(Arc::clone(&session)).unwrap());
         Self {
-            handoff,
-            broker,
-            lifecycle,
-            sink,
-            metrics,
+            pod,
             peers,
             session,
-            _dir: dir,
         }
     }
 
@@ -232,9 +175,8 @@ impl Pod {
 
     /// `tether_handoffs_failed_total` by reason.
     fn failed(&self) -> Vec<String> {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.metrics).unwrap();
-        text.lines()
+        self.encode()
+            .lines()
             .filter(|l| l.starts_with("tether_handoffs_failed_total{"))
             .map(str::to_owned)
             .collect()
