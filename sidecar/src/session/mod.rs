@@ -16,7 +16,6 @@
 //! `session.idleTimeout`); [`Session::snapshot`] exports it all for a peer. The pod's sessions
 //! are found in the [`Registry`].
 
-mod answered;
 mod bounded;
 mod credentials;
 mod feed;
@@ -28,7 +27,6 @@ pub(crate) mod journal;
 mod ledger;
 mod registry;
 mod takeovers;
-mod tombstones;
 mod upstream_link;
 
 pub(crate) use feed::Subscription;

@@ -47,6 +47,9 @@
 //! The ledger lives under its session's lock; it knows nothing of handoffs or of who follows
 //! the session (its [`super::Session`] tells them).
 
+mod answered;
+mod tombstones;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,9 +60,9 @@ use crate::retained::shares::Share;
 use crate::retained::{Charge, Kind, Retained, Shared};
 use crate::stream::{StoredReply, Stream, StreamKind, StreamSnapshot};
 
-use super::answered::Answers;
 use super::bounded::Bounded;
-use super::tombstones::Tombstones;
+use answered::Answers;
+use tombstones::Tombstones;
 
 /// Most streams (live or tombstones) one session keeps.
 const MAX_STREAMS: usize = 4096;
@@ -699,10 +702,10 @@ impl RetryLedger {
 mod tests {
     use tokio_util::sync::CancellationToken;
 
+    use super::answered::ANSWERED_OVERHEAD;
+    use super::tombstones::RANGE_BYTES;
     use super::*;
-    use crate::session::answered::ANSWERED_OVERHEAD;
     use crate::session::fixtures::{key, limits};
-    use crate::session::tombstones::RANGE_BYTES;
     use crate::stream::Head;
 
     const TTL: Duration = Duration::from_secs(60);
