@@ -506,7 +506,7 @@ impl Session {
 
     /// Wakes every waiter of `activity` when a request of the session ends or one of its
     /// streams, present and future, completes.
-    pub(crate) fn report_to(&self, activity: &Arc<Notify>) {
+    pub(super) fn report_to(&self, activity: &Arc<Notify>) {
         let mut st = self.state.lock();
         st.activity = Some(Arc::clone(activity));
         for stream in st.ledger.streams() {
