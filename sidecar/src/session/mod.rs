@@ -769,8 +769,7 @@ impl Session {
         self.state.lock().ledger.spent_streams(now)
     }
 
-    /// Forgets stream `key` if it is still spent at `now`; its position in the stream order
-    /// goes with the next trim.
+    /// Forgets stream `key` if it is still spent at `now` ([`RetryLedger::forget_spent`]).
     pub(crate) fn forget_spent(&self, key: &StreamKey, now: Instant) {
         self.state.lock().ledger.forget_spent(key, now);
     }
