@@ -1,4 +1,4 @@
-//! The messages of the peer protocol (`docs/design/handoff.md`): JSON bodies of
+//! The messages of the peer protocol (`docs/design/peer-protocol.md#messages`): JSON bodies of
 //! `POST /v2/sessions` (a session pushed to its new holder), `POST /v2/tail` (events of a
 //! handed-off stream that arrived after the push), `POST /v2/cancel`, `POST /v2/held` and
 //! `POST /v2/about` (what a sidecar reports of itself, asked and answered alike). Optional
