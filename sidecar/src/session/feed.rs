@@ -36,7 +36,7 @@ impl Feed {
 
     /// Tells every subscriber something changed.
     pub(super) fn tell(&self) {
-        self.0.send_replace(());
+        crate::stream::tell(&self.0);
     }
 
     /// What a stream of the session tells of its changes.

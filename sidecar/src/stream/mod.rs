@@ -193,6 +193,15 @@ pub(crate) struct SnapshotEvent {
     pub(crate) data: Bytes,
 }
 
+/// Tells change feed `feed` (a session's, `session/feed.rs`) that something changed, when
+/// anyone follows it. With nobody subscribed the send (a lock, on every event of every stream)
+/// is skipped: a later subscriber reads the change after subscribing.
+pub(crate) fn tell(feed: &watch::Sender<()>) {
+    if feed.receiver_count() > 0 {
+        feed.send_replace(());
+    }
+}
+
 /// One stream: buffer, completion state and reader hand-over.
 #[derive(Debug)]
 pub(crate) struct Stream {
@@ -421,7 +430,7 @@ impl Stream {
     fn touch(&self) {
         self.changed.send_replace(());
         if let Some(feed) = self.feed.get() {
-            feed.send_replace(());
+            tell(feed);
         }
     }
 
