@@ -13,14 +13,15 @@ use tether_crds::ProtocolVersion;
 
 use super::Handoff;
 use super::metrics::HandoffMetrics;
-use crate::broker::Broker;
 use crate::broker::metrics::BrokerMetrics;
+use crate::broker::{Broker, Here};
 use crate::cluster::membership::fixtures::peer;
 use crate::cluster::membership::{MembershipSink, PeerState, Snapshot};
 use crate::cluster::metrics::ClusterMetrics;
 use crate::cluster::peer_health::PeerHealth;
 use crate::cluster::routing::Router;
 use crate::config::{Config, test_cli};
+use crate::keys::Key;
 use crate::lifecycle::Lifecycle;
 use crate::mcp::home::HomeToken;
 use crate::mcp::session_id::IdMinter;
@@ -111,7 +112,7 @@ impl Pod {
     /// A new session held here, its id minted for home `home` (its MAC is genuine),
     /// negotiated 2025-06-18, with no upstream session yet.
     pub(crate) fn hold(&self, home: &str) -> Arc<Session> {
-        let (id, key) = IdMinter::new(self.cfg.keys.clone(), HomeToken::for_pod(home)).mint();
+        let (id, key) = self.mint(home);
         let session = Session::new(
             id,
             key,
@@ -122,5 +123,22 @@ impl Pod {
         );
         assert!(self.broker.adopt_session(Arc::clone(&session)).unwrap());
         session
+    }
+
+    /// A session id minted for home `home` with the pod's key ring (its MAC is genuine), and
+    /// its key.
+    pub(crate) fn mint(&self, home: &str) -> (String, Arc<Key>) {
+        IdMinter::new(self.cfg.keys.clone(), HomeToken::for_pod(home)).mint()
+    }
+
+    /// Where session `id` is, as a request for it would find it: `held`, `moved to <uid>`,
+    /// `absent`, or why its id is refused.
+    pub(crate) fn place(&self, id: &str) -> String {
+        match self.broker.locate(id) {
+            Ok((_, Here::Held(_))) => "held".into(),
+            Ok((_, Here::Moved(uid))) => format!("moved to {uid}"),
+            Ok((_, Here::Absent)) => "absent".into(),
+            Err(e) => format!("{e:?}"),
+        }
     }
 }

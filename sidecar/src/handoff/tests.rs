@@ -13,7 +13,6 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use parking_lot::Mutex;
 
 use super::{MoveError, fixtures};
-use crate::broker::Here;
 use crate::cluster::membership::fixtures::peer;
 use crate::cluster::membership::{PeerState, Snapshot, Source};
 use crate::peer::client::{Destination, PeerLink, SendError};
@@ -165,12 +164,7 @@ impl Pod {
 
     /// Where the session is, as a request for it would find it.
     fn here(&self) -> String {
-        match self.broker.locate(self.session.id()) {
-            Ok((_, Here::Held(_))) => "held".into(),
-            Ok((_, Here::Moved(uid))) => format!("moved to {uid}"),
-            Ok((_, Here::Absent)) => "absent".into(),
-            Err(e) => format!("{e:?}"),
-        }
+        self.place(self.session.id())
     }
 
     /// `tether_handoffs_failed_total` by reason.

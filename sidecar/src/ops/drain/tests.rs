@@ -111,21 +111,11 @@ fn start(args: &[&str]) -> (Pod, Arc<Peers>, Arc<Drain>) {
     (pod, peers, drain)
 }
 
-/// Where `session` is, as a request for it would find it.
-fn place(pod: &Pod, session: &Session) -> String {
-    match pod.broker.locate(session.id()) {
-        Ok((_, Here::Held(_))) => "held".into(),
-        Ok((_, Here::Moved(uid))) => format!("moved to {uid}"),
-        Ok((_, Here::Absent)) => "absent".into(),
-        Err(e) => format!("{e:?}"),
-    }
-}
-
 /// The peer `session` was handed to.
 fn holder(pod: &Pod, session: &Session) -> String {
     match pod.broker.locate(session.id()) {
         Ok((_, Here::Moved(uid))) => uid,
-        _ => panic!("not handed off: {}", place(pod, session)),
+        _ => panic!("not handed off: {}", pod.place(session.id())),
     }
 }
 
@@ -285,7 +275,7 @@ async fn sessions_no_peer_takes_stay_and_are_served_until_the_deadline() {
     // No request ran: nothing is cut, so no flush follows the deadline.
     assert_eq!(outcome.elapsed, DEADLINE, "{outcome:?}");
     for session in &sessions {
-        assert_eq!(place(&pod, session), "held");
+        assert_eq!(pod.place(session.id()), "held");
     }
     // Each session tried both peers: the unreachable one three times, the other once.
     assert_eq!(peers.pushes().len(), 2 * (3 + 1), "{:?}", peers.pushes());
@@ -389,7 +379,7 @@ async fn without_handoff_sessions_stay_and_are_served_until_the_deadline() {
     tokio::time::sleep(DEADLINE / 2).await;
     assert!(pod.lifecycle.is_draining());
     for session in &sessions {
-        assert_eq!(place(&pod, session), "held");
+        assert_eq!(pod.place(session.id()), "held");
         assert!(
             matches!(session.enter(), Entry::Entered(_)),
             "a request of the session is served here"
@@ -411,7 +401,7 @@ async fn without_handoff_sessions_stay_and_are_served_until_the_deadline() {
     assert_eq!(outcome.elapsed, DEADLINE, "{outcome:?}");
     assert!(peers.sent.lock().is_empty(), "no peer is asked anything");
     for session in &sessions {
-        assert_eq!(place(&pod, session), "held");
+        assert_eq!(pod.place(session.id()), "held");
     }
 }
 
@@ -435,7 +425,7 @@ async fn without_handoff_a_call_still_running_at_the_deadline_is_cut_here() {
     // Nothing to forward: the flush waits for nothing.
     assert_eq!(outcome.elapsed, DEADLINE, "{outcome:?}");
     assert!(call.is_complete() && call.pending().is_empty());
-    assert_eq!(place(&pod, &session), "held");
+    assert_eq!(pod.place(session.id()), "held");
     assert!(peers.sent.lock().is_empty());
     assert_eq!(
         metric(&pod, "tether_requests_cut_total"),

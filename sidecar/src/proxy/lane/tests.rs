@@ -18,10 +18,8 @@ use crate::cluster::membership::{PeerState, Snapshot, Source};
 use crate::cluster::routing::ForwardKind;
 use crate::handoff::fixtures;
 use crate::mcp::headers::{MCP_METHOD, MCP_NAME, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
-use crate::mcp::home::HomeToken;
 use crate::mcp::origin::OriginCheck;
 use crate::mcp::rejection::{NotFound, Rejection};
-use crate::mcp::session_id::IdMinter;
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::{PROBE_PATH, SESSIONS_PATH};
 use crate::proxy::connection::Port;
@@ -118,13 +116,6 @@ impl Pod {
             metrics: &self.metrics,
             body_timeout: Duration::from_secs(10),
         }
-    }
-
-    /// A session id minted for `home` (its MAC is genuine).
-    fn id_homed_at(&self, home: &str) -> String {
-        IdMinter::new(self.cfg.keys.clone(), HomeToken::for_pod(home))
-            .mint()
-            .0
     }
 
     async fn decide(&self, head: &Head, body: &mut Sent) -> (Lane, OriginCheck) {
@@ -346,7 +337,7 @@ async fn a_session_held_here_is_entered_and_served_here() {
 #[tokio::test(start_paused = true)]
 async fn a_session_homed_on_a_live_peer_goes_home_untouched() {
     let pod = Pod::start();
-    let id = pod.id_homed_at("pod-b");
+    let id = pod.mint("pod-b").0;
     let mut body = Sent::json(&call(1));
     let (lane, _) = pod.decide(&head(Method::POST, Some(&id)), &mut body).await;
     assert_eq!(forwarded(lane), ("pod-b".into(), ForwardKind::Home, false));
@@ -407,7 +398,7 @@ async fn fr15_a_post_for_a_session_nobody_holds_is_404_unless_it_is_an_initializ
         peers: vec![peer("pod-a", PeerState::Routable)],
     };
     assert!(pod.sink.publish(Source::PeersFile, alone));
-    let id = pod.id_homed_at("pod-z");
+    let id = pod.mint("pod-z").0;
     let no_holder = Rejection::SessionNotFound(NotFound::NoHolder);
     // Until membership's source confirms its view, nobody can say the session is lost: 503.
     let (lane, _) = pod
@@ -439,7 +430,7 @@ async fn fr15_a_post_for_a_session_nobody_holds_is_404_unless_it_is_an_initializ
 #[tokio::test(start_paused = true)]
 async fn a_session_homed_here_but_not_held_is_left_to_the_broker() {
     let pod = Pod::start();
-    let id = pod.id_homed_at("pod-a");
+    let id = pod.mint("pod-a").0;
     let (lane, _) = pod
         .decide(&head(Method::GET, Some(&id)), &mut Sent::default())
         .await;
@@ -453,7 +444,7 @@ async fn a_session_homed_here_but_not_held_is_left_to_the_broker() {
 #[tokio::test(start_paused = true)]
 async fn a_forged_session_id_is_404_at_once() {
     let pod = Pod::start();
-    let mut forged = pod.id_homed_at("pod-b");
+    let mut forged = pod.mint("pod-b").0;
     forged.replace_range(forged.len() - 4.., "AAAA");
     let mut body = Sent::json(&initialize());
     let (lane, _) = pod
