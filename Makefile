@@ -15,7 +15,7 @@ PYTHON_DEPS := python3 python3-venv
 # npm (and the Node.js it runs on), which installs the conformance suite: `make conformance`.
 NODE_DEPS := nodejs npm
 
-.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo soak bench bench-proxy crds references images e2e cluster-deps cluster-root cluster-tools cluster-up cluster-down e2e-local clean
+.PHONY: all deps python-deps node-deps build test lint cargo-test python-sdk conformance fuzz demo demo-fault soak bench bench-proxy crds references images e2e cluster-deps cluster-root cluster-tools cluster-up cluster-down e2e-local clean
 
 all: test
 
@@ -150,6 +150,15 @@ fuzz: deps
 demo: deps
 	$(CARGO) build --release --bins
 	./target/release/tether-demo $(DEMO_ARGS)
+
+## demo-fault: the demo's load without a rollout, one pod lost without warning instead — its
+## sidecar crashed and restarted, then the whole pod lost and replaced — each with replication
+## (spec.session.replication: Sessions) and without (None), side by side; fails when a column
+## with replication shows a client-visible 404, a lost session, a tool run twice or an event
+## lost silently (docs/guide/demo.md#the-fault-mode; about 4 minutes on 2 cores).
+demo-fault: deps
+	$(CARGO) build --release --bins
+	./target/release/tether-demo --fault all $(DEMO_ARGS)
 
 ## soak: the 5,000-session rolling upgrade SOAK_RUNS times (default 20), one row per run and
 ## the totals; fails on any foreign or lost event, client-visible 404, tool run twice or request

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use sse_stream::Sse;
 
 use crate::client::{
-    Events, McpClient, Session, body_text, is_sse, result_text, tool_call, unexpected,
+    Events, McpClient, Session, body_text, error_reason, is_sse, result_text, tool_call, unexpected,
 };
 use crate::follow::{self, Follow, Refusal, Resumed};
 use crate::{HarnessError, Result};
@@ -116,6 +116,10 @@ pub struct CallOutcome {
     /// The pod each response that carried the call's stream came from, in order (the POST's,
     /// then each resume's).
     pub pods: Vec<String>,
+    /// The `data.reason` of the JSON-RPC error that ended the call, when one did (its answer,
+    /// or the refusal of a resume): the sidecar said the call was interrupted, so what did not
+    /// arrive is lost but announced.
+    pub announced: Option<String>,
 }
 
 impl CallOutcome {
@@ -430,6 +434,9 @@ impl Tracked {
                 Err(Stop::Gone)
             }
             Err(e) => {
+                if let Some(reason) = error_reason(&e) {
+                    self.out.announced.get_or_insert_with(|| reason.to_owned());
+                }
                 self.out.failures.push(e);
                 Err(Stop::Failed)
             }
@@ -535,6 +542,9 @@ fn classify(data: &str, request_id: u64, call_id: &str, out: &mut CallOutcome) {
         } else if let Some(text) = result_text(&msg) {
             out.result = Some(text.to_owned());
         } else {
+            if let Some(reason) = msg.pointer("/error/data/reason").and_then(Value::as_str) {
+                out.announced.get_or_insert_with(|| reason.to_owned());
+            }
             out.failures.push(format!("{call_id}: error result {msg}"));
             out.result = Some(String::new());
         }
@@ -575,5 +585,25 @@ mod tests {
         assert_eq!(out.foreign, 2);
         assert_eq!(out.result.as_deref(), Some("done 2"));
         assert_eq!(out.lost(2), 1, "progress 2 never arrived for c1");
+    }
+
+    #[test]
+    fn an_error_answer_with_a_reason_announces_what_did_not_arrive() {
+        let mut out = CallOutcome::default();
+        let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": "c1", "progress": 1}});
+        classify(&progress.to_string(), 7, "c1", &mut out);
+        let error = json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32603,
+            "message": "interrupted", "data": {"reason": "handoff_interrupted"}}});
+        classify(&error.to_string(), 7, "c1", &mut out);
+        assert_eq!(out.announced.as_deref(), Some("handoff_interrupted"));
+        let mut report = crate::load::Report::default();
+        report.record_call("c1", 3, Ok(out));
+        assert_eq!(
+            (report.lost, report.announced_lost, report.lost_silently()),
+            (2, 2, 0)
+        );
+        assert_eq!(report.announced["handoff_interrupted"], 1);
+        assert!(report.incidents.is_empty(), "{:?}", report.incidents);
     }
 }

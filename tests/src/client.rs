@@ -4,11 +4,12 @@
 //! their ids, and it lets the caller drop a connection mid-stream (dropping the body closes the
 //! connection) and resume with `GET` + `Last-Event-ID`.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -58,7 +59,54 @@ struct HeadWaits {
     /// The longest wait, in milliseconds.
     longest_ms: AtomicU64,
     /// The first of those answered late (those given up are failures of their own).
-    described: std::sync::Mutex<Vec<LateRequest>>,
+    described: Mutex<Vec<LateRequest>>,
+    /// What the answers said, beside how long they took.
+    answers: Answers,
+}
+
+/// What the answers to a client and its clones said: how many were 503s, and when a watched
+/// set of sessions was first served again ([`McpClient::watch_sessions`]).
+#[derive(Debug, Default)]
+struct Answers {
+    /// Answers 503 (each attempt of a request sent again after its `Retry-After` counts).
+    unavailable: AtomicU64,
+    /// Whether [`Answers::watched`] is set: most clients never watch, and skip its lock.
+    watching: AtomicBool,
+    watched: Mutex<Watched>,
+}
+
+/// Sessions watched from a moment on, and when a request of one of them sent after it was
+/// first answered with success.
+#[derive(Debug, Default)]
+struct Watched {
+    since: Option<Instant>,
+    sessions: HashSet<String>,
+    first_served: Option<Instant>,
+}
+
+impl Answers {
+    /// Notes the answer `status` to a request sent at `sent` with `headers`.
+    fn saw(&self, status: StatusCode, headers: &[(&str, &str)], sent: Instant) {
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            self.unavailable.fetch_add(1, Ordering::Relaxed);
+        }
+        if !status.is_success() || !self.watching.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some((_, session)) = headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("mcp-session-id"))
+        else {
+            return;
+        };
+        let mut watched = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
+        if watched.since.is_some_and(|since| sent >= since)
+            && watched.first_served.is_none()
+            && watched.sessions.contains(*session)
+        {
+            watched.first_served = Some(Instant::now());
+        }
+    }
 }
 
 impl HeadWaits {
@@ -175,6 +223,9 @@ impl Http {
         let sent = std::time::Instant::now();
         let answered = tokio::time::timeout(RESPONSE_TIMEOUT, self.client.request(req)).await;
         let waited = sent.elapsed();
+        if let Ok(Ok(resp)) = &answered {
+            self.heads.answers.saw(resp.status(), headers, sent);
+        }
         if waited >= LATE_HEAD {
             self.heads.late.fetch_add(1, Ordering::Relaxed);
             if answered.is_ok() {
@@ -592,6 +643,38 @@ impl McpClient {
         self.http.late_requests()
     }
 
+    /// Answers 503 to this client and its clones so far (each attempt of a request sent again
+    /// after its `Retry-After` counts).
+    pub fn unavailable(&self) -> u64 {
+        self.http.heads.answers.unavailable.load(Ordering::Relaxed)
+    }
+
+    /// Watches `sessions` from `since` on: [`McpClient::first_served`] is then when a request of
+    /// one of them sent at `since` or later was first answered with success, by this client or
+    /// a clone (e.g. the sessions of a pod lost at `since`: when one was served again).
+    pub fn watch_sessions(&self, since: Instant, sessions: HashSet<String>) {
+        let answers = &self.http.heads.answers;
+        *answers
+            .watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Watched {
+            since: Some(since),
+            sessions,
+            first_served: None,
+        };
+        answers.watching.store(true, Ordering::Relaxed);
+    }
+
+    /// When a request of a session [`McpClient::watch_sessions`] watches was first served.
+    pub fn first_served(&self) -> Option<Instant> {
+        let answers = &self.http.heads.answers;
+        let watched = answers
+            .watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        watched.first_served
+    }
+
     /// The entry URL of the next request.
     pub fn entry(&self) -> String {
         let entries = self.entries.read().unwrap_or_else(PoisonError::into_inner);
@@ -695,10 +778,23 @@ impl McpClient {
     /// # Errors
     /// [`HarnessError::Protocol`] when the server does not answer as the spec says.
     pub async fn initialize(&self, version: &str) -> Result<Session> {
+        Ok(self.initialize_placed(version).await?.0)
+    }
+
+    /// [`McpClient::initialize`], and the pod that answered the `initialize` (its host): where
+    /// the session was created, and is held until it moves.
+    ///
+    /// # Errors
+    /// [`HarnessError::Protocol`] when the server does not answer as the spec says.
+    pub async fn initialize_placed(&self, version: &str) -> Result<(Session, String)> {
         let resp = self.post(None, &initialize_body(1, version), &[]).await?;
         if resp.status() != StatusCode::OK {
             return Err(unexpected("initialize", resp).await);
         }
+        let pod = resp
+            .extensions()
+            .get::<AnsweredBy>()
+            .map_or_else(String::new, |by| by.0.clone());
         let id = resp
             .headers()
             .get("mcp-session-id")
@@ -722,7 +818,7 @@ impl McpClient {
         if resp.status() != StatusCode::ACCEPTED {
             return Err(unexpected("notifications/initialized", resp).await);
         }
-        Ok(session)
+        Ok((session, pod))
     }
 
     /// Posts a `tools/call` of `name` with `arguments` (request id `id`): its answer, which the
@@ -815,6 +911,17 @@ pub fn header_str<B>(resp: &Response<B>, name: &str) -> Option<String> {
         .map(|b| String::from_utf8_lossy(b).into_owned())
 }
 
+/// The `data.reason` of a JSON-RPC error, wherever one stands in `text` (a message, an error
+/// answer's body, a failure that quotes one, cut short or not): how a sidecar says why it ended
+/// or refused a request.
+pub fn error_reason(text: &str) -> Option<&str> {
+    let (_, after) = text.split_once("\"error\"")?;
+    let (_, after) = after.split_once("\"reason\"")?;
+    let value = after.trim_start().strip_prefix(':')?.trim_start();
+    let value = value.strip_prefix('"')?;
+    value.split_once('"').map(|(reason, _)| reason)
+}
+
 /// The JSON-RPC error object of an error answer, with its status. Such answers are
 /// `application/json` and never carry a session id.
 ///
@@ -891,5 +998,31 @@ mod tests {
             described[0].detail,
             "GET http://p/mcp (Last-Event-ID abc-3): response headers after 10.0 s"
         );
+    }
+
+    #[test]
+    fn a_watched_session_is_first_served_by_a_success_sent_after_the_watch_began() {
+        let client = McpClient::new("http://127.0.0.1:1/mcp");
+        let answers = &client.http.heads.answers;
+        let before = Instant::now();
+        let since = Instant::now();
+        client.watch_sessions(since, ["sid-1".to_owned()].into());
+        let of = |sid| [("mcp-session-id", sid)];
+        answers.saw(StatusCode::OK, &of("sid-1"), before);
+        answers.saw(StatusCode::OK, &of("sid-2"), since);
+        answers.saw(StatusCode::SERVICE_UNAVAILABLE, &of("sid-1"), since);
+        assert_eq!((client.first_served(), client.unavailable()), (None, 1));
+        answers.saw(StatusCode::OK, &of("sid-1"), since);
+        assert!(client.first_served().is_some_and(|at| at >= since));
+    }
+
+    #[test]
+    fn the_reason_of_an_error_is_found_in_a_message_a_body_or_a_failure() {
+        let message = r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32603,"message":"x","data":{"reason":"handoff_interrupted"}}}"#;
+        assert_eq!(error_reason(message), Some("handoff_interrupted"));
+        let failure = r#"resume after k-3 answered 503 Service Unavailable: {"jsonrpc":"2.0","error":{"code":-32000,"data": {"reason" : "holder_lost"}}"#;
+        assert_eq!(error_reason(failure), Some("holder_lost"));
+        assert_eq!(error_reason(r#"{"result":{"reason":"no"}}"#), None);
+        assert_eq!(error_reason("stream ended without a result"), None);
     }
 }

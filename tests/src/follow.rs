@@ -12,8 +12,8 @@ use http::{Response, StatusCode};
 use serde_json::Value;
 
 use crate::client::{
-    Events, McpClient, Session, body_text, expect_lost_session, header_str, is_sse, json_error,
-    messages, parse,
+    Events, McpClient, Session, body_text, error_reason, expect_lost_session, header_str, is_sse,
+    json_error, messages, parse,
 };
 use crate::{HarnessError, Result};
 
@@ -122,8 +122,14 @@ pub async fn reconnect(
             }
             None => {
                 let body = body_text(resp).await.unwrap_or_default();
+                // A JSON-RPC error whole, so that its `data.reason` stays readable.
+                let shown = if error_reason(&body).is_some() {
+                    2000
+                } else {
+                    200
+                };
                 return Err(format!(
-                    "resume after {after} answered {status}: {body:.200}"
+                    "resume after {after} answered {status}: {body:.shown$}"
                 ));
             }
         }

@@ -88,6 +88,11 @@ pub struct Report {
     pub not_found: u64,
     /// Expected messages of started streams never received.
     pub lost: u64,
+    /// Of those, the messages of streams a JSON-RPC error with a `data.reason` ended (the
+    /// sidecar said the request was interrupted): lost, but announced.
+    pub announced_lost: u64,
+    /// Streams such an error ended, by its reason.
+    pub announced: std::collections::BTreeMap<String, u64>,
     /// Messages received twice.
     pub duplicated: u64,
     /// Messages of another request or stream.
@@ -109,6 +114,11 @@ impl Report {
     /// The `q` quantile (0..=1) of resume latencies.
     pub fn resume_quantile(&self, q: f64) -> Option<Duration> {
         quantile(&self.resume_latencies, q)
+    }
+
+    /// Expected messages never received and never announced lost ([`Report::announced_lost`]).
+    pub fn lost_silently(&self) -> u64 {
+        self.lost.saturating_sub(self.announced_lost)
     }
 
     /// Whether no session was lost (404), nothing was lost, duplicated, foreign or executed
@@ -151,6 +161,10 @@ impl Report {
         self.resumes += other.resumes;
         self.not_found += other.not_found;
         self.lost += other.lost;
+        self.announced_lost += other.announced_lost;
+        for (reason, n) in other.announced {
+            *self.announced.entry(reason).or_default() += n;
+        }
         self.duplicated += other.duplicated;
         self.foreign += other.foreign;
         self.executed_twice += other.executed_twice;
@@ -170,7 +184,11 @@ impl Report {
                 self.resumes += out.resumes.len() as u64;
                 self.not_found += out.not_found;
                 let lost = out.lost(count);
-                if lost > 0 {
+                if let Some(reason) = &out.announced {
+                    // Told: the failure that carries the reason is the incident.
+                    *self.announced.entry(reason.clone()).or_default() += 1;
+                    self.announced_lost += lost;
+                } else if lost > 0 {
                     let got: std::collections::HashSet<u32> =
                         out.progress.iter().copied().collect();
                     let missing: Vec<u32> = (1..=count).filter(|p| !got.contains(p)).collect();

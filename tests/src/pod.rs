@@ -142,6 +142,9 @@ pub struct PodSpec {
     pub idle_timeout: String,
     /// `spec.session.migration` (`Replay` or `Pin`).
     pub migration: String,
+    /// `spec.session.replication` (`None`, `Sessions` or `Events`); `None` (the Rust value):
+    /// the manifest does not name it (the sidecar's default).
+    pub replication: Option<String>,
     /// `spec.drain.timeout` (a Kubernetes-style duration: `5s`, `1500ms`).
     pub drain_timeout: String,
     /// `spec.drain.shutdownDelay`: `0s` by default, as the harness's clients and peers learn
@@ -194,6 +197,7 @@ impl Default for PodSpec {
             ttl: "10m".into(),
             idle_timeout: "30m".into(),
             migration: "Replay".into(),
+            replication: None,
             drain_timeout: "5s".into(),
             shutdown_delay: "0s".into(),
             revalidate: "60s".into(),
@@ -232,7 +236,7 @@ impl PodSpec {
              \x20 origins: {{allow: [{}], allowMissing: {}}}\n\
              \x20 protocolVersions: [{}]\n\
              \x20 buffer: {{maxEvents: {}, maxBytes: {}, ttl: {}}}\n\
-             \x20 session: {{idleTimeout: {}, migration: {}}}\n\
+             \x20 session: {{idleTimeout: {}, migration: {}{}}}\n\
              \x20 drain: {{timeout: {}, shutdownDelay: {}}}\n\
              \x20 auth: {{revalidate: {}}}\n",
             self.forward_origin,
@@ -245,6 +249,9 @@ impl PodSpec {
             self.ttl,
             self.idle_timeout,
             self.migration,
+            self.replication
+                .as_ref()
+                .map_or_else(String::new, |r| format!(", replication: {r}")),
             self.drain_timeout,
             self.shutdown_delay,
             self.revalidate,
@@ -624,6 +631,19 @@ impl Pod {
         Ok(())
     }
 
+    /// Kills the sidecar (SIGKILL) and starts it again at once with the same pod UID, address,
+    /// manifest, peers file and Secret, as the kubelet restarts a crashed container; waits
+    /// until it is ready. The MCP server keeps running; the new sidecar's log follows the old
+    /// one's in the same file.
+    ///
+    /// # Errors
+    /// [`HarnessError`] when it cannot be killed, or started again and ready.
+    pub async fn restart_sidecar(&mut self) -> Result<()> {
+        self.sidecar.kill().await?;
+        self.sidecar = spawn_sidecar(self.ip, &self.spec, self.dir.path())?;
+        self.wait_ready().await
+    }
+
     /// Sends `SIG<name>` (e.g. `STOP`, `CONT`) to the sidecar.
     ///
     /// # Errors
@@ -676,6 +696,12 @@ impl Pod {
     /// The sidecar's whole log.
     pub fn sidecar_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("sidecar.log")).unwrap_or_default()
+    }
+
+    /// The MCP server's whole log (it outlives the server: e.g. the executions it printed
+    /// with `--log-calls` before it was killed).
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 }
 

@@ -42,6 +42,42 @@ pub fn render(header: &[&str], rows: &[(&str, Vec<String>)]) -> String {
     out
 }
 
+/// Runs side by side under a `measure` column: each run's title and its rows (label and value),
+/// every run with the same labels in the same order (the first run's are printed).
+pub fn side_by_side(runs: &[(&str, Vec<(&str, String)>)]) -> String {
+    let mut header = vec!["measure"];
+    header.extend(runs.iter().map(|(title, _)| *title));
+    let labels = runs
+        .first()
+        .map(|(_, rows)| rows.as_slice())
+        .unwrap_or_default();
+    let rows: Vec<(&str, Vec<String>)> = labels
+        .iter()
+        .enumerate()
+        .map(|(i, (label, _))| {
+            let values = runs.iter().map(|(_, rows)| rows[i].1.clone()).collect();
+            (*label, values)
+        })
+        .collect();
+    render(&header, &rows)
+}
+
+/// The cells of the row of `text` (a [`render`]ed table) labelled `label`, label first.
+///
+/// # Panics
+/// When the table has no such row.
+#[cfg(test)]
+pub(crate) fn row(text: &str, label: &str) -> Vec<String> {
+    text.lines()
+        .find(|l| l.starts_with(&format!("| {label} ")))
+        .unwrap_or_else(|| panic!("no row {label} in\n{text}"))
+        .split('|')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

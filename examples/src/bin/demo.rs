@@ -15,11 +15,18 @@
 //! Exits 1 when the handoff column is not clean (a client-visible 404, a lost, duplicated or
 //! foreign event, a tool executed twice, a request without credentials at an MCP server, another
 //! user served in a session, any other client error), 2 when the demo itself could not run.
+//!
+//! With `--fault sidecar-crash|pod-loss|all` (`make demo-fault`) it runs the same load without
+//! a rollout and loses one pod without warning instead ([`tether_tests::rollout::fault`]):
+//! each fault with replication (`--replication`, `spec.session.replication`) and without (the
+//! baseline), side by side. It then exits 1 when a column with replication misses the bar: a
+//! client-visible 404, a session lost, a tool executed twice or an event lost silently.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use tether_tests::rollout::fault::{self, Fault, FaultConfig, FaultReport};
 use tether_tests::rollout::{
     self, AuthLoad, OldSidecar, RolloutConfig, RolloutReport, SoakRow, soak_table,
 };
@@ -105,6 +112,22 @@ struct Args {
     /// move are written, so that every incident is printed with its session's log lines.
     #[arg(long, default_value = SIDECAR_LOG)]
     sidecar_log: String,
+    /// Instead of the rolling upgrade, lose a pod without warning under the same load: its
+    /// sidecar crashes and restarts (`sidecar-crash`), or the whole pod is gone and replaced
+    /// (`pod-loss`), or both (`all`); each with replication and, with `--baseline`, without.
+    #[arg(long, value_parser = ["sidecar-crash", "pod-loss", "all"], conflicts_with_all = ["runs", "old_bin_dir"])]
+    fault: Option<String>,
+    /// `spec.session.replication` of the `--fault` columns with replication: `Sessions` or
+    /// `Events` (the baseline columns run `None`).
+    #[arg(long, default_value = "Sessions")]
+    replication: String,
+    /// With `--fault pod-loss`: milliseconds from the kill until the lost pod leaves the
+    /// membership (its loss noticed) and its replacement starts.
+    #[arg(long, default_value_t = 5000)]
+    detection_delay_ms: u64,
+    /// With `--fault`: milliseconds from every session initialized until the kill.
+    #[arg(long, default_value_t = 5000)]
+    fault_after_ms: u64,
 }
 
 /// The sidecars' log filter by default: each request of a session and each move at debug.
@@ -134,7 +157,7 @@ async fn main() -> ExitCode {
         cut_probability: args.cut_probability,
         standalone_fraction: args.standalone_fraction,
         counter_fraction: args.counter_fraction,
-        migration: args.migration,
+        migration: args.migration.clone(),
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
         ramp_up: Duration::from_millis(args.ramp_up_ms),
         auth: args.auth.then(|| AuthLoad {
@@ -151,6 +174,9 @@ async fn main() -> ExitCode {
     };
     if args.runs > 1 {
         return soak(&cfg, args.runs).await;
+    }
+    if let Some(which) = &args.fault {
+        return faults(cfg, which, &args).await;
     }
     println!(
         "rolling upgrade of {} pods under {} MCP sessions and {} 2026-07-28 clients ({} listening) \
@@ -253,6 +279,81 @@ async fn soak(cfg: &RolloutConfig, runs: u32) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         println!("result: FAILED: not every run was clean (see the table and incidents above)");
+        ExitCode::FAILURE
+    }
+}
+
+/// The fault mode: each fault of `which` under `load`, with replication and (with
+/// `--baseline`) without, side by side; exits 1 when a column with replication misses the bar.
+async fn faults(load: RolloutConfig, which: &str, args: &Args) -> ExitCode {
+    let chosen: Vec<Fault> = match which {
+        "sidecar-crash" => vec![Fault::SidecarCrash],
+        "pod-loss" => vec![Fault::PodLoss],
+        _ => Fault::ALL.to_vec(),
+    };
+    println!(
+        "{} under {} MCP sessions on {} pods and {} 2026-07-28 clients, with replication {}{}...",
+        chosen
+            .iter()
+            .map(|f| f.name())
+            .collect::<Vec<_>>()
+            .join(", then "),
+        load.sessions,
+        load.pods,
+        load.modern_clients + load.listeners,
+        args.replication,
+        if args.baseline {
+            ", then without (baseline)"
+        } else {
+            ""
+        }
+    );
+    let mut reports = Vec::new();
+    for fault in chosen {
+        let cfg = FaultConfig {
+            replication: args.replication.clone(),
+            detection_delay: Duration::from_millis(args.detection_delay_ms),
+            fault_after: Duration::from_millis(args.fault_after_ms),
+            settle: Duration::from_secs(5),
+            ..FaultConfig::new(fault, load.clone())
+        };
+        let mut runs = vec![cfg.clone()];
+        if args.baseline {
+            runs.push(cfg.baseline());
+        }
+        for cfg in &runs {
+            match fault::run(cfg).await {
+                Ok(report) => reports.push(report),
+                Err(e) => {
+                    eprintln!("tether-demo: the {} run failed: {e}", cfg.label());
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    }
+    println!("\n{}", fault::table(&reports.iter().collect::<Vec<_>>()));
+    // The baselines lose sessions by design: only the runs with replication are explained.
+    let missed: Vec<&FaultReport> = reports
+        .iter()
+        .filter(|r| r.replicated() && !r.meets_bar())
+        .collect();
+    for report in &missed {
+        explain(&report.run);
+    }
+    if missed.is_empty() {
+        println!(
+            "result: with replication {}, no client saw a 404, no session was lost, no tool \
+             ran twice, no event was lost without the sidecar saying so",
+            args.replication
+        );
+        ExitCode::SUCCESS
+    } else {
+        let labels: Vec<&str> = missed.iter().map(|r| r.run.label.as_str()).collect();
+        println!(
+            "result: FAILED: {} missed the bar (0 client-visible 404s, 0 sessions lost, 0 \
+             tools executed twice, 0 events lost silently; see the table and failures above)",
+            labels.join(", ")
+        );
         ExitCode::FAILURE
     }
 }

@@ -12,8 +12,9 @@
 //! now and then user `mallory` (a valid token of the same issuer) sends a `ping` in the
 //! client's session: it must get 404.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -46,6 +47,8 @@ pub(super) struct Figures {
     pub slow_calls: u64,
     /// Sessions that saw their `counter` go back (restart) within the session.
     pub counter_restarts: u64,
+    /// Sessions lost (answered 404), after which the client started a new one.
+    pub sessions_lost: u64,
     /// When a client first got a 404.
     pub first_not_found: Option<Instant>,
     /// Token refreshes: (before expiry, after a 401).
@@ -62,6 +65,7 @@ impl Figures {
         self.report.add(other.report);
         self.slow_calls += other.slow_calls;
         self.counter_restarts += other.counter_restarts;
+        self.sessions_lost += other.sessions_lost;
         self.saw_not_found_at(other.first_not_found);
         self.refreshes.0 += other.refreshes.0;
         self.refreshes.1 += other.refreshes.1;
@@ -84,6 +88,8 @@ struct Shared {
     done: AtomicBool,
     /// One permit per client whose first session is initialized (or failed to).
     initialized: Semaphore,
+    /// The session each client holds now and the pod that created it, by client.
+    held: Mutex<HashMap<usize, (String, String)>>,
 }
 
 /// The running clients.
@@ -100,6 +106,7 @@ impl Load {
         let shared = Arc::new(Shared {
             done: AtomicBool::new(false),
             initialized: Semaphore::new(0),
+            held: Mutex::default(),
         });
         let cfg = Arc::new(cfg.clone());
         let user = |sub: &str, refresh| match (&cfg.auth, &issuer) {
@@ -155,6 +162,19 @@ impl Load {
         tokio::time::timeout(within, self.shared.initialized.acquire_many(all))
             .await
             .is_ok_and(|permits| permits.is_ok())
+    }
+
+    /// The sessions the clients hold now that pod `host` (its address) created.
+    pub fn held_on(&self, host: &str) -> HashSet<String> {
+        let held = self
+            .shared
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        held.values()
+            .filter(|(_, pod)| pod == host)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Tells the clients the rollout is done and waits (at most `within`) for them to finish.
@@ -229,17 +249,19 @@ impl Client {
                 ));
                 break;
             }
-            let session = self.client.initialize(&version).await;
+            let session = self.client.initialize_placed(&version).await;
             if !announced {
                 self.shared.initialized.add_permits(1);
                 announced = true;
             }
             match session {
-                Ok(session) => {
+                Ok((session, pod)) => {
                     self.figures.report.sessions += 1;
+                    self.hold(&session, pod);
                     if self.session(&session).await == Ended::Done {
                         break;
                     }
+                    self.figures.sessions_lost += 1;
                 }
                 Err(e) => {
                     self.record_error(&format!("client {}: initialize", self.index), e);
@@ -251,6 +273,16 @@ impl Client {
             self.figures.refreshes = tokens.refreshes();
         }
         self.figures
+    }
+
+    /// Notes `session`, created by pod `pod`, as the one this client holds now.
+    fn hold(&self, session: &Session, pod: String) {
+        let mut held = self
+            .shared
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        held.insert(self.index, (session.id.clone(), pod));
     }
 
     /// With auth, now and then: another user's `ping` in `session`, which must get 404 (the

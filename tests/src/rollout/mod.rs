@@ -39,6 +39,7 @@
 //! [`RotationReport`] in the report).
 
 mod clients;
+pub mod fault;
 mod modern;
 mod report;
 mod rotation;
@@ -104,6 +105,9 @@ pub struct RolloutConfig {
     pub handoff: bool,
     /// `spec.session.migration`: `Replay` or `Pin`.
     pub migration: String,
+    /// `spec.session.replication`: `None`, `Sessions` or `Events`; `None` (the Rust value):
+    /// the manifest does not name it, the sidecar's default applies.
+    pub replication: Option<String>,
     /// `spec.drain.timeout`.
     pub drain_timeout: Duration,
     /// Clients start at random moments spread over this time, as real clients arrive (not in
@@ -201,6 +205,7 @@ impl Default for RolloutConfig {
                 .to_vec(),
             handoff: true,
             migration: "Replay".into(),
+            replication: None,
             drain_timeout: Duration::from_secs(3),
             ramp_up: Duration::from_secs(1),
             auth: Some(AuthLoad::default()),
@@ -261,6 +266,7 @@ impl RolloutConfig {
         }
         PodSpec {
             migration: self.migration.clone(),
+            replication: self.replication.clone(),
             drain_timeout: format!("{}ms", self.drain_timeout.as_millis()),
             sidecar_args: vec!["--handoff".into(), self.handoff.to_string()],
             server: self.upstream,
@@ -273,6 +279,14 @@ impl RolloutConfig {
                 .collect(),
             ..PodSpec::default()
         }
+    }
+
+    /// The issuer of the clients' tokens, when the MCP servers require them.
+    fn issuer(&self) -> Result<Option<Arc<Issuer>>> {
+        self.auth
+            .as_ref()
+            .map(|_| Issuer::new().map(Arc::new))
+            .transpose()
     }
 
     /// The old pods' and the new pods' addresses (fresh ones of [`addr::next_ip`]), once the
@@ -309,10 +323,7 @@ impl RolloutConfig {
 /// error; it is in the report.
 pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
     let (old, new) = cfg.addresses()?;
-    let issuer = match cfg.auth {
-        Some(_) => Some(Arc::new(Issuer::new()?)),
-        None => None,
-    };
+    let issuer = cfg.issuer()?;
     let mut rotation = cfg
         .rotate_key
         .then(|| rotation::Rotation::new(issuer.as_deref()))
@@ -323,31 +334,16 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
     cluster.set_revision(NEW_REVISION);
     cluster.set_spec(cfg.pod_spec(issuer.as_deref()));
     cluster.set_key_ring(rotation.as_ref().map(rotation::Rotation::files));
-    let client = McpClient::spread(cluster.routable_urls()).honouring_retry_after();
-    client.set_headers(&PUBLIC_HEADERS);
-    let mut rollout = Rollout {
-        cfg,
-        report: RolloutReport::new(cfg.label(), cfg.pods, cfg.sessions),
-        executions: Executions::default(),
-        started: Instant::now(),
-    };
-    rollout.step(format!(
-        "{} pods up; starting {} sessions",
-        cfg.pods, cfg.sessions
-    ));
-    let modern = modern::ModernLoad::start(&client, cfg, issuer.as_ref());
-    let load = clients::Load::start(&client, cfg, issuer);
-    if !load.initialized(INITIALIZE_TIMEOUT).await {
-        rollout.report.load.failures.push(format!(
-            "harness: the sessions did not initialize within {INITIALIZE_TIMEOUT:?}"
-        ));
-    }
+    let mut rollout = Rollout::new(cfg, cfg.label());
+    let loads = rollout.start_load(&cluster, issuer).await;
     rollout.step("every session initialized; rolling out".into());
     if let Some(rotation) = &mut rotation {
         rotation.mint_witness(&cluster).await;
     }
     for (i, (&old, &new)) in old.iter().zip(&new).enumerate() {
-        rollout.replace(&mut cluster, &client, old, new).await?;
+        rollout
+            .replace(&mut cluster, &loads.client, old, new)
+            .await?;
         if let Some(rotation) = &mut rotation {
             rotation.joined(&cluster, new).await;
             if i == 0 {
@@ -363,29 +359,14 @@ pub async fn run(cfg: &RolloutConfig) -> Result<RolloutReport> {
         retired = rotation.retire_if_unused(&mut cluster, &mut rollout).await;
     }
     rollout.step("rollout done; every session makes its last calls".into());
-    let figures = load.finish(FINISH_TIMEOUT).await;
-    rollout.report.modern = modern.finish(FINISH_TIMEOUT).await;
-    let failures = rollout.report.modern.failures.iter().cloned();
-    rollout.report.load.failures.extend(failures);
-    rollout.report.late_heads = client.late_heads();
-    let late = client.late_requests().into_iter().map(|late| Incident {
-        kind: IncidentKind::Hung,
-        session: late.session,
-        detail: late.detail,
-    });
-    rollout.report.load.incidents.extend(late);
-    rollout.step("load done".into());
+    let figures = rollout.finish_load(loads).await;
     if let Some(rotation) = &mut rotation
         && !retired
     {
         rotation.retire(&mut cluster, &mut rollout).await;
     }
     rollout.report.rotation = rotation.map(|r| r.report);
-    for pod in &cluster.pods {
-        rollout.read_sidecar(pod).await;
-        rollout.read_stats(pod).await;
-        rollout.keep_log(pod);
-    }
+    rollout.read_pods(&cluster).await;
     Ok(rollout.finish(figures))
 }
 
@@ -394,7 +375,7 @@ fn no_pod(ip: Ipv4Addr) -> HarnessError {
     HarnessError::Start(format!("no pod on {ip}"))
 }
 
-/// A rollout under way: the report it fills in.
+/// A rollout under way (or another run of its load, [`fault`]): the report it fills in.
 struct Rollout<'a> {
     cfg: &'a RolloutConfig,
     report: RolloutReport,
@@ -402,7 +383,79 @@ struct Rollout<'a> {
     started: Instant,
 }
 
-impl Rollout<'_> {
+/// The loads of a run, and the client (the Service) they share.
+struct Loads {
+    client: McpClient,
+    sessions: clients::Load,
+    modern: modern::ModernLoad,
+}
+
+impl<'a> Rollout<'a> {
+    /// A run of `cfg`'s load whose column is named `label`, starting now.
+    fn new(cfg: &'a RolloutConfig, label: String) -> Self {
+        Self {
+            cfg,
+            report: RolloutReport::new(label, cfg.pods, cfg.sessions),
+            executions: Executions::default(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Starts the sessions and the 2026-07-28 clients against the routable pods of `cluster`,
+    /// with tokens of `issuer`, and waits (at most [`INITIALIZE_TIMEOUT`]) until every session
+    /// initialized.
+    async fn start_load(&mut self, cluster: &Cluster, issuer: Option<Arc<Issuer>>) -> Loads {
+        let client = McpClient::spread(cluster.routable_urls()).honouring_retry_after();
+        client.set_headers(&PUBLIC_HEADERS);
+        self.step(format!(
+            "{} pods up; starting {} sessions",
+            self.cfg.pods, self.cfg.sessions
+        ));
+        let modern = modern::ModernLoad::start(&client, self.cfg, issuer.as_ref());
+        let sessions = clients::Load::start(&client, self.cfg, issuer);
+        if !sessions.initialized(INITIALIZE_TIMEOUT).await {
+            self.report.load.failures.push(format!(
+                "harness: the sessions did not initialize within {INITIALIZE_TIMEOUT:?}"
+            ));
+        }
+        Loads {
+            client,
+            sessions,
+            modern,
+        }
+    }
+
+    /// Tells the clients the run is done and waits for them: the sessions' figures (the
+    /// 2026-07-28 clients' and the late requests are in the report).
+    async fn finish_load(&mut self, loads: Loads) -> clients::Figures {
+        let figures = loads.sessions.finish(FINISH_TIMEOUT).await;
+        self.report.modern = loads.modern.finish(FINISH_TIMEOUT).await;
+        let failures = self.report.modern.failures.iter().cloned();
+        self.report.load.failures.extend(failures);
+        self.report.late_heads = loads.client.late_heads();
+        let late = loads
+            .client
+            .late_requests()
+            .into_iter()
+            .map(|late| Incident {
+                kind: IncidentKind::Hung,
+                session: late.session,
+                detail: late.detail,
+            });
+        self.report.load.incidents.extend(late);
+        self.step("load done".into());
+        figures
+    }
+
+    /// Reads every running pod of `cluster`: its sidecar, its MCP server's `/stats`, its log.
+    async fn read_pods(&mut self, cluster: &Cluster) {
+        for pod in &cluster.pods {
+            self.read_sidecar(pod).await;
+            self.read_stats(pod).await;
+            self.keep_log(pod);
+        }
+    }
+
     /// Records (and prints, to stderr) a step of the timeline.
     fn step(&mut self, what: String) {
         let at = self.started.elapsed();
@@ -482,9 +535,14 @@ impl Rollout<'_> {
             .push((format!("pod {}", pod.ip), pod.sidecar_log()));
     }
 
-    /// Adds a running sidecar's counters and peak RSS to the report.
+    /// Adds a running sidecar's counters and peak RSS to the report, and its log's warnings.
     async fn read_sidecar(&mut self, pod: &Pod) {
         self.report.sidecar.add_log(&pod.sidecar_log());
+        self.read_counters(pod).await;
+    }
+
+    /// Adds a running sidecar's counters and peak RSS to the report.
+    async fn read_counters(&mut self, pod: &Pod) {
         match pod.metrics().await {
             Ok(text) => self.report.sidecar.add(&text),
             Err(e) => self
@@ -533,6 +591,7 @@ impl Rollout<'_> {
         let modern = &self.report.modern;
         self.report.slow_calls = figures.slow_calls + modern.slow_calls + modern.tasks;
         self.report.counter_restarts = figures.counter_restarts;
+        self.report.sessions_lost = figures.sessions_lost;
         self.report.auth.on = self.cfg.auth.is_some();
         self.report.auth.refreshes = figures.refreshes;
         self.report.auth.probes = figures.probes;

@@ -117,6 +117,8 @@ pub struct RolloutReport {
     pub load: load::Report,
     /// Sessions whose `counter` restarted (tool state the journal does not carry).
     pub counter_restarts: u64,
+    /// Sessions lost (answered 404), after each of which its client started a new one.
+    pub sessions_lost: u64,
     /// `slow` calls the clients made, and `job` tasks the 2026-07-28 clients created.
     pub slow_calls: u64,
     /// `slow` and `job` executions over every example server (`/stats`): about [`Self::slow_calls`]
@@ -229,20 +231,7 @@ impl RolloutReport {
                 "counter restarts (sessions)",
                 self.counter_restarts.to_string(),
             ),
-            (
-                "sidecar 404s by reason",
-                if self.sidecar.not_found.values().all(|&n| n == 0) {
-                    "none".to_owned()
-                } else {
-                    self.sidecar
-                        .not_found
-                        .iter()
-                        .filter(|(_, n)| **n > 0)
-                        .map(|(r, n)| format!("{r} {n}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                },
-            ),
+            ("sidecar 404s by reason", by_reason(&self.sidecar.not_found)),
             ("other client errors", r.failures.len().to_string()),
             ("2026-07-28 clients", m.clients.to_string()),
             ("2026-07-28 requests", m.requests.to_string()),
@@ -330,19 +319,27 @@ impl RolloutReport {
     }
 }
 
+/// Counts by reason, `reason n, …` (those above 0), or `none`.
+pub fn by_reason(counts: &std::collections::BTreeMap<String, u64>) -> String {
+    let shown: Vec<String> = counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect();
+    if shown.is_empty() {
+        "none".to_owned()
+    } else {
+        shown.join(", ")
+    }
+}
+
 /// Several reports side by side, one column each (e.g. handoff, then the baseline).
 pub fn table(reports: &[&RolloutReport]) -> String {
-    let mut header = vec!["measure"];
-    header.extend(reports.iter().map(|r| r.label.as_str()));
-    let columns: Vec<Vec<(&str, String)>> = reports.iter().map(|r| r.rows()).collect();
-    let labels = columns.first().map(|c| c.len()).unwrap_or(0);
-    let rows: Vec<(&str, Vec<String>)> = (0..labels)
-        .map(|i| {
-            let label = columns[0][i].0;
-            (label, columns.iter().map(|c| c[i].1.clone()).collect())
-        })
+    let runs: Vec<(&str, Vec<(&str, String)>)> = reports
+        .iter()
+        .map(|r| (r.label.as_str(), r.rows()))
         .collect();
-    table::render(&header, &rows)
+    table::side_by_side(&runs)
 }
 
 #[cfg(test)]
@@ -381,17 +378,7 @@ mod tests {
         let text = table(&[&handoff, &baseline]);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].contains("handoff") && lines[0].contains("baseline"));
-        let row = |label: &str| {
-            lines
-                .iter()
-                .find(|l| l.starts_with(&format!("| {label} ")))
-                .unwrap()
-                .split('|')
-                .map(str::trim)
-                .filter(|c| !c.is_empty())
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        };
+        let row = |label: &str| table::row(&text, label);
         assert_eq!(
             row("client-visible 404s"),
             ["client-visible 404s", "0", "67"]

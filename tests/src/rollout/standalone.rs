@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use super::clients::Figures;
 use crate::Result;
-use crate::client::{Events, McpClient, Session, is_sse, unexpected};
+use crate::client::{Events, McpClient, Session, error_reason, is_sse, unexpected};
 use crate::follow::{self, Resumed};
 use crate::incident::{Incident, IncidentKind};
 
@@ -43,6 +43,9 @@ struct Heard {
     last_id: Option<String>,
     /// The pod each GET that carried the stream came from, in order.
     pods: Vec<String>,
+    /// The `data.reason` of the JSON-RPC error that ended the stream (an error message on it,
+    /// or the refusal of a resume), when one did: what did not arrive is lost but announced.
+    announced: Option<String>,
     figures: Figures,
 }
 
@@ -70,6 +73,10 @@ impl Heard {
             Some((text, seq)) if self.expected.contains_key(&text) => {
                 duplicated |= !self.received.entry(text).or_default().insert(seq);
             }
+            None if error_reason(&data).is_some() => {
+                let reason = error_reason(&data).unwrap_or_default();
+                self.announced.get_or_insert_with(|| reason.to_owned());
+            }
             _ => {
                 report.foreign += 1;
                 let shown: String = data.chars().take(240).collect();
@@ -87,6 +94,15 @@ impl Heard {
                 .incidents
                 .push(Incident::new(IncidentKind::Duplicated, detail));
         }
+    }
+
+    /// Records a failed resume; the reason of a JSON-RPC error in it (if any) announces the
+    /// stream's end.
+    fn resume_failed(&mut self, failure: String) {
+        if let Some(reason) = error_reason(&failure) {
+            self.announced.get_or_insert_with(|| reason.to_owned());
+        }
+        self.figures.report.failures.push(failure);
     }
 
     /// Registered notifications not received: each text with its missing sequence numbers,
@@ -212,15 +228,19 @@ impl Standalone {
         let _ = self.task.await;
         let mut heard = std::mem::take(&mut *lock(&self.heard));
         let missing = heard.missing();
-        if missing > 0 {
-            let detail = heard.describe_missing();
-            heard
-                .figures
-                .report
+        let detail = heard.describe_missing();
+        let report = &mut heard.figures.report;
+        match heard.announced.take() {
+            Some(reason) => {
+                *report.announced.entry(reason).or_default() += 1;
+                report.announced_lost += missing;
+            }
+            None if missing > 0 => report
                 .incidents
-                .push(Incident::new(IncidentKind::Lost, detail));
+                .push(Incident::new(IncidentKind::Lost, detail)),
+            None => {}
         }
-        heard.figures.report.lost += missing;
+        report.lost += missing;
         heard.figures
     }
 }
@@ -296,7 +316,7 @@ impl Reader {
                     }
                     Err(e) => format!("standalone GET: {e}"),
                 };
-            lock(&self.heard).figures.report.failures.push(failure);
+            lock(&self.heard).resume_failed(failure);
             tokio::time::sleep(RESUME_PAUSE).await;
         }
         None
