@@ -39,7 +39,7 @@ pub use reload::{POD_SETTINGS_ANNOTATION, PodSettings};
 pub use spec::{
     AdminSpec, AuthBinding, AuthSpec, BufferSpec, DrainSpec, ListenSpec, McpEndpoint,
     McpEndpointSpec, McpEndpointStatus, Migration, OriginsSpec, PeerSpec, ProtocolVersion,
-    SessionSpec, SidecarSpec, TargetRef, UpstreamSpec,
+    Replication, SessionSpec, SidecarSpec, TargetRef, UpstreamSpec,
 };
 pub use validate::{FieldError, MAX_REVALIDATE, validate_spec};
 

@@ -443,6 +443,28 @@ pub struct SessionSpec {
     /// How sessions leave a draining pod. Default `Replay`.
     #[serde(default)]
     pub migration: Migration,
+    /// What each session's holder keeps on a second pod (its replica), so the session survives
+    /// the holder's loss without warning (an OOM kill, a lost node, a sidecar crash): `None`,
+    /// `Sessions` (the session without its buffered events) or `Events` (with them). Running
+    /// sidecars reload it. Default `Sessions`. Built so far: the replica pod's side (keeping,
+    /// promoting, handing back); holders do not send replicas yet.
+    #[serde(default)]
+    pub replication: Replication,
+}
+
+/// What a session's replica on its runner-up pod carries (`docs/design/replication.md`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Replication {
+    /// No replica: a session ends with the pod that holds it, unless the pod drains.
+    None,
+    /// The session, its journal, credential digests, retry records with their answers,
+    /// tombstones and its streams' numbering, without buffered events: a request running when
+    /// the holder was lost ends with an explicit error, and a resume replays nothing from before.
+    #[default]
+    Sessions,
+    /// `Sessions` plus the buffered events, sent in batches: a resume replays them on the new
+    /// holder.
+    Events,
 }
 
 /// How a session moves off a draining pod.
@@ -638,6 +660,7 @@ impl Default for SessionSpec {
         Self {
             idle_timeout: default_idle_timeout(),
             migration: Migration::default(),
+            replication: Replication::default(),
         }
     }
 }

@@ -78,7 +78,7 @@ mod tests {
     use crate::cluster::peer_health::Down;
     use crate::cluster::routing::ForwardKind;
     use crate::config::metrics::{ConfigReload, KeyRingReload};
-    use crate::handoff::metrics::HandoffFailure;
+    use crate::handoff::metrics::{HandoffFailure, TakeOver};
     use crate::mcp::admission::Era;
     use crate::mcp::rejection::{NotFound, Rejection};
     use crate::ops::metrics::AdminRefusal;
@@ -194,6 +194,11 @@ mod tests {
                 all(HandoffFailure::label),
             ),
             (
+                "tether_replicas_taken_over_total",
+                "how",
+                all(TakeOver::label),
+            ),
+            (
                 "tether_admin_refused_total",
                 "reason",
                 all(AdminRefusal::label),
@@ -243,6 +248,7 @@ mod tests {
         m.broker.revalidation(StatusCode::OK);
         m.broker.request_id_reuse(IdReuse::Run);
         m.proxy.mrtr_retry(MrtrRetry::Forwarded);
+        m.handoff.replica_taken_over(TakeOver::Promoted);
         m
     }
 
@@ -306,7 +312,7 @@ mod tests {
             assert_eq!(registrations, declared, "a metric field is not registered");
             fields += declared;
         }
-        assert_eq!(fields, 62);
+        assert_eq!(fields, 64);
     }
 
     #[test]
@@ -315,7 +321,7 @@ mod tests {
         let families = exposed_families(&sampled().encode());
         assert_eq!(
             families.len(),
-            62,
+            64,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -278,6 +278,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         client_write_timeout: cfg.client_write_timeout,
         peer: Arc::new(PeerListener::new(
             Arc::clone(&broker),
+            Arc::clone(&handoff),
             Arc::clone(&lifecycle),
             Arc::clone(&metrics.handoff),
             cfg.keys.clone(),

@@ -98,6 +98,9 @@ pub(crate) struct BrokerConfig {
     /// `spec.session.migration`: whether a session whose upstream session was lost is rebuilt
     /// from its journal (`Replay`) or ended (`Pin`).
     pub(crate) migration: tether_crds::Migration,
+    /// `spec.session.replication`: what each session's replica carries
+    /// (`docs/design/replication.md`).
+    pub(crate) replication: tether_crds::Replication,
     /// Most resumes served per second (burst as many); `None`: no limit (`--resume-budget`).
     pub(crate) resume_budget: Option<std::num::NonZeroU32>,
     /// Largest `initialize` params, in bytes (`--max-initialize-bytes`).

@@ -213,6 +213,7 @@ fn broker(upstream: SocketAddr) -> Arc<Broker> {
         rebuild_retry_for: Duration::from_secs(30),
         upstream_resume_attempts: 3,
         migration: Migration::Replay,
+        replication: tether_crds::Replication::Sessions,
         resume_budget: None,
         max_initialize_bytes: 64 * 1024,
         max_journal_bytes: 1 << 20,

@@ -174,7 +174,7 @@ pub(crate) fn abandon_orphans(broker: &Broker, alive: &dyn Fn(&str) -> bool) {
                     session = session.digest(),
                     "the pod writing a handed-off stream is gone; its pending requests end"
                 );
-                stream.abandon_following();
+                stream.abandon_following(crate::stream::WriterLost::Handoff);
             }
         }
     }

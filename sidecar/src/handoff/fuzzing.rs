@@ -175,7 +175,7 @@ fn restored(stream: &Arc<Stream>, primes: bool) -> RestoredStream {
     let replay = read(stream, Start::After(0), primes);
     let at_end = read_first(stream, Start::After(stream.last_seq()), primes);
     let after_abandon = following.then(|| {
-        stream.abandon_following();
+        stream.abandon_following(crate::stream::WriterLost::Handoff);
         read(stream, Start::After(0), primes)
     });
     RestoredStream {

@@ -9,6 +9,8 @@
 //! | `POST /v2/tail` ([`TailPush`]) | 200 applied; 404 the session is not held here (the sender stops) |
 //! | `POST /v2/cancel` ([`CancelPush`]) | 200 once the cancellation went to this pod's upstream; 404 the session is not here |
 //! | `POST /v2/held` ([`HeldQuery`]) | 200 `{"held": bool}`: whether this pod took the session at that epoch or a later one |
+//! | `POST /v2/replicas` ([`ReplicasPush`]) | 200 with what became of each replica ([`Handoff::keep_replicas`]) |
+//! | `POST /v2/claim` ([`ClaimQuery`]) | 200 with the replica handed back to its restarted holder, or `held` ([`Handoff::hand_back`]) |
 //! | `POST /v2/about` ([`About`]) | 200 with this pod's report, once the sender's is recorded in [`Reports`] (only when the connection comes from the sender's address in membership, [`speaks_for`]) |
 //! | a head that does not authenticate | 401 (`skew`: with this pod's time in `Tether-Peer-Time`), 421 another receiver, 413 too long — before a slot is taken or a body byte read |
 //! | a nonce seen within the window | 409 `replayed` |
@@ -27,6 +29,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use pingora::protocols::http::ServerSession;
 use tokio::sync::Semaphore;
 
+use super::Handoff;
 use super::adopt::{self, AdoptError};
 use super::metrics::HandoffMetrics;
 use crate::broker::Broker;
@@ -37,8 +40,12 @@ use crate::keys::KeyRing;
 use crate::lifecycle::Lifecycle;
 use crate::peer::auth::{self, AuthFailure, BodyCheck, Claim, TETHER_PEER_ACK, TETHER_PEER_TIME};
 use crate::peer::nonces::{MAX_NONCES, NonceError, Nonces};
-use crate::peer::wire::{About, CancelPush, HeldAnswer, HeldQuery, SessionPush, TailPush};
-use crate::peer::{ABOUT_PATH, CANCEL_PATH, HELD_PATH, SESSIONS_PATH, TAIL_PATH};
+use crate::peer::wire::{
+    About, CancelPush, ClaimQuery, HeldAnswer, HeldQuery, ReplicasPush, SessionPush, TailPush,
+};
+use crate::peer::{
+    ABOUT_PATH, CANCEL_PATH, CLAIM_PATH, HELD_PATH, REPLICAS_PATH, SESSIONS_PATH, TAIL_PATH,
+};
 use crate::reply::{Reply, ReplyBody};
 
 /// Messages handled at the same time; more wait.
@@ -59,6 +66,8 @@ enum Kind {
     Cancel,
     Held,
     About,
+    Replicas,
+    Claim,
 }
 
 impl Kind {
@@ -69,6 +78,8 @@ impl Kind {
             CANCEL_PATH => Some(Self::Cancel),
             HELD_PATH => Some(Self::Held),
             ABOUT_PATH => Some(Self::About),
+            REPLICAS_PATH => Some(Self::Replicas),
+            CLAIM_PATH => Some(Self::Claim),
             _ => None,
         }
     }
@@ -77,6 +88,7 @@ impl Kind {
 /// The receiving side of the peer protocol of one pod.
 pub(crate) struct PeerListener {
     broker: Arc<Broker>,
+    handoff: Arc<Handoff>,
     lifecycle: Arc<Lifecycle>,
     metrics: Arc<HandoffMetrics>,
     keys: KeyRing,
@@ -95,6 +107,7 @@ impl PeerListener {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         broker: Arc<Broker>,
+        handoff: Arc<Handoff>,
         lifecycle: Arc<Lifecycle>,
         metrics: Arc<HandoffMetrics>,
         keys: KeyRing,
@@ -105,6 +118,7 @@ impl PeerListener {
     ) -> Self {
         Self {
             broker,
+            handoff,
             lifecycle,
             metrics,
             keys,
@@ -267,6 +281,24 @@ impl PeerListener {
                     Err(refused) => refusal(refused),
                 };
             }
+            Kind::Replicas => {
+                return match parse::<ReplicasPush>(from, body) {
+                    Ok(push) => (
+                        StatusCode::OK,
+                        serde_json::json!(self.handoff.keep_replicas(&push)),
+                    ),
+                    Err(refused) => refusal(refused),
+                };
+            }
+            Kind::Claim => {
+                return match parse::<ClaimQuery>(from, body) {
+                    Ok(query) => (
+                        StatusCode::OK,
+                        serde_json::json!(self.handoff.hand_back(&query)),
+                    ),
+                    Err(refused) => refusal(refused),
+                };
+            }
             Kind::Sessions => parse::<SessionPush>(from, body)
                 .map(|push| adopt::adopt(&self.broker, &self.lifecycle, &push)),
             Kind::Tail => parse::<TailPush>(from, body)
@@ -365,6 +397,18 @@ impl FromPeer for CancelPush {
 }
 
 impl FromPeer for HeldQuery {
+    fn sender(&self) -> &str {
+        &self.from
+    }
+}
+
+impl FromPeer for ReplicasPush {
+    fn sender(&self) -> &str {
+        &self.from
+    }
+}
+
+impl FromPeer for ClaimQuery {
     fn sender(&self) -> &str {
         &self.from
     }

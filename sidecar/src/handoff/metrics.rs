@@ -1,7 +1,8 @@
 //! What handoff counts (`docs/reference/metrics.md`): failed handoff attempts and how long the
 //! acknowledged ones took, the tails forwarded after them, the requests cut at the drain
 //! deadline, the peer messages and connections refused before anything was spent on them, the
-//! nonces remembered, and how old membership's view is when a rebalance round reads it.
+//! nonces remembered, how old membership's view is when a rebalance round reads it, and the
+//! replicas kept here and taken over (`docs/design/replication.md`).
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -66,7 +67,33 @@ impl From<&SendError> for HandoffFailure {
     }
 }
 
-label_value!(HandoffFailure, AuthFailure);
+/// How a session was taken over from its replica (`tether_replicas_taken_over_total{how}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::VariantArray)]
+pub(crate) enum TakeOver {
+    /// Promoted here, the replica pod, once its holder left membership.
+    Promoted,
+    /// Claimed back by its holder, whose sidecar restarted, from its replica pod.
+    Claimed,
+}
+
+impl TakeOver {
+    /// The `how` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Promoted => "promoted",
+            Self::Claimed => "claimed",
+        }
+    }
+}
+
+label_value!(HandoffFailure, AuthFailure, TakeOver);
+
+/// Labels of `tether_replicas_taken_over_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TakeOverLabel {
+    /// How the session was taken over.
+    how: TakeOver,
+}
 
 /// Labels of `tether_handoffs_failed_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -100,6 +127,10 @@ pub(crate) struct HandoffMetrics {
     peer_nonces: Gauge,
     /// Seconds since membership's source last confirmed its view (0 while it reads its input).
     membership_age_seconds: Gauge<f64, AtomicU64>,
+    /// Replicas of sessions held by peers kept here.
+    replicas: Gauge,
+    /// Sessions taken over from a replica, by how.
+    replicas_taken_over: Family<TakeOverLabel, Counter>,
 }
 
 impl HandoffMetrics {
@@ -113,6 +144,8 @@ impl HandoffMetrics {
             peer_auth_failures: Family::default(),
             peer_nonces: Gauge::default(),
             membership_age_seconds: Gauge::default(),
+            replicas: Gauge::default(),
+            replicas_taken_over: Family::default(),
         };
         r.register(
             "handoffs_failed",
@@ -148,6 +181,16 @@ impl HandoffMetrics {
             "membership_age_seconds",
             "Seconds since membership's source last confirmed its view (0 while it reads its input)",
             m.membership_age_seconds.clone(),
+        );
+        r.register(
+            "replicas",
+            "Replicas of sessions held by peers kept here",
+            m.replicas.clone(),
+        );
+        r.register(
+            "replicas_taken_over",
+            "Sessions taken over from a replica (promoted here, or claimed back by their restarted holder)",
+            m.replicas_taken_over.clone(),
         );
         m
     }
@@ -192,5 +235,17 @@ impl HandoffMetrics {
     /// How old membership's view may be (`tether_membership_age_seconds`).
     pub(crate) fn membership_age(&self, age: Duration) {
         self.membership_age_seconds.set(age.as_secs_f64());
+    }
+
+    /// Replicas kept here now (`tether_replicas`).
+    pub(crate) fn replicas(&self, kept: usize) {
+        self.replicas.set(i64::try_from(kept).unwrap_or(i64::MAX));
+    }
+
+    /// A session taken over from its replica (`tether_replicas_taken_over_total{how}`).
+    pub(crate) fn replica_taken_over(&self, how: TakeOver) {
+        self.replicas_taken_over
+            .get_or_create(&TakeOverLabel { how })
+            .inc();
     }
 }

@@ -15,6 +15,7 @@ pub(crate) mod fuzzing;
 mod image;
 pub(crate) mod listener;
 pub(crate) mod metrics;
+pub(crate) mod replication;
 #[cfg(test)]
 mod tests;
 
@@ -171,6 +172,8 @@ pub(crate) struct Handoff {
     /// How long a pod is routable before adopted sessions follow it, and the least time
     /// between two such moves of one session (`--rebalance-dwell`).
     dwell: Duration,
+    /// The replicas peers keep here (`docs/design/replication.md`).
+    replicas: replication::Replicas,
 }
 
 impl Handoff {
@@ -194,7 +197,6 @@ impl Handoff {
         dwell: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {
-            broker,
             router,
             lifecycle,
             metrics,
@@ -205,6 +207,8 @@ impl Handoff {
             moves: Semaphore::new(MAX_PARALLEL_MOVES),
             patience,
             dwell,
+            replicas: replication::Replicas::new(broker.retained().clone()),
+            broker,
         })
     }
 
@@ -572,7 +576,7 @@ impl Handoff {
     /// (`docs/design/handoff.md#adopted-sessions-follow-the-owner`): sessions adopted here whose
     /// home is gone move to `owner(S)` when that is another routable pod, at most
     /// [`REBALANCE_PER_ROUND`] per call (the rest in the next rounds), and none while a peer
-    /// drains. Also ends followed streams whose writer died.
+    /// drains. Also ends followed streams whose writer died, and expires replicas.
     pub(crate) async fn rebalance(self: &Arc<Self>) {
         let view = self.router.view();
         let now = Instant::now();
@@ -582,6 +586,7 @@ impl Handoff {
                 && self.router.health().down(uid, now) != Some(Down::Refused)
         };
         adopt::abandon_orphans(&self.broker, &alive);
+        self.expire_replicas(now);
         for (session, lost) in self.broker.kept_lost(&|uid| self.holder_gone(uid)) {
             tracing::warn!(
                 session = session.digest(),

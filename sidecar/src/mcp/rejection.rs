@@ -899,8 +899,10 @@ mod tests {
              Errors on a stream: a request whose answer cannot come ends with a JSON-RPC error \
              for its id on its stream (code -32603), `data.reason` one of `event_too_large` (the \
              MCP server sent an SSE event over `--max-event-bytes`; the event is never buffered), \
-             `upstream_stream_lost`, `session_ended`, `handoff_interrupted`, \
-             `drain_deadline`.\n\n\
+             `upstream_stream_lost`, `session_ended`, `handoff_interrupted` (the pod a session \
+             was handed off from stopped while the request ran there), `holder_lost` (the pod \
+             holding the session was lost without warning while the request ran there; its \
+             replica took the session over, docs/design/replication.md), `drain_deadline`.\n\n\
              Everything else is the MCP server's own answer, passed through unchanged: 200 with \
              JSON or SSE, 202 (empty) for notifications (T-05), the server's 405 for a GET when it \
              offers no standalone stream (T-09), DELETE's 2xx. CORS preflights (`OPTIONS`) are \

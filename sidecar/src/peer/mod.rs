@@ -13,6 +13,8 @@
 //! | [`TAIL_PATH`] | [`wire::TailPush`] | 200 applied |
 //! | [`CANCEL_PATH`] | [`wire::CancelPush`] | 200 once the cancellation reached the receiver's MCP server |
 //! | [`HELD_PATH`] | [`wire::HeldQuery`] | [`wire::HeldAnswer`] |
+//! | [`REPLICAS_PATH`] | [`wire::ReplicasPush`] | [`wire::ReplicasAnswer`] |
+//! | [`CLAIM_PATH`] | [`wire::ClaimQuery`] | [`wire::ClaimAnswer`] |
 //! | [`ABOUT_PATH`] | [`wire::About`] | the receiver's [`wire::About`] |
 //!
 //! Every sidecar also answers [`PROBE_PATH`] on its MCP port (peers' liveness probes), naming the
@@ -34,6 +36,10 @@ pub(crate) const TAIL_PATH: &str = "/v2/tail";
 pub(crate) const CANCEL_PATH: &str = "/v2/cancel";
 /// Path of the question whether a session was taken.
 pub(crate) const HELD_PATH: &str = "/v2/held";
+/// Path of replicas sent to a session's replica pod.
+pub(crate) const REPLICAS_PATH: &str = "/v2/replicas";
+/// Path of a restarted holder's claim of a replica.
+pub(crate) const CLAIM_PATH: &str = "/v2/claim";
 /// Path of the exchange of reports.
 pub(crate) const ABOUT_PATH: &str = "/v2/about";
 /// The path every sidecar answers `200 ok` on, on its MCP listener, for its peers' probes.

@@ -198,6 +198,83 @@ pub(crate) struct HeldQuery {
     pub(crate) epoch: u64,
 }
 
+/// `POST /v2/replicas`: replicas of sessions the sender holds, kept by the receiver, its
+/// replica pod (`docs/design/replication.md`), and replicas it no longer keeps there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct ReplicasPush {
+    /// UID of the sending pod, the sessions' holder.
+    pub(crate) from: String,
+    /// Sessions as a whole, each at its epoch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) replicas: Vec<SessionImage>,
+    /// Replicas to drop: the session ended, or its replica pod is another now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) drops: Vec<ReplicaDrop>,
+}
+
+/// A replica the receiver drops.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct ReplicaDrop {
+    /// The client session id.
+    pub(crate) session: String,
+    /// The epoch the sender holds it at: a replica of a later epoch is not dropped.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) epoch: u64,
+}
+
+/// The answer to [`ReplicasPush`]: what became of each replica, in the message's order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct ReplicasAnswer {
+    /// One per replica of the message.
+    pub(crate) results: Vec<ReplicaOutcome>,
+}
+
+/// What became of one replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ReplicaOutcome {
+    /// Kept: the receiver can serve the session if the sender is lost.
+    Kept,
+    /// The receiver has the session at a later epoch (held, or a replica of another holder):
+    /// the sender's copy is stale.
+    StaleEpoch,
+    /// The receiver's budget has no room for it.
+    Full,
+    /// The receiver drains and keeps no replica.
+    Draining,
+    /// The session ended on the receiver; it is never kept again.
+    Ended,
+    /// The image cannot be used (a forged id, an unknown version…).
+    Invalid,
+}
+
+/// `POST /v2/claim`: a pod that lost its memory (its sidecar restarted) asks the replica pod of
+/// a session it held for the session back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct ClaimQuery {
+    /// UID of the asking pod: the replica's holder.
+    pub(crate) from: String,
+    /// The client session id.
+    pub(crate) session: String,
+}
+
+/// The answer to [`ClaimQuery`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct ClaimAnswer {
+    /// The replica, handed back to its holder, which takes it at the next epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) session: Option<SessionImage>,
+    /// The receiver holds the session itself (it promoted the replica): the asker forwards
+    /// the session's requests to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) held: bool,
+}
+
 /// `POST /v2/about` and its answer: what a sidecar reports of itself (its revision, start and
 /// ports; `docs/design/routing.md#what-a-peer-reports`). The asker sends its own, the receiver
 /// answers with its own.

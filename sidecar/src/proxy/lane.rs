@@ -41,6 +41,7 @@ use super::{MOVE_WAIT, placement_nonce};
 use crate::broker::{Broker, Here};
 use crate::cluster::routing::{ForwardKind, Hop, Route, Router, Target};
 use crate::handoff::Handoff;
+use crate::handoff::replication::Recovered;
 use crate::lifecycle::Lifecycle;
 use crate::mcp::admission::{Admission, AdmissionPolicy, Admitted, Era};
 use crate::mcp::headers::{MCP_METHOD, MCP_NAME};
@@ -414,6 +415,22 @@ impl Lanes<'_> {
                         session_id,
                         Some(home),
                     ))));
+                }
+                if entered.is_none() {
+                    match self.handoff.recover(id, home, &hop).await {
+                        Recovered::Held => (home, _, entered) = self.enter(id).await?,
+                        Recovered::At(peer) => {
+                            return Ok(Routed::Forward(Box::new(Forwarding::new(
+                                peer,
+                                ForwardKind::Moved,
+                                hop,
+                                session_id,
+                                Some(home),
+                            ))));
+                        }
+                        Recovered::Unavailable => return Err(Rejection::PeerUnavailable),
+                        Recovered::Route => {}
+                    }
                 }
                 let held = entered.is_some();
                 (Target::Session { id, home, held }, Some(home))

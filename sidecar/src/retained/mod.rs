@@ -42,17 +42,21 @@ pub(crate) enum Kind {
     /// a budget full of calls would stall the very streams whose end frees them; their number
     /// is bounded instead (`--max-calls` and its shares).
     Calls,
+    /// Replicas of sessions held by peers, kept here to serve them if their holder is lost
+    /// (`docs/design/replication.md`).
+    Replicas,
 }
 
 impl Kind {
     /// Every kind, in label order.
-    pub(crate) const ALL: [Kind; 6] = [
+    pub(crate) const ALL: [Kind; 7] = [
         Kind::Journal,
         Kind::Records,
         Kind::Replies,
         Kind::Tombstones,
         Kind::Buffers,
         Kind::Calls,
+        Kind::Replicas,
     ];
 
     /// The `kind` label.
@@ -64,6 +68,7 @@ impl Kind {
             Kind::Tombstones => "tombstones",
             Kind::Buffers => "buffers",
             Kind::Calls => "calls",
+            Kind::Replicas => "replicas",
         }
     }
 }
@@ -78,7 +83,7 @@ pub(crate) struct Retained(Arc<Tally>);
 
 #[derive(Debug)]
 struct Tally {
-    bytes: [AtomicU64; 6],
+    bytes: [AtomicU64; Kind::ALL.len()],
     /// Bytes of buffered events no client was sent yet (part of `Buffers`).
     unsent: AtomicU64,
     /// Buffered events, and stream buffers (kept as they change, so the gauges cost no walk).

@@ -202,6 +202,33 @@ pub(crate) fn tell(feed: &watch::Sender<()>) {
     }
 }
 
+/// Why a followed stream's writer will write no more: the error its pending requests end with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WriterLost {
+    /// The pod that handed the session off stopped while the request still ran there
+    /// (`data.reason` = `handoff_interrupted`).
+    Handoff,
+    /// The session's holder was lost without warning and its replica took over
+    /// (`data.reason` = `holder_lost`, `docs/design/replication.md#promotion`).
+    Holder,
+}
+
+impl WriterLost {
+    /// The JSON-RPC error's message and `data.reason`.
+    fn error(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Handoff => (
+                "the pod running this request stopped before it finished",
+                "handoff_interrupted",
+            ),
+            Self::Holder => (
+                "the pod running this request was lost before it finished",
+                "holder_lost",
+            ),
+        }
+    }
+}
+
 /// One stream: buffer, completion state and reader hand-over.
 #[derive(Debug)]
 pub(crate) struct Stream {
@@ -397,7 +424,7 @@ impl Stream {
 
     /// Ends a followed stream whose writer is gone (killed mid-handoff): pending requests get
     /// a JSON-RPC error (`data.reason` = `handoff_interrupted`) so no client hangs.
-    pub(crate) fn abandon_following(&self) {
+    pub(crate) fn abandon_following(&self, lost: WriterLost) {
         {
             let mut st = self.state.lock();
             st.following = None;
@@ -407,11 +434,8 @@ impl Stream {
             st.buffer.follow(last + ABANDONED_WRITER_GAP, 0);
         }
         let pending = self.pending();
-        self.fail_pending(
-            &pending,
-            "the pod running this request stopped before it finished",
-            "handoff_interrupted",
-        );
+        let (message, reason) = lost.error();
+        self.fail_pending(&pending, message, reason);
         self.complete();
     }
 
@@ -1180,7 +1204,7 @@ mod tests {
         let (image, _) = writer.snapshot(0, 1 << 20);
         let copy = copy_of(&image);
         assert!(!copy.is_over_after(2), "still followed");
-        copy.abandon_following();
+        copy.abandon_following(WriterLost::Handoff);
         assert!(
             copy.last_seq() > 2,
             "numbered past the dead writer's events"
@@ -1190,17 +1214,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_followed_stream_whose_writer_died_fails_its_requests() {
-        let writer = post_stream(&[9]);
-        let (image, _) = writer.snapshot(0, 1 << 20);
-        let copy = copy_of(&image);
-        copy.abandon_following();
-        assert!(copy.is_complete());
-        let mut feed = copy.attach(Start::After(0), true, false, Duration::from_secs(10));
-        let got = text(feed.next().await);
-        assert!(
-            got.contains("handoff_interrupted") && got.contains("\"id\":9"),
-            "{got}"
-        );
+    async fn a_followed_stream_whose_writer_died_fails_its_requests_saying_why() {
+        for (lost, reason) in [
+            (WriterLost::Handoff, "handoff_interrupted"),
+            (WriterLost::Holder, "holder_lost"),
+        ] {
+            let writer = post_stream(&[9]);
+            let (image, _) = writer.snapshot(0, 1 << 20);
+            let copy = copy_of(&image);
+            copy.abandon_following(lost);
+            assert!(copy.is_complete());
+            let mut feed = copy.attach(Start::After(0), true, false, Duration::from_secs(10));
+            let got = text(feed.next().await);
+            assert!(got.contains(reason) && got.contains("\"id\":9"), "{got}");
+        }
     }
 }

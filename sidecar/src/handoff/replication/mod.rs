@@ -1,0 +1,226 @@
+//! Replication (`docs/design/replication.md`), the replica pod's side: the replicas holders
+//! send are kept ([`Handoff::keep_replicas`], `POST /v2/replicas`); a request for a session
+//! this pod does not hold promotes the replica kept here once its holder is gone, and a pod
+//! that lost a session it held (its sidecar restarted) claims it back from its replica pod
+//! ([`Handoff::recover`], `POST /v2/claim`, answered by [`Handoff::hand_back`]). Either way
+//! the session is taken at the replica's epoch plus one, and each request that was running on
+//! the lost holder ends with a JSON-RPC error (`data.reason` = `holder_lost`).
+
+pub(crate) mod decide;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use bytes::Bytes;
+use tether_crds::Replication;
+
+use super::metrics::TakeOver;
+use super::{Handoff, image};
+use crate::cluster::membership::Peer;
+use crate::mcp::home::HomeToken;
+use crate::peer::CLAIM_PATH;
+use crate::peer::hop::Hop;
+use crate::peer::wire::{ClaimAnswer, ClaimQuery, ReplicaOutcome, ReplicasAnswer, ReplicasPush};
+use crate::stream::WriterLost;
+use decide::{Absent, Here};
+pub(crate) use store::Replicas;
+use store::Taken;
+
+/// How long a claim waits for the replica pod's answer; without one the request is routed as
+/// before replication (a session nobody else holds is 404).
+const CLAIM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What became of a request for a session this pod neither holds nor handed off.
+#[derive(Debug)]
+pub(crate) enum Recovered {
+    /// The session is held here now (promoted or claimed back): enter it.
+    Held,
+    /// Its replica pod holds it: forward the request there.
+    At(Peer),
+    /// 503 + `Retry-After`: its holder may be lost without membership knowing yet.
+    Unavailable,
+    /// Nothing to recover: route it as any request.
+    Route,
+}
+
+impl Handoff {
+    /// Drops the replicas their holder did not send for the session idle timeout (a holder
+    /// sends each of its sessions again far more often); counts what stays.
+    pub(crate) fn expire_replicas(&self, now: std::time::Instant) {
+        let dropped = self.replicas.expire(now, self.broker.cfg().idle_timeout);
+        if dropped > 0 {
+            tracing::debug!(dropped, "replicas expired");
+        }
+        self.metrics.replicas(self.replicas.len());
+    }
+
+    /// Keeps the replicas `push` carries and drops those it names.
+    pub(crate) fn keep_replicas(&self, push: &ReplicasPush) -> ReplicasAnswer {
+        let now = std::time::Instant::now();
+        for drop in &push.drops {
+            self.replicas
+                .drop_replica(&push.from, &drop.session, drop.epoch);
+        }
+        let results = push
+            .replicas
+            .iter()
+            .map(|image| {
+                if self.broker.genuine(&image.id).is_none() {
+                    ReplicaOutcome::Invalid
+                } else if self.lifecycle.is_draining() {
+                    ReplicaOutcome::Draining
+                } else if self.broker.ended_here(&image.id) {
+                    ReplicaOutcome::Ended
+                } else if self.broker.took(&image.id, image.epoch.saturating_add(1)) {
+                    // Held here (or handed on from here) at a later epoch: the sender's copy
+                    // is the stale one.
+                    ReplicaOutcome::StaleEpoch
+                } else {
+                    self.replicas.keep(&push.from, image, now)
+                }
+            })
+            .collect();
+        ReplicasAnswer { results }
+    }
+
+    /// Answers a restarted holder's claim: the replica it sent, which it takes back, or that
+    /// this pod holds the session itself.
+    pub(crate) fn hand_back(&self, query: &ClaimQuery) -> ClaimAnswer {
+        if self.broker.held(&query.session).is_some() {
+            return ClaimAnswer {
+                session: None,
+                held: true,
+            };
+        }
+        let session = self
+            .replicas
+            .take(&query.session, |holder| holder == query.from)
+            .map(|taken| taken.image);
+        if session.is_some() {
+            tracing::info!(
+                session = self.broker.log_digest(&query.session),
+                holder = %query.from,
+                "replica handed back to its restarted holder"
+            );
+        }
+        ClaimAnswer {
+            session,
+            held: false,
+        }
+    }
+
+    /// Recovers session `id`, homed on the pod of `home`, which this pod neither holds nor
+    /// handed off, for a request that came with `hop` ([`decide::absent`]).
+    pub(crate) async fn recover(&self, id: &str, home: HomeToken, hop: &Hop) -> Recovered {
+        let view = self.router.view();
+        let here = Here {
+            uid: self.router.uid(),
+            home: home == self.router.me(false).home,
+            home_alive: view.home(&home).is_some_and(|p| p.state.is_alive()),
+            replicating: self.broker.cfg().replication != Replication::None,
+        };
+        let now = std::time::Instant::now();
+        let down = |uid: &str| self.router.health().down(uid, now);
+        let replica_of = self.replicas.holder(id);
+        match decide::absent(here, id, replica_of.as_deref(), &view, hop, &down) {
+            Absent::Promote => {
+                let gone = |holder: &str| view.peer(holder).is_none_or(|p| !p.state.is_alive());
+                let taken = self.replicas.take(id, gone);
+                if taken.is_some_and(|taken| self.take_over(taken, TakeOver::Promoted)) {
+                    Recovered::Held
+                } else {
+                    Recovered::Route
+                }
+            }
+            Absent::Claim(pod) => self.claim(id, pod).await,
+            Absent::Unavailable => Recovered::Unavailable,
+            Absent::Route => Recovered::Route,
+        }
+    }
+
+    /// Asks `pod`, the replica pod of session `id`, for the session back.
+    async fn claim(&self, id: &str, pod: Peer) -> Recovered {
+        let query = ClaimQuery {
+            from: self.router.uid().to_owned(),
+            session: id.to_owned(),
+        };
+        let Ok(body) = serde_json::to_vec(&query) else {
+            return Recovered::Route;
+        };
+        let ask = self
+            .client
+            .ask(self.destination(&pod), CLAIM_PATH, Bytes::from(body));
+        let answer = tokio::time::timeout(CLAIM_TIMEOUT, ask)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .and_then(|answer| serde_json::from_slice::<ClaimAnswer>(&answer).ok());
+        match answer {
+            Some(ClaimAnswer { held: true, .. }) => Recovered::At(pod),
+            Some(ClaimAnswer {
+                session: Some(image),
+                ..
+            }) => {
+                let taken = Taken {
+                    holder: self.router.uid().to_owned(),
+                    image,
+                };
+                if self.take_over(taken, TakeOver::Claimed) {
+                    Recovered::Held
+                } else {
+                    Recovered::Route
+                }
+            }
+            None | Some(ClaimAnswer { session: None, .. }) => Recovered::Route,
+        }
+    }
+
+    /// Holds the session of a replica taken out of a store (here or at the replica pod) at
+    /// its epoch plus one; the requests that were running on its holder end with
+    /// `holder_lost`. Whether it is held here now.
+    fn take_over(&self, taken: Taken, how: TakeOver) -> bool {
+        let Taken { holder, mut image } = taken;
+        let Some(genuine) = self.broker.genuine(&image.id) else {
+            return false;
+        };
+        image.epoch = image.epoch.saturating_add(1);
+        let restored = image::restore_session(
+            &image,
+            genuine.key,
+            &holder,
+            self.broker.buffer_limits(),
+            self.broker.retained(),
+        );
+        let session = match restored {
+            Ok(session) => session,
+            Err(why) => {
+                tracing::warn!(session = self.broker.log_digest(&image.id), %why, "unusable replica");
+                return false;
+            }
+        };
+        if self
+            .broker
+            .adopt_session(std::sync::Arc::clone(&session))
+            .is_err()
+        {
+            return false;
+        }
+        let mut interrupted = 0;
+        for stream in session.streams() {
+            if stream.following().is_some() {
+                stream.abandon_following(WriterLost::Holder);
+                interrupted += 1;
+            }
+        }
+        self.metrics.replica_taken_over(how);
+        tracing::info!(
+            session = session.digest(),
+            how = how.label(),
+            holder = %holder,
+            epoch = session.epoch(),
+            interrupted,
+            "session taken over from its replica"
+        );
+        true
+    }
+}
