@@ -408,25 +408,13 @@ impl Lanes<'_> {
                 }
                 if let Some(uid) = moved {
                     let peer = self.router.moved_to(&uid, &hop)?;
-                    return Ok(Routed::Forward(Box::new(Forwarding::new(
-                        peer,
-                        ForwardKind::Moved,
-                        hop,
-                        session_id,
-                        Some(home),
-                    ))));
+                    return Ok(Routed::moved(peer, hop, session_id, home));
                 }
                 if entered.is_none() {
                     match self.handoff.recover(id, home, &hop).await {
                         Recovered::Held => (home, _, entered) = self.enter(id).await?,
                         Recovered::At(peer) => {
-                            return Ok(Routed::Forward(Box::new(Forwarding::new(
-                                peer,
-                                ForwardKind::Moved,
-                                hop,
-                                session_id,
-                                Some(home),
-                            ))));
+                            return Ok(Routed::moved(peer, hop, session_id, home));
                         }
                         Recovered::Unavailable => return Err(Rejection::PeerUnavailable),
                         Recovered::Route => {}
@@ -527,6 +515,25 @@ enum Routed {
     Here(Option<EnterGuard>),
     /// Proxied to a peer.
     Forward(Box<Forwarding>),
+}
+
+impl Routed {
+    /// Forwarded to `peer`, which holds session `session_id` (homed at `home`) since it moved or
+    /// was taken over there.
+    fn moved(
+        peer: crate::cluster::membership::Peer,
+        hop: Hop,
+        session_id: Option<String>,
+        home: HomeToken,
+    ) -> Self {
+        Self::Forward(Box::new(Forwarding::new(
+            peer,
+            ForwardKind::Moved,
+            hop,
+            session_id,
+            Some(home),
+        )))
+    }
 }
 
 /// Whether a 2026-07-28 request may retry a multi round-trip request (a POST whose `Mcp-Method`
