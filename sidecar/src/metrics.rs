@@ -78,7 +78,7 @@ mod tests {
     use crate::cluster::peer_health::Down;
     use crate::cluster::routing::ForwardKind;
     use crate::config::metrics::{ConfigReload, KeyRingReload};
-    use crate::handoff::metrics::{HandoffFailure, TakeOver};
+    use crate::handoff::metrics::{HandoffFailure, ReplicaSent, TakeOver};
     use crate::mcp::admission::Era;
     use crate::mcp::rejection::{NotFound, Rejection};
     use crate::ops::metrics::AdminRefusal;
@@ -199,6 +199,11 @@ mod tests {
                 all(TakeOver::label),
             ),
             (
+                "tether_replicas_sent_total",
+                "outcome",
+                all(ReplicaSent::label),
+            ),
+            (
                 "tether_admin_refused_total",
                 "reason",
                 all(AdminRefusal::label),
@@ -249,6 +254,7 @@ mod tests {
         m.broker.request_id_reuse(IdReuse::Run);
         m.proxy.mrtr_retry(MrtrRetry::Forwarded);
         m.handoff.replica_taken_over(TakeOver::Promoted);
+        m.handoff.replica_sent(ReplicaSent::Kept);
         m
     }
 
@@ -312,7 +318,7 @@ mod tests {
             assert_eq!(registrations, declared, "a metric field is not registered");
             fields += declared;
         }
-        assert_eq!(fields, 64);
+        assert_eq!(fields, 66);
     }
 
     #[test]
@@ -321,7 +327,7 @@ mod tests {
         let families = exposed_families(&sampled().encode());
         assert_eq!(
             families.len(),
-            64,
+            66,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -405,6 +405,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             },
         },
     ));
+    let replicator = Arc::clone(&handoff);
     server.add_service(background_service(
         "rebalancer",
         Periodic {
@@ -412,6 +413,16 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             task: move || {
                 let handoff = Arc::clone(&handoff);
                 async move { handoff.rebalance().await }
+            },
+        },
+    ));
+    server.add_service(background_service(
+        "replicator",
+        Periodic {
+            interval: crate::handoff::replication::INTERVAL,
+            task: move || {
+                let handoff = Arc::clone(&replicator);
+                async move { handoff.replicate().await }
             },
         },
     ));

@@ -1,5 +1,6 @@
-//! A pod for the crate's in-process component tests (`#[cfg(test)]`): pod `pod-a` in a
-//! membership view of three routable pods (`pod-b` and `pod-c` are its peers), with its real
+//! A pod for the crate's in-process component tests (`#[cfg(test)]`): pod `pod-a` (or a
+//! sibling, `pod-b` or `pod-c`, with the same key ring) in a membership view of three routable
+//! pods, with its real
 //! broker, membership, router, lifecycle and [`Handoff`] wired as `server.rs` wires them,
 //! and the [`PeerLink`] the test gives in place of the peers. Nothing here talks to an MCP
 //! server.
@@ -54,9 +55,34 @@ impl Pod {
     /// The pod of the endpoint file `endpoint` (e.g. [`ENDPOINT`]) and the flags `args`, whose
     /// messages to peers go to `peers`.
     pub(crate) fn start(endpoint: &str, args: &[&str], peers: Arc<dyn PeerLink>) -> Self {
+        Self::start_as("pod-a", None, endpoint, args, peers)
+    }
+
+    /// Pod `uid` (`pod-b` or `pod-c`) of the same endpoint and flags as this one, with its key
+    /// ring (an id one mints is genuine at the other), whose messages go to `peers`.
+    pub(crate) fn sibling(&self, uid: &str, peers: Arc<dyn PeerLink>) -> Self {
+        let endpoint = std::fs::read_to_string(self._dir.path().join("endpoint.yaml")).unwrap();
+        Self::start_as(uid, Some(self), &endpoint, &[], peers)
+    }
+
+    fn start_as(
+        uid: &str,
+        keys_of: Option<&Self>,
+        endpoint: &str,
+        args: &[&str],
+        peers: Arc<dyn PeerLink>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("endpoint.yaml"), endpoint).unwrap();
-        let cfg = Config::load(&test_cli(dir.path(), args)).unwrap();
+        let mut cli = test_cli(dir.path(), args);
+        cli.pod_uid = uid.to_owned();
+        if let Some(other) = keys_of {
+            for file in std::fs::read_dir(other._dir.path().join("keys")).unwrap() {
+                let file = file.unwrap();
+                std::fs::copy(file.path(), dir.path().join("keys").join(file.file_name())).unwrap();
+            }
+        }
+        let cfg = Config::load(&cli).unwrap();
         let mut registry = Registry::with_prefix("tether");
         let broker = cfg.broker_of(
             cfg.upstream_client(),

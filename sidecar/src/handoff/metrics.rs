@@ -1,8 +1,9 @@
 //! What handoff counts (`docs/reference/metrics.md`): failed handoff attempts and how long the
 //! acknowledged ones took, the tails forwarded after them, the requests cut at the drain
 //! deadline, the peer messages and connections refused before anything was spent on them, the
-//! nonces remembered, how old membership's view is when a rebalance round reads it, and the
-//! replicas kept here and taken over (`docs/design/replication.md`).
+//! nonces remembered, how old membership's view is when a rebalance round reads it, the replicas
+//! kept here and taken over, and the replicas sent and the sessions without one
+//! (`docs/design/replication.md`).
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use prometheus_client::registry::Registry;
 
 use crate::peer::auth::AuthFailure;
 use crate::peer::client::SendError;
+use crate::peer::wire::ReplicaOutcome;
 
 /// Why a handoff attempt failed (`tether_handoffs_failed_total{reason}`).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::VariantArray)]
@@ -86,7 +88,61 @@ impl TakeOver {
     }
 }
 
-label_value!(HandoffFailure, AuthFailure, TakeOver);
+/// What became of a replica sent to its replica pod (`tether_replicas_sent_total{outcome}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::VariantArray)]
+pub(crate) enum ReplicaSent {
+    /// Kept.
+    Kept,
+    /// The replica pod holds the session at a later epoch: the copy here was stale.
+    StaleEpoch,
+    /// The replica pod's budget had no room.
+    Full,
+    /// The replica pod drains.
+    Draining,
+    /// The session ended at the replica pod.
+    Ended,
+    /// The replica pod found the session id forged.
+    Invalid,
+    /// No acknowledged answer.
+    Unanswered,
+}
+
+impl ReplicaSent {
+    /// The `outcome` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Kept => "kept",
+            Self::StaleEpoch => "stale_epoch",
+            Self::Full => "full",
+            Self::Draining => "draining",
+            Self::Ended => "ended",
+            Self::Invalid => "invalid",
+            Self::Unanswered => "unanswered",
+        }
+    }
+}
+
+impl From<ReplicaOutcome> for ReplicaSent {
+    fn from(outcome: ReplicaOutcome) -> Self {
+        match outcome {
+            ReplicaOutcome::Kept => Self::Kept,
+            ReplicaOutcome::StaleEpoch => Self::StaleEpoch,
+            ReplicaOutcome::Full => Self::Full,
+            ReplicaOutcome::Draining => Self::Draining,
+            ReplicaOutcome::Ended => Self::Ended,
+            ReplicaOutcome::Invalid => Self::Invalid,
+        }
+    }
+}
+
+label_value!(HandoffFailure, AuthFailure, TakeOver, ReplicaSent);
+
+/// Labels of `tether_replicas_sent_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SentLabel {
+    /// What became of the replica.
+    outcome: ReplicaSent,
+}
 
 /// Labels of `tether_replicas_taken_over_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -131,6 +187,10 @@ pub(crate) struct HandoffMetrics {
     replicas: Gauge,
     /// Sessions taken over from a replica, by how.
     replicas_taken_over: Family<TakeOverLabel, Counter>,
+    /// Replicas sent to their replica pod, by what became of them.
+    replicas_sent: Family<SentLabel, Counter>,
+    /// Sessions held here without a replica kept current.
+    sessions_unreplicated: Gauge,
 }
 
 impl HandoffMetrics {
@@ -146,6 +206,8 @@ impl HandoffMetrics {
             membership_age_seconds: Gauge::default(),
             replicas: Gauge::default(),
             replicas_taken_over: Family::default(),
+            replicas_sent: Family::default(),
+            sessions_unreplicated: Gauge::default(),
         };
         r.register(
             "handoffs_failed",
@@ -191,6 +253,16 @@ impl HandoffMetrics {
             "replicas_taken_over",
             "Sessions taken over from a replica (promoted here, or claimed back by their restarted holder)",
             m.replicas_taken_over.clone(),
+        );
+        r.register(
+            "replicas_sent",
+            "Replicas sent to their replica pod, by what became of them",
+            m.replicas_sent.clone(),
+        );
+        r.register(
+            "sessions_unreplicated",
+            "Sessions held here without a replica kept current (new, refused, or no replica pod)",
+            m.sessions_unreplicated.clone(),
         );
         m
     }
@@ -247,5 +319,18 @@ impl HandoffMetrics {
         self.replicas_taken_over
             .get_or_create(&TakeOverLabel { how })
             .inc();
+    }
+
+    /// A replica sent, by what became of it (`tether_replicas_sent_total{outcome}`).
+    pub(crate) fn replica_sent(&self, outcome: ReplicaSent) {
+        self.replicas_sent
+            .get_or_create(&SentLabel { outcome })
+            .inc();
+    }
+
+    /// Sessions held here without a replica kept current (`tether_sessions_unreplicated`).
+    pub(crate) fn sessions_unreplicated(&self, sessions: usize) {
+        self.sessions_unreplicated
+            .set(i64::try_from(sessions).unwrap_or(i64::MAX));
     }
 }

@@ -174,6 +174,8 @@ pub(crate) struct Handoff {
     dwell: Duration,
     /// The replicas peers keep here (`docs/design/replication.md`).
     replicas: replication::Replicas,
+    /// What the replica pods have of the sessions held here.
+    replicating: parking_lot::Mutex<replication::Replicating>,
 }
 
 impl Handoff {
@@ -208,6 +210,7 @@ impl Handoff {
             patience,
             dwell,
             replicas: replication::Replicas::new(broker.retained().clone()),
+            replicating: parking_lot::Mutex::default(),
             broker,
         })
     }
@@ -320,9 +323,7 @@ impl Handoff {
                 Err(MoveError::Superseded) => {
                     tracing::warn!(session = session.digest(), peer = %target.name, "a peer holds the session at a later epoch; the copy here is dropped");
                     self.metrics.handoff_failed(HandoffFailure::Superseded);
-                    transfer.moved(target.uid.clone());
-                    self.broker.mark_moved(&session, &target.uid);
-                    self.broker.release_departed(&session, None).await;
+                    self.superseded(transfer, &target.uid).await;
                     return Err(MoveError::Superseded);
                 }
                 Err(MoveError::Failed(e)) => {
@@ -338,6 +339,15 @@ impl Handoff {
             }
         }
         Err(last.map_or(MoveError::NoTarget, MoveError::Failed))
+    }
+
+    /// The session of `transfer` is held by `holder` at a later epoch: the copy here is
+    /// dropped and requests for it are sent there.
+    async fn superseded(&self, transfer: Transfer, holder: &str) {
+        let session = Arc::clone(transfer.session());
+        transfer.moved(holder.to_owned());
+        self.broker.mark_moved(&session, holder);
+        self.broker.release_departed(&session, None).await;
     }
 
     /// Pushes the body of session `session` (at `epoch`) to one peer, retrying transient

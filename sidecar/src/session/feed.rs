@@ -61,6 +61,11 @@ impl Subscription {
         self.0.mark_unchanged();
     }
 
+    /// Whether something changed since the last [`Subscription::look`], without waiting.
+    pub(crate) fn has_changed(&self) -> bool {
+        self.0.has_changed().unwrap_or(false)
+    }
+
     /// Waits for a change since the last [`Subscription::look`] (returns at once if one came
     /// meanwhile). Never returns once the session is gone: nothing changes any more.
     pub(crate) async fn changed(&mut self) {

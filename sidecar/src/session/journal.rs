@@ -60,7 +60,7 @@ fn value(text: &str) -> Value {
 }
 
 /// What rebuilds one upstream session.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub(crate) struct Journal {
     initialize: Box<str>,
     initialized: bool,

@@ -26,6 +26,7 @@ mod holding;
 pub(crate) mod journal;
 mod ledger;
 mod registry;
+mod replica;
 mod takeovers;
 mod upstream_link;
 

@@ -34,6 +34,11 @@ use crate::stream::buffer::{BufferLimits, Evictions, ReplayError, StreamBuffer};
 /// numbered without forwarding them.
 pub(crate) const ABANDONED_WRITER_GAP: u64 = 1 << 20;
 
+/// Events a running stream numbers before the replica of its session, which does not carry
+/// them, is sent again with its numbering: half of [`ABANDONED_WRITER_GAP`], so a promoted
+/// stream always numbers past what its lost holder sent.
+pub(crate) const REPLICA_NUMBERING_STEP: u64 = ABANDONED_WRITER_GAP / 2;
+
 /// What a stream carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StreamKind {
@@ -689,6 +694,28 @@ impl Stream {
     /// Whether any of `ids` is still waiting for its response.
     pub(crate) fn any_pending(&self, ids: &[RequestKey]) -> bool {
         self.state.lock().pending.iter().any(|p| ids.contains(p))
+    }
+
+    /// Feeds what a replica of the stream carries into `h` (`docs/design/replication.md`):
+    /// its pending requests, completion, answer and withdrawal; the numbering of a complete
+    /// stream; with `events`, the numbering of a running one too (its events go along), and
+    /// without, once every [`REPLICA_NUMBERING_STEP`] events (a promoted stream numbers past
+    /// [`ABANDONED_WRITER_GAP`] events after the replica's last one). A change of any sends the
+    /// session's replica again.
+    pub(crate) fn mark(&self, h: &mut impl std::hash::Hasher, events: bool) {
+        use std::hash::Hash;
+        let st = self.state.lock();
+        st.pending.len().hash(h);
+        st.complete.hash(h);
+        st.stored.is_some().hash(h);
+        st.sse.is_some().hash(h);
+        st.withdrawn.hash(h);
+        let last = st.buffer.last_seq();
+        if events || st.complete {
+            last.hash(h);
+        } else {
+            (last / REPLICA_NUMBERING_STEP).hash(h);
+        }
     }
 
     /// Whether no more events will come.

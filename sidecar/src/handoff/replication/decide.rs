@@ -66,9 +66,11 @@ pub(crate) fn absent(
     // A session lives on its home, or — its home gone — on its owner.
     let lives_here =
         here.home || (!here.home_alive && view.owner(id).is_some_and(|o| o.uid == here.uid));
+    // The replica pod may have passed the request on (it saw the holder alive): the claim
+    // asks it anyway, over the peer channel.
     if here.replicating
         && lives_here
-        && let Some(pod) = replica_pod(view, id, here.uid).filter(|p| !hop.visited(&p.uid))
+        && let Some(pod) = replica_pod(view, id, here.uid)
     {
         return Absent::Claim(pod.clone());
     }
@@ -197,6 +199,18 @@ mod tests {
                 None,
                 &live,
                 &fresh,
+                &up,
+                claim_from(&live, "b"),
+            ),
+            (
+                "no replica, homed here, passed on by the replica pod: claim",
+                b(true),
+                None,
+                &live,
+                &Hop {
+                    count: 1,
+                    visited: vec![replica_pod(&live, &id, "b").unwrap().uid.clone()],
+                },
                 &up,
                 claim_from(&live, "b"),
             ),

@@ -6,10 +6,16 @@
 //! the session is taken at the replica's epoch plus one, and each request that was running on
 //! the lost holder ends with a JSON-RPC error (`data.reason` = `holder_lost`).
 
+mod carry;
 pub(crate) mod decide;
+#[cfg(test)]
+mod holder_tests;
+mod send;
 mod store;
 #[cfg(test)]
 mod tests;
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tether_crds::Replication;
@@ -21,8 +27,10 @@ use crate::mcp::home::HomeToken;
 use crate::peer::CLAIM_PATH;
 use crate::peer::hop::Hop;
 use crate::peer::wire::{ClaimAnswer, ClaimQuery, ReplicaOutcome, ReplicasAnswer, ReplicasPush};
+use crate::session::Session;
 use crate::stream::WriterLost;
 use decide::{Absent, Here};
+pub(crate) use send::{INTERVAL, Replicating};
 pub(crate) use store::Replicas;
 use store::Taken;
 
@@ -67,6 +75,9 @@ impl Handoff {
             .map(|image| {
                 if self.broker.genuine(&image.id).is_none() {
                     ReplicaOutcome::Invalid
+                } else if self.broker.held(&image.id).is_some() {
+                    // Held here (handed here, or promoted): the sender's copy is the stale one.
+                    ReplicaOutcome::StaleEpoch
                 } else if self.lifecycle.is_draining() {
                     ReplicaOutcome::Draining
                 } else if self.broker.ended_here(&image.id) {
@@ -173,6 +184,21 @@ impl Handoff {
             }
             None | Some(ClaimAnswer { session: None, .. }) => Recovered::Route,
         }
+    }
+
+    /// A replica pod holds `session` at a later epoch (it answered a replica `stale_epoch`:
+    /// it promoted the session while this pod was thought lost): the copy here is dropped and
+    /// requests for it are sent there. Nothing happens while a move of it is under way.
+    async fn supersede(&self, session: Arc<Session>, holder: &str) {
+        let Some(transfer) = session.begin_move() else {
+            return;
+        };
+        tracing::warn!(
+            session = session.digest(),
+            holder,
+            "a replica pod holds the session at a later epoch; the copy here is dropped"
+        );
+        self.superseded(transfer, holder).await;
     }
 
     /// Holds the session of a replica taken out of a store (here or at the replica pod) at

@@ -237,6 +237,21 @@ impl RetryLedger {
             .filter_map(|key| self.streams.get(key))
     }
 
+    /// Feeds what a replica of the ledger carries into `h`: each stream kept (live ones as
+    /// [`Stream::mark`] sees them, answered records by key) and the retry records.
+    pub(super) fn mark(&self, h: &mut impl std::hash::Hasher, events: bool) {
+        use std::hash::Hash;
+        for key in &self.stream_order {
+            if let Some(stream) = self.streams.get(key) {
+                key.hash(h);
+                stream.mark(h, events);
+            } else if self.answered.contains_key(key) {
+                key.hash(h);
+            }
+        }
+        self.requests.len().hash(h);
+    }
+
     /// Whether stream `key` was replaced by its answered record.
     pub(super) fn is_answered(&self, key: &StreamKey) -> bool {
         self.answered.contains_key(key)

@@ -1,0 +1,172 @@
+//! Component tests of the holder's side, in process: pod `pod-a` ([`fixtures::Pod`]) replicates
+//! its sessions through a link that delivers every `POST /v2/replicas` to pod `pod-b`, a sibling
+//! with the same key ring; once `pod-a` leaves `pod-b`'s membership, `pod-b` promotes what it
+//! kept (`docs/design/replication.md#keeping-a-replica-current`).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde_json::json;
+
+use super::Recovered;
+use crate::cluster::membership::fixtures::peer;
+use crate::cluster::membership::{PeerState, Snapshot, Source};
+use crate::handoff::Handoff;
+use crate::handoff::fixtures::{self, Pod};
+use crate::mcp::home::HomeToken;
+use crate::peer::REPLICAS_PATH;
+use crate::peer::client::{Destination, PeerLink, SendError};
+use crate::peer::hop::Hop;
+use crate::peer::wire::ReplicasPush;
+use crate::session::fixtures::{ANY_ROOM, key, stream};
+use crate::session::{Dedupe, Session};
+
+/// Delivers replicas to pod-b's handoff, whatever pod they are addressed to; records each
+/// message with its addressee.
+#[derive(Default)]
+struct ToPodB {
+    b: OnceLock<Arc<Handoff>>,
+    sent: Mutex<Vec<(String, ReplicasPush)>>,
+}
+
+#[async_trait::async_trait]
+impl PeerLink for ToPodB {
+    async fn ask(&self, to: Destination<'_>, path: &str, body: Bytes) -> Result<Bytes, SendError> {
+        assert_eq!(path, REPLICAS_PATH, "the holder sends only replicas");
+        let push: ReplicasPush = serde_json::from_slice(&body).unwrap();
+        let answer = self.b.get().unwrap().keep_replicas(&push);
+        self.sent.lock().push((to.uid.to_owned(), push));
+        Ok(Bytes::from(serde_json::to_vec(&answer).unwrap()))
+    }
+}
+
+/// A pod whose messages reach nobody.
+struct Nowhere;
+
+#[async_trait::async_trait]
+impl PeerLink for Nowhere {
+    async fn ask(&self, _: Destination<'_>, _: &str, _: Bytes) -> Result<Bytes, SendError> {
+        Err(SendError::Unreachable("nowhere".into()))
+    }
+}
+
+fn start() -> (Pod, Pod, Arc<ToPodB>) {
+    let link = Arc::new(ToPodB::default());
+    let a = Pod::start(
+        fixtures::ENDPOINT,
+        &[],
+        Arc::clone(&link) as Arc<dyn PeerLink>,
+    );
+    let b = a.sibling("pod-b", Arc::new(Nowhere));
+    assert!(link.b.set(Arc::clone(&b.handoff)).is_ok());
+    (a, b, link)
+}
+
+/// The messages sent since the last call: (addressee, sessions sent whole, sessions dropped).
+fn sent(link: &ToPodB) -> Vec<(String, Vec<String>, Vec<String>)> {
+    link.sent
+        .lock()
+        .drain(..)
+        .map(|(to, push)| {
+            let whole = push.replicas.iter().map(|i| i.id.clone()).collect();
+            let drops = push.drops.iter().map(|d| d.session.clone()).collect();
+            (to, whole, drops)
+        })
+        .collect()
+}
+
+/// A request `id` of `session` that ran, sent two progress events and, when `answered`, its
+/// answer.
+fn request(session: &Session, id: i64, answered: bool) {
+    let s = stream(session, &[key(id)]);
+    assert!(matches!(
+        session.claim(&[key(id)], [id as u8; 32], &s, ANY_ROOM),
+        Dedupe::New
+    ));
+    let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+        "params": {"progressToken": id, "progress": 1}});
+    for _ in 0..2 {
+        s.append(None, Bytes::from(progress.to_string()), Instant::now());
+    }
+    if answered {
+        let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"n": id}});
+        s.append(None, Bytes::from(answer.to_string()), Instant::now());
+    }
+}
+
+#[tokio::test]
+async fn a_session_is_replicated_when_it_changes_and_promoted_at_its_replica_pod() {
+    let (a, b, link) = start();
+    let session = a.hold("pod-a");
+    let id = session.id().to_owned();
+    request(&session, 1, true);
+    request(&session, 2, false);
+
+    a.handoff.replicate().await;
+    let first = sent(&link);
+    assert_eq!(first.len(), 1, "one message to the replica pod: {first:?}");
+    let (to, whole, drops) = &first[0];
+    assert!(to == "pod-b" || to == "pod-c", "never the holder: {to}");
+    assert_eq!((whole, drops), (&vec![id.clone()], &vec![]));
+
+    // Nothing changed that the replica carries: nothing is sent, not for progress either.
+    let running = session.stream_of_request(&key(2)).unwrap();
+    let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+        "params": {"progressToken": 2, "progress": 2}});
+    running.append(None, Bytes::from(progress.to_string()), Instant::now());
+    a.handoff.replicate().await;
+    assert!(sent(&link).is_empty(), "a progress event sends nothing");
+
+    // A new request changes it.
+    request(&session, 3, true);
+    a.handoff.replicate().await;
+    assert_eq!(sent(&link).len(), 1, "sent again after a new request");
+    assert!(a.encode().contains("tether_sessions_unreplicated 0"));
+    assert!(
+        a.encode()
+            .contains("tether_replicas_sent_total{outcome=\"kept\"} 2")
+    );
+
+    // Pod-a is lost: pod-b promotes what it kept — the answers of finished requests replay,
+    // the running request ends with `holder_lost`, a retry of an answered one is no new
+    // dispatch.
+    let snapshot = Snapshot {
+        peers: ["pod-b", "pod-c"]
+            .iter()
+            .map(|uid| peer(uid, PeerState::Routable))
+            .collect(),
+    };
+    assert!(b.sink.publish(Source::Kubernetes, snapshot));
+    let home = HomeToken::for_pod("pod-a");
+    assert!(matches!(
+        b.handoff.recover(&id, home, &Hop::default()).await,
+        Recovered::Held
+    ));
+    let promoted = b.broker.held(&id).unwrap();
+    assert_eq!(promoted.epoch(), session.epoch() + 1);
+    assert!(
+        !promoted.is_new(&[key(1)], [1; 32]),
+        "a retry of an answered request is not dispatched again"
+    );
+    assert!(!promoted.is_new(&[key(3)], [3; 32]));
+    let answered = promoted.stream_of_request(&key(1)).unwrap();
+    assert!(answered.is_complete());
+    let lost = promoted.stream_of_request(&key(2)).unwrap();
+    assert!(lost.is_complete(), "the running request ended: {lost:?}");
+}
+
+#[tokio::test]
+async fn a_session_moved_away_has_its_replica_dropped_once() {
+    let (a, _b, link) = start();
+    let session = a.hold("pod-a");
+    let id = session.id().to_owned();
+    a.handoff.replicate().await;
+    let (to, _, _) = sent(&link).remove(0);
+    a.broker.mark_moved(&session, "pod-c");
+    a.handoff.replicate().await;
+    assert_eq!(sent(&link), [(to, vec![], vec![id])]);
+    a.handoff.replicate().await;
+    assert!(sent(&link).is_empty(), "dropped once");
+}

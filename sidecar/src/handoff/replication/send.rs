@@ -1,0 +1,504 @@
+//! Replication, the holder's side (`docs/design/replication.md#keeping-a-replica-current`).
+//!
+//! Every [`INTERVAL`] ([`Handoff::replicate`]) the holder looks at the sessions held here whose
+//! replica may be out of date: those whose change feed told of a change since, a session new
+//! here, one whose retry pause is over, and every session once per [`SCAN_EVERY`] intervals and
+//! whenever membership changed. It sends each whose replica mark
+//! ([`crate::session::Session::replica_mark`]) changed, whose replica pod changed, or whose
+//! replica was not sent for a third of the idle timeout (the replica pod drops a replica not
+//! sent for the idle timeout), whole to its replica pod ([`decide::replica_pod`]) — one message
+//! per replica pod and round — and tells a pod that keeps a copy no longer wanted (the session
+//! ended or moved away, or its replica pod is another now) to drop it.
+//!
+//! What the holder knows of one session's replica ([`Replica`]; [`plan`] and [`after`] are its
+//! pure steps, the round is the I/O shell):
+//!
+//! ```text
+//!              send: kept                   mark changed · refresh due · another replica pod
+//!   Unplaced ───────────────▶ Current ───────────────────────────────────────▶ send again
+//!      ▲                       │  ▲
+//!      │ no replica pod: drop  │  │ send: kept
+//!      └───────────────────────┤  │
+//!                              ▼  │
+//!              send: refused or unanswered ──▶ Retrying (pause 50 ms, doubling to 2 s)
+//! ```
+//!
+//! A replica pod that answers `stale_epoch` holds the session at a later epoch (it promoted
+//! it while this pod was thought lost): the copy here is stale, and requests for it are sent
+//! there ([`Handoff::supersede`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tether_crds::Replication;
+
+use super::carry;
+use super::decide;
+use crate::cluster::membership::{Peer, View};
+use crate::handoff::metrics::ReplicaSent;
+use crate::handoff::{Handoff, MESSAGE_OVERHEAD, image};
+use crate::peer::REPLICAS_PATH;
+use crate::peer::wire::{ReplicaDrop, ReplicaOutcome, ReplicasAnswer, ReplicasPush, SessionImage};
+use crate::session::{Session, Subscription};
+
+/// The replication interval: how long changes gather before they are sent.
+pub(crate) const INTERVAL: Duration = Duration::from_millis(50);
+/// Every this many intervals every session held here is looked at, changed or not (a replica
+/// due for its refresh, a stream forgotten by the retry window, which its feed does not tell).
+const SCAN_EVERY: u64 = 20;
+/// Longest pause before a refused or unanswered replica is sent again.
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+/// How long a round waits for a replica pod's answers: one that does not answer in time (it
+/// may be gone without membership knowing yet) holds up no other.
+const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What the holder knows of one session's replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Replica {
+    /// No replica acknowledged: the session is new here, or has no replica pod.
+    Unplaced,
+    /// `pod` keeps the replica of mark `mark`, sent at `sent`.
+    Current {
+        pod: String,
+        mark: u64,
+        sent: Instant,
+    },
+    /// The last send to `pod` was refused or not answered (it may keep an earlier copy): sent
+    /// again from `until`; `pause` doubles up to [`MAX_PAUSE`].
+    Retrying {
+        pod: String,
+        until: Instant,
+        pause: Duration,
+    },
+}
+
+impl Replica {
+    /// The pod that keeps, or may keep, a copy sent from here.
+    fn kept_at(&self) -> Option<&str> {
+        match self {
+            Self::Unplaced => None,
+            Self::Current { pod, .. } | Self::Retrying { pod, .. } => Some(pod),
+        }
+    }
+}
+
+/// What to do with one session's replica this round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Plan {
+    /// Nothing.
+    Keep,
+    /// Send the session whole to `to`; tell `drop_at` (its previous replica pod) to drop its
+    /// copy.
+    Send { to: String, drop_at: Option<String> },
+    /// Tell `at` to drop its copy: the session has no replica pod now.
+    Drop { at: String },
+}
+
+/// What to do with a session whose replica is `replica`, whose replica pod is `target` now and
+/// whose replica mark is `mark`, at `now`; a replica is sent again after `refresh` at the latest.
+pub(super) fn plan(
+    replica: &Replica,
+    target: Option<&str>,
+    mark: u64,
+    now: Instant,
+    refresh: Duration,
+) -> Plan {
+    let due = match replica {
+        Replica::Unplaced => true,
+        Replica::Current { mark: m, sent, .. } => {
+            *m != mark || now.saturating_duration_since(*sent) >= refresh
+        }
+        Replica::Retrying { until, .. } => now >= *until,
+    };
+    let at = replica.kept_at();
+    match target {
+        None => at.map_or(Plan::Keep, |at| Plan::Drop { at: at.to_owned() }),
+        Some(to) if at.is_some_and(|at| at != to) => Plan::Send {
+            to: to.to_owned(),
+            drop_at: at.map(str::to_owned),
+        },
+        Some(to) if due => Plan::Send {
+            to: to.to_owned(),
+            drop_at: None,
+        },
+        Some(_) => Plan::Keep,
+    }
+}
+
+/// The replica after a send of mark `mark` to `to` at `now` was answered `outcome` (`None`: no
+/// acknowledged answer).
+pub(super) fn after(
+    replica: &Replica,
+    to: &str,
+    mark: u64,
+    outcome: Option<ReplicaOutcome>,
+    now: Instant,
+) -> Replica {
+    if outcome == Some(ReplicaOutcome::Kept) {
+        return Replica::Current {
+            pod: to.to_owned(),
+            mark,
+            sent: now,
+        };
+    }
+    let pause = match replica {
+        Replica::Retrying { pod, pause, .. } if pod == to => (*pause * 2).min(MAX_PAUSE),
+        _ => INTERVAL,
+    };
+    Replica::Retrying {
+        pod: to.to_owned(),
+        until: now + pause,
+        pause,
+    }
+}
+
+/// One session held here, as the replicator follows it.
+struct Tracked {
+    session: Arc<Session>,
+    changes: Subscription,
+    replica: Replica,
+    /// Looked at this round whatever its feed says (new here).
+    fresh: bool,
+}
+
+/// The holder's replication state: every session held here and what its replica pod has.
+#[derive(Default)]
+pub(crate) struct Replicating {
+    tracked: HashMap<String, Tracked>,
+    view: Option<Arc<View>>,
+    rounds: u64,
+}
+
+/// A replica in a message: the session, the mark it was sent at, its image.
+struct Outgoing {
+    id: String,
+    mark: u64,
+    image: SessionImage,
+}
+
+/// One message to one replica pod.
+#[derive(Default)]
+struct Letter {
+    replicas: Vec<Outgoing>,
+    drops: Vec<ReplicaDrop>,
+}
+
+impl Letter {
+    fn drop_copy(&mut self, session: &Session) {
+        self.drops.push(ReplicaDrop {
+            session: session.id().to_owned(),
+            epoch: session.epoch(),
+        });
+    }
+}
+
+impl Handoff {
+    /// One round of the holder's side of replication (module docs): run every [`INTERVAL`].
+    pub(crate) async fn replicate(self: &Arc<Self>) {
+        let letters = self.write_letters(Instant::now());
+        if letters.is_empty() {
+            return;
+        }
+        let view = self.router.view();
+        let sends = letters.into_iter().filter_map(|(pod, letter)| {
+            let peer = view.peer(&pod)?.clone();
+            Some(async move {
+                let sent = tokio::time::timeout(SEND_TIMEOUT, self.send_letter(&peer, &letter));
+                let outcomes = sent
+                    .await
+                    .unwrap_or_else(|_| vec![None; letter.replicas.len()]);
+                (peer, letter, outcomes)
+            })
+        });
+        let answered = futures::future::join_all(sends).await;
+        let now = Instant::now();
+        let mut superseded = Vec::new();
+        {
+            let mut st = self.replicating.lock();
+            for (peer, letter, outcomes) in answered {
+                for (sent, outcome) in letter.replicas.iter().zip(outcomes) {
+                    self.metrics
+                        .replica_sent(outcome.map_or(ReplicaSent::Unanswered, ReplicaSent::from));
+                    let Some(t) = st.tracked.get_mut(&sent.id) else {
+                        continue;
+                    };
+                    if outcome == Some(ReplicaOutcome::StaleEpoch) {
+                        superseded.push((Arc::clone(&t.session), peer.uid.clone()));
+                    }
+                    t.replica = after(&t.replica, &peer.uid, sent.mark, outcome, now);
+                }
+            }
+            self.count_unreplicated(&st);
+        }
+        for (session, holder) in superseded {
+            self.supersede(session, &holder).await;
+        }
+    }
+
+    /// Looks at the sessions (module docs) and writes what each replica pod gets this round.
+    fn write_letters(&self, now: Instant) -> HashMap<String, Letter> {
+        let cfg = self.broker.cfg();
+        let mut letters: HashMap<String, Letter> = HashMap::new();
+        let mut st = self.replicating.lock();
+        if cfg.replication == Replication::None {
+            for (_, t) in st.tracked.drain() {
+                if let Some(at) = t.replica.kept_at() {
+                    letters
+                        .entry(at.to_owned())
+                        .or_default()
+                        .drop_copy(&t.session);
+                }
+            }
+            self.metrics.sessions_unreplicated(0);
+            return letters;
+        }
+        let events = cfg.replication == Replication::Events;
+        let refresh = cfg.idle_timeout / 3;
+        let view = self.router.view();
+        let scan = st.rounds.is_multiple_of(SCAN_EVERY)
+            || st.view.as_ref().is_none_or(|v| !Arc::ptr_eq(v, &view));
+        st.rounds += 1;
+        st.view = Some(Arc::clone(&view));
+        for session in self.broker.sessions() {
+            if !st.tracked.contains_key(session.id()) {
+                let changes = session.subscribe();
+                st.tracked.insert(
+                    session.id().to_owned(),
+                    Tracked {
+                        session,
+                        changes,
+                        replica: Replica::Unplaced,
+                        fresh: true,
+                    },
+                );
+            }
+        }
+        let me = self.router.uid();
+        let budget = self
+            .max_message_bytes
+            .saturating_sub(MESSAGE_OVERHEAD)
+            .max(1);
+        st.tracked.retain(|_, t| {
+            let held = !t.session.is_ended() && self.broker.holds(&t.session);
+            if !held {
+                if let Some(at) = t.replica.kept_at() {
+                    letters
+                        .entry(at.to_owned())
+                        .or_default()
+                        .drop_copy(&t.session);
+                }
+                return false;
+            }
+            let retry_due = matches!(t.replica, Replica::Retrying { until, .. } if now >= until);
+            if !(scan || t.fresh || retry_due || t.changes.has_changed()) {
+                return true;
+            }
+            t.fresh = false;
+            t.changes.look();
+            let id = t.session.id();
+            let mark = t.session.replica_mark(events);
+            // A replica pod that refuses connections gets none until it is up again.
+            let target = decide::replica_pod(&view, id, me)
+                .filter(|p| self.router.health().down(&p.uid, now).is_none())
+                .map(|p| p.uid.as_str());
+            match plan(&t.replica, target, mark, now, refresh) {
+                Plan::Keep => {}
+                Plan::Drop { at } => {
+                    letters.entry(at).or_default().drop_copy(&t.session);
+                    t.replica = Replica::Unplaced;
+                }
+                Plan::Send { to, drop_at } => {
+                    if let Some(at) = drop_at {
+                        letters.entry(at).or_default().drop_copy(&t.session);
+                    }
+                    let image = replica_image(&t.session, events, budget);
+                    letters.entry(to).or_default().replicas.push(Outgoing {
+                        id: id.to_owned(),
+                        mark,
+                        image,
+                    });
+                }
+            }
+            true
+        });
+        self.count_unreplicated(&st);
+        letters
+    }
+
+    /// `tether_sessions_unreplicated`: sessions held here without a replica kept current.
+    fn count_unreplicated(&self, st: &Replicating) {
+        let current = st
+            .tracked
+            .values()
+            .filter(|t| matches!(t.replica, Replica::Current { .. }))
+            .count();
+        self.metrics
+            .sessions_unreplicated(st.tracked.len().saturating_sub(current));
+    }
+
+    /// Sends `letter` to `peer`, in as many messages as its size takes; what became of each
+    /// replica, in order (`None`: no acknowledged answer).
+    async fn send_letter(&self, peer: &Peer, letter: &Letter) -> Vec<Option<ReplicaOutcome>> {
+        let images: Vec<&SessionImage> = letter.replicas.iter().map(|o| &o.image).collect();
+        let mut outcomes = Vec::with_capacity(images.len());
+        let mut drops = letter.drops.as_slice();
+        let mut rest = images.as_slice();
+        loop {
+            let (part, body) = self.next_message(rest, drops);
+            drops = &[];
+            let answer = self
+                .client
+                .ask(self.destination(peer), REPLICAS_PATH, body)
+                .await
+                .ok()
+                .and_then(|answer| serde_json::from_slice::<ReplicasAnswer>(&answer).ok())
+                .filter(|answer| answer.results.len() == part);
+            match answer {
+                Some(answer) => outcomes.extend(answer.results.into_iter().map(Some)),
+                None => outcomes.extend(std::iter::repeat_n(None, part)),
+            }
+            rest = &rest[part..];
+            if rest.is_empty() {
+                return outcomes;
+            }
+        }
+    }
+
+    /// The next message of a letter: how many of `images` it carries (at least one, when there
+    /// are any) within the pod's message size, with `drops`, and its body.
+    fn next_message(&self, images: &[&SessionImage], drops: &[ReplicaDrop]) -> (usize, Bytes) {
+        let mut take = images.len();
+        loop {
+            let push = ReplicasPush {
+                from: self.router.uid().to_owned(),
+                replicas: images[..take].iter().map(|i| (*i).clone()).collect(),
+                drops: drops.to_vec(),
+            };
+            let body = serde_json::to_vec(&push).unwrap_or_default();
+            if body.len() <= self.max_message_bytes || take <= 1 {
+                return (take, Bytes::from(body));
+            }
+            take /= 2;
+        }
+    }
+}
+
+/// The image a replica of `session` carries: with `events` its buffered events (at most
+/// `budget` bytes of them), without only what [`carry::sessions_only`] keeps (the answers of
+/// complete streams, which the buffer bounds).
+fn replica_image(session: &Session, events: bool, budget: usize) -> SessionImage {
+    let (mut snapshot, _) = session.snapshot(if events { budget } else { usize::MAX });
+    if !events {
+        snapshot.streams.iter_mut().for_each(carry::sessions_only);
+    }
+    image::session_image(&snapshot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REFRESH: Duration = Duration::from_secs(20);
+
+    fn current(pod: &str, mark: u64, sent: Instant) -> Replica {
+        Replica::Current {
+            pod: pod.into(),
+            mark,
+            sent,
+        }
+    }
+
+    fn send(to: &str, drop_at: Option<&str>) -> Plan {
+        Plan::Send {
+            to: to.into(),
+            drop_at: drop_at.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_replica_is_sent_when_it_changed_moved_or_is_due_and_dropped_when_unplaced() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_millis(100);
+        let retrying = Replica::Retrying {
+            pod: "b".into(),
+            until: later,
+            pause: INTERVAL,
+        };
+        // (replica, replica pod now, mark now, now) → plan
+        let table = [
+            (Replica::Unplaced, Some("b"), 1, t0, send("b", None)),
+            (Replica::Unplaced, None, 1, t0, Plan::Keep),
+            (current("b", 1, t0), Some("b"), 1, later, Plan::Keep),
+            (current("b", 1, t0), Some("b"), 2, later, send("b", None)),
+            (
+                current("b", 1, t0),
+                Some("b"),
+                1,
+                t0 + REFRESH,
+                send("b", None),
+            ),
+            (
+                current("b", 1, t0),
+                Some("c"),
+                1,
+                later,
+                send("c", Some("b")),
+            ),
+            (
+                current("b", 1, t0),
+                None,
+                1,
+                later,
+                Plan::Drop { at: "b".into() },
+            ),
+            (retrying.clone(), Some("b"), 1, t0, Plan::Keep),
+            (retrying.clone(), Some("b"), 1, later, send("b", None)),
+            (retrying.clone(), Some("c"), 1, t0, send("c", Some("b"))),
+            (retrying, None, 1, t0, Plan::Drop { at: "b".into() }),
+        ];
+        for (i, (replica, target, mark, now, want)) in table.into_iter().enumerate() {
+            assert_eq!(plan(&replica, target, mark, now, REFRESH), want, "row {i}");
+        }
+    }
+
+    #[test]
+    fn a_kept_replica_is_current_and_a_refused_one_retried_with_a_doubling_pause() {
+        let t0 = Instant::now();
+        let kept = after(&Replica::Unplaced, "b", 7, Some(ReplicaOutcome::Kept), t0);
+        assert_eq!(kept, current("b", 7, t0));
+        let mut replica = kept;
+        let mut pauses = Vec::new();
+        for outcome in [
+            None,
+            Some(ReplicaOutcome::Full),
+            Some(ReplicaOutcome::Draining),
+            None,
+            None,
+            None,
+            None,
+        ] {
+            replica = after(&replica, "b", 7, outcome, t0);
+            let Replica::Retrying { pause, until, .. } = &replica else {
+                panic!("a refusal retries: {replica:?}");
+            };
+            assert_eq!(*until, t0 + *pause);
+            pauses.push(pause.as_millis());
+        }
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1600, 2000]);
+        // Another pod starts from the first pause again.
+        let other = after(&replica, "c", 7, None, t0);
+        assert!(matches!(
+            other,
+            Replica::Retrying {
+                pause: INTERVAL,
+                ..
+            }
+        ));
+        assert_eq!(
+            after(&replica, "b", 8, Some(ReplicaOutcome::Kept), t0),
+            current("b", 8, t0)
+        );
+    }
+}
