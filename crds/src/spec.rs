@@ -446,8 +446,10 @@ pub struct SessionSpec {
     /// What each session's holder keeps on a second pod (its replica), so the session survives
     /// the holder's loss without warning (an OOM kill, a lost node, a sidecar crash): `None`,
     /// `Sessions` (the session without its buffered events) or `Events` (with them). Running
-    /// sidecars reload it. Default `Sessions`. Built so far: the replica pod's side (keeping,
-    /// promoting, handing back); holders do not send replicas yet.
+    /// sidecars reload it. Default `Sessions`. Each session is sent whole to its replica pod
+    /// (its runner-up) when what the replica carries changed, at most every 50 ms; the replica
+    /// pod counts it in its retained bytes. A request that started in the last 50 ms before an
+    /// unannounced loss may run again if its client retries it.
     #[serde(default)]
     pub replication: Replication,
 }

@@ -120,6 +120,9 @@ pub struct CallOutcome {
     /// or the refusal of a resume): the sidecar said the call was interrupted, so what did not
     /// arrive is lost but announced.
     pub announced: Option<String>,
+    /// Times the request was sent again because its stream ended before any event id to
+    /// resume from.
+    pub resent: u64,
 }
 
 impl CallOutcome {
@@ -206,6 +209,8 @@ pub struct Tracked {
     pub refused: Vec<Refusal>,
     /// Reconnects after the stream ended before the answer, over the call.
     reconnects: u32,
+    /// The request, sent again when its stream ends before any event id to resume from.
+    body: Option<Value>,
 }
 
 /// Where [`Tracked::follow`] stopped.
@@ -232,6 +237,7 @@ impl Tracked {
             count,
             refused: Vec::new(),
             reconnects: 0,
+            body: None,
         }
     }
 
@@ -247,9 +253,8 @@ impl Tracked {
         call_id: &str,
         plan: &CallPlan,
     ) -> Result<(Self, Events)> {
-        let resp = client
-            .post(Some(session), &plan.body(id, call_id), &[])
-            .await?;
+        let body = plan.body(id, call_id);
+        let resp = client.post(Some(session), &body, &[]).await?;
         if resp.status() != StatusCode::OK {
             return Err(unexpected("tools/call slow", resp).await);
         }
@@ -261,6 +266,7 @@ impl Tracked {
         }
         let events = Events::new(resp);
         let mut call = Self::new(id, call_id, plan.count);
+        call.body = Some(body);
         call.out.pods.push(events.pod().to_owned());
         Ok((call, events))
     }
@@ -394,10 +400,25 @@ impl Tracked {
                 self.take(ev);
                 continue;
             }
-            // The stream ended (or stalled) before the answer: resume like EventSource would.
+            // The stream ended (or stalled) before the answer: resume like EventSource would;
+            // a stream that ended before its first event id (its connection lost at once)
+            // leaves nothing to resume from: the request is sent again instead (tether's retry
+            // contract: never a second dispatch).
             drop(events);
             self.reconnects += 1;
-            if self.reconnects > how.reconnects || self.reader.last_id.is_none() {
+            let no_cursor = self.reader.last_id.is_none();
+            if self.reconnects <= how.reconnects
+                && no_cursor
+                && let Some(body) = self.body.clone()
+            {
+                tokio::time::sleep(self.reader.retry.unwrap_or(how.retry)).await;
+                match self.send_again(client, session, &body, &how.retry_on).await {
+                    Ok(resent) => events = resent,
+                    Err(stop) => return stop,
+                }
+                continue;
+            }
+            if self.reconnects > how.reconnects || no_cursor {
                 let call_id = &self.reader.call_id;
                 self.out
                     .failures
@@ -413,6 +434,27 @@ impl Tracked {
         Stop::Answered
     }
 
+    /// Sends the request `body` again ([`follow::send_again`]); what it got as
+    /// [`Tracked::stream_or_stop`] says.
+    async fn send_again(
+        &mut self,
+        client: &McpClient,
+        session: &Session,
+        body: &Value,
+        retry_on: &[StatusCode],
+    ) -> Result<Events, Stop> {
+        let resent = follow::send_again(client, session, body, retry_on, &mut self.refused).await;
+        self.out.resent += 1;
+        let resent = resent.map(|r| match r {
+            Resumed::Stream(events) => {
+                self.out.pods.push(events.pod().to_owned());
+                Some(events)
+            }
+            Resumed::Gone => None,
+        });
+        self.stream_or_stop(resent)
+    }
+
     /// Reconnects now after the last event read, recording the time to the answer's headers
     /// in [`CallOutcome::resumes`]; a 404 ([`Stop::Gone`]) is counted in
     /// [`CallOutcome::not_found`], any other failure ([`Stop::Failed`]) recorded in
@@ -424,11 +466,19 @@ impl Tracked {
         retry_on: &[StatusCode],
     ) -> Result<Events, Stop> {
         let started = Instant::now();
-        match self.reconnect(client, session, retry_on).await {
-            Ok(Some(events)) => {
-                self.out.resumes.push(started.elapsed());
-                Ok(events)
-            }
+        let resumed = self.reconnect(client, session, retry_on).await;
+        if let Ok(Some(_)) = resumed {
+            self.out.resumes.push(started.elapsed());
+        }
+        self.stream_or_stop(resumed)
+    }
+
+    /// The stream of a reconnect or a request sent again; a 404 is counted in
+    /// [`CallOutcome::not_found`] ([`Stop::Gone`]), any other failure recorded in
+    /// [`CallOutcome::failures`] ([`Stop::Failed`]).
+    fn stream_or_stop(&mut self, answer: Result<Option<Events>, String>) -> Result<Events, Stop> {
+        match answer {
+            Ok(Some(events)) => Ok(events),
             Ok(None) => {
                 self.out.not_found += 1;
                 Err(Stop::Gone)

@@ -325,8 +325,10 @@ pub const PUBLIC_HEADERS: [(&str, &str); 2] = [
     ("origin", "https://app.example.com"),
 ];
 
-/// Most times a client honouring `Retry-After` sends a request answered 429/503.
-const RETRY_AFTER_ATTEMPTS: u32 = 5;
+/// Most times a client honouring `Retry-After` sends a request answered 429/503: enough to
+/// outwait a lost pod's detection (5 s by default, `Retry-After: 1` each time), so that the
+/// 503s of a failover are what the client sees of it, not an error.
+const RETRY_AFTER_ATTEMPTS: u32 = 10;
 /// Longest wait it takes from one `Retry-After`.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(2);
 

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use http::{Response, StatusCode};
+use hyper::body::Incoming;
 use serde_json::Value;
 
 use crate::client::{
@@ -91,12 +92,42 @@ pub async fn reconnect(
     retry_on: &[StatusCode],
     refused: &mut Vec<Refusal>,
 ) -> Result<Resumed, String> {
-    let after = cursor.unwrap_or("the start");
+    let what = format!("resume after {}", cursor.unwrap_or("the start"));
+    let get = || client.get(session, cursor);
+    answered(&what, get, retry_on, refused).await
+}
+
+/// Sends request `body` of `session` again via `client` (tether's retry: the same id and body
+/// attach to the running request or replay its answer, never run it twice), when its stream
+/// ended before any event id the client could resume from; refusals as [`reconnect`].
+///
+/// # Errors
+/// As [`reconnect`].
+pub async fn send_again(
+    client: &McpClient,
+    session: &Session,
+    body: &Value,
+    retry_on: &[StatusCode],
+    refused: &mut Vec<Refusal>,
+) -> Result<Resumed, String> {
+    let post = || client.post(Some(session), body, &[]);
+    answered("the request sent again", post, retry_on, refused).await
+}
+
+/// The stream `send` answers with (`what` names the request in errors), sending it again after
+/// each refusal in `retry_on` with `Retry-After`.
+async fn answered<F, Fut>(
+    what: &str,
+    send: F,
+    retry_on: &[StatusCode],
+    refused: &mut Vec<Refusal>,
+) -> Result<Resumed, String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Response<Incoming>>>,
+{
     for _ in 0..REFUSALS {
-        let resp = client
-            .get(session, cursor)
-            .await
-            .map_err(|e| format!("resume after {after} failed: {e}"))?;
+        let resp = send().await.map_err(|e| format!("{what} failed: {e}"))?;
         let status = resp.status();
         if status == StatusCode::OK && is_sse(&resp) {
             return Ok(Resumed::Stream(Events::new(resp)));
@@ -104,14 +135,12 @@ pub async fn reconnect(
         if status == StatusCode::NOT_FOUND {
             expect_lost_session(resp)
                 .await
-                .map_err(|e| format!("resume after {after}: {e}"))?;
+                .map_err(|e| format!("{what}: {e}"))?;
             return Ok(Resumed::Gone);
         }
         match retry_after(&resp).filter(|_| retry_on.contains(&status)) {
             Some(secs) => {
-                let (_, error) = json_error(resp)
-                    .await
-                    .map_err(|e| format!("resume after {after}: {e}"))?;
+                let (_, error) = json_error(resp).await.map_err(|e| format!("{what}: {e}"))?;
                 let reason = error["data"]["reason"].as_str().unwrap_or_default();
                 refused.push(Refusal {
                     status,
@@ -128,15 +157,11 @@ pub async fn reconnect(
                 } else {
                     200
                 };
-                return Err(format!(
-                    "resume after {after} answered {status}: {body:.shown$}"
-                ));
+                return Err(format!("{what} answered {status}: {body:.shown$}"));
             }
         }
     }
-    Err(format!(
-        "resume after {after} refused {REFUSALS} times: {refused:?}"
-    ))
+    Err(format!("{what} refused {REFUSALS} times: {refused:?}"))
 }
 
 /// Checks that a resume after `cursor`, the last event of a complete stream, is a 200 stream

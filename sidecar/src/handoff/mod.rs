@@ -176,6 +176,8 @@ pub(crate) struct Handoff {
     replicas: replication::Replicas,
     /// What the replica pods have of the sessions held here.
     replicating: parking_lot::Mutex<replication::Replicating>,
+    /// Claims of sessions back from their replica pod under way, by session id.
+    claims: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Handoff {
@@ -211,6 +213,7 @@ impl Handoff {
             dwell,
             replicas: replication::Replicas::new(broker.retained().clone()),
             replicating: parking_lot::Mutex::default(),
+            claims: parking_lot::Mutex::default(),
             broker,
         })
     }

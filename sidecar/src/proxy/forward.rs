@@ -131,6 +131,9 @@ pub(crate) struct World<'a> {
     pub(crate) own: &'a Peer,
     /// Any random string (placements of requests without a session).
     pub(crate) nonce: &'a str,
+    /// The holder of the replica this pod keeps of a session, if it keeps one
+    /// (`docs/design/replication.md`).
+    pub(crate) replica_of: &'a dyn Fn(&str) -> Option<String>,
 }
 
 /// Decides what a forward does after `failure` and updates `f` accordingly:
@@ -196,6 +199,19 @@ fn reroute(f: &mut Forwarding, cause: Down, world: &World<'_>) -> Decision {
         mark_down: mark_down.clone(),
         rerouted: true,
     };
+    if cause == Down::Refused
+        && !failed_self
+        && f.session_id
+            .as_deref()
+            .and_then(world.replica_of)
+            .is_some_and(|holder| holder == f.peer.uid)
+    {
+        // This pod keeps the session's replica and its holder refuses connections: it may be
+        // restarting (it claims the session back) or lost (the replica is promoted here once
+        // membership drops it). The pods after it know nothing of the session: 503, not 404.
+        f.fallback = Some(Rejection::PeerUnavailable);
+        return decided(Next::GiveUp);
+    }
     if cause == Down::Unresponsive && f.target_home.is_some() && !failed_self {
         // A connection or TLS handshake not made in time: the peer may be the holder, slowed
         // down by load; the pods after it would answer 404 and the client drop the session.
@@ -333,6 +349,8 @@ mod tests {
         marked: Option<(&'static str, Down)>,
         /// A 2026-07-28 POST ([`Forwarding::at_most_once`]).
         at_most_once: bool,
+        /// The holder of the replica this pod keeps of the session.
+        replica_of: Option<&'static str>,
     }
 
     fn run(row: &Row) {
@@ -356,6 +374,7 @@ mod tests {
             down: &down,
             own: &own,
             nonce: "n",
+            replica_of: &|_: &str| row.replica_of.map(str::to_owned),
         };
         let mut hop = Hop::default();
         for i in 0..row.hops {
@@ -407,6 +426,7 @@ mod tests {
             fallback: None,
             marked: None,
             at_most_once: false,
+            replica_of: None,
         }
     }
 
@@ -420,6 +440,21 @@ mod tests {
             ..row("")
         };
         let rows = [
+            Row {
+                name: "the holder of a session whose replica this pod keeps refuses: 503, never a walk to a 404",
+                replica_of: Some("b"),
+                next: Next::GiveUp,
+                fallback: Some(Rejection::PeerUnavailable),
+                marked: Some(("b", Down::Refused)),
+                ..row("")
+            },
+            Row {
+                name: "a replica of another holder's: the walk goes on",
+                replica_of: Some("c"),
+                then: Some("c"),
+                marked: Some(("b", Down::Refused)),
+                ..row("")
+            },
             Row {
                 name: "a 2026-07-28 POST whose peer refused the connection: placed on c",
                 then: Some("c"),

@@ -562,12 +562,14 @@ impl McpProxy {
         let own = self.router.own_peer();
         let nonce = placement_nonce();
         let down = |uid: &str| health.down(uid, now);
+        let replica_of = |id: &str| self.handoff.replica_holder(id);
         let world = World {
             view: &view,
             me: self.router.me(self.lifecycle.is_draining()),
             down: &down,
             own: &own,
             nonce: &nonce,
+            replica_of: &replica_of,
         };
         let decision = forward::after_failure(f, failure, &world);
         if decision.rerouted {

@@ -427,16 +427,24 @@ impl Stream {
         self.state.lock().following.clone()
     }
 
-    /// Ends a followed stream whose writer is gone (killed mid-handoff): pending requests get
-    /// a JSON-RPC error (`data.reason` = `handoff_interrupted`) so no client hangs.
+    /// Ends a followed stream whose writer is gone (killed mid-handoff, or the holder lost):
+    /// pending requests get a JSON-RPC error (`data.reason` as `lost` says) so no client
+    /// hangs. A standalone stream, which has no request to answer, counts everything up to the
+    /// gap as evicted: a resume from before it is told its notifications may be gone
+    /// (`cursor_evicted`), never handed an empty end.
     pub(crate) fn abandon_following(&self, lost: WriterLost) {
         {
             let mut st = self.state.lock();
             st.following = None;
             // The dead writer may have numbered (and sent clients) events that never arrived:
             // the error events are numbered past any of them, so every client sees them.
-            let last = st.buffer.last_seq();
-            st.buffer.follow(last + ABANDONED_WRITER_GAP, 0);
+            let gap = st.buffer.last_seq() + ABANDONED_WRITER_GAP;
+            let evicted = if self.kind == StreamKind::Standalone {
+                gap
+            } else {
+                0
+            };
+            st.buffer.follow(gap, evicted);
         }
         let pending = self.pending();
         let (message, reason) = lost.error();
@@ -1254,6 +1262,30 @@ mod tests {
             let mut feed = copy.attach(Start::After(0), true, false, Duration::from_secs(10));
             let got = text(feed.next().await);
             assert!(got.contains(reason) && got.contains("\"id\":9"), "{got}");
+        }
+    }
+
+    #[test]
+    fn a_standalone_stream_whose_writer_died_tells_a_resume_its_notifications_may_be_gone() {
+        let writer = Stream::new(
+            StreamKind::Standalone,
+            vec![],
+            limits(),
+            crate::retained::Retained::new(u64::MAX).account(),
+            CancellationToken::new(),
+        );
+        writer.append(None, progress(1), Instant::now());
+        let (image, _) = writer.snapshot(0, 1 << 20);
+        let copy = copy_of(&image);
+        assert_eq!(copy.check_cursor(1), Ok(()), "followed: event 1 and on");
+        copy.abandon_following(WriterLost::Holder);
+        assert!(copy.is_complete());
+        // The writer may have sent notifications after event 1 that no copy has.
+        for cursor in [0, 1, 2] {
+            assert!(
+                matches!(copy.check_cursor(cursor), Err(ReplayError::Evicted { .. })),
+                "cursor {cursor}"
+            );
         }
     }
 }

@@ -21,6 +21,7 @@ mod mrtr;
 mod peer_trust;
 mod python_sdk;
 mod real_client;
+mod replication;
 mod request_ids;
 mod retention;
 mod rollout;

@@ -37,6 +37,8 @@ use store::Taken;
 /// How long a claim waits for the replica pod's answer; without one the request is routed as
 /// before replication (a session nobody else holds is 404).
 const CLAIM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Most pods one claim asks.
+const MAX_CLAIMED: usize = 3;
 
 /// What became of a request for a session this pod neither holds nor handed off.
 #[derive(Debug)]
@@ -60,6 +62,11 @@ impl Handoff {
             tracing::debug!(dropped, "replicas expired");
         }
         self.metrics.replicas(self.replicas.len());
+    }
+
+    /// The holder of the replica of session `id` kept here, if one is.
+    pub(crate) fn replica_holder(&self, id: &str) -> Option<String> {
+        self.replicas.holder(id)
     }
 
     /// Keeps the replicas `push` carries and drops those it names.
@@ -113,10 +120,22 @@ impl Handoff {
                 holder = %query.from,
                 "replica handed back to its restarted holder"
             );
+            return ClaimAnswer {
+                session,
+                held: false,
+            };
         }
+        // Another pod asks (the session lives there now: its owner once the holder is gone):
+        // the replica is promoted here, and that pod sends the session's requests here.
+        let view = self.router.view();
+        let gone = |holder: &str| view.peer(holder).is_none_or(|p| !p.state.is_alive());
+        let held = self
+            .replicas
+            .take(&query.session, gone)
+            .is_some_and(|taken| self.take_over(taken, TakeOver::Promoted));
         ClaimAnswer {
-            session,
-            held: false,
+            session: None,
+            held,
         }
     }
 
@@ -149,8 +168,47 @@ impl Handoff {
         }
     }
 
-    /// Asks `pod`, the replica pod of session `id`, for the session back.
+    /// Asks `pod`, the replica pod of session `id`, for the session back; concurrent requests
+    /// for the session wait for the first one's claim (the replica is handed back once).
     async fn claim(&self, id: &str, pod: Peer) -> Recovered {
+        let gate = Arc::clone(self.claims.lock().entry(id.to_owned()).or_default());
+        let turn = gate.lock().await;
+        let recovered = if self.broker.held(id).is_some() {
+            Recovered::Held
+        } else {
+            self.ask_around(id, pod).await
+        };
+        drop(turn);
+        let mut claims = self.claims.lock();
+        // Nobody else waits (the table's handle and this one): the gate goes.
+        if Arc::strong_count(&gate) == 2 {
+            claims.remove(id);
+        }
+        recovered
+    }
+
+    /// Claims session `id` from `pod`, its replica pod as placed in this pod's view, then from
+    /// the other pods of its routing walk ([`MAX_CLAIMED`] in all): the replica may have been
+    /// placed in a view without this pod (a replacement that joined since).
+    async fn ask_around(&self, id: &str, pod: Peer) -> Recovered {
+        let view = self.router.view();
+        let me = self.router.uid();
+        let others = view
+            .walk(id)
+            .filter(|p| p.uid != me && p.uid != pod.uid && p.state.is_alive())
+            .cloned()
+            .collect::<Vec<_>>();
+        for peer in std::iter::once(pod).chain(others).take(MAX_CLAIMED) {
+            match self.ask_back(id, peer).await {
+                Recovered::Route => continue,
+                found => return found,
+            }
+        }
+        Recovered::Route
+    }
+
+    /// One claim of session `id` from `pod`.
+    async fn ask_back(&self, id: &str, pod: Peer) -> Recovered {
         let query = ClaimQuery {
             from: self.router.uid().to_owned(),
             session: id.to_owned(),

@@ -231,8 +231,10 @@ async fn a_restarted_holder_claims_its_session_back_or_forwards_to_where_it_was_
         pod.handoff.recover(&unknown, home, &Hop::default()).await,
         Recovered::Route
     ));
+    // Each claim without an answer asks the other pod of the walk too (the replica may have
+    // been placed in a view without this pod).
     let claims = replica_pod.claims.lock().clone();
-    assert_eq!(claims.len(), 4);
+    assert_eq!(claims.len(), 6, "{claims:?}");
     assert!(
         claims.iter().all(|(to, _)| to != "pod-a"),
         "never itself: {claims:?}"
@@ -256,9 +258,23 @@ async fn a_replica_is_handed_back_once_and_only_to_its_holder() {
         session: None,
         held: false,
     };
-    assert_eq!(claim("pod-c"), nothing, "not pod-c's");
+    assert_eq!(
+        claim("pod-c"),
+        nothing,
+        "not pod-c's while its holder lives"
+    );
     assert_eq!(claim("pod-b").session.map(|s| s.epoch), Some(1));
     assert_eq!(claim("pod-b"), nothing, "handed back once");
+    // Its holder gone, another pod's claim (the session's new owner) promotes it here.
+    let (lost, _) = pod.mint("pod-b");
+    keep(&pod, "pod-b", image(&lost, 4));
+    publish(&pod, &["pod-a", "pod-c"]);
+    let answer = pod.handoff.hand_back(&ClaimQuery {
+        from: "pod-c".into(),
+        session: lost.clone(),
+    });
+    assert!(answer.held && answer.session.is_none(), "{answer:?}");
+    assert_eq!(pod.broker.held(&lost).unwrap().epoch(), 5);
     // A session held here is said to be.
     let held = pod.hold("pod-b");
     let answer = pod.handoff.hand_back(&ClaimQuery {
@@ -284,4 +300,25 @@ async fn replicas_are_refused_while_draining_and_for_forged_ids() {
         pod.broker.retained().bytes(crate::retained::Kind::Replicas),
         0
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_requests_of_a_restarted_holder_claim_their_session_once() {
+    let (pod, replica_pod) = start();
+    let home = HomeToken::for_pod("pod-a");
+    let (id, _) = pod.mint("pod-a");
+    // The replica pod hands the session back once; a second claim would find nothing.
+    replica_pod.answers.lock().push_back(Ok(ClaimAnswer {
+        session: Some(image(&id, 2)),
+        held: false,
+    }));
+    let hop = Hop::default();
+    let (first, second) = tokio::join!(
+        pod.handoff.recover(&id, home, &hop),
+        pod.handoff.recover(&id, home, &hop)
+    );
+    assert!(matches!(first, Recovered::Held), "{first:?}");
+    assert!(matches!(second, Recovered::Held), "{second:?}, never 404");
+    assert_eq!(replica_pod.claims.lock().len(), 1, "claimed once");
+    assert_eq!(pod.broker.held(&id).unwrap().epoch(), 3);
 }
