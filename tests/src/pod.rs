@@ -215,6 +215,15 @@ impl Default for PodSpec {
 }
 
 impl PodSpec {
+    /// This spec with `spec.session.replication: None`: what a drain's handoff guarantees by
+    /// itself, with no replica to fall back on.
+    pub fn unreplicated(self) -> Self {
+        Self {
+            replication: Some("None".into()),
+            ..self
+        }
+    }
+
     /// The McpEndpoint manifest for this spec.
     pub fn manifest(&self) -> String {
         let quote = |v: &[String]| {

@@ -35,6 +35,11 @@ use crate::session::journal::Journal;
 pub(crate) const ENDPOINT: &str = "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\n\
      metadata: {name: weather}\nspec:\n  targetRef: {kind: Deployment, name: weather}\n";
 
+/// [`ENDPOINT`] with `spec.session.replication: Sessions`.
+pub(crate) const REPLICATED: &str = "apiVersion: mcp.tether.dev/v1alpha1\nkind: McpEndpoint\n\
+     metadata: {name: weather}\nspec:\n  targetRef: {kind: Deployment, name: weather}\n\
+     \x20 session: {replication: Sessions}\n";
+
 /// Pod `pod-a` of three routable pods.
 pub(crate) struct Pod {
     pub(crate) cfg: Config,

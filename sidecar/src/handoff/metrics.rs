@@ -103,6 +103,8 @@ pub(crate) enum ReplicaSent {
     Ended,
     /// The replica pod found the session id forged.
     Invalid,
+    /// The replica pod does not know this pod (its membership lags).
+    NotMember,
     /// No acknowledged answer.
     Unanswered,
 }
@@ -117,6 +119,7 @@ impl ReplicaSent {
             Self::Draining => "draining",
             Self::Ended => "ended",
             Self::Invalid => "invalid",
+            Self::NotMember => "not_member",
             Self::Unanswered => "unanswered",
         }
     }
@@ -131,6 +134,7 @@ impl From<ReplicaOutcome> for ReplicaSent {
             ReplicaOutcome::Draining => Self::Draining,
             ReplicaOutcome::Ended => Self::Ended,
             ReplicaOutcome::Invalid => Self::Invalid,
+            ReplicaOutcome::NotMember => Self::NotMember,
         }
     }
 }

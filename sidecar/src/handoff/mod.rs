@@ -471,7 +471,6 @@ impl Handoff {
                 }
                 Followed::HolderLost => {
                     tracing::warn!(session = session.digest(), peer = %target.name, "the new holder left or lost the session; pushing it again");
-                    handoff.metrics.handoff_failed(HandoffFailure::HolderLost);
                     handoff.push_again(session.id(), &target.uid).await;
                 }
                 Followed::Ended => {
@@ -497,6 +496,8 @@ impl Handoff {
         if !self.broker.reclaim(id, lost) {
             return false;
         }
+        // Counted whichever found the holder gone: the rebalance, or a request for the session.
+        self.metrics.handoff_failed(HandoffFailure::HolderLost);
         let Some(session) = self.broker.held(id) else {
             return true;
         };
@@ -605,7 +606,6 @@ impl Handoff {
                 session = session.digest(),
                 "the pod a session was handed to left; pushing it again"
             );
-            self.metrics.handoff_failed(HandoffFailure::HolderLost);
             let h = Arc::clone(self);
             tokio::spawn(async move { h.push_again(session.id(), &lost).await });
         }

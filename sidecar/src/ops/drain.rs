@@ -153,6 +153,8 @@ impl Drain {
             self.wait_until(flushed_by, || self.handoff.following() == 0)
                 .await;
         }
+        // What stays here ends with the pod: no replica of it may be promoted elsewhere.
+        self.handoff.withdraw_replicas().await;
         let tasks_left = self.broker.open_tasks();
         let outcome = DrainOutcome {
             drained: in_flight == 0 && tasks_left == 0,

@@ -249,6 +249,9 @@ pub(crate) enum ReplicaOutcome {
     Ended,
     /// The image cannot be used (a forged id, an unknown version…).
     Invalid,
+    /// The sender is not an alive pod of the receiver's membership: a replica of it could be
+    /// promoted while it still serves the session (the receiver's view lags).
+    NotMember,
 }
 
 /// `POST /v2/claim`: a pod that lost its memory (its sidecar restarted) asks the replica pod of

@@ -429,9 +429,9 @@ impl Stream {
 
     /// Ends a followed stream whose writer is gone (killed mid-handoff, or the holder lost):
     /// pending requests get a JSON-RPC error (`data.reason` as `lost` says) so no client
-    /// hangs. A standalone stream, which has no request to answer, counts everything up to the
-    /// gap as evicted: a resume from before it is told its notifications may be gone
-    /// (`cursor_evicted`), never handed an empty end.
+    /// hangs. A standalone stream of a lost holder, which has no request to answer, counts
+    /// everything up to the gap as evicted: a resume from before it is told its notifications
+    /// may be gone (`cursor_evicted`), never handed an empty end.
     pub(crate) fn abandon_following(&self, lost: WriterLost) {
         {
             let mut st = self.state.lock();
@@ -439,7 +439,9 @@ impl Stream {
             // The dead writer may have numbered (and sent clients) events that never arrived:
             // the error events are numbered past any of them, so every client sees them.
             let gap = st.buffer.last_seq() + ABANDONED_WRITER_GAP;
-            let evicted = if self.kind == StreamKind::Standalone {
+            // A lost holder's notifications since its last replica were never carried; a
+            // handed-off stream's were forwarded as they came.
+            let evicted = if self.kind == StreamKind::Standalone && lost == WriterLost::Holder {
                 gap
             } else {
                 0

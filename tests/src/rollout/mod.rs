@@ -221,10 +221,11 @@ impl Default for RolloutConfig {
 }
 
 impl RolloutConfig {
-    /// The same run without handoff (`--handoff false`): the baseline.
+    /// The same run without handoff (`--handoff false`) nor replication: the baseline.
     pub fn baseline(&self) -> Self {
         Self {
             handoff: false,
+            replication: Some("None".into()),
             ..self.clone()
         }
     }

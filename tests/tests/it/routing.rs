@@ -256,8 +256,10 @@ async fn a_draining_pod_places_no_session_and_a_removed_pod_gets_no_traffic_with
     let ips: [Ipv4Addr; 3] = addr::ips();
     // Without handoff: a running pod that is no longer in its own membership hands its sessions
     // to their owners at its next rebalance (within a second), and then A or B would hold them.
-    // This test is about routing to a removed pod, whose sessions nobody else holds.
+    // This test is about routing to a removed pod, whose sessions nobody else holds (no
+    // replica either).
     let spec = PodSpec {
+        replication: Some("None".into()),
         sidecar_args: vec!["--handoff".into(), "false".into()],
         ..PodSpec::default()
     };
@@ -380,7 +382,11 @@ async fn fr02_one_client_ip_spreads_sessions_and_health_checks_pin_nothing() {
 #[tokio::test]
 async fn disagreeing_membership_reaches_the_holder_or_ends_in_404_never_loops() {
     let ips: [Ipv4Addr; 3] = addr::ips();
-    let cluster = Cluster::start(&ips, PodSpec::default()).await.unwrap();
+    // Routing alone: a pod whose view lost C would promote the replica of C's session it
+    // keeps (the partition `replication.md` describes).
+    let cluster = Cluster::start(&ips, PodSpec::default().unreplicated())
+        .await
+        .unwrap();
     let (a, b, c) = (ips[0], ips[1], ips[2]);
     let on_c = cluster.client_of(&[c]);
     let mut sessions = Vec::new();

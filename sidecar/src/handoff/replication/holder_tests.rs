@@ -55,7 +55,7 @@ impl PeerLink for Nowhere {
 fn start() -> (Pod, Pod, Arc<ToPodB>) {
     let link = Arc::new(ToPodB::default());
     let a = Pod::start(
-        fixtures::ENDPOINT,
+        fixtures::REPLICATED,
         &[],
         Arc::clone(&link) as Arc<dyn PeerLink>,
     );

@@ -72,6 +72,13 @@ impl Handoff {
     /// Keeps the replicas `push` carries and drops those it names.
     pub(crate) fn keep_replicas(&self, push: &ReplicasPush) -> ReplicasAnswer {
         let now = std::time::Instant::now();
+        // A replica is promoted once its holder is absent from this pod's membership: one of a
+        // holder this pod does not know yet would be promoted at once.
+        let member = self
+            .router
+            .view()
+            .peer(&push.from)
+            .is_some_and(|p| p.state.is_alive());
         for drop in &push.drops {
             self.replicas
                 .drop_replica(&push.from, &drop.session, drop.epoch);
@@ -93,6 +100,8 @@ impl Handoff {
                     // Held here (or handed on from here) at a later epoch: the sender's copy
                     // is the stale one.
                     ReplicaOutcome::StaleEpoch
+                } else if !member {
+                    ReplicaOutcome::NotMember
                 } else {
                     self.replicas.keep(&push.from, image, now)
                 }

@@ -169,6 +169,24 @@ pub(crate) struct Replicating {
     tracked: HashMap<String, Tracked>,
     view: Option<Arc<View>>,
     rounds: u64,
+    /// The pod's drain ended: nothing is replicated any more ([`Handoff::withdraw_replicas`]).
+    withdrawn: bool,
+}
+
+impl Replicating {
+    /// Stops following every session; the drops of the copies they have on replica pods.
+    fn drop_all(&mut self) -> HashMap<String, Letter> {
+        let mut letters: HashMap<String, Letter> = HashMap::new();
+        for (_, t) in self.tracked.drain() {
+            if let Some(at) = t.replica.kept_at() {
+                letters
+                    .entry(at.to_owned())
+                    .or_default()
+                    .drop_copy(&t.session);
+            }
+        }
+        letters
+    }
 }
 
 /// A replica in a message: the session, the mark it was sent at, its image.
@@ -198,6 +216,23 @@ impl Handoff {
     /// One round of the holder's side of replication (module docs): run every [`INTERVAL`].
     pub(crate) async fn replicate(self: &Arc<Self>) {
         let letters = self.write_letters(Instant::now());
+        self.deliver(letters).await;
+    }
+
+    /// The pod stops (its drain ended): every replica it placed is dropped and none is sent
+    /// again. A session still here (`migration: Pin`, no peer to take it) ends with the pod,
+    /// never promoted elsewhere; one handed off is replicated by its new holder.
+    pub(crate) async fn withdraw_replicas(self: &Arc<Self>) {
+        let letters = {
+            let mut st = self.replicating.lock();
+            st.withdrawn = true;
+            st.drop_all()
+        };
+        self.deliver(letters).await;
+    }
+
+    /// Sends `letters`, one per replica pod at once, and applies what became of each replica.
+    async fn deliver(self: &Arc<Self>, letters: HashMap<String, Letter>) {
         if letters.is_empty() {
             return;
         }
@@ -240,20 +275,15 @@ impl Handoff {
     /// Looks at the sessions (module docs) and writes what each replica pod gets this round.
     fn write_letters(&self, now: Instant) -> HashMap<String, Letter> {
         let cfg = self.broker.cfg();
-        let mut letters: HashMap<String, Letter> = HashMap::new();
         let mut st = self.replicating.lock();
-        if cfg.replication == Replication::None {
-            for (_, t) in st.tracked.drain() {
-                if let Some(at) = t.replica.kept_at() {
-                    letters
-                        .entry(at.to_owned())
-                        .or_default()
-                        .drop_copy(&t.session);
-                }
-            }
-            self.metrics.sessions_unreplicated(0);
-            return letters;
+        if st.withdrawn {
+            return HashMap::new();
         }
+        if cfg.replication == Replication::None {
+            self.metrics.sessions_unreplicated(0);
+            return st.drop_all();
+        }
+        let mut letters: HashMap<String, Letter> = HashMap::new();
         let events = cfg.replication == Replication::Events;
         let refresh = cfg.idle_timeout / 3;
         let view = self.router.view();

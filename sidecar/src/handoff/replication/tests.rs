@@ -53,7 +53,7 @@ impl PeerLink for ReplicaPod {
 fn start() -> (Pod, Arc<ReplicaPod>) {
     let replica_pod = Arc::new(ReplicaPod::default());
     let pod = Pod::start(
-        fixtures::ENDPOINT,
+        fixtures::REPLICATED,
         &[],
         Arc::clone(&replica_pod) as Arc<dyn PeerLink>,
     );
@@ -285,7 +285,7 @@ async fn a_replica_is_handed_back_once_and_only_to_its_holder() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn replicas_are_refused_while_draining_and_for_forged_ids() {
+async fn replicas_are_refused_while_draining_for_forged_ids_and_from_strangers() {
     let (pod, _) = start();
     let mut forged = image("not-a-session-id", 0);
     assert_eq!(
@@ -294,6 +294,11 @@ async fn replicas_are_refused_while_draining_and_for_forged_ids() {
     );
     let (id, _) = pod.mint("pod-b");
     forged.id = id;
+    assert_eq!(
+        keep(&pod, "pod-x", forged.clone()),
+        [ReplicaOutcome::NotMember],
+        "a holder this pod does not know"
+    );
     pod.lifecycle.start_draining();
     assert_eq!(keep(&pod, "pod-b", forged), [ReplicaOutcome::Draining]);
     assert_eq!(
