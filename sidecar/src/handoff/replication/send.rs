@@ -25,7 +25,8 @@
 //!
 //! A replica pod that answers `stale_epoch` holds the session at a later epoch (it promoted
 //! it while this pod was thought lost): the copy here is stale, and requests for it are sent
-//! there ([`Handoff::supersede`]).
+//! there ([`Handoff::supersede`]). When the pod's drain ends, every replica it placed is dropped
+//! and none is sent again ([`Handoff::withdraw_replicas`]): what stays ends with the pod.
 
 use std::collections::HashMap;
 use std::sync::Arc;
