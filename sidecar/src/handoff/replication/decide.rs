@@ -15,6 +15,11 @@ pub(crate) fn replica_pod<'v>(view: &'v View, id: &str, holder: &str) -> Option<
         .find(|p| p.uid != holder && p.state == PeerState::Routable)
 }
 
+/// Whether pod `uid` left `view` (absent, or gone): a replica it sent may be promoted.
+pub(crate) fn left(view: &View, uid: &str) -> bool {
+    view.peer(uid).is_none_or(|p| !p.state.is_alive())
+}
+
 /// What a pod does with a request for a session it does not hold and did not hand off.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Absent {
@@ -56,11 +61,12 @@ pub(crate) fn absent(
     down: &dyn Fn(&str) -> Option<Down>,
 ) -> Absent {
     if let Some(holder) = replica_of.filter(|h| *h != here.uid) {
-        return match view.peer(holder) {
-            None => Absent::Promote,
-            Some(p) if p.state == PeerState::Gone => Absent::Promote,
-            Some(_) if hop.visited(holder) || down(holder).is_some() => Absent::Unavailable,
-            Some(_) => Absent::Route,
+        return if left(view, holder) {
+            Absent::Promote
+        } else if hop.visited(holder) || down(holder).is_some() {
+            Absent::Unavailable
+        } else {
+            Absent::Route
         };
     }
     // A session lives on its home, or — its home gone — on its owner.

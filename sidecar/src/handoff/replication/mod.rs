@@ -137,7 +137,7 @@ impl Handoff {
         // Another pod asks (the session lives there now: its owner once the holder is gone):
         // the replica is promoted here, and that pod sends the session's requests here.
         let view = self.router.view();
-        let gone = |holder: &str| view.peer(holder).is_none_or(|p| !p.state.is_alive());
+        let gone = |holder: &str| decide::left(&view, holder);
         let held = self
             .replicas
             .take(&query.session, gone)
@@ -163,7 +163,7 @@ impl Handoff {
         let replica_of = self.replicas.holder(id);
         match decide::absent(here, id, replica_of.as_deref(), &view, hop, &down) {
             Absent::Promote => {
-                let gone = |holder: &str| view.peer(holder).is_none_or(|p| !p.state.is_alive());
+                let gone = |holder: &str| decide::left(&view, holder);
                 let taken = self.replicas.take(id, gone);
                 if taken.is_some_and(|taken| self.take_over(taken, TakeOver::Promoted)) {
                     Recovered::Held

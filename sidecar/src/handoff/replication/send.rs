@@ -190,17 +190,12 @@ impl Replicating {
     }
 }
 
-/// A replica in a message: the session, the mark it was sent at, its image.
-struct Outgoing {
-    id: String,
-    mark: u64,
-    image: SessionImage,
-}
-
-/// One message to one replica pod.
+/// What one replica pod gets in a round: the replicas (each session's id and the mark it was
+/// sent at, beside its image) and the drops.
 #[derive(Default)]
 struct Letter {
-    replicas: Vec<Outgoing>,
+    sent: Vec<(String, u64)>,
+    images: Vec<SessionImage>,
     drops: Vec<ReplicaDrop>,
 }
 
@@ -241,11 +236,16 @@ impl Handoff {
         let sends = letters.into_iter().filter_map(|(pod, letter)| {
             let peer = view.peer(&pod)?.clone();
             Some(async move {
-                let sent = tokio::time::timeout(SEND_TIMEOUT, self.send_letter(&peer, &letter));
-                let outcomes = sent
+                let Letter {
+                    sent,
+                    images,
+                    drops,
+                } = letter;
+                let send = self.send_letter(&peer, images, drops);
+                let outcomes = tokio::time::timeout(SEND_TIMEOUT, send)
                     .await
-                    .unwrap_or_else(|_| vec![None; letter.replicas.len()]);
-                (peer, letter, outcomes)
+                    .unwrap_or_else(|_| vec![None; sent.len()]);
+                (peer, sent, outcomes)
             })
         });
         let answered = futures::future::join_all(sends).await;
@@ -253,17 +253,17 @@ impl Handoff {
         let mut superseded = Vec::new();
         {
             let mut st = self.replicating.lock();
-            for (peer, letter, outcomes) in answered {
-                for (sent, outcome) in letter.replicas.iter().zip(outcomes) {
+            for (peer, sent, outcomes) in answered {
+                for ((id, mark), outcome) in sent.iter().zip(outcomes) {
                     self.metrics
                         .replica_sent(outcome.map_or(ReplicaSent::Unanswered, ReplicaSent::from));
-                    let Some(t) = st.tracked.get_mut(&sent.id) else {
+                    let Some(t) = st.tracked.get_mut(id) else {
                         continue;
                     };
                     if outcome == Some(ReplicaOutcome::StaleEpoch) {
                         superseded.push((Arc::clone(&t.session), peer.uid.clone()));
                     }
-                    t.replica = after(&t.replica, &peer.uid, sent.mark, outcome, now);
+                    t.replica = after(&t.replica, &peer.uid, *mark, outcome, now);
                 }
             }
             self.count_unreplicated(&st);
@@ -345,11 +345,9 @@ impl Handoff {
                         letters.entry(at).or_default().drop_copy(&t.session);
                     }
                     let image = replica_image(&t.session, events, budget);
-                    letters.entry(to).or_default().replicas.push(Outgoing {
-                        id: id.to_owned(),
-                        mark,
-                        image,
-                    });
+                    let letter = letters.entry(to).or_default();
+                    letter.sent.push((id.to_owned(), mark));
+                    letter.images.push(image);
                 }
             }
             true
@@ -369,19 +367,38 @@ impl Handoff {
             .sessions_unreplicated(st.tracked.len().saturating_sub(current));
     }
 
-    /// Sends `letter` to `peer`, in as many messages as its size takes; what became of each
-    /// replica, in order (`None`: no acknowledged answer).
-    async fn send_letter(&self, peer: &Peer, letter: &Letter) -> Vec<Option<ReplicaOutcome>> {
-        let images: Vec<&SessionImage> = letter.replicas.iter().map(|o| &o.image).collect();
+    /// Sends `images` and `drops` to `peer`, in as many messages as their size takes (halved
+    /// until each fits, the drops with the first); what became of each replica, in order
+    /// (`None`: no acknowledged answer).
+    async fn send_letter(
+        &self,
+        peer: &Peer,
+        images: Vec<SessionImage>,
+        drops: Vec<ReplicaDrop>,
+    ) -> Vec<Option<ReplicaOutcome>> {
         let mut outcomes = Vec::with_capacity(images.len());
-        let mut drops = letter.drops.as_slice();
-        let mut rest = images.as_slice();
-        loop {
-            let (part, body) = self.next_message(rest, drops);
-            drops = &[];
+        // Messages still to send, the next one last.
+        let mut messages = vec![ReplicasPush {
+            from: self.router.uid().to_owned(),
+            replicas: images,
+            drops,
+        }];
+        while let Some(mut push) = messages.pop() {
+            let body = serde_json::to_vec(&push).unwrap_or_default();
+            if body.len() > self.max_message_bytes && push.replicas.len() > 1 {
+                let rest = push.replicas.split_off(push.replicas.len() / 2);
+                messages.push(ReplicasPush {
+                    from: push.from.clone(),
+                    replicas: rest,
+                    drops: Vec::new(),
+                });
+                messages.push(push);
+                continue;
+            }
+            let part = push.replicas.len();
             let answer = self
                 .client
-                .ask(self.destination(peer), REPLICAS_PATH, body)
+                .ask(self.destination(peer), REPLICAS_PATH, Bytes::from(body))
                 .await
                 .ok()
                 .and_then(|answer| serde_json::from_slice::<ReplicasAnswer>(&answer).ok())
@@ -390,29 +407,8 @@ impl Handoff {
                 Some(answer) => outcomes.extend(answer.results.into_iter().map(Some)),
                 None => outcomes.extend(std::iter::repeat_n(None, part)),
             }
-            rest = &rest[part..];
-            if rest.is_empty() {
-                return outcomes;
-            }
         }
-    }
-
-    /// The next message of a letter: how many of `images` it carries (at least one, when there
-    /// are any) within the pod's message size, with `drops`, and its body.
-    fn next_message(&self, images: &[&SessionImage], drops: &[ReplicaDrop]) -> (usize, Bytes) {
-        let mut take = images.len();
-        loop {
-            let push = ReplicasPush {
-                from: self.router.uid().to_owned(),
-                replicas: images[..take].iter().map(|i| (*i).clone()).collect(),
-                drops: drops.to_vec(),
-            };
-            let body = serde_json::to_vec(&push).unwrap_or_default();
-            if body.len() <= self.max_message_bytes || take <= 1 {
-                return (take, Bytes::from(body));
-            }
-            take /= 2;
-        }
+        outcomes
     }
 }
 
