@@ -446,8 +446,7 @@ pub struct SessionSpec {
     /// What each session's holder keeps on a second pod (its replica), so the session survives
     /// the holder's loss without warning (an OOM kill, a lost node, a sidecar crash): `None`,
     /// `Sessions` (the session without its buffered events) or `Events` (with them). Running
-    /// sidecars reload it. Default `None` for now: with `Sessions`, a rolling upgrade is not yet
-    /// free of 404s, and `migration: Pin` sessions may move. Each session is sent whole to its replica pod
+    /// sidecars reload it. Default `Sessions`. Each session is sent whole to its replica pod
     /// (its runner-up) when what the replica carries changed, at most every 50 ms; the replica
     /// pod counts it in its retained bytes. A request that started in the last 50 ms before an
     /// unannounced loss may run again if its client retries it.
@@ -459,11 +458,11 @@ pub struct SessionSpec {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum Replication {
     /// No replica: a session ends with the pod that holds it, unless the pod drains.
-    #[default]
     None,
     /// The session, its journal, credential digests, retry records with their answers,
     /// tombstones and its streams' numbering, without buffered events: a request running when
     /// the holder was lost ends with an explicit error, and a resume replays nothing from before.
+    #[default]
     Sessions,
     /// `Sessions` plus the buffered events, sent in batches: a resume replays them on the new
     /// holder.

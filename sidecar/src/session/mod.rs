@@ -463,6 +463,11 @@ impl Session {
         self.state.lock().holding.epoch()
     }
 
+    /// Whether a move of it from here is under way (`Moving`: a peer may hold it already).
+    pub(crate) fn is_moving(&self) -> bool {
+        self.state.lock().holding.state() == &HandoffState::Moving
+    }
+
     /// The epoch of a new push of the session: one more than any before, so a copy an earlier
     /// push may have left at a peer is stale against it.
     pub(crate) fn advance_epoch(&self) -> u64 {

@@ -89,10 +89,12 @@ impl Handoff {
             .map(|image| {
                 if self.broker.genuine(&image.id).is_none() {
                     ReplicaOutcome::Invalid
-                } else if self.broker.held(&image.id).is_some() {
+                } else if self.broker.held(&image.id).is_some_and(|s| !s.is_moving()) {
                     // Held here (handed here, or promoted): the sender's copy is the stale one.
                     ReplicaOutcome::StaleEpoch
                 } else if self.lifecycle.is_draining() {
+                    // Also a session this pod is moving to the sender: the sender adopted it
+                    // and replicates it before the move is acknowledged here.
                     ReplicaOutcome::Draining
                 } else if self.broker.ended_here(&image.id) {
                     ReplicaOutcome::Ended

@@ -285,7 +285,7 @@ async fn a_replica_is_handed_back_once_and_only_to_its_holder() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn replicas_are_refused_while_draining_for_forged_ids_and_from_strangers() {
+async fn replicas_are_refused_while_draining_for_forged_ids_from_strangers_and_when_held_here() {
     let (pod, _) = start();
     let mut forged = image("not-a-session-id", 0);
     assert_eq!(
@@ -301,6 +301,18 @@ async fn replicas_are_refused_while_draining_for_forged_ids_and_from_strangers()
     );
     pod.lifecycle.start_draining();
     assert_eq!(keep(&pod, "pod-b", forged), [ReplicaOutcome::Draining]);
+    // A session held here: the sender's copy is stale — unless this pod is moving it to the
+    // sender, which adopted it and replicates it before the move is acknowledged here.
+    let held = pod.hold("pod-a");
+    let mut copy = image(held.id(), held.epoch());
+    assert_eq!(
+        keep(&pod, "pod-b", copy.clone()),
+        [ReplicaOutcome::StaleEpoch]
+    );
+    let transfer = held.begin_move().unwrap();
+    copy.epoch = held.advance_epoch();
+    assert_eq!(keep(&pod, "pod-b", copy), [ReplicaOutcome::Draining]);
+    drop(transfer);
     assert_eq!(
         pod.broker.retained().bytes(crate::retained::Kind::Replicas),
         0
