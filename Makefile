@@ -183,8 +183,8 @@ bench: deps
 # build's sidecar)
 	./target/release/tether-bench-memory
 
-## bench-proxy: CPU per request and per event of tether beside nginx and a direct origin, in
-## one table (about three and a half minutes once built; docs/dev/testing.md#proxy-cost). Installs nginx with apt-get
+## bench-proxy: CPU per request and per event of tether (replication None, Sessions, Events) beside nginx and a direct origin, in
+## one table (about five and a half minutes once built; docs/dev/testing.md#proxy-cost). Installs nginx with apt-get
 ## when run as root and missing; otherwise its column is skipped. BENCH_PROXY_ARGS=--quick: a smoke.
 bench-proxy: deps
 	$(CARGO) build --release --bins

@@ -24,6 +24,12 @@
 //!    leaves), in 3 rounds on one pod (what stays is a high-water mark when later rounds do not
 //!    add to it).
 //!
+//! 8. **replicated idle sessions**: two pods with `spec.session.replication: Sessions`; the
+//!    idle sessions of scenario 1 opened at the first (their holder), which sends each one's
+//!    replica to the second; once the second keeps a replica of every session
+//!    (`tether_replicas`), (RSS − RSS before) / sessions at the holder and at the replica pod,
+//!    and the replica pod's `tether_retained_bytes{kind="replicas"}` per session.
+//!
 //! With `--baseline-bin-dir DIR` each scenario also runs against `DIR/tether-sidecar` (same
 //! origin, same flags where that build knows them), in a second column of the one table. Every
 //! wait is bounded: a stream that stalls is counted as cut. `--quick` shrinks every scenario (a
@@ -47,6 +53,7 @@ use hyper::body::Incoming;
 use parking_lot::Mutex;
 use serde_json::json;
 use tether_tests::client::{McpClient, Session, body_text, initialize_body, tool_call};
+use tether_tests::cluster::Cluster;
 use tether_tests::load::{executed_twice, quantile};
 use tether_tests::pod::{Pod, PodSpec, Upstream, family_samples};
 use tether_tests::table;
@@ -64,10 +71,10 @@ struct Args {
     /// too, and the table gets a "baseline" column.
     #[arg(long, value_name = "DIR")]
     baseline_bin_dir: Option<PathBuf>,
-    /// The scenarios to run (1 to 7), comma separated. Default: all.
+    /// The scenarios to run (1 to 8), comma separated. Default: all.
     #[arg(long, value_delimiter = ',', value_name = "N,..")]
     scenarios: Vec<u8>,
-    /// Scenario 1: the session counts at which RSS is read, ascending [10000,100000; quick
+    /// Scenarios 1 and 8: the session counts at which RSS is read, ascending [10000,100000; quick
     /// 1000,5000].
     #[arg(long, value_delimiter = ',', value_name = "N,..")]
     idle_sessions: Vec<u64>,
@@ -170,7 +177,7 @@ impl Plan {
         idle_sessions.retain(|&n| n > 0);
         Self {
             scenarios: if args.scenarios.is_empty() {
-                (1..=7).collect()
+                (1..=8).collect()
             } else {
                 args.scenarios.clone()
             },
@@ -253,19 +260,36 @@ impl Build {
         })
     }
 
-    /// A fresh pod: the origin behind this build's sidecar, whose sessions end after
+    /// The spec of a pod: the origin behind this build's sidecar, whose sessions end after
     /// `idle_timeout` (`None`: the test endpoint's 30 min).
-    async fn pod(&self, idle_timeout: Option<&str>) -> Outcome<Pod> {
+    fn spec(&self, idle_timeout: Option<&str>) -> PodSpec {
         let default = PodSpec::default();
-        Pod::start(PodSpec {
+        PodSpec {
             server: Upstream::Origin,
             sidecar_bin: Some(self.bin.clone()),
             sidecar_args: self.flags.clone(),
             idle_timeout: idle_timeout.map_or(default.idle_timeout.clone(), str::to_owned),
             ..default
-        })
-        .await
-        .map_err(|e| format!("the pod did not start: {e}"))
+        }
+    }
+
+    /// A fresh pod of [`Build::spec`].
+    async fn pod(&self, idle_timeout: Option<&str>) -> Outcome<Pod> {
+        Pod::start(self.spec(idle_timeout))
+            .await
+            .map_err(|e| format!("the pod did not start: {e}"))
+    }
+
+    /// Two fresh pods of one membership, replicating their sessions' `Sessions`.
+    async fn replicating_pair(&self) -> Outcome<Cluster> {
+        let spec = PodSpec {
+            replication: Some("Sessions".into()),
+            ..self.spec(None)
+        };
+        let ips: Vec<_> = (0..2).map(|_| tether_tests::addr::next_ip()).collect();
+        Cluster::start(&ips, spec)
+            .await
+            .map_err(|e| format!("the pods did not start: {e}"))
     }
 }
 
@@ -328,6 +352,19 @@ async fn main() -> ExitCode {
 /// Scenario `n` in a fresh pod of `build`; a pod that fails (or a sidecar that exits) is an
 /// error carrying the pod's logs.
 async fn scenario(n: u8, build: &Build, plan: &Plan) -> Outcome<Rows> {
+    if n == 8 {
+        let mut cluster = build.replicating_pair().await?;
+        let rows = replicated_idle_sessions(&cluster, plan).await;
+        let running = cluster
+            .pods
+            .iter_mut()
+            .all(|pod| pod.sidecar_running().unwrap_or(false));
+        return match rows {
+            Ok(rows) if running => Ok(rows),
+            Ok(_) => Err(format!("a sidecar exited\n{}", cluster.logs())),
+            Err(e) => Err(format!("{e}\n{}", cluster.logs())),
+        };
+    }
     let mut pod = build.pod((n == 7).then_some(REAP_IDLE_TIMEOUT)).await?;
     let rows = match n {
         1 => idle_sessions(&pod, plan).await,
@@ -337,7 +374,7 @@ async fn scenario(n: u8, build: &Build, plan: &Plan) -> Outcome<Rows> {
         5 => slow_reader(&pod, plan).await,
         6 => churn(&pod, plan).await,
         7 => reaped(&pod, plan).await,
-        _ => return Err(format!("no scenario {n} (1 to 7)")),
+        _ => return Err(format!("no scenario {n} (1 to 8)")),
     };
     let running = pod.sidecar_running().unwrap_or(false);
     match rows {
@@ -722,6 +759,62 @@ async fn idle_sessions(pod: &Pod, plan: &Plan) -> Outcome<Rows> {
     ));
     rows.push((
         "1. idle sessions: failed handshakes".into(),
+        failures.cell(),
+    ));
+    Ok(rows)
+}
+
+/// How long scenario 8 waits for every session to be replicated.
+const REPLICATED_WITHIN: Duration = Duration::from_secs(60);
+
+/// Scenario 8: RSS per idle session at its holder and at its replica pod.
+async fn replicated_idle_sessions(cluster: &Cluster, plan: &Plan) -> Outcome<Rows> {
+    let [holder, replica_pod] = &cluster.pods[..] else {
+        return Err("scenario 8 runs on two pods".into());
+    };
+    let client = holder.client();
+    tokio::time::sleep(SETTLE).await;
+    let before = (rss(holder)?, rss(replica_pod)?);
+    let failures = Arc::new(Failures::default());
+    let mut rows = Rows::new();
+    let (mut asked, mut made) = (0, 0u64);
+    for &target in &plan.idle_sessions {
+        made += open_sessions(&client, target - asked, plan.init_concurrency, &failures)
+            .await
+            .len() as u64;
+        asked = target;
+        let kept = replica_pod
+            .wait_for_metric("tether_replicas", REPLICATED_WITHIN, |n| n >= made as f64)
+            .await
+            .map_err(|e| e.to_string())?;
+        let unreplicated = metric(holder, "tether_sessions_unreplicated").await?;
+        tokio::time::sleep(SETTLE).await;
+        let per_session = |after: u64, before: u64| size(grown(after, before) / made.max(1) as f64);
+        let at = count(target);
+        rows.push((
+            format!("8. replicated idle sessions: RSS per session at {at}, holder"),
+            per_session(rss(holder)?, before.0),
+        ));
+        rows.push((
+            format!("8. replicated idle sessions: RSS per session at {at}, replica pod"),
+            per_session(rss(replica_pod)?, before.1),
+        ));
+        rows.push((
+            format!("8. replicated idle sessions: replicas kept / unreplicated at {at}"),
+            format!("{} / {}", count(kept as u64), count(unreplicated as u64)),
+        ));
+    }
+    let replicas = retained(replica_pod)
+        .await?
+        .into_iter()
+        .find(|(kind, _)| kind == "replicas")
+        .map_or(0.0, |(_, v)| v);
+    rows.push((
+        "8. replicated idle sessions: replica per session (`tether_retained_bytes`)".into(),
+        size(replicas / made.max(1) as f64),
+    ));
+    rows.push((
+        "8. replicated idle sessions: failed handshakes".into(),
         failures.cell(),
     ));
     Ok(rows)

@@ -1,6 +1,7 @@
 //! A smoke of `tether-bench-proxy` (`make bench-proxy`, too long for the tests): one short
-//! round on every target it finds (nginx only when installed), every answer and event checked;
-//! then 20 resumes at once and a handoff of 50 sessions, each checked.
+//! round on every target it finds (nginx only when installed; tether with each replication),
+//! every answer and event checked; then 20 resumes at once and a handoff of 50 sessions, each
+//! checked.
 
 use tokio::process::Command;
 
@@ -20,10 +21,17 @@ async fn the_proxy_bench_runs_and_its_table_lists_every_target() {
         .lines()
         .find(|l| l.starts_with("| measure"))
         .unwrap_or_else(|| panic!("no table: {stdout}"));
-    assert!(
-        header.contains("direct") && header.contains("tether / direct"),
-        "{header}"
-    );
+    for column in [
+        "direct",
+        "tether None",
+        "tether Sessions",
+        "tether Events",
+        "tether / direct",
+        "Sessions / None",
+        "Events / None",
+    ] {
+        assert!(header.contains(column), "no column {column}: {header}");
+    }
     let columns: Vec<&str> = header.split('|').map(str::trim).collect();
     let nginx = columns.contains(&"nginx");
     assert_eq!(nginx, !stdout.contains("nginx: skipped"), "{stdout}");
@@ -37,7 +45,7 @@ async fn the_proxy_bench_runs_and_its_table_lists_every_target() {
         .skip(2)
         .filter(|c| !c.is_empty())
         .collect();
-    assert_eq!(counts.len(), if nginx { 3 } else { 2 }, "{errors}");
+    assert_eq!(counts.len(), if nginx { 5 } else { 4 }, "{errors}");
     assert!(counts.iter().all(|c| *c == "0"), "{errors}");
     for row in ["JSON, 1 user: req/s", "server CPU per event", "lag p99"] {
         assert!(stdout.contains(row), "no row {row}: {stdout}");

@@ -2,13 +2,13 @@
 //! side by side with nginx in the same "sidecar shape" (one origin behind one proxy), in one
 //! run (`docs/dev/testing.md#proxy-cost`).
 //!
-//! Three targets, each an origin (`tether-bench-origin`) behind something:
+//! Five targets, each an origin (`tether-bench-origin`) behind something:
 //!
 //! | target | in front of its origin |
 //! |---|---|
 //! | direct | nothing: the client talks to the origin |
 //! | nginx | nginx, one worker, `hash $http_mcp_session_id consistent`, keep-alive upstream, `proxy_buffering off` |
-//! | tether | `tether-sidecar`, as a pod of the tests runs it |
+//! | tether None, tether Sessions, tether Events | `tether-sidecar`, as a pod of the tests runs it, with `spec.session.replication` of that name; two pods, the clients asking the first (which holds their sessions) and the second keeping their replicas. Both pods' processes count |
 //!
 //! Every server process (origin, proxy) is pinned to `--server-core`, the load client (this
 //! process, one thread) to `--client-core`. The server side's CPU time is read from
@@ -25,7 +25,9 @@
 //!
 //! Every event's `seq` is checked: an event missing, seen twice or out of order is counted (the
 //! last row; it must read 0 everywhere). The table gives the median over `--rounds` of each
-//! figure, and the median of the per-round ratios tether / nginx and tether / direct.
+//! figure, and the median of the per-round ratios tether / nginx and tether / direct (tether
+//! with its default replication, `Sessions`), Sessions / None and Events / None (what a replica
+//! costs).
 //!
 //! Without nginx on the `PATH` the nginx column is skipped, with the line that installs it.
 //!
@@ -46,7 +48,8 @@ use clap::Parser;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt as _;
 use tether_tests::client::{ACCEPT_BOTH, Http, body_text, header_str, initialize_body};
-use tether_tests::pod::{Pod, PodSpec, Upstream};
+use tether_tests::cluster::Cluster;
+use tether_tests::pod::{PodSpec, Upstream};
 use tokio::process::{Child, Command};
 
 /// Command line.
@@ -113,6 +116,16 @@ impl Args {
     }
 }
 
+/// The tether targets: each two pods (the clients' sessions held by the first, their replicas
+/// kept by the second), named after `spec.session.replication`. Both pods' processes count.
+const TETHER: [(&str, &str); 3] = [
+    ("tether None", "None"),
+    ("tether Sessions", "Sessions"),
+    ("tether Events", "Events"),
+];
+/// The tether target the comparisons with nginx and the origin use: the default replication.
+const TETHER_DEFAULT: &str = "tether Sessions";
+
 /// Port of the proxies (nginx) and of the origins.
 const PROXY_PORT: u16 = 8080;
 const ORIGIN_PORT: u16 = 3000;
@@ -153,7 +166,9 @@ async fn run(args: &Args) -> Outcome<bool> {
         Ok(t) => targets.push(t),
         Err(e) => println!("nginx: skipped ({e})"),
     }
-    targets.push(Target::tether(args).await?);
+    for (name, replication) in TETHER {
+        targets.push(Target::tether(args, name, replication).await?);
+    }
     println!(
         "tether-bench-proxy: {} rounds; servers on core {}, client on core {}; JSON {} s at 1 and \
          {} users; SSE burst {} × {} events; SSE paced {} streams × {} ev/s for {} s",
@@ -272,7 +287,7 @@ struct Target {
     pids: Vec<u32>,
     /// Keeps the processes (killed on drop) and the pod.
     _children: Vec<Child>,
-    _pod: Option<Pod>,
+    _cluster: Option<Cluster>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -288,7 +303,7 @@ impl Target {
             url,
             pids: vec![pid],
             _children: vec![origin],
-            _pod: None,
+            _cluster: None,
             _dir: None,
         })
     }
@@ -329,32 +344,38 @@ impl Target {
             url: format!("http://{ip}:{PROXY_PORT}/mcp"),
             pids,
             _children: vec![origin, nginx],
-            _pod: None,
+            _cluster: None,
             _dir: Some(dir),
         })
     }
 
-    async fn tether(args: &Args) -> Outcome<Self> {
+    /// Two tether pods with `spec.session.replication: replication`; the clients ask the
+    /// first, which holds their sessions (a new session is held where it was initialized).
+    async fn tether(args: &Args, name: &'static str, replication: &str) -> Outcome<Self> {
         let spec = PodSpec {
             server: Upstream::Origin,
+            replication: Some(replication.to_owned()),
             ..PodSpec::default()
         };
-        let pod = Pod::start_at(tether_tests::addr::next_ip(), spec)
+        let ips: Vec<Ipv4Addr> = (0..2).map(|_| tether_tests::addr::next_ip()).collect();
+        let cluster = Cluster::start(&ips, spec)
             .await
-            .map_err(|e| format!("the tether pod: {e}"))?;
-        let pids = [pod.sidecar_pid(), pod.server_pid()]
-            .into_iter()
-            .map(|p| p.ok_or("the tether pod's processes exited"))
+            .map_err(|e| format!("the tether pods: {e}"))?;
+        let pids = cluster
+            .pods
+            .iter()
+            .flat_map(|pod| [pod.sidecar_pid(), pod.server_pid()])
+            .map(|p| p.ok_or("a tether pod's processes exited"))
             .collect::<Result<Vec<_>, _>>()?;
         for &pid in &pids {
             pin(pid, args.server_core);
         }
         Ok(Self {
-            name: "tether",
-            url: pod.mcp_url.clone(),
+            name,
+            url: cluster.pods[0].mcp_url.clone(),
             pids,
             _children: Vec::new(),
-            _pod: Some(pod),
+            _cluster: Some(cluster),
             _dir: None,
         })
     }
@@ -775,21 +796,18 @@ fn report(
     let figures = |name, measure| results.get(&(name, measure)).cloned().unwrap_or_default();
     let mut header = vec!["measure"];
     header.extend(names.iter().copied());
-    let ratio_columns: Vec<(&str, &str)> = ["nginx", "direct"]
-        .into_iter()
-        .filter(|n| names.contains(n))
-        .map(|n| {
-            (
-                n,
-                if n == "nginx" {
-                    "tether / nginx"
-                } else {
-                    "tether / direct"
-                },
-            )
-        })
-        .collect();
-    header.extend(ratio_columns.iter().map(|(_, h)| *h));
+    // (numerator, denominator, header): tether (its default replication) against nginx and
+    // the origin, and each replication against none.
+    let ratio_columns: Vec<(&str, &str, &str)> = [
+        (TETHER_DEFAULT, "nginx", "tether / nginx"),
+        (TETHER_DEFAULT, "direct", "tether / direct"),
+        ("tether Sessions", "tether None", "Sessions / None"),
+        ("tether Events", "tether None", "Events / None"),
+    ]
+    .into_iter()
+    .filter(|(n, d, _)| names.contains(n) && names.contains(d))
+    .collect();
+    header.extend(ratio_columns.iter().map(|(_, _, h)| *h));
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
     let mut row = |label: String, measure: Measure, value: &dyn Fn(&Figures) -> f64, digits| {
         let mut cells: Vec<String> = names
@@ -802,10 +820,10 @@ fn report(
                 )
             })
             .collect();
-        for (other, _) in &ratio_columns {
-            let ratios = figures("tether", measure)
+        for (numerator, denominator, _) in &ratio_columns {
+            let ratios = figures(numerator, measure)
                 .iter()
-                .zip(figures(other, measure).iter())
+                .zip(figures(denominator, measure).iter())
                 .map(|(t, o)| value(t) / value(o))
                 .collect::<Vec<_>>();
             cells.push(format!("{:.2}", median(ratios.into_iter())));
