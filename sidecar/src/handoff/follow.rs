@@ -109,7 +109,7 @@ pub(super) async fn follow(
     target: &Peer,
     mut sent: HashMap<StreamKey, Sent>,
 ) -> Followed {
-    let mut changes = session.subscribe();
+    let mut changes = session.subscribe(true);
     for stream in session.streams() {
         if let Some(at) = sent.get(stream.key()) {
             // The image carried them: here they may make room for the upstream's next.

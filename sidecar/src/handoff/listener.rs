@@ -285,7 +285,7 @@ impl PeerListener {
                 return match parse::<ReplicasPush>(from, body) {
                     Ok(push) => (
                         StatusCode::OK,
-                        serde_json::json!(self.handoff.keep_replicas(&push)),
+                        serde_json::json!(self.handoff.keep_replicas(push)),
                     ),
                     Err(refused) => refusal(refused),
                 };

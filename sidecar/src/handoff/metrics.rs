@@ -105,6 +105,8 @@ pub(crate) enum ReplicaSent {
     Invalid,
     /// The replica pod does not know this pod (its membership lags).
     NotMember,
+    /// The replica pod's copy was not the change's base: the replica is sent whole.
+    Behind,
     /// No acknowledged answer.
     Unanswered,
 }
@@ -120,6 +122,7 @@ impl ReplicaSent {
             Self::Ended => "ended",
             Self::Invalid => "invalid",
             Self::NotMember => "not_member",
+            Self::Behind => "behind",
             Self::Unanswered => "unanswered",
         }
     }
@@ -135,6 +138,7 @@ impl From<ReplicaOutcome> for ReplicaSent {
             ReplicaOutcome::Ended => Self::Ended,
             ReplicaOutcome::Invalid => Self::Invalid,
             ReplicaOutcome::NotMember => Self::NotMember,
+            ReplicaOutcome::Behind => Self::Behind,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The messages of the peer protocol (`docs/design/peer-protocol.md#messages`): JSON bodies of
 //! `POST /v2/sessions` (a session pushed to its new holder), `POST /v2/tail` (events of a
 //! handed-off stream that arrived after the push), `POST /v2/cancel`, `POST /v2/held` and
-//! `POST /v2/about` (what a sidecar reports of itself, asked and answered alike). Optional
+//! `POST /v2/about` (what a sidecar reports of itself, asked and answered alike), `POST
+//! /v2/replicas` and `POST /v2/claim` (replication). Optional
 //! fields are left out when empty, false or zero.
 //!
 //! Event data travels as text (SSE `data:` is UTF-8 by definition); request ids as their
@@ -205,12 +206,34 @@ pub(crate) struct HeldQuery {
 pub(crate) struct ReplicasPush {
     /// UID of the sending pod, the sessions' holder.
     pub(crate) from: String,
-    /// Sessions as a whole, each at its epoch.
+    /// Replicas, each whole or as the change to the copy the receiver keeps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) replicas: Vec<SessionImage>,
+    pub(crate) replicas: Vec<ReplicaUpdate>,
     /// Replicas to drop: the session ended, or its replica pod is another now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) drops: Vec<ReplicaDrop>,
+}
+
+/// One session's replica: whole, or the change that brings the copy the receiver keeps from
+/// mark `base` to mark `mark` (`docs/design/replication.md#keeping-a-replica-current`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct ReplicaUpdate {
+    /// The holder's mark of the copy once this is applied: the base of the next change.
+    pub(crate) mark: u64,
+    /// A change applies only to a copy at this mark (of the same holder and epoch); the
+    /// replica is whole when it is left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) base: Option<u64>,
+    /// The session at its epoch: whole, or (a change) with only its streams that are new or
+    /// changed and its retry records that are new; everything else in it replaces the copy's.
+    pub(crate) image: SessionImage,
+    /// (A change) Streams the copy no longer keeps: the holder forgot them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) forgotten_streams: Vec<StreamKey>,
+    /// (A change) Retry records the copy no longer keeps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) forgotten_requests: Vec<RequestKey>,
 }
 
 /// A replica the receiver drops.
@@ -252,6 +275,9 @@ pub(crate) enum ReplicaOutcome {
     /// The sender is not an alive pod of the receiver's membership: a replica of it could be
     /// promoted while it still serves the session (the receiver's view lags).
     NotMember,
+    /// A change whose base is not the copy the receiver keeps (it has none, or another): the
+    /// sender sends the replica whole.
+    Behind,
 }
 
 /// `POST /v2/claim`: a pod that lost its memory (its sidecar restarted) asks the replica pod of

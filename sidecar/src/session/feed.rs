@@ -9,8 +9,9 @@
 //!
 //! The feed carries no data: a subscriber reads what it needs from the session once told. It
 //! is told of
-//! - every change of every stream of the session (events, answers, completion; streams tell it
-//!   themselves, [`crate::stream::Stream::feed_into`]),
+//! - every change of every stream of the session (answers, completion; streams tell it
+//!   themselves, [`crate::stream::Stream::feed_into`]) and, to subscribers that follow events
+//!   (the handoff follower; the replicator with `replication: Events`), every event,
 //! - a stream registered (a new request, streams imported from a peer), the standalone stream
 //!   set or cleared,
 //! - the journal changed,
@@ -22,55 +23,73 @@
 //! A change made before [`Subscription::look`] returns is seen by what the subscriber reads
 //! after it; one made after it makes the next [`Subscription::changed`] return: none is lost.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use tokio::sync::watch;
 
-/// The sending end, kept by the session and handed to its streams.
+use crate::stream::Teller;
+
+/// The sending end, kept by the session; its streams tell through a clone of its [`Teller`].
 #[derive(Debug)]
-pub(super) struct Feed(watch::Sender<()>);
+pub(super) struct Feed(Teller);
 
 impl Feed {
     /// A feed nobody follows yet.
     pub(super) fn new() -> Self {
-        Self(watch::channel(()).0)
+        Self(Teller::new())
     }
 
     /// Tells every subscriber something changed.
     pub(super) fn tell(&self) {
-        crate::stream::tell(&self.0);
+        self.0.tell();
     }
 
     /// What a stream of the session tells of its changes.
-    pub(super) fn sender(&self) -> &watch::Sender<()> {
+    pub(super) fn teller(&self) -> &Teller {
         &self.0
     }
 
     /// A new subscriber: its first [`Subscription::changed`] returns at the first change from
-    /// now on.
-    pub(super) fn subscribe(&self) -> Subscription {
-        Subscription(self.0.subscribe())
+    /// now on; with `events`, an event that changes nothing else is one too.
+    pub(super) fn subscribe(&self, events: bool) -> Subscription {
+        let (changes, events) = self.0.follow(events);
+        Subscription { changes, events }
     }
 }
 
 /// One follower of a session's changes.
 #[derive(Debug)]
-pub(crate) struct Subscription(watch::Receiver<()>);
+pub(crate) struct Subscription {
+    changes: watch::Receiver<()>,
+    /// The feed's count of event followers, when this one is one.
+    events: Option<Arc<AtomicUsize>>,
+}
 
 impl Subscription {
     /// Marks every change so far as seen: call it before reading the session.
     pub(crate) fn look(&mut self) {
-        self.0.mark_unchanged();
+        self.changes.mark_unchanged();
     }
 
     /// Whether something changed since the last [`Subscription::look`], without waiting.
     pub(crate) fn has_changed(&self) -> bool {
-        self.0.has_changed().unwrap_or(false)
+        self.changes.has_changed().unwrap_or(false)
     }
 
     /// Waits for a change since the last [`Subscription::look`] (returns at once if one came
     /// meanwhile). Never returns once the session is gone: nothing changes any more.
     pub(crate) async fn changed(&mut self) {
-        if self.0.changed().await.is_err() {
+        if self.changes.changed().await.is_err() {
             std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some(followers) = &self.events {
+            followers.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -90,7 +109,7 @@ mod tests {
     #[tokio::test]
     async fn every_subscriber_is_told_of_a_change() {
         let feed = Feed::new();
-        let (mut a, mut b) = (feed.subscribe(), feed.subscribe());
+        let (mut a, mut b) = (feed.subscribe(true), feed.subscribe(true));
         assert!(!told(&mut a).await, "nothing changed yet");
         feed.tell();
         assert!(told(&mut a).await);
@@ -101,7 +120,7 @@ mod tests {
     #[tokio::test]
     async fn changes_while_a_subscriber_reads_are_not_lost() {
         let feed = Feed::new();
-        let mut s = feed.subscribe();
+        let mut s = feed.subscribe(true);
         feed.tell();
         s.look();
         assert!(!told(&mut s).await, "seen before reading");
@@ -117,15 +136,39 @@ mod tests {
     #[tokio::test]
     async fn a_stream_of_the_session_tells_through_the_sender() {
         let feed = Feed::new();
-        let mut s = feed.subscribe();
-        feed.sender().clone().send_replace(());
+        let mut s = feed.subscribe(true);
+        feed.teller().clone().tell();
         assert!(told(&mut s).await);
+    }
+
+    #[tokio::test]
+    async fn an_event_alone_is_told_only_to_subscribers_that_follow_events() {
+        let feed = Feed::new();
+        let teller = feed.teller().clone();
+        let mut changes = feed.subscribe(false);
+        teller.tell_event();
+        assert!(
+            !told(&mut changes).await,
+            "no event follower: not even sent"
+        );
+        let mut events = feed.subscribe(true);
+        teller.tell_event();
+        assert!(told(&mut events).await);
+        assert!(
+            told(&mut changes).await,
+            "one send wakes all (it reads the session and finds its mark unchanged)"
+        );
+        drop(events);
+        teller.tell_event();
+        assert!(!told(&mut changes).await, "the event follower left");
+        teller.tell();
+        assert!(told(&mut changes).await, "any other change");
     }
 
     #[tokio::test]
     async fn a_gone_session_changes_no_more() {
         let feed = Feed::new();
-        let mut s = feed.subscribe();
+        let mut s = feed.subscribe(true);
         drop(feed);
         assert!(!told(&mut s).await, "waits, does not spin");
     }

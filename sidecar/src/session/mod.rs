@@ -34,6 +34,7 @@ pub(crate) use feed::Subscription;
 pub(crate) use holding::HandoffState;
 pub(crate) use ledger::{Dedupe, RetryRecord, RetryRoom, RetryWindow};
 pub(crate) use registry::{Adopted, NoRoom, Refused, Registry};
+pub(crate) use replica::Shipped;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -349,11 +350,22 @@ impl Session {
     pub(crate) fn snapshot(&self, max_bytes: usize) -> (SessionSnapshot, HashMap<StreamKey, u64>) {
         let st = self.state.lock();
         let (streams, positions) = st.ledger.snapshot(max_bytes);
-        let snapshot = SessionSnapshot {
+        let records = st.ledger.records(None);
+        (self.snapshot_of(&st, records, streams), positions)
+    }
+
+    /// A copy of the session (its state `st`, locked) with `records` and `streams`.
+    fn snapshot_of(
+        &self,
+        st: &State,
+        records: Vec<RetryRecord>,
+        streams: Vec<StreamSnapshot>,
+    ) -> SessionSnapshot {
+        SessionSnapshot {
             id: self.id.clone(),
             version: self.version,
             journal: st.journal.clone(),
-            records: st.ledger.records(None),
+            records,
             streams,
             standalone_unsupported: match &st.standalone {
                 Standalone::Unsupported(reply) => Some(StoredReply::clone(reply)),
@@ -363,8 +375,7 @@ impl Session {
             binding: self.binding(),
             accepted: self.credentials.accepted_ages(),
             epoch: st.holding.epoch(),
-        };
-        (snapshot, positions)
+        }
     }
 
     /// Retry records of the streams `keys` (new streams sent in a tail message).
@@ -520,9 +531,10 @@ impl Session {
         }
     }
 
-    /// A new follower of the session's changes (see [`feed`]).
-    pub(crate) fn subscribe(&self) -> Subscription {
-        self.feed.subscribe()
+    /// A new follower of the session's changes (see [`feed`]); with `events`, of every event
+    /// too.
+    pub(crate) fn subscribe(&self, events: bool) -> Subscription {
+        self.feed.subscribe(events)
     }
 
     /// The client session id (never log it; use [`Session::digest`]).
@@ -841,7 +853,7 @@ impl Session {
     /// Listens to `stream`, just registered: its changes go out on the session's change feed,
     /// its completion wakes the pod's activity.
     fn listen_to(&self, st: &State, stream: &Stream) {
-        stream.feed_into(self.feed.sender());
+        stream.feed_into(self.feed.teller());
         if let Some(activity) = &st.activity {
             stream.report_to(activity);
         }
@@ -1106,7 +1118,7 @@ mod tests {
     #[tokio::test]
     async fn every_subscriber_follows_the_session_its_streams_and_its_moves() {
         let s = session();
-        let mut subscribers = [s.subscribe(), s.subscribe()];
+        let mut subscribers = [s.subscribe(true), s.subscribe(true)];
         async fn told(subscribers: &mut [Subscription]) -> bool {
             let mut all = true;
             for sub in subscribers {

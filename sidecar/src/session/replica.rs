@@ -3,9 +3,91 @@
 //! only when its mark changed, never for each event of a running request (without
 //! `replication: Events`).
 
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use super::{Session, Standalone};
+use super::{RetryRecord, Session, SessionSnapshot, Standalone};
+use crate::mcp::cursor::StreamKey;
+use crate::mcp::jsonrpc::RequestKey;
+use crate::stream::StreamSnapshot;
+
+/// Bytes [`Shipped`] takes per stream or retry record it lists (key, mark, table room).
+const SHIPPED_ENTRY_BYTES: u64 = 48;
+
+/// What the replica pod's copy of a session holds, as its holder last had it acknowledged:
+/// each stream with a digest of what its replica carries, and each retry record. A change
+/// carries only what differs from it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Shipped {
+    streams: HashMap<StreamKey, u64>,
+    requests: HashSet<RequestKey>,
+}
+
+impl Shipped {
+    /// The digest of stream `key` whose [`crate::stream::Stream::mark`] `mark` feeds.
+    pub(super) fn stream_mark(key: &StreamKey, mark: impl FnOnce(&mut DefaultHasher)) -> u64 {
+        let mut h = DefaultHasher::new();
+        key.hash(&mut h);
+        mark(&mut h);
+        h.finish()
+    }
+
+    pub(super) fn has_stream(&self, key: &StreamKey, mark: u64) -> bool {
+        self.streams.get(key) == Some(&mark)
+    }
+
+    pub(super) fn add_stream(&mut self, key: &StreamKey, mark: u64) {
+        self.streams.insert(key.clone(), mark);
+    }
+
+    pub(super) fn has_request(&self, id: &RequestKey) -> bool {
+        self.requests.contains(id)
+    }
+
+    pub(super) fn add_request(&mut self, id: &RequestKey) {
+        self.requests.insert(id.clone());
+    }
+
+    /// Bytes it takes, for `tether_retained_bytes{kind="replicas"}` at the holder.
+    pub(crate) fn bytes(&self) -> u64 {
+        let keys: usize = self.requests.iter().map(|id| id.as_json().len()).sum();
+        (self.streams.len() + self.requests.len()) as u64 * SHIPPED_ENTRY_BYTES + keys as u64
+    }
+}
+
+/// A session's replica to send: whole, or what changed since what the replica pod holds
+/// ([`Session::replica`]).
+#[derive(Debug, Default)]
+pub(crate) struct ReplicaParts {
+    /// The streams to send: every stream, or those new or changed.
+    pub(crate) streams: Vec<StreamSnapshot>,
+    /// The retry records to send: every record, or those new.
+    pub(crate) records: Vec<RetryRecord>,
+    /// Streams the replica pod holds that the session no longer keeps.
+    pub(crate) forgotten_streams: Vec<StreamKey>,
+    /// Retry records the replica pod holds that the session no longer keeps.
+    pub(crate) forgotten_requests: Vec<RequestKey>,
+    /// What the replica pod holds once it applied these.
+    pub(crate) shipped: Shipped,
+}
+
+impl ReplicaParts {
+    /// Lists what `since` holds that [`ReplicaParts::shipped`] no longer does.
+    pub(super) fn forget_what(&mut self, since: &Shipped) {
+        self.forgotten_streams = since
+            .streams
+            .keys()
+            .filter(|key| !self.shipped.streams.contains_key(key))
+            .cloned()
+            .collect();
+        self.forgotten_requests = since
+            .requests
+            .iter()
+            .filter(|id| !self.shipped.requests.contains(id))
+            .cloned()
+            .collect();
+    }
+}
 
 impl Session {
     /// A digest of what a replica of the session carries: its epoch, journal, binding and the
@@ -26,5 +108,23 @@ impl Session {
             credential.hash(&mut h);
         }
         h.finish()
+    }
+
+    /// The session's replica: with `since` (what the replica pod holds), its head, the streams
+    /// new or changed since and the retry records new since, and what the replica pod no longer
+    /// keeps; with `None`, whole. Streams carry at most `max_bytes` of events in all.
+    pub(crate) fn replica(
+        &self,
+        events: bool,
+        max_bytes: usize,
+        since: Option<&Shipped>,
+    ) -> (SessionSnapshot, ReplicaParts) {
+        let st = self.state.lock();
+        let mut parts =
+            st.ledger
+                .replica_parts(events, max_bytes, since.unwrap_or(&Shipped::default()));
+        let records = std::mem::take(&mut parts.records);
+        let streams = std::mem::take(&mut parts.streams);
+        (self.snapshot_of(&st, records, streams), parts)
     }
 }

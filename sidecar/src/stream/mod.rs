@@ -14,6 +14,7 @@ mod stored;
 pub(crate) use feed::{Feed, FeedItem};
 pub(crate) use stored::{StoredReply, refuses_caller};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -198,12 +199,49 @@ pub(crate) struct SnapshotEvent {
     pub(crate) data: Bytes,
 }
 
-/// Tells change feed `feed` (a session's, `session/feed.rs`) that something changed, when
-/// anyone follows it. With nobody subscribed the send (a lock, on every event of every stream)
-/// is skipped: a later subscriber reads the change after subscribing.
-pub(crate) fn tell(feed: &watch::Sender<()>) {
-    if feed.receiver_count() > 0 {
-        feed.send_replace(());
+/// What tells a session's change feed (`session/feed.rs`) of a change: the session, and each
+/// of its streams.
+#[derive(Clone, Debug)]
+pub(crate) struct Teller {
+    changes: watch::Sender<()>,
+    /// Subscribers that follow events too.
+    event_followers: Arc<AtomicUsize>,
+}
+
+impl Teller {
+    /// A feed's teller, followed by nobody yet.
+    pub(crate) fn new() -> Self {
+        Self {
+            changes: watch::channel(()).0,
+            event_followers: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Tells every subscriber something changed. With nobody subscribed the send (a lock, on
+    /// every change of every stream) is skipped: a later subscriber reads the change after
+    /// subscribing.
+    pub(crate) fn tell(&self) {
+        if self.changes.receiver_count() > 0 {
+            self.changes.send_replace(());
+        }
+    }
+
+    /// Tells of an event that changed nothing else about its stream (no answer, no end): only
+    /// subscribers that follow events hear of it.
+    pub(crate) fn tell_event(&self) {
+        if self.event_followers.load(Ordering::Relaxed) > 0 {
+            self.tell();
+        }
+    }
+
+    /// A new follower's end; with `events`, counted among those that follow events until it
+    /// decrements the count returned.
+    pub(crate) fn follow(&self, events: bool) -> (watch::Receiver<()>, Option<Arc<AtomicUsize>>) {
+        let counted = events.then(|| {
+            self.event_followers.fetch_add(1, Ordering::Relaxed);
+            Arc::clone(&self.event_followers)
+        });
+        (self.changes.subscribe(), counted)
     }
 }
 
@@ -246,7 +284,7 @@ pub(crate) struct Stream {
     /// ([`Stream::wait_room`]).
     room: Notify,
     /// Its session's change feed, told of every change.
-    feed: OnceLock<watch::Sender<()>>,
+    feed: OnceLock<Teller>,
     /// Woken (all waiters) when the stream completes: the pod's activity, which a drain waits on.
     activity: OnceLock<Arc<Notify>>,
     /// The session's tally of stored replies, which this stream's reply is counted in.
@@ -455,7 +493,7 @@ impl Stream {
     }
 
     /// Tells `feed` (its session's change feed) of every change from now on.
-    pub(crate) fn feed_into(&self, feed: &watch::Sender<()>) {
+    pub(crate) fn feed_into(&self, feed: &Teller) {
         let _ = self.feed.set(feed.clone());
     }
 
@@ -469,7 +507,16 @@ impl Stream {
     fn touch(&self) {
         self.changed.send_replace(());
         if let Some(feed) = self.feed.get() {
-            tell(feed);
+            feed.tell();
+        }
+    }
+
+    /// Wakes readers of an event that changed nothing else (no answer, no end); the session's
+    /// change feed tells only those that follow events.
+    fn touch_event(&self) {
+        self.changed.send_replace(());
+        if let Some(feed) = self.feed.get() {
+            feed.tell_event();
         }
     }
 
@@ -498,18 +545,23 @@ impl Stream {
             return Evictions::default();
         }
         let (_, evictions) = st.buffer.push(event, data, now);
-        let mut completed = false;
+        let (mut answers, mut completed) = (false, false);
         if let Some(id) = answered
             && let Some(pos) = st.pending.iter().position(|p| *p == id)
         {
             st.pending.remove(pos);
+            answers = true;
             if st.pending.is_empty() && self.kind.answers_requests() {
                 st.complete = true;
                 completed = true;
             }
         }
         drop(st);
-        self.touch();
+        if answers {
+            self.touch();
+        } else {
+            self.touch_event();
+        }
         if completed {
             self.finished();
         }

@@ -3,8 +3,9 @@
 //! with the same key ring; once `pod-a` leaves `pod-b`'s membership, `pod-b` promotes what it
 //! kept (`docs/design/replication.md#keeping-a-replica-current`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -22,6 +23,7 @@ use crate::peer::hop::Hop;
 use crate::peer::wire::ReplicasPush;
 use crate::session::fixtures::{ANY_ROOM, key, stream};
 use crate::session::{Dedupe, Session};
+use crate::stream::StoredReply;
 
 /// Delivers replicas to pod-b's handoff, whatever pod they are addressed to; records each
 /// message with its addressee.
@@ -29,6 +31,8 @@ use crate::session::{Dedupe, Session};
 struct ToPodB {
     b: OnceLock<Arc<Handoff>>,
     sent: Mutex<Vec<(String, ReplicasPush)>>,
+    /// The next message is lost (recorded, never delivered).
+    lose_next: AtomicBool,
 }
 
 #[async_trait::async_trait]
@@ -36,9 +40,13 @@ impl PeerLink for ToPodB {
     async fn ask(&self, to: Destination<'_>, path: &str, body: Bytes) -> Result<Bytes, SendError> {
         assert_eq!(path, REPLICAS_PATH, "the holder sends only replicas");
         let push: ReplicasPush = serde_json::from_slice(&body).unwrap();
-        let answer = self.b.get().unwrap().keep_replicas(&push);
+        let lost = self.lose_next.swap(false, Ordering::Relaxed);
+        let answer = (!lost).then(|| self.b.get().unwrap().keep_replicas(push.clone()));
         self.sent.lock().push((to.uid.to_owned(), push));
-        Ok(Bytes::from(serde_json::to_vec(&answer).unwrap()))
+        match answer {
+            Some(answer) => Ok(Bytes::from(serde_json::to_vec(&answer).unwrap())),
+            None => Err(SendError::Unreachable("lost".into())),
+        }
     }
 }
 
@@ -64,17 +72,39 @@ fn start() -> (Pod, Pod, Arc<ToPodB>) {
     (a, b, link)
 }
 
-/// The messages sent since the last call: (addressee, sessions sent whole, sessions dropped).
+/// The messages sent since the last call: (addressee, sessions sent, sessions dropped).
 fn sent(link: &ToPodB) -> Vec<(String, Vec<String>, Vec<String>)> {
-    link.sent
-        .lock()
-        .drain(..)
+    messages(link)
+        .into_iter()
         .map(|(to, push)| {
-            let whole = push.replicas.iter().map(|i| i.id.clone()).collect();
+            let sent = push.replicas.iter().map(|u| u.image.id.clone()).collect();
             let drops = push.drops.iter().map(|d| d.session.clone()).collect();
-            (to, whole, drops)
+            (to, sent, drops)
         })
         .collect()
+}
+
+/// The messages sent since the last call, with their addressees.
+fn messages(link: &ToPodB) -> Vec<(String, ReplicasPush)> {
+    link.sent.lock().drain(..).collect()
+}
+
+/// Pod-a leaves pod-b's membership, and a request for session `id` (homed on pod-a) arrives at
+/// pod-b: pod-b promotes the replica it kept; the session it now holds.
+async fn promoted_at(b: &Pod, id: &str) -> Arc<Session> {
+    let snapshot = Snapshot {
+        peers: ["pod-b", "pod-c"]
+            .iter()
+            .map(|uid| peer(uid, PeerState::Routable))
+            .collect(),
+    };
+    assert!(b.sink.publish(Source::Kubernetes, snapshot));
+    let home = HomeToken::for_pod("pod-a");
+    assert!(matches!(
+        b.handoff.recover(id, home, &Hop::default()).await,
+        Recovered::Held
+    ));
+    b.broker.held(id).unwrap()
 }
 
 /// A request `id` of `session` that ran, sent two progress events and, when `answered`, its
@@ -105,11 +135,19 @@ async fn a_session_is_replicated_when_it_changes_and_promoted_at_its_replica_pod
     request(&session, 2, false);
 
     a.handoff.replicate().await;
-    let first = sent(&link);
+    let first = messages(&link);
     assert_eq!(first.len(), 1, "one message to the replica pod: {first:?}");
-    let (to, whole, drops) = &first[0];
+    let (to, push) = &first[0];
     assert!(to == "pod-b" || to == "pod-c", "never the holder: {to}");
-    assert_eq!((whole, drops), (&vec![id.clone()], &vec![]));
+    let [whole] = &push.replicas[..] else {
+        panic!("one replica: {push:?}")
+    };
+    assert_eq!((whole.image.id.as_str(), whole.base), (id.as_str(), None));
+    assert_eq!(
+        (whole.image.streams.len(), whole.image.requests.len()),
+        (2, 2),
+        "sent whole"
+    );
 
     // Nothing changed that the replica carries: nothing is sent, not for progress either.
     let running = session.stream_of_request(&key(2)).unwrap();
@@ -119,10 +157,26 @@ async fn a_session_is_replicated_when_it_changes_and_promoted_at_its_replica_pod
     a.handoff.replicate().await;
     assert!(sent(&link).is_empty(), "a progress event sends nothing");
 
-    // A new request changes it.
+    // A new request changes it: the change carries that request's stream and record alone.
     request(&session, 3, true);
     a.handoff.replicate().await;
-    assert_eq!(sent(&link).len(), 1, "sent again after a new request");
+    let second = messages(&link);
+    let [change] = &second[0].1.replicas[..] else {
+        panic!("one replica: {second:?}")
+    };
+    assert_eq!(change.base, Some(whole.mark), "a change of the copy kept");
+    let new = session.stream_of_request(&key(3)).unwrap();
+    assert_eq!(
+        change
+            .image
+            .streams
+            .iter()
+            .map(|s| &s.key)
+            .collect::<Vec<_>>(),
+        [new.key()]
+    );
+    assert_eq!(change.image.requests.len(), 1);
+    assert!(change.forgotten_streams.is_empty() && change.forgotten_requests.is_empty());
     assert!(a.encode().contains("tether_sessions_unreplicated 0"));
     assert!(
         a.encode()
@@ -132,19 +186,7 @@ async fn a_session_is_replicated_when_it_changes_and_promoted_at_its_replica_pod
     // Pod-a is lost: pod-b promotes what it kept — the answers of finished requests replay,
     // the running request ends with `holder_lost`, a retry of an answered one is no new
     // dispatch.
-    let snapshot = Snapshot {
-        peers: ["pod-b", "pod-c"]
-            .iter()
-            .map(|uid| peer(uid, PeerState::Routable))
-            .collect(),
-    };
-    assert!(b.sink.publish(Source::Kubernetes, snapshot));
-    let home = HomeToken::for_pod("pod-a");
-    assert!(matches!(
-        b.handoff.recover(&id, home, &Hop::default()).await,
-        Recovered::Held
-    ));
-    let promoted = b.broker.held(&id).unwrap();
+    let promoted = promoted_at(&b, &id).await;
     assert_eq!(promoted.epoch(), session.epoch() + 1);
     assert!(
         !promoted.is_new(&[key(1)], [1; 32]),
@@ -169,4 +211,56 @@ async fn a_session_moved_away_has_its_replica_dropped_once() {
     assert_eq!(sent(&link), [(to, vec![], vec![id])]);
     a.handoff.replicate().await;
     assert!(sent(&link).is_empty(), "dropped once");
+}
+
+#[tokio::test]
+async fn a_change_forgets_what_the_holder_forgot_and_after_a_lost_one_the_session_goes_whole() {
+    let (a, b, link) = start();
+    let session = a.hold("pod-a");
+    let id = session.id().to_owned();
+    request(&session, 1, false);
+    a.handoff.replicate().await;
+    assert_eq!(messages(&link)[0].1.replicas[0].base, None);
+
+    // The request is withdrawn (the MCP server never carried it out): its record goes, its
+    // stream says so.
+    let withdrawn = session.stream_of_request(&key(1)).unwrap();
+    let refused = StoredReply {
+        status: http::StatusCode::UNAUTHORIZED,
+        headers: http::HeaderMap::new(),
+        body: Bytes::new(),
+    };
+    session.withdraw_post(&withdrawn, refused, u64::MAX);
+    a.handoff.replicate().await;
+    let change = messages(&link).remove(0).1.replicas.remove(0);
+    assert!(change.base.is_some());
+    assert_eq!(change.forgotten_requests, [key(1)]);
+    assert_eq!(
+        change.image.streams.len(),
+        1,
+        "the withdrawn stream, changed"
+    );
+    assert!(change.image.requests.is_empty());
+
+    // A change that is lost: the next send is the session whole, once the pause is over.
+    request(&session, 2, true);
+    link.lose_next.store(true, Ordering::Relaxed);
+    a.handoff.replicate().await;
+    assert!(messages(&link)[0].1.replicas[0].base.is_some());
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    a.handoff.replicate().await;
+    let whole = messages(&link).remove(0).1.replicas.remove(0);
+    assert_eq!(whole.base, None);
+    assert_eq!(
+        (whole.image.streams.len(), whole.image.requests.len()),
+        (2, 1)
+    );
+
+    // Pod-b's copy is the holder's: request 2 is answered from it, request 1 may run again.
+    let promoted = promoted_at(&b, &id).await;
+    assert!(!promoted.is_new(&[key(2)], [2; 32]));
+    assert!(
+        promoted.is_new(&[key(1)], [1; 32]),
+        "withdrawn: never carried out"
+    );
 }

@@ -70,7 +70,7 @@ impl Handoff {
     }
 
     /// Keeps the replicas `push` carries and drops those it names.
-    pub(crate) fn keep_replicas(&self, push: &ReplicasPush) -> ReplicasAnswer {
+    pub(crate) fn keep_replicas(&self, push: ReplicasPush) -> ReplicasAnswer {
         let now = std::time::Instant::now();
         // A replica is promoted once its holder is absent from this pod's membership: one of a
         // holder this pod does not know yet would be promoted at once.
@@ -85,8 +85,9 @@ impl Handoff {
         }
         let results = push
             .replicas
-            .iter()
-            .map(|image| {
+            .into_iter()
+            .map(|update| {
+                let image = &update.image;
                 if self.broker.genuine(&image.id).is_none() {
                     ReplicaOutcome::Invalid
                 } else if self.broker.held(&image.id).is_some_and(|s| !s.is_moving()) {
@@ -105,7 +106,7 @@ impl Handoff {
                 } else if !member {
                     ReplicaOutcome::NotMember
                 } else {
-                    self.replicas.keep(&push.from, image, now)
+                    self.replicas.keep(&push.from, update, now)
                 }
             })
             .collect();

@@ -6,9 +6,12 @@
 //! whenever membership changed. It sends each whose replica mark
 //! ([`crate::session::Session::replica_mark`]) changed, whose replica pod changed, or whose
 //! replica was not sent for a third of the idle timeout (the replica pod drops a replica not
-//! sent for the idle timeout), whole to its replica pod ([`decide::replica_pod`]) — one message
-//! per replica pod and round — and tells a pod that keeps a copy no longer wanted (the session
-//! ended or moved away, or its replica pod is another now) to drop it.
+//! sent for the idle timeout), to its replica pod ([`decide::replica_pod`]) — one message per
+//! replica pod and round — and tells a pod that keeps a copy no longer wanted (the session
+//! ended or moved away, or its replica pod is another now) to drop it. A session goes as the
+//! change since the copy its replica pod acknowledged (what that copy holds is [`Shipped`]:
+//! only new or changed streams, new retry records, and what was forgotten), or whole when that
+//! copy is not known: new here, another replica pod, or the last send not kept.
 //!
 //! What the holder knows of one session's replica ([`Replica`]; [`plan`] and [`after`] are its
 //! pure steps, the round is the I/O shell):
@@ -41,8 +44,9 @@ use crate::cluster::membership::{Peer, View};
 use crate::handoff::metrics::ReplicaSent;
 use crate::handoff::{Handoff, MESSAGE_OVERHEAD, image};
 use crate::peer::REPLICAS_PATH;
-use crate::peer::wire::{ReplicaDrop, ReplicaOutcome, ReplicasAnswer, ReplicasPush, SessionImage};
-use crate::session::{Session, Subscription};
+use crate::peer::wire::{ReplicaDrop, ReplicaOutcome, ReplicaUpdate, ReplicasAnswer, ReplicasPush};
+use crate::retained::{Charge, Kind};
+use crate::session::{Session, Shipped, Subscription};
 
 /// The replication interval: how long changes gather before they are sent.
 pub(crate) const INTERVAL: Duration = Duration::from_millis(50);
@@ -90,8 +94,8 @@ impl Replica {
 pub(super) enum Plan {
     /// Nothing.
     Keep,
-    /// Send the session whole to `to`; tell `drop_at` (its previous replica pod) to drop its
-    /// copy.
+    /// Send the session to `to` (a change, or whole); tell `drop_at` (its previous replica pod)
+    /// to drop its copy.
     Send { to: String, drop_at: Option<String> },
     /// Tell `at` to drop its copy: the session has no replica pod now.
     Drop { at: String },
@@ -160,8 +164,22 @@ struct Tracked {
     session: Arc<Session>,
     changes: Subscription,
     replica: Replica,
+    /// What the replica pod's copy holds, when it acknowledged the last send (`Current`): the
+    /// next send is the change since; without, the session is sent whole.
+    shipped: Option<Shipped>,
+    /// [`Shipped`]'s bytes, in `tether_retained_bytes{kind="replicas"}`.
+    charge: Charge,
     /// Looked at this round whatever its feed says (new here).
     fresh: bool,
+}
+
+impl Tracked {
+    /// Records what the replica pod holds now (`None`: not known).
+    fn shipped(&mut self, shipped: Option<Shipped>) {
+        self.charge
+            .resize(shipped.as_ref().map_or(0, Shipped::bytes));
+        self.shipped = shipped;
+    }
 }
 
 /// The holder's replication state: every session held here and what its replica pod has.
@@ -170,6 +188,8 @@ pub(crate) struct Replicating {
     tracked: HashMap<String, Tracked>,
     view: Option<Arc<View>>,
     rounds: u64,
+    /// Whether the sessions' feeds are followed for their events too (`replication: Events`).
+    events: bool,
     /// The pod's drain ended: nothing is replicated any more ([`Handoff::withdraw_replicas`]).
     withdrawn: bool,
 }
@@ -190,12 +210,12 @@ impl Replicating {
     }
 }
 
-/// What one replica pod gets in a round: the replicas (each session's id and the mark it was
-/// sent at, beside its image) and the drops.
+/// What one replica pod gets in a round: the replicas (whole or changes; beside each, its
+/// session's id, its mark and what the replica pod holds once it kept it) and the drops.
 #[derive(Default)]
 struct Letter {
-    sent: Vec<(String, u64)>,
-    images: Vec<SessionImage>,
+    sent: Vec<(String, u64, Shipped)>,
+    updates: Vec<ReplicaUpdate>,
     drops: Vec<ReplicaDrop>,
 }
 
@@ -238,10 +258,10 @@ impl Handoff {
             Some(async move {
                 let Letter {
                     sent,
-                    images,
+                    updates,
                     drops,
                 } = letter;
-                let send = self.send_letter(&peer, images, drops);
+                let send = self.send_letter(&peer, updates, drops);
                 let outcomes = tokio::time::timeout(SEND_TIMEOUT, send)
                     .await
                     .unwrap_or_else(|_| vec![None; sent.len()]);
@@ -254,16 +274,18 @@ impl Handoff {
         {
             let mut st = self.replicating.lock();
             for (peer, sent, outcomes) in answered {
-                for ((id, mark), outcome) in sent.iter().zip(outcomes) {
+                for ((id, mark, shipped), outcome) in sent.into_iter().zip(outcomes) {
                     self.metrics
                         .replica_sent(outcome.map_or(ReplicaSent::Unanswered, ReplicaSent::from));
-                    let Some(t) = st.tracked.get_mut(id) else {
+                    let Some(t) = st.tracked.get_mut(&id) else {
                         continue;
                     };
                     if outcome == Some(ReplicaOutcome::StaleEpoch) {
                         superseded.push((Arc::clone(&t.session), peer.uid.clone()));
                     }
-                    t.replica = after(&t.replica, &peer.uid, *mark, outcome, now);
+                    t.replica = after(&t.replica, &peer.uid, mark, outcome, now);
+                    // What the replica pod holds is known only once it kept the replica.
+                    t.shipped((outcome == Some(ReplicaOutcome::Kept)).then_some(shipped));
                 }
             }
             self.count_unreplicated(&st);
@@ -292,15 +314,25 @@ impl Handoff {
             || st.view.as_ref().is_none_or(|v| !Arc::ptr_eq(v, &view));
         st.rounds += 1;
         st.view = Some(Arc::clone(&view));
+        if st.events != events {
+            // With `Events` each event changes a replica; without, only what else it carries.
+            st.events = events;
+            for t in st.tracked.values_mut() {
+                t.changes = t.session.subscribe(events);
+                t.fresh = true;
+            }
+        }
         for session in self.broker.sessions() {
             if !st.tracked.contains_key(session.id()) {
-                let changes = session.subscribe();
+                let changes = session.subscribe(events);
                 st.tracked.insert(
                     session.id().to_owned(),
                     Tracked {
                         session,
                         changes,
                         replica: Replica::Unplaced,
+                        shipped: None,
+                        charge: self.broker.retained().charge(Kind::Replicas),
                         fresh: true,
                     },
                 );
@@ -339,15 +371,23 @@ impl Handoff {
                 Plan::Drop { at } => {
                     letters.entry(at).or_default().drop_copy(&t.session);
                     t.replica = Replica::Unplaced;
+                    t.shipped(None);
                 }
                 Plan::Send { to, drop_at } => {
                     if let Some(at) = drop_at {
                         letters.entry(at).or_default().drop_copy(&t.session);
                     }
-                    let image = replica_image(&t.session, events, budget);
+                    // The change since the copy `to` acknowledged, or the session whole.
+                    let base = match (&t.replica, &t.shipped) {
+                        (Replica::Current { pod, mark, .. }, Some(shipped)) if *pod == to => {
+                            Some((*mark, shipped))
+                        }
+                        _ => None,
+                    };
+                    let (update, shipped) = replica_update(&t.session, events, budget, mark, base);
                     let letter = letters.entry(to).or_default();
-                    letter.sent.push((id.to_owned(), mark));
-                    letter.images.push(image);
+                    letter.sent.push((id.to_owned(), mark, shipped));
+                    letter.updates.push(update);
                 }
             }
             true
@@ -367,20 +407,20 @@ impl Handoff {
             .sessions_unreplicated(st.tracked.len().saturating_sub(current));
     }
 
-    /// Sends `images` and `drops` to `peer`, in as many messages as their size takes (halved
+    /// Sends `updates` and `drops` to `peer`, in as many messages as their size takes (halved
     /// until each fits, the drops with the first); what became of each replica, in order
     /// (`None`: no acknowledged answer).
     async fn send_letter(
         &self,
         peer: &Peer,
-        images: Vec<SessionImage>,
+        updates: Vec<ReplicaUpdate>,
         drops: Vec<ReplicaDrop>,
     ) -> Vec<Option<ReplicaOutcome>> {
-        let mut outcomes = Vec::with_capacity(images.len());
+        let mut outcomes = Vec::with_capacity(updates.len());
         // Messages still to send, the next one last.
         let mut messages = vec![ReplicasPush {
             from: self.router.uid().to_owned(),
-            replicas: images,
+            replicas: updates,
             drops,
         }];
         while let Some(mut push) = messages.pop() {
@@ -412,15 +452,31 @@ impl Handoff {
     }
 }
 
-/// The image a replica of `session` carries: with `events` its buffered events (at most
-/// `budget` bytes of them), without only what [`carry::sessions_only`] keeps (the answers of
-/// complete streams, which the buffer bounds).
-fn replica_image(session: &Session, events: bool, budget: usize) -> SessionImage {
-    let (mut snapshot, _) = session.snapshot(if events { budget } else { usize::MAX });
+/// The replica of `session` at mark `mark`: with `base` (the mark of the copy the replica pod
+/// acknowledged, and what it holds), the change since; without, the session whole. With
+/// `events` its streams carry their buffered events (at most `budget` bytes of them), without
+/// only what [`carry::sessions_only`] keeps (the answers of complete streams, which the buffer
+/// bounds). Also returns what the replica pod holds once it kept it.
+fn replica_update(
+    session: &Session,
+    events: bool,
+    budget: usize,
+    mark: u64,
+    base: Option<(u64, &Shipped)>,
+) -> (ReplicaUpdate, Shipped) {
+    let max_bytes = if events { budget } else { usize::MAX };
+    let (mut snapshot, parts) = session.replica(events, max_bytes, base.map(|(_, s)| s));
     if !events {
         snapshot.streams.iter_mut().for_each(carry::sessions_only);
     }
-    image::session_image(&snapshot)
+    let update = ReplicaUpdate {
+        mark,
+        base: base.map(|(mark, _)| mark),
+        image: image::session_image(&snapshot),
+        forgotten_streams: parts.forgotten_streams,
+        forgotten_requests: parts.forgotten_requests,
+    };
+    (update, parts.shipped)
 }
 
 #[cfg(test)]

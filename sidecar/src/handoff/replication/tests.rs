@@ -22,8 +22,8 @@ use crate::peer::CLAIM_PATH;
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::hop::Hop;
 use crate::peer::wire::{
-    ClaimAnswer, ClaimQuery, JournalImage, KindImage, ReplicaOutcome, ReplicasPush, RequestImage,
-    SessionImage, StreamImage,
+    ClaimAnswer, ClaimQuery, JournalImage, KindImage, ReplicaOutcome, ReplicaUpdate, ReplicasPush,
+    RequestImage, SessionImage, StreamImage,
 };
 use crate::stream::{FeedItem, Start};
 
@@ -106,10 +106,16 @@ fn image(id: &str, epoch: u64) -> SessionImage {
 fn keep(pod: &Pod, from: &str, image: SessionImage) -> Vec<ReplicaOutcome> {
     let push = ReplicasPush {
         from: from.into(),
-        replicas: vec![image],
+        replicas: vec![ReplicaUpdate {
+            mark: 0,
+            base: None,
+            image,
+            forgotten_streams: vec![],
+            forgotten_requests: vec![],
+        }],
         drops: vec![],
     };
-    pod.handoff.keep_replicas(&push).results
+    pod.handoff.keep_replicas(push).results
 }
 
 fn through(uid: &str) -> Hop {

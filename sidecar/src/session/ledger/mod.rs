@@ -61,6 +61,7 @@ use crate::retained::{Charge, Kind, Retained, Shared};
 use crate::stream::{StoredReply, Stream, StreamKind, StreamSnapshot};
 
 use super::bounded::Bounded;
+use super::replica::{ReplicaParts, Shipped};
 use answered::Answers;
 use tombstones::Tombstones;
 
@@ -327,6 +328,57 @@ impl RetryLedger {
             streams.push(snapshot);
         }
         (streams, positions)
+    }
+
+    /// What a replica of the ledger carries that `since` (what the replica pod holds) lacks:
+    /// the streams new or changed since (each as [`Stream::mark`] sees it, with at most
+    /// `max_bytes` of events in all) and the retry records new since, oldest first; what it
+    /// holds and the ledger no longer keeps; and what it holds once it has them. Everything,
+    /// with `since` empty.
+    pub(super) fn replica_parts(
+        &self,
+        events: bool,
+        max_bytes: usize,
+        since: &Shipped,
+    ) -> ReplicaParts {
+        let mut parts = ReplicaParts::default();
+        let mut budget = max_bytes;
+        for key in &self.stream_order {
+            let (snapshot, mark) = if let Some(stream) = self.streams.get(key) {
+                let mark = Shipped::stream_mark(key, |h| stream.mark(h, events));
+                if since.has_stream(key, mark) {
+                    parts.shipped.add_stream(key, mark);
+                    continue;
+                }
+                let (snapshot, _) = stream.snapshot(0, budget);
+                let size: usize = snapshot.events.iter().map(|e| e.data.len()).sum();
+                budget = budget.saturating_sub(size);
+                (snapshot, mark)
+            } else if let Some(answered) = self.answered.get(key) {
+                let mark = Shipped::stream_mark(key, |_| {});
+                if since.has_stream(key, mark) {
+                    parts.shipped.add_stream(key, mark);
+                    continue;
+                }
+                (answered.snapshot(key), mark)
+            } else {
+                continue;
+            };
+            parts.shipped.add_stream(key, mark);
+            parts.streams.push(snapshot);
+        }
+        for (id, rec) in self.requests.iter() {
+            if !since.has_request(id) {
+                parts.records.push(RetryRecord {
+                    id: id.clone(),
+                    digest: rec.digest,
+                    stream: rec.stream.clone(),
+                });
+            }
+            parts.shipped.add_request(id);
+        }
+        parts.forget_what(since);
+        parts
     }
 
     /// Retry records of the streams in `only` (every record with `None`), oldest first.
