@@ -253,6 +253,10 @@ pub(crate) struct ReplicaDrop {
 pub(crate) struct ReplicasAnswer {
     /// One per replica of the message.
     pub(crate) results: Vec<ReplicaOutcome>,
+    /// The receiver's store of replicas, drawn at random when its sidecar started: another
+    /// value than before means it restarted and keeps none of the sender's replicas.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) incarnation: u64,
 }
 
 /// What became of one replica.

@@ -3,8 +3,8 @@
 //! with the same key ring; once `pod-a` leaves `pod-b`'s membership, `pod-b` promotes what it
 //! kept (`docs/design/replication.md#keeping-a-replica-current`).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use serde_json::json;
 
 use super::Recovered;
+use super::send::SCAN_EVERY;
 use crate::cluster::membership::fixtures::peer;
 use crate::cluster::membership::{PeerState, Snapshot, Source};
 use crate::handoff::Handoff;
@@ -29,7 +30,7 @@ use crate::stream::StoredReply;
 /// message with its addressee.
 #[derive(Default)]
 struct ToPodB {
-    b: OnceLock<Arc<Handoff>>,
+    b: Mutex<Option<Arc<Handoff>>>,
     sent: Mutex<Vec<(String, ReplicasPush)>>,
     /// The next message is lost (recorded, never delivered).
     lose_next: AtomicBool,
@@ -41,7 +42,8 @@ impl PeerLink for ToPodB {
         assert_eq!(path, REPLICAS_PATH, "the holder sends only replicas");
         let push: ReplicasPush = serde_json::from_slice(&body).unwrap();
         let lost = self.lose_next.swap(false, Ordering::Relaxed);
-        let answer = (!lost).then(|| self.b.get().unwrap().keep_replicas(push.clone()));
+        let b = self.b.lock().clone().unwrap();
+        let answer = (!lost).then(|| b.keep_replicas(push.clone()));
         self.sent.lock().push((to.uid.to_owned(), push));
         match answer {
             Some(answer) => Ok(Bytes::from(serde_json::to_vec(&answer).unwrap())),
@@ -68,7 +70,7 @@ fn start() -> (Pod, Pod, Arc<ToPodB>) {
         Arc::clone(&link) as Arc<dyn PeerLink>,
     );
     let b = a.sibling("pod-b", Arc::new(Nowhere));
-    assert!(link.b.set(Arc::clone(&b.handoff)).is_ok());
+    *link.b.lock() = Some(Arc::clone(&b.handoff));
     (a, b, link)
 }
 
@@ -262,5 +264,39 @@ async fn a_change_forgets_what_the_holder_forgot_and_after_a_lost_one_the_sessio
     assert!(
         promoted.is_new(&[key(1)], [1; 32]),
         "withdrawn: never carried out"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_pod_that_restarted_gets_every_replica_again_whole() {
+    let (a, _b, link) = start();
+    let session = a.hold("pod-a");
+    let id = session.id().to_owned();
+    request(&session, 1, true);
+    a.handoff.replicate().await;
+    assert_eq!(messages(&link).len(), 1);
+
+    // Pod-b's sidecar restarts: its replica store is empty, of another incarnation.
+    let restarted = a.sibling("pod-b", Arc::new(Nowhere));
+    *link.b.lock() = Some(Arc::clone(&restarted.handoff));
+    for _ in 1..SCAN_EVERY {
+        a.handoff.replicate().await;
+    }
+    assert!(messages(&link).is_empty(), "nothing changed, no scan yet");
+    // The scan's message, empty, gets an answer from the new store; the next round places the
+    // session there again, whole.
+    a.handoff.replicate().await;
+    let scan = messages(&link);
+    assert_eq!(scan.len(), 1);
+    assert!(scan[0].1.replicas.is_empty() && scan[0].1.drops.is_empty());
+    a.handoff.replicate().await;
+    let again = messages(&link);
+    let [whole] = &again[0].1.replicas[..] else {
+        panic!("the session again: {again:?}")
+    };
+    assert_eq!((whole.image.id.as_str(), whole.base), (id.as_str(), None));
+    assert_eq!(
+        restarted.handoff.replica_holder(&id).as_deref(),
+        Some("pod-a")
     );
 }

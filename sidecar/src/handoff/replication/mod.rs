@@ -110,7 +110,10 @@ impl Handoff {
                 }
             })
             .collect();
-        ReplicasAnswer { results }
+        ReplicasAnswer {
+            results,
+            incarnation: self.replicas.incarnation(),
+        }
     }
 
     /// Answers a restarted holder's claim: the replica it sent, which it takes back, or that

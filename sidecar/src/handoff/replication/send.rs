@@ -11,7 +11,10 @@
 //! ended or moved away, or its replica pod is another now) to drop it. A session goes as the
 //! change since the copy its replica pod acknowledged (what that copy holds is [`Shipped`]:
 //! only new or changed streams, new retry records, and what was forgotten), or whole when that
-//! copy is not known: new here, another replica pod, or the last send not kept.
+//! copy is not known: new here, another replica pod, or the last send not kept. Every pod
+//! keeping a replica gets a message at least once per scan (empty when nothing changed): an
+//! answer from another incarnation of its replica store than before means its sidecar
+//! restarted, and every session placed there goes again, whole ([`Replicating::answered_by`]).
 //!
 //! What the holder knows of one session's replica ([`Replica`]; [`plan`] and [`after`] are its
 //! pure steps, the round is the I/O shell):
@@ -52,7 +55,7 @@ use crate::session::{Session, Shipped, Subscription};
 pub(crate) const INTERVAL: Duration = Duration::from_millis(50);
 /// Every this many intervals every session held here is looked at, changed or not (a replica
 /// due for its refresh, a stream forgotten by the retry window, which its feed does not tell).
-const SCAN_EVERY: u64 = 20;
+pub(super) const SCAN_EVERY: u64 = 20;
 /// Longest pause before a refused or unanswered replica is sent again.
 const MAX_PAUSE: Duration = Duration::from_secs(2);
 /// How long a round waits for a replica pod's answers: one that does not answer in time (it
@@ -190,11 +193,38 @@ pub(crate) struct Replicating {
     rounds: u64,
     /// Whether the sessions' feeds are followed for their events too (`replication: Events`).
     events: bool,
+    /// The incarnation of each replica pod's store, as its last answer gave it.
+    incarnations: HashMap<String, u64>,
     /// The pod's drain ended: nothing is replicated any more ([`Handoff::withdraw_replicas`]).
     withdrawn: bool,
 }
 
 impl Replicating {
+    /// Records that replica pod `pod` answered from its replica store `incarnation`: when it
+    /// answered from another before (its sidecar restarted, its memory is empty), nothing
+    /// placed there is kept any more, and every session whose replica was there is placed
+    /// again, whole.
+    fn answered_by(&mut self, pod: &str, incarnation: u64) {
+        let before = self.incarnations.insert(pod.to_owned(), incarnation);
+        if before.is_none_or(|b| b == incarnation) {
+            return;
+        }
+        let mut lost = 0;
+        for t in self.tracked.values_mut() {
+            if t.replica.kept_at() == Some(pod) {
+                t.replica = Replica::Unplaced;
+                t.shipped(None);
+                t.fresh = true;
+                lost += 1;
+            }
+        }
+        tracing::info!(
+            pod,
+            lost,
+            "a replica pod restarted; its replicas are placed again"
+        );
+    }
+
     /// Stops following every session; the drops of the copies they have on replica pods.
     fn drop_all(&mut self) -> HashMap<String, Letter> {
         let mut letters: HashMap<String, Letter> = HashMap::new();
@@ -262,10 +292,10 @@ impl Handoff {
                     drops,
                 } = letter;
                 let send = self.send_letter(&peer, updates, drops);
-                let outcomes = tokio::time::timeout(SEND_TIMEOUT, send)
+                let (outcomes, incarnation) = tokio::time::timeout(SEND_TIMEOUT, send)
                     .await
-                    .unwrap_or_else(|_| vec![None; sent.len()]);
-                (peer, sent, outcomes)
+                    .unwrap_or_else(|_| (vec![None; sent.len()], None));
+                (peer, sent, outcomes, incarnation)
             })
         });
         let answered = futures::future::join_all(sends).await;
@@ -273,7 +303,10 @@ impl Handoff {
         let mut superseded = Vec::new();
         {
             let mut st = self.replicating.lock();
-            for (peer, sent, outcomes) in answered {
+            for (peer, sent, outcomes, incarnation) in answered {
+                if let Some(incarnation) = incarnation {
+                    st.answered_by(&peer.uid, incarnation);
+                }
                 for ((id, mark, shipped), outcome) in sent.into_iter().zip(outcomes) {
                     self.metrics
                         .replica_sent(outcome.map_or(ReplicaSent::Unanswered, ReplicaSent::from));
@@ -392,6 +425,16 @@ impl Handoff {
             }
             true
         });
+        if scan {
+            // Every pod keeping a replica of a session held here gets a message at least once
+            // per scan, empty when nothing changed: its answer tells whether it restarted.
+            st.incarnations.retain(|uid, _| view.peer(uid).is_some());
+            for t in st.tracked.values() {
+                if let Some(at) = t.replica.kept_at() {
+                    letters.entry(at.to_owned()).or_default();
+                }
+            }
+        }
         self.count_unreplicated(&st);
         letters
     }
@@ -409,14 +452,16 @@ impl Handoff {
 
     /// Sends `updates` and `drops` to `peer`, in as many messages as their size takes (halved
     /// until each fits, the drops with the first); what became of each replica, in order
-    /// (`None`: no acknowledged answer).
+    /// (`None`: no acknowledged answer), and the incarnation of `peer`'s replica store its
+    /// last answer gave.
     async fn send_letter(
         &self,
         peer: &Peer,
         updates: Vec<ReplicaUpdate>,
         drops: Vec<ReplicaDrop>,
-    ) -> Vec<Option<ReplicaOutcome>> {
+    ) -> (Vec<Option<ReplicaOutcome>>, Option<u64>) {
         let mut outcomes = Vec::with_capacity(updates.len());
+        let mut incarnation = None;
         // Messages still to send, the next one last.
         let mut messages = vec![ReplicasPush {
             from: self.router.uid().to_owned(),
@@ -444,11 +489,14 @@ impl Handoff {
                 .and_then(|answer| serde_json::from_slice::<ReplicasAnswer>(&answer).ok())
                 .filter(|answer| answer.results.len() == part);
             match answer {
-                Some(answer) => outcomes.extend(answer.results.into_iter().map(Some)),
+                Some(answer) => {
+                    incarnation = Some(answer.incarnation);
+                    outcomes.extend(answer.results.into_iter().map(Some));
+                }
                 None => outcomes.extend(std::iter::repeat_n(None, part)),
             }
         }
-        outcomes
+        (outcomes, incarnation)
     }
 }
 

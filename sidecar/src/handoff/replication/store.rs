@@ -233,6 +233,9 @@ pub(crate) struct Taken {
 pub(crate) struct Replicas {
     kept: Mutex<HashMap<String, Replica>>,
     retained: Retained,
+    /// Drawn at random for this store (this run of the sidecar), never 0: holders tell from it
+    /// that the replicas they placed here are gone.
+    incarnation: u64,
 }
 
 impl Replicas {
@@ -241,7 +244,13 @@ impl Replicas {
         Self {
             kept: Mutex::new(HashMap::new()),
             retained,
+            incarnation: rand::random::<u64>().max(1),
         }
+    }
+
+    /// This store's incarnation (see [`Replicas`]).
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     /// Keeps `update`, sent by `holder`: a whole replica in place of the one of the same
