@@ -66,31 +66,21 @@ impl<K: std::hash::Hash + Eq> Parts<K> {
 
     /// Bytes of the part under `key`, if there is one.
     fn bytes_of(&self, key: &K) -> u64 {
-        self.by_key
-            .get(key)
-            .map_or(0, |p| p.text.len() as u64 + PART_BYTES)
+        self.by_key.get(key).map_or(0, |p| part_bytes(&p.text))
     }
 
-    /// Bytes once `forgotten` are dropped and `put` added or replaced.
+    /// Bytes once `forgotten` are dropped and `put` added or replaced (the part a key had is
+    /// counted out once).
     fn bytes_after(&self, forgotten: &[K], put: &[(K, Box<[u8]>)]) -> u64 {
         let replaced = |key: &K| put.iter().any(|(k, _)| k == key);
-        let dropped: u64 = forgotten
+        let gone: u64 = forgotten
             .iter()
             .filter(|k| !replaced(k))
+            .chain(put.iter().map(|(k, _)| k))
             .map(|k| self.bytes_of(k))
             .sum();
-        let added: u64 = put
-            .iter()
-            .map(|(k, text)| (text.len() as u64 + PART_BYTES).saturating_sub(self.bytes_of(k)))
-            .sum();
-        let removed: u64 = put
-            .iter()
-            .map(|(k, text)| {
-                self.bytes_of(k)
-                    .saturating_sub(text.len() as u64 + PART_BYTES)
-            })
-            .sum();
-        (self.bytes + added).saturating_sub(dropped + removed)
+        let new: u64 = put.iter().map(|(_, text)| part_bytes(text)).sum();
+        (self.bytes + new).saturating_sub(gone)
     }
 
     /// Drops `forgotten`, then adds each of `put`, or replaces the part of its key in its
@@ -98,14 +88,14 @@ impl<K: std::hash::Hash + Eq> Parts<K> {
     fn apply(&mut self, forgotten: &[K], put: Vec<(K, Box<[u8]>)>) {
         for key in forgotten {
             if let Some(old) = self.by_key.remove(key) {
-                self.bytes -= old.text.len() as u64 + PART_BYTES;
+                self.bytes -= part_bytes(&old.text);
             }
         }
         for (key, text) in put {
-            self.bytes += text.len() as u64 + PART_BYTES;
+            self.bytes += part_bytes(&text);
             let order = match self.by_key.remove(&key) {
                 Some(old) => {
-                    self.bytes -= old.text.len() as u64 + PART_BYTES;
+                    self.bytes -= part_bytes(&old.text);
                     old.order
                 }
                 None => {
@@ -126,6 +116,11 @@ impl<K: std::hash::Hash + Eq> Parts<K> {
             .map(|p| serde_json::from_slice(&p.text).ok())
             .collect()
     }
+}
+
+/// Bytes a part of text `text` takes in the budget.
+fn part_bytes(text: &[u8]) -> u64 {
+    text.len() as u64 + PART_BYTES
 }
 
 /// An update's parts as JSON text, ready to apply.
@@ -178,6 +173,20 @@ struct Replica {
 }
 
 impl Replica {
+    /// A replica of `holder` with nothing in it yet, counted in `charge`.
+    fn new(holder: &str, charge: Charge, now: Instant) -> Self {
+        Self {
+            holder: holder.to_owned(),
+            epoch: 0,
+            mark: 0,
+            head: Box::default(),
+            streams: Parts::new(),
+            requests: Parts::new(),
+            charge,
+            updated: now,
+        }
+    }
+
     /// Its bytes in the budget, for session `id`, once `update` (`prepared`) is applied.
     fn bytes_after(&self, id: &str, update: &ReplicaUpdate, prepared: &Prepared) -> u64 {
         ENTRY_BYTES
@@ -273,34 +282,27 @@ impl Replicas {
             return ReplicaOutcome::StaleEpoch;
         }
         let freed = before.map_or(0, |r| r.charge.bytes());
-        let bytes = match (update.base, before) {
-            (None, _) => {
-                let empty = Replica {
-                    holder: holder.to_owned(),
-                    epoch: 0,
-                    mark: 0,
-                    head: Box::default(),
-                    streams: Parts::new(),
-                    requests: Parts::new(),
-                    charge: self.retained.charge(Kind::Replicas),
-                    updated: now,
-                };
-                let bytes = empty.bytes_after(id, update, &prepared);
-                if self.retained.total() + bytes > self.retained.cap() + freed {
-                    return ReplicaOutcome::Full;
-                }
-                kept.insert(id.to_owned(), empty);
-                bytes
-            }
+        // What the update applies to: the copy a change names, or a new replica.
+        let mut fresh = None;
+        let target = match (update.base, before) {
+            (None, _) => &*fresh.insert(Replica::new(
+                holder,
+                self.retained.charge(Kind::Replicas),
+                now,
+            )),
             (Some(base), Some(r))
                 if r.holder == holder && r.epoch == update.image.epoch && r.mark == base =>
             {
-                r.bytes_after(id, update, &prepared)
+                r
             }
             (Some(_), _) => return ReplicaOutcome::Behind,
         };
-        if update.base.is_some() && self.retained.total() + bytes > self.retained.cap() + freed {
+        let bytes = target.bytes_after(id, update, &prepared);
+        if self.retained.total() + bytes > self.retained.cap() + freed {
             return ReplicaOutcome::Full;
+        }
+        if let Some(fresh) = fresh {
+            kept.insert(id.to_owned(), fresh);
         }
         if let Some(replica) = kept.get_mut(id) {
             replica.apply(id, update, prepared, now);
