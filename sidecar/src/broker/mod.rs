@@ -60,6 +60,9 @@ pub(crate) enum Here {
     Held(Arc<Session>),
     /// Handed off from here to the peer with this UID.
     Moved(String),
+    /// Ended here, for this reason (`DELETE`, expiry, its upstream gone): the session is over
+    /// wherever a copy of it may still be (a replica pod not yet told).
+    Ended(NotFound),
     /// Not held here.
     Absent,
 }
@@ -266,12 +269,18 @@ impl Broker {
     /// # Errors
     /// [`NotFound::Forged`] for an id that fails the MAC (answered 404 at once, no hop).
     pub(crate) fn locate(&self, id: &str) -> Result<(HomeToken, Here), NotFound> {
-        let home = self.minter.verify(id).map_err(|_| NotFound::Forged)?.home;
+        let verified = self.minter.verify(id).map_err(|_| NotFound::Forged)?;
         let here = match self.registry.get(id) {
             Some(session) => Here::Held(session),
-            None => self.registry.moved_to(id).map_or(Here::Absent, Here::Moved),
+            None => match self.registry.moved_to(id) {
+                Some(uid) => Here::Moved(uid),
+                None => match self.registry.why_missing(&verified.key.log_digest(id)) {
+                    NotFound::Unknown => Here::Absent,
+                    reason => Here::Ended(reason),
+                },
+            },
         };
-        Ok((home, here))
+        Ok((verified.home, here))
     }
 
     /// Every session held here.

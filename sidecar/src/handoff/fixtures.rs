@@ -163,11 +163,12 @@ impl Pod {
     }
 
     /// Where session `id` is, as a request for it would find it: `held`, `moved to <uid>`,
-    /// `absent`, or why its id is refused.
+    /// `ended: <reason>`, `absent`, or why its id is refused.
     pub(crate) fn place(&self, id: &str) -> String {
         match self.broker.locate(id) {
             Ok((_, Here::Held(_))) => "held".into(),
             Ok((_, Here::Moved(uid))) => format!("moved to {uid}"),
+            Ok((_, Here::Ended(reason))) => format!("ended: {}", reason.label()),
             Ok((_, Here::Absent)) => "absent".into(),
             Err(e) => format!("{e:?}"),
         }

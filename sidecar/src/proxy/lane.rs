@@ -15,8 +15,8 @@
 //!        ├─ route (docs/design/routing.md): a session held here is entered,
 //!        │  one being handed off is waited for (MOVE_WAIT)
 //!        │    ├─ held elsewhere, moved, placed on a peer ─────────────────────► Forward
-//!        │    ├─ no holder: a POST's body decides (an initialize that kept a
-//!        │    │  stale session id starts a new session), anything else ───────► Refuse (404)
+//!        │    ├─ no holder, or ended here: a POST's body decides (an initialize
+//!        │    │  that kept a stale session id starts a new session), else ────► Refuse (404)
 //!        │    └─ here
 //!        └─ era: 2026-07-28 ─── body read, checked against its headers ─────► Stateless
 //!                sessionful ─── body read, a POST's envelope parsed once ───► Session
@@ -484,7 +484,7 @@ impl Lanes<'_> {
 
     /// Enters session `id` when it is held here, waiting out a handoff under way: its home,
     /// the new holder's UID when it was handed off from here, and the guard of a session
-    /// entered.
+    /// entered; 404 with its reason for a session that ended here.
     async fn enter(
         &self,
         id: &str,
@@ -494,6 +494,9 @@ impl Lanes<'_> {
             let session = match here {
                 Here::Held(session) => session,
                 Here::Moved(uid) => return Ok((home, Some(uid), None)),
+                // This pod was its holder: nobody else holds it, and a replica pod not yet
+                // told it ended would answer 503 for a holder it sees alive.
+                Here::Ended(reason) => return Err(Rejection::SessionNotFound(reason)),
                 Here::Absent => return Ok((home, None, None)),
             };
             match session.enter() {

@@ -22,6 +22,7 @@ use crate::peer::REPLICAS_PATH;
 use crate::peer::client::{Destination, PeerLink, SendError};
 use crate::peer::hop::Hop;
 use crate::peer::wire::ReplicasPush;
+use crate::retained::Kind;
 use crate::session::fixtures::{ANY_ROOM, key, stream};
 use crate::session::{Dedupe, Session};
 use crate::stream::StoredReply;
@@ -299,4 +300,37 @@ async fn a_replica_pod_that_restarted_gets_every_replica_again_whole() {
         restarted.handoff.replica_holder(&id).as_deref(),
         Some("pod-a")
     );
+}
+
+#[tokio::test]
+async fn a_session_that_ended_here_is_dropped_at_its_replica_pod_until_it_answers() {
+    let (a, b, link) = start();
+    let session = a.hold("pod-a");
+    let id = session.id().to_owned();
+    a.handoff.replicate().await;
+    let (to, _, _) = sent(&link).remove(0);
+    assert_eq!(b.handoff.replica_holder(&id).as_deref(), Some("pod-a"));
+
+    // The session ends here (idle); the message with its drop is lost.
+    a.broker
+        .sweep(Instant::now() + a.broker.cfg().idle_timeout * 2);
+    assert_eq!(
+        a.place(&id),
+        "ended: expired",
+        "answered 404 here, never walked on"
+    );
+    link.lose_next.store(true, Ordering::Relaxed);
+    a.handoff.replicate().await;
+    assert_eq!(sent(&link)[0].2, [id.as_str()]);
+    assert_eq!(b.handoff.replica_holder(&id).as_deref(), Some("pod-a"));
+    let counted = |pod: &Pod| pod.broker.retained().bytes(Kind::Replicas);
+    assert!(counted(&a) > 0, "the drop still to send is counted");
+
+    // The next round sends it again; once answered it is not sent any more.
+    a.handoff.replicate().await;
+    assert_eq!(sent(&link), [(to, vec![], vec![id.clone()])]);
+    assert_eq!(b.handoff.replica_holder(&id), None);
+    assert_eq!(counted(&a), 0);
+    a.handoff.replicate().await;
+    assert!(sent(&link).is_empty(), "dropped once acknowledged");
 }

@@ -8,7 +8,8 @@
 //! replica was not sent for a third of the idle timeout (the replica pod drops a replica not
 //! sent for the idle timeout), to its replica pod ([`decide::replica_pod`]) — one message per
 //! replica pod and round — and tells a pod that keeps a copy no longer wanted (the session
-//! ended or moved away, or its replica pod is another now) to drop it. A session goes as the
+//! ended or moved away, or its replica pod is another now) to drop it, every round until it
+//! answers ([`Replicating::unacked`]). A session goes as the
 //! change since the copy its replica pod acknowledged (what that copy holds is [`Shipped`]:
 //! only new or changed streams, new retry records, and what was forgotten), or whole when that
 //! copy is not known: new here, another replica pod, or the last send not kept. Every pod
@@ -197,6 +198,27 @@ pub(crate) struct Replicating {
     incarnations: HashMap<String, u64>,
     /// The pod's drain ended: nothing is replicated any more ([`Handoff::withdraw_replicas`]).
     withdrawn: bool,
+    /// The drops no replica pod acknowledged yet, by replica pod: each goes again every round
+    /// until a message carrying it is answered — a copy of a session that ended here must not
+    /// be promoted, nor make its replica pod answer 503 for it — its pod leaves the view, or
+    /// the idle timeout passed (the replica pod has expired the copy itself by then).
+    unacked: HashMap<String, Vec<PendingDrop>>,
+    /// [`Replicating::unacked`]'s bytes, in `tether_retained_bytes{kind="replicas"}`.
+    unacked_charge: Option<Charge>,
+}
+
+/// A drop on its way to a replica pod, written at `since`.
+#[derive(Clone, Debug)]
+struct PendingDrop {
+    drop: ReplicaDrop,
+    since: Instant,
+}
+
+impl PendingDrop {
+    /// Bytes it holds, as counted.
+    fn bytes(&self) -> u64 {
+        (self.drop.session.len() + std::mem::size_of::<Self>()) as u64
+    }
 }
 
 impl Replicating {
@@ -225,18 +247,72 @@ impl Replicating {
         );
     }
 
-    /// Stops following every session; the drops of the copies they have on replica pods.
-    fn drop_all(&mut self) -> HashMap<String, Letter> {
-        let mut letters: HashMap<String, Letter> = HashMap::new();
+    /// Stops following every session; the drops of the copies they have on replica pods, with
+    /// those still unacknowledged (at `now`, over `view`).
+    fn drop_all(&mut self, view: &View, now: Instant, ttl: Duration) -> HashMap<String, Letter> {
+        let mut letters = self.unacked_letters(view, now, ttl);
         for (_, t) in self.tracked.drain() {
             if let Some(at) = t.replica.kept_at() {
                 letters
                     .entry(at.to_owned())
                     .or_default()
-                    .drop_copy(&t.session);
+                    .drop_copy(&t.session, now);
             }
         }
         letters
+    }
+
+    /// Letters with the drops still unacknowledged at `now`: those to pods of `view` written
+    /// less than `ttl` ago (the replica pod expires a copy not sent for `ttl` itself). They
+    /// stay counted until [`Replicating::count_unacked`] counts what is left of them.
+    fn unacked_letters(
+        &mut self,
+        view: &View,
+        now: Instant,
+        ttl: Duration,
+    ) -> HashMap<String, Letter> {
+        let mut letters: HashMap<String, Letter> = HashMap::new();
+        for (pod, drops) in self.unacked.drain() {
+            if view.peer(&pod).is_none() {
+                continue;
+            }
+            let due = drops
+                .into_iter()
+                .filter(|d| now.saturating_duration_since(d.since) < ttl);
+            letters.entry(pod).or_default().drops.extend(due);
+        }
+        let on_their_way = letters
+            .values()
+            .flat_map(|l| &l.drops)
+            .map(PendingDrop::bytes)
+            .sum();
+        if let Some(charge) = &mut self.unacked_charge {
+            charge.resize(on_their_way);
+        }
+        letters
+    }
+
+    /// Keeps `drops`, which `pod` did not acknowledge, for the next round.
+    fn unacknowledged(&mut self, pod: &str, drops: Vec<PendingDrop>) {
+        if !drops.is_empty() {
+            self.unacked
+                .entry(pod.to_owned())
+                .or_default()
+                .extend(drops);
+        }
+    }
+
+    /// Counts the drops still unacknowledged once the letters were delivered.
+    fn count_unacked(&mut self, retained: &crate::retained::Retained) {
+        let bytes = self
+            .unacked
+            .values()
+            .flatten()
+            .map(PendingDrop::bytes)
+            .sum();
+        self.unacked_charge
+            .get_or_insert_with(|| retained.charge(Kind::Replicas))
+            .resize(bytes);
     }
 }
 
@@ -246,14 +322,17 @@ impl Replicating {
 struct Letter {
     sent: Vec<(String, u64, Shipped)>,
     updates: Vec<ReplicaUpdate>,
-    drops: Vec<ReplicaDrop>,
+    drops: Vec<PendingDrop>,
 }
 
 impl Letter {
-    fn drop_copy(&mut self, session: &Session) {
-        self.drops.push(ReplicaDrop {
-            session: session.id().to_owned(),
-            epoch: session.epoch(),
+    fn drop_copy(&mut self, session: &Session, now: Instant) {
+        self.drops.push(PendingDrop {
+            drop: ReplicaDrop {
+                session: session.id().to_owned(),
+                epoch: session.epoch(),
+            },
+            since: now,
         });
     }
 }
@@ -269,10 +348,12 @@ impl Handoff {
     /// again. A session still here (`migration: Pin`, no peer to take it) ends with the pod,
     /// never promoted elsewhere; one handed off is replicated by its new holder.
     pub(crate) async fn withdraw_replicas(self: &Arc<Self>) {
+        let view = self.router.view();
+        let ttl = self.broker.cfg().idle_timeout;
         let letters = {
             let mut st = self.replicating.lock();
             st.withdrawn = true;
-            st.drop_all()
+            st.drop_all(&view, Instant::now(), ttl)
         };
         self.deliver(letters).await;
     }
@@ -291,11 +372,13 @@ impl Handoff {
                     updates,
                     drops,
                 } = letter;
-                let send = self.send_letter(&peer, updates, drops);
-                let (outcomes, incarnation) = tokio::time::timeout(SEND_TIMEOUT, send)
+                let words = drops.iter().map(|d| d.drop.clone()).collect();
+                let send = self.send_letter(&peer, updates, words);
+                let (outcomes, incarnation, dropped) = tokio::time::timeout(SEND_TIMEOUT, send)
                     .await
-                    .unwrap_or_else(|_| (vec![None; sent.len()], None));
-                (peer, sent, outcomes, incarnation)
+                    .unwrap_or_else(|_| (vec![None; sent.len()], None, false));
+                let unacked = if dropped { Vec::new() } else { drops };
+                (peer, sent, outcomes, incarnation, unacked)
             })
         });
         let answered = futures::future::join_all(sends).await;
@@ -303,10 +386,11 @@ impl Handoff {
         let mut superseded = Vec::new();
         {
             let mut st = self.replicating.lock();
-            for (peer, sent, outcomes, incarnation) in answered {
+            for (peer, sent, outcomes, incarnation, unacked) in answered {
                 if let Some(incarnation) = incarnation {
                     st.answered_by(&peer.uid, incarnation);
                 }
+                st.unacknowledged(&peer.uid, unacked);
                 for ((id, mark, shipped), outcome) in sent.into_iter().zip(outcomes) {
                     self.metrics
                         .replica_sent(outcome.map_or(ReplicaSent::Unanswered, ReplicaSent::from));
@@ -322,6 +406,7 @@ impl Handoff {
                 }
             }
             self.count_unreplicated(&st);
+            st.count_unacked(self.broker.retained());
         }
         for (session, holder) in superseded {
             self.supersede(session, &holder).await;
@@ -335,14 +420,14 @@ impl Handoff {
         if st.withdrawn {
             return HashMap::new();
         }
+        let view = self.router.view();
         if cfg.replication == Replication::None {
             self.metrics.sessions_unreplicated(0);
-            return st.drop_all();
+            return st.drop_all(&view, now, cfg.idle_timeout);
         }
-        let mut letters: HashMap<String, Letter> = HashMap::new();
+        let mut letters = st.unacked_letters(&view, now, cfg.idle_timeout);
         let events = cfg.replication == Replication::Events;
         let refresh = cfg.idle_timeout / 3;
-        let view = self.router.view();
         let scan = st.rounds.is_multiple_of(SCAN_EVERY)
             || st.view.as_ref().is_none_or(|v| !Arc::ptr_eq(v, &view));
         st.rounds += 1;
@@ -383,7 +468,7 @@ impl Handoff {
                     letters
                         .entry(at.to_owned())
                         .or_default()
-                        .drop_copy(&t.session);
+                        .drop_copy(&t.session, now);
                 }
                 return false;
             }
@@ -402,13 +487,13 @@ impl Handoff {
             match plan(&t.replica, target, mark, now, refresh) {
                 Plan::Keep => {}
                 Plan::Drop { at } => {
-                    letters.entry(at).or_default().drop_copy(&t.session);
+                    letters.entry(at).or_default().drop_copy(&t.session, now);
                     t.replica = Replica::Unplaced;
                     t.shipped(None);
                 }
                 Plan::Send { to, drop_at } => {
                     if let Some(at) = drop_at {
-                        letters.entry(at).or_default().drop_copy(&t.session);
+                        letters.entry(at).or_default().drop_copy(&t.session, now);
                     }
                     // The change since the copy `to` acknowledged, or the session whole.
                     let base = match (&t.replica, &t.shipped) {
@@ -452,16 +537,17 @@ impl Handoff {
 
     /// Sends `updates` and `drops` to `peer`, in as many messages as their size takes (halved
     /// until each fits, the drops with the first); what became of each replica, in order
-    /// (`None`: no acknowledged answer), and the incarnation of `peer`'s replica store its
-    /// last answer gave.
+    /// (`None`: no acknowledged answer), the incarnation of `peer`'s replica store its last
+    /// answer gave, and whether the message with the drops was answered.
     async fn send_letter(
         &self,
         peer: &Peer,
         updates: Vec<ReplicaUpdate>,
         drops: Vec<ReplicaDrop>,
-    ) -> (Vec<Option<ReplicaOutcome>>, Option<u64>) {
+    ) -> (Vec<Option<ReplicaOutcome>>, Option<u64>, bool) {
         let mut outcomes = Vec::with_capacity(updates.len());
         let mut incarnation = None;
+        let mut dropped = None;
         // Messages still to send, the next one last.
         let mut messages = vec![ReplicasPush {
             from: self.router.uid().to_owned(),
@@ -488,6 +574,8 @@ impl Handoff {
                 .ok()
                 .and_then(|answer| serde_json::from_slice::<ReplicasAnswer>(&answer).ok())
                 .filter(|answer| answer.results.len() == part);
+            // The first message sent carries the drops.
+            dropped.get_or_insert(answer.is_some());
             match answer {
                 Some(answer) => {
                     incarnation = Some(answer.incarnation);
@@ -496,7 +584,7 @@ impl Handoff {
                 None => outcomes.extend(std::iter::repeat_n(None, part)),
             }
         }
-        (outcomes, incarnation)
+        (outcomes, incarnation, dropped.unwrap_or(false))
     }
 }
 
