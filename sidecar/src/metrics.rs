@@ -78,7 +78,7 @@ mod tests {
     use crate::cluster::peer_health::Down;
     use crate::cluster::routing::ForwardKind;
     use crate::config::metrics::{ConfigReload, KeyRingReload};
-    use crate::handoff::metrics::{HandoffFailure, ReplicaSent, TakeOver};
+    use crate::handoff::metrics::{HandoffFailure, ReplicaSent, TakeOver, WriteAheadOutcome};
     use crate::mcp::admission::Era;
     use crate::mcp::rejection::{NotFound, Rejection};
     use crate::ops::metrics::AdminRefusal;
@@ -204,6 +204,11 @@ mod tests {
                 all(ReplicaSent::label),
             ),
             (
+                "tether_write_ahead_total",
+                "outcome",
+                all(WriteAheadOutcome::label),
+            ),
+            (
                 "tether_admin_refused_total",
                 "reason",
                 all(AdminRefusal::label),
@@ -255,6 +260,7 @@ mod tests {
         m.proxy.mrtr_retry(MrtrRetry::Forwarded);
         m.handoff.replica_taken_over(TakeOver::Promoted);
         m.handoff.replica_sent(ReplicaSent::Kept);
+        m.handoff.write_ahead(WriteAheadOutcome::Written);
         m
     }
 
@@ -318,7 +324,7 @@ mod tests {
             assert_eq!(registrations, declared, "a metric field is not registered");
             fields += declared;
         }
-        assert_eq!(fields, 66);
+        assert_eq!(fields, 67);
     }
 
     #[test]
@@ -327,7 +333,7 @@ mod tests {
         let families = exposed_families(&sampled().encode());
         assert_eq!(
             families.len(),
-            66,
+            67,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

@@ -72,6 +72,26 @@ where
     }
 }
 
+/// The holder's side of replication: a round every [`crate::handoff::replication::INTERVAL`],
+/// and one at once when a request waits for its record to be kept (a request that arrives
+/// during a round gets the next one).
+struct Replicator(Arc<Handoff>);
+
+#[async_trait]
+impl BackgroundService for Replicator {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(crate::handoff::replication::INTERVAL);
+        loop {
+            let ticked = tokio::select! {
+                _ = tick.tick() => true,
+                () = self.0.round_wanted() => false,
+                _ = shutdown.changed() => return,
+            };
+            self.0.replicate_round(ticked).await;
+        }
+    }
+}
+
 /// Drains the pod once membership reports its deletion (its endpoint turned `terminating`).
 struct DrainOnDelete {
     terminating: tokio::sync::watch::Receiver<bool>,
@@ -259,7 +279,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
         cfg.drain_timeout,
         cfg.rebalance_dwell,
     );
-    handoff.relay_cancellations();
+    handoff.attach_to_broker();
     let admission = Arc::new(ArcSwap::from_pointee(cfg.admission.clone()));
     let reloader = Reloader::new(
         cfg.source.clone(),
@@ -416,16 +436,7 @@ pub fn run(cfg: Config) -> Result<std::convert::Infallible, ConfigError> {
             },
         },
     ));
-    server.add_service(background_service(
-        "replicator",
-        Periodic {
-            interval: crate::handoff::replication::INTERVAL,
-            task: move || {
-                let handoff = Arc::clone(&replicator);
-                async move { handoff.replicate().await }
-            },
-        },
-    ));
+    server.add_service(background_service("replicator", Replicator(replicator)));
     server.add_service(background_service(
         "drain-on-delete",
         DrainOnDelete {

@@ -145,6 +145,8 @@ pub struct PodSpec {
     /// `spec.session.replication` (`None`, `Sessions` or `Events`); `None` (the Rust value):
     /// the manifest does not name it (the sidecar's default).
     pub replication: Option<String>,
+    /// `spec.session.writeAhead`; `None`: the manifest does not name it (the default, `true`).
+    pub write_ahead: Option<bool>,
     /// `spec.drain.timeout` (a Kubernetes-style duration: `5s`, `1500ms`).
     pub drain_timeout: String,
     /// `spec.drain.shutdownDelay`: `0s` by default, as the harness's clients and peers learn
@@ -198,6 +200,7 @@ impl Default for PodSpec {
             idle_timeout: "30m".into(),
             migration: "Replay".into(),
             replication: None,
+            write_ahead: None,
             drain_timeout: "5s".into(),
             shutdown_delay: "0s".into(),
             revalidate: "60s".into(),
@@ -260,7 +263,10 @@ impl PodSpec {
             self.migration,
             self.replication
                 .as_ref()
-                .map_or_else(String::new, |r| format!(", replication: {r}")),
+                .map_or_else(String::new, |r| format!(", replication: {r}"))
+                + &self
+                    .write_ahead
+                    .map_or_else(String::new, |w| format!(", writeAhead: {w}")),
             self.drain_timeout,
             self.shutdown_delay,
             self.revalidate,

@@ -11,7 +11,9 @@
 //! - [`sweep`](self::sweep): idle expiry, buffer TTL, gauges;
 //! - [`sealed`](self::sealed): the server's values a client holds sealed (task ids, the
 //!   `requestState` of multi round-trip requests), exchanged on their way;
-//! - [`tasks`](self::tasks): the tasks a drain waits for.
+//! - [`tasks`](self::tasks): the tasks a drain waits for;
+//! - [`write_ahead`](self::write_ahead): a request dispatched once its replica pod keeps its
+//!   retry record.
 //!
 //! Handlers return `Result<Reply, Rejection>`; [`Broker::handle`] counts and renders rejections.
 
@@ -29,12 +31,14 @@ mod sealed;
 mod stateless;
 mod sweep;
 mod tasks;
+mod write_ahead;
 
 pub(crate) use calls::{CALL_BYTES, CallLimits};
 pub(crate) use cancel::CancelRelay;
 #[cfg(fuzzing)]
 pub(crate) use pump::UpstreamCursor;
 pub(crate) use tasks::TaskLimits;
+pub(crate) use write_ahead::WriteAhead;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +108,9 @@ pub(crate) struct BrokerConfig {
     /// `spec.session.replication`: what each session's replica carries
     /// (`docs/design/replication.md`).
     pub(crate) replication: tether_crds::Replication,
+    /// `spec.session.writeAhead`: a request is dispatched once its replica pod keeps its
+    /// retry record (`docs/design/replication.md#write-ahead`).
+    pub(crate) write_ahead: bool,
     /// Most resumes served per second (burst as many); `None`: no limit (`--resume-budget`).
     pub(crate) resume_budget: Option<std::num::NonZeroU32>,
     /// Largest `initialize` params, in bytes (`--max-initialize-bytes`).
@@ -160,6 +167,7 @@ pub(crate) struct Broker {
     last_shedding: parking_lot::Mutex<Option<std::time::Instant>>,
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
+    write_ahead: std::sync::OnceLock<Arc<dyn WriteAhead>>,
     rebuild_slots: tokio::sync::Semaphore,
     stateless: stateless::StatelessTally,
     tasks: tasks::Tasks,
@@ -208,6 +216,7 @@ impl Broker {
                 .map(|n| governor::RateLimiter::direct(governor::Quota::per_second(n))),
             cfg: arc_swap::ArcSwap::from_pointee(cfg),
             cancel_relay: std::sync::OnceLock::new(),
+            write_ahead: std::sync::OnceLock::new(),
             rebuild_slots: tokio::sync::Semaphore::new(rebuild::BACKGROUND_REBUILDS),
             stateless: stateless::StatelessTally::default(),
         })

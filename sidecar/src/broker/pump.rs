@@ -149,8 +149,13 @@ impl Broker {
             ids,
             journal,
         } = dispatch;
+        let send = async {
+            self.write_ahead(&session, &ids).await;
+            self.send_in_session(&session, Method::POST, &headers, None, body, true)
+                .await
+        };
         let sent = tokio::select! {
-            sent = self.send_in_session(&session, Method::POST, &headers, None, body, true) => sent,
+            sent = send => sent,
             () = stream.cancel_token().cancelled() => return,
         };
         if tracing::enabled!(tracing::Level::DEBUG) {

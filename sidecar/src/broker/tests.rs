@@ -214,6 +214,7 @@ fn broker(upstream: SocketAddr) -> Arc<Broker> {
         upstream_resume_attempts: 3,
         migration: Migration::Replay,
         replication: tether_crds::Replication::Sessions,
+        write_ahead: true,
         resume_budget: None,
         max_initialize_bytes: 64 * 1024,
         max_journal_bytes: 1 << 20,

@@ -432,6 +432,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
         upstream_resume_attempts: UPSTREAM_RESUME_ATTEMPTS,
         migration: spec.session.migration,
         replication: spec.session.replication,
+        write_ahead: spec.session.write_ahead,
         resume_budget: std::num::NonZeroU32::new(cli.resume_budget),
         max_initialize_bytes: cli.max_initialize_bytes,
         max_journal_bytes: cli.max_journal_bytes,

@@ -143,7 +143,45 @@ impl From<ReplicaOutcome> for ReplicaSent {
     }
 }
 
-label_value!(HandoffFailure, AuthFailure, TakeOver, ReplicaSent);
+/// How a request's wait for its record to be kept ended (`tether_write_ahead_total{outcome}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::VariantArray)]
+pub(crate) enum WriteAheadOutcome {
+    /// The replica pod keeps the record: the request is dispatched.
+    Written,
+    /// It will not (no replica pod, refused, unanswered): dispatched without.
+    Unwritten,
+    /// The session is no longer held here.
+    Moot,
+    /// Not kept within 1 s: dispatched without.
+    Timeout,
+}
+
+impl WriteAheadOutcome {
+    /// The `outcome` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Written => "written",
+            Self::Unwritten => "unwritten",
+            Self::Moot => "moot",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+label_value!(
+    HandoffFailure,
+    AuthFailure,
+    TakeOver,
+    ReplicaSent,
+    WriteAheadOutcome
+);
+
+/// Labels of `tether_write_ahead_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WriteAheadLabel {
+    /// How the wait ended.
+    outcome: WriteAheadOutcome,
+}
 
 /// Labels of `tether_replicas_sent_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -199,6 +237,8 @@ pub(crate) struct HandoffMetrics {
     replicas_sent: Family<SentLabel, Counter>,
     /// Sessions held here without a replica kept current.
     sessions_unreplicated: Gauge,
+    /// Requests that waited for their record to be kept before dispatch, by how it ended.
+    write_ahead: Family<WriteAheadLabel, Counter>,
 }
 
 impl HandoffMetrics {
@@ -216,6 +256,7 @@ impl HandoffMetrics {
             replicas_taken_over: Family::default(),
             replicas_sent: Family::default(),
             sessions_unreplicated: Gauge::default(),
+            write_ahead: Family::default(),
         };
         r.register(
             "handoffs_failed",
@@ -271,6 +312,11 @@ impl HandoffMetrics {
             "sessions_unreplicated",
             "Sessions held here without a replica kept current (new, refused, or no replica pod)",
             m.sessions_unreplicated.clone(),
+        );
+        r.register(
+            "write_ahead",
+            "Requests that waited for their replica pod to keep their retry record before they were dispatched, by how the wait ended",
+            m.write_ahead.clone(),
         );
         m
     }
@@ -333,6 +379,13 @@ impl HandoffMetrics {
     pub(crate) fn replica_sent(&self, outcome: ReplicaSent) {
         self.replicas_sent
             .get_or_create(&SentLabel { outcome })
+            .inc();
+    }
+
+    /// A request's write-ahead wait ended (`tether_write_ahead_total{outcome}`).
+    pub(crate) fn write_ahead(&self, outcome: WriteAheadOutcome) {
+        self.write_ahead
+            .get_or_create(&WriteAheadLabel { outcome })
             .inc();
     }
 

@@ -176,6 +176,8 @@ pub(crate) struct Handoff {
     replicas: replication::Replicas,
     /// What the replica pods have of the sessions held here.
     replicating: parking_lot::Mutex<replication::Replicating>,
+    /// Notified when a request waits for its record to be kept: a replication round is due.
+    replicate_now: tokio::sync::Notify,
     /// Claims of sessions back from their replica pod under way, by session id.
     claims: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -213,16 +215,20 @@ impl Handoff {
             dwell,
             replicas: replication::Replicas::new(broker.retained().clone()),
             replicating: parking_lot::Mutex::default(),
+            replicate_now: tokio::sync::Notify::new(),
             claims: parking_lot::Mutex::default(),
             broker,
         })
     }
 
     /// Installs this handoff as `broker`'s relay of cancellations for requests still running on
-    /// the pod a session came from (`POST /v2/cancel`).
-    pub(crate) fn relay_cancellations(self: &Arc<Self>) {
+    /// the pod a session came from (`POST /v2/cancel`), and as its write-ahead wait (a request
+    /// is dispatched once its replica pod keeps its record).
+    pub(crate) fn attach_to_broker(self: &Arc<Self>) {
         self.broker
             .set_cancel_relay(Arc::new(Relay(Arc::downgrade(self))));
+        self.broker
+            .set_write_ahead(Arc::new(replication::Ahead(Arc::downgrade(self))));
     }
 
     /// Whether sessions are moved at all.

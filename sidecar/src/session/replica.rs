@@ -40,12 +40,18 @@ impl Shipped {
         self.streams.insert(key.clone(), mark);
     }
 
-    pub(super) fn has_request(&self, id: &RequestKey) -> bool {
+    pub(crate) fn has_request(&self, id: &RequestKey) -> bool {
         self.requests.contains(id)
     }
 
     pub(super) fn add_request(&mut self, id: &RequestKey) {
         self.requests.insert(id.clone());
+    }
+
+    /// Adds what `more` lists (parts the replica pod kept beside those it held).
+    pub(crate) fn extend(&mut self, more: Shipped) {
+        self.streams.extend(more.streams);
+        self.requests.extend(more.requests);
     }
 
     /// Bytes it takes, for `tether_retained_bytes{kind="replicas"}` at the holder.
@@ -123,6 +129,21 @@ impl Session {
         let mut parts =
             st.ledger
                 .replica_parts(events, max_bytes, since.unwrap_or(&Shipped::default()));
+        let records = std::mem::take(&mut parts.records);
+        let streams = std::mem::take(&mut parts.streams);
+        (self.snapshot_of(&st, records, streams), parts)
+    }
+
+    /// The session's head with the streams and retry records of requests `ids` alone
+    /// ([`super::ledger::RetryLedger::request_parts`]); the parts list only these.
+    pub(crate) fn replica_of_requests(
+        &self,
+        ids: &[RequestKey],
+        events: bool,
+        max_bytes: usize,
+    ) -> (SessionSnapshot, ReplicaParts) {
+        let st = self.state.lock();
+        let mut parts = st.ledger.request_parts(ids, events, max_bytes);
         let records = std::mem::take(&mut parts.records);
         let streams = std::mem::take(&mut parts.streams);
         (self.snapshot_of(&st, records, streams), parts)

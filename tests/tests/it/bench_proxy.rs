@@ -26,9 +26,11 @@ async fn the_proxy_bench_runs_and_its_table_lists_every_target() {
         "tether None",
         "tether Sessions",
         "tether Events",
+        "tether Sessions, no write-ahead",
         "tether / direct",
         "Sessions / None",
         "Events / None",
+        "Sessions without write-ahead / None",
     ] {
         assert!(header.contains(column), "no column {column}: {header}");
     }
@@ -45,7 +47,7 @@ async fn the_proxy_bench_runs_and_its_table_lists_every_target() {
         .skip(2)
         .filter(|c| !c.is_empty())
         .collect();
-    assert_eq!(counts.len(), if nginx { 5 } else { 4 }, "{errors}");
+    assert_eq!(counts.len(), if nginx { 6 } else { 5 }, "{errors}");
     assert!(counts.iter().all(|c| *c == "0"), "{errors}");
     for row in ["JSON, 1 user: req/s", "server CPU per event", "lag p99"] {
         assert!(stdout.contains(row), "no row {row}: {stdout}");

@@ -2,13 +2,14 @@
 //! side by side with nginx in the same "sidecar shape" (one origin behind one proxy), in one
 //! run (`docs/dev/testing.md#proxy-cost`).
 //!
-//! Five targets, each an origin (`tether-bench-origin`) behind something:
+//! Six targets, each an origin (`tether-bench-origin`) behind something:
 //!
 //! | target | in front of its origin |
 //! |---|---|
 //! | direct | nothing: the client talks to the origin |
 //! | nginx | nginx, one worker, `hash $http_mcp_session_id consistent`, keep-alive upstream, `proxy_buffering off` |
 //! | tether None, tether Sessions, tether Events | `tether-sidecar`, as a pod of the tests runs it, with `spec.session.replication` of that name; two pods, the clients asking the first (which holds their sessions) and the second keeping their replicas. Both pods' processes count |
+//! | tether Sessions, no write-ahead | the same with `Sessions` and `spec.session.writeAhead: false`: a request does not wait for its replica pod to keep its record |
 //!
 //! Every server process (origin, proxy) is pinned to `--server-core`, the load client (this
 //! process, one thread) to `--client-core`. The server side's CPU time is read from
@@ -26,8 +27,8 @@
 //! Every event's `seq` is checked: an event missing, seen twice or out of order is counted (the
 //! last row; it must read 0 everywhere). The table gives the median over `--rounds` of each
 //! figure, and the median of the per-round ratios tether / nginx and tether / direct (tether
-//! with its default replication, `Sessions`), Sessions / None and Events / None (what a replica
-//! costs).
+//! with its default replication, `Sessions`), Sessions / None, Events / None and Sessions without
+//! write-ahead / None (what a replica costs, and how much of it the write-ahead takes).
 //!
 //! Without nginx on the `PATH` the nginx column is skipped, with the line that installs it.
 //!
@@ -117,11 +118,13 @@ impl Args {
 }
 
 /// The tether targets: each two pods (the clients' sessions held by the first, their replicas
-/// kept by the second), named after `spec.session.replication`. Both pods' processes count.
-const TETHER: [(&str, &str); 3] = [
-    ("tether None", "None"),
-    ("tether Sessions", "Sessions"),
-    ("tether Events", "Events"),
+/// kept by the second), named after `spec.session.replication` and `writeAhead`. Both pods'
+/// processes count.
+const TETHER: [(&str, &str, bool); 4] = [
+    ("tether None", "None", true),
+    ("tether Sessions", "Sessions", true),
+    ("tether Events", "Events", true),
+    ("tether Sessions, no write-ahead", "Sessions", false),
 ];
 /// The tether target the comparisons with nginx and the origin use: the default replication.
 const TETHER_DEFAULT: &str = "tether Sessions";
@@ -166,8 +169,8 @@ async fn run(args: &Args) -> Outcome<bool> {
         Ok(t) => targets.push(t),
         Err(e) => println!("nginx: skipped ({e})"),
     }
-    for (name, replication) in TETHER {
-        targets.push(Target::tether(args, name, replication).await?);
+    for (name, replication, write_ahead) in TETHER {
+        targets.push(Target::tether(args, name, replication, write_ahead).await?);
     }
     println!(
         "tether-bench-proxy: {} rounds; servers on core {}, client on core {}; JSON {} s at 1 and \
@@ -349,12 +352,19 @@ impl Target {
         })
     }
 
-    /// Two tether pods with `spec.session.replication: replication`; the clients ask the
-    /// first, which holds their sessions (a new session is held where it was initialized).
-    async fn tether(args: &Args, name: &'static str, replication: &str) -> Outcome<Self> {
+    /// Two tether pods with `spec.session.replication: replication` and `writeAhead:
+    /// write_ahead`; the clients ask the first, which holds their sessions (a new session is
+    /// held where it was initialized).
+    async fn tether(
+        args: &Args,
+        name: &'static str,
+        replication: &str,
+        write_ahead: bool,
+    ) -> Outcome<Self> {
         let spec = PodSpec {
             server: Upstream::Origin,
             replication: Some(replication.to_owned()),
+            write_ahead: Some(write_ahead),
             ..PodSpec::default()
         };
         let ips: Vec<Ipv4Addr> = (0..2).map(|_| tether_tests::addr::next_ip()).collect();
@@ -803,6 +813,11 @@ fn report(
         (TETHER_DEFAULT, "direct", "tether / direct"),
         ("tether Sessions", "tether None", "Sessions / None"),
         ("tether Events", "tether None", "Events / None"),
+        (
+            "tether Sessions, no write-ahead",
+            "tether None",
+            "Sessions without write-ahead / None",
+        ),
     ]
     .into_iter()
     .filter(|(n, d, _)| names.contains(n) && names.contains(d))

@@ -334,3 +334,75 @@ async fn a_session_that_ended_here_is_dropped_at_its_replica_pod_until_it_answer
     a.handoff.replicate().await;
     assert!(sent(&link).is_empty(), "dropped once acknowledged");
 }
+
+/// Waits, in a task, for the records of `requests` of `session` to be kept at pod-a's replica
+/// pod, and runs the round the wait asks for; how the wait ended.
+async fn write_ahead(a: &Pod, session: &Arc<Session>, requests: &[i64]) -> String {
+    let wait = tokio::spawn({
+        let handoff = Arc::clone(&a.handoff);
+        let session = Arc::clone(session);
+        let requests: Vec<_> = requests.iter().map(|&r| key(r)).collect();
+        async move { handoff.written(&session, &requests).await }
+    });
+    tokio::time::timeout(Duration::from_secs(1), a.handoff.round_wanted())
+        .await
+        .expect("the wait asks for a round at once");
+    a.handoff.replicate_round(false).await;
+    wait.await.unwrap();
+    let text = a.encode();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("tether_write_ahead_total{"))
+        .expect("one wait counted");
+    line.split('"').nth(1).unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_request_waits_until_its_record_is_kept_and_is_then_never_dispatched_again() {
+    let (a, b, link) = start();
+    let session = a.hold("pod-a");
+    let id = session.id().to_owned();
+    a.handoff.replicate().await;
+    messages(&link);
+
+    // Request 1 is about to be dispatched: its record goes first, in a round of its own.
+    request(&session, 1, false);
+    assert_eq!(write_ahead(&a, &session, &[1]).await, "written");
+    let [change] = &messages(&link)[0].1.replicas[..] else {
+        panic!("one change")
+    };
+    assert_eq!(
+        (change.image.streams.len(), change.image.requests.len()),
+        (1, 1),
+        "its stream and record alone"
+    );
+    assert_eq!(
+        change.base,
+        Some(change.mark),
+        "added to the copy, whose mark stays"
+    );
+
+    // The interval's round then finds nothing new to send of it.
+    request(&session, 2, false);
+    a.handoff.replicate().await;
+    let [next] = &messages(&link)[0].1.replicas[..] else {
+        panic!("one change")
+    };
+    assert_eq!(next.image.requests.len(), 1, "request 2's record alone");
+
+    // Pod-a is lost while request 1 runs: its retry is no new request at pod-b.
+    let promoted = promoted_at(&b, &id).await;
+    assert!(
+        !promoted.is_new(&[key(1)], [1; 32]),
+        "never dispatched again"
+    );
+}
+
+#[tokio::test]
+async fn a_request_whose_record_is_not_kept_is_dispatched_after_the_round() {
+    let (a, _b, link) = start();
+    let session = a.hold("pod-a");
+    request(&session, 1, false);
+    link.lose_next.store(true, Ordering::Relaxed);
+    assert_eq!(write_ahead(&a, &session, &[1]).await, "unwritten");
+}

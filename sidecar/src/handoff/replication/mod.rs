@@ -14,6 +14,7 @@ mod send;
 mod store;
 #[cfg(test)]
 mod tests;
+mod write_ahead;
 
 use std::sync::Arc;
 
@@ -33,6 +34,7 @@ use decide::{Absent, Here};
 pub(crate) use send::{INTERVAL, Replicating};
 pub(crate) use store::Replicas;
 use store::Taken;
+pub(crate) use write_ahead::Ahead;
 
 /// How long a claim waits for the replica pod's answer; without one the request is routed as
 /// before replication (a session nobody else holds is 404).
@@ -157,6 +159,16 @@ impl Handoff {
     /// Recovers session `id`, homed on the pod of `home`, which this pod neither holds nor
     /// handed off, for a request that came with `hop` ([`decide::absent`]).
     pub(crate) async fn recover(&self, id: &str, home: HomeToken, hop: &Hop) -> Recovered {
+        // A promotion or claim of the session under way here: what it took is entered once it
+        // is done (between taking the replica and registering the session, neither is found).
+        let under_way = self.claims.lock().get(id).cloned();
+        if let Some(gate) = under_way {
+            drop(gate.lock().await);
+            self.leave_gate(id, &gate);
+            if self.broker.held(id).is_some() {
+                return Recovered::Held;
+            }
+        }
         let view = self.router.view();
         let here = Here {
             uid: self.router.uid(),
@@ -169,37 +181,47 @@ impl Handoff {
         let replica_of = self.replicas.holder(id);
         match decide::absent(here, id, replica_of.as_deref(), &view, hop, &down) {
             Absent::Promote => {
-                let gone = |holder: &str| decide::left(&view, holder);
-                let taken = self.replicas.take(id, gone);
-                if taken.is_some_and(|taken| self.take_over(taken, TakeOver::Promoted)) {
-                    Recovered::Held
-                } else {
-                    Recovered::Route
-                }
+                self.one_at_a_time(id, async {
+                    let gone = |holder: &str| decide::left(&view, holder);
+                    let taken = self.replicas.take(id, gone);
+                    if taken.is_some_and(|taken| self.take_over(taken, TakeOver::Promoted)) {
+                        Recovered::Held
+                    } else {
+                        Recovered::Route
+                    }
+                })
+                .await
             }
-            Absent::Claim(pod) => self.claim(id, pod).await,
+            Absent::Claim(pod) => self.one_at_a_time(id, self.ask_around(id, pod)).await,
             Absent::Unavailable => Recovered::Unavailable,
             Absent::Route => Recovered::Route,
         }
     }
 
-    /// Asks `pod`, the replica pod of session `id`, for the session back; concurrent requests
-    /// for the session wait for the first one's claim (the replica is handed back once).
-    async fn claim(&self, id: &str, pod: Peer) -> Recovered {
+    /// Runs `take` (a promotion, or a claim of the session back from its replica pod) unless
+    /// the session is held here by then: concurrent requests for session `id` wait for the
+    /// first one's, so the replica is taken once and none of them finds the session absent
+    /// meanwhile.
+    async fn one_at_a_time(&self, id: &str, take: impl Future<Output = Recovered>) -> Recovered {
         let gate = Arc::clone(self.claims.lock().entry(id.to_owned()).or_default());
         let turn = gate.lock().await;
         let recovered = if self.broker.held(id).is_some() {
             Recovered::Held
         } else {
-            self.ask_around(id, pod).await
+            take.await
         };
         drop(turn);
+        self.leave_gate(id, &gate);
+        recovered
+    }
+
+    /// Done with session `id`'s `gate`: when nobody else holds it (the table's handle and
+    /// this one), it goes.
+    fn leave_gate(&self, id: &str, gate: &Arc<tokio::sync::Mutex<()>>) {
         let mut claims = self.claims.lock();
-        // Nobody else waits (the table's handle and this one): the gate goes.
-        if Arc::strong_count(&gate) == 2 {
+        if Arc::strong_count(gate) == 2 {
             claims.remove(id);
         }
-        recovered
     }
 
     /// Claims session `id` from `pod`, its replica pod as placed in this pod's view, then from

@@ -44,9 +44,11 @@ use tether_crds::Replication;
 
 use super::carry;
 use super::decide;
+use super::write_ahead::{Standing, Waiting};
 use crate::cluster::membership::{Peer, View};
 use crate::handoff::metrics::ReplicaSent;
 use crate::handoff::{Handoff, MESSAGE_OVERHEAD, image};
+use crate::mcp::jsonrpc::RequestKey;
 use crate::peer::REPLICAS_PATH;
 use crate::peer::wire::{ReplicaDrop, ReplicaOutcome, ReplicaUpdate, ReplicasAnswer, ReplicasPush};
 use crate::retained::{Charge, Kind};
@@ -191,7 +193,10 @@ impl Tracked {
 pub(crate) struct Replicating {
     tracked: HashMap<String, Tracked>,
     view: Option<Arc<View>>,
+    /// Rounds begun, and those of them the interval started (every [`SCAN_EVERY`]th of those
+    /// is a scan).
     rounds: u64,
+    ticks: u64,
     /// Whether the sessions' feeds are followed for their events too (`replication: Events`).
     events: bool,
     /// The incarnation of each replica pod's store, as its last answer gave it.
@@ -205,6 +210,8 @@ pub(crate) struct Replicating {
     unacked: HashMap<String, Vec<PendingDrop>>,
     /// [`Replicating::unacked`]'s bytes, in `tether_retained_bytes{kind="replicas"}`.
     unacked_charge: Option<Charge>,
+    /// Requests waiting for their records to be kept before they are dispatched.
+    pub(super) waiting: Waiting,
 }
 
 /// A drop on its way to a replica pod, written at `since`.
@@ -222,6 +229,29 @@ impl PendingDrop {
 }
 
 impl Replicating {
+    /// Rounds begun.
+    pub(super) fn rounds(&self) -> u64 {
+        self.rounds
+    }
+
+    /// Whether the pod's drain ended (nothing is replicated any more).
+    pub(super) fn withdrawn(&self) -> bool {
+        self.withdrawn
+    }
+
+    /// Where the copy of session `id` stands for a request waiting for `requests` to be kept.
+    fn standing(&self, id: &str, requests: &[RequestKey]) -> Standing {
+        match self.tracked.get(id) {
+            None => Standing::Untracked,
+            Some(Tracked {
+                replica: Replica::Current { .. },
+                shipped: Some(shipped),
+                ..
+            }) if requests.iter().all(|r| shipped.has_request(r)) => Standing::Written,
+            Some(_) => Standing::Unwritten,
+        }
+    }
+
     /// Records that replica pod `pod` answered from its replica store `incarnation`: when it
     /// answered from another before (its sidecar restarted, its memory is empty), nothing
     /// placed there is kept any more, and every session whose replica was there is placed
@@ -316,11 +346,18 @@ impl Replicating {
     }
 }
 
+/// What the replica pod's copy of a session holds once it kept a send: all of it (a whole
+/// replica, a change), or what it holds already and more (the records written ahead).
+enum Holds {
+    Exactly(Shipped),
+    More(Shipped),
+}
+
 /// What one replica pod gets in a round: the replicas (whole or changes; beside each, its
 /// session's id, its mark and what the replica pod holds once it kept it) and the drops.
 #[derive(Default)]
 struct Letter {
-    sent: Vec<(String, u64, Shipped)>,
+    sent: Vec<(String, u64, Holds)>,
     updates: Vec<ReplicaUpdate>,
     drops: Vec<PendingDrop>,
 }
@@ -338,10 +375,35 @@ impl Letter {
 }
 
 impl Handoff {
-    /// One round of the holder's side of replication (module docs): run every [`INTERVAL`].
+    /// One round of the holder's side of replication (module docs), as the interval starts it.
+    #[cfg(test)]
     pub(crate) async fn replicate(self: &Arc<Self>) {
-        let letters = self.write_letters(Instant::now());
+        self.replicate_round(true).await;
+    }
+
+    /// One round: `ticked` when the interval started it, else a request waits for its record
+    /// ([`super::write_ahead`]); then the waiting requests are looked at.
+    pub(crate) async fn replicate_round(self: &Arc<Self>, ticked: bool) {
+        let letters = self.write_letters(Instant::now(), ticked);
         self.deliver(letters).await;
+        let mut st = self.replicating.lock();
+        if st.waiting.is_empty() {
+            return;
+        }
+        let st = &mut *st;
+        let round = st.rounds;
+        let mut waiting = std::mem::take(&mut st.waiting);
+        waiting.after_round(
+            round,
+            |id, requests| st.standing(id, requests),
+            |id| self.broker.held(id).is_some(),
+        );
+        st.waiting = waiting;
+    }
+
+    /// Resolves when a request waits for its record to be kept: a round is due at once.
+    pub(crate) async fn round_wanted(&self) {
+        self.replicate_now.notified().await;
     }
 
     /// The pod stops (its drain ended): every replica it placed is dropped and none is sent
@@ -402,7 +464,15 @@ impl Handoff {
                     }
                     t.replica = after(&t.replica, &peer.uid, mark, outcome, now);
                     // What the replica pod holds is known only once it kept the replica.
-                    t.shipped((outcome == Some(ReplicaOutcome::Kept)).then_some(shipped));
+                    let holds = match (outcome, shipped, t.shipped.take()) {
+                        (Some(ReplicaOutcome::Kept), Holds::Exactly(holds), _) => Some(holds),
+                        (Some(ReplicaOutcome::Kept), Holds::More(more), Some(mut holds)) => {
+                            holds.extend(more);
+                            Some(holds)
+                        }
+                        _ => None,
+                    };
+                    t.shipped(holds);
                 }
             }
             self.count_unreplicated(&st);
@@ -414,11 +484,15 @@ impl Handoff {
     }
 
     /// Looks at the sessions (module docs) and writes what each replica pod gets this round.
-    fn write_letters(&self, now: Instant) -> HashMap<String, Letter> {
+    fn write_letters(&self, now: Instant, ticked: bool) -> HashMap<String, Letter> {
         let cfg = self.broker.cfg();
         let mut st = self.replicating.lock();
         if st.withdrawn {
             return HashMap::new();
+        }
+        if !ticked && cfg.replication != Replication::None {
+            st.rounds += 1;
+            return self.write_ahead_letters(&mut st, now);
         }
         let view = self.router.view();
         if cfg.replication == Replication::None {
@@ -428,9 +502,10 @@ impl Handoff {
         let mut letters = st.unacked_letters(&view, now, cfg.idle_timeout);
         let events = cfg.replication == Replication::Events;
         let refresh = cfg.idle_timeout / 3;
-        let scan = st.rounds.is_multiple_of(SCAN_EVERY)
+        let scan = (ticked && st.ticks.is_multiple_of(SCAN_EVERY))
             || st.view.as_ref().is_none_or(|v| !Arc::ptr_eq(v, &view));
         st.rounds += 1;
+        st.ticks += u64::from(ticked);
         st.view = Some(Arc::clone(&view));
         if st.events != events {
             // With `Events` each event changes a replica; without, only what else it carries.
@@ -442,18 +517,9 @@ impl Handoff {
         }
         for session in self.broker.sessions() {
             if !st.tracked.contains_key(session.id()) {
-                let changes = session.subscribe(events);
-                st.tracked.insert(
-                    session.id().to_owned(),
-                    Tracked {
-                        session,
-                        changes,
-                        replica: Replica::Unplaced,
-                        shipped: None,
-                        charge: self.broker.retained().charge(Kind::Replicas),
-                        fresh: true,
-                    },
-                );
+                let id = session.id().to_owned();
+                let tracked = self.track(session, events);
+                st.tracked.insert(id, tracked);
             }
         }
         let me = self.router.uid();
@@ -502,9 +568,11 @@ impl Handoff {
                         }
                         _ => None,
                     };
-                    let (update, shipped) = replica_update(&t.session, events, budget, mark, base);
+                    let scope =
+                        base.map_or(Scope::Whole, |(mark, shipped)| Scope::Since(mark, shipped));
+                    let (update, holds) = replica_update(&t.session, events, budget, mark, scope);
                     let letter = letters.entry(to).or_default();
-                    letter.sent.push((id.to_owned(), mark, shipped));
+                    letter.sent.push((id.to_owned(), mark, holds));
                     letter.updates.push(update);
                 }
             }
@@ -522,6 +590,74 @@ impl Handoff {
         }
         self.count_unreplicated(&st);
         letters
+    }
+
+    /// A round a waiting request asked for (`super::write_ahead`): for each session with
+    /// requests waiting, the streams and records of those requests added to the copy its
+    /// replica pod acknowledged; a session without such a copy (new here, a send not kept) goes
+    /// as the round every interval would send it, when it is due. Nothing else is looked at.
+    fn write_ahead_letters(&self, st: &mut Replicating, now: Instant) -> HashMap<String, Letter> {
+        let cfg = self.broker.cfg();
+        let events = cfg.replication == Replication::Events;
+        let refresh = cfg.idle_timeout / 3;
+        let budget = self
+            .max_message_bytes
+            .saturating_sub(MESSAGE_OVERHEAD)
+            .max(1);
+        let view = self.router.view();
+        let me = self.router.uid();
+        let mut letters: HashMap<String, Letter> = HashMap::new();
+        for (id, requests) in st.waiting.wanted() {
+            if !st.tracked.contains_key(&id) {
+                let Some(session) = self.broker.held(&id) else {
+                    continue;
+                };
+                let tracked = self.track(session, events);
+                st.tracked.insert(id.clone(), tracked);
+            }
+            let Some(t) = st.tracked.get_mut(&id) else {
+                continue;
+            };
+            let target = decide::replica_pod(&view, &id, me)
+                .filter(|p| self.router.health().down(&p.uid, now).is_none())
+                .map(|p| p.uid.as_str());
+            let (update, mark, holds, to) = match (&t.replica, &t.shipped, target) {
+                (Replica::Current { pod, mark, .. }, Some(_), Some(to)) if pod == to => {
+                    let scope = Scope::Requests(*mark, &requests);
+                    let (update, holds) = replica_update(&t.session, events, budget, *mark, scope);
+                    (update, *mark, holds, to.to_owned())
+                }
+                _ => {
+                    let mark = t.session.replica_mark(events);
+                    let Plan::Send { to, drop_at } = plan(&t.replica, target, mark, now, refresh)
+                    else {
+                        continue;
+                    };
+                    if let Some(at) = drop_at {
+                        letters.entry(at).or_default().drop_copy(&t.session, now);
+                    }
+                    let (update, holds) =
+                        replica_update(&t.session, events, budget, mark, Scope::Whole);
+                    (update, mark, holds, to)
+                }
+            };
+            let letter = letters.entry(to).or_default();
+            letter.sent.push((id, mark, holds));
+            letter.updates.push(update);
+        }
+        letters
+    }
+
+    /// A session new to the replicator, followed from now on.
+    fn track(&self, session: Arc<Session>, events: bool) -> Tracked {
+        Tracked {
+            changes: session.subscribe(events),
+            session,
+            replica: Replica::Unplaced,
+            shipped: None,
+            charge: self.broker.retained().charge(Kind::Replicas),
+            fresh: true,
+        }
     }
 
     /// `tether_sessions_unreplicated`: sessions held here without a replica kept current.
@@ -588,31 +724,60 @@ impl Handoff {
     }
 }
 
-/// The replica of `session` at mark `mark`: with `base` (the mark of the copy the replica pod
-/// acknowledged, and what it holds), the change since; without, the session whole. With
-/// `events` its streams carry their buffered events (at most `budget` bytes of them), without
-/// only what [`carry::sessions_only`] keeps (the answers of complete streams, which the buffer
-/// bounds). Also returns what the replica pod holds once it kept it.
+/// What of a session a send carries.
+enum Scope<'a> {
+    /// All of it.
+    Whole,
+    /// The change since the copy of this mark, which holds this.
+    Since(u64, &'a Shipped),
+    /// The streams and records of these requests alone, added to the copy of this mark, whose
+    /// mark stays (a write-ahead).
+    Requests(u64, &'a [RequestKey]),
+}
+
+/// The replica of `session` at mark `mark`, as much as `scope` says. With `events` its streams
+/// carry their buffered events (at most `budget` bytes of them), without only what
+/// [`carry::sessions_only`] keeps (the answers of complete streams, which the buffer bounds).
+/// Also returns what the replica pod holds once it kept it.
 fn replica_update(
     session: &Session,
     events: bool,
     budget: usize,
     mark: u64,
-    base: Option<(u64, &Shipped)>,
-) -> (ReplicaUpdate, Shipped) {
+    scope: Scope<'_>,
+) -> (ReplicaUpdate, Holds) {
     let max_bytes = if events { budget } else { usize::MAX };
-    let (mut snapshot, parts) = session.replica(events, max_bytes, base.map(|(_, s)| s));
+    let (mut snapshot, parts, base) = match scope {
+        Scope::Whole => {
+            let (snapshot, parts) = session.replica(events, max_bytes, None);
+            (snapshot, parts, None)
+        }
+        Scope::Since(base, shipped) => {
+            let (snapshot, parts) = session.replica(events, max_bytes, Some(shipped));
+            (snapshot, parts, Some(base))
+        }
+        Scope::Requests(base, ids) => {
+            let (snapshot, parts) = session.replica_of_requests(ids, events, max_bytes);
+            (snapshot, parts, Some(base))
+        }
+    };
     if !events {
         snapshot.streams.iter_mut().for_each(carry::sessions_only);
     }
+    let adds = matches!(scope, Scope::Requests(..));
     let update = ReplicaUpdate {
-        mark,
-        base: base.map(|(mark, _)| mark),
+        mark: if adds { base.unwrap_or(mark) } else { mark },
+        base,
         image: image::session_image(&snapshot),
         forgotten_streams: parts.forgotten_streams,
         forgotten_requests: parts.forgotten_requests,
     };
-    (update, parts.shipped)
+    let holds = if adds {
+        Holds::More(parts.shipped)
+    } else {
+        Holds::Exactly(parts.shipped)
+    };
+    (update, holds)
 }
 
 #[cfg(test)]

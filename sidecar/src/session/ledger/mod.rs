@@ -381,6 +381,51 @@ impl RetryLedger {
         parts
     }
 
+    /// What a replica needs of requests `ids` alone: their streams (as [`Stream::mark`] sees
+    /// them, with at most `max_bytes` of events in all) and their retry records; `shipped`
+    /// lists only these. The rest of the ledger is not looked at: a request about to be
+    /// dispatched has its record written ahead this way (`docs/design/replication.md#write-ahead`).
+    pub(super) fn request_parts(
+        &self,
+        ids: &[RequestKey],
+        events: bool,
+        max_bytes: usize,
+    ) -> ReplicaParts {
+        let mut parts = ReplicaParts::default();
+        let mut budget = max_bytes;
+        for id in ids {
+            let Some(rec) = self.requests.get(id) else {
+                continue;
+            };
+            parts.records.push(RetryRecord {
+                id: id.clone(),
+                digest: rec.digest,
+                stream: rec.stream.clone(),
+            });
+            parts.shipped.add_request(id);
+            let key = &rec.stream;
+            if parts.streams.iter().any(|s| &s.key == key) {
+                continue;
+            }
+            let (snapshot, mark) = if let Some(stream) = self.streams.get(key) {
+                let (snapshot, _) = stream.snapshot(0, budget);
+                let size: usize = snapshot.events.iter().map(|e| e.data.len()).sum();
+                budget = budget.saturating_sub(size);
+                (
+                    snapshot,
+                    Shipped::stream_mark(key, |h| stream.mark(h, events)),
+                )
+            } else if let Some(answered) = self.answered.get(key) {
+                (answered.snapshot(key), Shipped::stream_mark(key, |_| {}))
+            } else {
+                continue;
+            };
+            parts.shipped.add_stream(key, mark);
+            parts.streams.push(snapshot);
+        }
+        parts
+    }
+
     /// Retry records of the streams in `only` (every record with `None`), oldest first.
     pub(super) fn records(&self, only: Option<&[StreamKey]>) -> Vec<RetryRecord> {
         self.requests
