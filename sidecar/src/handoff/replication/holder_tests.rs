@@ -35,6 +35,8 @@ struct ToPodB {
     sent: Mutex<Vec<(String, ReplicasPush)>>,
     /// The next message is lost (recorded, never delivered).
     lose_next: AtomicBool,
+    /// Every message with a drop is lost.
+    lose_drops: AtomicBool,
 }
 
 #[async_trait::async_trait]
@@ -42,7 +44,8 @@ impl PeerLink for ToPodB {
     async fn ask(&self, to: Destination<'_>, path: &str, body: Bytes) -> Result<Bytes, SendError> {
         assert_eq!(path, REPLICAS_PATH, "the holder sends only replicas");
         let push: ReplicasPush = serde_json::from_slice(&body).unwrap();
-        let lost = self.lose_next.swap(false, Ordering::Relaxed);
+        let lost = self.lose_next.swap(false, Ordering::Relaxed)
+            || (self.lose_drops.load(Ordering::Relaxed) && !push.drops.is_empty());
         let b = self.b.lock().clone().unwrap();
         let answer = (!lost).then(|| b.keep_replicas(push.clone()));
         self.sent.lock().push((to.uid.to_owned(), push));
@@ -405,4 +408,54 @@ async fn a_request_whose_record_is_not_kept_is_dispatched_after_the_round() {
     request(&session, 1, false);
     link.lose_next.store(true, Ordering::Relaxed);
     assert_eq!(write_ahead(&a, &session, &[1]).await, "unwritten");
+}
+
+/// Pod-a's membership: pod-a and pod-c routable, pod-b as `b` (as it may be already).
+fn pod_b_is(a: &Pod, b: PeerState) {
+    let snapshot = Snapshot {
+        peers: vec![
+            peer("pod-a", PeerState::Routable),
+            peer("pod-b", b),
+            peer("pod-c", PeerState::Routable),
+        ],
+    };
+    a.sink.publish(Source::Kubernetes, snapshot);
+}
+
+#[tokio::test]
+async fn a_copy_sent_again_to_a_pod_is_not_dropped_by_an_earlier_drop_it_did_not_answer() {
+    let (a, _b, link) = start();
+    pod_b_is(&a, PeerState::Routable);
+    // A session whose replica pod is pod-b.
+    let session = (0..)
+        .map(|_| a.hold("pod-a"))
+        .find(|s| {
+            let view = a.handoff.router.view();
+            super::decide::replica_pod(&view, s.id(), "pod-a").is_some_and(|p| p.uid == "pod-b")
+        })
+        .unwrap();
+    let id = session.id().to_owned();
+    a.handoff.replicate().await;
+    messages(&link);
+
+    // Pod-b drains: the replica goes to pod-c, and pod-b's drop is lost.
+    pod_b_is(&a, PeerState::Draining);
+    link.lose_drops.store(true, Ordering::Relaxed);
+    a.handoff.replicate().await;
+    let moved = sent(&link);
+    assert!(
+        moved.contains(&("pod-b".to_owned(), vec![], vec![id.clone()])),
+        "{moved:?}"
+    );
+
+    // Pod-b is routable again: it gets the session whole, and the drop it did not answer no
+    // longer goes with it.
+    link.lose_drops.store(false, Ordering::Relaxed);
+    pod_b_is(&a, PeerState::Routable);
+    a.handoff.replicate().await;
+    let back = sent(&link);
+    assert!(
+        back.contains(&("pod-b".to_owned(), vec![id.clone()], vec![])),
+        "{back:?}"
+    );
 }

@@ -432,8 +432,11 @@ impl Handoff {
                 let Letter {
                     sent,
                     updates,
-                    drops,
+                    mut drops,
                 } = letter;
+                // A copy sent now supersedes an earlier drop of its session there (one not
+                // acknowledged then would remove the new copy).
+                drops.retain(|d| !sent.iter().any(|(id, ..)| *id == d.drop.session));
                 let words = drops.iter().map(|d| d.drop.clone()).collect();
                 let send = self.send_letter(&peer, updates, words);
                 let (outcomes, incarnation, dropped) = tokio::time::timeout(SEND_TIMEOUT, send)
