@@ -3,7 +3,7 @@
 //! only when its mark changed, never for each event of a running request (without
 //! `replication: Events`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::{RetryRecord, Session, SessionSnapshot, Standalone};
@@ -20,7 +20,9 @@ const SHIPPED_ENTRY_BYTES: u64 = 48;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Shipped {
     streams: HashMap<StreamKey, u64>,
-    requests: HashSet<RequestKey>,
+    /// Each retry record with a digest of what it says (its body's digest, its stream): a
+    /// reused id's new record differs.
+    requests: HashMap<RequestKey, u64>,
 }
 
 impl Shipped {
@@ -40,12 +42,21 @@ impl Shipped {
         self.streams.insert(key.clone(), mark);
     }
 
-    pub(crate) fn has_request(&self, id: &RequestKey) -> bool {
-        self.requests.contains(id)
+    /// The digest of a retry record for the body of SHA-256 `digest` whose answer is on
+    /// stream `stream`.
+    pub(super) fn record_mark(digest: &[u8; 32], stream: &StreamKey) -> u64 {
+        let mut h = DefaultHasher::new();
+        digest.hash(&mut h);
+        stream.hash(&mut h);
+        h.finish()
     }
 
-    pub(super) fn add_request(&mut self, id: &RequestKey) {
-        self.requests.insert(id.clone());
+    pub(super) fn has_request(&self, id: &RequestKey, mark: u64) -> bool {
+        self.requests.get(id) == Some(&mark)
+    }
+
+    pub(super) fn add_request(&mut self, id: &RequestKey, mark: u64) {
+        self.requests.insert(id.clone(), mark);
     }
 
     /// Adds what `more` lists (parts the replica pod kept beside those it held).
@@ -56,7 +67,7 @@ impl Shipped {
 
     /// Bytes it takes, for `tether_retained_bytes{kind="replicas"}` at the holder.
     pub(crate) fn bytes(&self) -> u64 {
-        let keys: usize = self.requests.iter().map(|id| id.as_json().len()).sum();
+        let keys: usize = self.requests.keys().map(|id| id.as_json().len()).sum();
         (self.streams.len() + self.requests.len()) as u64 * SHIPPED_ENTRY_BYTES + keys as u64
     }
 }
@@ -88,8 +99,8 @@ impl ReplicaParts {
             .collect();
         self.forgotten_requests = since
             .requests
-            .iter()
-            .filter(|id| !self.shipped.requests.contains(id))
+            .keys()
+            .filter(|id| !self.shipped.requests.contains_key(id))
             .cloned()
             .collect();
     }
@@ -132,6 +143,17 @@ impl Session {
         let records = std::mem::take(&mut parts.records);
         let streams = std::mem::take(&mut parts.streams);
         (self.snapshot_of(&st, records, streams), parts)
+    }
+
+    /// Whether `shipped` (what the replica pod's copy holds) has the retry records of
+    /// requests `ids` as the session has them now.
+    pub(crate) fn shipped_has(&self, shipped: &Shipped, ids: &[RequestKey]) -> bool {
+        let st = self.state.lock();
+        ids.iter().all(|id| {
+            st.ledger
+                .record_mark(id)
+                .is_some_and(|mark| shipped.has_request(id, mark))
+        })
     }
 
     /// The session's head with the streams and retry records of requests `ids` alone

@@ -37,12 +37,17 @@ struct ToPodB {
     lose_next: AtomicBool,
     /// Every message with a drop is lost.
     lose_drops: AtomicBool,
+    /// Messages to pod-c are never answered.
+    pod_c_hangs: AtomicBool,
 }
 
 #[async_trait::async_trait]
 impl PeerLink for ToPodB {
     async fn ask(&self, to: Destination<'_>, path: &str, body: Bytes) -> Result<Bytes, SendError> {
         assert_eq!(path, REPLICAS_PATH, "the holder sends only replicas");
+        if to.uid == "pod-c" && self.pod_c_hangs.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
         let push: ReplicasPush = serde_json::from_slice(&body).unwrap();
         let lost = self.lose_next.swap(false, Ordering::Relaxed)
             || (self.lose_drops.load(Ordering::Relaxed) && !push.drops.is_empty());
@@ -339,8 +344,9 @@ async fn a_session_that_ended_here_is_dropped_at_its_replica_pod_until_it_answer
 }
 
 /// Waits, in a task, for the records of `requests` of `session` to be kept at pod-a's replica
-/// pod, and runs the round the wait asks for; how the wait ended.
-async fn write_ahead(a: &Pod, session: &Arc<Session>, requests: &[i64]) -> String {
+/// pod, and runs the round the wait asks for (`ticked`: the interval's round comes first);
+/// how the wait ended.
+async fn write_ahead(a: &Pod, session: &Arc<Session>, requests: &[i64], ticked: bool) -> String {
     let wait = tokio::spawn({
         let handoff = Arc::clone(&a.handoff);
         let session = Arc::clone(session);
@@ -350,7 +356,7 @@ async fn write_ahead(a: &Pod, session: &Arc<Session>, requests: &[i64]) -> Strin
     tokio::time::timeout(Duration::from_secs(1), a.handoff.round_wanted())
         .await
         .expect("the wait asks for a round at once");
-    a.handoff.replicate_round(false).await;
+    a.handoff.replicate_round(ticked).await;
     wait.await.unwrap();
     let text = a.encode();
     let line = text
@@ -370,7 +376,7 @@ async fn a_request_waits_until_its_record_is_kept_and_is_then_never_dispatched_a
 
     // Request 1 is about to be dispatched: its record goes first, in a round of its own.
     request(&session, 1, false);
-    assert_eq!(write_ahead(&a, &session, &[1]).await, "written");
+    assert_eq!(write_ahead(&a, &session, &[1], false).await, "written");
     let [change] = &messages(&link)[0].1.replicas[..] else {
         panic!("one change")
     };
@@ -407,7 +413,7 @@ async fn a_request_whose_record_is_not_kept_is_dispatched_after_the_round() {
     let session = a.hold("pod-a");
     request(&session, 1, false);
     link.lose_next.store(true, Ordering::Relaxed);
-    assert_eq!(write_ahead(&a, &session, &[1]).await, "unwritten");
+    assert_eq!(write_ahead(&a, &session, &[1], false).await, "unwritten");
 }
 
 /// Pod-a's membership: pod-a and pod-c routable, pod-b as `b` (as it may be already).
@@ -422,18 +428,22 @@ fn pod_b_is(a: &Pod, b: PeerState) {
     a.sink.publish(Source::Kubernetes, snapshot);
 }
 
+/// A session held by pod-a whose replica pod is `pod`.
+fn replicated_at(a: &Pod, pod: &str) -> Arc<Session> {
+    (0..)
+        .map(|_| a.hold("pod-a"))
+        .find(|s| {
+            let view = a.handoff.router.view();
+            super::decide::replica_pod(&view, s.id(), "pod-a").is_some_and(|p| p.uid == pod)
+        })
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_copy_sent_again_to_a_pod_is_not_dropped_by_an_earlier_drop_it_did_not_answer() {
     let (a, _b, link) = start();
     pod_b_is(&a, PeerState::Routable);
-    // A session whose replica pod is pod-b.
-    let session = (0..)
-        .map(|_| a.hold("pod-a"))
-        .find(|s| {
-            let view = a.handoff.router.view();
-            super::decide::replica_pod(&view, s.id(), "pod-a").is_some_and(|p| p.uid == "pod-b")
-        })
-        .unwrap();
+    let session = replicated_at(&a, "pod-b");
     let id = session.id().to_owned();
     a.handoff.replicate().await;
     messages(&link);
@@ -458,4 +468,66 @@ async fn a_copy_sent_again_to_a_pod_is_not_dropped_by_an_earlier_drop_it_did_not
         back.contains(&("pod-b".to_owned(), vec![id.clone()], vec![])),
         "{back:?}"
     );
+}
+
+#[tokio::test]
+async fn a_reused_request_id_has_its_new_record_replicated_before_its_wait_ends() {
+    let (a, b, link) = start();
+    let session = a.hold("pod-a");
+    let id = session.id().to_owned();
+    request(&session, 1, true);
+    a.handoff.replicate().await;
+    messages(&link);
+
+    // The client sends id 1 again with another body, once the first was answered: a new
+    // request under the same id, whose record replaces the first one's.
+    let again = stream(&session, &[key(1)]);
+    assert!(matches!(
+        session.claim(&[key(1)], [9; 32], &again, ANY_ROOM),
+        Dedupe::Reused
+    ));
+    // The interval's round comes first: it sends the new record, and only then is it written.
+    assert_eq!(write_ahead(&a, &session, &[1], true).await, "written");
+    let promoted = promoted_at(&b, &id).await;
+    assert!(
+        !promoted.is_new(&[key(1)], [9; 32]),
+        "a retry of the new request is not dispatched again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_pod_that_does_not_answer_holds_up_no_request_waiting_for_another() {
+    let (a, _b, link) = start();
+    pod_b_is(&a, PeerState::Routable);
+    let at_b = replicated_at(&a, "pod-b");
+    let at_c = replicated_at(&a, "pod-c");
+    a.handoff.replicate().await;
+    request(&at_b, 1, false);
+    request(&at_c, 1, false);
+    link.pod_c_hangs.store(true, Ordering::Relaxed);
+    let wait = |session: &Arc<Session>| {
+        let handoff = Arc::clone(&a.handoff);
+        let session = Arc::clone(session);
+        tokio::spawn(async move { handoff.written(&session, &[key(1)]).await })
+    };
+    let (for_b, for_c) = (wait(&at_b), wait(&at_c));
+    while a.handoff.replicating.lock().waiting.wanted().len() < 2 {
+        tokio::task::yield_now().await;
+    }
+    a.handoff.round_wanted().await;
+    let round = tokio::spawn({
+        let handoff = Arc::clone(&a.handoff);
+        async move { handoff.replicate_round(false).await }
+    });
+    for_b.await.unwrap();
+    assert!(
+        !round.is_finished() && !for_c.is_finished(),
+        "pod-b's answer released its waiter while pod-c's is still awaited"
+    );
+    assert!(
+        a.encode()
+            .contains("tether_write_ahead_total{outcome=\"written\"} 1")
+    );
+    round.abort();
+    for_c.abort();
 }

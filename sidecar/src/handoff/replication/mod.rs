@@ -16,6 +16,7 @@ mod store;
 mod tests;
 mod write_ahead;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -41,6 +42,38 @@ pub(crate) use write_ahead::Ahead;
 const CLAIM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Most pods one claim asks.
 const MAX_CLAIMED: usize = 3;
+
+/// The gates of the promotions and claims under way, by session id.
+type Gates = parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// One request's handle on the gate of a session's promotion or claim; when the last handle
+/// goes — done, or its request cancelled — the gate leaves the table.
+struct Gate<'a> {
+    gates: &'a Gates,
+    id: &'a str,
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'a> Gate<'a> {
+    fn join(gates: &'a Gates, id: &'a str, gate: Arc<tokio::sync::Mutex<()>>) -> Self {
+        Self { gates, id, gate }
+    }
+
+    /// Waits for the turn: the promotion or claim under way is done.
+    async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.gate.lock().await
+    }
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        let mut gates = self.gates.lock();
+        // Nobody else holds it (the table's handle and this one): the gate goes.
+        if Arc::strong_count(&self.gate) == 2 {
+            gates.remove(self.id);
+        }
+    }
+}
 
 /// What became of a request for a session this pod neither holds nor handed off.
 #[derive(Debug)]
@@ -159,12 +192,15 @@ impl Handoff {
     /// Recovers session `id`, homed on the pod of `home`, which this pod neither holds nor
     /// handed off, for a request that came with `hop` ([`decide::absent`]).
     pub(crate) async fn recover(&self, id: &str, home: HomeToken, hop: &Hop) -> Recovered {
-        // A promotion or claim of the session under way here: what it took is entered once it
-        // is done (between taking the replica and registering the session, neither is found).
+        let replica_of = self.replicas.holder(id);
+        // A promotion or claim of the session under way here (looked for after the replica:
+        // one that took it since holds the gate until the session is registered): what it took
+        // is entered once it is done.
         let under_way = self.claims.lock().get(id).cloned();
         if let Some(gate) = under_way {
-            drop(gate.lock().await);
-            self.leave_gate(id, &gate);
+            let gate = Gate::join(&self.claims, id, gate);
+            drop(gate.turn().await);
+            drop(gate);
             if self.broker.held(id).is_some() {
                 return Recovered::Held;
             }
@@ -178,7 +214,6 @@ impl Handoff {
         };
         let now = std::time::Instant::now();
         let down = |uid: &str| self.router.health().down(uid, now);
-        let replica_of = self.replicas.holder(id);
         match decide::absent(here, id, replica_of.as_deref(), &view, hop, &down) {
             Absent::Promote => {
                 self.one_at_a_time(id, async {
@@ -204,23 +239,12 @@ impl Handoff {
     /// meanwhile.
     async fn one_at_a_time(&self, id: &str, take: impl Future<Output = Recovered>) -> Recovered {
         let gate = Arc::clone(self.claims.lock().entry(id.to_owned()).or_default());
-        let turn = gate.lock().await;
-        let recovered = if self.broker.held(id).is_some() {
+        let gate = Gate::join(&self.claims, id, gate);
+        let _turn = gate.turn().await;
+        if self.broker.held(id).is_some() {
             Recovered::Held
         } else {
             take.await
-        };
-        drop(turn);
-        self.leave_gate(id, &gate);
-        recovered
-    }
-
-    /// Done with session `id`'s `gate`: when nobody else holds it (the table's handle and
-    /// this one), it goes.
-    fn leave_gate(&self, id: &str, gate: &Arc<tokio::sync::Mutex<()>>) {
-        let mut claims = self.claims.lock();
-        if Arc::strong_count(gate) == 2 {
-            claims.remove(id);
         }
     }
 

@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use tether_crds::Replication;
 
 use super::carry;
@@ -246,8 +247,9 @@ impl Replicating {
             Some(Tracked {
                 replica: Replica::Current { .. },
                 shipped: Some(shipped),
+                session,
                 ..
-            }) if requests.iter().all(|r| shipped.has_request(r)) => Standing::Written,
+            }) if session.shipped_has(shipped, requests) => Standing::Written,
             Some(_) => Standing::Unwritten,
         }
     }
@@ -386,15 +388,21 @@ impl Handoff {
     pub(crate) async fn replicate_round(self: &Arc<Self>, ticked: bool) {
         let letters = self.write_letters(Instant::now(), ticked);
         self.deliver(letters).await;
-        let mut st = self.replicating.lock();
+        self.release_waiters(&mut self.replicating.lock(), false);
+    }
+
+    /// Releases the requests waiting for their records that may go: only those whose record
+    /// is kept while the round's answers still come (`written_only`), else every one the
+    /// round judged ([`super::write_ahead::release`]).
+    fn release_waiters(&self, st: &mut Replicating, written_only: bool) {
         if st.waiting.is_empty() {
             return;
         }
-        let st = &mut *st;
         let round = st.rounds;
         let mut waiting = std::mem::take(&mut st.waiting);
         waiting.after_round(
             round,
+            written_only,
             |id, requests| st.standing(id, requests),
             |id| self.broker.held(id).is_some(),
         );
@@ -446,40 +454,41 @@ impl Handoff {
                 (peer, sent, outcomes, incarnation, unacked)
             })
         });
-        let answered = futures::future::join_all(sends).await;
-        let now = Instant::now();
+        // Each pod's answer is applied as it comes: a replica pod that does not answer holds up
+        // no request waiting for another one.
+        let mut answers: futures::stream::FuturesUnordered<_> = sends.collect();
         let mut superseded = Vec::new();
-        {
+        while let Some((peer, sent, outcomes, incarnation, unacked)) = answers.next().await {
+            let now = Instant::now();
             let mut st = self.replicating.lock();
-            for (peer, sent, outcomes, incarnation, unacked) in answered {
-                if let Some(incarnation) = incarnation {
-                    st.answered_by(&peer.uid, incarnation);
+            if let Some(incarnation) = incarnation {
+                st.answered_by(&peer.uid, incarnation);
+            }
+            st.unacknowledged(&peer.uid, unacked);
+            for ((id, mark, shipped), outcome) in sent.into_iter().zip(outcomes) {
+                self.metrics
+                    .replica_sent(outcome.map_or(ReplicaSent::Unanswered, ReplicaSent::from));
+                let Some(t) = st.tracked.get_mut(&id) else {
+                    continue;
+                };
+                if outcome == Some(ReplicaOutcome::StaleEpoch) {
+                    superseded.push((Arc::clone(&t.session), peer.uid.clone()));
                 }
-                st.unacknowledged(&peer.uid, unacked);
-                for ((id, mark, shipped), outcome) in sent.into_iter().zip(outcomes) {
-                    self.metrics
-                        .replica_sent(outcome.map_or(ReplicaSent::Unanswered, ReplicaSent::from));
-                    let Some(t) = st.tracked.get_mut(&id) else {
-                        continue;
-                    };
-                    if outcome == Some(ReplicaOutcome::StaleEpoch) {
-                        superseded.push((Arc::clone(&t.session), peer.uid.clone()));
+                t.replica = after(&t.replica, &peer.uid, mark, outcome, now);
+                // What the replica pod holds is known only once it kept the replica.
+                let holds = match (outcome, shipped, t.shipped.take()) {
+                    (Some(ReplicaOutcome::Kept), Holds::Exactly(holds), _) => Some(holds),
+                    (Some(ReplicaOutcome::Kept), Holds::More(more), Some(mut holds)) => {
+                        holds.extend(more);
+                        Some(holds)
                     }
-                    t.replica = after(&t.replica, &peer.uid, mark, outcome, now);
-                    // What the replica pod holds is known only once it kept the replica.
-                    let holds = match (outcome, shipped, t.shipped.take()) {
-                        (Some(ReplicaOutcome::Kept), Holds::Exactly(holds), _) => Some(holds),
-                        (Some(ReplicaOutcome::Kept), Holds::More(more), Some(mut holds)) => {
-                            holds.extend(more);
-                            Some(holds)
-                        }
-                        _ => None,
-                    };
-                    t.shipped(holds);
-                }
+                    _ => None,
+                };
+                t.shipped(holds);
             }
             self.count_unreplicated(&st);
             st.count_unacked(self.broker.retained());
+            self.release_waiters(&mut st, true);
         }
         for (session, holder) in superseded {
             self.supersede(session, &holder).await;
@@ -490,6 +499,10 @@ impl Handoff {
     fn write_letters(&self, now: Instant, ticked: bool) -> HashMap<String, Letter> {
         let cfg = self.broker.cfg();
         let mut st = self.replicating.lock();
+        if st.withdrawn || cfg.replication == Replication::None {
+            // No round will keep a record: nobody waits for one.
+            st.waiting.release_all();
+        }
         if st.withdrawn {
             return HashMap::new();
         }
@@ -644,6 +657,10 @@ impl Handoff {
                     (update, mark, holds, to)
                 }
             };
+            // A copy sent now supersedes a drop of the session there not acknowledged yet.
+            if let Some(drops) = st.unacked.get_mut(&to) {
+                drops.retain(|d| d.drop.session != id);
+            }
             let letter = letters.entry(to).or_default();
             letter.sent.push((id, mark, holds));
             letter.updates.push(update);

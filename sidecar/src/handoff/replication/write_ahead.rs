@@ -6,8 +6,9 @@
 //! requests that arrive while a round is under way wait for the next one together (a group
 //! commit), so a busy pod sends one message per replica pod and round trip, not one per
 //! request. Such a round sends only the waiting requests' streams and records, added to the
-//! copy the replica pod acknowledged. After each round every waiter is looked at ([`release`],
-//! a pure step):
+//! copy the replica pod acknowledged. As each replica pod answers, the waiters whose records
+//! it kept go (one that does not answer holds up no other); after the round every waiter is
+//! looked at ([`release`], a pure step):
 //!
 //! ```text
 //!   waiting ──┬── the copy acknowledged holds the record ─────────────▶ written: dispatch
@@ -78,10 +79,12 @@ pub(crate) struct Waiting {
 }
 
 impl Waiting {
-    /// Releases the waiters [`release`] lets go after round `round`.
+    /// Releases the waiters [`release`] lets go after round `round`; with `written_only`
+    /// (answers of the round still to come), only those whose records are kept.
     pub(super) fn after_round(
         &mut self,
         round: u64,
+        written_only: bool,
         standing: impl Fn(&str, &[RequestKey]) -> Standing,
         held: impl Fn(&str) -> bool,
     ) {
@@ -90,12 +93,21 @@ impl Waiting {
                 continue;
             }
             let stands = standing(&w.session, &w.requests);
-            match release(stands, round > w.since, held(&w.session)) {
+            let judged = round > w.since && !written_only;
+            match release(stands, judged, held(&w.session) || written_only) {
                 Some(outcome) => {
                     let _ = w.done.send(outcome);
                 }
                 None => self.waiters.push(w),
             }
+        }
+    }
+
+    /// Releases every waiter as `unwritten`: no round will keep their records (the pod's
+    /// drain ended, or replication was turned off).
+    pub(super) fn release_all(&mut self) {
+        for w in self.waiters.drain(..) {
+            let _ = w.done.send(WriteAheadOutcome::Unwritten);
         }
     }
 

@@ -368,14 +368,15 @@ impl RetryLedger {
             parts.streams.push(snapshot);
         }
         for (id, rec) in self.requests.iter() {
-            if !since.has_request(id) {
+            let mark = Shipped::record_mark(&rec.digest, &rec.stream);
+            if !since.has_request(id, mark) {
                 parts.records.push(RetryRecord {
                     id: id.clone(),
                     digest: rec.digest,
                     stream: rec.stream.clone(),
                 });
             }
-            parts.shipped.add_request(id);
+            parts.shipped.add_request(id, mark);
         }
         parts.forget_what(since);
         parts
@@ -402,7 +403,9 @@ impl RetryLedger {
                 digest: rec.digest,
                 stream: rec.stream.clone(),
             });
-            parts.shipped.add_request(id);
+            parts
+                .shipped
+                .add_request(id, Shipped::record_mark(&rec.digest, &rec.stream));
             let key = &rec.stream;
             if parts.streams.iter().any(|s| &s.key == key) {
                 continue;
@@ -424,6 +427,13 @@ impl RetryLedger {
             parts.streams.push(snapshot);
         }
         parts
+    }
+
+    /// The digest of request `id`'s retry record ([`Shipped::record_mark`]), if it has one.
+    pub(super) fn record_mark(&self, id: &RequestKey) -> Option<u64> {
+        self.requests
+            .get(id)
+            .map(|rec| Shipped::record_mark(&rec.digest, &rec.stream))
     }
 
     /// Retry records of the streams in `only` (every record with `None`), oldest first.
