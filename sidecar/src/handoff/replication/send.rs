@@ -539,10 +539,7 @@ impl Handoff {
             }
         }
         let me = self.router.uid();
-        let budget = self
-            .max_message_bytes
-            .saturating_sub(MESSAGE_OVERHEAD)
-            .max(1);
+        let budget = self.replica_budget();
         st.tracked.retain(|_, t| {
             let held = !t.session.is_ended() && self.broker.holds(&t.session);
             if !held {
@@ -562,10 +559,7 @@ impl Handoff {
             t.changes.look();
             let id = t.session.id();
             let mark = t.session.replica_mark(events);
-            // A replica pod that refuses connections gets none until it is up again.
-            let target = decide::replica_pod(&view, id, me)
-                .filter(|p| self.router.health().down(&p.uid, now).is_none())
-                .map(|p| p.uid.as_str());
+            let target = self.replica_target(&view, id, me, now);
             match plan(&t.replica, target, mark, now, refresh) {
                 Plan::Keep => {}
                 Plan::Drop { at } => {
@@ -616,10 +610,7 @@ impl Handoff {
         let cfg = self.broker.cfg();
         let events = cfg.replication == Replication::Events;
         let refresh = cfg.idle_timeout / 3;
-        let budget = self
-            .max_message_bytes
-            .saturating_sub(MESSAGE_OVERHEAD)
-            .max(1);
+        let budget = self.replica_budget();
         let view = self.router.view();
         let me = self.router.uid();
         let mut letters: HashMap<String, Letter> = HashMap::new();
@@ -634,9 +625,7 @@ impl Handoff {
             let Some(t) = st.tracked.get_mut(&id) else {
                 continue;
             };
-            let target = decide::replica_pod(&view, &id, me)
-                .filter(|p| self.router.health().down(&p.uid, now).is_none())
-                .map(|p| p.uid.as_str());
+            let target = self.replica_target(&view, &id, me, now);
             let (update, mark, holds, to) = match (&t.replica, &t.shipped, target) {
                 (Replica::Current { pod, mark, .. }, Some(_), Some(to)) if pod == to => {
                     let scope = Scope::Requests(*mark, &requests);
@@ -666,6 +655,27 @@ impl Handoff {
             letter.updates.push(update);
         }
         letters
+    }
+
+    /// Most bytes of events one replica carries: what a message holds besides its envelope.
+    fn replica_budget(&self) -> usize {
+        self.max_message_bytes
+            .saturating_sub(MESSAGE_OVERHEAD)
+            .max(1)
+    }
+
+    /// The replica pod of session `id` held by `me` in `view`, unless it refuses connections
+    /// at `now` (it gets no replica until it is up again).
+    fn replica_target<'v>(
+        &self,
+        view: &'v View,
+        id: &str,
+        me: &str,
+        now: Instant,
+    ) -> Option<&'v str> {
+        decide::replica_pod(view, id, me)
+            .filter(|p| self.router.health().down(&p.uid, now).is_none())
+            .map(|p| p.uid.as_str())
     }
 
     /// A session new to the replicator, followed from now on.
