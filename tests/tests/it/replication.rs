@@ -13,11 +13,19 @@
 //! - *Write-ahead*: a call dispatched a few milliseconds before its holder is lost — well inside
 //!   the replication interval — is not run again by its client's retry at the pod that promotes
 //!   the session (`docs/design/replication.md#write-ahead`).
+//! - *Replica pod lost*: the holder places the session at its next runner-up, so a later loss
+//!   of the holder loses nothing either.
+//! - *Crash during a drain*: a pod killed while it hands its sessions off loses none of them;
+//!   the calls it was still relaying end with an explicit error or their answer.
+//! - *Two losses at once*: a session whose holder and replica pod are both lost ends in 404,
+//!   as documented (`docs/design/replication.md#what-can-still-be-lost`).
 
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use tether_tests::call::slow_body;
-use tether_tests::client::messages;
+use http::StatusCode;
+use tether_tests::call::{CallPlan, Tracked, slow_body};
+use tether_tests::client::{McpClient, Session, messages};
 use tether_tests::load;
 use tether_tests::pod::PodSpec;
 use tether_tests::rollout::fault::{self, Fault, FaultConfig, FaultReport};
@@ -103,4 +111,197 @@ async fn a_call_dispatched_just_before_its_holder_is_lost_never_runs_twice() {
         answer.last()
     );
     assert_eq!(s.executions().await, 0, "the retry ran nowhere");
+}
+
+/// Waits until the session's replica is kept somewhere, and returns the pod that keeps it.
+async fn replica_pod(s: &Scenario) -> Ipv4Addr {
+    let placed = s
+        .cluster
+        .wait_for_metric_sum("tether_replicas", Duration::from_secs(5), |n| n >= 1.0)
+        .await;
+    assert!(s.check(placed) >= 1.0, "the session's replica is placed");
+    for &ip in &s.rest {
+        let pod = s.cluster.pod(ip).expect("the pod runs");
+        if s.check(pod.metric("tether_replicas").await) >= 1.0 {
+            return ip;
+        }
+    }
+    panic!("no pod but A keeps the replica\n{}", s.cluster.logs());
+}
+
+/// Kills the sidecar and the MCP server of the pod on `ip`, without warning, and takes it out
+/// of the membership.
+async fn lose(s: &mut Scenario, ip: Ipv4Addr) {
+    let pod = s.cluster.take(ip);
+    let mut pod = s.check(pod.ok_or("the pod runs"));
+    s.check(pod.kill_sidecar().await);
+    s.check(pod.kill_server().await);
+    let left = s.cluster.set_state(ip, None).await;
+    s.check(left);
+}
+
+/// A `slow` call in `session` via `client`, read to its end: its messages.
+async fn call(
+    s: &Scenario,
+    client: &McpClient,
+    session: &Session,
+    id: u64,
+) -> Vec<serde_json::Value> {
+    let body = slow_body(id, &format!("after-{id}"), 2, 10);
+    let resp = s.check(client.post(Some(session), &body, &[]).await);
+    assert_eq!(resp.status(), StatusCode::OK, "request {id} is served");
+    s.check(messages(resp, Duration::from_secs(5)).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_replica_pod_s_sessions_are_replicated_again_at_the_next_runner_up() {
+    let mut s = Scenario::start(3, PodSpec::default()).await;
+    let session = s.on_a("2025-11-25").await;
+    s.completed_on_a(&session, 1, "before", 2).await;
+    let b = replica_pod(&s).await;
+    let c = *s.rest.iter().find(|&&ip| ip != b).expect("a third pod");
+
+    lose(&mut s, b).await;
+    // A places the session at C, its runner-up now.
+    let placed = s
+        .cluster
+        .wait_for_metric_sum("tether_replicas", Duration::from_secs(5), |n| n >= 1.0)
+        .await;
+    assert!(s.check(placed) >= 1.0, "the replica is placed again");
+    let at_c = s.check(
+        s.cluster
+            .pod(c)
+            .expect("C runs")
+            .metric("tether_replicas")
+            .await,
+    );
+    assert_eq!(at_c, 1.0, "C keeps it");
+
+    // A is lost too: the session goes on at C.
+    let a = s.a;
+    lose(&mut s, a).await;
+    let answer = call(&s, &s.cluster.client_of(&[c]), &session, 2).await;
+    let last = answer.last().expect("an answer");
+    assert_eq!(last["id"], 2, "{last}");
+    assert!(last.get("result").is_some(), "the call ran at C: {last}");
+    assert_eq!(s.executions().await, 1, "once, at C");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_holder_and_replica_pod_are_both_lost_ends_in_404() {
+    let mut s = Scenario::start(3, PodSpec::default()).await;
+    let session = s.on_a("2025-11-25").await;
+    let b = replica_pod(&s).await;
+    let c = *s.rest.iter().find(|&&ip| ip != b).expect("a third pod");
+
+    let a = s.a;
+    lose(&mut s, a).await;
+    lose(&mut s, b).await;
+    let body = slow_body(2, "after", 2, 10);
+    let (status, text) = s.check(
+        s.cluster
+            .client_of(&[c])
+            .post_text(Some(&session), &body)
+            .await,
+    );
+    assert_eq!(status, StatusCode::NOT_FOUND, "{text}");
+    assert!(text.contains("session_not_found"), "{text}");
+    let c_pod = s.cluster.pod(c).expect("C runs");
+    let no_holder = s.check(
+        c_pod
+            .metric("tether_not_found_total{reason=\"no_holder\"}")
+            .await,
+    );
+    assert_eq!(no_holder, 1.0, "C had no pod left to ask");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_crashes_as_its_drain_begins_loses_no_session() {
+    crash_during_drain(Stage::Begun).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_crashes_while_it_relays_the_calls_it_handed_off_loses_no_session() {
+    crash_during_drain(Stage::Relaying).await;
+}
+
+/// Where in its drain A is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// At once: its sessions are still its own (promoted at their replica pods).
+    Begun,
+    /// Once every session was handed off: A still relays the calls that were running.
+    Relaying,
+}
+
+/// 100 sessions on A, 4 of them with a call running; A drains and is lost at `stage`. Every
+/// session goes on elsewhere; every running call ends with its answer or an explicit error.
+async fn crash_during_drain(stage: Stage) {
+    const SESSIONS: usize = 100;
+    const RUNNING: usize = 4;
+    let mut s = Scenario::start(3, PodSpec::default()).await;
+    let mut sessions = Vec::new();
+    for _ in 0..SESSIONS {
+        sessions.push(s.on_a("2025-11-25").await);
+    }
+    let placed = s
+        .cluster
+        .wait_for_metric_sum("tether_replicas", Duration::from_secs(5), |n| {
+            n >= SESSIONS as f64
+        })
+        .await;
+    assert!(
+        s.check(placed) >= SESSIONS as f64,
+        "every replica is placed"
+    );
+    let mut running = Vec::new();
+    for (i, session) in sessions.iter().take(RUNNING).enumerate() {
+        let plan = CallPlan::steady(40, 50);
+        let id = 10 + i as u64;
+        let posted = Tracked::post(&s.via_a(), session, id, &format!("running-{i}"), &plan).await;
+        let (mut call, mut events) = s.check(posted);
+        call.take_messages(&mut events, 2).await;
+        running.push(call);
+    }
+
+    let drain = s.drain_a().await;
+    if stage == Stage::Relaying {
+        s.wait_moved(SESSIONS as f64).await;
+    }
+    drain.abort();
+    let moved = s.received().await;
+    println!("{stage:?}: {moved} of {SESSIONS} sessions handed off when A was lost");
+    let a = s.a;
+    lose(&mut s, a).await;
+
+    let client = s.via_rest();
+    for (i, session) in sessions.iter().enumerate() {
+        let answer = call(&s, &client, session, 100 + i as u64).await;
+        let last = answer.last().expect("an answer");
+        assert!(last.get("result").is_some(), "session {i} goes on: {last}");
+    }
+    for (i, call) in running.iter_mut().enumerate() {
+        let resumed = call
+            .reconnect(&client, &sessions[i], &[StatusCode::SERVICE_UNAVAILABLE])
+            .await;
+        let events = s.check(resumed);
+        let events = events.unwrap_or_else(|| panic!("call {i}: its resume answered 404"));
+        call.finish(events).await;
+        let out = &call.out;
+        println!(
+            "call {i}: error {:?} after {} progress events",
+            out.announced,
+            out.progress.len()
+        );
+        assert!(
+            out.result.is_some() || out.announced.is_some(),
+            "call {i} ended with neither its answer nor an explicit error: {:?}",
+            out.failures
+        );
+    }
+    assert_eq!(
+        s.check(s.cluster.executed_twice().await),
+        0,
+        "tools executed twice"
+    );
 }
