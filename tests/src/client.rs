@@ -307,6 +307,9 @@ pub struct McpClient {
     pub url: String,
     entries: Arc<RwLock<Vec<String>>>,
     honour_retry_after: bool,
+    /// Waits before each new attempt of a request whose connection failed before any answer
+    /// ([`McpClient::reconnecting`]); none by default.
+    reconnects: &'static [Duration],
     /// `Authorization` of every request of this client and its clones, unless a request sets
     /// its own ([`McpClient::set_authorization`]).
     authorization: Arc<RwLock<Option<String>>>,
@@ -331,6 +334,11 @@ pub const PUBLIC_HEADERS: [(&str, &str); 2] = [
 const RETRY_AFTER_ATTEMPTS: u32 = 10;
 /// Longest wait it takes from one `Retry-After`.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(2);
+
+/// When a client that reconnects ([`McpClient::reconnecting`]) sends a request again after its
+/// connection failed before any answer: the TypeScript SDK's reconnection schedule (2 more
+/// attempts, 1 s and then 1.5 s later).
+const RECONNECT_DELAYS: [Duration; 2] = [Duration::from_millis(1000), Duration::from_millis(1500)];
 
 /// The SSE events of a response.
 pub struct Events {
@@ -478,6 +486,7 @@ impl McpClient {
             url: urls.first().cloned().unwrap_or_default(),
             entries: Arc::new(RwLock::new(urls)),
             honour_retry_after: false,
+            reconnects: &[],
             authorization: Arc::default(),
             tokens: None,
             headers: Arc::default(),
@@ -527,6 +536,15 @@ impl McpClient {
     /// well-behaved MCP client does during a rollout.
     pub fn honouring_retry_after(mut self) -> Self {
         self.honour_retry_after = true;
+        self
+    }
+
+    /// This client, sending a request again (to a fresh entry) when its connection failed before
+    /// any answer, as MCP SDK clients reconnect (`RECONNECT_DELAYS`): what a client does when
+    /// the pod its connection went to was lost. The same request id and body again is tether's
+    /// retry (it attaches to the running request or replays its answer).
+    pub fn reconnecting(mut self) -> Self {
+        self.reconnects = &RECONNECT_DELAYS;
         self
     }
 
@@ -581,6 +599,7 @@ impl McpClient {
         let set = |name: &str| headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
         let mut attempt = 1;
         let mut refreshed = false;
+        let mut reconnects = self.reconnects.iter();
         loop {
             let mut all = headers.to_vec();
             if let Some(value) = &authorization
@@ -594,7 +613,7 @@ impl McpClient {
                     .filter(|(name, _)| !set(name))
                     .map(|(name, value)| (name.as_str(), value.as_str())),
             );
-            let resp = self
+            let sent = self
                 .http
                 .send(
                     method.clone(),
@@ -602,7 +621,15 @@ impl McpClient {
                     &all,
                     body.clone(),
                 )
-                .await?;
+                .await;
+            let resp = match (sent, reconnects.next()) {
+                (Ok(resp), _) => resp,
+                (Err(_), Some(&wait)) => {
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                (Err(e), None) => return Err(e),
+            };
             if let (Some(tokens), Some(sent)) = (&self.tokens, &authorization)
                 && resp.status() == StatusCode::UNAUTHORIZED
                 && !refreshed

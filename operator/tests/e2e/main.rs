@@ -10,6 +10,9 @@
 //!   `Last-Event-ID`), rolling upgrades of the MCP server under load (a restart and an image
 //!   change) without a client-visible 404, a lost event or a tool run twice, the client and peer
 //!   Services' endpoints with their ports;
+//! - [`faults`]: a pod lost without warning under load — force-deleted, or its sidecar killed
+//!   and restarted by the kubelet — without a client-visible 404, a silent loss or a tool run
+//!   twice;
 //! - [`writes`]: what the operator writes: a new endpoint's writes and none while idle (counted
 //!   from the API server's audit log, [`audit`]), and next to others: a GitOps tool's
 //!   server-side applies, two endpoints on one Deployment, an endpoint deleted under load and
@@ -33,6 +36,7 @@
 mod audit;
 mod chart;
 mod cluster;
+mod faults;
 mod install;
 mod platform;
 mod traffic;

@@ -303,7 +303,18 @@ impl Load {
 /// `name`'s client Service until [`Load::finish`], 3 calls each at least, of 10 progress events
 /// 300 ms apart, 30 % of the streams cut and resumed; returns once they run.
 pub(crate) async fn load_through(cluster: &Cluster, ns: &str, name: &str) -> Outcome<Load> {
-    let (proxy, client) = mcp_client(cluster, ns, name).await?;
+    load_of(cluster, ns, name, |client| client).await
+}
+
+/// [`load_through`] with the clients `client` makes of the standard one.
+pub(crate) async fn load_of(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    client: impl FnOnce(McpClient) -> McpClient,
+) -> Outcome<Load> {
+    let (proxy, standard) = mcp_client(cluster, ns, name).await?;
+    let client = client(standard);
     let sessions = cluster.settings.load_sessions;
     let cfg = LoadConfig {
         sessions,
