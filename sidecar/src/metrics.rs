@@ -73,7 +73,9 @@ mod tests {
     use tether_crds::ProtocolVersion;
 
     use super::*;
-    use crate::broker::metrics::{Eviction, IdReuse, ResumeMiss, Revalidation, UpstreamFailure};
+    use crate::broker::metrics::{
+        Eviction, IdReuse, ResumeMiss, Revalidation, ToolRerun, UpstreamFailure,
+    };
     use crate::cluster::membership::{PeerState, Source};
     use crate::cluster::peer_health::Down;
     use crate::cluster::routing::ForwardKind;
@@ -208,6 +210,7 @@ mod tests {
                 "outcome",
                 all(WriteAheadOutcome::label),
             ),
+            ("tether_write_ahead_tools", "rerun", all(ToolRerun::label)),
             (
                 "tether_admin_refused_total",
                 "reason",
@@ -261,6 +264,7 @@ mod tests {
         m.handoff.replica_taken_over(TakeOver::Promoted);
         m.handoff.replica_sent(ReplicaSent::Kept);
         m.handoff.write_ahead(WriteAheadOutcome::Written);
+        m.broker.write_ahead_tools(1, 0);
         m
     }
 
@@ -324,7 +328,7 @@ mod tests {
             assert_eq!(registrations, declared, "a metric field is not registered");
             fields += declared;
         }
-        assert_eq!(fields, 67);
+        assert_eq!(fields, 68);
     }
 
     #[test]
@@ -333,7 +337,7 @@ mod tests {
         let families = exposed_families(&sampled().encode());
         assert_eq!(
             families.len(),
-            67,
+            68,
             "a family has no sample here: record one of each new labelled family"
         );
         assert_documented(

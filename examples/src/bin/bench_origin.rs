@@ -11,8 +11,8 @@
 //! | POST `initialize` | 200 JSON (the requested `protocolVersion`, `capabilities: {tools: {}}`), a new `Mcp-Session-Id` |
 //! | POST a notification or a response (no `id`, or no `method`) | 202, empty |
 //! | POST `ping` | `{"result": {}}` |
-//! | POST `tools/list` | the tools `echo` and `stream` |
-//! | POST `tools/call` `echo` {`text`, `call_id`?} | JSON at once: `content: [{type: text, text}]` |
+//! | POST `tools/list` | the tools `echo`, `lookup` (annotated `readOnlyHint: true`) and `stream` |
+//! | POST `tools/call` `echo` or `lookup` {`text`, `call_id`?} | JSON at once: `content: [{type: text, text}]` |
 //! | POST `tools/call` `stream` {`count`, `interval_us` = 0, `size` = 0, `call_id`?} | SSE: `count` `notifications/progress` events, then the result `done <count>`, then the end |
 //! | POST with an unknown `Mcp-Session-Id` | 404 (a request without one is served, statelessly) |
 //! | DELETE with a known session | 200, the session forgotten; unknown 404 |
@@ -262,7 +262,7 @@ impl Origin {
         resp
     }
 
-    /// `tools/call`: `echo` or `stream`.
+    /// `tools/call`: `echo`, `lookup` or `stream`.
     fn call(self: Arc<Self>, id: Value, params: Option<&Value>) -> Response<Body> {
         let name = params.and_then(|p| p.get("name")).and_then(Value::as_str);
         let empty = json!({});
@@ -275,9 +275,9 @@ impl Origin {
             }
         };
         match name {
-            Some("echo") => {
+            Some("echo" | "lookup") => {
                 let Some(text) = args.get("text").and_then(Value::as_str) else {
-                    return rpc_error(id, -32602, "echo needs a string `text`");
+                    return rpc_error(id, -32602, "echo and lookup need a string `text`");
                 };
                 count_execution(&self);
                 self.completed.fetch_add(1, Ordering::Relaxed);
@@ -318,7 +318,7 @@ impl Origin {
                     origin: self.clone(),
                 })
             }
-            _ => rpc_error(id, -32602, "unknown tool: echo or stream"),
+            _ => rpc_error(id, -32602, "unknown tool: echo, lookup or stream"),
         }
     }
 
@@ -428,6 +428,14 @@ fn tools() -> Value {
             "inputSchema": {"type": "object", "properties": {
                 "text": {"type": "string"}, "call_id": {"type": "string"}
             }, "required": ["text"]}
+        },
+        {
+            "name": "lookup",
+            "description": "Returns `text`; reads nothing, changes nothing",
+            "inputSchema": {"type": "object", "properties": {
+                "text": {"type": "string"}, "call_id": {"type": "string"}
+            }, "required": ["text"]},
+            "annotations": {"readOnlyHint": true}
         },
         {
             "name": "stream",

@@ -234,7 +234,34 @@ label_value!(
     ResumeReason,
     NotFound,
     Kind,
+    ToolRerun,
 );
+
+/// Whether a second call of a tool is harmless (`tether_write_ahead_tools{rerun}`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::VariantArray)]
+pub(crate) enum ToolRerun {
+    /// Declared read-only or idempotent.
+    Harmless,
+    /// Not declared so.
+    Harmful,
+}
+
+impl ToolRerun {
+    /// The `rerun` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Harmless => "harmless",
+            Self::Harmful => "harmful",
+        }
+    }
+}
+
+/// Labels of `tether_write_ahead_tools`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabel {
+    /// Whether a second call is harmless.
+    rerun: ToolRerun,
+}
 
 /// Labels of `tether_not_found_total` and `tether_sessions_ended_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -381,6 +408,8 @@ pub(crate) struct BrokerMetrics {
     upstream_events_too_large: Counter,
     /// Upstream `DELETE`s the sidecar sends on its own, waiting or in flight.
     upstream_deletes_pending: Gauge,
+    /// Tools the MCP server declared, by whether a second call is harmless.
+    write_ahead_tools: Family<ToolLabel, Gauge>,
 }
 
 impl BrokerMetrics {
@@ -422,6 +451,7 @@ impl BrokerMetrics {
             upstream_paused_now: Default::default(),
             upstream_events_too_large: Default::default(),
             upstream_deletes_pending: Default::default(),
+            write_ahead_tools: Default::default(),
         };
         r.register(
             "rejections",
@@ -555,6 +585,11 @@ impl BrokerMetrics {
             "upstream_deletes_pending",
             "Upstream DELETEs the sidecar sends on its own (expired sessions' and others), waiting or in flight: at most --max-upstream-deletes at once",
             m.upstream_deletes_pending.clone(),
+        );
+        r.register(
+            "write_ahead_tools",
+            "Tools the MCP server declared in its tools/list answers, by whether a second call is harmless (read-only or idempotent: no write-ahead): at most --write-ahead-max-tools",
+            m.write_ahead_tools.clone(),
         );
         r.register(
             "tasks_untracked",
@@ -805,5 +840,18 @@ impl BrokerMetrics {
     /// (`tether_upstream_deletes_pending`).
     pub(crate) fn upstream_deletes_pending(&self, pending: usize) {
         self.upstream_deletes_pending.set(gauge(pending as u64));
+    }
+
+    /// The tools known now, `harmless` and `harmful` to call again
+    /// (`tether_write_ahead_tools{rerun}`).
+    pub(crate) fn write_ahead_tools(&self, harmless: usize, harmful: usize) {
+        for (rerun, n) in [
+            (ToolRerun::Harmless, harmless),
+            (ToolRerun::Harmful, harmful),
+        ] {
+            self.write_ahead_tools
+                .get_or_create(&ToolLabel { rerun })
+                .set(gauge(n as u64));
+        }
     }
 }

@@ -13,7 +13,7 @@
 //!   `requestState` of multi round-trip requests), exchanged on their way;
 //! - [`tasks`](self::tasks): the tasks a drain waits for;
 //! - [`write_ahead`](self::write_ahead): a request dispatched once its replica pod keeps its
-//!   retry record.
+//!   retry record, unless a second dispatch is harmless ([`rerun`](self::rerun)).
 //!
 //! Handlers return `Result<Reply, Rejection>`; [`Broker::handle`] counts and renders rejections.
 
@@ -26,6 +26,7 @@ pub(crate) mod metrics;
 mod post;
 mod pump;
 mod rebuild;
+mod rerun;
 mod revalidate;
 mod sealed;
 mod stateless;
@@ -111,6 +112,9 @@ pub(crate) struct BrokerConfig {
     /// `spec.session.writeAhead`: a request is dispatched once its replica pod keeps its
     /// retry record (`docs/design/replication.md#write-ahead`).
     pub(crate) write_ahead: bool,
+    /// Most tools remembered with whether a second call is harmless (`--write-ahead-max-tools`,
+    /// read at start).
+    pub(crate) write_ahead_max_tools: usize,
     /// Most resumes served per second (burst as many); `None`: no limit (`--resume-budget`).
     pub(crate) resume_budget: Option<std::num::NonZeroU32>,
     /// Largest `initialize` params, in bytes (`--max-initialize-bytes`).
@@ -168,6 +172,8 @@ pub(crate) struct Broker {
     resume_budget: Option<governor::DefaultDirectRateLimiter>,
     cancel_relay: std::sync::OnceLock<Arc<dyn CancelRelay>>,
     write_ahead: std::sync::OnceLock<Arc<dyn WriteAhead>>,
+    /// The tools the MCP server declared, harmless to call again or not.
+    tools: rerun::Tools,
     rebuild_slots: tokio::sync::Semaphore,
     stateless: stateless::StatelessTally,
     tasks: tasks::Tasks,
@@ -197,6 +203,7 @@ impl Broker {
         metrics: Arc<BrokerMetrics>,
     ) -> Arc<Self> {
         Arc::new(Self {
+            tools: rerun::Tools::new(cfg.write_ahead_max_tools),
             tasks: tasks::Tasks::new(minter.sealer(&TASK_ID), cfg.tasks),
             calls: calls::Calls::new(cfg.calls, Arc::clone(&metrics), registry.retained().clone()),
             request_states: minter.sealer(&REQUEST_STATE),

@@ -31,6 +31,7 @@ use super::calls::CallSlot;
 use super::metrics::IdReuse;
 use super::pump::Dispatch;
 use super::rebuild::Sent;
+use super::rerun::Rerun;
 use crate::mcp::admission::Admitted;
 use crate::mcp::jsonrpc::{
     self, Body, CODE_TRANSPORT, Envelope, Message, RequestKey, error_response,
@@ -221,11 +222,16 @@ impl Broker {
                         slots,
                     ));
                 } else {
+                    let rerun = envelope
+                        .messages
+                        .first()
+                        .map_or(Rerun::Harmful, |(m, json)| self.rerun_of(m, json));
                     let dispatch = Dispatch {
                         headers,
                         body,
                         ids,
                         journal: journaled,
+                        rerun,
                     };
                     tokio::spawn(Arc::clone(self).run_request(
                         Arc::clone(&session),
@@ -374,6 +380,7 @@ impl Broker {
                         headers: headers.clone(),
                         body,
                         ids: vec![id.clone()],
+                        rerun: self.rerun_of(&message, &json),
                         journal: vec![(message, json)],
                     };
                     requests.spawn(Arc::clone(&self).run_request(

@@ -24,6 +24,7 @@ use super::Broker;
 use super::calls::CallSlot;
 use super::metrics::UpstreamFailure;
 use super::rebuild::Sent;
+use super::rerun::Rerun;
 use crate::mcp::headers::MCP_PROTOCOL_VERSION;
 use crate::mcp::jsonrpc::{Message, RequestKey};
 use crate::mcp::principal::Owner;
@@ -129,6 +130,8 @@ pub(super) struct Dispatch {
     pub(super) ids: Vec<RequestKey>,
     /// Its journal entries, recorded once the MCP server accepted it (checked to fit before).
     pub(super) journal: Vec<(Message, Value)>,
+    /// What a second dispatch of it would do: a harmful one waits for the write-ahead.
+    pub(super) rerun: Rerun,
 }
 
 impl Broker {
@@ -148,9 +151,10 @@ impl Broker {
             body,
             ids,
             journal,
+            rerun,
         } = dispatch;
         let send = async {
-            self.write_ahead(&session, &ids).await;
+            self.write_ahead(&session, &ids, rerun).await;
             self.send_in_session(&session, Method::POST, &headers, None, body, true)
                 .await
         };
@@ -210,11 +214,21 @@ impl Broker {
             let origin = session.upstream_id();
             self.pump(&session, &stream, resp.into_body(), &ids, headers, origin)
                 .await;
+            if rerun == Rerun::Lists
+                && let Some(answer) = ids.first().and_then(|id| stream.answer(id))
+            {
+                self.learn_tools(&answer);
+            }
             return;
         }
         let owner = Owner::of_session(session.binding());
         match self.read_stored(resp, &owner).await {
-            Ok(stored) => self.deliver(&session, &stream, &ids, stored),
+            Ok(stored) => {
+                if rerun == Rerun::Lists && stored.status == StatusCode::OK {
+                    self.learn_tools(&stored.body);
+                }
+                self.deliver(&session, &stream, &ids, stored);
+            }
             Err(rejection) => self.fail(&stream, &ids, rejection),
         }
     }

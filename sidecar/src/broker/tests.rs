@@ -32,12 +32,12 @@ use crate::mcp::admission::{Admission, AdmissionPolicy};
 use crate::mcp::cursor::EventId;
 use crate::mcp::headers::{LAST_EVENT_ID, MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::mcp::home::HomeToken;
-use crate::mcp::jsonrpc::{Body, EnvelopeLimits};
+use crate::mcp::jsonrpc::{Body, EnvelopeLimits, RequestKey};
 use crate::mcp::origin::OriginPolicy;
 use crate::mcp::session_id::IdMinter;
 use crate::reply::{Reply, ReplyBody};
 use crate::retained::Retained;
-use crate::session::{Registry, RetryWindow};
+use crate::session::{Registry, RetryWindow, Session};
 use crate::stream::FeedItem;
 use crate::stream::buffer::BufferLimits;
 use crate::upstream::{Upstream, events};
@@ -179,6 +179,35 @@ async fn answer(
             );
             Ok(resp)
         }
+        // Two pages: one JSON answer, then one SSE event.
+        "tools/list" => {
+            record("tools/list".into());
+            let (tools, next) = match message["params"]["cursor"].as_str() {
+                None => (
+                    json!([{"name": "search", "annotations": {"readOnlyHint": true}},
+                           {"name": "progress"}]),
+                    Some("2"),
+                ),
+                Some(_) => (
+                    json!([{"name": "upsert", "annotations": {"idempotentHint": true}}]),
+                    None,
+                ),
+            };
+            let answer = json!({"jsonrpc": "2.0", "id": id,
+                                "result": {"tools": tools, "nextCursor": next}});
+            let (body, content_type) = if next.is_some() {
+                (answer.to_string(), "application/json")
+            } else {
+                (
+                    format!("event: message\ndata: {answer}\n\n"),
+                    "text/event-stream",
+                )
+            };
+            let mut resp = Response::new(Full::new(Bytes::from(body)).boxed());
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            Ok(resp)
+        }
         // A notification (the tests send no other request).
         _ => {
             record(message["method"].as_str().unwrap_or_default().to_owned());
@@ -232,6 +261,7 @@ fn broker(upstream: SocketAddr) -> Arc<Broker> {
             poll_window: Duration::from_secs(60),
         },
         max_upstream_deletes: 8,
+        write_ahead_max_tools: 64,
         calls: CallLimits {
             session: SESSION_CALLS,
             principal: 512,
@@ -256,6 +286,23 @@ fn broker(upstream: SocketAddr) -> Arc<Broker> {
         registry,
         Arc::new(BrokerMetrics::new(&mut Default::default())),
     )
+}
+
+/// The write-ahead a broker asks for, recorded: `wait <id>` or `spared <id>` per request.
+#[derive(Debug, Default)]
+struct Waits(Mutex<Vec<String>>);
+
+#[async_trait::async_trait]
+impl super::WriteAhead for Waits {
+    async fn written(&self, _: &Arc<Session>, requests: &[RequestKey]) {
+        let ids = requests.iter().map(RequestKey::as_json);
+        self.0.lock().extend(ids.map(|id| format!("wait {id}")));
+    }
+
+    fn spared(&self, requests: &[RequestKey]) {
+        let ids = requests.iter().map(RequestKey::as_json);
+        self.0.lock().extend(ids.map(|id| format!("spared {id}")));
+    }
 }
 
 /// A broker in front of a [`FakeMcp`], and the admission its requests pass.
@@ -569,4 +616,46 @@ async fn a_call_over_the_sessions_bound_of_calls_in_flight_is_429_and_never_sent
     let reply = pod.call(&other, 3, "progress").await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(pod.fake.received("tools/call 3"), 1);
+}
+
+#[tokio::test]
+async fn only_a_request_whose_second_dispatch_could_harm_waits_for_the_write_ahead() {
+    let pod = Pod::start().await;
+    let waits = Arc::new(Waits::default());
+    pod.broker
+        .set_write_ahead(Arc::clone(&waits) as Arc<dyn super::WriteAhead>);
+    pod.fake.release();
+    let session = pod.session().await;
+    let list = |id: u64, cursor: Option<&str>| {
+        let params = cursor.map_or_else(|| json!({}), |c| json!({"cursor": c}));
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params})
+    };
+    let call = async |id: u64, tool: &str| {
+        let events = read_all(pod.call(&session, id, tool).await).await;
+        assert!(events.last().is_some_and(Event::is_result), "{events:?}");
+    };
+
+    // Before the server listed its tools, a call of any waits.
+    call(1, "search").await;
+    // The first page (JSON) declares `search` read-only and `progress` nothing.
+    let page = pod
+        .request(Method::POST, Some(&session), None, Some(list(2, None)))
+        .await;
+    assert_eq!(page.status, StatusCode::OK);
+    call(3, "search").await;
+    call(4, "progress").await;
+    // The second page (an SSE event) declares `upsert` idempotent.
+    let page = pod
+        .request(Method::POST, Some(&session), None, Some(list(5, Some("2"))))
+        .await;
+    assert_eq!(read_all(page).await.len(), 1);
+    call(6, "upsert").await;
+    call(7, "never-listed").await;
+
+    assert_eq!(
+        *waits.0.lock(),
+        [
+            "wait 1", "spared 2", "spared 3", "wait 4", "spared 5", "spared 6", "wait 7"
+        ]
+    );
 }

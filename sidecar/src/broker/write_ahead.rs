@@ -1,5 +1,6 @@
 //! Write-ahead of a request's retry record (`docs/design/replication.md#write-ahead`): a request
-//! goes to the MCP server only once its session's replica pod keeps the request's retry record.
+//! goes to the MCP server only once its session's replica pod keeps the request's retry record,
+//! unless a second dispatch of it is harmless ([`super::rerun`]).
 //! A holder lost while the request runs then leaves a record at the pod that promotes the
 //! session, which answers a retry of it with an explicit error — never a second dispatch.
 //! The wait is installed by the handoff ([`Broker::set_write_ahead`]), so the broker needs no
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::Broker;
+use super::rerun::Rerun;
 use crate::mcp::jsonrpc::RequestKey;
 use crate::session::Session;
 
@@ -21,6 +23,9 @@ pub(crate) trait WriteAhead: Send + Sync + std::fmt::Debug {
     /// once it is known that it will not (no replica pod, it refused, it did not answer in
     /// time): the request is dispatched then anyway.
     async fn written(&self, session: &Arc<Session>, requests: &[RequestKey]);
+
+    /// Counts `requests` dispatched without waiting: a second dispatch of them is harmless.
+    fn spared(&self, requests: &[RequestKey]);
 }
 
 impl Broker {
@@ -30,10 +35,19 @@ impl Broker {
     }
 
     /// Waits until the replica pod of `session` keeps the records of `requests` (at once
-    /// without a write-ahead installed).
-    pub(super) async fn write_ahead(&self, session: &Arc<Session>, requests: &[RequestKey]) {
-        if let Some(wait) = self.write_ahead.get() {
-            wait.written(session, requests).await;
+    /// without a write-ahead installed, or when a second dispatch is harmless: `rerun`).
+    pub(super) async fn write_ahead(
+        &self,
+        session: &Arc<Session>,
+        requests: &[RequestKey],
+        rerun: Rerun,
+    ) {
+        let Some(wait) = self.write_ahead.get() else {
+            return;
+        };
+        match rerun {
+            Rerun::Harmful => wait.written(session, requests).await,
+            Rerun::Harmless | Rerun::Lists => wait.spared(requests),
         }
     }
 }

@@ -355,6 +355,17 @@ pub struct Cli {
     /// connections to the MCP server at once.
     #[arg(long, env = "TETHER_MAX_UPSTREAM_DELETES", value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_upstream_deletes: u32,
+    /// Most tools remembered from the MCP server's `tools/list` answers, with whether it
+    /// declares each harmless to call again (read-only or idempotent): a call of such a tool
+    /// skips the write-ahead. A tool beyond this many waits as any other
+    /// (`tether_write_ahead_tools`).
+    #[arg(
+        long,
+        env = "TETHER_WRITE_AHEAD_MAX_TOOLS",
+        value_name = "N",
+        default_value_t = 1024
+    )]
+    pub write_ahead_max_tools: usize,
     /// How long the upstream may take to send response headers (504 beyond).
     #[arg(long, env = "TETHER_UPSTREAM_TIMEOUT", value_name = "DURATION", default_value = "300s", value_parser = parse_duration)]
     pub upstream_timeout: Duration,

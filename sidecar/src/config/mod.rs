@@ -463,6 +463,7 @@ fn broker_config(spec: &McpEndpointSpec, cli: &Cli) -> BrokerConfig {
             pod: cli.max_calls(),
         },
         max_upstream_deletes: cli.max_upstream_deletes as usize,
+        write_ahead_max_tools: cli.write_ahead_max_tools,
         // The buffer keeps a stream's newest event even over its own bounds: one event must fit
         // in the pod's budget.
         max_event_bytes: cli

@@ -154,6 +154,8 @@ pub(crate) enum WriteAheadOutcome {
     Moot,
     /// Not kept within 1 s: dispatched without.
     Timeout,
+    /// Not waited for: a second dispatch of the request is harmless.
+    Harmless,
 }
 
 impl WriteAheadOutcome {
@@ -164,6 +166,7 @@ impl WriteAheadOutcome {
             Self::Unwritten => "unwritten",
             Self::Moot => "moot",
             Self::Timeout => "timeout",
+            Self::Harmless => "harmless",
         }
     }
 }

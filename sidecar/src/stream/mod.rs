@@ -701,6 +701,15 @@ impl Stream {
         handed.then(|| st.stored.clone()).flatten()
     }
 
+    /// The event answering request `id`, while the buffer keeps it.
+    pub(crate) fn answer(&self, id: &RequestKey) -> Option<Bytes> {
+        let st = self.state.lock();
+        let kept = st.buffer.events_after(st.buffer.evicted_through()).ok()?;
+        kept.filter(|ev| response_id(&ev.data).as_ref() == Some(id))
+            .last()
+            .map(|ev| ev.data.clone())
+    }
+
     /// Records that the upstream answered with an SSE stream carrying end-to-end `headers`
     /// (the reply is served from the buffer, with those headers).
     pub(crate) fn mark_sse(&self, headers: HeaderMap) {

@@ -49,7 +49,12 @@ async fn the_proxy_bench_runs_and_its_table_lists_every_target() {
         .collect();
     assert_eq!(counts.len(), if nginx { 6 } else { 5 }, "{errors}");
     assert!(counts.iter().all(|c| *c == "0"), "{errors}");
-    for row in ["JSON, 1 user: req/s", "server CPU per event", "lag p99"] {
+    for row in [
+        "JSON echo, 1 user: req/s",
+        "JSON read-only lookup, 1 user: req/s",
+        "server CPU per event",
+        "lag p99",
+    ] {
         assert!(stdout.contains(row), "no row {row}: {stdout}");
     }
     // The resume and handoff table: every session of the drained pod handed off, nothing wrong.

@@ -491,19 +491,32 @@ async fn wait_up(url: &str) -> Outcome<()> {
 /// What one measure is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Measure {
+    /// `echo`, a tool its server does not declare harmless to call again (the write-ahead).
     JsonOne,
     JsonMany,
+    /// `lookup`, which its server declares read-only.
+    ReadOne,
+    ReadMany,
     Burst,
     Paced,
 }
 
 impl Measure {
-    const ALL: [Self; 4] = [Self::JsonOne, Self::JsonMany, Self::Burst, Self::Paced];
+    const ALL: [Self; 6] = [
+        Self::JsonOne,
+        Self::JsonMany,
+        Self::ReadOne,
+        Self::ReadMany,
+        Self::Burst,
+        Self::Paced,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Self::JsonOne => "json-1",
             Self::JsonMany => "json-many",
+            Self::ReadOne => "read-1",
+            Self::ReadMany => "read-many",
             Self::Burst => "sse-burst",
             Self::Paced => "sse-paced",
         }
@@ -512,8 +525,10 @@ impl Measure {
     async fn run(self, http: &Http, target: &Target, args: &Args) -> Outcome<Figures> {
         let seconds = Duration::from_secs_f64(args.seconds);
         match self {
-            Self::JsonOne => json(http, target, 1, seconds).await,
-            Self::JsonMany => json(http, target, args.users, seconds).await,
+            Self::JsonOne => json(http, target, "echo", 1, seconds).await,
+            Self::JsonMany => json(http, target, "echo", args.users, seconds).await,
+            Self::ReadOne => json(http, target, "lookup", 1, seconds).await,
+            Self::ReadMany => json(http, target, "lookup", args.users, seconds).await,
             Self::Burst => {
                 let plan = StreamPlan {
                     streams: args.burst_streams,
@@ -609,17 +624,33 @@ async fn session(http: &Http, url: &str) -> Outcome<String> {
     })?;
     body_text(resp).await.map_err(|e| e.to_string())?;
     let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    in_session(http, url, &id, initialized).await?;
+    // As SDK clients do: the tools first (the sidecar learns which are read-only).
+    let tools = in_session(
+        http,
+        url,
+        &id,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    )
+    .await?;
+    if !tools.contains("\"lookup\"") {
+        return Err(format!("{url}: tools/list answered {tools}"));
+    }
+    Ok(id)
+}
+
+/// POSTs `message` in session `id`: the answer's body.
+async fn in_session(http: &Http, url: &str, id: &str, message: &'static str) -> Outcome<String> {
     let resp = http
         .send(
             Method::POST,
             url,
-            &session_headers(&id),
-            Some(Bytes::from_static(initialized.as_bytes())),
+            &session_headers(id),
+            Some(Bytes::from_static(message.as_bytes())),
         )
         .await
         .map_err(|e| e.to_string())?;
-    body_text(resp).await.map_err(|e| e.to_string())?;
-    Ok(id)
+    body_text(resp).await.map_err(|e| e.to_string())
 }
 
 fn session_headers(id: &str) -> [(&str, &str); 4] {
@@ -631,8 +662,14 @@ fn session_headers(id: &str) -> [(&str, &str); 4] {
     ]
 }
 
-/// `users` closed-loop clients calling `echo` for `seconds`.
-async fn json(http: &Http, target: &Target, users: usize, seconds: Duration) -> Outcome<Figures> {
+/// `users` closed-loop clients calling `tool` (`echo` or `lookup`) for `seconds`.
+async fn json(
+    http: &Http,
+    target: &Target,
+    tool: &'static str,
+    users: usize,
+    seconds: Duration,
+) -> Outcome<Figures> {
     let mut sessions = Vec::with_capacity(users);
     for _ in 0..users {
         sessions.push(session(http, &target.url).await?);
@@ -643,11 +680,11 @@ async fn json(http: &Http, target: &Target, users: usize, seconds: Duration) -> 
     let loops = sessions.into_iter().map(|id| {
         let (http, url) = (http.clone(), target.url.clone());
         async move {
-            let (mut done, mut errors, mut n) = (0u64, 0u64, 0u64);
+            let (mut done, mut errors, mut n) = (0u64, 0u64, 2u64);
             while Instant::now() < deadline {
                 n += 1;
                 let body = format!(
-                    r#"{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"hello {n}"}}}}}}"#
+                    r#"{{"jsonrpc":"2.0","id":{n},"method":"tools/call","params":{{"name":"{tool}","arguments":{{"text":"hello {n}"}}}}}}"#
                 );
                 let answer = match http
                     .send(Method::POST, &url, &session_headers(&id), Some(Bytes::from(body)))
@@ -846,30 +883,35 @@ fn report(
         rows.push((label, cells));
     };
     let users = args.users;
-    row(
-        "JSON, 1 user: req/s".into(),
-        Measure::JsonOne,
-        &Figures::rate,
-        0,
-    );
-    row(
-        "JSON, 1 user: server CPU per request (µs)".into(),
-        Measure::JsonOne,
-        &Figures::cpu_per_unit_us,
-        1,
-    );
-    row(
-        format!("JSON, {users} users: req/s"),
-        Measure::JsonMany,
-        &Figures::rate,
-        0,
-    );
-    row(
-        format!("JSON, {users} users: server CPU per request (µs)"),
-        Measure::JsonMany,
-        &Figures::cpu_per_unit_us,
-        1,
-    );
+    for (tool, one, many) in [
+        ("echo", Measure::JsonOne, Measure::JsonMany),
+        ("read-only lookup", Measure::ReadOne, Measure::ReadMany),
+    ] {
+        row(
+            format!("JSON {tool}, 1 user: req/s"),
+            one,
+            &Figures::rate,
+            0,
+        );
+        row(
+            format!("JSON {tool}, 1 user: server CPU per request (µs)"),
+            one,
+            &Figures::cpu_per_unit_us,
+            1,
+        );
+        row(
+            format!("JSON {tool}, {users} users: req/s"),
+            many,
+            &Figures::rate,
+            0,
+        );
+        row(
+            format!("JSON {tool}, {users} users: server CPU per request (µs)"),
+            many,
+            &Figures::cpu_per_unit_us,
+            1,
+        );
+    }
     let (s, e) = (args.burst_streams, args.burst_events);
     row(
         format!("SSE, {s} streams × {e} events no pause: events/s"),

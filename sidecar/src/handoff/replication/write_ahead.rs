@@ -140,6 +140,15 @@ impl WriteAhead for Ahead {
             handoff.written(session, requests).await;
         }
     }
+
+    fn spared(&self, _requests: &[RequestKey]) {
+        if let Some(handoff) = self.0.upgrade() {
+            let cfg = handoff.broker.cfg();
+            if cfg.replication != Replication::None && cfg.write_ahead {
+                handoff.metrics.write_ahead(WriteAheadOutcome::Harmless);
+            }
+        }
+    }
 }
 
 impl Handoff {
