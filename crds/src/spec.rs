@@ -450,7 +450,7 @@ pub struct SessionSpec {
     /// runner-up) when what the replica carries changed, at most every 50 ms, as the change
     /// since the copy there; the replica pod counts it in its retained bytes. Measured cost of
     /// `Sessions` for a request that does not wait for `writeAhead`: about 11 % more CPU per
-    /// JSON request at one client and 22 to 31 % with 32 busy sessions, 2 to 5 % per SSE
+    /// JSON request at one client and 22 to 29 % with 32 busy sessions, 2 to 5 % per SSE
     /// event, under 1 KiB per idle session at the replica pod; `Events` costs 65 to 73 % more
     /// per SSE event and doubles to triples the SSE lag p99.
     #[serde(default)]
@@ -458,9 +458,10 @@ pub struct SessionSpec {
     /// With replication, whether a request is sent to the MCP server only once the replica pod
     /// keeps its retry record (write-ahead): a request running when its holder was lost is then
     /// never run a second time by its client's retry, which gets an explicit error instead.
-    /// Only requests whose second run could change something wait: reads, lists, `ping` and
-    /// calls of tools the MCP server's `tools/list` declares `readOnlyHint` or `idempotentHint`
-    /// go at once. A request that waits costs a round trip to the replica pod before the MCP
+    /// Only requests whose second run could change something wait: `ping`, the lists, reads,
+    /// (un)subscriptions, `completion/complete`, `logging/setLevel`, `tasks/get`, `tasks/result`,
+    /// `tasks/cancel` and calls of the tools the MCP server's `tools/list` declares
+    /// `readOnlyHint: true` go at once. A request that waits costs a round trip to the replica pod before the MCP
     /// server sees it, and a message per round trip (requests waiting together share one):
     /// measured on a 2-core machine with a trivial tool, 5.5 to 6 times the CPU per call of
     /// `replication: None` at one client and twice with 32 busy sessions. With `false` a

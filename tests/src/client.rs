@@ -202,8 +202,9 @@ impl Http {
     /// Sends a request with `headers` and an optional body.
     ///
     /// # Errors
-    /// [`HarnessError::Http`] when the exchange fails, or no response headers arrive within
-    /// [`RESPONSE_TIMEOUT`] (a test never waits for ever on a server that does not answer).
+    /// [`HarnessError::Connection`] when the connection fails before any response headers;
+    /// [`HarnessError::Http`] when no response headers arrive within [`RESPONSE_TIMEOUT`] (a
+    /// test never waits for ever on a server that does not answer).
     pub async fn send(
         &self,
         method: Method,
@@ -242,7 +243,7 @@ impl Http {
                     "{method} {url}: no response headers within {RESPONSE_TIMEOUT:?}"
                 ))
             })?
-            .map_err(|e| HarnessError::Http(format!("{url}: {e}")))
+            .map_err(|e| HarnessError::Connection(format!("{url}: {e}")))
             .map(|mut resp| {
                 resp.extensions_mut().insert(AnsweredBy(host));
                 resp
@@ -310,6 +311,8 @@ pub struct McpClient {
     /// Waits before each new attempt of a request whose connection failed before any answer
     /// ([`McpClient::reconnecting`]); none by default.
     reconnects: &'static [Duration],
+    /// Requests sent again after a failed connection, by this client and its clones.
+    reconnected: Arc<AtomicU64>,
     /// `Authorization` of every request of this client and its clones, unless a request sets
     /// its own ([`McpClient::set_authorization`]).
     authorization: Arc<RwLock<Option<String>>>,
@@ -336,8 +339,8 @@ const RETRY_AFTER_ATTEMPTS: u32 = 10;
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(2);
 
 /// When a client that reconnects ([`McpClient::reconnecting`]) sends a request again after its
-/// connection failed before any answer: the TypeScript SDK's reconnection schedule (2 more
-/// attempts, 1 s and then 1.5 s later).
+/// connection failed before any answer: the schedule on which the TypeScript SDK reconnects a
+/// stream (2 more attempts, 1 s and then 1.5 s later).
 const RECONNECT_DELAYS: [Duration; 2] = [Duration::from_millis(1000), Duration::from_millis(1500)];
 
 /// The SSE events of a response.
@@ -487,6 +490,7 @@ impl McpClient {
             entries: Arc::new(RwLock::new(urls)),
             honour_retry_after: false,
             reconnects: &[],
+            reconnected: Arc::default(),
             authorization: Arc::default(),
             tokens: None,
             headers: Arc::default(),
@@ -540,12 +544,19 @@ impl McpClient {
     }
 
     /// This client, sending a request again (to a fresh entry) when its connection failed before
-    /// any answer, as MCP SDK clients reconnect (`RECONNECT_DELAYS`): what a client does when
-    /// the pod its connection went to was lost. The same request id and body again is tether's
-    /// retry (it attaches to the running request or replays its answer).
+    /// any response headers (refused, reset: not a timeout), on the schedule MCP SDKs reconnect
+    /// a stream on (`RECONNECT_DELAYS`): what a client does when the pod its connection went to
+    /// was lost. A resume (GET) is what SDKs send again; a POST sent again (same id and body) is
+    /// tether's retry, which attaches to the running request or replays its answer, and which an
+    /// SDK leaves to its application. Counted ([`McpClient::reconnected`]).
     pub fn reconnecting(mut self) -> Self {
         self.reconnects = &RECONNECT_DELAYS;
         self
+    }
+
+    /// Requests this client and its clones sent again after a failed connection.
+    pub fn reconnected(&self) -> u64 {
+        self.reconnected.load(Ordering::Relaxed)
     }
 
     /// Sends a request to an entry; with [`McpClient::honouring_retry_after`], again after a
@@ -622,13 +633,17 @@ impl McpClient {
                     body.clone(),
                 )
                 .await;
-            let resp = match (sent, reconnects.next()) {
-                (Ok(resp), _) => resp,
-                (Err(_), Some(&wait)) => {
-                    tokio::time::sleep(wait).await;
-                    continue;
-                }
-                (Err(e), None) => return Err(e),
+            let resp = match sent {
+                Ok(resp) => resp,
+                Err(HarnessError::Connection(e)) => match reconnects.next() {
+                    Some(&wait) => {
+                        self.reconnected.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(wait).await;
+                        continue;
+                    }
+                    None => return Err(HarnessError::Connection(e)),
+                },
+                Err(e) => return Err(e),
             };
             if let (Some(tokens), Some(sent)) = (&self.tokens, &authorization)
                 && resp.status() == StatusCode::UNAUTHORIZED

@@ -86,6 +86,10 @@ pub enum HarnessError {
     /// An HTTP exchange failed.
     #[error("http: {0}")]
     Http(String),
+    /// The connection of an HTTP exchange failed before any response headers: refused, reset
+    /// or closed (the server it went to is gone, say).
+    #[error("http: {0}")]
+    Connection(String),
     /// A peer answered something unexpected.
     #[error("protocol: {0}")]
     Protocol(String),

@@ -240,7 +240,7 @@ label_value!(
 /// Whether a second call of a tool is harmless (`tether_write_ahead_tools{rerun}`).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, strum::VariantArray)]
 pub(crate) enum ToolRerun {
-    /// Declared read-only or idempotent.
+    /// Declared read-only.
     Harmless,
     /// Not declared so.
     Harmful,
@@ -588,7 +588,7 @@ impl BrokerMetrics {
         );
         r.register(
             "write_ahead_tools",
-            "Tools the MCP server declared in its tools/list answers, by whether a second call is harmless (read-only or idempotent: no write-ahead): at most --write-ahead-max-tools",
+            "Tools the MCP server declared in its tools/list answers, by whether a second call is harmless (read-only: no write-ahead): at most --write-ahead-max-tools",
             m.write_ahead_tools.clone(),
         );
         r.register(

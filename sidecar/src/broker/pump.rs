@@ -378,6 +378,7 @@ impl Broker {
             let Some((event, data)) = cursor.take(ev) else {
                 continue;
             };
+            self.watch_tools(&data);
             let data = match self.seal_answer(&data, &owner, Revision::Session) {
                 Ok(sealed) => sealed.map_or(data, Bytes::from),
                 Err(rejection) => {

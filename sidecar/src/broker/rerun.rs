@@ -5,16 +5,21 @@
 //!
 //! Harmless are the methods that change nothing at the MCP server ([`HARMLESS_METHODS`]: reads,
 //! lists, `ping`, subscriptions and the log level, which are idempotent) and the calls of tools
-//! the MCP server declares harmless in its `tools/list` answers: `annotations.readOnlyHint: true`
-//! (the tool does not modify its environment) or `idempotentHint: true` (calling it again with
-//! the same arguments has no additional effect). Every other request, a call of a tool never
-//! listed or of a method this sidecar does not know included, is harmful.
+//! the MCP server declares read-only in its `tools/list` answers (`annotations.readOnlyHint:
+//! true`: the tool does not modify its environment). `idempotentHint` is not enough: the retry
+//! comes a second or more after the first run, after a failover, and running `set(x, 1)` again
+//! then may undo what another session wrote meanwhile. Every other request, a call of a tool
+//! never listed or of a method this sidecar does not know included, is harmful.
 //!
 //! The MCP server is the one the endpoint fronts, so its annotations are trusted: a tool that
-//! claims to be harmless and is not can only be run twice by its own server. A tool stays
-//! harmless while every listing seen declares it so; one listing that does not makes it harmful
-//! until the sidecar restarts. At most `--write-ahead-max-tools` tools are remembered (counted
-//! in `tether_write_ahead_tools`); a tool beyond is harmful.
+//! claims to be read-only and is not can only be run twice by its own server. The tools are
+//! known per pod, by name: a server whose tool of one name is read-only in one session and not
+//! in another must not declare it read-only. A tool stays harmless while every listing that names
+//! it declares it so; one listing that does not makes it harmful until the sidecar restarts. A
+//! `notifications/tools/list_changed` from the server forgets the harmless ones (until the next
+//! listing). Learning follows the answer: a call sent while its listing's answer is being read is
+//! classified as before it. At most `--write-ahead-max-tools` tools are remembered (counted in
+//! `tether_write_ahead_tools`); a tool beyond is harmful.
 
 use std::collections::HashMap;
 
@@ -84,7 +89,7 @@ fn declared(answer: &Value) -> impl Iterator<Item = (&str, bool)> {
         .filter_map(|tool| {
             let name = tool["name"].as_str()?;
             let hints = &tool["annotations"];
-            let harmless = hints["readOnlyHint"] == true || hints["idempotentHint"] == true;
+            let harmless = hints["readOnlyHint"] == true;
             Some((name, harmless))
         })
 }
@@ -122,9 +127,32 @@ impl Tools {
                 known.insert(name.into(), harmless);
             }
         }
-        let harmless = known.values().filter(|h| **h).count();
-        (harmless, known.len() - harmless)
+        count(&known)
     }
+
+    /// Forgets the tools declared harmless (the server said its tools changed); returns the
+    /// counts as [`Tools::learn`] does.
+    pub(crate) fn forget_harmless(&self) -> (usize, usize) {
+        let mut known = self.known.lock();
+        known.retain(|_, harmless| !*harmless);
+        count(&known)
+    }
+}
+
+/// The known tools that are harmless and harmful.
+fn count(known: &HashMap<Box<str>, bool>) -> (usize, usize) {
+    let harmless = known.values().filter(|h| **h).count();
+    (harmless, known.len() - harmless)
+}
+
+/// Whether upstream message `data` may be a `notifications/tools/list_changed` (a cheap search:
+/// a false positive only forgets what the next listing teaches again).
+pub(crate) fn may_change_tools(data: &[u8]) -> bool {
+    static LIST_CHANGED: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| {
+            memchr::memmem::Finder::new(b"notifications/tools/list_changed")
+        });
+    LIST_CHANGED.find(data).is_some()
 }
 
 impl Broker {
@@ -144,6 +172,14 @@ impl Broker {
     pub(super) fn learn_tools(&self, answer: &[u8]) {
         let (harmless, harmful) = self.tools.learn(answer);
         self.metrics.write_ahead_tools(harmless, harmful);
+    }
+
+    /// Forgets the harmless tools when upstream message `data` says the tools changed.
+    pub(super) fn watch_tools(&self, data: &[u8]) {
+        if may_change_tools(data) {
+            let (harmless, harmful) = self.tools.forget_harmless();
+            self.metrics.write_ahead_tools(harmless, harmful);
+        }
     }
 }
 
@@ -178,18 +214,20 @@ mod tests {
     }
 
     #[test]
-    fn a_tool_is_harmless_while_every_listing_declares_it_read_only_or_idempotent() {
+    fn a_tool_is_harmless_while_every_listing_declares_it_read_only() {
         let tools = Tools::new(8);
         let first = listing(json!([
             {"name": "search", "annotations": {"readOnlyHint": true}},
+            {"name": "lookup", "annotations": {"readOnlyHint": true, "idempotentHint": true}},
             {"name": "upsert", "annotations": {"readOnlyHint": false, "idempotentHint": true}},
             {"name": "delete", "annotations": {"destructiveHint": true}},
             {"name": "plain"},
             {"name": "liar", "annotations": {"readOnlyHint": "yes"}},
         ]));
-        assert_eq!(tools.learn(&first), (2, 3));
-        assert!(tools.harmless("search") && tools.harmless("upsert"));
-        assert!(!tools.harmless("delete") && !tools.harmless("plain") && !tools.harmless("liar"));
+        assert_eq!(tools.learn(&first), (2, 4));
+        assert!(tools.harmless("search") && tools.harmless("lookup"));
+        assert!(!tools.harmless("upsert") && !tools.harmless("delete"));
+        assert!(!tools.harmless("plain") && !tools.harmless("liar"));
         assert!(!tools.harmless("never-listed"));
         // A later listing that does not declare it harmless makes it harmful for good; one
         // that declares a harmful tool harmless does not change it.
@@ -197,9 +235,22 @@ mod tests {
             {"name": "search"},
             {"name": "delete", "annotations": {"readOnlyHint": true}},
         ]));
-        assert_eq!(tools.learn(&second), (1, 4));
+        assert_eq!(tools.learn(&second), (1, 5));
         assert!(!tools.harmless("search") && !tools.harmless("delete"));
-        assert!(tools.harmless("upsert"));
+        assert!(tools.harmless("lookup"));
+        // The server said its tools changed: the harmless ones wait for the next listing.
+        let changed = br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
+        assert!(may_change_tools(changed));
+        assert!(!may_change_tools(
+            br#"{"jsonrpc":"2.0","method":"notifications/progress"}"#
+        ));
+        assert_eq!(tools.forget_harmless(), (0, 5));
+        assert!(!tools.harmless("lookup"));
+        assert_eq!(
+            tools.learn(&first),
+            (1, 5),
+            "lookup again; search stays harmful"
+        );
     }
 
     #[test]

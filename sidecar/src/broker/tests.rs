@@ -189,7 +189,8 @@ async fn answer(
                     Some("2"),
                 ),
                 Some(_) => (
-                    json!([{"name": "upsert", "annotations": {"idempotentHint": true}}]),
+                    json!([{"name": "lookup", "annotations": {"readOnlyHint": true}},
+                           {"name": "upsert", "annotations": {"idempotentHint": true}}]),
                     None,
                 ),
             };
@@ -644,18 +645,19 @@ async fn only_a_request_whose_second_dispatch_could_harm_waits_for_the_write_ahe
     assert_eq!(page.status, StatusCode::OK);
     call(3, "search").await;
     call(4, "progress").await;
-    // The second page (an SSE event) declares `upsert` idempotent.
+    // The second page (an SSE event) declares `lookup` read-only, `upsert` only idempotent.
     let page = pod
         .request(Method::POST, Some(&session), None, Some(list(5, Some("2"))))
         .await;
     assert_eq!(read_all(page).await.len(), 1);
-    call(6, "upsert").await;
-    call(7, "never-listed").await;
+    call(6, "lookup").await;
+    call(7, "upsert").await;
+    call(8, "never-listed").await;
 
     assert_eq!(
         *waits.0.lock(),
         [
-            "wait 1", "spared 2", "spared 3", "wait 4", "spared 5", "spared 6", "wait 7"
+            "wait 1", "spared 2", "spared 3", "wait 4", "spared 5", "spared 6", "wait 7", "wait 8"
         ]
     );
 }

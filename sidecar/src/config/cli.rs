@@ -356,7 +356,7 @@ pub struct Cli {
     #[arg(long, env = "TETHER_MAX_UPSTREAM_DELETES", value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_upstream_deletes: u32,
     /// Most tools remembered from the MCP server's `tools/list` answers, with whether it
-    /// declares each harmless to call again (read-only or idempotent): a call of such a tool
+    /// declares each read-only (harmless to call again): a call of such a tool
     /// skips the write-ahead. A tool beyond this many waits as any other
     /// (`tether_write_ahead_tools`).
     #[arg(

@@ -240,7 +240,8 @@ pub(crate) struct HandoffMetrics {
     replicas_sent: Family<SentLabel, Counter>,
     /// Sessions held here without a replica kept current.
     sessions_unreplicated: Gauge,
-    /// Requests that waited for their record to be kept before dispatch, by how it ended.
+    /// Requests that waited for their record to be kept before dispatch, by how it ended, and
+    /// those that did not need to.
     write_ahead: Family<WriteAheadLabel, Counter>,
 }
 
@@ -318,7 +319,7 @@ impl HandoffMetrics {
         );
         r.register(
             "write_ahead",
-            "Requests that waited for their replica pod to keep their retry record before they were dispatched, by how the wait ended",
+            "Requests that waited for their replica pod to keep their retry record before they were dispatched, by how the wait ended; harmless: did not wait, a second dispatch changes nothing",
             m.write_ahead.clone(),
         );
         m

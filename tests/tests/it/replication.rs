@@ -140,7 +140,8 @@ async fn lose(s: &mut Scenario, ip: Ipv4Addr) {
     s.check(left);
 }
 
-/// A `slow` call in `session` via `client`, read to its end: its messages.
+/// A `slow` call in `session` via `client` (which honours `Retry-After`: a session in the middle
+/// of a move is answered 503), read to its end: its messages.
 async fn call(
     s: &Scenario,
     client: &McpClient,
@@ -180,7 +181,8 @@ async fn a_lost_replica_pod_s_sessions_are_replicated_again_at_the_next_runner_u
     // A is lost too: the session goes on at C.
     let a = s.a;
     lose(&mut s, a).await;
-    let answer = call(&s, &s.cluster.client_of(&[c]), &session, 2).await;
+    let client = s.cluster.client_of(&[c]).honouring_retry_after();
+    let answer = call(&s, &client, &session, 2).await;
     let last = answer.last().expect("an answer");
     assert_eq!(last["id"], 2, "{last}");
     assert!(last.get("result").is_some(), "the call ran at C: {last}");
@@ -228,10 +230,22 @@ async fn a_pod_that_crashes_while_it_relays_the_calls_it_handed_off_loses_no_ses
 /// Where in its drain A is lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
-    /// At once: its sessions are still its own (promoted at their replica pods).
+    /// At once: its sessions are still mostly its own (promoted at their replica pods).
     Begun,
     /// Once every session was handed off: A still relays the calls that were running.
     Relaying,
+}
+
+impl Stage {
+    /// The explicit errors the calls running on A may end with: promoted sessions' calls end
+    /// `holder_lost`, handed-off ones' `handoff_interrupted` (as A is lost at once, its drain
+    /// may still have handed some off).
+    fn announced(self) -> &'static [&'static str] {
+        match self {
+            Self::Begun => &["holder_lost", "handoff_interrupted"],
+            Self::Relaying => &["handoff_interrupted"],
+        }
+    }
 }
 
 /// 100 sessions on A, 4 of them with a call running; A drains and is lost at `stage`. Every
@@ -254,9 +268,10 @@ async fn crash_during_drain(stage: Stage) {
         s.check(placed) >= SESSIONS as f64,
         "every replica is placed"
     );
+    // Calls that run for 8 s: well past the drain and the loss.
     let mut running = Vec::new();
     for (i, session) in sessions.iter().take(RUNNING).enumerate() {
-        let plan = CallPlan::steady(40, 50);
+        let plan = CallPlan::steady(40, 200);
         let id = 10 + i as u64;
         let posted = Tracked::post(&s.via_a(), session, id, &format!("running-{i}"), &plan).await;
         let (mut call, mut events) = s.check(posted);
@@ -274,7 +289,7 @@ async fn crash_during_drain(stage: Stage) {
     let a = s.a;
     lose(&mut s, a).await;
 
-    let client = s.via_rest();
+    let client = s.via_rest().honouring_retry_after();
     for (i, session) in sessions.iter().enumerate() {
         let answer = call(&s, &client, session, 100 + i as u64).await;
         let last = answer.last().expect("an answer");
@@ -293,11 +308,24 @@ async fn crash_during_drain(stage: Stage) {
             out.announced,
             out.progress.len()
         );
+        let reason = out.announced.as_deref();
         assert!(
-            out.result.is_some() || out.announced.is_some(),
-            "call {i} ended with neither its answer nor an explicit error: {:?}",
+            reason.is_some_and(|r| stage.announced().contains(&r)),
+            "call {i} ended with {reason:?}, not one of {:?}: {:?}",
+            stage.announced(),
             out.failures
         );
+    }
+    // The running calls ran on A alone: no pod runs them again. (A's own count went with it.)
+    for pod in &s.cluster.pods {
+        let stats = s.check(pod.stats().await);
+        let again: Vec<&String> = stats["calls"]
+            .as_object()
+            .into_iter()
+            .flat_map(|calls| calls.keys())
+            .filter(|id| id.starts_with("running-"))
+            .collect();
+        assert!(again.is_empty(), "{} ran {again:?} again", pod.ip);
     }
     assert_eq!(
         s.check(s.cluster.executed_twice().await),
