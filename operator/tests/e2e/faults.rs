@@ -88,6 +88,21 @@ async fn reconnecting_load(
     Ok((load, kept.ok_or("the load made no client")?))
 }
 
+/// Lets the load of `load` (and its client) go on for [`AFTER`], ends it and judges what its
+/// clients saw ([`survived`]), the servers' executions counted from `logs`.
+async fn judge(
+    cluster: &Cluster,
+    (load, client): (crate::traffic::Load, McpClient),
+    logs: &ServerLogs,
+    after: &str,
+) -> Outcome {
+    tokio::time::sleep(AFTER).await;
+    let mut report = load.finish().await?;
+    logs.count_executions(&mut report, cluster.settings.timeout)
+        .await;
+    survived(&report, client.reconnected(), after)
+}
+
 /// The first running example pod of `ns`: its name and UID.
 async fn victim(cluster: &Cluster, ns: &str) -> Outcome<(String, String)> {
     let pod = cluster
@@ -116,15 +131,8 @@ async fn a_pod_force_deleted_under_load_shows_clients_no_404() {
         pods.delete(&name, &force).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         cluster.wait_rolled(ns, &target).await?;
-        tokio::time::sleep(AFTER).await;
-        let mut report = load.finish().await?;
-        logs.count_executions(&mut report, cluster.settings.timeout)
-            .await;
-        survived(
-            &report,
-            client.reconnected(),
-            &format!("kubectl delete pod {name} --force --grace-period=0"),
-        )
+        let after = format!("kubectl delete pod {name} --force --grace-period=0");
+        judge(cluster, (load, client), &logs, &after).await
     })
     .await;
 }
@@ -155,15 +163,8 @@ async fn a_sidecar_killed_under_load_shows_clients_no_404() {
             },
         )
         .await?;
-        tokio::time::sleep(AFTER).await;
-        let mut report = load.finish().await?;
-        logs.count_executions(&mut report, cluster.settings.timeout)
-            .await;
-        survived(
-            &report,
-            client.reconnected(),
-            &format!("kill -KILL of pod {name}'s sidecar"),
-        )
+        let after = format!("kill -KILL of pod {name}'s sidecar");
+        judge(cluster, (load, client), &logs, &after).await
     })
     .await;
 }
