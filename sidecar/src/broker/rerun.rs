@@ -30,11 +30,8 @@ use super::Broker;
 use crate::mcp::jsonrpc::Message;
 use crate::mcp::methods::{
     LOGGING_SET_LEVEL, PING, RESOURCES_SUBSCRIBE, RESOURCES_UNSUBSCRIBE, TASKS_CANCEL, TASKS_GET,
-    TASKS_RESULT, TOOLS_CALL,
+    TASKS_RESULT, TOOLS_CALL, TOOLS_LIST,
 };
-
-/// The method whose answers list the tools.
-pub(crate) const TOOLS_LIST: &str = "tools/list";
 
 /// Methods a second dispatch of which changes nothing at the MCP server.
 const HARMLESS_METHODS: [&str; 14] = [

@@ -13,6 +13,8 @@ pub(crate) const CANCELLED: &str = "notifications/cancelled";
 pub(crate) const PING: &str = "ping";
 /// A tool call.
 pub(crate) const TOOLS_CALL: &str = "tools/call";
+/// The tools' list (whose answers declare each tool's annotations).
+pub(crate) const TOOLS_LIST: &str = "tools/list";
 /// The log level a client sets for its session.
 pub(crate) const LOGGING_SET_LEVEL: &str = "logging/setLevel";
 /// A subscription to a resource's updates.
