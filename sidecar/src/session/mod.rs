@@ -34,7 +34,7 @@ pub(crate) use feed::Subscription;
 pub(crate) use holding::HandoffState;
 pub(crate) use ledger::{Dedupe, RetryRecord, RetryRoom, RetryWindow};
 pub(crate) use registry::{Adopted, NoRoom, Refused, Registry};
-pub(crate) use replica::Shipped;
+pub(crate) use replica::{Shipped, ShippedChange};
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -38,6 +38,11 @@ impl Shipped {
         self.streams.get(key) == Some(&mark)
     }
 
+    /// Whether it lists stream `key`, as it is or not.
+    pub(super) fn holds_stream(&self, key: &StreamKey) -> bool {
+        self.streams.contains_key(key)
+    }
+
     pub(super) fn add_stream(&mut self, key: &StreamKey, mark: u64) {
         self.streams.insert(key.clone(), mark);
     }
@@ -55,14 +60,25 @@ impl Shipped {
         self.requests.get(id) == Some(&mark)
     }
 
+    /// Whether it lists the retry record of request `id`, as it is or not.
+    pub(super) fn holds_request(&self, id: &RequestKey) -> bool {
+        self.requests.contains_key(id)
+    }
+
     pub(super) fn add_request(&mut self, id: &RequestKey, mark: u64) {
         self.requests.insert(id.clone(), mark);
     }
 
-    /// Adds what `more` lists (parts the replica pod kept beside those it held).
-    pub(crate) fn extend(&mut self, more: Shipped) {
-        self.streams.extend(more.streams);
-        self.requests.extend(more.requests);
+    /// What the replica pod holds once it kept `change` of it.
+    pub(crate) fn apply(&mut self, change: ShippedChange) {
+        self.streams.extend(change.adds.streams);
+        self.requests.extend(change.adds.requests);
+        for key in &change.forgotten_streams {
+            self.streams.remove(key);
+        }
+        for id in &change.forgotten_requests {
+            self.requests.remove(id);
+        }
     }
 
     /// Bytes it takes, for `tether_retained_bytes{kind="replicas"}` at the holder.
@@ -70,6 +86,15 @@ impl Shipped {
         let keys: usize = self.requests.keys().map(|id| id.as_json().len()).sum();
         (self.streams.len() + self.requests.len()) as u64 * SHIPPED_ENTRY_BYTES + keys as u64
     }
+}
+
+/// A change of what a replica pod's copy of a session holds ([`Shipped::apply`]).
+#[derive(Debug, Default)]
+pub(crate) struct ShippedChange {
+    /// Streams and records added or replaced.
+    pub(crate) adds: Shipped,
+    pub(crate) forgotten_streams: Vec<StreamKey>,
+    pub(crate) forgotten_requests: Vec<RequestKey>,
 }
 
 /// A session's replica to send: whole, or what changed since what the replica pod holds
@@ -84,8 +109,11 @@ pub(crate) struct ReplicaParts {
     pub(crate) forgotten_streams: Vec<StreamKey>,
     /// Retry records the replica pod holds that the session no longer keeps.
     pub(crate) forgotten_requests: Vec<RequestKey>,
-    /// What the replica pod holds once it applied these.
+    /// What the replica pod holds once it applied these: all of it, or (with
+    /// [`ReplicaParts::change`]) what these add to what it held.
     pub(crate) shipped: Shipped,
+    /// [`ReplicaParts::shipped`] lists what these add, not all the replica pod holds.
+    pub(crate) change: bool,
 }
 
 impl ReplicaParts {
@@ -136,13 +164,17 @@ impl Session {
         max_bytes: usize,
         since: Option<&Shipped>,
     ) -> (SessionSnapshot, ReplicaParts) {
-        let st = self.state.lock();
-        let mut parts =
-            st.ledger
-                .replica_parts(events, max_bytes, since.unwrap_or(&Shipped::default()));
+        let mut st = self.state.lock();
+        let mut parts = st.ledger.replica_parts(events, max_bytes, since);
         let records = std::mem::take(&mut parts.records);
         let streams = std::mem::take(&mut parts.streams);
         (self.snapshot_of(&st, records, streams), parts)
+    }
+
+    /// Nobody follows the session's replica any more (the replicator stopped tracking it):
+    /// what changes in its ledger is no longer listed.
+    pub(crate) fn unfollow_replica(&self) {
+        self.state.lock().ledger.unfollow_replica();
     }
 
     /// Whether `shipped` (what the replica pod's copy holds) has the retry records of

@@ -53,7 +53,7 @@ use crate::mcp::jsonrpc::RequestKey;
 use crate::peer::REPLICAS_PATH;
 use crate::peer::wire::{ReplicaDrop, ReplicaOutcome, ReplicaUpdate, ReplicasAnswer, ReplicasPush};
 use crate::retained::{Charge, Kind};
-use crate::session::{Session, Shipped, Subscription};
+use crate::session::{Session, Shipped, ShippedChange, Subscription};
 
 /// The replication interval: how long changes gather before they are sent.
 pub(crate) const INTERVAL: Duration = Duration::from_millis(50);
@@ -178,6 +178,12 @@ struct Tracked {
     charge: Charge,
     /// Looked at this round whatever its feed says (new here).
     fresh: bool,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.session.unfollow_replica();
+    }
 }
 
 impl Tracked {
@@ -348,11 +354,11 @@ impl Replicating {
     }
 }
 
-/// What the replica pod's copy of a session holds once it kept a send: all of it (a whole
-/// replica, a change), or what it holds already and more (the records written ahead).
+/// What the replica pod's copy of a session holds once it kept a send: all of it, or a change
+/// of what it held (a change since that copy, the records written ahead).
 enum Holds {
     Exactly(Shipped),
-    More(Shipped),
+    Change(ShippedChange),
 }
 
 /// What one replica pod gets in a round: the replicas (whole or changes; beside each, its
@@ -478,8 +484,8 @@ impl Handoff {
                 // What the replica pod holds is known only once it kept the replica.
                 let holds = match (outcome, shipped, t.shipped.take()) {
                     (Some(ReplicaOutcome::Kept), Holds::Exactly(holds), _) => Some(holds),
-                    (Some(ReplicaOutcome::Kept), Holds::More(more), Some(mut holds)) => {
-                        holds.extend(more);
+                    (Some(ReplicaOutcome::Kept), Holds::Change(change), Some(mut holds)) => {
+                        holds.apply(change);
                         Some(holds)
                     }
                     _ => None,
@@ -795,17 +801,21 @@ fn replica_update(
         snapshot.streams.iter_mut().for_each(carry::sessions_only);
     }
     let adds = matches!(scope, Scope::Requests(..));
+    let holds = if parts.change {
+        Holds::Change(ShippedChange {
+            adds: parts.shipped,
+            forgotten_streams: parts.forgotten_streams.clone(),
+            forgotten_requests: parts.forgotten_requests.clone(),
+        })
+    } else {
+        Holds::Exactly(parts.shipped)
+    };
     let update = ReplicaUpdate {
         mark: if adds { base.unwrap_or(mark) } else { mark },
         base,
         image: image::session_image(&snapshot),
         forgotten_streams: parts.forgotten_streams,
         forgotten_requests: parts.forgotten_requests,
-    };
-    let holds = if adds {
-        Holds::More(parts.shipped)
-    } else {
-        Holds::Exactly(parts.shipped)
     };
     (update, holds)
 }

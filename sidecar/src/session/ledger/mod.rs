@@ -48,6 +48,9 @@
 //! the session (its [`super::Session`] tells them).
 
 mod answered;
+mod changes;
+#[cfg(test)]
+mod changes_tests;
 mod tombstones;
 
 use std::collections::{HashMap, VecDeque};
@@ -63,6 +66,7 @@ use crate::stream::{StoredReply, Stream, StreamKind, StreamSnapshot};
 use super::bounded::Bounded;
 use super::replica::{ReplicaParts, Shipped};
 use answered::Answers;
+use changes::{Changed, Changes};
 use tombstones::Tombstones;
 
 /// Most streams (live or tombstones) one session keeps.
@@ -90,6 +94,15 @@ fn record_bytes(id: &RequestKey) -> u64 {
 struct RequestRecord {
     digest: [u8; 32],
     stream: StreamKey,
+}
+
+/// Retry record `rec` of request `id`, as a snapshot carries it.
+fn record(id: &RequestKey, rec: &RequestRecord) -> RetryRecord {
+    RetryRecord {
+        id: id.clone(),
+        digest: rec.digest,
+        stream: rec.stream.clone(),
+    }
 }
 
 /// One retry record, as a [`super::SessionSnapshot`] carries it: a request id, the SHA-256 of
@@ -195,6 +208,8 @@ pub(super) struct RetryLedger {
     /// beyond still in use; the next walk of the window waits [`WINDOW_WALK_PACE`] from then
     /// ([`RetryLedger::trim_window`]).
     crowded_at: Option<Instant>,
+    /// What changed since the session's replica was last computed.
+    changes: Changes,
 }
 
 impl RetryLedger {
@@ -212,6 +227,7 @@ impl RetryLedger {
             tombstones_charge: retained.charge(Kind::Tombstones),
             window: RetryWindow::DEFAULT,
             crowded_at: None,
+            changes: Changes::new(retained.charge(Kind::Replicas)),
         }
     }
 
@@ -238,19 +254,20 @@ impl RetryLedger {
             .filter_map(|key| self.streams.get(key))
     }
 
-    /// Feeds what a replica of the ledger carries into `h`: each stream kept (live ones as
-    /// [`Stream::mark`] sees them, answered records by key) and the retry records.
+    /// Feeds what a replica of the ledger carries into `h`: its revision (every stream or
+    /// retry record registered, settled or forgotten moves it) and each live stream as
+    /// [`Stream::mark`] sees it.
     pub(super) fn mark(&self, h: &mut impl std::hash::Hasher, events: bool) {
-        use std::hash::Hash;
-        for key in &self.stream_order {
-            if let Some(stream) = self.streams.get(key) {
-                key.hash(h);
-                stream.mark(h, events);
-            } else if self.answered.contains_key(key) {
-                key.hash(h);
-            }
-        }
-        self.requests.len().hash(h);
+        let live = self.streams.iter().fold(0u64, |sum, (key, stream)| {
+            sum.wrapping_add(Shipped::stream_mark(key, |h| stream.mark(h, events)))
+        });
+        h.write_u64(self.changes.revision());
+        h.write_u64(live);
+    }
+
+    /// Nobody follows the session's replica any more: its changes are not listed.
+    pub(super) fn unfollow_replica(&mut self) {
+        self.changes.unfollow();
     }
 
     /// Whether stream `key` was replaced by its answered record.
@@ -293,8 +310,11 @@ impl RetryLedger {
     /// Forgets stream `key`, live or answered (its place in `stream_order` goes with the
     /// walk that called this, or the next one).
     fn forget(&mut self, key: &StreamKey) {
-        self.streams.remove(key);
-        self.answered.remove(key);
+        if self.holds(key) {
+            self.streams.remove(key);
+            self.answered.remove(key);
+            self.changes.stream(key);
+        }
     }
 
     /// Forgets stream `key` and its place in the order now.
@@ -334,52 +354,115 @@ impl RetryLedger {
     /// the streams new or changed since (each as [`Stream::mark`] sees it, with at most
     /// `max_bytes` of events in all) and the retry records new since, oldest first; what it
     /// holds and the ledger no longer keeps; and what it holds once it has them. Everything,
-    /// with `since` empty.
+    /// without `since`.
+    ///
+    /// When the ledger listed what changed since the last replica ([`changes`]), only those
+    /// streams and records and the live streams are looked at, and the parts are a change of
+    /// `since` ([`ReplicaParts::change`]); otherwise the whole ledger is.
     pub(super) fn replica_parts(
-        &self,
+        &mut self,
         events: bool,
         max_bytes: usize,
-        since: &Shipped,
+        since: Option<&Shipped>,
     ) -> ReplicaParts {
+        let changed = self.changes.take();
+        match (since, changed) {
+            (Some(since), Some(changed)) => self.changed_parts(events, max_bytes, since, changed),
+            (since, _) => {
+                self.scanned_parts(events, max_bytes, since.unwrap_or(&Shipped::default()))
+            }
+        }
+    }
+
+    /// [`RetryLedger::replica_parts`] from a walk of every stream and record.
+    fn scanned_parts(&self, events: bool, max_bytes: usize, since: &Shipped) -> ReplicaParts {
         let mut parts = ReplicaParts::default();
         let mut budget = max_bytes;
         for key in &self.stream_order {
-            let (snapshot, mark) = if let Some(stream) = self.streams.get(key) {
-                let mark = Shipped::stream_mark(key, |h| stream.mark(h, events));
-                if since.has_stream(key, mark) {
-                    parts.shipped.add_stream(key, mark);
-                    continue;
-                }
-                let (snapshot, _) = stream.snapshot(0, budget);
-                let size: usize = snapshot.events.iter().map(|e| e.data.len()).sum();
-                budget = budget.saturating_sub(size);
-                (snapshot, mark)
-            } else if let Some(answered) = self.answered.get(key) {
-                let mark = Shipped::stream_mark(key, |_| {});
-                if since.has_stream(key, mark) {
-                    parts.shipped.add_stream(key, mark);
-                    continue;
-                }
-                (answered.snapshot(key), mark)
-            } else {
-                continue;
-            };
-            parts.shipped.add_stream(key, mark);
-            parts.streams.push(snapshot);
+            if let Some((mark, snapshot)) = self.stream_part(key, events, &mut budget, since) {
+                parts.shipped.add_stream(key, mark);
+                parts.streams.extend(snapshot);
+            }
         }
         for (id, rec) in self.requests.iter() {
             let mark = Shipped::record_mark(&rec.digest, &rec.stream);
             if !since.has_request(id, mark) {
-                parts.records.push(RetryRecord {
-                    id: id.clone(),
-                    digest: rec.digest,
-                    stream: rec.stream.clone(),
-                });
+                parts.records.push(record(id, rec));
             }
             parts.shipped.add_request(id, mark);
         }
         parts.forget_what(since);
         parts
+    }
+
+    /// [`RetryLedger::replica_parts`] from what changed since `since` (`changed`) and the live
+    /// streams: the parts are a change ([`ReplicaParts::change`]).
+    fn changed_parts(
+        &self,
+        events: bool,
+        max_bytes: usize,
+        since: &Shipped,
+        changed: Changed,
+    ) -> ReplicaParts {
+        let mut parts = ReplicaParts {
+            change: true,
+            ..ReplicaParts::default()
+        };
+        let mut budget = max_bytes;
+        let listed: std::collections::HashSet<&StreamKey> = changed.streams.iter().collect();
+        let live = self.streams.keys().filter(|key| !listed.contains(key));
+        for key in changed.streams.iter().chain(live) {
+            match self.stream_part(key, events, &mut budget, since) {
+                Some((mark, Some(snapshot))) => {
+                    parts.shipped.add_stream(key, mark);
+                    parts.streams.push(snapshot);
+                }
+                Some((_, None)) => {}
+                None if since.holds_stream(key) => parts.forgotten_streams.push(key.clone()),
+                None => {}
+            }
+        }
+        for id in &changed.requests {
+            match self.requests.get(id) {
+                Some(rec) => {
+                    let mark = Shipped::record_mark(&rec.digest, &rec.stream);
+                    if !since.has_request(id, mark) {
+                        parts.records.push(record(id, rec));
+                        parts.shipped.add_request(id, mark);
+                    }
+                }
+                None if since.holds_request(id) => parts.forgotten_requests.push(id.clone()),
+                None => {}
+            }
+        }
+        parts
+    }
+
+    /// Stream `key` as a replica carries it, when the ledger keeps it: its mark, and its
+    /// snapshot unless `since` has it as it is (events taken out of `budget`).
+    fn stream_part(
+        &self,
+        key: &StreamKey,
+        events: bool,
+        budget: &mut usize,
+        since: &Shipped,
+    ) -> Option<(u64, Option<StreamSnapshot>)> {
+        if let Some(stream) = self.streams.get(key) {
+            let mark = Shipped::stream_mark(key, |h| stream.mark(h, events));
+            if since.has_stream(key, mark) {
+                return Some((mark, None));
+            }
+            let (snapshot, _) = stream.snapshot(0, *budget);
+            let size: usize = snapshot.events.iter().map(|e| e.data.len()).sum();
+            *budget = budget.saturating_sub(size);
+            Some((mark, Some(snapshot)))
+        } else if let Some(answered) = self.answered.get(key) {
+            let mark = Shipped::stream_mark(key, |_| {});
+            let snapshot = (!since.has_stream(key, mark)).then(|| answered.snapshot(key));
+            Some((mark, snapshot))
+        } else {
+            None
+        }
     }
 
     /// What a replica needs of requests `ids` alone: their streams (as [`Stream::mark`] sees
@@ -392,17 +475,17 @@ impl RetryLedger {
         events: bool,
         max_bytes: usize,
     ) -> ReplicaParts {
-        let mut parts = ReplicaParts::default();
+        let mut parts = ReplicaParts {
+            change: true,
+            ..ReplicaParts::default()
+        };
         let mut budget = max_bytes;
+        let none = Shipped::default();
         for id in ids {
             let Some(rec) = self.requests.get(id) else {
                 continue;
             };
-            parts.records.push(RetryRecord {
-                id: id.clone(),
-                digest: rec.digest,
-                stream: rec.stream.clone(),
-            });
+            parts.records.push(record(id, rec));
             parts
                 .shipped
                 .add_request(id, Shipped::record_mark(&rec.digest, &rec.stream));
@@ -410,21 +493,10 @@ impl RetryLedger {
             if parts.streams.iter().any(|s| &s.key == key) {
                 continue;
             }
-            let (snapshot, mark) = if let Some(stream) = self.streams.get(key) {
-                let (snapshot, _) = stream.snapshot(0, budget);
-                let size: usize = snapshot.events.iter().map(|e| e.data.len()).sum();
-                budget = budget.saturating_sub(size);
-                (
-                    snapshot,
-                    Shipped::stream_mark(key, |h| stream.mark(h, events)),
-                )
-            } else if let Some(answered) = self.answered.get(key) {
-                (answered.snapshot(key), Shipped::stream_mark(key, |_| {}))
-            } else {
-                continue;
-            };
-            parts.shipped.add_stream(key, mark);
-            parts.streams.push(snapshot);
+            if let Some((mark, snapshot)) = self.stream_part(key, events, &mut budget, &none) {
+                parts.shipped.add_stream(key, mark);
+                parts.streams.extend(snapshot);
+            }
         }
         parts
     }
@@ -441,11 +513,7 @@ impl RetryLedger {
         self.requests
             .iter()
             .filter(|(_, rec)| only.is_none_or(|keys| keys.contains(&rec.stream)))
-            .map(|(id, rec)| RetryRecord {
-                id: id.clone(),
-                digest: rec.digest,
-                stream: rec.stream.clone(),
-            })
+            .map(|(id, rec)| record(id, rec))
             .collect()
     }
 
@@ -547,6 +615,7 @@ impl RetryLedger {
         self.streams
             .insert(stream.key().clone(), Arc::clone(stream));
         self.stream_order.push_back(stream.key().clone());
+        self.changes.stream(stream.key());
         let mut budget = self.stream_order.len().saturating_sub(MAX_STREAMS);
         let mut i = 0;
         while budget > 0 && i < self.stream_order.len() {
@@ -573,11 +642,13 @@ impl RetryLedger {
             bytes += record_bytes(id);
         }
         // A reused id is the session's newest request: it leaves the window last.
+        self.changes.request(id);
         if let Some(forgotten) = self
             .requests
             .insert_newest(id.clone(), RequestRecord { digest, stream })
         {
             bytes -= record_bytes(&forgotten);
+            self.changes.request(&forgotten);
             self.bury(&forgotten, Instant::now());
         }
         self.records_charge.resize(bytes);
@@ -587,10 +658,12 @@ impl RetryLedger {
     /// out: a retry dispatches them again).
     pub(super) fn forget_records_of(&mut self, key: &StreamKey) {
         let mut bytes = self.records_charge.bytes();
+        let changes = &mut self.changes;
         self.requests.forget_where(|id, rec| {
             let forget = rec.stream == *key;
             if forget {
                 bytes -= record_bytes(id);
+                changes.request(id);
             }
             forget
         });
@@ -609,6 +682,7 @@ impl RetryLedger {
             .insert(stream.key().clone(), reply, stream.created())
         {
             self.streams.remove(stream.key());
+            self.changes.stream(stream.key());
         }
     }
 
@@ -672,6 +746,7 @@ impl RetryLedger {
                     self.records_charge.bytes() - forgotten.iter().map(record_bytes).sum::<u64>();
                 self.records_charge.resize(bytes);
                 for id in &forgotten {
+                    self.changes.request(id);
                     self.bury(id, now);
                 }
             }
@@ -715,6 +790,7 @@ impl RetryLedger {
             requests,
             records_charge,
             replies,
+            changes,
             ..
         } = self;
         stream_order.retain(|key| {
@@ -725,8 +801,10 @@ impl RetryLedger {
                 Some(s) if !s.is_spent(now) => true,
                 _ => {
                     // The ledger's maps held the last reference: its reply is given back now.
-                    streams.remove(key);
-                    answered.remove(key);
+                    if streams.remove(key).is_some() || answered.contains_key(key) {
+                        answered.remove(key);
+                        changes.stream(key);
+                    }
                     false
                 }
             }
@@ -745,6 +823,7 @@ impl RetryLedger {
         });
         records_charge.resize(bytes);
         for id in &buried {
+            self.changes.request(id);
             self.bury(id, now);
         }
         self.retry_bytes() <= limit
