@@ -19,11 +19,11 @@ use crate::keys::Key;
 use crate::mcp::principal::{Binding, Principal};
 use crate::peer::wire::{
     AcceptedImage, EventImage, JournalImage, KindImage, ReplyImage, RequestImage, SessionImage,
-    StreamImage,
+    StreamImage, TombstonesImage,
 };
 use crate::retained::Retained;
 use crate::session::journal::Journal;
-use crate::session::{RetryRecord, Session, SessionSnapshot};
+use crate::session::{Buried, RetryRecord, Session, SessionSnapshot};
 use crate::stream::buffer::BufferLimits;
 use crate::stream::{SnapshotEvent, StoredReply, StreamKind, StreamSnapshot};
 
@@ -66,7 +66,45 @@ pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
             })
             .collect(),
         epoch: snapshot.epoch,
+        tombstones: snapshot.tombstones.as_ref().map(|b| TombstonesImage {
+            key: hex::encode(b.key),
+            ranges: b
+                .ranges
+                .iter()
+                .map(|&(first, last, left)| (first, last, millis(left)))
+                .collect(),
+            ids: b
+                .ids
+                .iter()
+                .map(|&(digest, left)| (digest, millis(left)))
+                .collect(),
+        }),
     }
+}
+
+/// `d` in whole milliseconds.
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The tombstones an image carries; `None` when its key is not 16 bytes in hex.
+fn buried(image: &TombstonesImage) -> Option<Buried> {
+    let mut key = [0; 16];
+    hex::decode_to_slice(&image.key, &mut key).ok()?;
+    let left = std::time::Duration::from_millis;
+    Some(Buried {
+        key,
+        ranges: image
+            .ranges
+            .iter()
+            .map(|&(first, last, ms)| (first, last, left(ms)))
+            .collect(),
+        ids: image
+            .ids
+            .iter()
+            .map(|&(digest, ms)| (digest, left(ms)))
+            .collect(),
+    })
 }
 
 /// The image of a stream snapshot.
@@ -163,6 +201,10 @@ pub(crate) fn restore_session(
             })
             .collect(),
         epoch: image.epoch,
+        tombstones: match &image.tombstones {
+            None => None,
+            Some(t) => Some(buried(t).ok_or("malformed tombstones key")?),
+        },
     };
     Ok(Session::from_parts(snapshot, key, from, limits, retained))
 }
@@ -272,8 +314,8 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::session::Dedupe;
     use crate::session::fixtures::{ANY_ROOM, key, limits, session, stream};
+    use crate::session::{Dedupe, RetryRoom};
 
     /// The session `image` describes, restored on a pod without budgets.
     fn restore_unbounded(image: &SessionImage) -> Result<Arc<Session>, String> {
@@ -319,6 +361,61 @@ mod tests {
             restore_unbounded(&bad).is_err(),
             "a stateless version has no session"
         );
+    }
+
+    #[tokio::test]
+    async fn requests_answered_and_forgotten_stay_forgotten_where_the_session_goes() {
+        let s = session();
+        let room = RetryRoom {
+            window: crate::session::RetryWindow {
+                requests: 2,
+                ..ANY_ROOM.window
+            },
+            ..ANY_ROOM
+        };
+        let reply = crate::stream::StoredReply {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(b"{}"),
+        };
+        let number = |i: i64| key(i);
+        let text =
+            |i: i64| crate::mcp::jsonrpc::RequestKey::of(&serde_json::json!(format!("t{i}")));
+        for i in 1..=12 {
+            for id in [number(i), text(i)] {
+                let st = stream(&s, std::slice::from_ref(&id));
+                assert!(matches!(s.claim(&[id], [7; 32], &st, room), Dedupe::New));
+                st.store_reply(reply.clone());
+                let _ = st.wait_head().await;
+            }
+        }
+        let image = session_image(&s.snapshot(1 << 20).0);
+        let carried = image.tombstones.clone().expect("tombstones");
+        assert!(!carried.ranges.is_empty() && !carried.ids.is_empty());
+        let text_image = serde_json::to_vec(&image).unwrap();
+        let copy = restore_unbounded(&serde_json::from_slice(&text_image).unwrap()).unwrap();
+        for id in [number(1), text(1)] {
+            let retry = stream(&copy, std::slice::from_ref(&id));
+            assert!(
+                matches!(
+                    copy.claim(std::slice::from_ref(&id), [7; 32], &retry, room),
+                    Dedupe::Expired(_)
+                ),
+                "a retry of {id:?}, forgotten before the session moved, is not run again"
+            );
+        }
+        let new = stream(&copy, &[key(99)]);
+        assert!(matches!(
+            copy.claim(&[key(99)], [7; 32], &new, room),
+            Dedupe::New
+        ));
+        // They keep the time they had left, and a malformed key refuses the image.
+        let again = session_image(&copy.snapshot(0).0).tombstones.unwrap();
+        assert!(again.ranges.iter().all(|&(_, _, ms)| ms <= 60_000));
+        assert_eq!(again.key, carried.key, "the digests' key moved with them");
+        let mut bad = image.clone();
+        bad.tombstones.as_mut().unwrap().key = "zz".into();
+        assert!(restore_unbounded(&bad).is_err());
     }
 
     #[test]

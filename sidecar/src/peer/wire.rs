@@ -63,6 +63,24 @@ pub(crate) struct SessionImage {
     /// it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) epoch: u64,
+    /// The ids of requests the session answered and forgot, whose retries get "no longer
+    /// available": left out when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) tombstones: Option<TombstonesImage>,
+}
+
+/// A session's tombstones (`docs/design/peer-protocol.md#post-v2sessions`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct TombstonesImage {
+    /// The session's key of the digests, 16 bytes in hex; never shown to its clients.
+    pub(crate) key: String,
+    /// Integer ids, as ranges: `[first, last, ms left]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) ranges: Vec<(i64, i64, u64)>,
+    /// Keyed digests of the other ids: `[digest, ms left]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) ids: Vec<(u64, u64)>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -426,6 +444,11 @@ mod tests {
                     age_ms: 1500,
                 }],
                 epoch: 3,
+                tombstones: Some(TombstonesImage {
+                    key: "cd".repeat(16),
+                    ranges: vec![(1, 40, 9_000)],
+                    ids: vec![(u64::MAX, 500)],
+                }),
             },
         };
         let text = serde_json::to_string(&push).unwrap();

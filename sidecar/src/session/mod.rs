@@ -32,7 +32,7 @@ mod upstream_link;
 
 pub(crate) use feed::Subscription;
 pub(crate) use holding::HandoffState;
-pub(crate) use ledger::{Dedupe, RetryRecord, RetryRoom, RetryWindow};
+pub(crate) use ledger::{Buried, Dedupe, RetryRecord, RetryRoom, RetryWindow};
 pub(crate) use registry::{Adopted, NoRoom, Refused, Registry};
 pub(crate) use replica::{Shipped, ShippedChange};
 
@@ -102,6 +102,8 @@ pub(crate) struct SessionSnapshot {
     pub(crate) accepted: Vec<(Principal, Duration)>,
     /// Its handoff epoch (`docs/design/handoff.md#one-holder-per-session`).
     pub(crate) epoch: u64,
+    /// The requests it answered and forgot ([`ledger::Buried`]).
+    pub(crate) tombstones: Option<Buried>,
 }
 
 #[derive(Debug)]
@@ -288,6 +290,7 @@ impl Session {
             binding,
             accepted,
             epoch,
+            tombstones,
         } = snapshot;
         let session = Self::new(id, key, None, version, journal, retained);
         session.credentials.adopt(credentialed, accepted);
@@ -301,6 +304,13 @@ impl Session {
             session.state.lock().standalone = Standalone::Unsupported(Box::new(reply));
         }
         session.import(&streams, &records, from, limits);
+        if let Some(buried) = &tombstones {
+            session
+                .state
+                .lock()
+                .ledger
+                .adopt_buried(buried, std::time::Instant::now());
+        }
         session
     }
 
@@ -375,6 +385,7 @@ impl Session {
             binding: self.binding(),
             accepted: self.credentials.accepted_ages(),
             epoch: st.holding.epoch(),
+            tombstones: st.ledger.buried(std::time::Instant::now()),
         }
     }
 

@@ -383,6 +383,7 @@ mod tests {
             binding: None,
             accepted: vec![],
             epoch,
+            tombstones: None,
         }
     }
 

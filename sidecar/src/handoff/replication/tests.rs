@@ -100,6 +100,7 @@ fn image(id: &str, epoch: u64) -> SessionImage {
         binding: None,
         accepted: vec![],
         epoch,
+        tombstones: None,
     }
 }
 

@@ -67,6 +67,7 @@ use super::bounded::Bounded;
 use super::replica::{ReplicaParts, Shipped};
 use answered::Answers;
 use changes::{Changed, Changes};
+pub(crate) use tombstones::Buried;
 use tombstones::Tombstones;
 
 /// Most streams (live or tombstones) one session keeps.
@@ -767,6 +768,18 @@ impl RetryLedger {
             short |= self.stream_count() > room;
         }
         short
+    }
+
+    /// The tombstones not expired at `now`, to take to another pod.
+    pub(super) fn buried(&self, now: Instant) -> Option<Buried> {
+        self.tombstones.buried(now)
+    }
+
+    /// Takes the tombstones another pod sent, into a ledger that buried nothing yet (its
+    /// session just taken over), and counts them.
+    pub(super) fn adopt_buried(&mut self, buried: &Buried, now: Instant) {
+        self.tombstones.adopt(buried, now);
+        self.tombstones_charge.resize(self.tombstones.bytes());
     }
 
     /// Leaves a tombstone for request `id`, until the window's TTL from now.

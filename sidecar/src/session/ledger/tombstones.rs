@@ -6,11 +6,14 @@
 //! forgotten ids take a range or a few whatever their count ([`RANGE_BYTES`] each; a range
 //! expires with its newest id). Other ids are kept as keyed 64-bit digests
 //! ([`TOMBSTONE_BYTES`] each) in the order they were made, so expiring them costs what expires.
+//! The key is the session's, drawn at random when it first buries such an id and never shown
+//! to its clients: a pod the session moves to, or whose replica of it is promoted, takes the
+//! tombstones with the key ([`Buried`]) and tells the same ids.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::hash::{BuildHasher, RandomState};
-use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
 
 use crate::mcp::jsonrpc::RequestKey;
 
@@ -58,11 +61,76 @@ impl Tombstones {
     pub(crate) fn bytes(&self) -> u64 {
         self.0.as_ref().map_or(0, |s| s.bytes())
     }
+
+    /// The tombstones not expired at `now`, to take to another pod.
+    pub(crate) fn buried(&self, now: Instant) -> Option<Buried> {
+        let stones = self.0.as_ref()?;
+        let left = |until: Instant| until.saturating_duration_since(now);
+        let buried = Buried {
+            key: stones.key,
+            ranges: stones
+                .ranges
+                .iter()
+                .filter(|(_, (_, until))| *until > now)
+                .map(|(&first, &(last, until))| (first, last, left(until)))
+                .collect(),
+            ids: stones
+                .order
+                .iter()
+                .filter(|(_, until)| *until > now)
+                .map(|&(digest, until)| (digest, left(until)))
+                .collect(),
+        };
+        (!buried.ranges.is_empty() || !buried.ids.is_empty()).then_some(buried)
+    }
+
+    /// Takes the tombstones another pod sent (as of `now`), into a session that buried nothing
+    /// yet (one just taken over): the digests keep the key they were made with. Ranges that
+    /// overlap one before them are left out.
+    pub(crate) fn adopt(&mut self, buried: &Buried, now: Instant) {
+        if self.0.is_some() {
+            return;
+        }
+        let mut stones = Stones {
+            key: buried.key,
+            ..Stones::default()
+        };
+        let mut ranges = buried.ranges.clone();
+        ranges.sort_unstable();
+        let mut after = None;
+        for (first, last, left) in ranges {
+            if first <= last && after.is_none_or(|a: i64| first > a) {
+                stones.ranges.insert(first, (last, now + left));
+                after = Some(last);
+            }
+        }
+        let mut ids = buried.ids.clone();
+        ids.sort_unstable_by_key(|&(_, left)| left);
+        for (digest, left) in ids {
+            if stones.ids.insert(digest) {
+                stones.order.push_back((digest, now + left));
+            }
+        }
+        if stones.bytes() > 0 {
+            self.0 = Some(Box::new(stones));
+        }
+    }
+}
+
+/// A session's tombstones as another pod takes them: the key of the digests, the ranges of
+/// integer ids (first, last) and the digests of the others, each with how long it has left.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Buried {
+    pub(crate) key: [u8; 16],
+    pub(crate) ranges: Vec<(i64, i64, Duration)>,
+    pub(crate) ids: Vec<(u64, Duration)>,
 }
 
 /// The tombstones of a session that buried some.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Stones {
+    /// The key of the digests.
+    key: [u8; 16],
     /// Integer ids: first → (last, expiry of the newest).
     ranges: BTreeMap<i64, (i64, Instant)>,
     /// Digests of other ids.
@@ -76,20 +144,37 @@ fn integer(id: &RequestKey) -> Option<i64> {
     id.as_json().parse().ok()
 }
 
-/// The keyed digest of a request id: random per process, so no client can aim collisions.
-fn digest(id: &RequestKey) -> u64 {
-    static KEY: OnceLock<RandomState> = OnceLock::new();
-    KEY.get_or_init(RandomState::new).hash_one(id.as_json())
+impl Default for Stones {
+    fn default() -> Self {
+        Self {
+            key: rand::random(),
+            ranges: BTreeMap::new(),
+            ids: HashSet::new(),
+            order: VecDeque::new(),
+        }
+    }
 }
 
 impl Stones {
+    /// The keyed digest of a request id: the key is the session's secret, so no client can
+    /// aim collisions.
+    fn digest(&self, id: &RequestKey) -> u64 {
+        let digest = Sha256::new()
+            .chain_update(self.key)
+            .chain_update(id.as_json())
+            .finalize();
+        let mut first = [0; 8];
+        first.copy_from_slice(&digest[..8]);
+        u64::from_le_bytes(first)
+    }
+
     /// Remembers that request `id` was answered, until `until`.
     fn insert(&mut self, id: &RequestKey, until: Instant) {
         if let Some(n) = integer(id) {
             self.insert_integer(n, until);
             return;
         }
-        let digest = digest(id);
+        let digest = self.digest(id);
         if self.ids.insert(digest) {
             self.order.push_back((digest, until));
         }
@@ -137,7 +222,7 @@ impl Stones {
                 .range(..=n)
                 .next_back()
                 .is_some_and(|(_, &(last, _))| n <= last),
-            None => self.ids.contains(&digest(id)),
+            None => self.ids.contains(&self.digest(id)),
         }
     }
 
@@ -231,6 +316,44 @@ mod tests {
         );
         assert_eq!(t.expire(now + Duration::from_secs(5)), 1);
         assert_eq!(t.bytes(), 0);
+    }
+
+    #[test]
+    fn tombstones_taken_to_another_pod_tell_the_same_ids_for_the_time_they_had_left() {
+        let now = Instant::now();
+        let mut here = Tombstones::default();
+        let (text, number) = (
+            RequestKey::of(&Value::from("x")),
+            RequestKey::of(&Value::from(3)),
+        );
+        here.insert(&text, now + Duration::from_secs(5));
+        here.insert(&number, now + Duration::from_secs(9));
+        here.insert(
+            &RequestKey::of(&Value::from(4)),
+            now + Duration::from_secs(1),
+        );
+        let mut buried = here.buried(now).expect("some");
+        assert_eq!(buried.ranges, [(3, 4, Duration::from_secs(9))]);
+        // A lying peer's overlapping range is left out.
+        buried.ranges.push((4, 100, Duration::from_secs(9)));
+        let later = now + Duration::from_secs(1);
+        let mut there = Tombstones::default();
+        there.adopt(&buried, later);
+        assert!(there.contains(&text) && there.contains(&number));
+        assert!(!there.contains(&RequestKey::of(&Value::from(50))));
+        assert_eq!(there.first_expiry(), Some(later + Duration::from_secs(5)));
+        // A session that buried ids of its own keeps them, and its key.
+        let mut own = Tombstones::default();
+        own.insert(
+            &RequestKey::of(&Value::from("y")),
+            now + Duration::from_secs(5),
+        );
+        own.adopt(&buried, later);
+        assert!(!own.contains(&text));
+        assert!(
+            here.buried(now + Duration::from_secs(10)).is_none(),
+            "all expired"
+        );
     }
 
     #[test]
