@@ -17,6 +17,8 @@
 //!   of the holder loses nothing either.
 //! - *Crash during a drain*: a pod killed while it hands its sessions off loses none of them;
 //!   the calls it was still relaying end with an explicit error or their answer.
+//! - *A retry of a request the holder forgot* (beyond its retry window) gets `result_expired`
+//!   from the tombstone the replica carries, never a second run.
 //! - *Two losses at once*: a session whose holder and replica pod are both lost ends in 404,
 //!   as documented (`docs/design/replication.md#what-can-still-be-lost`).
 
@@ -187,6 +189,37 @@ async fn a_lost_replica_pod_s_sessions_are_replicated_again_at_the_next_runner_u
     assert_eq!(last["id"], 2, "{last}");
     assert!(last.get("result").is_some(), "the call ran at C: {last}");
     assert_eq!(s.executions().await, 1, "once, at C");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_a_request_its_holder_forgot_is_not_run_again_where_the_session_is_promoted() {
+    let spec = PodSpec {
+        sidecar_args: vec!["--retry-window".into(), "2".into()],
+        ..PodSpec::default()
+    };
+    let mut s = Scenario::start(3, spec).await;
+    let session = s.on_a("2025-11-25").await;
+    for id in 1..=6 {
+        s.completed_on_a(&session, id, &format!("early-{id}"), 1)
+            .await;
+    }
+    // The replica pod keeps the session as A last had it: request 1 beyond its window.
+    replica_pod(&s).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let a = s.a;
+    lose(&mut s, a).await;
+
+    let retry = slow_body(1, "early-1", 1, 10);
+    let client = s.via_rest().honouring_retry_after();
+    let resp = s.check(client.post(Some(&session), &retry, &[]).await);
+    assert_eq!(resp.status(), StatusCode::OK, "the session is served");
+    let answer = s.check(messages(resp, Duration::from_secs(5)).await);
+    let reasons: Vec<&str> = answer
+        .iter()
+        .filter_map(|m| m["error"]["data"]["reason"].as_str())
+        .collect();
+    assert_eq!(reasons, ["result_expired"], "{answer:?}");
+    assert_eq!(s.executions().await, 0, "the retry ran nowhere");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
