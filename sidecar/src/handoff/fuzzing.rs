@@ -148,6 +148,12 @@ pub(crate) fn adopt(input: &[u8]) -> Result<Adopted, String> {
     for accepted in &mut reimage.accepted {
         accepted.age_ms = 0;
     }
+    // So do the times tombstones have left shrink: they are compared as a fixed time.
+    if let Some(tombstones) = &mut reimage.tombstones {
+        tombstones.ranges.iter_mut().for_each(|r| r.2 = 60_000);
+        tombstones.ids.iter_mut().for_each(|i| i.1 = 60_000);
+        tombstones.ids.sort_unstable();
+    }
     let reimaged = serde_json::to_vec(&SessionPush {
         from: push.from.clone(),
         session: reimage,

@@ -68,6 +68,7 @@ pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
         epoch: snapshot.epoch,
         tombstones: snapshot.tombstones.as_ref().map(|b| TombstonesImage {
             key: hex::encode(b.key),
+            reuses_ids: b.reuses_ids,
             ranges: b
                 .ranges
                 .iter()
@@ -94,6 +95,7 @@ fn buried(image: &TombstonesImage) -> Option<Buried> {
     let left = std::time::Duration::from_millis;
     Some(Buried {
         key,
+        reuses_ids: image.reuses_ids,
         ranges: image
             .ranges
             .iter()
@@ -389,9 +391,12 @@ mod tests {
                 let _ = st.wait_head().await;
             }
         }
-        let image = session_image(&s.snapshot(1 << 20).0);
-        let carried = image.tombstones.clone().expect("tombstones");
-        assert!(!carried.ranges.is_empty() && !carried.ids.is_empty());
+        let mut image = session_image(&s.snapshot(1 << 20).0);
+        let tombstones = image.tombstones.as_mut().expect("tombstones");
+        assert!(!tombstones.ranges.is_empty() && !tombstones.ids.is_empty());
+        // 5 s left, as the sender counted it.
+        tombstones.ranges.iter_mut().for_each(|r| r.2 = 5_000);
+        let carried = tombstones.clone();
         let text_image = serde_json::to_vec(&image).unwrap();
         let copy = restore_unbounded(&serde_json::from_slice(&text_image).unwrap()).unwrap();
         for id in [number(1), text(1)] {
@@ -411,11 +416,42 @@ mod tests {
         ));
         // They keep the time they had left, and a malformed key refuses the image.
         let again = session_image(&copy.snapshot(0).0).tombstones.unwrap();
-        assert!(again.ranges.iter().all(|&(_, _, ms)| ms <= 60_000));
+        assert!(
+            again.ranges.iter().all(|&(_, _, ms)| ms > 0 && ms <= 5_000),
+            "{again:?}"
+        );
         assert_eq!(again.key, carried.key, "the digests' key moved with them");
         let mut bad = image.clone();
         bad.tombstones.as_mut().unwrap().key = "zz".into();
         assert!(restore_unbounded(&bad).is_err());
+        // The fuzz target's property (fuzz/seeds/handoff/tombstones): an adopted session's
+        // image adopts to the same image, the times left aside.
+        let seed = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fuzz/seeds/handoff/tombstones"
+        ))
+        .unwrap();
+        let push: crate::peer::wire::SessionPush = serde_json::from_slice(&seed).unwrap();
+        let reimage = |image: &SessionImage| {
+            let copy = restore_unbounded(image).unwrap();
+            let mut again = session_image(&copy.snapshot(usize::MAX).0);
+            if let Some(t) = &mut again.tombstones {
+                t.ranges.iter_mut().for_each(|r| r.2 = 60_000);
+                t.ids.iter_mut().for_each(|i| i.1 = 60_000);
+                t.ids.sort_unstable();
+            }
+            again
+        };
+        let once = reimage(&push.session);
+        let twice = reimage(&once);
+        assert_eq!(once.tombstones, twice.tombstones);
+        assert_eq!(once.tombstones.as_ref().unwrap().ids.len(), 3);
+        let ranges = &once.tombstones.as_ref().unwrap().ranges;
+        assert_eq!(
+            ranges,
+            &[(1, 5, 60_000), (9, 9, 60_000)],
+            "the overlapping range is left out"
+        );
     }
 
     #[test]

@@ -75,6 +75,9 @@ pub(crate) struct SessionImage {
 pub(crate) struct TombstonesImage {
     /// The session's key of the digests, 16 bytes in hex; never shown to its clients.
     pub(crate) key: String,
+    /// The session reuses request ids: a buried id is a new request, not a retry.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) reuses_ids: bool,
     /// Integer ids, as ranges: `[first, last, ms left]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) ranges: Vec<(i64, i64, u64)>,
@@ -446,6 +449,7 @@ mod tests {
                 epoch: 3,
                 tombstones: Some(TombstonesImage {
                     key: "cd".repeat(16),
+                    reuses_ids: true,
                     ranges: vec![(1, 40, 9_000)],
                     ids: vec![(u64::MAX, 500)],
                 }),

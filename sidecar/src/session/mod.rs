@@ -361,7 +361,10 @@ impl Session {
         let st = self.state.lock();
         let (streams, positions) = st.ledger.snapshot(max_bytes);
         let records = st.ledger.records(None);
-        (self.snapshot_of(&st, records, streams), positions)
+        (
+            self.snapshot_of(&st, records, streams, usize::MAX),
+            positions,
+        )
     }
 
     /// A copy of the session (its state `st`, locked) with `records` and `streams`.
@@ -370,6 +373,7 @@ impl Session {
         st: &State,
         records: Vec<RetryRecord>,
         streams: Vec<StreamSnapshot>,
+        max_buried_ids: usize,
     ) -> SessionSnapshot {
         SessionSnapshot {
             id: self.id.clone(),
@@ -385,7 +389,7 @@ impl Session {
             binding: self.binding(),
             accepted: self.credentials.accepted_ages(),
             epoch: st.holding.epoch(),
-            tombstones: st.ledger.buried(std::time::Instant::now()),
+            tombstones: st.ledger.buried(std::time::Instant::now(), max_buried_ids),
         }
     }
 

@@ -13,6 +13,10 @@ use crate::stream::StreamSnapshot;
 
 /// Bytes [`Shipped`] takes per stream or retry record it lists (key, mark, table room).
 const SHIPPED_ENTRY_BYTES: u64 = 48;
+/// Most tombstones a replica carries, of ranges of integer request ids and of other ids each,
+/// those that expire last: they go with every change of the session, so a busy session whose
+/// client numbers its requests with text ids would otherwise send thousands every round.
+const REPLICA_BURIED_IDS: usize = 64;
 
 /// What the replica pod's copy of a session holds, as its holder last had it acknowledged:
 /// each stream with a digest of what its replica carries, and each retry record. A change
@@ -168,7 +172,10 @@ impl Session {
         let mut parts = st.ledger.replica_parts(events, max_bytes, since);
         let records = std::mem::take(&mut parts.records);
         let streams = std::mem::take(&mut parts.streams);
-        (self.snapshot_of(&st, records, streams), parts)
+        (
+            self.snapshot_of(&st, records, streams, REPLICA_BURIED_IDS),
+            parts,
+        )
     }
 
     /// Nobody follows the session's replica any more (the replicator stopped tracking it):
@@ -200,6 +207,9 @@ impl Session {
         let mut parts = st.ledger.request_parts(ids, events, max_bytes);
         let records = std::mem::take(&mut parts.records);
         let streams = std::mem::take(&mut parts.streams);
-        (self.snapshot_of(&st, records, streams), parts)
+        (
+            self.snapshot_of(&st, records, streams, REPLICA_BURIED_IDS),
+            parts,
+        )
     }
 }

@@ -440,6 +440,10 @@ impl Handoff {
             return;
         }
         let view = self.router.view();
+        let (letters, orphans): (Vec<_>, Vec<_>) = letters
+            .into_iter()
+            .partition(|(pod, _)| view.peer(pod).is_some());
+        self.unanswered(orphans);
         let sends = letters.into_iter().filter_map(|(pod, letter)| {
             let peer = view.peer(&pod)?.clone();
             Some(async move {
@@ -498,6 +502,24 @@ impl Handoff {
         }
         for (session, holder) in superseded {
             self.supersede(session, &holder).await;
+        }
+    }
+
+    /// Letters whose replica pod left the view before they were sent: what they carried is not
+    /// known to be kept there, so each of their sessions is sent again, whole.
+    fn unanswered(&self, orphans: Vec<(String, Letter)>) {
+        if orphans.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = self.replicating.lock();
+        for (pod, letter) in orphans {
+            for (id, mark, _) in letter.sent {
+                if let Some(t) = st.tracked.get_mut(&id) {
+                    t.replica = after(&t.replica, &pod, mark, None, now);
+                    t.shipped(None);
+                }
+            }
         }
     }
 

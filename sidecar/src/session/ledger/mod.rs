@@ -770,15 +770,19 @@ impl RetryLedger {
         short
     }
 
-    /// The tombstones not expired at `now`, to take to another pod.
-    pub(super) fn buried(&self, now: Instant) -> Option<Buried> {
-        self.tombstones.buried(now)
+    /// The tombstones not expired at `now`, to take to another pod (at most `max` ranges and
+    /// `max` digests, those that expire last).
+    pub(super) fn buried(&self, now: Instant, max: usize) -> Option<Buried> {
+        let mut buried = self.tombstones.buried(now, max)?;
+        buried.reuses_ids = self.reuses_ids;
+        Some(buried)
     }
 
     /// Takes the tombstones another pod sent, into a ledger that buried nothing yet (its
     /// session just taken over), and counts them.
     pub(super) fn adopt_buried(&mut self, buried: &Buried, now: Instant) {
-        self.tombstones.adopt(buried, now);
+        self.tombstones.adopt(buried, now, self.window.ttl);
+        self.reuses_ids |= buried.reuses_ids;
         self.tombstones_charge.resize(self.tombstones.bytes());
     }
 

@@ -62,21 +62,30 @@ impl Tombstones {
         self.0.as_ref().map_or(0, |s| s.bytes())
     }
 
-    /// The tombstones not expired at `now`, to take to another pod.
-    pub(crate) fn buried(&self, now: Instant) -> Option<Buried> {
+    /// The tombstones not expired at `now`, to take to another pod: the `max` ranges and the
+    /// `max` digests that expire last.
+    pub(crate) fn buried(&self, now: Instant, max: usize) -> Option<Buried> {
         let stones = self.0.as_ref()?;
         let left = |until: Instant| until.saturating_duration_since(now);
+        let mut ranges: Vec<(i64, i64, Duration)> = stones
+            .ranges
+            .iter()
+            .filter(|(_, (_, until))| *until > now)
+            .map(|(&first, &(last, until))| (first, last, left(until)))
+            .collect();
+        if ranges.len() > max {
+            ranges.sort_unstable_by_key(|&(first, _, left)| (std::cmp::Reverse(left), first));
+            ranges.truncate(max);
+            ranges.sort_unstable();
+        }
         let buried = Buried {
             key: stones.key,
-            ranges: stones
-                .ranges
-                .iter()
-                .filter(|(_, (_, until))| *until > now)
-                .map(|(&first, &(last, until))| (first, last, left(until)))
-                .collect(),
+            reuses_ids: false,
+            ranges,
             ids: stones
                 .order
                 .iter()
+                .skip(stones.order.len().saturating_sub(max))
                 .filter(|(_, until)| *until > now)
                 .map(|&(digest, until)| (digest, left(until)))
                 .collect(),
@@ -84,10 +93,10 @@ impl Tombstones {
         (!buried.ranges.is_empty() || !buried.ids.is_empty()).then_some(buried)
     }
 
-    /// Takes the tombstones another pod sent (as of `now`), into a session that buried nothing
-    /// yet (one just taken over): the digests keep the key they were made with. Ranges that
-    /// overlap one before them are left out.
-    pub(crate) fn adopt(&mut self, buried: &Buried, now: Instant) {
+    /// Takes the tombstones another pod sent (as of `now`, each for at most `ttl`), into a
+    /// session that buried nothing yet (one just taken over): the digests keep the key they
+    /// were made with. Ranges that overlap one before them are left out.
+    pub(crate) fn adopt(&mut self, buried: &Buried, now: Instant, ttl: Duration) {
         if self.0.is_some() {
             return;
         }
@@ -100,15 +109,15 @@ impl Tombstones {
         let mut after = None;
         for (first, last, left) in ranges {
             if first <= last && after.is_none_or(|a: i64| first > a) {
-                stones.ranges.insert(first, (last, now + left));
+                stones.ranges.insert(first, (last, now + left.min(ttl)));
                 after = Some(last);
             }
         }
         let mut ids = buried.ids.clone();
-        ids.sort_unstable_by_key(|&(_, left)| left);
+        ids.sort_unstable_by_key(|&(digest, left)| (left, digest));
         for (digest, left) in ids {
             if stones.ids.insert(digest) {
-                stones.order.push_back((digest, now + left));
+                stones.order.push_back((digest, now + left.min(ttl)));
             }
         }
         if stones.bytes() > 0 {
@@ -118,10 +127,12 @@ impl Tombstones {
 }
 
 /// A session's tombstones as another pod takes them: the key of the digests, the ranges of
-/// integer ids (first, last) and the digests of the others, each with how long it has left.
+/// integer ids (first, last) and the digests of the others, each with how long it has left;
+/// and whether the session reuses ids (then a buried id is a new request).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Buried {
     pub(crate) key: [u8; 16],
+    pub(crate) reuses_ids: bool,
     pub(crate) ranges: Vec<(i64, i64, Duration)>,
     pub(crate) ids: Vec<(u64, Duration)>,
 }
@@ -332,13 +343,17 @@ mod tests {
             &RequestKey::of(&Value::from(4)),
             now + Duration::from_secs(1),
         );
-        let mut buried = here.buried(now).expect("some");
+        assert!(here.buried(now, 0).is_none(), "none carried");
+        let newest = here.buried(now, 1).expect("the newest of each");
+        assert_eq!(newest.ids.len(), 1);
+        assert_eq!(newest.ranges, [(3, 4, Duration::from_secs(9))]);
+        let mut buried = here.buried(now, usize::MAX).expect("some");
         assert_eq!(buried.ranges, [(3, 4, Duration::from_secs(9))]);
         // A lying peer's overlapping range is left out.
         buried.ranges.push((4, 100, Duration::from_secs(9)));
         let later = now + Duration::from_secs(1);
         let mut there = Tombstones::default();
-        there.adopt(&buried, later);
+        there.adopt(&buried, later, Duration::from_secs(60));
         assert!(there.contains(&text) && there.contains(&number));
         assert!(!there.contains(&RequestKey::of(&Value::from(50))));
         assert_eq!(there.first_expiry(), Some(later + Duration::from_secs(5)));
@@ -348,10 +363,11 @@ mod tests {
             &RequestKey::of(&Value::from("y")),
             now + Duration::from_secs(5),
         );
-        own.adopt(&buried, later);
+        own.adopt(&buried, later, Duration::from_secs(60));
         assert!(!own.contains(&text));
         assert!(
-            here.buried(now + Duration::from_secs(10)).is_none(),
+            here.buried(now + Duration::from_secs(10), usize::MAX)
+                .is_none(),
             "all expired"
         );
     }
