@@ -62,7 +62,7 @@ pub(crate) fn session_image(snapshot: &SessionSnapshot) -> SessionImage {
             .iter()
             .map(|(key, age)| AcceptedImage {
                 credential: key.to_hex(),
-                age_ms: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+                age_ms: millis(*age),
             })
             .collect(),
         epoch: snapshot.epoch,
